@@ -1,0 +1,1 @@
+//! meshcat agent library.

@@ -1,0 +1,1 @@
+//! meshcat aggregator library.

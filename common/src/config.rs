@@ -1,0 +1,147 @@
+//! Command-line helpers shared by both binaries: value parsers for durations and
+//! byte sizes, the log format flag, tracing set-up, the shutdown signal and the exit
+//! code for a bad configuration.
+
+use std::time::Duration;
+
+/// Exit status for a configuration error (`EX_USAGE` of sysexits.h).
+pub const EXIT_USAGE: i32 = 64;
+
+/// Parses a duration written like `500ms`, `5s` or `2m`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s.trim())
+        .map_err(|e| format!("{s:?} is not a duration like 500ms, 5s or 2m ({e})"))?;
+    Ok(d)
+}
+
+/// Parses a non-zero duration.
+pub fn parse_positive_duration(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d.is_zero() {
+        return Err(format!("{s:?} must be longer than zero"));
+    }
+    Ok(d)
+}
+
+/// Parses a byte size written like `1048576`, `512KiB`, `1MiB`, `4MB` or `1GiB`.
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size like 1MiB, 512KiB or 1048576"))?;
+    let mult: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" | "K" | "k" => 1 << 10,
+        "MiB" | "M" => 1 << 20,
+        "GiB" | "G" => 1 << 30,
+        "KB" | "kB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        other => return Err(format!("{s:?} has an unknown unit {other:?}; use B, KiB, MiB or GiB")),
+    };
+    let v = n
+        .checked_mul(mult)
+        .ok_or_else(|| format!("{s:?} is too large"))?;
+    if v == 0 {
+        return Err(format!("{s:?} must be larger than zero"));
+    }
+    Ok(v)
+}
+
+/// Parses a ratio between 0 and 1 inclusive.
+pub fn parse_ratio(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number between 0 and 1"))?;
+    if !(0.0..=1.0).contains(&v) {
+        return Err(format!("{s:?} is not between 0 and 1"));
+    }
+    Ok(v)
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Default)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Installs the global tracing subscriber. The level comes from `RUST_LOG`
+/// (default `info`).
+pub fn init_tracing(format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    // A second initialisation (tests that start several servers) is harmless.
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    };
+}
+
+/// Resolves when the process receives SIGTERM or SIGINT.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "Cannot listen for SIGTERM.");
+            return std::future::pending().await;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received, shutting down."),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received, shutting down."),
+    }
+}
+
+/// Reads a token file: one token, surrounding whitespace trimmed, never empty.
+pub fn read_token_file(path: &std::path::Path) -> Result<String, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read token file {}: {e}", path.display()))?;
+    let token = text.trim();
+    if token.is_empty() {
+        return Err(format!("token file {} is empty", path.display()));
+    }
+    Ok(token.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("5s").unwrap(), Duration::from_secs(5));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert!(parse_duration("five").is_err());
+        assert!(parse_positive_duration("0s").is_err());
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_bytes("1MiB").unwrap(), 1 << 20);
+        assert_eq!(parse_bytes("4MiB").unwrap(), 4 << 20);
+        assert_eq!(parse_bytes("512KiB").unwrap(), 512 << 10);
+        assert_eq!(parse_bytes("1000").unwrap(), 1000);
+        assert!(parse_bytes("0").is_err());
+        assert!(parse_bytes("1XB").is_err());
+        assert!(parse_bytes("MiB").is_err());
+    }
+
+    #[test]
+    fn ratios() {
+        assert_eq!(parse_ratio("0.05").unwrap(), 0.05);
+        assert!(parse_ratio("1.5").is_err());
+        assert!(parse_ratio("x").is_err());
+    }
+}

@@ -1,0 +1,227 @@
+//! Validation of every bound the contract sets on registrations. Each failure is one
+//! sentence naming the field, fit for the API's `{"error", "code"}` body.
+
+use std::net::IpAddr;
+
+use crate::model::{ClusterRecord, ZoneRecord};
+
+/// Longest identifier (clusterName, zoneName, instance name): a DNS name's length.
+pub const MAX_NAME_LEN: usize = 253;
+/// Longest free-text field (description, documentation, URLs, ...).
+pub const MAX_TEXT_LEN: usize = 4096;
+/// Most items in an array field (protocols, externalLinks).
+pub const MAX_ITEMS: usize = 64;
+
+/// A registration that is well-formed JSON but breaks a rule of the contract.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Invalid(pub String);
+
+fn invalid(msg: impl Into<String>) -> Invalid {
+    Invalid(msg.into())
+}
+
+/// Whether `s` is a valid identifier: 1 to 253 characters of `[A-Za-z0-9._-]`.
+pub fn is_valid_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= MAX_NAME_LEN
+        && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// Checks an identifier field and says which one is wrong.
+pub fn check_name(field: &str, value: &str) -> Result<(), Invalid> {
+    if value.is_empty() {
+        return Err(invalid(format!("{field} must not be empty.")));
+    }
+    if value.len() > MAX_NAME_LEN {
+        return Err(invalid(format!("{field} must be at most {MAX_NAME_LEN} characters long.")));
+    }
+    if !is_valid_name(value) {
+        return Err(invalid(format!(
+            "{field} may only contain letters, digits, '.', '_' and '-'."
+        )));
+    }
+    Ok(())
+}
+
+fn check_text(field: &str, value: &str) -> Result<(), Invalid> {
+    if value.len() > MAX_TEXT_LEN {
+        return Err(invalid(format!("{field} must be at most {MAX_TEXT_LEN} bytes long.")));
+    }
+    Ok(())
+}
+
+/// Checks every bound of a cluster registration.
+pub fn cluster(r: &ClusterRecord) -> Result<(), Invalid> {
+    check_name("clusterName", &r.cluster_name)?;
+    check_name("zoneName", &r.zone_name)?;
+    if r.name.trim().is_empty() {
+        return Err(invalid("name must not be empty."));
+    }
+    for (field, value) in [
+        ("name", &r.name),
+        ("version", &r.version),
+        ("owner", &r.owner),
+        ("ownerURL", &r.owner_url),
+        ("capability", &r.capability),
+        ("runtime", &r.runtime),
+        ("documentation", &r.documentation),
+        ("description", &r.description),
+        ("prometheusJob", &r.prometheus_job),
+        ("metricsTemplate", &r.metrics_template),
+        ("clusterID", &r.cluster_id),
+        ("meshID", &r.mesh_id),
+        ("apiEndpoint", &r.api_endpoint),
+        ("apiSpecEndpoint", &r.api_spec_endpoint),
+        ("businessImpact", &r.business_impact),
+    ] {
+        check_text(field, value)?;
+    }
+    if r.min_instances < 0 {
+        return Err(invalid("minInstances must be 0 or more."));
+    }
+    if r.max_instances < 0 {
+        return Err(invalid("maxInstances must be 0 or more (0 means no upper bound)."));
+    }
+    if r.min_instances > i64::from(u32::MAX) || r.max_instances > i64::from(u32::MAX) {
+        return Err(invalid("minInstances and maxInstances must be at most 4294967295."));
+    }
+    if r.max_instances > 0 && r.min_instances > r.max_instances {
+        return Err(invalid("minInstances must not exceed maxInstances when maxInstances is set."));
+    }
+    if !(0..=65535).contains(&r.metrics_port) {
+        return Err(invalid("metricsPort must be between 0 and 65535."));
+    }
+    if r.protocols.len() > MAX_ITEMS {
+        return Err(invalid(format!("protocols may hold at most {MAX_ITEMS} items.")));
+    }
+    for p in &r.protocols {
+        if p.is_empty() || p.len() > MAX_NAME_LEN {
+            return Err(invalid(format!(
+                "each protocol must be 1 to {MAX_NAME_LEN} characters long."
+            )));
+        }
+    }
+    if r.external_links.len() > MAX_ITEMS {
+        return Err(invalid(format!("externalLinks may hold at most {MAX_ITEMS} items.")));
+    }
+    for l in &r.external_links {
+        check_text("externalLinks[].name", &l.name)?;
+        check_text("externalLinks[].link", &l.link)?;
+    }
+    Ok(())
+}
+
+/// Checks `host:port`, where host is a DNS name, an IPv4 address or a bracketed IPv6
+/// address, and port is 1..=65535.
+pub fn check_server_address(value: &str) -> Result<(), Invalid> {
+    let bad = || {
+        invalid(format!(
+            "serverAddress must be host:port with a DNS name or an IP address, got {value:?}."
+        ))
+    };
+    let (host, port) = value.rsplit_once(':').ok_or_else(bad)?;
+    let port: u16 = port.parse().map_err(|_| bad())?;
+    if port == 0 {
+        return Err(bad());
+    }
+    if let Some(inner) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        return inner.parse::<std::net::Ipv6Addr>().map(|_| ()).map_err(|_| bad());
+    }
+    if host.parse::<IpAddr>().is_ok() {
+        return Ok(());
+    }
+    if is_dns_name(host) { Ok(()) } else { Err(bad()) }
+}
+
+fn is_dns_name(host: &str) -> bool {
+    !host.is_empty()
+        && host.len() <= MAX_NAME_LEN
+        && host.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+                && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        })
+}
+
+/// Checks a zone registration's fields (not the files it names: see [`zone_files`]).
+pub fn zone(z: &ZoneRecord) -> Result<(), Invalid> {
+    check_name("zoneName", &z.zone_name)?;
+    if !z.request_cluster.is_empty() {
+        check_name("requestCluster", &z.request_cluster)?;
+    }
+    check_server_address(&z.server_address)?;
+    for (field, value) in [
+        ("caPath", &z.ca_path),
+        ("certPath", &z.cert_path),
+        ("keyPath", &z.key_path),
+    ] {
+        check_text(field, value)?;
+    }
+    Ok(())
+}
+
+/// With `useTls`, caPath, certPath and keyPath must name readable PEM files.
+pub fn zone_files(z: &ZoneRecord) -> Result<(), Invalid> {
+    if !z.use_tls {
+        return Ok(());
+    }
+    for (field, path) in [
+        ("caPath", &z.ca_path),
+        ("certPath", &z.cert_path),
+        ("keyPath", &z.key_path),
+    ] {
+        if path.is_empty() {
+            return Err(invalid(format!("{field} is required when useTls is true.")));
+        }
+        let text = std::fs::read(path)
+            .map_err(|e| invalid(format!("{field} {path:?} cannot be read: {e}.")))?;
+        if !text.windows(11).any(|w| w == b"-----BEGIN ") {
+            return Err(invalid(format!("{field} {path:?} is not a PEM file.")));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        assert!(is_valid_name("a"));
+        assert!(is_valid_name("svc-a.v1_2"));
+        assert!(!is_valid_name(""));
+        assert!(!is_valid_name("a b"));
+        assert!(!is_valid_name("a/b"));
+        assert!(is_valid_name(&"x".repeat(253)));
+        assert!(!is_valid_name(&"x".repeat(254)));
+    }
+
+    #[test]
+    fn server_addresses() {
+        for ok in ["cp:50000", "control.mesh.svc:443", "10.0.0.1:8080", "[::1]:9000"] {
+            assert!(check_server_address(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "cp", "cp:", ":80", "cp:0", "cp:70000", "a b:80", "::1:80", "-x:1"] {
+            assert!(check_server_address(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn instance_bounds() {
+        let mut r = ClusterRecord::new("z", "c", "n");
+        r.min_instances = 3;
+        r.max_instances = 2;
+        assert!(cluster(&r).is_err());
+        r.max_instances = 0;
+        assert!(cluster(&r).is_ok());
+        r.min_instances = -1;
+        assert!(cluster(&r).is_err());
+        r.min_instances = 0;
+        r.metrics_port = 65536;
+        assert!(cluster(&r).is_err());
+    }
+}

@@ -1,0 +1,266 @@
+//! The agent ↔ aggregator protocol: message types and their MessagePack codec.
+//! No I/O lives here; the QUIC transport (quinn) in each binary moves the frames.
+//!
+//! A frame is a 4-byte big-endian length followed by that many bytes of MessagePack
+//! (rmp-serde, compact array form) holding an [`Envelope`]: `[version, message]`.
+//! The version is checked before the message is decoded, so a peer speaking another
+//! version gets a clear refusal rather than a decode error.
+
+use serde::de::IgnoredAny;
+use serde::{Deserialize, Serialize, de::DeserializeOwned};
+
+use crate::model::InstanceMetrics;
+
+/// The protocol version this build speaks.
+pub const PROTOCOL_VERSION: u16 = 1;
+/// ALPN of the QUIC connection.
+pub const ALPN: &[u8] = b"meshcat/1";
+/// Default largest frame body (4 MiB).
+pub const DEFAULT_MAX_MESSAGE: usize = 4 << 20;
+
+/// Every frame carries the protocol version beside its message.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Envelope<M> {
+    pub version: u16,
+    pub message: M,
+}
+
+/// Messages an agent sends.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum AgentMessage {
+    /// First message on a connection.
+    Hello(Hello),
+    /// Snapshots of the agent's instances, one per configured sidecar.
+    Report(Report),
+    /// The answer to a [`ServerMessage::Command`].
+    CommandReply(CommandReply),
+    /// The agent stops: its instances can be dropped without waiting for the TTL.
+    Goodbye,
+}
+
+/// Messages the aggregator sends.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum ServerMessage {
+    /// The hello was accepted.
+    Welcome { server_version: String },
+    /// The connection is refused or a message was rejected; `reason` is one sentence.
+    Rejected { reason: String },
+    /// Run a command against one of the agent's sidecars.
+    Command(CommandRequest),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Hello {
+    /// Stable identity of the agent (for example its pod or host name).
+    pub agent_id: String,
+    pub agent_version: String,
+    /// Shared agent token, for setups without agent certificates.
+    pub token: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    /// When the agent built the report, ms since the epoch.
+    pub sent_at_ms: i64,
+    pub instances: Vec<InstanceReport>,
+}
+
+/// One sidecar's snapshot. Counters are cumulative since the sidecar started, as
+/// Envoy's own; the aggregator derives per-window figures from consecutive reports.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InstanceReport {
+    pub zone_name: String,
+    pub cluster_name: String,
+    pub instance: String,
+    /// The sidecar's admin address as the agent reaches it.
+    pub admin_address: String,
+    /// Whether the sidecar answered this scrape; when false, `error` says why and the
+    /// other figures are those of the last good scrape (or defaults).
+    pub reachable: bool,
+    pub error: Option<String>,
+    /// Sidecar start, ms since the epoch (from `/server_info` uptime).
+    pub start_time_ms: i64,
+    /// `/server_info` state (LIVE, DRAINING, PRE_INITIALIZING, INITIALIZING).
+    pub server_state: String,
+    pub envoy_version: String,
+    /// Envoy's current level of its default logger, when read.
+    pub log_level: Option<String>,
+    /// Downstream requests served by the sidecar's HTTP connection managers.
+    pub requests_total: u64,
+    /// Of those, answered with a 5xx.
+    pub errors_5xx_total: u64,
+    pub metrics: InstanceMetrics,
+    /// The upstream clusters the sidecar knows, with their hosts.
+    pub clusters: Vec<UpstreamCluster>,
+}
+
+/// A cluster in the sidecar's `/clusters` output.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UpstreamCluster {
+    pub name: String,
+    pub added_via_api: bool,
+    pub hosts: Vec<UpstreamHost>,
+}
+
+/// A host of an upstream cluster with its counters.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UpstreamHost {
+    pub address: String,
+    pub cx_active: u64,
+    pub cx_connect_fail: u64,
+    pub cx_total: u64,
+    pub rq_active: u64,
+    pub rq_error: u64,
+    pub rq_total: u64,
+    /// Envoy's health flags (`healthy` when none are set).
+    pub health_flags: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CommandRequest {
+    /// Correlates the reply; unique per connection.
+    pub id: u64,
+    /// The instance whose sidecar runs the command.
+    pub instance: String,
+    pub command: Command,
+}
+
+/// What the aggregator can ask an agent to do against one sidecar.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Command {
+    /// Fetch the sidecar's `/config_dump`.
+    ConfigDump,
+    /// Read the sidecar's log level.
+    GetLogLevel,
+    /// Set the sidecar's log level (Envoy's names: `warning`, not `warn`).
+    SetLogLevel { level: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CommandReply {
+    pub id: u64,
+    pub outcome: Result<CommandOutput, String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum CommandOutput {
+    /// JSON text of `/config_dump`.
+    ConfigDump(String),
+    LogLevel(String),
+}
+
+/// Why a frame was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    #[error("message of {size} bytes is over the limit of {limit} bytes")]
+    TooLarge { size: usize, limit: usize },
+    #[error("protocol version {0} is not supported (this build speaks {PROTOCOL_VERSION})")]
+    Version(u16),
+    #[error("message cannot be decoded: {0}")]
+    Decode(String),
+    #[error("message cannot be encoded: {0}")]
+    Encode(String),
+}
+
+impl WireError {
+    /// Low-cardinality label for metrics of rejected messages.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            WireError::TooLarge { .. } => "too_large",
+            WireError::Version(_) => "version",
+            WireError::Decode(_) => "decode",
+            WireError::Encode(_) => "encode",
+        }
+    }
+}
+
+/// Encodes a message as a whole frame: length prefix and envelope.
+pub fn encode<M: Serialize>(message: &M, limit: usize) -> Result<Vec<u8>, WireError> {
+    let env = Envelope {
+        version: PROTOCOL_VERSION,
+        message,
+    };
+    let body = rmp_serde::to_vec(&env).map_err(|e| WireError::Encode(e.to_string()))?;
+    if body.len() > limit {
+        return Err(WireError::TooLarge {
+            size: body.len(),
+            limit,
+        });
+    }
+    let len = u32::try_from(body.len()).map_err(|_| WireError::TooLarge {
+        size: body.len(),
+        limit,
+    })?;
+    let mut frame = Vec::with_capacity(4 + body.len());
+    frame.extend_from_slice(&len.to_be_bytes());
+    frame.extend_from_slice(&body);
+    Ok(frame)
+}
+
+/// Reads a frame's length prefix and checks it against the limit before anything
+/// of that size is read.
+pub fn frame_len(prefix: [u8; 4], limit: usize) -> Result<usize, WireError> {
+    let size = u32::from_be_bytes(prefix) as usize;
+    if size > limit {
+        return Err(WireError::TooLarge { size, limit });
+    }
+    Ok(size)
+}
+
+/// Decodes a frame body (without its length prefix).
+pub fn decode<M: DeserializeOwned>(body: &[u8]) -> Result<M, WireError> {
+    let (version, IgnoredAny): (u16, IgnoredAny) =
+        rmp_serde::from_slice(body).map_err(|e| WireError::Decode(e.to_string()))?;
+    if version != PROTOCOL_VERSION {
+        return Err(WireError::Version(version));
+    }
+    let env: Envelope<M> =
+        rmp_serde::from_slice(body).map_err(|e| WireError::Decode(e.to_string()))?;
+    Ok(env.message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip() {
+        let msg = AgentMessage::Hello(Hello {
+            agent_id: "a".into(),
+            agent_version: "0.1.0".into(),
+            token: None,
+        });
+        let frame = encode(&msg, DEFAULT_MAX_MESSAGE).unwrap();
+        let len = frame_len(frame[..4].try_into().unwrap(), DEFAULT_MAX_MESSAGE).unwrap();
+        assert_eq!(len, frame.len() - 4);
+        let back: AgentMessage = decode(&frame[4..]).unwrap();
+        assert_eq!(back, msg);
+    }
+
+    #[test]
+    fn refuses_other_versions_and_garbage() {
+        let body = rmp_serde::to_vec(&Envelope {
+            version: 99,
+            message: AgentMessage::Goodbye,
+        })
+        .unwrap();
+        assert!(matches!(decode::<AgentMessage>(&body), Err(WireError::Version(99))));
+        assert!(matches!(
+            decode::<AgentMessage>(b"\xff\x00garbage"),
+            Err(WireError::Decode(_))
+        ));
+    }
+
+    #[test]
+    fn refuses_large_frames_before_reading_them() {
+        assert!(matches!(
+            frame_len((10u32 << 20).to_be_bytes(), DEFAULT_MAX_MESSAGE),
+            Err(WireError::TooLarge { .. })
+        ));
+        let big = AgentMessage::Report(Report {
+            sent_at_ms: 0,
+            instances: Vec::new(),
+        });
+        assert!(matches!(encode(&big, 2), Err(WireError::TooLarge { .. })));
+    }
+}
