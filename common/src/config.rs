@@ -39,7 +39,11 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
         "KB" | "kB" => 1_000,
         "MB" => 1_000_000,
         "GB" => 1_000_000_000,
-        other => return Err(format!("{s:?} has an unknown unit {other:?}; use B, KiB, MiB or GiB")),
+        other => {
+            return Err(format!(
+                "{s:?} has an unknown unit {other:?}; use B, KiB, MiB or GiB"
+            ));
+        }
     };
     let v = n
         .checked_mul(mult)

@@ -389,7 +389,10 @@ mod tests {
         let view = ClusterView {
             record: ClusterRecord::new("z", "c", "n"),
             authorized: true,
-            instances: vec![Instance { name: "i".into(), start_time: 5 }],
+            instances: vec![Instance {
+                name: "i".into(),
+                start_time: 5,
+            }],
             status: Status::Warning,
         };
         let v = serde_json::to_value(&view).unwrap();

@@ -25,7 +25,8 @@ fn invalid(msg: impl Into<String>) -> Invalid {
 pub fn is_valid_name(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= MAX_NAME_LEN
-        && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
 /// Checks an identifier field and says which one is wrong.
@@ -34,7 +35,9 @@ pub fn check_name(field: &str, value: &str) -> Result<(), Invalid> {
         return Err(invalid(format!("{field} must not be empty.")));
     }
     if value.len() > MAX_NAME_LEN {
-        return Err(invalid(format!("{field} must be at most {MAX_NAME_LEN} characters long.")));
+        return Err(invalid(format!(
+            "{field} must be at most {MAX_NAME_LEN} characters long."
+        )));
     }
     if !is_valid_name(value) {
         return Err(invalid(format!(
@@ -46,7 +49,9 @@ pub fn check_name(field: &str, value: &str) -> Result<(), Invalid> {
 
 fn check_text(field: &str, value: &str) -> Result<(), Invalid> {
     if value.len() > MAX_TEXT_LEN {
-        return Err(invalid(format!("{field} must be at most {MAX_TEXT_LEN} bytes long.")));
+        return Err(invalid(format!(
+            "{field} must be at most {MAX_TEXT_LEN} bytes long."
+        )));
     }
     Ok(())
 }
@@ -81,19 +86,27 @@ pub fn cluster(r: &ClusterRecord) -> Result<(), Invalid> {
         return Err(invalid("minInstances must be 0 or more."));
     }
     if r.max_instances < 0 {
-        return Err(invalid("maxInstances must be 0 or more (0 means no upper bound)."));
+        return Err(invalid(
+            "maxInstances must be 0 or more (0 means no upper bound).",
+        ));
     }
     if r.min_instances > i64::from(u32::MAX) || r.max_instances > i64::from(u32::MAX) {
-        return Err(invalid("minInstances and maxInstances must be at most 4294967295."));
+        return Err(invalid(
+            "minInstances and maxInstances must be at most 4294967295.",
+        ));
     }
     if r.max_instances > 0 && r.min_instances > r.max_instances {
-        return Err(invalid("minInstances must not exceed maxInstances when maxInstances is set."));
+        return Err(invalid(
+            "minInstances must not exceed maxInstances when maxInstances is set.",
+        ));
     }
     if !(0..=65535).contains(&r.metrics_port) {
         return Err(invalid("metricsPort must be between 0 and 65535."));
     }
     if r.protocols.len() > MAX_ITEMS {
-        return Err(invalid(format!("protocols may hold at most {MAX_ITEMS} items.")));
+        return Err(invalid(format!(
+            "protocols may hold at most {MAX_ITEMS} items."
+        )));
     }
     for p in &r.protocols {
         if p.is_empty() || p.len() > MAX_NAME_LEN {
@@ -103,7 +116,9 @@ pub fn cluster(r: &ClusterRecord) -> Result<(), Invalid> {
         }
     }
     if r.external_links.len() > MAX_ITEMS {
-        return Err(invalid(format!("externalLinks may hold at most {MAX_ITEMS} items.")));
+        return Err(invalid(format!(
+            "externalLinks may hold at most {MAX_ITEMS} items."
+        )));
     }
     for l in &r.external_links {
         check_text("externalLinks[].name", &l.name)?;
@@ -126,12 +141,19 @@ pub fn check_server_address(value: &str) -> Result<(), Invalid> {
         return Err(bad());
     }
     if let Some(inner) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
-        return inner.parse::<std::net::Ipv6Addr>().map(|_| ()).map_err(|_| bad());
+        return inner
+            .parse::<std::net::Ipv6Addr>()
+            .map(|_| ())
+            .map_err(|_| bad());
     }
     if host.parse::<IpAddr>().is_ok() {
         return Ok(());
     }
-    if is_dns_name(host) { Ok(()) } else { Err(bad()) }
+    if is_dns_name(host) {
+        Ok(())
+    } else {
+        Err(bad())
+    }
 }
 
 fn is_dns_name(host: &str) -> bool {
@@ -142,7 +164,9 @@ fn is_dns_name(host: &str) -> bool {
                 && label.len() <= 63
                 && !label.starts_with('-')
                 && !label.ends_with('-')
-                && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
         })
 }
 
@@ -202,10 +226,17 @@ mod tests {
 
     #[test]
     fn server_addresses() {
-        for ok in ["cp:50000", "control.mesh.svc:443", "10.0.0.1:8080", "[::1]:9000"] {
+        for ok in [
+            "cp:50000",
+            "control.mesh.svc:443",
+            "10.0.0.1:8080",
+            "[::1]:9000",
+        ] {
             assert!(check_server_address(ok).is_ok(), "{ok}");
         }
-        for bad in ["", "cp", "cp:", ":80", "cp:0", "cp:70000", "a b:80", "::1:80", "-x:1"] {
+        for bad in [
+            "", "cp", "cp:", ":80", "cp:0", "cp:70000", "a b:80", "::1:80", "-x:1",
+        ] {
             assert!(check_server_address(bad).is_err(), "{bad}");
         }
     }

@@ -244,7 +244,10 @@ mod tests {
             message: AgentMessage::Goodbye,
         })
         .unwrap();
-        assert!(matches!(decode::<AgentMessage>(&body), Err(WireError::Version(99))));
+        assert!(matches!(
+            decode::<AgentMessage>(&body),
+            Err(WireError::Version(99))
+        ));
         assert!(matches!(
             decode::<AgentMessage>(b"\xff\x00garbage"),
             Err(WireError::Decode(_))
