@@ -1,7 +1,7 @@
 //! Validation of every bound the contract sets on registrations. Each failure is one
 //! sentence naming the field, fit for the API's `{"error", "code"}` body.
 
-use std::net::IpAddr;
+use std::net::Ipv4Addr;
 
 use crate::model::{ClusterRecord, ZoneRecord};
 
@@ -146,7 +146,7 @@ pub fn check_server_address(value: &str) -> Result<(), Invalid> {
             .map(|_| ())
             .map_err(|_| bad());
     }
-    if host.parse::<IpAddr>().is_ok() {
+    if host.parse::<Ipv4Addr>().is_ok() {
         return Ok(());
     }
     if is_dns_name(host) {
