@@ -1,0 +1,350 @@
+#!/usr/bin/env bash
+# A whole meshcat mesh on one machine, for the quick start:
+#   deploy/local/mesh.sh up [--foreground] [--envoy-only]
+#   deploy/local/mesh.sh status
+#   deploy/local/mesh.sh stop
+#
+# `up` builds the binaries (cargo build --release), installs Envoy (scripts/envoy.sh),
+# then starts on 127.0.0.1: the aggregator (--dev, data in .local-mesh/data), an edge
+# Envoy and two service Envoys (catalog, reviews) each in front of a python3
+# http.server upstream, one agent per Envoy; registers the zone `local` and the two
+# clusters, sends some traffic through the edge, and prints what to try.
+# Every process runs in its own session, so `up` returns and the mesh stays up; their
+# pids go to .local-mesh/pids and `stop` ends exactly those. With --foreground, `up`
+# stays attached and Ctrl-C stops the mesh. --envoy-only starts just the Envoys and
+# upstreams (no build, no meshcat).
+# State and logs live in .local-mesh/ at the repository root (logs in .local-mesh/logs).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+state="$root/.local-mesh"
+pids="$state/pids"
+logs="$state/logs"
+
+# Fixed ports, documented in deploy/local/README.md.
+EDGE_PORT=18000 EDGE_ADMIN=18901
+CATALOG_PORT=18010 CATALOG_ADMIN=18911 CATALOG_APP=18110
+REVIEWS_PORT=18020 REVIEWS_ADMIN=18921 REVIEWS_APP=18120
+API_PORT=18080 QUIC_PORT=18443 OPS_PORT=18091
+EDGE_AGENT_OPS=18092 CATALOG_AGENT_OPS=18093 REVIEWS_AGENT_OPS=18094
+ZONE=local
+API="http://127.0.0.1:$API_PORT"
+
+say() { printf '==> %s\n' "$*"; }
+die() { printf 'mesh.sh: %s\n' "$*" >&2; exit 1; }
+
+# Polls a command until it succeeds or the deadline (seconds) passes.
+wait_for() {
+  local what=$1 deadline=$2; shift 2
+  local end=$((SECONDS + deadline))
+  until "$@" >/dev/null 2>&1; do
+    [ "$SECONDS" -lt "$end" ] || die "$what not ready after ${deadline}s (see $logs/)"
+    sleep 0.2
+  done
+}
+
+record() { echo "$1 $2" >>"$pids"; }
+
+alive() { [ -n "$1" ] && kill -0 "$1" 2>/dev/null; }
+
+# True when pid $1 still runs the program recorded as $2, so a recycled pid is never hit.
+is_ours() {
+  alive "$1" && tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null | grep -q -- "$2"
+}
+
+live_pids() {
+  [ -f "$pids" ] || return 0
+  while read -r pid name; do
+    if is_ours "$pid" "$name"; then echo "$pid $name"; fi
+  done <"$pids"
+}
+
+check_ports() {
+  local tcp=("$@")
+  python3 - "$QUIC_PORT" "${tcp[@]}" <<'PY' || die "ports in use (see above); stop what holds them or run: deploy/local/mesh.sh stop"
+import socket, sys
+udp, tcp = int(sys.argv[1]), [int(p) for p in sys.argv[2:]]
+busy = []
+for port, kind in [(p, socket.SOCK_STREAM) for p in tcp] + [(udp, socket.SOCK_DGRAM)]:
+    s = socket.socket(socket.AF_INET, kind)
+    # Servers set SO_REUSEADDR too: connections in TIME_WAIT do not block them.
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind(("127.0.0.1", port))
+    except OSError as e:
+        busy.append(f"{port}/{'tcp' if kind == socket.SOCK_STREAM else 'udp'} ({e.strerror})")
+    finally:
+        s.close()
+if busy:
+    print("busy: " + ", ".join(busy), file=sys.stderr)
+    sys.exit(1)
+PY
+}
+
+# Starts a program in its own session, detached from this shell; records its pid.
+spawn() {
+  local name=$1; shift
+  setsid nohup "$@" >"$logs/$name.out" 2>&1 </dev/null &
+  record $! "$(basename "$1")"
+}
+
+# Envoy exits when the process that spawned it dies (PR_SET_PDEATHSIG), so a small
+# sh in its own session stays as its parent; stopping Envoy ends that sh too.
+spawn_envoy() {
+  local name=$1 config=$2 base_id=$3
+  local pidfile="$state/envoy-$name.pid"
+  rm -f "$pidfile"
+  setsid nohup sh -c '"$@" & echo $! >"'"$pidfile"'"; wait $!' meshcat-envoy-"$name" \
+    "$ENVOY" --config-path "$config" --base-id "$base_id" \
+    --log-path "$logs/$name.log" --file-flush-interval-msec 200 \
+    --service-cluster "$name" --service-node "$name-1" \
+    >"$logs/$name.out" 2>&1 </dev/null &
+  record $! "meshcat-envoy-$name"
+  wait_for "envoy $name pid" 10 test -s "$pidfile"
+  record "$(cat "$pidfile")" "$ENVOY"
+}
+
+# Bootstrap of one Envoy: an HTTP listener whose routes map path prefixes to clusters,
+# an admin on loopback, access lines into the same log file as Envoy's own log.
+write_bootstrap() {
+  local file=$1 name=$2 port=$3 admin=$4 routes=$5 clusters=$6
+  cat >"$file" <<YAML
+node: { id: $name-1, cluster: $name }
+admin:
+  address: { socket_address: { address: 127.0.0.1, port_value: $admin } }
+static_resources:
+  listeners:
+    - name: ingress
+      address: { socket_address: { address: 127.0.0.1, port_value: $port } }
+      filter_chains:
+        - filters:
+            - name: envoy.filters.network.http_connection_manager
+              typed_config:
+                "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+                stat_prefix: ingress_http
+                access_log:
+                  - name: envoy.access_loggers.file
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog
+                      path: $logs/$name.log
+                route_config:
+                  name: $name
+                  virtual_hosts:
+                    - name: $name
+                      domains: ["*"]
+                      routes:
+$routes
+                http_filters:
+                  - name: envoy.filters.http.router
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+$clusters
+YAML
+}
+
+route() { # prefix cluster rewrite
+  cat <<YAML
+                        - match: { prefix: "$1" }
+                          route:
+                            cluster: $2
+                            prefix_rewrite: "$3"
+                            retry_policy: { retry_on: "connect-failure,reset", num_retries: 1 }
+YAML
+}
+
+cluster() { # name port
+  cat <<YAML
+    - name: $1
+      type: STATIC
+      connect_timeout: 1s
+      load_assignment:
+        cluster_name: $1
+        endpoints:
+          - lb_endpoints:
+              - endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: $2 } } }
+YAML
+}
+
+start_data_plane() {
+  say "envoy"
+  ENVOY=$("$root/scripts/envoy.sh")
+  "$ENVOY" --version | grep -o 'version: [^ ]*' | head -1
+
+  mkdir -p "$state/envoy" "$state/www/catalog" "$state/www/reviews"
+  for svc in catalog reviews; do
+    printf '<h1>%s</h1><p>served by python3 http.server behind its Envoy sidecar</p>\n' "$svc" \
+      >"$state/www/$svc/index.html"
+    printf '{"service": "%s", "ok": true}\n' "$svc" >"$state/www/$svc/health.json"
+  done
+
+  write_bootstrap "$state/envoy/edge.yaml" edge "$EDGE_PORT" "$EDGE_ADMIN" \
+    "$(route /catalog/ catalog /; route /reviews/ reviews /)" \
+    "$(cluster catalog "$CATALOG_PORT"; cluster reviews "$REVIEWS_PORT")"
+  write_bootstrap "$state/envoy/catalog.yaml" catalog "$CATALOG_PORT" "$CATALOG_ADMIN" \
+    "$(route / catalog /)" "$(cluster catalog "$CATALOG_APP")"
+  write_bootstrap "$state/envoy/reviews.yaml" reviews "$REVIEWS_PORT" "$REVIEWS_ADMIN" \
+    "$(route / reviews /)" "$(cluster reviews "$REVIEWS_APP")"
+
+  say "upstreams and Envoys"
+  spawn catalog-app python3 -m http.server "$CATALOG_APP" --bind 127.0.0.1 --directory "$state/www/catalog"
+  spawn reviews-app python3 -m http.server "$REVIEWS_APP" --bind 127.0.0.1 --directory "$state/www/reviews"
+  spawn_envoy catalog "$state/envoy/catalog.yaml" "$CATALOG_ADMIN"
+  spawn_envoy reviews "$state/envoy/reviews.yaml" "$REVIEWS_ADMIN"
+  spawn_envoy edge "$state/envoy/edge.yaml" "$EDGE_ADMIN"
+  for admin in "$EDGE_ADMIN" "$CATALOG_ADMIN" "$REVIEWS_ADMIN"; do
+    wait_for "envoy admin :$admin" 30 curl -fsS "http://127.0.0.1:$admin/ready"
+  done
+  wait_for "catalog through the edge" 15 curl -fsS "http://127.0.0.1:$EDGE_PORT/catalog/health.json"
+  wait_for "reviews through the edge" 15 curl -fsS "http://127.0.0.1:$EDGE_PORT/reviews/health.json"
+}
+
+start_meshcat() {
+  local bin=${CARGO_TARGET_DIR:-$root/target}/release
+  local dev="$state/data/dev"
+  say "aggregator (--dev)"
+  spawn aggregator "$bin/meshcat-aggregator" serve --dev --data-dir "$state/data" \
+    --api-addr "127.0.0.1:$API_PORT" --quic-addr "127.0.0.1:$QUIC_PORT" \
+    --ops-addr "127.0.0.1:$OPS_PORT"
+  wait_for "aggregator /readyz" 30 curl -fsS "http://127.0.0.1:$OPS_PORT/readyz"
+  wait_for "dev certificates in $dev" 10 test -s "$dev/agent-key.pem"
+
+  say "agents"
+  local name admin ops
+  for spec in "edge $EDGE_ADMIN $EDGE_AGENT_OPS" "catalog $CATALOG_ADMIN $CATALOG_AGENT_OPS" \
+              "reviews $REVIEWS_ADMIN $REVIEWS_AGENT_OPS"; do
+    read -r name admin ops <<<"$spec"
+    spawn "agent-$name" "$bin/meshcat-agent" --aggregator "127.0.0.1:$QUIC_PORT" \
+      --server-name localhost --ca-file "$dev/ca.pem" --cert "$dev/agent.pem" \
+      --key "$dev/agent-key.pem" --sidecar-admin "127.0.0.1:$admin" --zone "$ZONE" \
+      --cluster "$name" --instance "$name-1" --sidecar-log-file "$logs/$name.log" \
+      --ops-addr "127.0.0.1:$ops" --interval 2s
+  done
+  for ops in "$EDGE_AGENT_OPS" "$CATALOG_AGENT_OPS" "$REVIEWS_AGENT_OPS"; do
+    wait_for "agent ops :$ops" 20 curl -fsS "http://127.0.0.1:$ops/healthz"
+  done
+
+  say "registrations"
+  post /zones "{\"zoneName\":\"$ZONE\",\"serverAddress\":\"127.0.0.1:$EDGE_ADMIN\",\"requestCluster\":\"edge\",\"useTls\":false,\"caPath\":\"\",\"certPath\":\"\",\"keyPath\":\"\"}"
+  post /clusters "{\"clusterName\":\"catalog\",\"zoneName\":\"$ZONE\",\"name\":\"Catalog\",\"version\":\"1.0.0\",\"owner\":\"shop-team\",\"capability\":\"product catalog\",\"runtime\":\"python\",\"documentation\":\"/docs/catalog\",\"prometheusJob\":\"catalog\",\"minInstances\":1,\"maxInstances\":3,\"protocols\":[\"HTTP\"],\"enableInstanceMetrics\":true,\"enableHistoricalMetrics\":false,\"businessImpact\":\"high\",\"metricsPort\":$CATALOG_ADMIN}"
+  post /clusters "{\"clusterName\":\"reviews\",\"zoneName\":\"$ZONE\",\"name\":\"Reviews\",\"version\":\"2.1.0\",\"owner\":\"community-team\",\"capability\":\"customer reviews\",\"runtime\":\"python\",\"documentation\":\"/docs/reviews\",\"prometheusJob\":\"reviews\",\"minInstances\":1,\"maxInstances\":0,\"protocols\":[\"HTTP\"],\"enableInstanceMetrics\":true,\"enableHistoricalMetrics\":false,\"businessImpact\":\"medium\",\"metricsPort\":$REVIEWS_ADMIN}"
+}
+
+# POSTs a registration; 409 (already there from an earlier run) is fine.
+post() {
+  local code
+  code=$(curl -sS -o "$state/last-answer.json" -w '%{http_code}' -X POST \
+    -H 'Content-Type: application/json' --data "$2" "$API$1")
+  case "$code" in
+    201) echo "POST $1: created" ;;
+    409) echo "POST $1: already registered" ;;
+    *) die "POST $1 answered $code: $(cat "$state/last-answer.json")" ;;
+  esac
+}
+
+traffic() {
+  say "traffic through the edge"
+  local ok=0 i
+  for i in $(seq 1 20); do
+    curl -fsS -o /dev/null "http://127.0.0.1:$EDGE_PORT/catalog/" && ok=$((ok + 1))
+    curl -fsS -o /dev/null "http://127.0.0.1:$EDGE_PORT/reviews/health.json" && ok=$((ok + 1))
+  done
+  echo "$ok/40 requests answered 200"
+}
+
+print_help() {
+  cat <<TXT
+
+meshcat local mesh is up (state and logs in .local-mesh/).
+  edge (entry)        http://127.0.0.1:$EDGE_PORT/catalog/   http://127.0.0.1:$EDGE_PORT/reviews/
+  Envoy admins        http://127.0.0.1:$EDGE_ADMIN/  :$CATALOG_ADMIN  :$REVIEWS_ADMIN
+TXT
+  if [ "$1" = full ]; then
+    cat <<TXT
+  catalog API         $API/summary   $API/services   $API/openapi.json
+  aggregator metrics  http://127.0.0.1:$OPS_PORT/metrics
+
+Try:
+  curl -s '$API/clusters?zoneName=$ZONE' | python3 -m json.tool
+  curl -s '$API/metrics/catalog/catalog-1?zoneName=$ZONE' | python3 -m json.tool
+  curl -s '$API/diagnose/catalog?zoneName=$ZONE&symptom=no_healthy_upstream' | python3 -m json.tool
+TXT
+  fi
+  echo
+  echo "Stop it with: deploy/local/mesh.sh stop"
+}
+
+cmd_stop() {
+  [ -f "$pids" ] || { echo "nothing to stop"; return 0; }
+  local pid name left
+  # Reverse start order: agents before the aggregator, Envoys before their upstreams.
+  # An Envoy's wrapper sh is left alone: it reaps its Envoy and then exits by itself.
+  while read -r pid name; do
+    case "$name" in meshcat-envoy-*) continue ;; esac
+    if is_ours "$pid" "$name"; then kill -TERM "$pid" 2>/dev/null || true; fi
+  done < <(tac "$pids")
+  local end=$((SECONDS + 6))
+  while left=$(live_pids) && [ -n "$left" ] && [ "$SECONDS" -lt "$end" ]; do sleep 0.2; done
+  if [ -n "$left" ]; then
+    echo "still running after SIGTERM, sending SIGKILL: $(echo "$left" | tr '\n' ' ')"
+    while read -r pid name; do kill -KILL "$pid" 2>/dev/null || true; done <<<"$left"
+  fi
+  rm -f "$pids" "$state"/envoy-*.pid
+  echo "local mesh stopped"
+}
+
+cmd_status() {
+  [ -f "$pids" ] || { echo "local mesh is not running"; return 0; }
+  local pid name
+  while read -r pid name; do
+    if is_ours "$pid" "$name"; then echo "running  $pid  $name"; else echo "stopped  $pid  $name"; fi
+  done <"$pids"
+  for url in "http://127.0.0.1:$EDGE_PORT/catalog/" "http://127.0.0.1:$OPS_PORT/readyz"; do
+    printf '%s  %s\n' "$(curl -s -o /dev/null -w '%{http_code}' "$url" || true)" "$url"
+  done
+}
+
+cmd_up() {
+  local foreground=0 envoy_only=0
+  for a in "$@"; do
+    case "$a" in
+      --foreground) foreground=1 ;;
+      --envoy-only) envoy_only=1 ;;
+      *) die "unknown option $a (use --foreground, --envoy-only)" ;;
+    esac
+  done
+  [ -z "$(live_pids)" ] || die "already up (deploy/local/mesh.sh status); stop it first"
+  mkdir -p "$logs"
+  : >"$pids"
+  check_ports "$EDGE_PORT" "$EDGE_ADMIN" "$CATALOG_PORT" "$CATALOG_ADMIN" "$CATALOG_APP" \
+    "$REVIEWS_PORT" "$REVIEWS_ADMIN" "$REVIEWS_APP" "$API_PORT" "$OPS_PORT" \
+    "$EDGE_AGENT_OPS" "$CATALOG_AGENT_OPS" "$REVIEWS_AGENT_OPS"
+  # A failure half-way leaves nothing behind.
+  trap 'rc=$?; if [ $rc -ne 0 ]; then cmd_stop; fi' EXIT
+  if [ "$foreground" = 1 ]; then
+    trap 'echo; cmd_stop; trap - EXIT; exit 0' INT TERM
+  fi
+  if [ "$envoy_only" = 0 ]; then
+    say "building meshcat (cargo build --release)"
+    (cd "$root" && cargo build --release --locked -p meshcat-aggregator -p meshcat-agent)
+  fi
+  start_data_plane
+  if [ "$envoy_only" = 0 ]; then
+    start_meshcat
+  fi
+  traffic
+  if [ "$envoy_only" = 0 ]; then print_help full; else print_help envoy; fi
+  if [ "$foreground" = 1 ]; then
+    echo "Running in the foreground: Ctrl-C stops the mesh."
+    while [ -n "$(live_pids)" ]; do sleep 1; done
+    echo "every process of the mesh has exited"
+    cmd_stop
+  fi
+  trap - EXIT
+}
+
+case "${1:-}" in
+  up) shift; cmd_up "$@" ;;
+  stop) cmd_stop ;;
+  status) cmd_status ;;
+  *) echo "usage: deploy/local/mesh.sh up [--foreground] [--envoy-only] | status | stop" >&2; exit 2 ;;
+esac
