@@ -72,10 +72,20 @@ pub fn diagnose(input: &DiagnosisInput) -> DiagnosisReport {
     let logs_service: Check = |i| vec![service_logs(i)];
     let metric_checks: Check = metrics;
     let checks: Vec<Check> = match input.symptom {
-        Some(Symptom::UpstreamConnectError) => {
-            vec![discovery_edge, discovery_service, mtls_check, routes]
+        // The seed's steps first, in its order; the log rules then follow the request
+        // through both sidecars, which pinpoints what discovery alone cannot see (a
+        // dead service behind a discovered host).
+        Some(Symptom::UpstreamConnectError) => vec![
+            discovery_edge,
+            discovery_service,
+            mtls_check,
+            routes,
+            logs_edge,
+            logs_service,
+        ],
+        Some(Symptom::NoHealthyUpstream) => {
+            vec![discovery_edge, discovery_service, logs_edge, logs_service]
         }
-        Some(Symptom::NoHealthyUpstream) => vec![discovery_edge, discovery_service],
         Some(Symptom::Ingress502503) => vec![logs_edge, logs_service],
         Some(Symptom::MissingMetrics) => vec![metric_checks],
         None => vec![
@@ -127,8 +137,13 @@ fn who(side: &SidecarEvidence) -> String {
 }
 
 fn host_line(cluster: &str, h: &meshcat_common::wire::UpstreamHost) -> String {
+    let note = if h.cx_connect_fail > 0 {
+        " (discovered, but connections to it fail)"
+    } else {
+        ""
+    };
     format!(
-        "{cluster}::{} cx_active={} cx_connect_fail={} cx_total={} rq_active={} rq_error={} rq_total={} health_flags={}",
+        "{cluster}::{} cx_active={} cx_connect_fail={} cx_total={} rq_active={} rq_error={} rq_total={} health_flags={}{note}",
         h.address,
         h.cx_active,
         h.cx_connect_fail,
