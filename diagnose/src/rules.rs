@@ -697,6 +697,19 @@ fn service_logs(input: &DiagnosisInput) -> Outcome {
             );
         }
     }
+    let edge_read = input.edge.as_ref().is_some_and(|e| e.log_lines.is_some());
+    if edge_read && edge_last.is_none() {
+        return outcome(
+            NAME,
+            Verdict::Skipped,
+            vec![
+                "the edge's log has no line for the request to follow into the service sidecars"
+                    .into(),
+            ],
+            "Fix what the edge's log shows first.",
+            "",
+        );
+    }
     let request_id = edge_last.as_ref().and_then(|e| e.request_id.clone());
     let mut evidence = Vec::new();
     let mut read = 0;
@@ -919,5 +932,133 @@ fn metrics_collector(input: &DiagnosisInput, m: &MetricsEvidence) -> Outcome {
             &action,
             "",
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn metrics_input(m: MetricsEvidence) -> DiagnosisInput {
+        let mut input = DiagnosisInput::new("catalog", "east");
+        input.symptom = Some(Symptom::MissingMetrics);
+        input.metrics = Some(m);
+        input
+    }
+
+    fn verdicts(r: &DiagnosisReport) -> Vec<(&str, Verdict)> {
+        r.steps
+            .iter()
+            .map(|s| (s.name.as_str(), s.verdict))
+            .collect()
+    }
+
+    #[test]
+    fn missing_metrics_names_the_collector_namespace_list() {
+        let r = diagnose(&metrics_input(MetricsEvidence {
+            enable_instance_metrics: true,
+            prometheus_job: "catalog".into(),
+            live_instances: 2,
+            instances_with_metrics: 2,
+            prometheus_up: Some(false),
+        }));
+        assert_eq!(
+            verdicts(&r),
+            [
+                ("metrics_settings", Verdict::Pass),
+                ("metrics_reporting", Verdict::Pass),
+                ("metrics_collector", Verdict::Fail),
+            ]
+        );
+        let action = &r.step("metrics_collector").unwrap().action;
+        assert!(action.contains("namespace list under the pod discovery setting"));
+        assert!(action.contains("restart the collector"));
+        assert!(r.conclusion.starts_with("metrics_collector failed: "));
+    }
+
+    #[test]
+    fn missing_metrics_checks_settings_and_reporting_first() {
+        let r = diagnose(&metrics_input(MetricsEvidence {
+            enable_instance_metrics: false,
+            prometheus_job: String::new(),
+            live_instances: 3,
+            instances_with_metrics: 1,
+            prometheus_up: None,
+        }));
+        assert_eq!(
+            verdicts(&r),
+            [
+                ("metrics_settings", Verdict::Fail),
+                ("metrics_reporting", Verdict::Fail),
+                ("metrics_collector", Verdict::Skipped),
+            ]
+        );
+        let settings = r.step("metrics_settings").unwrap();
+        assert!(
+            settings
+                .evidence
+                .contains(&"enableInstanceMetrics = false".to_owned())
+        );
+        assert!(r.step("metrics_reporting").unwrap().evidence[1].ends_with("= 1"));
+        // Without Prometheus' answer the advice still names the namespace list.
+        assert!(
+            r.step("metrics_collector")
+                .unwrap()
+                .action
+                .contains("namespaces.names")
+        );
+        let none_live = diagnose(&metrics_input(MetricsEvidence {
+            enable_instance_metrics: true,
+            prometheus_job: "catalog".into(),
+            ..MetricsEvidence::default()
+        }));
+        assert!(none_live.conclusion.contains("no live instance"));
+    }
+
+    #[test]
+    fn without_evidence_every_check_is_skipped() {
+        let r = diagnose(&DiagnosisInput::new("catalog", "east"));
+        assert_eq!(r.steps.len(), 9);
+        assert!(r.steps.iter().all(|s| s.verdict == Verdict::Skipped));
+        assert!(r.conclusion.starts_with("No check failed; skipped"));
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["symptom"], serde_json::Value::Null);
+        assert_eq!(json["steps"][0]["verdict"], "skipped");
+    }
+
+    #[test]
+    fn evidence_is_bounded() {
+        let mut edge = SidecarEvidence::new(Role::Edge, "edge-0");
+        let line = r#"[2026-11-21T23:58:15.589Z] "GET /catalog/items HTTP/1.1" 503 UH 0 19 0 - "-" "ua" "id" "h" "-""#;
+        edge.log_lines = Some(vec![line.to_owned(); 500]);
+        edge.debug_lines = Some(vec![format!("TLS_error: {}", "x".repeat(5000)); 200]);
+        edge.ssl_stats = Some(
+            (0..200)
+                .map(|i| (format!("listener.l{i}.ssl.connection_error"), 1))
+                .collect(),
+        );
+        let mut input = DiagnosisInput::new("catalog", "east");
+        input.edge = Some(edge);
+        let r = diagnose(&input);
+        for s in &r.steps {
+            assert!(
+                s.evidence.len() <= crate::report::MAX_EVIDENCE,
+                "{}",
+                s.name
+            );
+            assert!(
+                s.evidence
+                    .iter()
+                    .all(|e| e.len() <= crate::report::MAX_EVIDENCE_LEN)
+            );
+        }
+        assert!(
+            r.step("mtls")
+                .unwrap()
+                .evidence
+                .last()
+                .unwrap()
+                .starts_with("... and ")
+        );
     }
 }

@@ -455,3 +455,67 @@ fn classifies_the_captured_bodies() {
     assert_eq!(classify_body(&body("ext_authz_dead")), None);
     assert_eq!(classify_body(&body("healthy")), None);
 }
+
+#[test]
+fn no_line_for_the_path_is_a_filter_chain_failure() {
+    // The healthy edge served /catalog/; nothing ever asked for /orders/.
+    let (mut input, _) = load("healthy");
+    input.symptom = Some(Symptom::Ingress502503);
+    input.path = Some("/orders/".into());
+    let r = diagnose(&input);
+    assert_steps(&r, &[("edge_logs", Fail), ("service_logs", Skipped)]);
+    assert_evidence(&r, "edge_logs", "no access line for path /orders/");
+    assert!(step(&r, "edge_logs").action.contains("token filter"));
+    assert!(
+        r.conclusion
+            .contains("a filter of its chain failed before routing")
+    );
+}
+
+#[test]
+fn without_the_edge_log_the_service_log_is_searched_by_path() {
+    // Rule 8 from the service side alone: the handshake failed, so no line exists.
+    let (mut input, r) = load("untrusted_client_cert");
+    input.edge.as_mut().unwrap().log_lines = None;
+    input.path = Some(r.path);
+    input.symptom = Some(Symptom::Ingress502503);
+    let r = diagnose(&input);
+    assert_steps(&r, &[("edge_logs", Skipped), ("service_logs", Fail)]);
+    assert_evidence(&r, "service_logs", "no access line for path /catalog/items");
+}
+
+#[test]
+fn parses_the_admin_documents() {
+    let (input, _) = load("upstream_stopped");
+    let svc = &input.services[0];
+    let local = svc.cluster("local_catalog").unwrap();
+    assert_eq!(local.hosts.len(), 1);
+    let h = &local.hosts[0];
+    assert!(h.address.starts_with("127.0.0.1:"));
+    assert_eq!((h.cx_connect_fail, h.cx_total), (3, 4));
+    assert_eq!(h.health_flags, "healthy");
+    let stats = svc.ssl_stats.as_ref().unwrap();
+    assert!(
+        stats
+            .keys()
+            .all(|k| k.contains("ssl") || k.contains("secrets"))
+    );
+    assert!(
+        stats
+            .iter()
+            .any(|(k, v)| k.ends_with(".ssl.handshake") && *v == 4)
+    );
+    let routes: Vec<_> = svc.routes_to("local_catalog").collect();
+    assert_eq!(routes.len(), 1);
+    assert_eq!(routes[0].route_config, "local_routes");
+    assert!(
+        SidecarEvidence::new(Role::Edge, "x")
+            .with_clusters_json("{")
+            .is_err()
+    );
+    assert!(
+        SidecarEvidence::new(Role::Edge, "x")
+            .with_stats_json("{}")
+            .is_err()
+    );
+}
