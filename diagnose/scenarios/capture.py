@@ -24,7 +24,7 @@ import urllib.request
 SIDECARS = ("edge", "service")
 STATS_FILTER = "ssl|secrets"
 # Lines kept from before the request in the saved log.
-TAIL_BEFORE = 30
+TAIL_BEFORE = 20
 
 
 def free_port():
