@@ -2,7 +2,8 @@
 //! (`diagnose/scenarios/`, captured by `capture.sh` into `tests/fixtures/`).
 
 use std::fs;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use meshcat_diagnose::{
     DiagnosisInput, DiagnosisReport, Role, SidecarEvidence, Symptom, Verdict, classify_body,
@@ -16,17 +17,17 @@ struct Response {
     path: String,
 }
 
-fn fixture(scenario: &str, file: &str) -> Option<String> {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(scenario)
-        .join(file);
-    fs::read_to_string(p).ok()
+fn fixtures_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
 }
 
-fn sidecar(scenario: &str, role: Role, side: &str, instance: &str) -> SidecarEvidence {
+fn fixture_in(root: &Path, scenario: &str, file: &str) -> Option<String> {
+    fs::read_to_string(root.join(scenario).join(file)).ok()
+}
+
+fn sidecar(root: &Path, scenario: &str, role: Role, side: &str, instance: &str) -> SidecarEvidence {
     let read = |kind: &str| {
-        fixture(scenario, &format!("{side}.{kind}"))
+        fixture_in(root, scenario, &format!("{side}.{kind}"))
             .unwrap_or_else(|| panic!("fixture {scenario}/{side}.{kind} missing"))
     };
     let mut s = SidecarEvidence::new(role, instance)
@@ -37,28 +38,47 @@ fn sidecar(scenario: &str, role: Role, side: &str, instance: &str) -> SidecarEvi
         .with_stats_json(&read("stats.json"))
         .unwrap()
         .with_log(&read("log"));
-    if let Some(debug) = fixture(scenario, &format!("{side}.debug.log")) {
+    if let Some(debug) = fixture_in(root, scenario, &format!("{side}.debug.log")) {
         s = s.with_debug_log(&debug);
     }
     s
 }
 
 fn load(scenario: &str) -> (DiagnosisInput, Response) {
+    load_from(&fixtures_root(), scenario)
+}
+
+fn load_from(root: &Path, scenario: &str) -> (DiagnosisInput, Response) {
     let r: serde_json::Value =
-        serde_json::from_str(&fixture(scenario, "response.json").unwrap()).unwrap();
+        serde_json::from_str(&fixture_in(root, scenario, "response.json").unwrap()).unwrap();
     let response = Response {
         code: r["code"].as_u64().unwrap() as u16,
         body: r["body"].as_str().unwrap().to_owned(),
         path: r["path"].as_str().unwrap().to_owned(),
     };
     let mut input = DiagnosisInput::new("catalog", "local");
-    input.edge = Some(sidecar(scenario, Role::Edge, "edge", "edge-0"));
-    input.services = vec![sidecar(scenario, Role::Service, "service", "catalog-0")];
+    input.edge = Some(sidecar(root, scenario, Role::Edge, "edge", "edge-0"));
+    input.services = vec![sidecar(
+        root,
+        scenario,
+        Role::Service,
+        "service",
+        "catalog-0",
+    )];
     (input, response)
 }
 
 fn run(scenario: &str, symptom: Option<Symptom>, with_path: bool) -> DiagnosisReport {
-    let (mut input, response) = load(scenario);
+    run_from(&fixtures_root(), scenario, symptom, with_path)
+}
+
+fn run_from(
+    root: &Path,
+    scenario: &str,
+    symptom: Option<Symptom>,
+    with_path: bool,
+) -> DiagnosisReport {
+    let (mut input, response) = load_from(root, scenario);
     input.symptom = symptom;
     if with_path {
         input.path = Some(response.path);
@@ -115,20 +135,78 @@ fn assert_steps(report: &DiagnosisReport, want: &[(&str, Verdict)]) {
 
 use Verdict::{Fail, Pass, Skipped};
 
+/// Every scenario of `diagnose/scenarios/`.
+const SCENARIOS: [&str; 10] = [
+    "healthy",
+    "upstream_stopped",
+    "no_endpoints",
+    "route_to_missing_cluster",
+    "cluster_not_routed",
+    "untrusted_client_cert",
+    "sds_dead",
+    "ext_authz_dead",
+    "wrong_local_port",
+    "local_cluster_unset",
+];
+
+#[test]
+fn every_scenario_has_fixtures() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scenarios");
+    let mut on_disk: Vec<String> = fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().join("scenario.json").is_file())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    on_disk.sort();
+    let mut listed: Vec<&str> = SCENARIOS.to_vec();
+    listed.sort_unstable();
+    assert_eq!(on_disk, listed);
+}
+
+/// Drives every scenario through freshly started real Envoys (capture.sh into a
+/// temporary folder) and checks the engine reaches the same verdicts as on the
+/// committed fixtures: the fixtures still show what Envoy does. Envoy is installed by
+/// scripts/envoy.sh (or taken from MESHCAT_ENVOY); a missing Envoy fails the test.
+#[test]
+fn live_envoy_agrees_with_the_fixtures() {
+    let out = tempfile::tempdir().unwrap();
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scenarios/capture.sh");
+    let capture = Command::new("bash")
+        .arg(&script)
+        .arg("--out")
+        .arg(out.path())
+        .output()
+        .expect("capture.sh runs");
+    assert!(
+        capture.status.success(),
+        "capture.sh failed ({}):\n{}\n{}",
+        capture.status,
+        String::from_utf8_lossy(&capture.stdout),
+        String::from_utf8_lossy(&capture.stderr)
+    );
+    for s in SCENARIOS {
+        let (_, live) = load_from(out.path(), s);
+        let (_, kept) = load(s);
+        assert_eq!(live.code, kept.code, "{s}");
+        let symptom = classify_response(live.code, &live.body);
+        assert_eq!(symptom, classify_response(kept.code, &kept.body), "{s}");
+        for sym in [symptom, None] {
+            let now = run_from(out.path(), s, sym, true);
+            let then = run(s, sym, true);
+            assert_eq!(verdicts(&now), verdicts(&then), "{s} {sym:?}");
+            assert_eq!(
+                now.steps.iter().map(|st| &st.action).collect::<Vec<_>>(),
+                then.steps.iter().map(|st| &st.action).collect::<Vec<_>>(),
+                "{s} {sym:?}"
+            );
+        }
+    }
+}
+
 #[test]
 fn every_scenario_runs_without_symptom_and_without_path() {
-    for s in [
-        "healthy",
-        "upstream_stopped",
-        "no_endpoints",
-        "route_to_missing_cluster",
-        "cluster_not_routed",
-        "untrusted_client_cert",
-        "sds_dead",
-        "ext_authz_dead",
-        "wrong_local_port",
-        "local_cluster_unset",
-    ] {
+    for s in SCENARIOS {
         let r = run(s, None, false);
         assert_eq!(r.symptom, None);
         assert_eq!(r.steps.len(), 9, "{s}");
