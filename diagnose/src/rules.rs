@@ -330,7 +330,15 @@ fn mtls(input: &DiagnosisInput) -> Outcome {
         if let Some(stats) = &side.ssl_stats {
             collected = true;
             let mut any_ssl = false;
-            for (name, value) in stats {
+            // An edge talks to every service of the mesh: only its listeners and its
+            // cluster to the diagnosed service speak for this diagnosis.
+            let own_cluster = format!("cluster.{}.", input.cluster);
+            let relevant = stats.iter().filter(|(name, _)| {
+                side.role == Role::Service
+                    || !name.starts_with("cluster.")
+                    || name.starts_with(&own_cluster)
+            });
+            for (name, value) in relevant {
                 if name.contains(".ssl.") || name.starts_with("ssl.") {
                     any_ssl = true;
                 }
