@@ -1,0 +1,473 @@
+//! What the engine reads: per sidecar, its `/clusters?format=json`, the routes of its
+//! `/config_dump`, its ssl and secrets stats, the tail of its log and an optional debug
+//! window; plus the cluster's metrics settings. Parsers turn the admin API's JSON into
+//! these types; every input is bounded.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use meshcat_common::wire::{UpstreamCluster, UpstreamHost};
+use serde_json::Value;
+
+use crate::symptom::Symptom;
+
+/// Most log lines kept per sidecar (the newest are kept).
+pub const MAX_LOG_LINES: usize = 20_000;
+/// Longest log line kept; longer lines are cut at a character boundary.
+pub const MAX_LOG_LINE_LEN: usize = 8 * 1024;
+/// Most clusters read from one `/clusters` document.
+pub const MAX_CLUSTERS: usize = 10_000;
+/// Most route entries read from one `/config_dump`.
+pub const MAX_ROUTES: usize = 50_000;
+/// Most stats read from one `/stats` document.
+pub const MAX_STATS: usize = 100_000;
+
+/// Why an admin document could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum EvidenceError {
+    #[error("{what} is not valid JSON: {source}")]
+    Json {
+        what: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("{what} does not have the expected shape: {detail}")]
+    Shape { what: &'static str, detail: String },
+}
+
+/// Which side of a request a sidecar stands on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// The zone's request cluster: where requests enter the mesh.
+    Edge,
+    /// A sidecar beside an instance of the diagnosed service.
+    Service,
+}
+
+/// A route of a route configuration that sends traffic to a named cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteEntry {
+    pub route_config: String,
+    pub virtual_host: String,
+    /// The route's match, as `prefix /catalog/` or `path /x`.
+    pub matcher: String,
+    pub cluster: String,
+}
+
+/// Everything read from one sidecar. `None` means "not collected", which makes the
+/// checks that need it `skipped` rather than guess.
+#[derive(Debug, Clone)]
+pub struct SidecarEvidence {
+    pub role: Role,
+    /// Instance name, for the evidence lines.
+    pub instance: String,
+    /// `/clusters?format=json`, parsed.
+    pub clusters: Option<Vec<UpstreamCluster>>,
+    /// The routes of `/config_dump` that name clusters.
+    pub routes: Option<Vec<RouteEntry>>,
+    /// Whether some route picks its cluster from a header, so any cluster may be routed.
+    pub dynamic_routes: bool,
+    /// `/stats` filtered on `ssl` and `secrets`: name to value.
+    pub ssl_stats: Option<BTreeMap<String, u64>>,
+    /// The tail of the sidecar's log: access lines mixed with Envoy's own lines.
+    pub log_lines: Option<Vec<String>>,
+    /// Log lines written while the sidecar ran at debug level around a replayed request.
+    pub debug_lines: Option<Vec<String>>,
+}
+
+impl SidecarEvidence {
+    /// Evidence with nothing collected yet.
+    pub fn new(role: Role, instance: impl Into<String>) -> Self {
+        SidecarEvidence {
+            role,
+            instance: instance.into(),
+            clusters: None,
+            routes: None,
+            dynamic_routes: false,
+            ssl_stats: None,
+            log_lines: None,
+            debug_lines: None,
+        }
+    }
+
+    /// Adds the sidecar's `/clusters?format=json` document.
+    pub fn with_clusters_json(mut self, json: &str) -> Result<Self, EvidenceError> {
+        self.clusters = Some(parse_clusters_json(json)?);
+        Ok(self)
+    }
+
+    /// Adds the routes of the sidecar's `/config_dump` (whole or trimmed).
+    pub fn with_config_dump_json(mut self, json: &str) -> Result<Self, EvidenceError> {
+        let dump: Value = serde_json::from_str(json).map_err(|source| EvidenceError::Json {
+            what: "/config_dump",
+            source,
+        })?;
+        let (routes, dynamic) = routes_of_config_dump(&dump);
+        self.routes = Some(routes);
+        self.dynamic_routes = dynamic;
+        Ok(self)
+    }
+
+    /// Adds the sidecar's `/stats?format=json` (filtered or not; only ssl and
+    /// secrets counters are kept).
+    pub fn with_stats_json(mut self, json: &str) -> Result<Self, EvidenceError> {
+        self.ssl_stats = Some(parse_ssl_stats_json(json)?);
+        Ok(self)
+    }
+
+    /// Adds the tail of the sidecar's log.
+    pub fn with_log(mut self, text: &str) -> Self {
+        self.log_lines = Some(bounded_lines(text));
+        self
+    }
+
+    /// Adds the lines of a debug window.
+    pub fn with_debug_log(mut self, text: &str) -> Self {
+        self.debug_lines = Some(bounded_lines(text));
+        self
+    }
+
+    /// The cluster of that name, if the sidecar lists it.
+    pub fn cluster(&self, name: &str) -> Option<&UpstreamCluster> {
+        self.clusters.as_ref()?.iter().find(|c| c.name == name)
+    }
+
+    /// The routes naming `cluster`.
+    pub fn routes_to<'a>(&'a self, cluster: &'a str) -> impl Iterator<Item = &'a RouteEntry> {
+        self.routes
+            .iter()
+            .flatten()
+            .filter(move |r| r.cluster == cluster)
+    }
+}
+
+/// What the catalog and the metrics collector say about a cluster's metrics.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct MetricsEvidence {
+    /// The cluster record's `enableInstanceMetrics`.
+    pub enable_instance_metrics: bool,
+    /// The cluster record's `prometheusJob`.
+    pub prometheus_job: String,
+    /// Live instances of the cluster.
+    pub live_instances: usize,
+    /// Of those, the ones whose sidecar reported metrics in their last report.
+    pub instances_with_metrics: usize,
+    /// Whether Prometheus has an `up` series for the job, when it was asked.
+    pub prometheus_up: Option<bool>,
+}
+
+/// Everything one diagnosis reads.
+#[derive(Debug, Clone)]
+pub struct DiagnosisInput {
+    pub cluster: String,
+    pub zone: String,
+    /// `None` runs every check.
+    pub symptom: Option<Symptom>,
+    /// The failing request's path, to filter access lines on.
+    pub path: Option<String>,
+    /// The sidecar of the zone's request cluster.
+    pub edge: Option<SidecarEvidence>,
+    /// The sidecars of the diagnosed cluster's instances.
+    pub services: Vec<SidecarEvidence>,
+    /// The service sidecar's cluster to its local instance. When `None`, the clusters
+    /// the service sidecar's own routes name are taken.
+    pub service_local_cluster: Option<String>,
+    pub metrics: Option<MetricsEvidence>,
+}
+
+impl DiagnosisInput {
+    /// An input with no evidence yet.
+    pub fn new(cluster: impl Into<String>, zone: impl Into<String>) -> Self {
+        DiagnosisInput {
+            cluster: cluster.into(),
+            zone: zone.into(),
+            symptom: None,
+            path: None,
+            edge: None,
+            services: Vec::new(),
+            service_local_cluster: None,
+            metrics: None,
+        }
+    }
+}
+
+fn bounded_lines(text: &str) -> Vec<String> {
+    let lines: Vec<&str> = text.lines().collect();
+    let skip = lines.len().saturating_sub(MAX_LOG_LINES);
+    lines[skip..]
+        .iter()
+        .map(|l| truncate(l, MAX_LOG_LINE_LEN).to_owned())
+        .collect()
+}
+
+/// Cuts `s` to at most `max` bytes at a character boundary.
+pub(crate) fn truncate(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// Parses `/clusters?format=json` (`cluster_statuses[].host_statuses[]`). Envoy omits
+/// zero counters and writes values as strings.
+pub fn parse_clusters_json(json: &str) -> Result<Vec<UpstreamCluster>, EvidenceError> {
+    const WHAT: &str = "/clusters?format=json";
+    let doc: Value =
+        serde_json::from_str(json).map_err(|source| EvidenceError::Json { what: WHAT, source })?;
+    let statuses = match doc.get("cluster_statuses") {
+        None => return Ok(Vec::new()),
+        Some(Value::Array(a)) => a,
+        Some(_) => {
+            return Err(EvidenceError::Shape {
+                what: WHAT,
+                detail: "cluster_statuses is not an array".into(),
+            });
+        }
+    };
+    let mut out = Vec::new();
+    for c in statuses.iter().take(MAX_CLUSTERS) {
+        let Some(name) = c.get("name").and_then(Value::as_str) else {
+            return Err(EvidenceError::Shape {
+                what: WHAT,
+                detail: "a cluster has no name".into(),
+            });
+        };
+        let hosts = c
+            .get("host_statuses")
+            .and_then(Value::as_array)
+            .map(|hs| hs.iter().map(parse_host).collect())
+            .unwrap_or_default();
+        out.push(UpstreamCluster {
+            name: name.to_owned(),
+            added_via_api: c
+                .get("added_via_api")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
+            hosts,
+        });
+    }
+    Ok(out)
+}
+
+fn parse_host(h: &Value) -> UpstreamHost {
+    let address = match h.pointer("/address/socket_address") {
+        Some(sa) => format!(
+            "{}:{}",
+            sa.get("address").and_then(Value::as_str).unwrap_or("?"),
+            sa.get("port_value").and_then(Value::as_u64).unwrap_or(0)
+        ),
+        None => h
+            .pointer("/address/pipe/path")
+            .and_then(Value::as_str)
+            .unwrap_or("?")
+            .to_owned(),
+    };
+    let mut counters = BTreeMap::new();
+    for s in h
+        .get("stats")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        if let Some(name) = s.get("name").and_then(Value::as_str) {
+            let value = match s.get("value") {
+                Some(Value::String(v)) => v.parse().unwrap_or(0),
+                Some(Value::Number(n)) => n.as_u64().unwrap_or(0),
+                _ => 0,
+            };
+            counters.insert(name, value);
+        }
+    }
+    let c = |n: &str| counters.get(n).copied().unwrap_or(0);
+    UpstreamHost {
+        address,
+        cx_active: c("cx_active"),
+        cx_connect_fail: c("cx_connect_fail"),
+        cx_total: c("cx_total"),
+        rq_active: c("rq_active"),
+        rq_error: c("rq_error"),
+        rq_total: c("rq_total"),
+        health_flags: health_flags(h.get("health_status")),
+    }
+}
+
+/// Envoy's health status as the text `/clusters` prints: `healthy`, or the failed
+/// checks joined by `|`.
+fn health_flags(status: Option<&Value>) -> String {
+    let Some(Value::Object(m)) = status else {
+        return "healthy".into();
+    };
+    let mut flags: Vec<String> = m
+        .iter()
+        .filter(|(_, v)| v.as_bool() == Some(true))
+        .map(|(k, _)| k.clone())
+        .collect();
+    match m.get("eds_health_status").and_then(Value::as_str) {
+        None | Some("HEALTHY") | Some("UNKNOWN") => {}
+        Some(eds) => flags.push(format!("eds_{}", eds.to_lowercase())),
+    }
+    if flags.is_empty() {
+        "healthy".into()
+    } else {
+        flags.join("|")
+    }
+}
+
+/// Reads every route configuration of a config dump (static, dynamic, or inline in
+/// listeners) and lists the clusters its routes name, weighted clusters included.
+/// The second value says whether some route takes its cluster from a header.
+pub fn routes_of_config_dump(dump: &Value) -> (Vec<RouteEntry>, bool) {
+    let mut routes = Vec::new();
+    let mut dynamic = false;
+    let mut seen = BTreeSet::new();
+    collect_route_configs(dump, &mut routes, &mut dynamic, &mut seen, 0);
+    (routes, dynamic)
+}
+
+/// Depth beyond which a config dump is not walked: real dumps are far shallower.
+const MAX_DEPTH: usize = 64;
+
+fn collect_route_configs(
+    v: &Value,
+    routes: &mut Vec<RouteEntry>,
+    dynamic: &mut bool,
+    seen: &mut BTreeSet<String>,
+    depth: usize,
+) {
+    if depth > MAX_DEPTH || routes.len() >= MAX_ROUTES {
+        return;
+    }
+    match v {
+        Value::Object(m) => {
+            if let Some(Value::Array(vhosts)) = m.get("virtual_hosts") {
+                let name = m.get("name").and_then(Value::as_str).unwrap_or("");
+                // A route configuration inline in a listener also appears in the
+                // routes dump; read each once.
+                if name.is_empty() || seen.insert(name.to_owned()) {
+                    read_route_config(name, vhosts, routes, dynamic);
+                }
+                return;
+            }
+            for child in m.values() {
+                collect_route_configs(child, routes, dynamic, seen, depth + 1);
+            }
+        }
+        Value::Array(a) => {
+            for child in a {
+                collect_route_configs(child, routes, dynamic, seen, depth + 1);
+            }
+        }
+        _ => {}
+    }
+}
+
+fn read_route_config(
+    config: &str,
+    vhosts: &[Value],
+    routes: &mut Vec<RouteEntry>,
+    dynamic: &mut bool,
+) {
+    for vh in vhosts {
+        let vh_name = vh.get("name").and_then(Value::as_str).unwrap_or("");
+        for r in vh
+            .get("routes")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let Some(action) = r.get("route") else {
+                continue;
+            };
+            let matcher = describe_match(r.get("match"));
+            let mut push = |cluster: &str| {
+                if routes.len() < MAX_ROUTES {
+                    routes.push(RouteEntry {
+                        route_config: config.to_owned(),
+                        virtual_host: vh_name.to_owned(),
+                        matcher: matcher.clone(),
+                        cluster: cluster.to_owned(),
+                    });
+                }
+            };
+            if let Some(c) = action.get("cluster").and_then(Value::as_str) {
+                push(c);
+            }
+            for wc in action
+                .pointer("/weighted_clusters/clusters")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                if let Some(c) = wc.get("name").and_then(Value::as_str) {
+                    push(c);
+                }
+            }
+            if action.get("cluster_header").is_some()
+                || action.get("cluster_specifier_plugin").is_some()
+                || action.get("inline_cluster_specifier_plugin").is_some()
+            {
+                *dynamic = true;
+            }
+        }
+    }
+}
+
+fn describe_match(m: Option<&Value>) -> String {
+    let Some(Value::Object(m)) = m else {
+        return "any".into();
+    };
+    for key in [
+        "prefix",
+        "path",
+        "safe_regex",
+        "path_separated_prefix",
+        "path_match_policy",
+    ] {
+        if let Some(v) = m.get(key) {
+            let text = match v {
+                Value::String(s) => s.clone(),
+                Value::Object(o) => o
+                    .get("regex")
+                    .and_then(Value::as_str)
+                    .map_or_else(|| v.to_string(), str::to_owned),
+                other => other.to_string(),
+            };
+            return format!("{key} {}", truncate(&text, 256));
+        }
+    }
+    "any".into()
+}
+
+/// Whether a stat is one the mTLS and secrets checks read.
+pub fn is_ssl_stat(name: &str) -> bool {
+    name.contains(".ssl.")
+        || name.starts_with("ssl.")
+        || name.ends_with("ssl_context_update_by_sds")
+        || name.ends_with("_context_secrets_not_ready")
+}
+
+/// Parses `/stats?format=json` and keeps the ssl and secrets counters and gauges
+/// (histograms are ignored).
+pub fn parse_ssl_stats_json(json: &str) -> Result<BTreeMap<String, u64>, EvidenceError> {
+    const WHAT: &str = "/stats?format=json";
+    let doc: Value =
+        serde_json::from_str(json).map_err(|source| EvidenceError::Json { what: WHAT, source })?;
+    let Some(stats) = doc.get("stats").and_then(Value::as_array) else {
+        return Err(EvidenceError::Shape {
+            what: WHAT,
+            detail: "no stats array".into(),
+        });
+    };
+    Ok(stats
+        .iter()
+        .take(MAX_STATS)
+        .filter_map(|s| {
+            let name = s.get("name")?.as_str()?;
+            let value = s.get("value")?.as_u64()?;
+            is_ssl_stat(name).then(|| (name.to_owned(), value))
+        })
+        .collect())
+}

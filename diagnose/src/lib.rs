@@ -1,0 +1,18 @@
+//! meshcat-diagnose: the mesh troubleshooting playbook (seed section 7, contract
+//! section 5) as a pure function over evidence read from the sidecars.
+//!
+//! Callers collect the evidence (the agents scrape `/clusters`, `/config_dump`, ssl
+//! stats and tail the sidecar logs), build a [`DiagnosisInput`] and call
+//! [`diagnose`]. Nothing here does I/O, so every rule is tested against captured
+//! output of real Envoy failures.
+
+pub mod accesslog;
+pub mod evidence;
+pub mod report;
+pub mod rules;
+pub mod symptom;
+
+pub use evidence::{DiagnosisInput, EvidenceError, MetricsEvidence, Role, SidecarEvidence};
+pub use report::{DiagnosisReport, Step, Verdict};
+pub use rules::diagnose;
+pub use symptom::{Symptom, SymptomError, classify_body, classify_response};

@@ -1,0 +1,1072 @@
+//! The engine: seed section 7's checks, run in the seed's order for the symptom, each
+//! turning evidence into a verdict, the lines it rests on and the next action.
+
+use std::collections::BTreeSet;
+
+use meshcat_common::wire::UpstreamCluster;
+
+use crate::accesslog::{self, AccessLogEntry};
+use crate::evidence::{DiagnosisInput, MetricsEvidence, Role, SidecarEvidence};
+use crate::report::{DiagnosisReport, Step, Verdict};
+use crate::symptom::Symptom;
+
+/// Stat suffixes whose non-zero value is a TLS failure.
+const SSL_FAILURES: [&str; 6] = [
+    "ssl.connection_error",
+    "ssl.fail_verify_cert_hash",
+    "ssl.fail_verify_error",
+    "ssl.fail_verify_no_cert",
+    "ssl.fail_verify_san",
+    "ssl.no_certificate",
+];
+/// Stat suffixes shown as context beside the failures.
+const SSL_CONTEXT: [&str; 3] = [
+    "ssl.handshake",
+    "ssl.session_reused",
+    "ssl_context_update_by_sds",
+];
+/// Suffix of the counters that rise while a secret (SDS) is missing.
+const SECRETS_NOT_READY: &str = "_context_secrets_not_ready";
+/// Markers of TLS lines in Envoy's log (debug level); both Envoy spellings and the
+/// seed's `TLS error`.
+const TLS_MARKERS: [&str; 3] = ["TLS_error", "TLS error", "OPENSSL"];
+/// Most log lines of one kind quoted per sidecar.
+const MAX_QUOTED_LINES: usize = 6;
+
+const DISCOVERY_ABSENT: &str = "The cluster does not exist in this sidecar: verify that all mesh objects for the service exist (cluster, route and shared_rules objects) and that the control plane delivered them; then dump the sidecar configuration and compare it with the intended mesh configuration.";
+const DISCOVERY_NO_HOST: &str = "The cluster is not linked to any instance: check the route and shared_rules objects that link it to the sidecar and that the service's instances are registered and running.";
+const DISCOVERY_UNHEALTHY: &str = "Hosts are discovered but none is healthy: look at the service's instances and their health checks.";
+const IDENTITY_ACTION: &str = "The fault is in the workload identity system: make sure its server and agents are running, then restart all pods.";
+const TLS_CONFIG_ACTION: &str = "With the workload identity system, troubleshoot it; without it, check the SSL configuration (trusted CA, certificate, subject alternative names) of the service sidecar's domain and of the edge's cluster to the sidecar.";
+const TOKEN_FILTER_ACTION: &str = "A filter of the edge's chain (the token filter) failed: check that the token service and its sidecar are running, then troubleshoot the workload identity system, then verify discovery and mTLS from the edge to the token service.";
+const COLLECTOR_ACTION_TAIL: &str = "to the namespace list under the pod discovery setting of the metrics collector's scrape configuration (kubernetes_sd_configs, role pod, namespaces.names) through the operator input configuration, then restart the collector.";
+
+/// A check's result with the one-sentence finding the conclusion quotes.
+struct Outcome {
+    step: Step,
+    finding: String,
+}
+
+fn outcome(
+    name: &str,
+    verdict: Verdict,
+    evidence: Vec<String>,
+    action: &str,
+    finding: impl Into<String>,
+) -> Outcome {
+    Outcome {
+        step: Step::new(name, verdict, evidence, action),
+        finding: finding.into(),
+    }
+}
+
+/// Runs the checks of the input's symptom (all of them when `None`) in the seed's
+/// order and sums them up.
+pub fn diagnose(input: &DiagnosisInput) -> DiagnosisReport {
+    type Check = fn(&DiagnosisInput) -> Vec<Outcome>;
+    let discovery_edge: Check = |i| vec![edge_discovery(i)];
+    let discovery_service: Check = |i| vec![service_discovery(i)];
+    let mtls_check: Check = |i| vec![mtls(i)];
+    let routes: Check = |i| vec![edge_routes(i)];
+    let logs_edge: Check = |i| vec![edge_logs(i)];
+    let logs_service: Check = |i| vec![service_logs(i)];
+    let metric_checks: Check = metrics;
+    let checks: Vec<Check> = match input.symptom {
+        // The seed's steps first, in its order; the log rules then follow the request
+        // through both sidecars, which pinpoints what discovery alone cannot see (a
+        // dead service behind a discovered host).
+        Some(Symptom::UpstreamConnectError) => vec![
+            discovery_edge,
+            discovery_service,
+            mtls_check,
+            routes,
+            logs_edge,
+            logs_service,
+        ],
+        Some(Symptom::NoHealthyUpstream) => {
+            vec![discovery_edge, discovery_service, logs_edge, logs_service]
+        }
+        Some(Symptom::Ingress502503) => vec![logs_edge, logs_service],
+        Some(Symptom::MissingMetrics) => vec![metric_checks],
+        None => vec![
+            discovery_edge,
+            discovery_service,
+            mtls_check,
+            routes,
+            logs_edge,
+            logs_service,
+            metric_checks,
+        ],
+    };
+    let outcomes: Vec<Outcome> = checks.into_iter().flat_map(|c| c(input)).collect();
+    let conclusion = conclude(&outcomes);
+    DiagnosisReport {
+        cluster: input.cluster.clone(),
+        zone: input.zone.clone(),
+        symptom: input.symptom,
+        steps: outcomes.into_iter().map(|o| o.step).collect(),
+        conclusion,
+    }
+}
+
+fn conclude(outcomes: &[Outcome]) -> String {
+    if let Some(o) = outcomes.iter().find(|o| o.step.verdict == Verdict::Fail) {
+        return format!("{} failed: {} {}", o.step.name, o.finding, o.step.action);
+    }
+    let skipped: Vec<&str> = outcomes
+        .iter()
+        .filter(|o| o.step.verdict == Verdict::Skipped)
+        .map(|o| o.step.name.as_str())
+        .collect();
+    if skipped.is_empty() {
+        "All checks passed.".to_owned()
+    } else {
+        format!(
+            "No check failed; skipped for lack of evidence: {}.",
+            skipped.join(", ")
+        )
+    }
+}
+
+fn who(side: &SidecarEvidence) -> String {
+    let role = match side.role {
+        Role::Edge => "edge",
+        Role::Service => "service",
+    };
+    format!("{role} {}", side.instance)
+}
+
+fn host_line(cluster: &str, h: &meshcat_common::wire::UpstreamHost) -> String {
+    let note = if h.cx_connect_fail > 0 {
+        " (discovered, but connections to it fail)"
+    } else {
+        ""
+    };
+    format!(
+        "{cluster}::{} cx_active={} cx_connect_fail={} cx_total={} rq_active={} rq_error={} rq_total={} health_flags={}{note}",
+        h.address,
+        h.cx_active,
+        h.cx_connect_fail,
+        h.cx_total,
+        h.rq_active,
+        h.rq_error,
+        h.rq_total,
+        h.health_flags
+    )
+}
+
+/// Verdict of one sidecar's `/clusters` for one cluster name.
+fn discover(
+    side: &SidecarEvidence,
+    clusters: &[UpstreamCluster],
+    name: &str,
+    evidence: &mut Vec<String>,
+) -> Result<(), (&'static str, String)> {
+    let me = who(side);
+    let Some(c) = clusters.iter().find(|c| c.name == name) else {
+        let mut names: Vec<&str> = clusters.iter().map(|c| c.name.as_str()).collect();
+        names.sort_unstable();
+        let shown = names
+            .iter()
+            .take(20)
+            .copied()
+            .collect::<Vec<_>>()
+            .join(", ");
+        evidence.push(format!(
+            "{me}: /clusters lists {} clusters, none named {name} ({shown})",
+            names.len()
+        ));
+        return Err((
+            DISCOVERY_ABSENT,
+            format!("the cluster {name} does not exist in the {me} sidecar."),
+        ));
+    };
+    if c.hosts.is_empty() {
+        evidence.push(format!(
+            "{me}: /clusters lists {name} without any host line"
+        ));
+        return Err((
+            DISCOVERY_NO_HOST,
+            format!("the {me} sidecar lists {name} without a host: it has no endpoints."),
+        ));
+    }
+    for h in &c.hosts {
+        evidence.push(format!("{me}: {}", host_line(name, h)));
+    }
+    if c.hosts.iter().all(|h| h.health_flags != "healthy") {
+        return Err((
+            DISCOVERY_UNHEALTHY,
+            format!("the {me} sidecar lists hosts for {name} but none is healthy."),
+        ));
+    }
+    Ok(())
+}
+
+fn edge_discovery(input: &DiagnosisInput) -> Outcome {
+    const NAME: &str = "edge_discovery";
+    let Some(edge) = &input.edge else {
+        return outcome(
+            NAME,
+            Verdict::Skipped,
+            vec!["no evidence from the edge sidecar (the zone's requestCluster)".into()],
+            "Set the zone's requestCluster and run a meshcat agent beside its sidecar.",
+            "",
+        );
+    };
+    let Some(clusters) = &edge.clusters else {
+        return outcome(
+            NAME,
+            Verdict::Skipped,
+            vec![format!("{}: /clusters was not read", who(edge))],
+            "Check that the agent beside the edge sidecar reaches its admin API.",
+            "",
+        );
+    };
+    let mut evidence = Vec::new();
+    match discover(edge, clusters, &input.cluster, &mut evidence) {
+        Ok(()) => outcome(
+            NAME,
+            Verdict::Pass,
+            evidence,
+            "None: the edge discovers the service.",
+            "",
+        ),
+        Err((action, finding)) => outcome(NAME, Verdict::Fail, evidence, action, finding),
+    }
+}
+
+/// The clusters of a service sidecar that lead to its local instance.
+fn local_clusters(input: &DiagnosisInput, side: &SidecarEvidence) -> Vec<String> {
+    if let Some(name) = &input.service_local_cluster {
+        return vec![name.clone()];
+    }
+    let named: BTreeSet<String> = side
+        .routes
+        .iter()
+        .flatten()
+        .map(|r| r.cluster.clone())
+        .collect();
+    if named.is_empty() {
+        vec![input.cluster.clone()]
+    } else {
+        named.into_iter().collect()
+    }
+}
+
+fn service_discovery(input: &DiagnosisInput) -> Outcome {
+    const NAME: &str = "service_discovery";
+    let mut evidence = Vec::new();
+    let mut failure = None;
+    let mut read = 0;
+    for side in &input.services {
+        let Some(clusters) = &side.clusters else {
+            evidence.push(format!("{}: /clusters was not read", who(side)));
+            continue;
+        };
+        read += 1;
+        for name in local_clusters(input, side) {
+            if let Err(f) = discover(side, clusters, &name, &mut evidence) {
+                failure.get_or_insert(f);
+            }
+        }
+    }
+    if let Some((action, finding)) = failure {
+        return outcome(NAME, Verdict::Fail, evidence, action, finding);
+    }
+    if read == 0 {
+        if input.services.is_empty() {
+            evidence.push(format!(
+                "no service sidecar of {} reported in zone {}",
+                input.cluster, input.zone
+            ));
+        }
+        return outcome(
+            NAME,
+            Verdict::Skipped,
+            evidence,
+            "Check that the service's pods run with their sidecar and a meshcat agent.",
+            "",
+        );
+    }
+    outcome(
+        NAME,
+        Verdict::Pass,
+        evidence,
+        "None: the service sidecars discover their local instance.",
+        "",
+    )
+}
+
+fn tls_lines(side: &SidecarEvidence) -> Vec<String> {
+    let lines = side.debug_lines.as_ref().or(side.log_lines.as_ref());
+    let mut seen = BTreeSet::new();
+    lines
+        .into_iter()
+        .flatten()
+        .filter(|l| TLS_MARKERS.iter().any(|m| l.contains(m)))
+        // Envoy repeats one failure on several lines (socket, pool, router); quote
+        // each message once.
+        .filter(|l| seen.insert(message_of(l).to_owned()))
+        .take(MAX_QUOTED_LINES)
+        .map(|l| format!("{} log: {l}", who(side)))
+        .collect()
+}
+
+/// The message of an Envoy log line, without its time, thread and connection tags.
+fn message_of(line: &str) -> &str {
+    let msg = line.rsplit_once("] ").map_or(line, |(_, m)| m);
+    msg.split_once("reason: ").map_or(msg, |(_, r)| r)
+}
+
+fn mtls(input: &DiagnosisInput) -> Outcome {
+    const NAME: &str = "mtls";
+    let mut evidence = Vec::new();
+    let mut failures = Vec::new();
+    let mut secrets_missing = false;
+    let mut collected = false;
+    let mut tls_seen = false;
+    for side in input.edge.iter().chain(&input.services) {
+        let me = who(side);
+        if let Some(stats) = &side.ssl_stats {
+            collected = true;
+            let mut any_ssl = false;
+            // An edge talks to every service of the mesh: only its listeners and its
+            // cluster to the diagnosed service speak for this diagnosis.
+            let own_cluster = format!("cluster.{}.", input.cluster);
+            let relevant = stats.iter().filter(|(name, _)| {
+                side.role == Role::Service
+                    || !name.starts_with("cluster.")
+                    || name.starts_with(&own_cluster)
+            });
+            for (name, value) in relevant {
+                if name.contains(".ssl.") || name.starts_with("ssl.") {
+                    any_ssl = true;
+                }
+                if SSL_FAILURES.iter().any(|s| name.ends_with(s)) && *value > 0 {
+                    failures.push(format!("{me}: {name} = {value}"));
+                } else if name.ends_with(SECRETS_NOT_READY) && *value > 0 {
+                    secrets_missing = true;
+                    failures.push(format!("{me}: {name} = {value}"));
+                } else if SSL_CONTEXT.iter().any(|s| name.ends_with(s)) {
+                    evidence.push(format!("{me}: {name} = {value}"));
+                }
+            }
+            if !any_ssl {
+                evidence.push(format!(
+                    "{me}: no ssl.* counters (no TLS handshake attempted yet, or its secrets were never supplied)"
+                ));
+            }
+        }
+        if side.debug_lines.is_some() || side.log_lines.is_some() {
+            collected = true;
+        }
+        if side.debug_lines.is_none() {
+            evidence.push(format!(
+                "{me}: no debug window collected; TLS lines appear at debug level only"
+            ));
+        }
+        let lines = tls_lines(side);
+        if lines
+            .iter()
+            .any(|l| l.contains("Secret is not supplied by SDS"))
+        {
+            secrets_missing = true;
+        }
+        tls_seen |= !lines.is_empty();
+        failures.extend(lines);
+    }
+    if !collected {
+        return outcome(
+            NAME,
+            Verdict::Skipped,
+            vec!["no ssl stats nor log lines were collected from either sidecar".into()],
+            "Read /stats filtered on ssl from both sidecars, set debug level, repeat the failing request, restore the level and search the logs for TLS_error, TLS error or OPENSSL.",
+            "",
+        );
+    }
+    if failures.is_empty() {
+        return outcome(
+            NAME,
+            Verdict::Pass,
+            evidence,
+            "None: no TLS failure counter is raised and no TLS error was logged.",
+            "",
+        );
+    }
+    let counted = failures.iter().filter(|f| !f.contains(" log: ")).count();
+    failures.extend(evidence);
+    if secrets_missing {
+        outcome(
+            NAME,
+            Verdict::Fail,
+            failures,
+            IDENTITY_ACTION,
+            "the sidecar's certificates were never supplied by the secrets (SDS) server.",
+        )
+    } else {
+        let finding = match (counted, tls_seen) {
+            (0, _) => "TLS errors were logged during the debug window.".to_owned(),
+            (n, false) => format!("{n} TLS failure counters are raised."),
+            (n, true) => format!("{n} TLS failure counters are raised and TLS errors were logged."),
+        };
+        outcome(NAME, Verdict::Fail, failures, TLS_CONFIG_ACTION, finding)
+    }
+}
+
+/// Whether a route's match takes `path` (prefix and exact path only; other matchers
+/// are taken as matching, since they cannot be judged here).
+fn route_matches(matcher: &str, path: &str) -> bool {
+    if let Some(p) = matcher.strip_prefix("prefix ") {
+        path.starts_with(p)
+    } else if let Some(p) = matcher.strip_prefix("path ") {
+        path.split('?').next() == Some(p)
+    } else {
+        true
+    }
+}
+
+fn edge_routes(input: &DiagnosisInput) -> Outcome {
+    const NAME: &str = "edge_routes";
+    let name = &input.cluster;
+    let Some(edge) = input.edge.as_ref().filter(|e| e.routes.is_some()) else {
+        return outcome(
+            NAME,
+            Verdict::Skipped,
+            vec!["the edge sidecar's /config_dump was not read".into()],
+            "Dump the edge sidecar's configuration and compare it with the intended mesh configuration.",
+            "",
+        );
+    };
+    let me = who(edge);
+    let routes: Vec<_> = edge.routes_to(name).collect();
+    let mut evidence: Vec<String> = routes
+        .iter()
+        .map(|r| {
+            format!(
+                "{me}: route configuration {}, virtual host {}, {} -> cluster {}",
+                r.route_config, r.virtual_host, r.matcher, r.cluster
+            )
+        })
+        .collect();
+    if routes.is_empty() {
+        if edge.dynamic_routes {
+            evidence.push(format!(
+                "{me}: no route names {name}, but some routes pick their cluster from a header"
+            ));
+            return outcome(
+                NAME,
+                Verdict::Skipped,
+                evidence,
+                "Check the header-selected routes of the edge against the intended mesh configuration.",
+                "",
+            );
+        }
+        evidence.push(format!(
+            "{me}: no route of {} routes in /config_dump names {name}",
+            edge.routes.as_ref().map_or(0, Vec::len)
+        ));
+        return outcome(
+            NAME,
+            Verdict::Fail,
+            evidence,
+            "Add the route (route and shared_rules objects) that links the edge to the cluster, then compare the edge's configuration dump with the intended mesh configuration.",
+            format!("no route of the edge names {name}: it is not routed, requests get 404 NR."),
+        );
+    }
+    if let Some(path) = &input.path {
+        if !routes.iter().any(|r| route_matches(&r.matcher, path)) {
+            evidence.push(format!("{me}: no route naming {name} matches path {path}"));
+            return outcome(
+                NAME,
+                Verdict::Fail,
+                evidence,
+                "Fix the route's match so the path reaches the cluster, then compare the edge's configuration dump with the intended mesh configuration.",
+                format!("the edge routes {name}, but not for {path}."),
+            );
+        }
+    }
+    if edge.clusters.is_some() && edge.cluster(name).is_none() {
+        evidence.push(format!(
+            "{me}: the routes name {name} but /clusters has no such cluster (Envoy answers 503 NC)"
+        ));
+        return outcome(
+            NAME,
+            Verdict::Fail,
+            evidence,
+            DISCOVERY_ABSENT,
+            format!("the edge routes to {name}, a cluster it does not have."),
+        );
+    }
+    outcome(
+        NAME,
+        Verdict::Pass,
+        evidence,
+        "None: the edge's routes send the traffic to the cluster.",
+        "",
+    )
+}
+
+/// Access lines of a sidecar for the input's path, oldest first.
+fn entries_for<'a>(input: &DiagnosisInput, lines: &'a [String]) -> Vec<(AccessLogEntry, &'a str)> {
+    accesslog::parse_lines(lines.iter().map(String::as_str))
+        .into_iter()
+        .filter(|(e, _)| input.path.as_deref().is_none_or(|p| e.matches_path(p)))
+        .collect()
+}
+
+fn is_failure(e: &AccessLogEntry) -> bool {
+    e.response_code >= 500 || e.response_code == 0 || e.has_flag("NR") || e.has_flag("UAEX")
+}
+
+/// Evidence that the workload identity system is at fault: secrets stream closed with
+/// an upstream connect error, initial fetch of secrets timed out, or secrets-not-ready
+/// counters.
+fn identity_evidence(side: &SidecarEvidence) -> Vec<String> {
+    let me = who(side);
+    let mut out: Vec<String> = Vec::new();
+    let mut seen = BTreeSet::new();
+    for l in side.log_lines.iter().chain(&side.debug_lines).flatten() {
+        let sds_closed = (l.contains("StreamSecrets") || l.contains("SecretDiscoveryService"))
+            && l.contains("closed")
+            && l.contains("upstream connect error");
+        let fetch_timeout = l.contains("initial fetch timed out") && l.contains("Secret");
+        if (sds_closed || fetch_timeout) && seen.insert(message_of(l).to_owned()) {
+            out.push(format!("{me} log: {l}"));
+        }
+    }
+    out.truncate(MAX_QUOTED_LINES);
+    for (name, value) in side.ssl_stats.iter().flatten() {
+        if name.ends_with(SECRETS_NOT_READY) && *value > 0 {
+            out.push(format!("{me}: {name} = {value}"));
+        }
+    }
+    out
+}
+
+fn edge_logs(input: &DiagnosisInput) -> Outcome {
+    const NAME: &str = "edge_logs";
+    let edge = input.edge.as_ref();
+    let Some((edge, lines)) = edge.and_then(|e| e.log_lines.as_ref().map(|l| (e, l))) else {
+        return outcome(
+            NAME,
+            Verdict::Skipped,
+            vec!["the edge sidecar's log was not read".into()],
+            "Run the edge's meshcat agent with --sidecar-log-file, or read the edge sidecar's logs with the container runtime's log command.",
+            "",
+        );
+    };
+    let me = who(edge);
+    let entries = entries_for(input, lines);
+    let identity = identity_evidence(edge);
+    let filter = input
+        .path
+        .as_deref()
+        .map_or_else(|| "all requests".to_owned(), |p| format!("path {p}"));
+    let mut evidence: Vec<String> = entries
+        .iter()
+        .rev()
+        .take(MAX_QUOTED_LINES)
+        .rev()
+        .map(|(_, l)| format!("{me} log: {l}"))
+        .collect();
+    let Some((last, _)) = entries.last() else {
+        evidence.push(format!(
+            "{me}: no access line for {filter} among {} log lines",
+            lines.len()
+        ));
+        evidence.extend(identity.iter().cloned());
+        if !identity.is_empty() {
+            return outcome(
+                NAME,
+                Verdict::Fail,
+                evidence,
+                IDENTITY_ACTION,
+                "the edge has no line for the request and its secrets (SDS) stream is failing.",
+            );
+        }
+        if input.path.is_some() || input.symptom == Some(Symptom::Ingress502503) {
+            return outcome(
+                NAME,
+                Verdict::Fail,
+                evidence,
+                TOKEN_FILTER_ACTION,
+                format!(
+                    "the edge wrote no access line for {filter}: a filter of its chain failed before routing."
+                ),
+            );
+        }
+        return outcome(
+            NAME,
+            Verdict::Skipped,
+            evidence,
+            "Replay the failing request and read the edge's log again, filtered on its path.",
+            "",
+        );
+    };
+    let code = last.response_code;
+    let flags = last.flags_text();
+    let host = last.upstream_host.as_deref();
+    if !is_failure(last) {
+        return outcome(
+            NAME,
+            Verdict::Pass,
+            evidence,
+            "None: the edge's last request for the path succeeded.",
+            "",
+        );
+    }
+    if last.has_flag("UAEX") {
+        let finding = format!("the edge's token filter answered {code} UAEX.");
+        evidence.extend(identity.iter().cloned());
+        let action = if identity.is_empty() {
+            TOKEN_FILTER_ACTION
+        } else {
+            IDENTITY_ACTION
+        };
+        return outcome(NAME, Verdict::Fail, evidence, action, finding);
+    }
+    if last.has_flag("NC") {
+        return outcome(
+            NAME,
+            Verdict::Fail,
+            evidence,
+            "The route names a cluster that does not exist: create the cluster (or fix the route) and verify that all mesh objects for the service exist.",
+            format!("the edge answered {code} NC: its route names a cluster that does not exist."),
+        );
+    }
+    if last.has_flag("NR") {
+        return outcome(
+            NAME,
+            Verdict::Fail,
+            evidence,
+            "No route of the edge takes the path: add the route (route and shared_rules objects) to the service's cluster.",
+            format!("the edge answered {code} NR: no route takes {filter}."),
+        );
+    }
+    if !identity.is_empty() {
+        evidence.extend(identity);
+        return outcome(
+            NAME,
+            Verdict::Fail,
+            evidence,
+            IDENTITY_ACTION,
+            format!("the edge answered {code} {flags} while its secrets (SDS) stream fails."),
+        );
+    }
+    if code == 503 && (last.has_flag("UH") || host.is_none()) {
+        return outcome(
+            NAME,
+            Verdict::Fail,
+            evidence,
+            "Discovery problem: verify that all mesh objects for the service exist (cluster, route, shared_rules, domain and listener objects) and that instances are registered.",
+            format!("the edge answered 503 {flags} with upstream host '-': a discovery problem."),
+        );
+    }
+    if let Some(h) = host {
+        if last.has_flag("UF") || last.has_flag("URX") || code == 503 {
+            return outcome(
+                NAME,
+                Verdict::Fail,
+                evidence,
+                "Discovery from the edge to the sidecar works: check the service sidecar's logs.",
+                format!("the edge answered {code} {flags} from the service sidecar {h}."),
+            );
+        }
+    }
+    outcome(
+        NAME,
+        Verdict::Fail,
+        evidence,
+        "Look at the edge's line: its response flags name the failure; then check the service sidecar's logs.",
+        format!("the edge answered {code} {flags}."),
+    )
+}
+
+fn service_logs(input: &DiagnosisInput) -> Outcome {
+    const NAME: &str = "service_logs";
+    let edge_last = input
+        .edge
+        .as_ref()
+        .and_then(|e| e.log_lines.as_ref())
+        .and_then(|l| entries_for(input, l).pop())
+        .map(|(e, _)| e);
+    if let Some(e) = &edge_last {
+        if e.upstream_host.is_none() {
+            return outcome(
+                NAME,
+                Verdict::Skipped,
+                vec![format!(
+                    "the edge's last line for the request ({} {}) has upstream host '-': it never reached a service sidecar",
+                    e.response_code,
+                    e.flags_text()
+                )],
+                "Fix what the edge's line shows first.",
+                "",
+            );
+        }
+    }
+    let edge_read = input.edge.as_ref().is_some_and(|e| e.log_lines.is_some());
+    if edge_read && edge_last.is_none() {
+        return outcome(
+            NAME,
+            Verdict::Skipped,
+            vec![
+                "the edge's log has no line for the request to follow into the service sidecars"
+                    .into(),
+            ],
+            "Fix what the edge's log shows first.",
+            "",
+        );
+    }
+    let request_id = edge_last.as_ref().and_then(|e| e.request_id.clone());
+    let mut evidence = Vec::new();
+    let mut read = 0;
+    let mut traced = false;
+    let mut failure: Option<(&str, String)> = None;
+    for side in &input.services {
+        let Some(lines) = &side.log_lines else {
+            continue;
+        };
+        read += 1;
+        let me = who(side);
+        let entries: Vec<_> = entries_for(input, lines)
+            .into_iter()
+            .filter(|(e, _)| request_id.is_none() || e.request_id == request_id)
+            .collect();
+        let Some((last, _)) = entries.last() else {
+            continue;
+        };
+        traced = true;
+        evidence.extend(
+            entries
+                .iter()
+                .rev()
+                .take(MAX_QUOTED_LINES)
+                .rev()
+                .map(|(_, l)| format!("{me} log: {l}")),
+        );
+        if last.response_code >= 500 {
+            let code = last.response_code;
+            let flags = last.flags_text();
+            let f = match last.upstream_host.as_deref() {
+                None => (
+                    "Discovery problem from the sidecar to the service: set the local cluster's address explicitly (the instance's address and port).",
+                    format!(
+                        "the service sidecar {} answered {code} {flags} with upstream host '-'.",
+                        side.instance
+                    ),
+                ),
+                Some(h) => (
+                    "The local cluster's instance is wrong (address or port) or the service refuses the sidecar: check the port the service listens on and that it accepts the sidecar's connections.",
+                    format!(
+                        "the service sidecar {} answered {code} {flags} from its local instance {h}{}.",
+                        side.instance,
+                        if accesslog::is_loopback_host(h) {
+                            " (loopback)"
+                        } else {
+                            ""
+                        }
+                    ),
+                ),
+            };
+            failure.get_or_insert(f);
+        }
+    }
+    if read == 0 {
+        return outcome(
+            NAME,
+            Verdict::Skipped,
+            vec!["no service sidecar's log was read".into()],
+            "Run the service's meshcat agents with --sidecar-log-file, or read the service sidecar's logs with the container runtime's log command.",
+            "",
+        );
+    }
+    if let Some((action, finding)) = failure {
+        return outcome(NAME, Verdict::Fail, evidence, action, finding);
+    }
+    if !traced {
+        let what = match (&request_id, &input.path) {
+            (Some(id), _) => format!("request id {id}"),
+            (None, Some(p)) => format!("path {p}"),
+            (None, None) => "any request".to_owned(),
+        };
+        if edge_last.is_none() && input.path.is_none() {
+            return outcome(
+                NAME,
+                Verdict::Skipped,
+                vec![format!(
+                    "no access line for {what} in {read} service sidecar logs, and no request to follow"
+                )],
+                "Replay the failing request and diagnose with its path.",
+                "",
+            );
+        }
+        evidence.push(format!(
+            "no access line for {what} in {read} service sidecar logs"
+        ));
+        return outcome(
+            NAME,
+            Verdict::Fail,
+            evidence,
+            "The request never reached the service sidecar's HTTP layer: the likely cause is an mTLS problem between the edge and the sidecar; verify mTLS (ssl counters of both sides, TLS lines at debug level).",
+            "the service sidecars show no trace of the request.",
+        );
+    }
+    outcome(
+        NAME,
+        Verdict::Pass,
+        evidence,
+        "None: the service sidecar served the request.",
+        "",
+    )
+}
+
+fn metrics(input: &DiagnosisInput) -> Vec<Outcome> {
+    let Some(m) = &input.metrics else {
+        return ["metrics_settings", "metrics_reporting", "metrics_collector"]
+            .into_iter()
+            .map(|name| {
+                outcome(name, Verdict::Skipped,
+                    vec!["the cluster's record and metrics state were not given".into()],
+                    "Diagnose the missing_metrics symptom through the aggregator, which knows the cluster's record.", "")
+            })
+            .collect();
+    };
+    vec![
+        metrics_settings(input, m),
+        metrics_reporting(m),
+        metrics_collector(input, m),
+    ]
+}
+
+fn metrics_settings(input: &DiagnosisInput, m: &MetricsEvidence) -> Outcome {
+    const NAME: &str = "metrics_settings";
+    let evidence = vec![
+        format!("enableInstanceMetrics = {}", m.enable_instance_metrics),
+        format!("prometheusJob = {:?}", m.prometheus_job),
+    ];
+    if m.enable_instance_metrics && !m.prometheus_job.is_empty() {
+        return outcome(
+            NAME,
+            Verdict::Pass,
+            evidence,
+            "None: the cluster asks for instance metrics.",
+            "",
+        );
+    }
+    outcome(
+        NAME,
+        Verdict::Fail,
+        evidence,
+        "Set enableInstanceMetrics to true and prometheusJob to the collector's job of the cluster (PUT /clusters/{clusterName}).",
+        format!(
+            "the cluster {} does not ask for instance metrics or names no collector job.",
+            input.cluster
+        ),
+    )
+}
+
+fn metrics_reporting(m: &MetricsEvidence) -> Outcome {
+    const NAME: &str = "metrics_reporting";
+    let evidence = vec![
+        format!("live instances = {}", m.live_instances),
+        format!("instances reporting metrics = {}", m.instances_with_metrics),
+    ];
+    if m.live_instances == 0 {
+        return outcome(
+            NAME,
+            Verdict::Fail,
+            evidence,
+            "Start the service's instances with their sidecar and meshcat agent.",
+            "the cluster has no live instance to take metrics from.",
+        );
+    }
+    if m.instances_with_metrics < m.live_instances {
+        return outcome(
+            NAME,
+            Verdict::Fail,
+            evidence,
+            "Check that the agents of the silent instances reach their sidecar's admin API (--sidecar-admin).",
+            format!(
+                "{} of {} live instances report no metrics.",
+                m.live_instances - m.instances_with_metrics,
+                m.live_instances
+            ),
+        );
+    }
+    outcome(
+        NAME,
+        Verdict::Pass,
+        evidence,
+        "None: every live instance reports metrics.",
+        "",
+    )
+}
+
+fn metrics_collector(input: &DiagnosisInput, m: &MetricsEvidence) -> Outcome {
+    const NAME: &str = "metrics_collector";
+    let action = format!(
+        "Add the namespace where the sidecars of {} run {COLLECTOR_ACTION_TAIL}",
+        input.cluster
+    );
+    match m.prometheus_up {
+        Some(true) => outcome(
+            NAME,
+            Verdict::Pass,
+            vec![format!(
+                "Prometheus has an up series for job {:?}",
+                m.prometheus_job
+            )],
+            "None: the collector scrapes the job.",
+            "",
+        ),
+        Some(false) => outcome(
+            NAME,
+            Verdict::Fail,
+            vec![format!(
+                "Prometheus has no up series for job {:?}",
+                m.prometheus_job
+            )],
+            &action,
+            format!(
+                "the metrics collector does not scrape job {:?}: it does not watch the namespace of the sidecars.",
+                m.prometheus_job
+            ),
+        ),
+        None => outcome(
+            NAME,
+            Verdict::Skipped,
+            vec!["Prometheus was not asked for the job's up series".into()],
+            &action,
+            "",
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn metrics_input(m: MetricsEvidence) -> DiagnosisInput {
+        let mut input = DiagnosisInput::new("catalog", "east");
+        input.symptom = Some(Symptom::MissingMetrics);
+        input.metrics = Some(m);
+        input
+    }
+
+    fn verdicts(r: &DiagnosisReport) -> Vec<(&str, Verdict)> {
+        r.steps
+            .iter()
+            .map(|s| (s.name.as_str(), s.verdict))
+            .collect()
+    }
+
+    #[test]
+    fn missing_metrics_names_the_collector_namespace_list() {
+        let r = diagnose(&metrics_input(MetricsEvidence {
+            enable_instance_metrics: true,
+            prometheus_job: "catalog".into(),
+            live_instances: 2,
+            instances_with_metrics: 2,
+            prometheus_up: Some(false),
+        }));
+        assert_eq!(
+            verdicts(&r),
+            [
+                ("metrics_settings", Verdict::Pass),
+                ("metrics_reporting", Verdict::Pass),
+                ("metrics_collector", Verdict::Fail),
+            ]
+        );
+        let action = &r.step("metrics_collector").unwrap().action;
+        assert!(action.contains("namespace list under the pod discovery setting"));
+        assert!(action.contains("restart the collector"));
+        assert!(r.conclusion.starts_with("metrics_collector failed: "));
+    }
+
+    #[test]
+    fn missing_metrics_checks_settings_and_reporting_first() {
+        let r = diagnose(&metrics_input(MetricsEvidence {
+            enable_instance_metrics: false,
+            prometheus_job: String::new(),
+            live_instances: 3,
+            instances_with_metrics: 1,
+            prometheus_up: None,
+        }));
+        assert_eq!(
+            verdicts(&r),
+            [
+                ("metrics_settings", Verdict::Fail),
+                ("metrics_reporting", Verdict::Fail),
+                ("metrics_collector", Verdict::Skipped),
+            ]
+        );
+        let settings = r.step("metrics_settings").unwrap();
+        assert!(
+            settings
+                .evidence
+                .contains(&"enableInstanceMetrics = false".to_owned())
+        );
+        assert!(r.step("metrics_reporting").unwrap().evidence[1].ends_with("= 1"));
+        // Without Prometheus' answer the advice still names the namespace list.
+        assert!(
+            r.step("metrics_collector")
+                .unwrap()
+                .action
+                .contains("namespaces.names")
+        );
+        let none_live = diagnose(&metrics_input(MetricsEvidence {
+            enable_instance_metrics: true,
+            prometheus_job: "catalog".into(),
+            ..MetricsEvidence::default()
+        }));
+        assert!(none_live.conclusion.contains("no live instance"));
+    }
+
+    #[test]
+    fn without_evidence_every_check_is_skipped() {
+        let r = diagnose(&DiagnosisInput::new("catalog", "east"));
+        assert_eq!(r.steps.len(), 9);
+        assert!(r.steps.iter().all(|s| s.verdict == Verdict::Skipped));
+        assert!(r.conclusion.starts_with("No check failed; skipped"));
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["symptom"], serde_json::Value::Null);
+        assert_eq!(json["steps"][0]["verdict"], "skipped");
+    }
+
+    #[test]
+    fn evidence_is_bounded() {
+        let mut edge = SidecarEvidence::new(Role::Edge, "edge-0");
+        let line = r#"[2026-11-21T23:58:15.589Z] "GET /catalog/items HTTP/1.1" 503 UH 0 19 0 - "-" "ua" "id" "h" "-""#;
+        edge.log_lines = Some(vec![line.to_owned(); 500]);
+        edge.debug_lines = Some(vec![format!("TLS_error: {}", "x".repeat(5000)); 200]);
+        edge.ssl_stats = Some(
+            (0..200)
+                .map(|i| (format!("listener.l{i}.ssl.connection_error"), 1))
+                .collect(),
+        );
+        let mut input = DiagnosisInput::new("catalog", "east");
+        input.edge = Some(edge);
+        let r = diagnose(&input);
+        for s in &r.steps {
+            assert!(
+                s.evidence.len() <= crate::report::MAX_EVIDENCE,
+                "{}",
+                s.name
+            );
+            assert!(
+                s.evidence
+                    .iter()
+                    .all(|e| e.len() <= crate::report::MAX_EVIDENCE_LEN)
+            );
+        }
+        assert!(
+            r.step("mtls")
+                .unwrap()
+                .evidence
+                .last()
+                .unwrap()
+                .starts_with("... and ")
+        );
+    }
+}
