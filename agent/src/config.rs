@@ -110,6 +110,15 @@ impl AgentConfig {
         }
     }
 
+    /// Parses an explicit argument list (the first item is the program name).
+    pub fn try_from_args<I, T>(args: I) -> Result<Self, String>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        Self::try_parse_from(args).map_err(|e| e.to_string())
+    }
+
     /// The targets given by the single-target flags (not `--targets-file`).
     pub fn flag_targets(&self) -> Vec<Target> {
         let base = self
