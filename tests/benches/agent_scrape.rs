@@ -3,6 +3,9 @@
 //! `meshcat-agent` binary scraping it every 5 s. Run with
 //! `cargo build --release -p meshcat-agent && cargo bench -p meshcat-tests --bench agent_scrape`.
 
+// A benchmark's report is its standard output.
+#![allow(clippy::print_stdout)]
+
 use std::time::Duration;
 
 use meshcat_agent::envoy::EnvoyAdmin;
