@@ -1,1 +1,216 @@
-//! meshcat agent library.
+//! meshcat-agent: watches the Envoy sidecars beside it. Scrapers ([`scrape`]) read
+//! each sidecar's admin API ([`envoy`]) every interval and keep the latest report
+//! per instance on the [`Board`]; the QUIC reporter sends the board's snapshots to
+//! the aggregator; the ops port ([`ops`]) serves the agent's own metrics and the
+//! sidecar log level.
+
+pub mod board;
+pub mod config;
+pub mod envoy;
+pub mod metrics;
+pub mod ops;
+pub mod scrape;
+
+use std::future::Future;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+pub use board::Board;
+pub use config::AgentConfig;
+pub use envoy::EnvoyAdmin;
+use metrics::HostSampler;
+use ops::OpsMetrics;
+use scrape::{Target, TargetSource};
+
+/// How long shutdown waits for the ops server and scrapers to stop.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(4);
+
+/// Why a sidecar could not be chosen for a command.
+#[derive(Debug, thiserror::Error)]
+pub enum TargetError {
+    #[error("no sidecar instance is named {0:?}")]
+    Unknown(String),
+    #[error("the agent scrapes several sidecars; choose one with ?instance=")]
+    Ambiguous,
+    #[error("the agent has no sidecar to talk to")]
+    None,
+    #[error(transparent)]
+    Envoy(#[from] envoy::EnvoyError),
+}
+
+impl TargetError {
+    /// HTTP status for the ops port.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            TargetError::Unknown(_) | TargetError::None => StatusCode::NOT_FOUND,
+            TargetError::Ambiguous => StatusCode::BAD_REQUEST,
+            TargetError::Envoy(_) => StatusCode::BAD_GATEWAY,
+        }
+    }
+
+    /// Error code for the ops port's `{"error","code"}` body.
+    pub fn code(&self) -> &'static str {
+        match self {
+            TargetError::Unknown(_) | TargetError::None => "unknown_instance",
+            TargetError::Ambiguous => "instance_required",
+            TargetError::Envoy(_) => "sidecar_unavailable",
+        }
+    }
+}
+
+/// The running agent's shared state: cheap to clone, handed to the scrapers, the
+/// ops server, and the QUIC reporter and its command handler.
+#[derive(Debug, Clone)]
+pub struct Agent {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    /// Latest report per instance.
+    board: Board,
+    /// Current targets, for choosing a sidecar by instance name.
+    targets: RwLock<Vec<Target>>,
+    /// The agent's own metrics.
+    ops_metrics: OpsMetrics,
+    /// Host figures shared by every target's metrics object.
+    host: HostSampler,
+    /// Timeout of each admin call.
+    scrape_timeout: Duration,
+}
+
+impl Agent {
+    /// An agent with no targets yet.
+    pub fn new(scrape_timeout: Duration) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                board: Board::new(),
+                targets: RwLock::new(Vec::new()),
+                ops_metrics: OpsMetrics::new(),
+                host: HostSampler::new(),
+                scrape_timeout,
+            }),
+        }
+    }
+
+    /// The latest report of every instance; the reporter reads its snapshots.
+    pub fn board(&self) -> &Board {
+        &self.inner.board
+    }
+
+    /// The agent's own metrics.
+    pub fn ops_metrics(&self) -> &OpsMetrics {
+        &self.inner.ops_metrics
+    }
+
+    pub(crate) fn host(&self) -> &HostSampler {
+        &self.inner.host
+    }
+
+    /// Timeout of each admin call.
+    pub fn scrape_timeout(&self) -> Duration {
+        self.inner.scrape_timeout
+    }
+
+    /// The current targets.
+    pub fn targets(&self) -> Vec<Target> {
+        self.inner
+            .targets
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub(crate) fn set_targets(&self, targets: Vec<Target>) {
+        let mut guard = self
+            .inner
+            .targets
+            .write()
+            .unwrap_or_else(|p| p.into_inner());
+        for old in guard.iter() {
+            if !targets.iter().any(|t| t.instance == old.instance) {
+                self.ops_metrics().forget_target(&old.instance);
+            }
+        }
+        self.ops_metrics().set_targets(targets.len());
+        *guard = targets;
+    }
+
+    /// The target named `instance`; without a name, the only target.
+    pub fn target(&self, instance: Option<&str>) -> Result<Target, TargetError> {
+        let targets = self.targets();
+        match instance {
+            Some(name) => targets
+                .into_iter()
+                .find(|t| t.instance == name)
+                .ok_or_else(|| TargetError::Unknown(name.to_owned())),
+            None => match targets.len() {
+                0 => Err(TargetError::None),
+                1 => Ok(targets.into_iter().next().ok_or(TargetError::None)?),
+                _ => Err(TargetError::Ambiguous),
+            },
+        }
+    }
+
+    /// An admin client for the sidecar named `instance` (or the only one), for
+    /// commands: log level, config dump, diagnosis.
+    pub fn admin(&self, instance: Option<&str>) -> Result<EnvoyAdmin, TargetError> {
+        let target = self.target(instance)?;
+        Ok(EnvoyAdmin::new(&target.admin, self.scrape_timeout())?)
+    }
+}
+
+/// Runs the agent until `shutdown` resolves: the scrapers, the ops server on
+/// `ops_listener`, and the QUIC reporter.
+pub async fn run(
+    config: AgentConfig,
+    ops_listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let agent = Agent::new(config.scrape_timeout);
+    let source = match &config.targets_file {
+        Some(path) => TargetSource::File(path.clone()),
+        None => TargetSource::Fixed(config.flag_targets()),
+    };
+    let (stop_tx, stop_rx) = watch::channel(false);
+
+    let scrapers = tokio::spawn(scrape::manage(
+        agent.clone(),
+        source,
+        config.interval,
+        stop_rx.clone(),
+    ));
+
+    // The QUIC reporter starts here: it sends `agent.board().snapshot()` every
+    // `config.interval` to `config.aggregator` and answers the aggregator's
+    // commands with `agent.admin(Some(instance))`; it stops when `stop_rx` turns true.
+
+    let ops_addr = ops_listener.local_addr()?;
+    let mut ops_stop = stop_rx.clone();
+    let ops = tokio::spawn(
+        axum::serve(ops_listener, ops::app(agent.clone()))
+            .with_graceful_shutdown(async move {
+                let _ = ops_stop.wait_for(|s| *s).await;
+            })
+            .into_future(),
+    );
+    info!(ops = %ops_addr, interval = ?config.interval, "Agent started.");
+
+    shutdown.await;
+    let _ = stop_tx.send(true);
+    let stopped = tokio::time::timeout(SHUTDOWN_GRACE, async {
+        let _ = scrapers.await;
+        let _ = ops.await;
+    })
+    .await;
+    if stopped.is_err() {
+        warn!("Agent tasks did not stop in time; exiting anyway.");
+    }
+    info!("Agent stopped.");
+    Ok(())
+}

@@ -1,1 +1,25 @@
-fn main() {}
+//! The `meshcat-agent` binary: parses the configuration, sets up logging and runs
+//! the agent until SIGTERM or SIGINT.
+
+use meshcat_agent::AgentConfig;
+use meshcat_common::config::{EXIT_USAGE, init_tracing, shutdown_signal};
+
+#[tokio::main]
+async fn main() {
+    let config = AgentConfig::from_args();
+    init_tracing(config.log_format);
+    let listener = match tokio::net::TcpListener::bind(config.ops_addr).await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!(
+                "meshcat-agent: cannot listen on --ops-addr {}: {e}",
+                config.ops_addr
+            );
+            std::process::exit(EXIT_USAGE);
+        }
+    };
+    if let Err(e) = meshcat_agent::run(config, listener, shutdown_signal()).await {
+        tracing::error!(error = %e, "Agent failed.");
+        std::process::exit(1);
+    }
+}

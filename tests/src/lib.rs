@@ -1,1 +1,34 @@
-pub fn placeholder() {}
+//! meshcat-tests: the harness of the end-to-end tests. It runs real Envoy 1.40
+//! processes on 127.0.0.1 with every port learned at run time ([`envoy`]), builds
+//! their bootstraps for the mesh topologies the tests need ([`bootstrap`]), serves
+//! a small real upstream ([`upstream`]) and generates mTLS certificates ([`certs`]).
+
+pub mod bootstrap;
+pub mod certs;
+pub mod envoy;
+pub mod upstream;
+
+pub use bootstrap::Bootstrap;
+pub use certs::MeshCerts;
+pub use envoy::{Envoy, envoy_binary};
+pub use upstream::Upstream;
+
+use std::time::{Duration, Instant};
+
+/// Polls `check` until it returns `Some` or `deadline` passes; the error names `what`.
+pub async fn wait_for<T, F, Fut>(what: &str, deadline: Duration, mut check: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let end = Instant::now() + deadline;
+    loop {
+        if let Some(v) = check().await {
+            return Ok(v);
+        }
+        if Instant::now() > end {
+            anyhow::bail!("timed out after {deadline:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -1,0 +1,195 @@
+//! The agent's command line (contract section 9): every flag has a `MESHCAT_*`
+//! environment twin; values are checked once at start.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use meshcat_common::config::{LogFormat, parse_positive_duration};
+
+use crate::scrape::Target;
+
+/// meshcat-agent: scrapes local Envoy sidecar admin APIs and reports them to the
+/// meshcat aggregator over QUIC.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "meshcat-agent", version, about, max_term_width = 100)]
+pub struct AgentConfig {
+    /// Aggregator QUIC address (host:port).
+    #[arg(long, env = "MESHCAT_AGGREGATOR", default_value = "127.0.0.1:9443", value_parser = parse_host_port)]
+    pub aggregator: String,
+    /// Name the aggregator's certificate must carry.
+    #[arg(long, env = "MESHCAT_SERVER_NAME", default_value = "localhost")]
+    pub server_name: String,
+    /// PEM file of the CA that signs the aggregator's certificate.
+    #[arg(long, env = "MESHCAT_CA_FILE")]
+    pub ca_file: Option<PathBuf>,
+    /// PEM certificate this agent presents (mTLS).
+    #[arg(long, env = "MESHCAT_CERT", requires = "key")]
+    pub cert: Option<PathBuf>,
+    /// PEM private key of --cert.
+    #[arg(long, env = "MESHCAT_KEY", requires = "cert")]
+    pub key: Option<PathBuf>,
+    /// File holding the shared agent token (instead of an agent certificate).
+    #[arg(long, env = "MESHCAT_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Sidecar admin address (host:port); repeat (or comma-separate in the
+    /// environment) for several sidecars.
+    #[arg(long, env = "MESHCAT_SIDECAR_ADMIN", default_value = "127.0.0.1:9901", value_delimiter = ',', value_parser = parse_host_port)]
+    pub sidecar_admin: Vec<String>,
+    /// Zone (mesh) of the sidecars.
+    #[arg(long, env = "MESHCAT_ZONE", default_value = "")]
+    pub zone: String,
+    /// Cluster (service) of the sidecars.
+    #[arg(long, env = "MESHCAT_CLUSTER", default_value = "")]
+    pub cluster: String,
+    /// Instance name [default: POD_NAME, else host name and "-" and admin port]. With
+    /// several sidecars, "-" and the admin port are appended to it.
+    #[arg(long, env = "MESHCAT_INSTANCE")]
+    pub instance: Option<String>,
+    /// The sidecar's log file (Envoy --log-path or access log), tailed for diagnosis.
+    #[arg(long, env = "MESHCAT_SIDECAR_LOG_FILE")]
+    pub sidecar_log_file: Option<PathBuf>,
+    /// JSON array of {"admin","zoneName","clusterName","instance","logFile"}; re-read
+    /// when it changes; replaces the single-target flags.
+    #[arg(long, env = "MESHCAT_TARGETS_FILE")]
+    pub targets_file: Option<PathBuf>,
+    /// Time between scrapes (and reports).
+    #[arg(long, env = "MESHCAT_INTERVAL", default_value = "5s", value_parser = parse_positive_duration)]
+    pub interval: Duration,
+    /// Timeout of each admin API call.
+    #[arg(long, env = "MESHCAT_SCRAPE_TIMEOUT", default_value = "2s", value_parser = parse_positive_duration)]
+    pub scrape_timeout: Duration,
+    /// Ops listener: GET /metrics, /healthz, GET and PUT /logging.
+    #[arg(long, env = "MESHCAT_OPS_ADDR", default_value = "127.0.0.1:9092")]
+    pub ops_addr: SocketAddr,
+    /// Log format.
+    #[arg(long, env = "MESHCAT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+/// Checks `host:port`: a non-empty host (bracketed if IPv6) and a port.
+pub fn parse_host_port(s: &str) -> Result<String, String> {
+    let s = s.trim();
+    let bad = || format!("{s:?} is not host:port");
+    let (host, port) = s.rsplit_once(':').ok_or_else(bad)?;
+    port.parse::<u16>().map_err(|_| bad())?;
+    let bare = host.strip_prefix('[').and_then(|h| h.strip_suffix(']'));
+    let ok = match bare {
+        Some(v6) => v6.parse::<std::net::Ipv6Addr>().is_ok(),
+        None => {
+            !host.is_empty()
+                && !host.contains(':')
+                && host
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
+        }
+    };
+    if !ok {
+        return Err(bad());
+    }
+    Ok(s.to_owned())
+}
+
+impl AgentConfig {
+    /// Parses the command line; on a bad value prints one line and exits 64, on
+    /// `--help`/`--version` prints and exits 0.
+    pub fn from_args() -> Self {
+        match Self::try_parse() {
+            Ok(c) => c,
+            Err(e) if !e.use_stderr() => {
+                let _ = e.print();
+                std::process::exit(0);
+            }
+            Err(e) => {
+                let text = e.to_string();
+                let line = text.lines().next().unwrap_or("bad command line");
+                eprintln!("meshcat-agent: {}", line.trim_start_matches("error: "));
+                std::process::exit(meshcat_common::config::EXIT_USAGE);
+            }
+        }
+    }
+
+    /// Parses an explicit argument list (the first item is the program name).
+    pub fn try_from_args<I, T>(args: I) -> Result<Self, String>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        Self::try_parse_from(args).map_err(|e| e.to_string())
+    }
+
+    /// The targets given by the single-target flags (not `--targets-file`).
+    pub fn flag_targets(&self) -> Vec<Target> {
+        let base = self
+            .instance
+            .clone()
+            .or_else(|| std::env::var("POD_NAME").ok().filter(|s| !s.is_empty()));
+        let several = self.sidecar_admin.len() > 1;
+        self.sidecar_admin
+            .iter()
+            .map(|admin| {
+                let port = admin.rsplit_once(':').map_or("", |(_, p)| p);
+                let instance = match &base {
+                    Some(b) if several => format!("{b}-{port}"),
+                    Some(b) => b.clone(),
+                    None => format!("{}-{port}", host_name()),
+                };
+                Target {
+                    admin: admin.clone(),
+                    zone_name: self.zone.clone(),
+                    cluster_name: self.cluster.clone(),
+                    instance,
+                    log_file: self.sidecar_log_file.clone(),
+                }
+            })
+            .collect()
+    }
+}
+
+/// The host's name, or `localhost` when it cannot be read.
+pub fn host_name() -> String {
+    sysinfo::System::host_name()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_ports() {
+        assert!(parse_host_port("127.0.0.1:9901").is_ok());
+        assert!(parse_host_port("envoy.local:9901").is_ok());
+        assert!(parse_host_port("[::1]:9901").is_ok());
+        assert!(parse_host_port("::1:9901").is_err());
+        assert!(parse_host_port("127.0.0.1").is_err());
+        assert!(parse_host_port(":9901").is_err());
+        assert!(parse_host_port("h:70000").is_err());
+    }
+
+    #[test]
+    fn instance_names() {
+        let c = AgentConfig::try_parse_from([
+            "meshcat-agent",
+            "--sidecar-admin",
+            "127.0.0.1:9901",
+            "--sidecar-admin",
+            "127.0.0.1:9902",
+            "--instance",
+            "pod-a",
+            "--zone",
+            "z",
+        ])
+        .unwrap();
+        let t = c.flag_targets();
+        assert_eq!(t[0].instance, "pod-a-9901");
+        assert_eq!(t[1].instance, "pod-a-9902");
+        assert_eq!(t[1].zone_name, "z");
+        let one = AgentConfig::try_parse_from(["meshcat-agent", "--instance", "pod-b"]).unwrap();
+        assert_eq!(one.flag_targets()[0].instance, "pod-b");
+        assert!(AgentConfig::try_parse_from(["meshcat-agent", "--interval", "0s"]).is_err());
+        assert!(AgentConfig::try_parse_from(["meshcat-agent", "--interval", "soon"]).is_err());
+    }
+}

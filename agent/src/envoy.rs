@@ -1,0 +1,247 @@
+//! The client of one Envoy sidecar's admin API: every call has a timeout and a
+//! limit on the size of the answer, and returns the models of [`model`].
+
+pub mod model;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use model::{ClustersResponse, ServerInfo, StatsResponse, StatsSnapshot};
+
+/// Largest admin answer read, except `/config_dump`.
+pub const MAX_ANSWER: usize = 8 << 20;
+/// Largest `/config_dump` read.
+pub const MAX_CONFIG_DUMP: usize = 32 << 20;
+
+/// The stats the agent needs: inbound HTTP connection managers' request, error,
+/// byte, TLS and latency stats, the server's memory and worker count, and gRPC
+/// request totals. Envoy applies it as an RE2 regex.
+pub const STATS_FILTER: &str = r"^(http\.(.+)\.(downstream_rq_(total|5xx|time)|downstream_cx_(rx|tx)_bytes_total|downstream_cx_(ssl_)?total)|server\.(concurrency|memory_allocated)|cluster\.(.+)\.grpc\.(.+\.)?total)$";
+
+/// Why an admin call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum EnvoyError {
+    #[error("admin address {0:?} is not host:port")]
+    Address(String),
+    #[error("admin API at {addr} did not answer: {source}")]
+    Transport {
+        addr: String,
+        #[source]
+        source: reqwest::Error,
+    },
+    #[error("admin API at {addr} answered {status} to {path}: {body}")]
+    Status {
+        addr: String,
+        path: String,
+        status: u16,
+        body: String,
+    },
+    #[error("admin answer to {path} is over the limit of {limit} bytes")]
+    TooLarge { path: String, limit: usize },
+    #[error("admin answer cannot be parsed: {0}")]
+    Parse(String),
+    #[error("log level {0:?} is not one of error, warn, info, debug")]
+    Level(String),
+}
+
+/// A client of one sidecar's admin API. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct EnvoyAdmin {
+    /// `host:port` of the admin listener, as configured.
+    addr: String,
+    /// Shared HTTP client; its timeout bounds every call.
+    client: reqwest::Client,
+}
+
+impl EnvoyAdmin {
+    /// A client for the admin API at `addr` (`host:port`), with a per-call timeout.
+    pub fn new(addr: &str, timeout: Duration) -> Result<Self, EnvoyError> {
+        if addr
+            .rsplit_once(':')
+            .is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err())
+        {
+            return Err(EnvoyError::Address(addr.to_owned()));
+        }
+        let client = reqwest::Client::builder()
+            .timeout(timeout)
+            .connect_timeout(timeout)
+            .pool_max_idle_per_host(1)
+            .build()
+            .map_err(|e| EnvoyError::Transport {
+                addr: addr.to_owned(),
+                source: e,
+            })?;
+        Ok(Self {
+            addr: addr.to_owned(),
+            client,
+        })
+    }
+
+    /// The admin address this client talks to.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    async fn call(&self, post: bool, path: &str, limit: usize) -> Result<String, EnvoyError> {
+        let url = format!("http://{}{}", self.addr, path);
+        let req = if post {
+            self.client.post(&url)
+        } else {
+            self.client.get(&url)
+        };
+        let transport = |e| EnvoyError::Transport {
+            addr: self.addr.clone(),
+            source: e,
+        };
+        let mut resp = req.send().await.map_err(transport)?;
+        let status = resp.status();
+        let mut body = Vec::new();
+        while let Some(chunk) = resp.chunk().await.map_err(transport)? {
+            if body.len() + chunk.len() > limit {
+                return Err(EnvoyError::TooLarge {
+                    path: path.to_owned(),
+                    limit,
+                });
+            }
+            body.extend_from_slice(&chunk);
+        }
+        let text = String::from_utf8_lossy(&body).into_owned();
+        if !status.is_success() {
+            return Err(EnvoyError::Status {
+                addr: self.addr.clone(),
+                path: path.to_owned(),
+                status: status.as_u16(),
+                body: text
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
+                    .chars()
+                    .take(200)
+                    .collect(),
+            });
+        }
+        Ok(text)
+    }
+
+    async fn get_json<T: serde::de::DeserializeOwned>(&self, path: &str) -> Result<T, EnvoyError> {
+        let text = self.call(false, path, MAX_ANSWER).await?;
+        serde_json::from_str(&text).map_err(|e| EnvoyError::Parse(format!("{path}: {e}")))
+    }
+
+    /// `GET /server_info`.
+    pub async fn server_info(&self) -> Result<ServerInfo, EnvoyError> {
+        self.get_json("/server_info").await
+    }
+
+    /// `GET /clusters?format=json`.
+    pub async fn clusters(&self) -> Result<ClustersResponse, EnvoyError> {
+        self.get_json("/clusters?format=json").await
+    }
+
+    /// `GET /stats?format=json&usedonly` with [`STATS_FILTER`] and detailed
+    /// (cumulative, fine-grained) histogram buckets.
+    pub async fn stats(&self) -> Result<StatsSnapshot, EnvoyError> {
+        let path = format!(
+            "/stats?format=json&usedonly&histogram_buckets=detailed&filter={}",
+            encode_query(STATS_FILTER)
+        );
+        let r: StatsResponse = self.get_json(&path).await?;
+        Ok(r.into())
+    }
+
+    /// `GET /stats?format=json&usedonly&filter=<regex>`: any stats by regex, for
+    /// diagnosis (for example `ssl`).
+    pub async fn stats_matching(&self, regex: &str) -> Result<StatsSnapshot, EnvoyError> {
+        let path = format!(
+            "/stats?format=json&usedonly&histogram_buckets=detailed&filter={}",
+            encode_query(regex)
+        );
+        let r: StatsResponse = self.get_json(&path).await?;
+        Ok(r.into())
+    }
+
+    /// Every logger's level, read with `POST /logging` (Envoy refuses GET).
+    pub async fn loggers(&self) -> Result<BTreeMap<String, String>, EnvoyError> {
+        let text = self.call(true, "/logging", MAX_ANSWER).await?;
+        model::parse_loggers(&text)
+    }
+
+    /// The sidecar's level in Envoy's names (`warning`, not `warn`).
+    pub async fn log_level(&self) -> Result<String, EnvoyError> {
+        let loggers = self.loggers().await?;
+        model::dominant_level(&loggers)
+            .ok_or_else(|| EnvoyError::Parse("the logging answer lists no logger".into()))
+    }
+
+    /// Sets every logger to `level`, given in the seed's names
+    /// (`error|warn|info|debug`) or Envoy's (`warning`).
+    pub async fn set_log_level(&self, level: &str) -> Result<(), EnvoyError> {
+        let envoy = envoy_level(level).ok_or_else(|| EnvoyError::Level(level.to_owned()))?;
+        self.call(true, &format!("/logging?level={envoy}"), MAX_ANSWER)
+            .await
+            .map(drop)
+    }
+
+    /// `GET /config_dump` as JSON text.
+    pub async fn config_dump(&self) -> Result<String, EnvoyError> {
+        self.call(false, "/config_dump", MAX_CONFIG_DUMP).await
+    }
+}
+
+/// Envoy's name for a level the API accepts: the seed's four, plus `warning`.
+pub fn envoy_level(level: &str) -> Option<&'static str> {
+    match level {
+        "error" => Some("error"),
+        "warn" | "warning" => Some("warning"),
+        "info" => Some("info"),
+        "debug" => Some("debug"),
+        _ => None,
+    }
+}
+
+/// The seed's name for an Envoy level (`warning` reads `warn`); others unchanged.
+pub fn seed_level(envoy: &str) -> &str {
+    if envoy == "warning" { "warn" } else { envoy }
+}
+
+/// Percent-encodes a query value (RFC 3986 unreserved characters pass).
+fn encode_query(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() * 2);
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn levels_translate_both_ways() {
+        assert_eq!(envoy_level("warn"), Some("warning"));
+        assert_eq!(envoy_level("debug"), Some("debug"));
+        assert_eq!(envoy_level("trace"), None);
+        assert_eq!(envoy_level("WARN"), None);
+        assert_eq!(seed_level("warning"), "warn");
+        assert_eq!(seed_level("critical"), "critical");
+    }
+
+    #[test]
+    fn bad_addresses_are_refused() {
+        let t = Duration::from_secs(1);
+        assert!(EnvoyAdmin::new("127.0.0.1:9901", t).is_ok());
+        assert!(EnvoyAdmin::new("127.0.0.1", t).is_err());
+        assert!(EnvoyAdmin::new(":9901", t).is_err());
+        assert!(EnvoyAdmin::new("h:99999", t).is_err());
+    }
+
+    #[test]
+    fn query_encoding() {
+        assert_eq!(encode_query(r"^a\.b|c$"), "%5Ea%5C.b%7Cc%24");
+    }
+}

@@ -1,0 +1,400 @@
+//! Serde models of what Envoy 1.40's admin API really returns, and the parsers that
+//! turn them into the agent's own shapes. Captured real outputs under
+//! `agent/tests/fixtures/` keep these honest.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use meshcat_common::wire::{UpstreamCluster, UpstreamHost};
+use serde::Deserialize;
+
+use super::EnvoyError;
+
+/// `GET /server_info`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ServerInfo {
+    /// Build string, `<sha>/<version>/<status>/<type>/<ssl>`.
+    pub version: String,
+    /// LIVE, DRAINING, PRE_INITIALIZING or INITIALIZING.
+    pub state: String,
+    /// Protobuf duration text such as `32s` or `1.500s`: uptime of this process.
+    pub uptime_current_epoch: String,
+    /// Command-line options; only the worker count is used.
+    #[serde(default)]
+    pub command_line_options: CommandLineOptions,
+}
+
+/// The part of `/server_info` `command_line_options` the agent reads.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct CommandLineOptions {
+    /// Worker threads (`--concurrency`).
+    #[serde(default)]
+    pub concurrency: u32,
+}
+
+impl ServerInfo {
+    /// Uptime of the running Envoy process.
+    pub fn uptime(&self) -> Result<Duration, EnvoyError> {
+        parse_proto_duration(&self.uptime_current_epoch)
+    }
+
+    /// The release number inside the build string (`1.40.0`), or the whole string.
+    pub fn release(&self) -> &str {
+        self.version.split('/').nth(1).unwrap_or(&self.version)
+    }
+}
+
+/// Parses a protobuf JSON duration (`32s`, `0.250s`).
+pub fn parse_proto_duration(s: &str) -> Result<Duration, EnvoyError> {
+    let secs = s
+        .strip_suffix('s')
+        .and_then(|n| n.parse::<f64>().ok())
+        .filter(|n| n.is_finite() && *n >= 0.0)
+        .ok_or_else(|| EnvoyError::Parse(format!("{s:?} is not a protobuf duration")))?;
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// `GET /clusters?format=json`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ClustersResponse {
+    #[serde(default)]
+    pub cluster_statuses: Vec<ClusterStatus>,
+}
+
+/// One cluster of `/clusters?format=json`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ClusterStatus {
+    pub name: String,
+    /// Present (true) only for clusters that came from CDS.
+    #[serde(default)]
+    pub added_via_api: bool,
+    /// Absent when the cluster has no endpoints.
+    #[serde(default)]
+    pub host_statuses: Vec<HostStatus>,
+}
+
+/// One host of a cluster.
+#[derive(Debug, Clone, Deserialize)]
+pub struct HostStatus {
+    pub address: Address,
+    /// Counters and gauges; Envoy writes values as strings and omits zero values.
+    #[serde(default)]
+    pub stats: Vec<HostStat>,
+    /// `eds_health_status` plus one boolean per failed health flag.
+    #[serde(default)]
+    pub health_status: BTreeMap<String, serde_json::Value>,
+}
+
+/// A host address: a socket address or a pipe.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Address {
+    pub socket_address: Option<SocketAddress>,
+    pub pipe: Option<Pipe>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct SocketAddress {
+    pub address: String,
+    #[serde(default)]
+    pub port_value: u32,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct Pipe {
+    pub path: String,
+}
+
+/// One host counter or gauge.
+#[derive(Debug, Clone, Deserialize)]
+pub struct HostStat {
+    pub name: String,
+    /// Decimal text; absent when zero.
+    pub value: Option<String>,
+}
+
+impl Address {
+    /// `ip:port` as `/clusters` text output writes it.
+    pub fn display(&self) -> String {
+        match (&self.socket_address, &self.pipe) {
+            (Some(sa), _) if sa.address.contains(':') => {
+                format!("[{}]:{}", sa.address, sa.port_value)
+            }
+            (Some(sa), _) => format!("{}:{}", sa.address, sa.port_value),
+            (None, Some(p)) => format!("unix://{}", p.path),
+            (None, None) => String::from("-"),
+        }
+    }
+}
+
+impl HostStatus {
+    fn stat(&self, name: &str) -> u64 {
+        self.stats
+            .iter()
+            .find(|s| s.name == name)
+            .and_then(|s| s.value.as_deref())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Health as the text `/clusters` shows: `healthy`, or the failed flags joined
+    /// with `|` (for example `/failed_active_hc|eds_unhealthy`).
+    fn health_flags(&self) -> String {
+        let mut flags: Vec<String> = self
+            .health_status
+            .iter()
+            .filter(|(k, v)| k.as_str() != "eds_health_status" && v.as_bool() == Some(true))
+            .map(|(k, _)| k.clone())
+            .collect();
+        if let Some(eds) = self
+            .health_status
+            .get("eds_health_status")
+            .and_then(|v| v.as_str())
+            .filter(|s| *s != "HEALTHY")
+        {
+            flags.push(format!("eds_{}", eds.to_ascii_lowercase()));
+        }
+        if flags.is_empty() {
+            "healthy".to_owned()
+        } else {
+            flags.join("|")
+        }
+    }
+}
+
+impl ClustersResponse {
+    /// The clusters as the wire reports them, sorted by name.
+    pub fn to_wire(&self) -> Vec<UpstreamCluster> {
+        let mut out: Vec<UpstreamCluster> = self
+            .cluster_statuses
+            .iter()
+            .map(|c| UpstreamCluster {
+                name: c.name.clone(),
+                added_via_api: c.added_via_api,
+                hosts: c
+                    .host_statuses
+                    .iter()
+                    .map(|h| UpstreamHost {
+                        address: h.address.display(),
+                        cx_active: h.stat("cx_active"),
+                        cx_connect_fail: h.stat("cx_connect_fail"),
+                        cx_total: h.stat("cx_total"),
+                        rq_active: h.stat("rq_active"),
+                        rq_error: h.stat("rq_error"),
+                        rq_total: h.stat("rq_total"),
+                        health_flags: h.health_flags(),
+                    })
+                    .collect(),
+            })
+            .collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
+    }
+}
+
+/// `GET /stats?format=json&histogram_buckets=detailed`: a list whose entries are
+/// either one scalar (`{"name","value"}`) or the block of all histograms.
+#[derive(Debug, Clone, Deserialize)]
+pub struct StatsResponse {
+    #[serde(default)]
+    pub stats: Vec<StatEntry>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum StatEntry {
+    /// A counter or gauge (number) or a text readout (string).
+    Scalar {
+        name: String,
+        value: serde_json::Value,
+    },
+    /// All histograms of the answer.
+    Histograms { histograms: HistogramBlock },
+}
+
+/// The histogram block in `detailed` form.
+#[derive(Debug, Clone, Deserialize)]
+pub struct HistogramBlock {
+    /// Present with `histogram_buckets=detailed`; the summary form has
+    /// `computed_quantiles` instead, which the agent does not use.
+    #[serde(default)]
+    pub details: Vec<HistogramDetail>,
+}
+
+/// One histogram with its cumulative buckets since Envoy started.
+#[derive(Debug, Clone, Deserialize)]
+pub struct HistogramDetail {
+    pub name: String,
+    #[serde(default)]
+    pub totals: Vec<Bucket>,
+}
+
+/// A fine-grained (log-linear) bucket of Envoy's histogram: `count` samples in
+/// `[lower_bound, lower_bound + width)`.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+pub struct Bucket {
+    pub lower_bound: f64,
+    pub width: f64,
+    pub count: u64,
+}
+
+/// Stats by name: counters and gauges as integers, histograms as buckets.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StatsSnapshot {
+    pub values: BTreeMap<String, u64>,
+    pub histograms: BTreeMap<String, Vec<Bucket>>,
+}
+
+impl StatsSnapshot {
+    /// A counter or gauge; `usedonly` omits never-used stats, which read as 0.
+    pub fn get(&self, name: &str) -> u64 {
+        self.values.get(name).copied().unwrap_or(0)
+    }
+}
+
+impl From<StatsResponse> for StatsSnapshot {
+    fn from(r: StatsResponse) -> Self {
+        let mut snap = StatsSnapshot::default();
+        for entry in r.stats {
+            match entry {
+                StatEntry::Scalar { name, value } => {
+                    if let Some(v) = value.as_u64() {
+                        snap.values.insert(name, v);
+                    }
+                }
+                StatEntry::Histograms { histograms } => {
+                    for h in histograms.details {
+                        snap.histograms.insert(h.name, h.totals);
+                    }
+                }
+            }
+        }
+        snap
+    }
+}
+
+/// Parses the text of `POST /logging`: `active loggers:` then `  name: level` lines.
+pub fn parse_loggers(text: &str) -> Result<BTreeMap<String, String>, EnvoyError> {
+    let mut lines = text.lines();
+    if !lines.any(|l| l.trim() == "active loggers:") {
+        return Err(EnvoyError::Parse(
+            "the logging answer has no `active loggers:` section".into(),
+        ));
+    }
+    let loggers: BTreeMap<String, String> = lines
+        .filter_map(|l| l.trim().split_once(": "))
+        .map(|(n, lvl)| (n.trim().to_owned(), lvl.trim().to_owned()))
+        .collect();
+    if loggers.is_empty() {
+        return Err(EnvoyError::Parse(
+            "the logging answer lists no logger".into(),
+        ));
+    }
+    Ok(loggers)
+}
+
+/// The sidecar's level: the one most of its loggers have (all of them after a
+/// `POST /logging?level=`), ties broken by the more verbose level.
+pub fn dominant_level(loggers: &BTreeMap<String, String>) -> Option<String> {
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    for level in loggers.values() {
+        *counts.entry(level.as_str()).or_default() += 1;
+    }
+    counts
+        .into_iter()
+        .max_by_key(|(level, n)| (*n, std::cmp::Reverse(verbosity_rank(level))))
+        .map(|(level, _)| level.to_owned())
+}
+
+fn verbosity_rank(level: &str) -> u8 {
+    match level {
+        "trace" => 0,
+        "debug" => 1,
+        "info" => 2,
+        "warning" => 3,
+        "error" => 4,
+        "critical" => 5,
+        _ => 6,
+    }
+}
+
+/// `GET /listeners?format=json`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ListenersResponse {
+    #[serde(default)]
+    pub listener_statuses: Vec<ListenerStatus>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct ListenerStatus {
+    pub name: String,
+    pub local_address: Address,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture(name: &str) -> String {
+        let path = format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+    }
+
+    #[test]
+    fn server_info_of_a_live_envoy() {
+        let info: ServerInfo = serde_json::from_str(&fixture("server_info_live.json")).unwrap();
+        assert_eq!(info.state, "LIVE");
+        assert_eq!(info.release(), "1.40.0");
+        assert_eq!(info.uptime().unwrap(), Duration::from_secs(32));
+        assert_eq!(info.command_line_options.concurrency, 2);
+    }
+
+    #[test]
+    fn proto_durations() {
+        assert_eq!(
+            parse_proto_duration("1.500s").unwrap(),
+            Duration::from_millis(1500)
+        );
+        assert!(parse_proto_duration("3m").is_err());
+        assert!(parse_proto_duration("-1s").is_err());
+    }
+
+    #[test]
+    fn clusters_with_a_host_and_without_endpoints() {
+        let r: ClustersResponse =
+            serde_json::from_str(&fixture("clusters_one_host_and_no_endpoints.json")).unwrap();
+        let wire = r.to_wire();
+        assert_eq!(wire.len(), 2);
+        assert_eq!(wire[0].name, "local_service");
+        let host = &wire[0].hosts[0];
+        assert_eq!(host.address, "127.0.0.1:34257");
+        assert_eq!((host.cx_total, host.rq_total), (21, 21));
+        assert_eq!(
+            (host.cx_connect_fail, host.rq_error, host.cx_active),
+            (0, 0, 0)
+        );
+        assert_eq!(host.health_flags, "healthy");
+        assert_eq!(wire[1].name, "no_endpoints");
+        assert!(wire[1].hosts.is_empty());
+        assert!(!wire[1].added_via_api);
+    }
+
+    #[test]
+    fn stats_with_detailed_histograms() {
+        let r: StatsResponse =
+            serde_json::from_str(&fixture("stats_ingress_21_requests_detailed.json")).unwrap();
+        let snap = StatsSnapshot::from(r);
+        assert_eq!(snap.get("http.ingress_http.downstream_rq_total"), 21);
+        assert_eq!(snap.get("http.ingress_http.downstream_rq_5xx"), 0);
+        assert_eq!(snap.get("server.concurrency"), 2);
+        let h = &snap.histograms["http.ingress_http.downstream_rq_time"];
+        assert_eq!(h.iter().map(|b| b.count).sum::<u64>(), 21);
+    }
+
+    #[test]
+    fn loggers_and_their_dominant_level() {
+        let loggers = parse_loggers(&fixture("logging_active_loggers.txt")).unwrap();
+        assert_eq!(loggers["admin"], "info");
+        assert_eq!(dominant_level(&loggers).as_deref(), Some("info"));
+        assert!(parse_loggers("Method GET not allowed, POST required.").is_err());
+    }
+}

@@ -1,0 +1,241 @@
+//! The agent's ops port: its own Prometheus metrics (`GET /metrics`), liveness
+//! (`GET /healthz`) and seed 4.14's sidecar log level (`GET /logging`,
+//! `PUT /logging?level=`), translated to Envoy's `POST /logging`.
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{Query, State, rejection::QueryRejection};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use prometheus::{
+    HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+};
+use serde::Deserialize;
+
+use crate::Agent;
+use crate::envoy::{EnvoyError, envoy_level, seed_level};
+
+/// The agent's own metrics, `meshcat_agent_` prefixed.
+#[derive(Debug, Clone)]
+pub struct OpsMetrics {
+    /// Holds every family below; rendered by `GET /metrics`.
+    registry: Registry,
+    /// Scrapes by target (instance) and outcome (`ok`, `error`).
+    scrapes: IntCounterVec,
+    /// Scrape durations by target, in seconds.
+    scrape_duration: HistogramVec,
+    /// Targets currently configured.
+    targets: IntGauge,
+}
+
+impl Default for OpsMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl OpsMetrics {
+    pub fn new() -> Self {
+        let registry = Registry::new_custom(Some("meshcat_agent".into()), None).unwrap_or_default();
+        let scrapes = IntCounterVec::new(
+            Opts::new(
+                "scrapes_total",
+                "Sidecar admin scrapes by target and outcome.",
+            ),
+            &["target", "outcome"],
+        )
+        .unwrap_or_else(|e| unreachable_metric(e));
+        let scrape_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "scrape_duration_seconds",
+                "Duration of sidecar admin scrapes.",
+            )
+            .buckets(vec![
+                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+            ]),
+            &["target"],
+        )
+        .unwrap_or_else(|e| unreachable_metric(e));
+        let targets = IntGauge::new("targets", "Sidecars the agent scrapes.")
+            .unwrap_or_else(|e| unreachable_metric(e));
+        for c in [
+            Box::new(scrapes.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(scrape_duration.clone()),
+            Box::new(targets.clone()),
+        ] {
+            if let Err(e) = registry.register(c) {
+                tracing::error!(error = %e, "Metric not registered.");
+            }
+        }
+        Self {
+            registry,
+            scrapes,
+            scrape_duration,
+            targets,
+        }
+    }
+
+    /// Records one scrape of `target`.
+    pub fn observe_scrape(&self, target: &str, ok: bool, took: Duration) {
+        let outcome = if ok { "ok" } else { "error" };
+        self.scrapes.with_label_values(&[target, outcome]).inc();
+        self.scrape_duration
+            .with_label_values(&[target])
+            .observe(took.as_secs_f64());
+    }
+
+    /// Sets the number of configured targets.
+    pub fn set_targets(&self, n: usize) {
+        self.targets.set(n as i64);
+    }
+
+    /// Forgets the series of a removed target.
+    pub fn forget_target(&self, target: &str) {
+        for outcome in ["ok", "error"] {
+            let _ = self.scrapes.remove_label_values(&[target, outcome]);
+        }
+        let _ = self.scrape_duration.remove_label_values(&[target]);
+    }
+
+    /// Prometheus text exposition of every family.
+    pub fn render(&self) -> String {
+        TextEncoder::new()
+            .encode_to_string(&self.registry.gather())
+            .unwrap_or_default()
+    }
+}
+
+/// Metric definitions are constants; a failure here is a programming error that
+/// the unit tests catch.
+fn unreachable_metric(e: prometheus::Error) -> ! {
+    panic!("invalid metric definition: {e}")
+}
+
+/// The error body of every non-2xx answer: `{"error": "...", "code": "..."}`.
+#[derive(Debug)]
+pub struct OpsError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl OpsError {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+impl IntoResponse for OpsError {
+    fn into_response(self) -> Response {
+        let body = serde_json::json!({"error": self.message, "code": self.code});
+        (self.status, axum::Json(body)).into_response()
+    }
+}
+
+impl From<EnvoyError> for OpsError {
+    fn from(e: EnvoyError) -> Self {
+        match e {
+            EnvoyError::Level(_) => {
+                OpsError::new(StatusCode::BAD_REQUEST, "bad_level", e.to_string())
+            }
+            other => OpsError::new(
+                StatusCode::BAD_GATEWAY,
+                "sidecar_unavailable",
+                other.to_string(),
+            ),
+        }
+    }
+}
+
+/// Query of `/logging`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoggingQuery {
+    /// The level to set (PUT only): error, warn, info or debug.
+    level: Option<String>,
+    /// Which sidecar, when the agent has several.
+    instance: Option<String>,
+}
+
+/// The ops router.
+pub fn app(agent: Agent) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/logging", get(get_logging).put(put_logging))
+        .fallback(|| async { OpsError::new(StatusCode::NOT_FOUND, "not_found", "No such path.") })
+        .with_state(agent)
+}
+
+async fn metrics(State(agent): State<Agent>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        agent.ops_metrics().render(),
+    )
+        .into_response()
+}
+
+fn query(q: Result<Query<LoggingQuery>, QueryRejection>) -> Result<LoggingQuery, OpsError> {
+    q.map(|Query(q)| q)
+        .map_err(|e| OpsError::new(StatusCode::BAD_REQUEST, "bad_query", e.body_text()))
+}
+
+async fn get_logging(
+    State(agent): State<Agent>,
+    q: Result<Query<LoggingQuery>, QueryRejection>,
+) -> Result<String, OpsError> {
+    let q = query(q)?;
+    let admin = agent
+        .admin(q.instance.as_deref())
+        .map_err(|e| OpsError::new(e.status(), e.code(), e.to_string()))?;
+    let level = admin.log_level().await?;
+    Ok(seed_level(&level).to_owned())
+}
+
+async fn put_logging(
+    State(agent): State<Agent>,
+    q: Result<Query<LoggingQuery>, QueryRejection>,
+) -> Result<String, OpsError> {
+    let q = query(q)?;
+    let level = q.level.unwrap_or_default();
+    if envoy_level(&level).is_none() || level == "warning" {
+        return Err(OpsError::new(
+            StatusCode::BAD_REQUEST,
+            "bad_level",
+            format!("Level {level:?} is not one of error, warn, info, debug."),
+        ));
+    }
+    let admin = agent
+        .admin(q.instance.as_deref())
+        .map_err(|e| OpsError::new(e.status(), e.code(), e.to_string()))?;
+    admin.set_log_level(&level).await?;
+    Ok(level)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_render_with_the_prefix() {
+        let m = OpsMetrics::new();
+        m.observe_scrape("pod-a", true, Duration::from_millis(3));
+        m.observe_scrape("pod-a", false, Duration::from_millis(30));
+        m.set_targets(1);
+        let text = m.render();
+        assert!(text.contains("meshcat_agent_scrapes_total{outcome=\"ok\",target=\"pod-a\"} 1"));
+        assert!(text.contains("meshcat_agent_scrape_duration_seconds_bucket"));
+        assert!(text.contains("meshcat_agent_targets 1"));
+        m.forget_target("pod-a");
+        assert!(!m.render().contains("pod-a"));
+    }
+}

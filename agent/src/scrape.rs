@@ -1,0 +1,348 @@
+//! Scraping: the targets (sidecars) the agent watches, one task per target that
+//! scrapes its admin API every interval into the [`Board`], and the manager that
+//! follows a targets file as it changes.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use meshcat_common::model::InstanceMetrics;
+use meshcat_common::wire::InstanceReport;
+use serde::Deserialize;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::{debug, error, info, warn};
+
+use crate::Agent;
+use crate::board::Board;
+use crate::config::parse_host_port;
+use crate::envoy::{EnvoyAdmin, EnvoyError, seed_level};
+use crate::metrics::{self, HostSampler};
+
+/// Largest targets file read.
+pub const MAX_TARGETS_FILE: u64 = 1 << 20;
+/// Most targets one agent scrapes.
+pub const MAX_TARGETS: usize = 256;
+/// Two start times closer than this are the same Envoy process: uptime has only
+/// second precision, so the derived start time jitters between scrapes.
+const START_TIME_JITTER_MS: i64 = 2_000;
+
+/// One sidecar to scrape and the identity it reports under.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Target {
+    /// Admin API address, `host:port`.
+    pub admin: String,
+    #[serde(default)]
+    pub zone_name: String,
+    #[serde(default)]
+    pub cluster_name: String,
+    /// Instance name; unique among the agent's targets.
+    #[serde(default)]
+    pub instance: String,
+    /// The sidecar's log file, tailed for diagnosis.
+    #[serde(default)]
+    pub log_file: Option<PathBuf>,
+}
+
+/// Why a targets file was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum TargetsError {
+    #[error("cannot read targets file {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("targets file {path} is over the limit of {MAX_TARGETS_FILE} bytes")]
+    TooLarge { path: String },
+    #[error("targets file {path} is not a JSON array of targets: {reason}")]
+    Invalid { path: String, reason: String },
+}
+
+/// Reads and checks a targets file. An empty `instance` defaults to the host
+/// name and the admin port.
+pub fn read_targets_file(path: &Path) -> Result<Vec<Target>, TargetsError> {
+    let p = path.display().to_string();
+    let meta = std::fs::metadata(path).map_err(|e| TargetsError::Read {
+        path: p.clone(),
+        source: e,
+    })?;
+    if meta.len() > MAX_TARGETS_FILE {
+        return Err(TargetsError::TooLarge { path: p });
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| TargetsError::Read {
+        path: p.clone(),
+        source: e,
+    })?;
+    parse_targets(&text).map_err(|reason| TargetsError::Invalid { path: p, reason })
+}
+
+/// Parses and checks the JSON text of a targets file.
+pub fn parse_targets(text: &str) -> Result<Vec<Target>, String> {
+    let mut targets: Vec<Target> = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    if targets.len() > MAX_TARGETS {
+        return Err(format!("{} targets, at most {MAX_TARGETS}", targets.len()));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for t in &mut targets {
+        parse_host_port(&t.admin)?;
+        if t.instance.is_empty() {
+            let port = t.admin.rsplit_once(':').map_or("", |(_, p)| p);
+            t.instance = format!("{}-{port}", crate::config::host_name());
+        }
+        if !seen.insert(t.instance.clone()) {
+            return Err(format!("instance {:?} is listed twice", t.instance));
+        }
+    }
+    Ok(targets)
+}
+
+/// Where the targets come from.
+#[derive(Debug, Clone)]
+pub enum TargetSource {
+    /// Fixed by flags.
+    Fixed(Vec<Target>),
+    /// A file polled every interval.
+    File(PathBuf),
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Scrapes one sidecar once. `previous` is the last report of this target, used to
+/// keep the start time steady and the last figures when the sidecar is unreachable.
+pub async fn scrape_once(
+    admin: &EnvoyAdmin,
+    target: &Target,
+    host: &HostSampler,
+    previous: Option<&InstanceReport>,
+) -> InstanceReport {
+    match scrape_fallible(admin, target, host, previous).await {
+        Ok(report) => report,
+        Err(e) => {
+            let mut report = previous.cloned().unwrap_or_else(|| InstanceReport {
+                zone_name: String::new(),
+                cluster_name: String::new(),
+                instance: String::new(),
+                admin_address: String::new(),
+                reachable: false,
+                error: None,
+                start_time_ms: 0,
+                server_state: String::new(),
+                envoy_version: String::new(),
+                log_level: None,
+                requests_total: 0,
+                errors_5xx_total: 0,
+                metrics: InstanceMetrics::default(),
+                clusters: Vec::new(),
+            });
+            report.zone_name.clone_from(&target.zone_name);
+            report.cluster_name.clone_from(&target.cluster_name);
+            report.instance.clone_from(&target.instance);
+            report.admin_address.clone_from(&target.admin);
+            report.reachable = false;
+            report.error = Some(e.to_string());
+            report
+        }
+    }
+}
+
+async fn scrape_fallible(
+    admin: &EnvoyAdmin,
+    target: &Target,
+    host: &HostSampler,
+    previous: Option<&InstanceReport>,
+) -> Result<InstanceReport, EnvoyError> {
+    let (info, clusters, stats, level) = tokio::join!(
+        admin.server_info(),
+        admin.clusters(),
+        admin.stats(),
+        admin.log_level()
+    );
+    let (info, clusters, stats) = (info?, clusters?, stats?);
+    let uptime = info.uptime()?;
+    let mut start_time_ms = now_ms() - uptime.as_millis() as i64;
+    if let Some(prev) = previous.filter(|p| p.start_time_ms > 0) {
+        if (prev.start_time_ms - start_time_ms).abs() < START_TIME_JITTER_MS {
+            start_time_ms = prev.start_time_ms;
+        }
+    }
+    let level = match level {
+        Ok(l) => Some(seed_level(&l).to_owned()),
+        Err(e) => {
+            debug!(instance = %target.instance, error = %e, "Log level not read.");
+            None
+        }
+    };
+    let (metrics, totals) = metrics::compute(&stats, start_time_ms, &host.sample());
+    Ok(InstanceReport {
+        zone_name: target.zone_name.clone(),
+        cluster_name: target.cluster_name.clone(),
+        instance: target.instance.clone(),
+        admin_address: target.admin.clone(),
+        reachable: true,
+        error: None,
+        start_time_ms,
+        server_state: info.state.clone(),
+        envoy_version: info.release().to_owned(),
+        log_level: level,
+        requests_total: totals.requests,
+        errors_5xx_total: totals.errors_5xx,
+        metrics,
+        clusters: clusters.to_wire(),
+    })
+}
+
+/// Scrapes `target` every `interval` until aborted.
+async fn scrape_loop(agent: Agent, target: Target, interval: Duration) {
+    let admin = match EnvoyAdmin::new(&target.admin, agent.scrape_timeout()) {
+        Ok(a) => a,
+        Err(e) => {
+            error!(instance = %target.instance, error = %e, "Target cannot be scraped.");
+            return;
+        }
+    };
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut was_reachable = true;
+    loop {
+        ticker.tick().await;
+        let started = Instant::now();
+        let previous = agent.board().get(&target.instance);
+        let report = scrape_once(&admin, &target, agent.host(), previous.as_ref()).await;
+        let ok = report.reachable;
+        agent
+            .ops_metrics()
+            .observe_scrape(&target.instance, ok, started.elapsed());
+        if ok && !was_reachable {
+            info!(instance = %target.instance, admin = %target.admin, "Sidecar answers again.");
+        } else if !ok && was_reachable {
+            warn!(instance = %target.instance, admin = %target.admin, error = report.error.as_deref().unwrap_or(""), "Sidecar scrape failed.");
+        }
+        was_reachable = ok;
+        agent.board().put(report);
+    }
+}
+
+/// The running scrapers, by instance name.
+#[derive(Debug, Default)]
+struct Scrapers {
+    /// Each running target with the task scraping it.
+    running: BTreeMap<String, (Target, JoinHandle<()>)>,
+}
+
+impl Scrapers {
+    /// Starts, restarts and stops tasks so that exactly `desired` run.
+    fn reconcile(&mut self, agent: &Agent, desired: &[Target], interval: Duration, board: &Board) {
+        let wanted: BTreeMap<&str, &Target> =
+            desired.iter().map(|t| (t.instance.as_str(), t)).collect();
+        let stale: Vec<String> = self
+            .running
+            .iter()
+            .filter(|(name, (t, _))| wanted.get(name.as_str()) != Some(&t))
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in stale {
+            if let Some((t, task)) = self.running.remove(&name) {
+                task.abort();
+                board.remove(&name);
+                info!(instance = %name, admin = %t.admin, "Target removed.");
+            }
+        }
+        for (name, t) in wanted {
+            if !self.running.contains_key(name) {
+                info!(instance = %name, admin = %t.admin, zone = %t.zone_name, cluster = %t.cluster_name, "Target added.");
+                let task = tokio::spawn(scrape_loop(agent.clone(), t.clone(), interval));
+                self.running.insert(name.to_owned(), (t.clone(), task));
+            }
+        }
+        agent.set_targets(desired.to_vec());
+    }
+
+    fn stop_all(&mut self) {
+        for (_, (_, task)) in std::mem::take(&mut self.running) {
+            task.abort();
+        }
+    }
+}
+
+/// A file's identity for change detection: modification time and length.
+fn fingerprint(path: &Path) -> Option<(SystemTime, u64)> {
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.modified().ok()?, m.len()))
+}
+
+/// Runs the scrapers of `source` until `stop` turns true, following the targets
+/// file when there is one.
+pub async fn manage(
+    agent: Agent,
+    source: TargetSource,
+    interval: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut scrapers = Scrapers::default();
+    let mut seen: Option<(SystemTime, u64)> = None;
+    let mut first = true;
+    loop {
+        match &source {
+            TargetSource::Fixed(targets) if first => {
+                scrapers.reconcile(&agent, targets, interval, agent.board());
+            }
+            TargetSource::Fixed(_) => {}
+            TargetSource::File(path) => {
+                let now = fingerprint(path);
+                if first || now != seen {
+                    seen = now;
+                    match read_targets_file(path) {
+                        Ok(targets) => {
+                            info!(path = %path.display(), targets = targets.len(), "Targets file loaded.");
+                            scrapers.reconcile(&agent, &targets, interval, agent.board());
+                        }
+                        Err(e) => {
+                            error!(error = %e, "Targets file refused; keeping the previous targets.");
+                        }
+                    }
+                }
+            }
+        }
+        first = false;
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            _ = stop.wait_for(|s| *s) => break,
+        }
+    }
+    scrapers.stop_all();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_file_text() {
+        let t = parse_targets(
+            r#"[{"admin":"127.0.0.1:9901","zoneName":"z","clusterName":"c","instance":"i","logFile":"/var/log/envoy.log"},
+                {"admin":"127.0.0.1:9902"}]"#,
+        )
+        .unwrap();
+        assert_eq!(t[0].instance, "i");
+        assert_eq!(
+            t[0].log_file.as_deref(),
+            Some(Path::new("/var/log/envoy.log"))
+        );
+        assert!(t[1].instance.ends_with("-9902"));
+        assert!(parse_targets(r#"[{"admin":"nope"}]"#).is_err());
+        assert!(parse_targets(r#"{"admin":"127.0.0.1:1"}"#).is_err());
+        assert!(
+            parse_targets(
+                r#"[{"admin":"127.0.0.1:1","instance":"a"},{"admin":"127.0.0.1:2","instance":"a"}]"#
+            )
+            .is_err()
+        );
+        assert!(parse_targets(r#"[{"admin":"127.0.0.1:1","zone":"typo"}]"#).is_err());
+    }
+}

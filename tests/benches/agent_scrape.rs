@@ -1,0 +1,111 @@
+//! Benchmark of the agent's scrape against a real Envoy with 1,000 clusters:
+//! CPU time per scrape and parse, and the resident memory of the real
+//! `meshcat-agent` binary scraping it every 5 s. Run with
+//! `cargo build --release -p meshcat-agent && cargo bench -p meshcat-tests --bench agent_scrape`.
+
+// A benchmark's report is its standard output.
+#![allow(clippy::print_stdout)]
+
+use std::time::Duration;
+
+use meshcat_agent::envoy::EnvoyAdmin;
+use meshcat_agent::metrics::HostSampler;
+use meshcat_agent::scrape::{Target, scrape_once};
+use meshcat_tests::bootstrap::Cluster;
+use meshcat_tests::{Bootstrap, Envoy, Upstream};
+
+const CLUSTERS: usize = 1_000;
+const SCRAPES: u32 = 30;
+
+/// CPU time (user + system) of this process, from /proc/self/stat.
+fn cpu_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<u64> = after
+        .split_whitespace()
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    // Fields 14 and 15 (utime, stime) are at 11 and 12 after the state field.
+    let ticks = f.get(10).copied().unwrap_or(0) + f.get(11).copied().unwrap_or(0);
+    Duration::from_millis(ticks * 10)
+}
+
+fn status_kib(pid: u32, key: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with(key))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> anyhow::Result<()> {
+    let upstream = Upstream::start().await?;
+    let mut b = Bootstrap::service_sidecar(upstream.addr, None);
+    for i in 0..CLUSTERS {
+        b = b.cluster(Cluster::new(&format!("service_{i:04}"), &[upstream.addr]));
+    }
+    let envoy = Envoy::start(b).await?;
+    let client = reqwest::Client::new();
+    for _ in 0..100 {
+        client
+            .get(format!("{}/x", envoy.url("ingress")))
+            .send()
+            .await?;
+    }
+    let admin = EnvoyAdmin::new(&envoy.admin_addr(), Duration::from_secs(5))?;
+    let host = HostSampler::new();
+    let target = Target {
+        admin: envoy.admin_addr(),
+        zone_name: "bench".into(),
+        cluster_name: "bench".into(),
+        instance: "bench".into(),
+        log_file: None,
+    };
+    let mut last = scrape_once(&admin, &target, &host, None).await;
+    assert!(last.reachable, "{:?}", last.error);
+    assert_eq!(last.clusters.len(), CLUSTERS + 1);
+    let cpu0 = cpu_time();
+    let wall0 = std::time::Instant::now();
+    for _ in 0..SCRAPES {
+        last = scrape_once(&admin, &target, &host, Some(&last)).await;
+    }
+    let cpu = (cpu_time() - cpu0) / SCRAPES;
+    let wall = wall0.elapsed() / SCRAPES;
+    println!("scrape+parse of {CLUSTERS} clusters: CPU {cpu:?} per scrape (wall {wall:?})");
+
+    let bin = std::env::var("MESHCAT_AGENT_BIN").unwrap_or_else(|_| {
+        let target = std::env::var("CARGO_TARGET_DIR")
+            .unwrap_or_else(|_| format!("{}/../target", env!("CARGO_MANIFEST_DIR")));
+        format!("{target}/release/meshcat-agent")
+    });
+    let mut child = std::process::Command::new(&bin)
+        .args([
+            "--sidecar-admin",
+            &envoy.admin_addr(),
+            "--interval",
+            "5s",
+            "--ops-addr",
+            "127.0.0.1:0",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .map_err(|e| anyhow::anyhow!("cannot run {bin} (build it with --release): {e}"))?;
+    let pid = child.id();
+    let mut peak = 0;
+    for _ in 0..8 {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        peak = peak.max(status_kib(pid, "VmRSS:"));
+    }
+    let hwm = status_kib(pid, "VmHWM:");
+    let _ = child.kill();
+    let _ = child.wait();
+    println!(
+        "agent RSS scraping every 5 s for 40 s: max VmRSS {:.1} MiB, VmHWM {:.1} MiB",
+        peak as f64 / 1024.0,
+        hwm as f64 / 1024.0
+    );
+    Ok(())
+}

@@ -1,0 +1,371 @@
+//! A real Envoy process for tests. Envoy 1.40 sets `PR_SET_PDEATHSIG`, so each
+//! process is spawned from a dedicated thread that owns the `Child` and lives
+//! until the handle is dropped (which kills Envoy). Ports are learned from Envoy:
+//! the admin address from `--admin-address-path`, listeners from
+//! `/listeners?format=json`.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+use crate::bootstrap::Bootstrap;
+
+/// How long an Envoy gets to become LIVE.
+pub const START_DEADLINE: Duration = Duration::from_secs(30);
+
+/// The Envoy binary: `MESHCAT_ENVOY`, else the one `scripts/envoy.sh` installs into
+/// `<workspace>/.venv`. A missing binary is an error that says how to install it:
+/// tests never skip silently.
+pub fn envoy_binary() -> anyhow::Result<PathBuf> {
+    if let Some(p) = std::env::var_os("MESHCAT_ENVOY").filter(|p| !p.is_empty()) {
+        let p = PathBuf::from(p);
+        if p.is_file() {
+            return Ok(p);
+        }
+        bail!(
+            "MESHCAT_ENVOY={} is not a file; run scripts/envoy.sh",
+            p.display()
+        );
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let lib = root.join(".venv/lib");
+    if let Ok(dir) = std::fs::read_dir(&lib) {
+        for entry in dir.flatten() {
+            let candidate = entry.path().join("site-packages/envoy/_bin/envoy");
+            if entry.file_name().to_string_lossy().starts_with("python") && candidate.is_file() {
+                return Ok(candidate);
+            }
+        }
+    }
+    bail!(
+        "Envoy not found: set MESHCAT_ENVOY or run scripts/envoy.sh to install it into {}",
+        root.join(".venv").display()
+    )
+}
+
+/// Base ids must differ between Envoys running at once (shared memory names).
+fn next_base_id() -> u32 {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    (std::process::id() % 100_000) * 100 + NEXT.fetch_add(1, Ordering::Relaxed) % 100
+}
+
+/// The thread that owns a running Envoy process.
+#[derive(Debug)]
+struct Process {
+    /// Sends the kill order.
+    kill: mpsc::Sender<()>,
+    /// Joins once Envoy is reaped.
+    thread: Option<JoinHandle<()>>,
+    /// Receives Envoy's exit status if it exits on its own.
+    exited: mpsc::Receiver<String>,
+}
+
+impl Process {
+    fn spawn(mut cmd: Command) -> anyhow::Result<Self> {
+        let (kill_tx, kill_rx) = mpsc::channel::<()>();
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<(), String>>();
+        let (exit_tx, exit_rx) = mpsc::channel::<String>();
+        let thread = std::thread::spawn(move || {
+            let mut child = match cmd.spawn() {
+                Ok(c) => {
+                    let _ = ready_tx.send(Ok(()));
+                    c
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e.to_string()));
+                    return;
+                }
+            };
+            loop {
+                if let Ok(Some(status)) = child.try_wait() {
+                    let _ = exit_tx.send(status.to_string());
+                    return;
+                }
+                match kill_rx.recv_timeout(Duration::from_millis(50)) {
+                    Err(mpsc::RecvTimeoutError::Timeout) => {}
+                    _ => {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        return;
+                    }
+                }
+            }
+        });
+        match ready_rx.recv() {
+            Ok(Ok(())) => Ok(Self {
+                kill: kill_tx,
+                thread: Some(thread),
+                exited: exit_rx,
+            }),
+            Ok(Err(e)) => bail!("cannot start Envoy: {e}"),
+            Err(_) => bail!("the Envoy thread ended before starting Envoy"),
+        }
+    }
+
+    fn exit_status(&self) -> Option<String> {
+        self.exited.try_recv().ok()
+    }
+
+    fn kill(&mut self) {
+        let _ = self.kill.send(());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A running (or stopped) Envoy with its files in its own temporary directory.
+#[derive(Debug)]
+pub struct Envoy {
+    /// What it runs; ports are pinned to the learned ones after the first start.
+    bootstrap: Bootstrap,
+    /// Holds the bootstrap, logs and admin address file; removed on drop.
+    dir: tempfile::TempDir,
+    /// The process, when running.
+    process: Option<Process>,
+    /// Admin API address.
+    pub admin: SocketAddr,
+    /// Listener addresses by listener name.
+    pub listeners: BTreeMap<String, SocketAddr>,
+}
+
+impl Envoy {
+    /// Starts Envoy with `bootstrap` and waits until it is LIVE.
+    pub async fn start(bootstrap: Bootstrap) -> anyhow::Result<Self> {
+        let dir = tempfile::Builder::new()
+            .prefix("meshcat-envoy-")
+            .tempdir()?;
+        let mut envoy = Self {
+            bootstrap,
+            dir,
+            process: None,
+            admin: SocketAddr::from(([127, 0, 0, 1], 0)),
+            listeners: BTreeMap::new(),
+        };
+        envoy.launch().await?;
+        Ok(envoy)
+    }
+
+    /// Envoy's own log (`--log-path`).
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.path().join("envoy.log")
+    }
+
+    /// The access log of every HTTP listener.
+    pub fn access_log_path(&self) -> PathBuf {
+        self.dir.path().join("access.log")
+    }
+
+    /// A directory for files the test wants beside this Envoy.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The admin address as `host:port`.
+    pub fn admin_addr(&self) -> String {
+        self.admin.to_string()
+    }
+
+    /// A listener's address; panics with the known names if absent.
+    pub fn listener(&self, name: &str) -> SocketAddr {
+        *self
+            .listeners
+            .get(name)
+            .unwrap_or_else(|| panic!("no listener {name:?}; have {:?}", self.listeners.keys()))
+    }
+
+    /// `http://<listener address>` of a listener.
+    pub fn url(&self, listener: &str) -> String {
+        format!("http://{}", self.listener(listener))
+    }
+
+    /// Envoy's own log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    /// The access log so far.
+    pub fn access_log(&self) -> String {
+        std::fs::read_to_string(self.access_log_path()).unwrap_or_default()
+    }
+
+    async fn launch(&mut self) -> anyhow::Result<()> {
+        let bin = envoy_binary()?;
+        let admin_file = self.dir.path().join("admin-address.txt");
+        let _ = std::fs::remove_file(&admin_file);
+        let config = self.dir.path().join("bootstrap.json");
+        let json = self.bootstrap.render(&self.access_log_path());
+        std::fs::write(&config, serde_json::to_vec_pretty(&json)?)?;
+        let mut cmd = Command::new(bin);
+        cmd.arg("-c")
+            .arg(&config)
+            .arg("--base-id")
+            .arg(next_base_id().to_string())
+            .arg("--admin-address-path")
+            .arg(&admin_file)
+            .arg("--log-path")
+            .arg(self.log_path())
+            .arg("--file-flush-interval-msec")
+            .arg("200")
+            .arg("--concurrency")
+            .arg("2")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        self.process = Some(Process::spawn(cmd)?);
+        let deadline = Instant::now() + START_DEADLINE;
+        let admin = loop {
+            if let Some(status) = self.process.as_ref().and_then(Process::exit_status) {
+                self.process = None;
+                bail!(
+                    "Envoy exited ({status}) before it was ready; its log:\n{}",
+                    tail(&self.log())
+                );
+            }
+            if let Some(addr) = std::fs::read_to_string(&admin_file)
+                .ok()
+                .and_then(|s| s.trim().parse::<SocketAddr>().ok())
+            {
+                break addr;
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "Envoy did not write its admin address in time; its log:\n{}",
+                    tail(&self.log())
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        self.admin = admin;
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(2))
+            .build()?;
+        loop {
+            if let Some(status) = self.process.as_ref().and_then(Process::exit_status) {
+                self.process = None;
+                bail!(
+                    "Envoy exited ({status}) while starting; its log:\n{}",
+                    tail(&self.log())
+                );
+            }
+            let live = async {
+                let v: serde_json::Value = client
+                    .get(format!("http://{admin}/server_info"))
+                    .send()
+                    .await
+                    .ok()?
+                    .json()
+                    .await
+                    .ok()?;
+                Some(v["state"] == "LIVE")
+            };
+            if live.await == Some(true) {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "Envoy did not become LIVE in time; its log:\n{}",
+                    tail(&self.log())
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let v: serde_json::Value = client
+            .get(format!("http://{admin}/listeners?format=json"))
+            .send()
+            .await?
+            .json()
+            .await?;
+        self.listeners.clear();
+        for l in v["listener_statuses"].as_array().into_iter().flatten() {
+            let sa = &l["local_address"]["socket_address"];
+            let addr: SocketAddr = format!(
+                "{}:{}",
+                sa["address"].as_str().unwrap_or_default(),
+                sa["port_value"].as_u64().unwrap_or_default()
+            )
+            .parse()
+            .context("listener address")?;
+            self.listeners
+                .insert(l["name"].as_str().unwrap_or_default().to_owned(), addr);
+        }
+        // A restart keeps the ports the first start learned.
+        self.bootstrap.admin_port = admin.port();
+        for l in &mut self.bootstrap.listeners {
+            if let Some(addr) = self.listeners.get(&l.name) {
+                l.port = addr.port();
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the process is running.
+    pub fn is_running(&self) -> bool {
+        self.process
+            .as_ref()
+            .is_some_and(|p| p.exit_status().is_none())
+    }
+
+    /// Kills Envoy (SIGKILL) and waits until it is gone; its ports close.
+    pub fn kill(&mut self) {
+        if let Some(mut p) = self.process.take() {
+            p.kill();
+        }
+    }
+
+    /// Kills and starts again on the same admin and listener ports.
+    pub async fn restart(&mut self) -> anyhow::Result<()> {
+        self.kill();
+        self.launch().await
+    }
+
+    /// POSTs to the admin API and returns the body (for example `/logging`).
+    pub async fn admin_post(&self, path: &str) -> anyhow::Result<String> {
+        let r = reqwest::Client::new()
+            .post(format!("http://{}{path}", self.admin))
+            .send()
+            .await?;
+        Ok(r.text().await?)
+    }
+
+    /// GETs from the admin API and returns the body.
+    pub async fn admin_get(&self, path: &str) -> anyhow::Result<String> {
+        let r = reqwest::get(format!("http://{}{path}", self.admin)).await?;
+        Ok(r.text().await?)
+    }
+
+    /// The level every logger has, read with `POST /logging` (None when mixed).
+    pub async fn uniform_log_level(&self) -> anyhow::Result<Option<String>> {
+        let text = self.admin_post("/logging").await?;
+        let levels: std::collections::BTreeSet<&str> = text
+            .lines()
+            .skip_while(|l| l.trim() != "active loggers:")
+            .skip(1)
+            .filter_map(|l| l.trim().split_once(": ").map(|(_, lvl)| lvl))
+            .collect();
+        Ok(if levels.len() == 1 {
+            levels.into_iter().next().map(str::to_owned)
+        } else {
+            None
+        })
+    }
+}
+
+/// The last lines of a log, for error messages.
+fn tail(text: &str) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(20)..].join("\n")
+}

@@ -1,0 +1,321 @@
+//! The agent against real Envoy 1.40 sidecars: scraping with traffic driven
+//! through them, unreachable sidecars, targets-file reload, and the ops port's
+//! `/logging` really changing Envoy's level.
+
+use std::time::Duration;
+
+use meshcat_agent::AgentConfig;
+use meshcat_agent::envoy::EnvoyAdmin;
+use meshcat_agent::metrics::{HostSampler, check_invariants};
+use meshcat_agent::scrape::{Target, scrape_once};
+use meshcat_tests::{Bootstrap, Envoy, Upstream, wait_for};
+use tokio::sync::oneshot;
+
+const DEADLINE: Duration = Duration::from_secs(20);
+
+fn target(envoy: &Envoy, instance: &str) -> Target {
+    Target {
+        admin: envoy.admin_addr(),
+        zone_name: "zone-a".into(),
+        cluster_name: "orders".into(),
+        instance: instance.into(),
+        log_file: Some(envoy.access_log_path()),
+    }
+}
+
+async fn service_envoy() -> (Upstream, Envoy) {
+    let upstream = Upstream::start().await.unwrap();
+    let envoy = Envoy::start(Bootstrap::service_sidecar(upstream.addr, None))
+        .await
+        .unwrap();
+    (upstream, envoy)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scrape_counts_exact_requests_and_5xx() {
+    let (upstream, envoy) = service_envoy().await;
+    let client = reqwest::Client::new();
+    let base = envoy.url("ingress");
+    for _ in 0..17 {
+        let r = client.get(format!("{base}/orders")).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    for _ in 0..3 {
+        let r = client
+            .get(format!("{base}/status/503"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 503);
+    }
+    assert_eq!(upstream.served(), 20);
+
+    let admin = EnvoyAdmin::new(&envoy.admin_addr(), Duration::from_secs(2)).unwrap();
+    let host = HostSampler::new();
+    let t = target(&envoy, "orders-1");
+    // Histograms reach the admin API at the next stats flush.
+    let report = wait_for("latency histogram with 20 samples", DEADLINE, || async {
+        let r = scrape_once(&admin, &t, &host, None).await;
+        (r.metrics.latency_count == 20).then_some(r)
+    })
+    .await
+    .unwrap();
+    assert!(report.reachable, "{:?}", report.error);
+    assert_eq!(report.requests_total, 20);
+    assert_eq!(report.errors_5xx_total, 3);
+    assert_eq!(report.server_state, "LIVE");
+    assert_eq!(report.envoy_version, "1.40.0");
+    assert_eq!(report.log_level.as_deref(), Some("info"));
+    let m = &report.metrics;
+    assert_eq!(m.total_requests, 20);
+    assert_eq!(m.all_requests, 20);
+    assert_eq!(m.http_requests, 20);
+    assert_eq!(m.errors_count, 3);
+    assert_eq!(m.all_routes, "ingress_http");
+    assert_eq!(m.num_goroutines, 2);
+    assert!(m.in_throughput > 0 && m.out_throughput > 0);
+    assert!(m.process_memory_used > 0);
+    assert!(m.cpu_cores > 0 && m.memory_available > 0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    assert!(
+        m.start_time > now - 120_000 && m.start_time <= now,
+        "{}",
+        m.start_time
+    );
+    check_invariants(m).unwrap();
+
+    let local = report
+        .clusters
+        .iter()
+        .find(|c| c.name == "local_service")
+        .expect("local_service listed");
+    assert_eq!(local.hosts.len(), 1);
+    assert_eq!(local.hosts[0].address, upstream.addr.to_string());
+    assert_eq!(local.hosts[0].rq_total, 20);
+
+    // A second scrape keeps the same start time although uptime only has seconds.
+    let again = scrape_once(&admin, &t, &host, Some(&report)).await;
+    assert_eq!(again.start_time_ms, report.start_time_ms);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_sidecar_is_reported_as_such() {
+    let (_upstream, mut envoy) = service_envoy().await;
+    let admin = EnvoyAdmin::new(&envoy.admin_addr(), Duration::from_millis(500)).unwrap();
+    let host = HostSampler::new();
+    let t = target(&envoy, "orders-2");
+    let good = scrape_once(&admin, &t, &host, None).await;
+    assert!(good.reachable);
+    envoy.kill();
+    let bad = scrape_once(&admin, &t, &host, Some(&good)).await;
+    assert!(!bad.reachable);
+    assert!(
+        bad.error
+            .as_deref()
+            .unwrap_or("")
+            .contains("did not answer"),
+        "{:?}",
+        bad.error
+    );
+    assert_eq!(bad.instance, "orders-2");
+    assert_eq!(bad.start_time_ms, good.start_time_ms);
+    envoy.restart().await.unwrap();
+    let back = scrape_once(&admin, &t, &host, Some(&bad)).await;
+    assert!(back.reachable, "{:?}", back.error);
+}
+
+/// A running agent (`meshcat_agent::run`) with its ops address and stop switch.
+struct RunningAgent {
+    ops: String,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl RunningAgent {
+    async fn start(args: &[&str]) -> Self {
+        let mut all = vec![
+            "meshcat-agent",
+            "--interval",
+            "200ms",
+            "--scrape-timeout",
+            "1s",
+        ];
+        all.extend_from_slice(args);
+        let config = AgentConfig::try_from_args(all).unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let ops = format!("http://{}", listener.local_addr().unwrap());
+        let (tx, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(meshcat_agent::run(config, listener, async move {
+            let _ = rx.await;
+        }));
+        Self {
+            ops,
+            stop: Some(tx),
+            task,
+        }
+    }
+
+    async fn metrics(&self) -> String {
+        reqwest::get(format!("{}/metrics", self.ops))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
+    async fn stop(mut self) {
+        let _ = self.stop.take().map(|s| s.send(()));
+        tokio::time::timeout(Duration::from_secs(5), self.task)
+            .await
+            .expect("agent stops within 5 s")
+            .unwrap()
+            .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ops_logging_changes_the_real_envoy_level() {
+    let (_upstream, envoy) = service_envoy().await;
+    let admin = envoy.admin_addr();
+    let agent = RunningAgent::start(&["--sidecar-admin", &admin, "--instance", "pod-x"]).await;
+    let client = reqwest::Client::new();
+    let url = format!("{}/logging", agent.ops);
+
+    let level = wait_for("GET /logging", DEADLINE, || async {
+        let r = client.get(&url).send().await.ok()?;
+        (r.status() == 200).then_some(r.text().await.ok()?)
+    })
+    .await
+    .unwrap();
+    assert_eq!(level, "info");
+
+    let r = client
+        .put(format!("{url}?level=warn"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        envoy.uniform_log_level().await.unwrap().as_deref(),
+        Some("warning")
+    );
+    assert_eq!(
+        client.get(&url).send().await.unwrap().text().await.unwrap(),
+        "warn"
+    );
+
+    let r = client
+        .put(format!("{url}?level=debug&instance=pod-x"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        envoy.uniform_log_level().await.unwrap().as_deref(),
+        Some("debug")
+    );
+
+    for bad in ["trace", "warning", "WARN", ""] {
+        let r = client
+            .put(format!("{url}?level={bad}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400, "level {bad:?}");
+        let body: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(body["code"], "bad_level");
+        assert!(body["error"].is_string());
+    }
+    assert_eq!(
+        envoy.uniform_log_level().await.unwrap().as_deref(),
+        Some("debug")
+    );
+
+    let r = client
+        .get(format!("{url}?instance=nobody"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+
+    let text = wait_for("a successful scrape in /metrics", DEADLINE, || async {
+        let m = agent.metrics().await;
+        m.contains("meshcat_agent_scrapes_total{outcome=\"ok\",target=\"pod-x\"}")
+            .then_some(m)
+    })
+    .await
+    .unwrap();
+    assert!(text.contains("meshcat_agent_targets 1"));
+    assert!(text.contains("meshcat_agent_scrape_duration_seconds_bucket"));
+    assert_eq!(
+        reqwest::get(format!("{}/healthz", agent.ops))
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn targets_file_changes_are_followed() {
+    let (_ua, a) = service_envoy().await;
+    let (_ub, b) = service_envoy().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("targets.json");
+    let write = |body: String| {
+        // Write then rename so the agent never reads half a file.
+        let tmp = dir.path().join("targets.tmp");
+        std::fs::write(&tmp, body).unwrap();
+        std::fs::rename(&tmp, &file).unwrap();
+    };
+    let entry = |e: &Envoy, name: &str| {
+        format!(
+            r#"{{"admin":"{}","zoneName":"z","clusterName":"c","instance":"{name}"}}"#,
+            e.admin_addr()
+        )
+    };
+    write(format!("[{}]", entry(&a, "a")));
+    let agent = RunningAgent::start(&["--targets-file", file.to_str().unwrap()]).await;
+    let has = |m: &str, name: &str| m.contains(&format!("outcome=\"ok\",target=\"{name}\""));
+
+    wait_for("target a scraped", DEADLINE, || async {
+        let m = agent.metrics().await;
+        (has(&m, "a") && m.contains("meshcat_agent_targets 1")).then_some(())
+    })
+    .await
+    .unwrap();
+
+    write(format!("[{},{}]", entry(&a, "a"), entry(&b, "b")));
+    wait_for("target b added", DEADLINE, || async {
+        let m = agent.metrics().await;
+        (has(&m, "b") && m.contains("meshcat_agent_targets 2")).then_some(())
+    })
+    .await
+    .unwrap();
+
+    // A bad file keeps the previous targets.
+    write("[{\"admin\": ".into());
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let m = agent.metrics().await;
+    assert!(m.contains("meshcat_agent_targets 2"), "{m}");
+
+    write(format!("[{}]", entry(&b, "b")));
+    wait_for("target a removed", DEADLINE, || async {
+        let m = agent.metrics().await;
+        (!m.contains("target=\"a\"") && m.contains("meshcat_agent_targets 1")).then_some(())
+    })
+    .await
+    .unwrap();
+
+    // With one target left, /logging needs no instance.
+    let r = reqwest::get(format!("{}/logging", agent.ops))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    agent.stop().await;
+}
