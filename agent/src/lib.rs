@@ -1,1 +1,4 @@
 //! meshcat agent library.
+
+pub mod debugwindow;
+pub mod logtail;
