@@ -201,6 +201,17 @@ impl DebugWindows {
         }
     }
 
+    /// All lines of a window this sidecar ran that the tail still holds (the diagnosis
+    /// also reads the secrets-stream lines Envoy writes at debug level).
+    pub fn lines_of(&self, report: &DebugWindowReport) -> Vec<TailedLine> {
+        let Some(tail) = &self.inner.tail else {
+            return Vec::new();
+        };
+        let mut lines = tail.lines_since(report.after_seq);
+        lines.retain(|l| l.seq <= report.last_seq);
+        lines
+    }
+
     /// After the agent's cancel: resolves once no window holds the level raised.
     pub async fn wait_restored(&self) {
         let _turn = self.inner.level_lock.lock().await;

@@ -295,11 +295,8 @@ async fn window_raises_debug_collects_its_lines_and_restores() {
     assert_eq!(admin.level().await, "warning");
     assert!(report.line_count > 0);
     assert_eq!(report.line_count, report.last_seq - report.after_seq);
-    let window: Vec<_> = tail
-        .lines_since(report.after_seq)
-        .into_iter()
-        .filter(|l| l.seq <= report.last_seq)
-        .collect();
+    let window = windows.lines_of(&report);
+    assert_eq!(window.len() as u64, report.line_count);
     assert!(
         window
             .iter()
