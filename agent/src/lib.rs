@@ -6,7 +6,9 @@
 
 pub mod board;
 pub mod config;
+pub mod debugwindow;
 pub mod envoy;
+pub mod logtail;
 pub mod metrics;
 pub mod ops;
 pub mod scrape;

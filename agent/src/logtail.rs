@@ -1,0 +1,524 @@
+//! Follows one sidecar log file (`--sidecar-log-file`, or `logFile` of a target) and
+//! keeps its most recent lines in a bounded ring, each stamped with the time the agent
+//! read it and a sequence number. The diagnosis reads the edge log rules and the debug
+//! window's lines from here.
+//!
+//! The file is polled (a `stat` per tick when idle), so it works on any file system
+//! and needs no inotify. It survives the file not existing yet, appends, truncation in
+//! place (copytruncate) and rotation by rename (a new inode at the path), and waits for
+//! the newline of a partly written last line.
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::io::{self, Read, Seek, SeekFrom};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+/// Most lines kept by default.
+pub const DEFAULT_MAX_LINES: usize = 20_000;
+/// Most bytes of line text kept by default (8 MiB).
+pub const DEFAULT_MAX_BYTES: usize = 8 << 20;
+/// Longest line kept by default (16 KiB); the rest of a longer line is dropped.
+pub const DEFAULT_MAX_LINE_LEN: usize = 16 << 10;
+/// How often the file is looked at by default.
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(200);
+/// How much of a file that already exists when the agent starts is read (1 MiB), so
+/// failures of the last minutes are visible right after an agent (re)start.
+pub const DEFAULT_INITIAL_BACKLOG: u64 = 1 << 20;
+/// Most bytes read in one poll: a burst larger than this is read over several ticks
+/// instead of stalling the reader.
+const MAX_READ_PER_POLL: usize = 4 << 20;
+/// Size of one read from the file.
+const READ_CHUNK: usize = 64 << 10;
+
+/// Where and how much to tail.
+#[derive(Debug, Clone)]
+pub struct TailConfig {
+    /// The sidecar's log file.
+    pub path: PathBuf,
+    /// Most lines kept; the oldest go first.
+    pub max_lines: usize,
+    /// Most bytes of line text kept; the oldest lines go first.
+    pub max_bytes: usize,
+    /// Longest line kept, in bytes; a longer line is cut and marked `truncated`.
+    pub max_line_len: usize,
+    /// How often the file is looked at.
+    pub poll_interval: Duration,
+    /// How many trailing bytes of a file found at start are read; later files (created
+    /// after start, or after a rotation) are read from their beginning.
+    pub initial_backlog: u64,
+}
+
+impl TailConfig {
+    /// The default bounds for `path`.
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        TailConfig {
+            path: path.into(),
+            max_lines: DEFAULT_MAX_LINES,
+            max_bytes: DEFAULT_MAX_BYTES,
+            max_line_len: DEFAULT_MAX_LINE_LEN,
+            poll_interval: DEFAULT_POLL_INTERVAL,
+            initial_backlog: DEFAULT_INITIAL_BACKLOG,
+        }
+    }
+}
+
+/// One line of the sidecar's log as the agent read it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TailedLine {
+    /// Position in the agent's reading order: strictly increasing by one per line, so a
+    /// reader can ask for what came after the last line it saw.
+    pub seq: u64,
+    /// When the agent read the line, ms since the epoch (Envoy's own timestamps vary
+    /// with the log format and the container runtime's prefix).
+    pub read_at_ms: i64,
+    /// The line without its end of line; invalid UTF-8 is replaced.
+    pub text: String,
+    /// Whether the line was longer than the limit and was cut.
+    pub truncated: bool,
+}
+
+/// Which lines [`LogTail::recent`] returns.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LineFilter {
+    /// Only lines containing this text (for example the request path).
+    pub contains: Option<String>,
+    /// Only lines read at or after this time, ms since the epoch.
+    pub since_ms: Option<i64>,
+}
+
+impl LineFilter {
+    /// Whether `line` passes the filter.
+    pub fn matches(&self, line: &TailedLine) -> bool {
+        self.since_ms.is_none_or(|s| line.read_at_ms >= s)
+            && self
+                .contains
+                .as_deref()
+                .is_none_or(|c| line.text.contains(c))
+    }
+}
+
+/// A handle on one followed log file; clones share the same ring.
+#[derive(Debug, Clone)]
+pub struct LogTail {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    config: TailConfig,
+    /// The kept lines; locked only briefly, never across I/O.
+    ring: Mutex<Ring>,
+    /// Reading state; locked for one poll, on a blocking thread.
+    follower: Mutex<Follower>,
+}
+
+impl LogTail {
+    /// A tail that reads nothing until [`LogTail::run`] or [`LogTail::refresh`].
+    pub fn new(config: TailConfig) -> Self {
+        let ring = Ring {
+            lines: VecDeque::new(),
+            bytes: 0,
+            next_seq: 1,
+            max_lines: config.max_lines.max(1),
+            max_bytes: config.max_bytes.max(1),
+        };
+        LogTail {
+            inner: Arc::new(Inner {
+                config,
+                ring: Mutex::new(ring),
+                follower: Mutex::new(Follower::default()),
+            }),
+        }
+    }
+
+    /// Starts following the file on a task of its own until `cancel`.
+    pub fn spawn(
+        config: TailConfig,
+        cancel: CancellationToken,
+    ) -> (Self, tokio::task::JoinHandle<()>) {
+        let tail = LogTail::new(config);
+        let task = tokio::spawn(tail.clone().run(cancel));
+        (tail, task)
+    }
+
+    /// Polls the file every `poll_interval` until `cancel`.
+    pub async fn run(self, cancel: CancellationToken) {
+        let mut tick = tokio::time::interval(self.inner.config.poll_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        info!(path = %self.inner.config.path.display(), "Following the sidecar log.");
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                _ = tick.tick() => self.refresh().await,
+            }
+        }
+        debug!(path = %self.inner.config.path.display(), "Stopped following the sidecar log.");
+    }
+
+    /// Reads whatever the file holds now that was not read yet. Concurrent calls
+    /// take turns.
+    pub async fn refresh(&self) {
+        let inner = self.inner.clone();
+        if let Err(e) = tokio::task::spawn_blocking(move || inner.poll()).await {
+            warn!(error = %e, "Log tail poll task failed.");
+        }
+    }
+
+    /// The followed file.
+    pub fn path(&self) -> &Path {
+        &self.inner.config.path
+    }
+
+    /// The lines read after line `seq`, oldest first (all kept lines for 0). Lines
+    /// already dropped from the ring are missing: compare the first `seq` with yours.
+    pub fn lines_since(&self, seq: u64) -> Vec<TailedLine> {
+        let ring = self.ring();
+        let Some(first) = ring.lines.front().map(|l| l.seq) else {
+            return Vec::new();
+        };
+        let skip = usize::try_from((seq + 1).saturating_sub(first)).unwrap_or(usize::MAX);
+        ring.lines.iter().skip(skip).cloned().collect()
+    }
+
+    /// The newest `max` lines passing `filter`, oldest first.
+    pub fn recent(&self, filter: &LineFilter, max: usize) -> Vec<TailedLine> {
+        let ring = self.ring();
+        let mut out: Vec<TailedLine> = ring
+            .lines
+            .iter()
+            .rev()
+            .filter(|l| filter.matches(l))
+            .take(max)
+            .cloned()
+            .collect();
+        out.reverse();
+        out
+    }
+
+    /// The sequence number of the newest line read, 0 before the first.
+    pub fn last_seq(&self) -> u64 {
+        self.ring().next_seq - 1
+    }
+
+    /// How many lines and bytes of text the ring holds now.
+    pub fn held(&self) -> (usize, usize) {
+        let ring = self.ring();
+        (ring.lines.len(), ring.bytes)
+    }
+
+    fn ring(&self) -> MutexGuard<'_, Ring> {
+        self.inner.ring()
+    }
+}
+
+impl Inner {
+    fn ring(&self) -> MutexGuard<'_, Ring> {
+        // A panic while holding the lock cannot leave the ring inconsistent in a way
+        // that matters more than losing the tail, so a poisoned lock is used as is.
+        self.ring.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// One poll: follows the path to its current file and reads what is new.
+    fn poll(&self) {
+        let mut f = self.follower.lock().unwrap_or_else(|p| p.into_inner());
+        let mut lines = Vec::new();
+        let result = f.poll(&self.config, &mut lines);
+        if !lines.is_empty() {
+            let now = now_ms();
+            let mut ring = self.ring();
+            for (text, truncated) in lines {
+                ring.push(text, truncated, now);
+            }
+        }
+        let path = self.config.path.display();
+        match result {
+            Ok(()) => f.last_error = None,
+            Err(e) => {
+                let msg = e.to_string();
+                // Said once per distinct failure, not at every tick.
+                if f.last_error.as_deref() != Some(msg.as_str()) {
+                    warn!(path = %path, error = %msg, "Cannot read the sidecar log.");
+                    f.last_error = Some(msg);
+                }
+            }
+        }
+    }
+}
+
+/// The kept lines and their bounds.
+#[derive(Debug)]
+struct Ring {
+    lines: VecDeque<TailedLine>,
+    /// Bytes of text held, checked against `max_bytes`.
+    bytes: usize,
+    next_seq: u64,
+    max_lines: usize,
+    max_bytes: usize,
+}
+
+impl Ring {
+    fn push(&mut self, text: String, truncated: bool, read_at_ms: i64) {
+        self.bytes += text.len();
+        self.lines.push_back(TailedLine {
+            seq: self.next_seq,
+            read_at_ms,
+            text,
+            truncated,
+        });
+        self.next_seq += 1;
+        while self.lines.len() > self.max_lines || self.bytes > self.max_bytes {
+            match self.lines.pop_front() {
+                Some(old) => self.bytes -= old.text.len(),
+                None => break,
+            }
+        }
+    }
+}
+
+/// The reading side: which file is open, where, and the unfinished last line.
+#[derive(Debug, Default)]
+struct Follower {
+    file: Option<OpenFile>,
+    /// Whether the path was looked at once: only a file present at the first look is
+    /// read from its backlog; any later file is new and read whole.
+    looked: bool,
+    /// Bytes of the line being written (no newline yet), at most `max_line_len` + 3.
+    partial: Vec<u8>,
+    /// Whether the line being written went over the limit.
+    partial_truncated: bool,
+    /// After starting inside the backlog: drop bytes up to the first newline, which
+    /// ends a line whose start was not read.
+    skip_to_newline: bool,
+    /// Whether the path was missing at the last look, to say it once.
+    missing: bool,
+    /// The last read error, to log each distinct failure once.
+    last_error: Option<String>,
+}
+
+#[derive(Debug)]
+struct OpenFile {
+    file: File,
+    dev: u64,
+    ino: u64,
+    /// Bytes consumed from the start of the file.
+    offset: u64,
+}
+
+impl Follower {
+    fn poll(&mut self, config: &TailConfig, out: &mut Vec<(String, bool)>) -> io::Result<()> {
+        let first_look = !self.looked;
+        self.looked = true;
+        if let Some(open) = self.file.as_mut() {
+            match std::fs::metadata(&config.path) {
+                Ok(m) if m.dev() == open.dev && m.ino() == open.ino => {
+                    if m.len() < open.offset {
+                        open.file.seek(SeekFrom::Start(0))?;
+                        open.offset = 0;
+                        info!(path = %config.path.display(), "Sidecar log truncated; reading it from its start.");
+                        self.flush_partial(config, out);
+                    }
+                    return self.read_available(config, out);
+                }
+                Ok(_) => {
+                    // Rotated: finish what the writer put in the old file before it
+                    // switched, then move to the new file.
+                    self.read_available(config, out)?;
+                    self.flush_partial(config, out);
+                    self.file = None;
+                    info!(path = %config.path.display(), "Sidecar log rotated; following the new file.");
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    // Renamed away and not recreated yet: the writer may still append
+                    // to the old file until it reopens.
+                    return self.read_available(config, out);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let file = match File::open(&config.path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                if !self.missing {
+                    info!(path = %config.path.display(), "Sidecar log does not exist yet; waiting for it.");
+                    self.missing = true;
+                }
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        };
+        self.missing = false;
+        let meta = file.metadata()?;
+        let mut open = OpenFile {
+            file,
+            dev: meta.dev(),
+            ino: meta.ino(),
+            offset: 0,
+        };
+        if first_look && meta.len() > config.initial_backlog {
+            // Start one byte early: if that byte is a newline, the first whole line of
+            // the backlog is kept rather than skipped.
+            let start = meta.len() - config.initial_backlog - 1;
+            open.file.seek(SeekFrom::Start(start))?;
+            open.offset = start;
+            self.skip_to_newline = true;
+        }
+        self.partial.clear();
+        self.partial_truncated = false;
+        self.file = Some(open);
+        self.read_available(config, out)
+    }
+
+    /// Reads from the open file up to its end (or the per-poll limit).
+    fn read_available(
+        &mut self,
+        config: &TailConfig,
+        out: &mut Vec<(String, bool)>,
+    ) -> io::Result<()> {
+        let mut buf = vec![0u8; READ_CHUNK];
+        let mut total = 0;
+        while total < MAX_READ_PER_POLL {
+            let Some(open) = self.file.as_mut() else {
+                return Ok(());
+            };
+            let n = open.file.read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            open.offset += n as u64;
+            total += n;
+            self.consume(&buf[..n], config, out);
+        }
+        Ok(())
+    }
+
+    /// Splits bytes into lines, keeping the unfinished last one.
+    fn consume(&mut self, mut bytes: &[u8], config: &TailConfig, out: &mut Vec<(String, bool)>) {
+        while !bytes.is_empty() {
+            let newline = bytes.iter().position(|&b| b == b'\n');
+            let (piece, rest) = match newline {
+                Some(i) => (&bytes[..i], &bytes[i + 1..]),
+                None => (bytes, &[][..]),
+            };
+            if self.skip_to_newline {
+                if newline.is_some() {
+                    self.skip_to_newline = false;
+                }
+            } else {
+                // Keep a few bytes over the limit so the cut can fall on a character
+                // boundary of the decoded text.
+                let room = (config.max_line_len + 3).saturating_sub(self.partial.len());
+                if piece.len() > room {
+                    self.partial_truncated = true;
+                }
+                self.partial
+                    .extend_from_slice(&piece[..piece.len().min(room)]);
+                if newline.is_some() {
+                    self.flush_partial(config, out);
+                }
+            }
+            bytes = rest;
+        }
+    }
+
+    /// Emits the line being collected (blank lines carry nothing and are dropped).
+    fn flush_partial(&mut self, config: &TailConfig, out: &mut Vec<(String, bool)>) {
+        let raw = std::mem::take(&mut self.partial);
+        let mut truncated = std::mem::take(&mut self.partial_truncated);
+        let mut text = String::from_utf8_lossy(&raw).into_owned();
+        if text.ends_with('\r') {
+            text.pop();
+        }
+        if text.len() > config.max_line_len {
+            let mut end = config.max_line_len;
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            text.truncate(end);
+            truncated = true;
+        }
+        if !text.trim().is_empty() {
+            out.push((text, truncated));
+        }
+    }
+}
+
+/// Now, ms since the epoch.
+pub(crate) fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(seq: u64, at: i64, text: &str) -> TailedLine {
+        TailedLine {
+            seq,
+            read_at_ms: at,
+            text: text.into(),
+            truncated: false,
+        }
+    }
+
+    #[test]
+    fn filter_on_text_and_time() {
+        let l = line(1, 1_000, "[2026] \"GET /catalog/x HTTP/1.1\" 503 UH");
+        assert!(LineFilter::default().matches(&l));
+        let path = LineFilter {
+            contains: Some("/catalog/x".into()),
+            since_ms: None,
+        };
+        assert!(path.matches(&l));
+        let other = LineFilter {
+            contains: Some("/other".into()),
+            since_ms: None,
+        };
+        assert!(!other.matches(&l));
+        let later = LineFilter {
+            contains: None,
+            since_ms: Some(1_001),
+        };
+        assert!(!later.matches(&l));
+    }
+
+    #[test]
+    fn ring_keeps_bounds_and_sequence() {
+        let mut ring = Ring {
+            lines: VecDeque::new(),
+            bytes: 0,
+            next_seq: 1,
+            max_lines: 3,
+            max_bytes: 10,
+        };
+        for t in ["aa", "bb", "cc", "dd"] {
+            ring.push(t.into(), false, 0);
+        }
+        let seqs: Vec<u64> = ring.lines.iter().map(|l| l.seq).collect();
+        assert_eq!(seqs, [2, 3, 4]);
+        ring.push("0123456789".into(), false, 0);
+        assert_eq!(ring.lines.len(), 1);
+        assert_eq!(ring.bytes, 10);
+    }
+
+    #[test]
+    fn long_line_cut_at_char_boundary() {
+        let config = TailConfig {
+            max_line_len: 5,
+            ..TailConfig::new("/nonexistent")
+        };
+        let mut f = Follower::default();
+        let mut out = Vec::new();
+        f.consume("abcdé\nxyz\r\n".as_bytes(), &config, &mut out);
+        assert_eq!(out, [("abcd".to_owned(), true), ("xyz".to_owned(), false)]);
+    }
+}
