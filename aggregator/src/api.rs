@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
-use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::http::{Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -87,8 +87,7 @@ async fn no_route(method: Method, uri: axum::http::Uri) -> ApiError {
     ApiError::not_found(format!("No resource at {method} {}.", uri.path()))
 }
 
-/// axum answers a wrong method with an empty 405; give it the error body and keep
-/// its `Allow` header.
+/// axum answers a wrong method with an empty 405; give it the error body.
 async fn json_method_not_allowed(req: Request, next: Next) -> Response {
     let res = next.run(req).await;
     if res.status() != StatusCode::METHOD_NOT_ALLOWED
@@ -96,12 +95,11 @@ async fn json_method_not_allowed(req: Request, next: Next) -> Response {
     {
         return res;
     }
-    let allow = res.headers().get(header::ALLOW).cloned();
     let mut out = ApiError::method_not_allowed().into_response();
-    out.headers_mut().insert(
-        header::ALLOW,
-        allow.unwrap_or_else(|| HeaderValue::from_static("")),
-    );
+    // axum adds `Allow` outside the route's layers when it is not already there.
+    if let Some(allow) = res.headers().get(header::ALLOW) {
+        out.headers_mut().insert(header::ALLOW, allow.clone());
+    }
     out
 }
 
