@@ -131,6 +131,8 @@ pub async fn serve(
             .into_future(),
     );
     let expiry_task = tokio::spawn(expire_loop(agg.store.clone(), stop_rx.clone()));
+    // Ready before the addresses are logged: whoever reads them may probe at once.
+    ops_state.ready.store(true, Ordering::Release);
     info!(api = %api_addr, "Catalog API listening.");
     info!(ops = %ops_addr, "Ops endpoints listening.");
     if agg.config.dev {
@@ -139,7 +141,6 @@ pub async fn serve(
             "DEVELOPMENT MODE: self-signed certificates, not for production."
         );
     }
-    ops_state.ready.store(true, Ordering::Release);
 
     shutdown.await;
     ops_state.ready.store(false, Ordering::Release);
