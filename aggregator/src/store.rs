@@ -6,6 +6,7 @@
 
 mod aggregate;
 pub mod persist;
+mod render;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::Path;
@@ -80,6 +81,8 @@ impl LiveInstance {
 pub struct Entry {
     /// The registration, when an operator wrote one.
     pub record: Option<Arc<ClusterRecord>>,
+    /// The registration's JSON, serialized once when stored (empty when unregistered).
+    pub record_json: Bytes,
     /// Reported instances by name.
     pub instances: BTreeMap<String, LiveInstance>,
     /// Status by the rules, refreshed on every change of its inputs.
@@ -92,6 +95,7 @@ impl Entry {
     fn new() -> Entry {
         Entry {
             record: None,
+            record_json: Bytes::new(),
             instances: BTreeMap::new(),
             status: Status::Down,
             live: 0,
@@ -150,8 +154,9 @@ pub struct Store {
     state: Mutex<()>,
     /// Bumped after every change a read answer could show; keys the summary cache.
     generation: AtomicU64,
-    /// Serialized `GET /summary` bodies (unauthorized, authorized) with their generation.
-    summary_cache: Mutex<[Option<(u64, Bytes)>; 2]>,
+    /// Serialized bodies with their generation: `GET /summary` (unauthorized,
+    /// authorized), then unfiltered `GET /clusters` (unauthorized, authorized).
+    cache: Mutex<[Option<(u64, Bytes)>; 4]>,
     rules: Rules,
 }
 
@@ -175,7 +180,7 @@ impl Store {
             registration: Mutex::new(()),
             state: Mutex::new(()),
             generation: AtomicU64::new(0),
-            summary_cache: Mutex::new([None, None]),
+            cache: Mutex::new([None, None, None, None]),
             rules,
         };
         for z in loaded.zones {
@@ -328,6 +333,7 @@ impl Store {
             let mut by_zone = self.clusters.entry(name.clone()).or_default();
             let e = by_zone.entry(zone.clone()).or_insert_with(Entry::new);
             let old = e.record.take().map(|r| (r, e.status, e.live));
+            e.record_json = render::record_json(&c);
             e.record = Some(Arc::new(c));
             self.refresh(e);
             (old, (e.record.clone().expect("just set"), e.status, e.live))
@@ -352,6 +358,7 @@ impl Store {
                 return;
             };
             let old = e.record.take().map(|r| (r, e.status, e.live));
+            e.record_json = Bytes::new();
             self.refresh(e);
             if e.instances.is_empty() {
                 by_zone.remove(zone);
@@ -690,26 +697,154 @@ impl Store {
         t
     }
 
-    /// The `GET /summary` body, serialized once per change generation.
-    pub fn summary_body(&self, authorized: bool) -> Bytes {
-        let slot = usize::from(authorized);
+    /// A body from the cache when it is of the current generation, else built and
+    /// cached.
+    fn cached(&self, slot: usize, build: impl FnOnce() -> Vec<u8>) -> Bytes {
         let generation = self.generation();
         {
-            let cache = self.summary_cache.lock().unwrap_or_else(|p| p.into_inner());
+            let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
             if let Some((g, body)) = &cache[slot]
                 && *g == generation
             {
                 return body.clone();
             }
         }
-        let body =
-            Bytes::from(serde_json::to_vec(&self.summary(authorized)).expect("summary serialises"));
-        let mut cache = self.summary_cache.lock().unwrap_or_else(|p| p.into_inner());
+        let body = Bytes::from(build());
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         // Keep the newest: a slower builder of an older generation must not win.
         if cache[slot].as_ref().is_none_or(|(g, _)| *g <= generation) {
             cache[slot] = Some((generation, body.clone()));
         }
         body
+    }
+
+    /// The `GET /summary` body, serialized once per change generation.
+    pub fn summary_body(&self, authorized: bool) -> Bytes {
+        self.cached(usize::from(authorized), || self.render_summary(authorized))
+    }
+
+    /// The unfiltered `GET /clusters` body, serialized once per change generation.
+    pub fn all_clusters_body(&self, authorized: bool) -> Bytes {
+        self.cached(2 + usize::from(authorized), || {
+            self.render_clusters(authorized, |_, _| true)
+        })
+    }
+
+    /// The `GET /clusters` body for the registered clusters matching `keep`, sorted
+    /// by (zoneName, clusterName).
+    pub fn render_clusters(
+        &self,
+        authorized: bool,
+        keep: impl Fn(&ClusterRecord, Status) -> bool,
+    ) -> Vec<u8> {
+        let mut items: Vec<(String, String, Vec<u8>)> = Vec::new();
+        for by_zone in self.clusters.iter() {
+            for (zone, e) in by_zone.iter() {
+                if let Some(r) = &e.record
+                    && keep(r, e.status)
+                {
+                    let mut v = Vec::with_capacity(e.record_json.len() + 96);
+                    render::write_view(&mut v, &e.record_json, e, authorized);
+                    items.push((zone.clone(), by_zone.key().clone(), v));
+                }
+            }
+        }
+        items.sort_unstable_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
+        render::array(items.iter().map(|i| i.2.as_slice()))
+    }
+
+    /// The `GET /clusters/{name}` body: the registered clusters named `name`, one
+    /// per zone (or only `zone`); `None` when there is none.
+    pub fn render_cluster(
+        &self,
+        name: &str,
+        zone: Option<&str>,
+        authorized: bool,
+    ) -> Option<Vec<u8>> {
+        let by_zone = self.clusters.get(name)?;
+        let mut out = Vec::with_capacity(1024);
+        out.push(b'[');
+        let mut any = false;
+        for (z, e) in by_zone.iter() {
+            if e.record.is_none() || zone.is_some_and(|want| want != z) {
+                continue;
+            }
+            if any {
+                out.push(b',');
+            }
+            any = true;
+            render::write_view(&mut out, &e.record_json, e, authorized);
+        }
+        out.push(b']');
+        any.then_some(out)
+    }
+
+    /// Renders the seed 2.5 summary from the counters and pre-serialized records.
+    fn render_summary(&self, authorized: bool) -> Vec<u8> {
+        // Copy each zone's counters and cluster names out first: no zone guard is held
+        // while cluster entries are read.
+        let mut zones: Vec<(String, ZoneAggregate, Vec<String>)> = self
+            .zones
+            .iter()
+            .map(|z| {
+                (
+                    z.key().clone(),
+                    z.agg.clone(),
+                    z.clusters.iter().cloned().collect(),
+                )
+            })
+            .collect();
+        zones.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        let mut overall = OverallSummary::default();
+        let mut owners = BTreeSet::new();
+        let mut capabilities = BTreeSet::new();
+        let mut body = Vec::with_capacity(1 << 16);
+        body.push(b'{');
+        for (n, (zone, agg, names)) in zones.iter().enumerate() {
+            overall.zone_count += 1;
+            overall.cluster_count += agg.clusters;
+            overall.cluster_stable_count += agg.by_status[0];
+            overall.cluster_warning_count += agg.by_status[1];
+            overall.cluster_down_count += agg.by_status[2];
+            overall.instance_count += agg.instances;
+            owners.extend(agg.owners().cloned());
+            capabilities.extend(agg.capabilities().cloned());
+            if n > 0 {
+                body.push(b',');
+            }
+            serde_json::to_writer(&mut body, zone).expect("strings serialise");
+            body.extend_from_slice(b":{\"clusters\":{");
+            let mut first = true;
+            for name in names {
+                if let Some(by_zone) = self.clusters.get(name)
+                    && let Some(e) = by_zone.get(zone)
+                    && e.record.is_some()
+                {
+                    if !first {
+                        body.push(b',');
+                    }
+                    first = false;
+                    serde_json::to_writer(&mut body, name).expect("strings serialise");
+                    body.push(b':');
+                    render::write_view(&mut body, &e.record_json, e, authorized);
+                }
+            }
+            body.extend_from_slice(b"},\"metadata\":");
+            serde_json::to_writer(&mut body, &agg.summary(zone)).expect("summaries serialise");
+            body.push(b'}');
+        }
+        body.push(b'}');
+        overall.owners = owners.into_iter().collect();
+        overall.capabilities = capabilities.into_iter().collect();
+        let mut out = Vec::with_capacity(body.len() * 2 + 512);
+        out.extend_from_slice(b"{\"zones\":");
+        out.extend_from_slice(&body);
+        out.extend_from_slice(b",\"metadata\":");
+        serde_json::to_writer(&mut out, &overall).expect("summaries serialise");
+        out.extend_from_slice(b",\"meshes\":");
+        out.extend_from_slice(&body);
+        out.push(b'}');
+        out
     }
 
     /// Builds the seed 2.5 summary.

@@ -112,14 +112,19 @@ pub async fn list_clusters(
     State(s): Shared,
     caller: Caller,
     RawQuery(q): RawQuery,
-) -> Result<Json<Vec<ClusterView>>, ApiError> {
+) -> Result<Response, ApiError> {
     let f = ClusterFilter::parse(q.as_deref())?;
     if !f.admits_caller(caller.authorized) {
-        return Ok(Json(Vec::new()));
+        return Ok(json_bytes(bytes::Bytes::from_static(b"[]")));
     }
-    Ok(Json(s.store.list_clusters(caller.authorized, |r, st| {
-        f.matches(r, st)
-    })))
+    // Dashboards poll the whole list: it is served from a per-change cache.
+    if f.is_unfiltered() {
+        return Ok(json_bytes(s.store.all_clusters_body(caller.authorized)));
+    }
+    let body = s
+        .store
+        .render_clusters(caller.authorized, |r, st| f.matches(r, st));
+    Ok(json_bytes(body.into()))
 }
 
 fn check_cluster(r: &ClusterRecord) -> Result<(), ApiError> {
@@ -144,19 +149,19 @@ pub async fn get_cluster(
     caller: Caller,
     Params(name): Params<String>,
     RawQuery(q): RawQuery,
-) -> Result<Json<Vec<ClusterView>>, ApiError> {
+) -> Result<Response, ApiError> {
     check_path_name("clusterName", &name)?;
     let zone = query::zone_name(q.as_deref())?;
-    let found = s
+    match s
         .store
-        .get_cluster(&name, zone.as_deref(), caller.authorized);
-    if found.is_empty() {
-        return Err(ApiError::not_found(match zone {
+        .render_cluster(&name, zone.as_deref(), caller.authorized)
+    {
+        Some(body) => Ok(json_bytes(body.into())),
+        None => Err(ApiError::not_found(match zone {
             Some(z) => format!("Cluster {name} does not exist in zone {z}."),
             None => format!("Cluster {name} does not exist."),
-        }));
+        })),
     }
-    Ok(Json(found))
 }
 
 pub async fn replace_cluster(

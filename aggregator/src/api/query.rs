@@ -131,6 +131,11 @@ impl ClusterFilter {
         Ok(f)
     }
 
+    /// Whether no filter is given at all.
+    pub fn is_unfiltered(&self) -> bool {
+        *self == ClusterFilter::default()
+    }
+
     /// Whether a caller with this authorization can match at all.
     pub fn admits_caller(&self, authorized: bool) -> bool {
         any_of(&self.authorized, &authorized)

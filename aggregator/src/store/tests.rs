@@ -205,3 +205,48 @@ fn registrations_are_reloaded() {
     assert_eq!(s.list_clusters(true, |_, _| true).len(), 1);
     assert_eq!(summary(&s, "z").cluster_down_count, 1);
 }
+
+#[test]
+fn rendered_bodies_equal_serde_views() {
+    let (_d, s) = open();
+    s.create_zone(zone("z")).unwrap();
+    s.create_zone(zone("y")).unwrap();
+    let mut r = ClusterRecord::new("z", "a", "Weird \"name\" \u{e9}\n");
+    r.owner = "o".into();
+    r.protocols = vec!["h2".into()];
+    r.external_links = vec![meshcat_common::model::ExternalLink {
+        name: "n".into(),
+        link: "l".into(),
+    }];
+    s.create_cluster(r).unwrap();
+    s.create_cluster(ClusterRecord::new("y", "a", "A")).unwrap();
+    s.create_cluster(ClusterRecord::new("z", "b", "B")).unwrap();
+    let now = Instant::now();
+    s.apply_report("x", &report("z", "a", "i2", 0, 0), now);
+    s.apply_report("x", &report("z", "a", "i1", 0, 0), now);
+    for authorized in [false, true] {
+        let rendered: serde_json::Value =
+            serde_json::from_slice(&s.render_clusters(authorized, |_, _| true)).unwrap();
+        let views = serde_json::to_value(s.list_clusters(authorized, |_, _| true)).unwrap();
+        assert_eq!(rendered, views);
+        assert_eq!(
+            serde_json::to_vec(&s.list_clusters(authorized, |_, _| true)).unwrap(),
+            s.render_clusters(authorized, |_, _| true),
+            "byte for byte"
+        );
+        let one: serde_json::Value =
+            serde_json::from_slice(&s.render_cluster("a", None, authorized).unwrap()).unwrap();
+        assert_eq!(
+            one,
+            serde_json::to_value(s.get_cluster("a", None, authorized)).unwrap()
+        );
+        let summary: serde_json::Value =
+            serde_json::from_slice(&s.summary_body(authorized)).unwrap();
+        assert_eq!(
+            summary,
+            serde_json::to_value(s.summary(authorized)).unwrap()
+        );
+    }
+    assert!(s.render_cluster("a", Some("nope"), true).is_none());
+    assert!(s.render_cluster("ghost", None, true).is_none());
+}
