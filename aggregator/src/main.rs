@@ -5,9 +5,10 @@ use std::process::ExitCode;
 
 use meshcat_aggregator::config::{self, Action};
 use meshcat_aggregator::{RunError, run};
-use meshcat_common::config::{init_tracing, shutdown_signal};
+use meshcat_common::config::init_tracing;
 use tokio::net::TcpListener;
-use tracing::error;
+use tokio::signal::unix::{SignalKind, signal};
+use tracing::{error, info};
 
 fn main() -> ExitCode {
     let Action::Serve(config) = config::parse_or_exit();
@@ -23,6 +24,7 @@ fn main() -> ExitCode {
         }
     };
     let result = runtime.block_on(async move {
+        let shutdown = shutdown_on_signal()?;
         let bind = |what: &'static str, addr| async move {
             TcpListener::bind(addr)
                 .await
@@ -30,7 +32,7 @@ fn main() -> ExitCode {
         };
         let api = bind("api", config.api_addr).await?;
         let ops = bind("ops", config.ops_addr).await?;
-        run(*config, api, ops, shutdown_signal()).await
+        run(*config, api, ops, shutdown).await
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -39,4 +41,17 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Resolves on SIGTERM or SIGINT. The handlers are installed here, before any
+/// listener exists, so a signal sent as soon as the addresses are logged is caught.
+fn shutdown_on_signal() -> Result<impl Future<Output = ()>, RunError> {
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => info!("SIGTERM received, shutting down."),
+            _ = int.recv() => info!("SIGINT received, shutting down."),
+        }
+    })
 }

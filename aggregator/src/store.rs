@@ -123,6 +123,27 @@ pub enum MetricsLookup {
     Found(Box<InstanceMetrics>),
 }
 
+/// Which large answer [`Store::cached_body`] serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CachedKind {
+    Summary,
+    AllClusters,
+}
+
+/// A cached answer: its kind, the caller's authorization and its encoding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cached {
+    pub kind: CachedKind,
+    pub authorized: bool,
+    pub gzip: bool,
+}
+
+impl Cached {
+    fn slot(self) -> usize {
+        (self.kind as usize) * 4 + usize::from(self.authorized) * 2 + usize::from(self.gzip)
+    }
+}
+
 /// Totals for the ops exposition.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Totals {
@@ -154,9 +175,8 @@ pub struct Store {
     state: Mutex<()>,
     /// Bumped after every change a read answer could show; keys the summary cache.
     generation: AtomicU64,
-    /// Serialized bodies with their generation: `GET /summary` (unauthorized,
-    /// authorized), then unfiltered `GET /clusters` (unauthorized, authorized).
-    cache: Mutex<[Option<(u64, Bytes)>; 4]>,
+    /// Serialized bodies with their generation, by [`Cached::slot`].
+    cache: Mutex<[Option<(u64, Bytes)>; 8]>,
     rules: Rules,
 }
 
@@ -180,7 +200,7 @@ impl Store {
             registration: Mutex::new(()),
             state: Mutex::new(()),
             generation: AtomicU64::new(0),
-            cache: Mutex::new([None, None, None, None]),
+            cache: Mutex::new(Default::default()),
             rules,
         };
         for z in loaded.zones {
@@ -718,15 +738,28 @@ impl Store {
         body
     }
 
-    /// The `GET /summary` body, serialized once per change generation.
-    pub fn summary_body(&self, authorized: bool) -> Bytes {
-        self.cached(usize::from(authorized), || self.render_summary(authorized))
+    /// A large read answer served from the per-generation cache: `GET /summary` or
+    /// the unfiltered `GET /clusters`, identity or gzip-encoded.
+    pub fn cached_body(&self, which: Cached) -> Bytes {
+        if which.gzip {
+            let plain = Cached {
+                gzip: false,
+                ..which
+            };
+            return self.cached(which.slot(), || render::gzip(&self.cached_body(plain)));
+        }
+        self.cached(which.slot(), || match which.kind {
+            CachedKind::Summary => self.render_summary(which.authorized),
+            CachedKind::AllClusters => self.render_clusters(which.authorized, |_, _| true),
+        })
     }
 
-    /// The unfiltered `GET /clusters` body, serialized once per change generation.
-    pub fn all_clusters_body(&self, authorized: bool) -> Bytes {
-        self.cached(2 + usize::from(authorized), || {
-            self.render_clusters(authorized, |_, _| true)
+    /// The `GET /summary` body, serialized once per change generation.
+    pub fn summary_body(&self, authorized: bool) -> Bytes {
+        self.cached_body(Cached {
+            kind: CachedKind::Summary,
+            authorized,
+            gzip: false,
         })
     }
 

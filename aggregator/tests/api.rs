@@ -787,3 +787,43 @@ async fn ops_port() {
     assert!(text.contains("meshcat_api_request_duration_seconds_bucket{method=\"GET\",route=\"/clusters/{clusterName}\""));
     api.agg.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn large_answers_can_be_gzipped() {
+    use std::io::Read;
+    let api = plain().await;
+    api.zone("z").await;
+    api.cluster(json!({"clusterName": "c", "zoneName": "z", "name": "C"}))
+        .await;
+    for path in ["/summary", "/clusters"] {
+        let plain = api.get(path).await.1;
+        let res = api
+            .http
+            .get(format!("{}{path}", api.base))
+            .header("accept-encoding", "br;q=1.0, gzip;q=0.8")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        assert_eq!(res.headers()["content-encoding"], "gzip");
+        assert_eq!(res.headers()["vary"], "accept-encoding");
+        let raw = res.bytes().await.unwrap();
+        let mut text = String::new();
+        flate2::read::GzDecoder::new(&raw[..])
+            .read_to_string(&mut text)
+            .unwrap();
+        assert_eq!(
+            serde_json::from_str::<Value>(&text).unwrap(),
+            plain,
+            "{path}"
+        );
+        let res = api
+            .http
+            .get(format!("{}{path}", api.base))
+            .header("accept-encoding", "gzip;q=0")
+            .send()
+            .await
+            .unwrap();
+        assert!(res.headers().get("content-encoding").is_none());
+    }
+}

@@ -8,7 +8,7 @@ use axum::Json;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{FromRequest, FromRequestParts, Path, RawQuery, Request, State};
 use axum::http::request::Parts;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use meshcat_common::model::{ClusterRecord, ClusterView, InstanceMetrics, ZoneRecord};
 use meshcat_common::validate::{self, MAX_TEXT_LEN, is_valid_name};
@@ -19,7 +19,7 @@ use super::AppState;
 use super::auth::{Caller, Writer};
 use super::error::ApiError;
 use super::query::{self, ClusterFilter};
-use crate::store::{MetricsLookup, Store, StoreError};
+use crate::store::{Cached, CachedKind, MetricsLookup, Store, StoreError};
 
 type Shared = State<Arc<AppState>>;
 
@@ -100,10 +100,47 @@ fn json_bytes(body: bytes::Bytes) -> Response {
 pub async fn summary(
     State(s): Shared,
     caller: Caller,
+    headers: HeaderMap,
     RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
     no_query(q.as_deref())?;
-    Ok(json_bytes(s.store.summary_body(caller.authorized)))
+    Ok(cached(&s.store, CachedKind::Summary, caller, &headers))
+}
+
+/// Whether the client accepts a gzip-encoded answer (`gzip` listed, q not 0).
+fn accepts_gzip(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT_ENCODING)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|item| {
+            let mut parts = item.split(';').map(str::trim);
+            let coding = parts.next().unwrap_or("");
+            let q_zero = parts.any(|p| {
+                p.strip_prefix("q=")
+                    .is_some_and(|q| q.parse::<f32>().is_ok_and(|q| q == 0.0))
+            });
+            coding.eq_ignore_ascii_case("gzip") && !q_zero
+        })
+}
+
+/// A large answer from the store's per-change cache, gzip-encoded when accepted.
+fn cached(store: &Store, kind: CachedKind, caller: Caller, headers: &HeaderMap) -> Response {
+    let gzip = accepts_gzip(headers);
+    let body = store.cached_body(Cached {
+        kind,
+        authorized: caller.authorized,
+        gzip,
+    });
+    let mut res = json_bytes(body);
+    res.headers_mut()
+        .insert(header::VARY, HeaderValue::from_static("accept-encoding"));
+    if gzip {
+        res.headers_mut()
+            .insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+    }
+    res
 }
 
 // ---- clusters ---------------------------------------------------------------
@@ -111,6 +148,7 @@ pub async fn summary(
 pub async fn list_clusters(
     State(s): Shared,
     caller: Caller,
+    headers: HeaderMap,
     RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
     let f = ClusterFilter::parse(q.as_deref())?;
@@ -119,7 +157,7 @@ pub async fn list_clusters(
     }
     // Dashboards poll the whole list: it is served from a per-change cache.
     if f.is_unfiltered() {
-        return Ok(json_bytes(s.store.all_clusters_body(caller.authorized)));
+        return Ok(cached(&s.store, CachedKind::AllClusters, caller, &headers));
     }
     let body = s
         .store

@@ -56,3 +56,14 @@ pub fn array<'a>(items: impl IntoIterator<Item = &'a [u8]>) -> Vec<u8> {
     out.push(b']');
     out
 }
+
+/// Compresses a body for clients that accept gzip; the fastest level, since large
+/// answers are compressed once per change and sent many times.
+pub fn gzip(body: &[u8]) -> Vec<u8> {
+    let mut enc = flate2::write::GzEncoder::new(
+        Vec::with_capacity(body.len() / 8),
+        flate2::Compression::fast(),
+    );
+    enc.write_all(body).expect("writing to memory cannot fail");
+    enc.finish().expect("writing to memory cannot fail")
+}
