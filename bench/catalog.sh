@@ -96,9 +96,9 @@ echo "RSS after load: $(rss)"
 results="$work/results"
 : >"$results"
 run() {
-    local label=$1 path=$2 conns=${3:-$CONNECTIONS} threads=${4:-$THREADS}
-    echo "==> wrk $label: GET $path with $conns connections"
-    wrk -t"$threads" -c"$conns" -d"$DURATION" --latency "http://$api$path" >"$work/wrk.out"
+    local label=$1 path=$2 conns=${3:-$CONNECTIONS} threads=${4:-$THREADS} hdr=${5:-}
+    echo "==> wrk $label: GET $path with $conns connections ${hdr:+($hdr)}"
+    wrk -t"$threads" -c"$conns" -d"$DURATION" --latency ${hdr:+-H "$hdr"} "http://$api$path" >"$work/wrk.out"
     cat "$work/wrk.out"
     local rps p50 p99
     rps=$(awk '/Requests\/sec/ {print $2}' "$work/wrk.out")
@@ -113,11 +113,16 @@ run "GET /summary" "/summary"
 # The summary holds every cluster twice (zones and meshes, about 11 MB with 10,000
 # clusters): with one connection its latency is the time to produce and send one.
 run "GET /summary" "/summary" 1 1
+# Dashboards (browsers) accept gzip: the compressed body is cached per change too.
+run "GET /summary, gzip" "/summary" 1 1 "Accept-Encoding: gzip"
+run "GET /summary, gzip" "/summary" "$CONNECTIONS" "$THREADS" "Accept-Encoding: gzip"
+run "GET /clusters (all), gzip" "/clusters" "$CONNECTIONS" "$THREADS" "Accept-Encoding: gzip"
 
 echo
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')"
 echo "clusters: $CLUSTERS in $ZONES zones; wrk -t$THREADS -d$DURATION --latency"
-echo "summary body: $(curl -s "http://$api/summary" | wc -c) bytes; full list: $(curl -s "http://$api/clusters" | wc -c) bytes"
+echo "summary body: $(curl -s "http://$api/summary" | wc -c) bytes ($(curl -s -H 'Accept-Encoding: gzip' "http://$api/summary" | wc -c) gzip);" \
+    "full list: $(curl -s "http://$api/clusters" | wc -c) bytes"
 echo
 echo "| endpoint                         | conns |   req/s    |    p50    |    p99    |"
 echo "|----------------------------------|-------|------------|-----------|-----------|"
