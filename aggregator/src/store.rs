@@ -31,6 +31,9 @@ use crate::status::{self, Inputs};
 
 /// Most clusters a zone's edge sidecar may contribute to `GET /services`.
 pub const MAX_EDGE_CLUSTERS: usize = 10_000;
+/// Most reported instances kept at once: reports for further new instances are
+/// dropped (and logged) until others expire, so no set of agents can exhaust memory.
+pub const MAX_INSTANCES: u64 = 200_000;
 
 /// Why a registration was refused.
 #[derive(Debug, thiserror::Error)]
@@ -167,6 +170,8 @@ pub struct Store {
     edge: DashMap<String, Vec<String>>,
     /// Live instances over all entries, registered or not.
     live_total: AtomicU64,
+    /// Reported instances kept (live or not), bounded by [`MAX_INSTANCES`].
+    instance_total: AtomicU64,
     /// The durable registrations.
     persist: Persist,
     /// Serialises registrations across their durable commit.
@@ -196,6 +201,7 @@ impl Store {
             agents: DashMap::new(),
             edge: DashMap::new(),
             live_total: AtomicU64::new(0),
+            instance_total: AtomicU64::new(0),
             persist,
             registration: Mutex::new(()),
             state: Mutex::new(()),
@@ -448,6 +454,17 @@ impl Store {
             report.instance.clone(),
         );
         let _st = lock(&self.state);
+        let known = self.clusters.get(&key.1).is_some_and(|m| {
+            m.get(&key.0)
+                .is_some_and(|e| e.instances.contains_key(&key.2))
+        });
+        if !known {
+            if self.instance_total.load(Ordering::Acquire) >= MAX_INSTANCES {
+                warn!(%agent_id, zone = %key.0, cluster = %key.1, instance = %key.2, limit = MAX_INSTANCES, "Instance report dropped: too many instances.");
+                return;
+            }
+            self.instance_total.fetch_add(1, Ordering::AcqRel);
+        }
         let (visible, previous_agent, change) = {
             let mut by_zone = self.clusters.entry(key.1.clone()).or_default();
             let e = by_zone.entry(key.0.clone()).or_insert_with(Entry::new);
@@ -579,6 +596,7 @@ impl Store {
                 return false;
             }
             e.instances.remove(&key.2);
+            self.instance_total.fetch_sub(1, Ordering::AcqRel);
             let before = self.refresh(e);
             let counters = e
                 .record

@@ -125,7 +125,11 @@ impl ClusterFilter {
                 "enableHistoricalMetrics" => f.enable_historical_metrics.push(boolean(&k, &v)?),
                 "businessImpact" => f.business_impact.push(v),
                 "protocols" => f.protocols.push(v),
-                _ => unreachable!("parse refuses names outside CLUSTER_FILTERS"),
+                other => {
+                    return Err(ApiError::bad_query(format!(
+                        "Unknown query parameter {other:?}."
+                    )));
+                }
             }
         }
         Ok(f)
