@@ -31,6 +31,15 @@ use crate::status::{self, Inputs};
 
 /// Most clusters a zone's edge sidecar may contribute to `GET /services`.
 pub const MAX_EDGE_CLUSTERS: usize = 10_000;
+/// Whether `s` can name an instance: 1 to 253 printable ASCII characters without
+/// `/` or spaces. Wider than cluster names because agents default to a host name
+/// and admin port (`host:9901`) and pod names come from the orchestrator.
+pub fn is_valid_instance(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= meshcat_common::validate::MAX_NAME_LEN
+        && s.bytes().all(|b| b.is_ascii_graphic() && b != b'/')
+}
+
 /// Most reported instances kept at once: reports for further new instances are
 /// dropped (and logged) until others expire, so no set of agents can exhaust memory.
 pub const MAX_INSTANCES: u64 = 200_000;
@@ -438,12 +447,17 @@ impl Store {
     /// Records one instance snapshot from an agent. Reports for clusters nobody
     /// registered are kept too: they show in `GET /services`.
     pub fn apply_report(&self, agent_id: &str, report: &InstanceReport, now: Instant) {
-        for (field, v) in [
-            ("zoneName", &report.zone_name),
-            ("clusterName", &report.cluster_name),
-            ("instance", &report.instance),
+        for (field, ok) in [
+            ("zoneName", is_valid_name(&report.zone_name)),
+            ("clusterName", is_valid_name(&report.cluster_name)),
+            ("instance", is_valid_instance(&report.instance)),
         ] {
-            if !is_valid_name(v) {
+            if !ok {
+                let v = match field {
+                    "zoneName" => &report.zone_name,
+                    "clusterName" => &report.cluster_name,
+                    _ => &report.instance,
+                };
                 warn!(%agent_id, field, value = %v.escape_debug(), "Instance report with an invalid name ignored.");
                 return;
             }

@@ -548,6 +548,15 @@ async fn status_instances_metrics_and_summaries() {
     );
     assert_eq!(api.get("/clusters/db").await.1[0]["status"], "warning");
 
+    store.apply_report("a1", &report("z", "web", "node-a:9901", false, 0, 0), now);
+    assert_eq!(
+        api.get("/metrics/web/node-a:9901").await.0,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        api.get("/metrics/web/a%20b").await.0,
+        StatusCode::BAD_REQUEST
+    );
     let (s, m) = api.get("/metrics/web/web-1").await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(m["mesh-metrics-version"], "1");

@@ -62,6 +62,16 @@ fn check_path_name(what: &str, v: &str) -> Result<(), ApiError> {
     }
 }
 
+fn check_path_instance(v: &str) -> Result<(), ApiError> {
+    if crate::store::is_valid_instance(v) {
+        Ok(())
+    } else {
+        Err(ApiError::bad_path(
+            "instanceId in the path must be 1 to 253 printable characters without '/' or spaces.",
+        ))
+    }
+}
+
 fn check_path_text(what: &str, v: &str) -> Result<(), ApiError> {
     if v.is_empty() || v.len() > MAX_TEXT_LEN {
         Err(ApiError::bad_path(format!(
@@ -272,7 +282,7 @@ pub async fn metrics_by_cluster(
     RawQuery(q): RawQuery,
 ) -> Result<Json<InstanceMetrics>, ApiError> {
     check_path_name("clusterName", &cluster)?;
-    check_path_name("instanceId", &instance)?;
+    check_path_instance(&instance)?;
     let zone = query::zone_name(q.as_deref())?;
     let what = match &zone {
         Some(z) => format!("Cluster {cluster} in zone {z}"),
@@ -297,7 +307,7 @@ pub async fn metrics_by_version(
 ) -> Result<Json<InstanceMetrics>, ApiError> {
     check_path_text("name", &name)?;
     check_path_text("version", &version)?;
-    check_path_name("instanceId", &instance)?;
+    check_path_instance(&instance)?;
     no_query(q.as_deref())?;
     metrics_answer(
         caller,
