@@ -55,7 +55,11 @@ fn command(data_dir: &Path) -> Command {
 
 /// Starts the binary and reads the bound addresses from its JSON log.
 fn spawn(data_dir: &Path) -> Proc {
-    let mut child = command(data_dir).spawn().unwrap();
+    spawn_with(data_dir, &[])
+}
+
+fn spawn_with(data_dir: &Path, extra: &[&str]) -> Proc {
+    let mut child = command(data_dir).args(extra).spawn().unwrap();
     let stderr = child.stderr.take().unwrap();
     let (tx, rx) = mpsc::channel::<Value>();
     std::thread::spawn(move || {
@@ -310,4 +314,54 @@ async fn acknowledged_writes_survive_sigkill() {
         .await
         .unwrap();
     assert_eq!(z.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn token_files_are_read_and_trimmed() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = dir.path().join("write-token");
+    let read = dir.path().join("read-token");
+    std::fs::write(&write, "  w-token\n").unwrap();
+    std::fs::write(&read, "r-token\n\n").unwrap();
+    let p = spawn_with(
+        &dir.path().join("data"),
+        &[
+            "--write-token-file",
+            write.to_str().unwrap(),
+            "--read-token-file",
+            read.to_str().unwrap(),
+        ],
+    );
+    let http = reqwest::Client::new();
+    let zones = format!("http://{}/zones", p.api);
+    let body = json!({"zoneName": "z", "serverAddress": "cp:1"});
+    let res = http.post(&zones).json(&body).send().await.unwrap();
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    let res = http
+        .post(&zones)
+        .bearer_auth("w-token")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let res = http
+        .post(format!("http://{}/clusters", p.api))
+        .bearer_auth("w-token")
+        .json(&json!({"clusterName": "c", "zoneName": "z", "name": "C"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let list = |token: Option<&'static str>| {
+        let mut r = http.get(format!("http://{}/clusters", p.api));
+        if let Some(t) = token {
+            r = r.bearer_auth(t);
+        }
+        r.send()
+    };
+    let v: Value = list(None).await.unwrap().json().await.unwrap();
+    assert_eq!(v[0]["authorized"], false);
+    let v: Value = list(Some("r-token")).await.unwrap().json().await.unwrap();
+    assert_eq!(v[0]["authorized"], true);
 }
