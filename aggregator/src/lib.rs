@@ -1,1 +1,236 @@
-//! meshcat aggregator library.
+//! meshcat aggregator: the service catalog (store, status rules), its REST API, the
+//! ops endpoints and the process life cycle. [`run`] takes already bound listeners
+//! and a shutdown future so tests bind port 0; [`start`] is the convenience form.
+
+pub mod api;
+pub mod config;
+pub mod ops;
+pub mod status;
+pub mod store;
+pub mod telemetry;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::{info, warn};
+
+use crate::api::{AppState, Tokens};
+use crate::config::Config;
+use crate::ops::OpsState;
+use crate::store::persist::PersistError;
+use crate::store::{Rules, Store};
+use crate::telemetry::Telemetry;
+
+/// How often instances past their TTL are dropped.
+pub const EXPIRY_PERIOD: Duration = Duration::from_millis(250);
+/// Longest wait for in-flight requests after the shutdown signal.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(4);
+
+/// Why the aggregator could not start or serve.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("cannot open the registrations store: {0}")]
+    Store(#[from] PersistError),
+    #[error("cannot register metrics: {0}")]
+    Telemetry(#[from] prometheus::Error),
+    #[error("cannot bind {what} {addr}: {error}")]
+    Bind {
+        what: &'static str,
+        addr: SocketAddr,
+        error: std::io::Error,
+    },
+    #[error("server error: {0}")]
+    Serve(#[from] std::io::Error),
+}
+
+/// The parts every server of the aggregator shares.
+#[derive(Debug, Clone)]
+pub struct Aggregator {
+    pub config: Config,
+    pub store: Arc<Store>,
+    pub telemetry: Telemetry,
+}
+
+impl Aggregator {
+    /// Opens the store (loading the registrations) and the metric registry.
+    pub fn open(config: Config) -> Result<Aggregator, RunError> {
+        let store = Store::open(
+            &config.data_dir,
+            Rules {
+                instance_ttl: config.instance_ttl,
+                error_ratio_warning: config.error_ratio_warning,
+            },
+        )?;
+        let telemetry = Telemetry::new()?;
+        let t = store.totals();
+        info!(data_dir = %config.data_dir.display(), zones = t.zones, clusters = t.clusters, "Registrations loaded.");
+        Ok(Aggregator {
+            config,
+            store: Arc::new(store),
+            telemetry,
+        })
+    }
+}
+
+/// Opens the store and serves until `shutdown` resolves.
+pub async fn run(
+    config: Config,
+    api: TcpListener,
+    ops: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), RunError> {
+    let agg = tokio::task::spawn_blocking(move || Aggregator::open(config))
+        .await
+        .map_err(|e| RunError::Serve(std::io::Error::other(e)))??;
+    serve(agg, api, ops, shutdown).await
+}
+
+/// Serves the API and the ops endpoints and runs expiry until `shutdown` resolves,
+/// then drains in-flight requests for at most [`DRAIN_TIMEOUT`].
+pub async fn serve(
+    agg: Aggregator,
+    api: TcpListener,
+    ops: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), RunError> {
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = move |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+
+    let app_state = Arc::new(AppState {
+        store: agg.store.clone(),
+        tokens: Tokens {
+            read: agg.config.read_token.clone(),
+            write: agg.config.write_token.clone(),
+        },
+        metrics: agg.telemetry.api.clone(),
+    });
+    let ops_state = Arc::new(OpsState {
+        store: agg.store.clone(),
+        telemetry: agg.telemetry.clone(),
+        ready: AtomicBool::new(false),
+    });
+    let api_addr = api.local_addr()?;
+    let ops_addr = ops.local_addr()?;
+    let api_app = api::app(app_state, agg.config.max_body);
+    let api_task = tokio::spawn(
+        axum::serve(api, api_app)
+            .with_graceful_shutdown(stopped(stop_rx.clone()))
+            .into_future(),
+    );
+    let ops_task = tokio::spawn(
+        axum::serve(ops, ops::app(ops_state.clone()))
+            .with_graceful_shutdown(stopped(stop_rx.clone()))
+            .into_future(),
+    );
+    let expiry_task = tokio::spawn(expire_loop(agg.store.clone(), stop_rx.clone()));
+    // Ready before the addresses are logged: whoever reads them may probe at once.
+    ops_state.ready.store(true, Ordering::Release);
+    info!(api = %api_addr, "Catalog API listening.");
+    info!(ops = %ops_addr, "Ops endpoints listening.");
+    if agg.config.dev {
+        warn!(
+            quic = %agg.config.quic_addr,
+            "DEVELOPMENT MODE: self-signed certificates, not for production."
+        );
+    }
+
+    shutdown.await;
+    ops_state.ready.store(false, Ordering::Release);
+    let _ = stop_tx.send(true);
+    let drain = async {
+        let (a, o, _) = tokio::join!(api_task, ops_task, expiry_task);
+        for r in [a, o] {
+            match r {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => warn!(error = %e, "Server stopped with an error."),
+                Err(e) => warn!(error = %e, "Server task failed."),
+            }
+        }
+    };
+    if tokio::time::timeout(DRAIN_TIMEOUT, drain).await.is_err() {
+        warn!("In-flight requests did not finish in time; stopping anyway.");
+    }
+    info!("Aggregator stopped.");
+    Ok(())
+}
+
+async fn expire_loop(store: Arc<Store>, mut stop: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(EXPIRY_PERIOD);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => store.expire(Instant::now()),
+            _ = stop.wait_for(|s| *s) => return,
+        }
+    }
+}
+
+/// A running aggregator, for tests and embedding.
+#[derive(Debug)]
+pub struct RunningAggregator {
+    pub api_addr: SocketAddr,
+    pub ops_addr: SocketAddr,
+    pub store: Arc<Store>,
+    pub telemetry: Telemetry,
+    /// Fires the shutdown.
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: JoinHandle<Result<(), RunError>>,
+}
+
+impl RunningAggregator {
+    pub fn api_url(&self) -> String {
+        format!("http://{}", self.api_addr)
+    }
+
+    pub fn ops_url(&self) -> String {
+        format!("http://{}", self.ops_addr)
+    }
+
+    /// Stops the servers and waits for them.
+    pub async fn stop(mut self) -> Result<(), RunError> {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        (&mut self.task)
+            .await
+            .map_err(|e| RunError::Serve(std::io::Error::other(e)))?
+    }
+}
+
+/// Binds the configured addresses, opens the store and serves in the background.
+pub async fn start(config: Config) -> Result<RunningAggregator, RunError> {
+    let bind = |what: &'static str, addr: SocketAddr| async move {
+        TcpListener::bind(addr)
+            .await
+            .map_err(|error| RunError::Bind { what, addr, error })
+    };
+    let api = bind("api", config.api_addr).await?;
+    let ops = bind("ops", config.ops_addr).await?;
+    let api_addr = api.local_addr()?;
+    let ops_addr = ops.local_addr()?;
+    let agg = tokio::task::spawn_blocking(move || Aggregator::open(config))
+        .await
+        .map_err(|e| RunError::Serve(std::io::Error::other(e)))??;
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let store = agg.store.clone();
+    let telemetry = agg.telemetry.clone();
+    let task = tokio::spawn(serve(agg, api, ops, async move {
+        let _ = rx.await;
+    }));
+    Ok(RunningAggregator {
+        api_addr,
+        ops_addr,
+        store,
+        telemetry,
+        stop: Some(tx),
+        task,
+    })
+}

@@ -1,0 +1,133 @@
+//! The catalog REST API (contract section 2): the route table, the router, and the
+//! layers every route shares (body limit, request metrics, JSON 404 and 405).
+
+mod auth;
+mod error;
+mod handlers;
+pub mod openapi;
+pub mod query;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::http::{Method, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+
+pub use auth::Tokens;
+pub use error::ApiError;
+
+use crate::store::Store;
+use crate::telemetry::ApiMetrics;
+
+/// Every (method, path template) the API serves. The router and the OpenAPI
+/// document are both checked against this table.
+pub const ROUTES: &[(&str, &str)] = &[
+    ("GET", "/summary"),
+    ("GET", "/clusters"),
+    ("POST", "/clusters"),
+    ("GET", "/clusters/{clusterName}"),
+    ("PUT", "/clusters/{clusterName}"),
+    ("DELETE", "/clusters/{clusterName}"),
+    ("GET", "/metrics/{clusterName}/{instanceId}"),
+    ("GET", "/metrics/{name}/{version}/{instanceId}"),
+    ("GET", "/zones"),
+    ("POST", "/zones"),
+    ("GET", "/zones/{zoneName}"),
+    ("DELETE", "/zones/{zoneName}"),
+    ("GET", "/zones/{zoneName}/metadata"),
+    ("GET", "/services"),
+    ("GET", "/openapi.json"),
+];
+
+/// What every handler shares.
+#[derive(Debug)]
+pub struct AppState {
+    pub store: Arc<Store>,
+    pub tokens: Tokens,
+    pub metrics: ApiMetrics,
+}
+
+/// The API router over its state.
+pub fn app(state: Arc<AppState>, max_body: usize) -> Router {
+    use handlers as h;
+    Router::new()
+        .route("/summary", get(h::summary))
+        .route("/clusters", get(h::list_clusters).post(h::create_cluster))
+        .route(
+            "/clusters/{clusterName}",
+            get(h::get_cluster)
+                .put(h::replace_cluster)
+                .delete(h::delete_cluster),
+        )
+        .route(
+            "/metrics/{clusterName}/{instanceId}",
+            get(h::metrics_by_cluster),
+        )
+        .route(
+            "/metrics/{name}/{version}/{instanceId}",
+            get(h::metrics_by_version),
+        )
+        .route("/zones", get(h::list_zones).post(h::create_zone))
+        .route("/zones/{zoneName}", get(h::get_zone).delete(h::delete_zone))
+        .route("/zones/{zoneName}/metadata", get(h::zone_metadata))
+        .route("/services", get(h::services))
+        .route("/openapi.json", get(h::openapi))
+        .fallback(no_route)
+        .layer(middleware::from_fn(json_method_not_allowed))
+        .layer(middleware::from_fn_with_state(state.clone(), track))
+        .layer(DefaultBodyLimit::max(max_body))
+        .with_state(state)
+}
+
+async fn no_route(method: Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::not_found(format!("No resource at {method} {}.", uri.path()))
+}
+
+/// axum answers a wrong method with an empty 405; give it the error body.
+async fn json_method_not_allowed(req: Request, next: Next) -> Response {
+    let res = next.run(req).await;
+    if res.status() != StatusCode::METHOD_NOT_ALLOWED
+        || res.headers().contains_key(header::CONTENT_TYPE)
+    {
+        return res;
+    }
+    let mut out = ApiError::method_not_allowed().into_response();
+    // axum adds `Allow` outside the route's layers when it is not already there.
+    if let Some(allow) = res.headers().get(header::ALLOW) {
+        out.headers_mut().insert(header::ALLOW, allow.clone());
+    }
+    out
+}
+
+/// Counts requests by route template, method and status, and times them.
+async fn track(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("unmatched", |p| route_label(p.as_str()));
+    let method = req.method().clone();
+    let start = Instant::now();
+    let res = next.run(req).await;
+    state.metrics.observe(
+        route,
+        method.as_str(),
+        res.status().as_u16(),
+        start.elapsed(),
+    );
+    res
+}
+
+/// Maps a matched path to its static template so labels stay low-cardinality.
+fn route_label(path: &str) -> &'static str {
+    ROUTES
+        .iter()
+        .find(|(_, p)| *p == path)
+        .map_or("unmatched", |(_, p)| *p)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,153 @@
+//! The API's one error type: every non-2xx answer is `{"error": "<one sentence>",
+//! "code": "<snake_case>"}` with the status code of contract section 2. Internal
+//! details never reach the body; they go to the log.
+
+use axum::Json;
+use axum::extract::rejection::JsonRejection;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use tracing::error;
+
+use crate::store::StoreError;
+
+/// An error answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    /// Stable machine-readable code, snake_case.
+    pub code: &'static str,
+    /// One sentence for a human.
+    pub message: String,
+}
+
+#[derive(Serialize)]
+struct Body<'a> {
+    error: &'a str,
+    code: &'a str,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub fn bad_query(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", message)
+    }
+
+    pub fn bad_path(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid_path", message)
+    }
+
+    pub fn not_found(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+
+    pub fn invalid(message: impl Into<String>) -> ApiError {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "validation_failed",
+            message,
+        )
+    }
+
+    pub fn unauthorized() -> ApiError {
+        ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "This request needs a valid bearer token.",
+        )
+    }
+
+    pub fn forbidden() -> ApiError {
+        ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            "Live data of this cluster needs the read token.",
+        )
+    }
+
+    pub fn internal() -> ApiError {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal_error",
+            "The request could not be completed; see the aggregator's log.",
+        )
+    }
+
+    pub fn method_not_allowed() -> ApiError {
+        ApiError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            "This method is not allowed on this path; see the Allow header.",
+        )
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut res = (
+            self.status,
+            Json(Body {
+                error: &self.message,
+                code: self.code,
+            }),
+        )
+            .into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            res.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        res
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> ApiError {
+        match e {
+            StoreError::Conflict(m) => ApiError::new(StatusCode::CONFLICT, "conflict", m),
+            StoreError::NotFound(m) => ApiError::not_found(m),
+            StoreError::Invalid(m) => ApiError::invalid(m),
+            StoreError::Storage(e) => {
+                error!(error = %e, "Registration could not be stored.");
+                ApiError::internal()
+            }
+        }
+    }
+}
+
+impl From<JsonRejection> for ApiError {
+    fn from(r: JsonRejection) -> ApiError {
+        let detail = r.body_text();
+        // axum prefixes serde's message with its own sentence; keep serde's part.
+        let detail = detail
+            .split_once(": ")
+            .map_or(detail.as_str(), |(_, d)| d)
+            .trim_end_matches('.');
+        match r.status() {
+            StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                "The request body is over the size limit.",
+            ),
+            StatusCode::UNSUPPORTED_MEDIA_TYPE => ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                "The request body must be JSON with Content-Type: application/json.",
+            ),
+            StatusCode::UNPROCESSABLE_ENTITY => {
+                ApiError::invalid(format!("The body does not fit the record: {detail}."))
+            }
+            _ => ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_json",
+                format!("The body is not valid JSON: {detail}."),
+            ),
+        }
+    }
+}

@@ -1,0 +1,403 @@
+//! The handlers of contract section 2: parse and check the request, ask the store,
+//! shape the answer. Registration writes run on the blocking pool because they wait
+//! for the durable commit.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{FromRequest, FromRequestParts, Path, RawQuery, Request, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use meshcat_common::model::{ClusterRecord, ClusterView, InstanceMetrics, ZoneRecord};
+use meshcat_common::validate::{self, MAX_TEXT_LEN, is_valid_name};
+use serde::de::DeserializeOwned;
+use tracing::{error, info};
+
+use super::AppState;
+use super::auth::{Caller, Writer};
+use super::error::ApiError;
+use super::query::{self, ClusterFilter};
+use crate::store::{Cached, CachedKind, MetricsLookup, Store, StoreError};
+
+type Shared = State<Arc<AppState>>;
+
+/// A JSON body whose rejections become [`ApiError`]s (400, 413, 415, 422).
+pub struct JsonBody<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let Json(v) = Json::<T>::from_request(req, state).await?;
+        Ok(JsonBody(v))
+    }
+}
+
+/// Path parameters whose rejections become a 400 error body.
+pub struct Params<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for Params<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        match Path::<T>::from_request_parts(parts, state).await {
+            Ok(Path(v)) => Ok(Params(v)),
+            Err(e @ PathRejection::FailedToDeserializePathParams(_)) => Err(ApiError::bad_path(
+                format!("The path is malformed: {}.", e.body_text()),
+            )),
+            Err(_) => Err(ApiError::bad_path("The path is malformed.")),
+        }
+    }
+}
+
+fn check_path_name(what: &str, v: &str) -> Result<(), ApiError> {
+    if is_valid_name(v) {
+        Ok(())
+    } else {
+        Err(ApiError::bad_path(format!(
+            "{what} in the path must be 1 to 253 characters of letters, digits, '.', '_' and '-'."
+        )))
+    }
+}
+
+fn check_path_instance(v: &str) -> Result<(), ApiError> {
+    if crate::store::is_valid_instance(v) {
+        Ok(())
+    } else {
+        Err(ApiError::bad_path(
+            "instanceId in the path must be 1 to 253 printable characters without '/' or spaces.",
+        ))
+    }
+}
+
+fn check_path_text(what: &str, v: &str) -> Result<(), ApiError> {
+    if v.is_empty() || v.len() > MAX_TEXT_LEN {
+        Err(ApiError::bad_path(format!(
+            "{what} in the path must be 1 to {MAX_TEXT_LEN} bytes long."
+        )))
+    } else {
+        Ok(())
+    }
+}
+
+fn no_query(raw: Option<&str>) -> Result<(), ApiError> {
+    query::parse(raw, &[]).map(|_| ())
+}
+
+/// Runs a registration on the blocking pool: it waits for the durable commit.
+async fn blocking<T: Send + 'static>(
+    store: &Arc<Store>,
+    f: impl FnOnce(&Store) -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let store = store.clone();
+    match tokio::task::spawn_blocking(move || f(&store)).await {
+        Ok(r) => r.map_err(ApiError::from),
+        Err(e) => {
+            error!(error = %e, "Registration task failed.");
+            Err(ApiError::internal())
+        }
+    }
+}
+
+fn json_bytes(body: bytes::Bytes) -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+// ---- summary ----------------------------------------------------------------
+
+pub async fn summary(
+    State(s): Shared,
+    caller: Caller,
+    headers: HeaderMap,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
+    no_query(q.as_deref())?;
+    Ok(cached(&s.store, CachedKind::Summary, caller, &headers))
+}
+
+/// Whether the client accepts a gzip-encoded answer (`gzip` listed, q not 0).
+fn accepts_gzip(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT_ENCODING)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|item| {
+            let mut parts = item.split(';').map(str::trim);
+            let coding = parts.next().unwrap_or("");
+            let q_zero = parts.any(|p| {
+                p.strip_prefix("q=")
+                    .is_some_and(|q| q.parse::<f32>().is_ok_and(|q| q == 0.0))
+            });
+            coding.eq_ignore_ascii_case("gzip") && !q_zero
+        })
+}
+
+/// A large answer from the store's per-change cache, gzip-encoded when accepted.
+fn cached(store: &Store, kind: CachedKind, caller: Caller, headers: &HeaderMap) -> Response {
+    let gzip = accepts_gzip(headers);
+    let body = store.cached_body(Cached {
+        kind,
+        authorized: caller.authorized,
+        gzip,
+    });
+    let mut res = json_bytes(body);
+    res.headers_mut()
+        .insert(header::VARY, HeaderValue::from_static("accept-encoding"));
+    if gzip {
+        res.headers_mut()
+            .insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+    }
+    res
+}
+
+// ---- clusters ---------------------------------------------------------------
+
+pub async fn list_clusters(
+    State(s): Shared,
+    caller: Caller,
+    headers: HeaderMap,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
+    let f = ClusterFilter::parse(q.as_deref())?;
+    if !f.admits_caller(caller.authorized) {
+        return Ok(json_bytes(bytes::Bytes::from_static(b"[]")));
+    }
+    // Dashboards poll the whole list: it is served from a per-change cache.
+    if f.is_unfiltered() {
+        return Ok(cached(&s.store, CachedKind::AllClusters, caller, &headers));
+    }
+    let body = s
+        .store
+        .render_clusters(caller.authorized, |r, st| f.matches(r, st));
+    Ok(json_bytes(body.into()))
+}
+
+fn check_cluster(r: &ClusterRecord) -> Result<(), ApiError> {
+    validate::cluster(r).map_err(|e| ApiError::invalid(e.0))
+}
+
+pub async fn create_cluster(
+    State(s): Shared,
+    _w: Writer,
+    RawQuery(q): RawQuery,
+    JsonBody(r): JsonBody<ClusterRecord>,
+) -> Result<(StatusCode, Json<ClusterRecord>), ApiError> {
+    no_query(q.as_deref())?;
+    check_cluster(&r)?;
+    let stored = blocking(&s.store, move |st| st.create_cluster(r)).await?;
+    info!(zone = %stored.zone_name, cluster = %stored.cluster_name, "Cluster registered.");
+    Ok((StatusCode::CREATED, Json(stored)))
+}
+
+pub async fn get_cluster(
+    State(s): Shared,
+    caller: Caller,
+    Params(name): Params<String>,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
+    check_path_name("clusterName", &name)?;
+    let zone = query::zone_name(q.as_deref())?;
+    match s
+        .store
+        .render_cluster(&name, zone.as_deref(), caller.authorized)
+    {
+        Some(body) => Ok(json_bytes(body.into())),
+        None => Err(ApiError::not_found(match zone {
+            Some(z) => format!("Cluster {name} does not exist in zone {z}."),
+            None => format!("Cluster {name} does not exist."),
+        })),
+    }
+}
+
+pub async fn replace_cluster(
+    State(s): Shared,
+    _w: Writer,
+    Params(name): Params<String>,
+    RawQuery(q): RawQuery,
+    JsonBody(r): JsonBody<ClusterRecord>,
+) -> Result<Json<ClusterRecord>, ApiError> {
+    check_path_name("clusterName", &name)?;
+    let zone = query::zone_name(q.as_deref())?;
+    check_cluster(&r)?;
+    if r.cluster_name != name {
+        return Err(ApiError::invalid(format!(
+            "clusterName {:?} in the body differs from {name:?} in the path.",
+            r.cluster_name
+        )));
+    }
+    if let Some(z) = zone.filter(|z| *z != r.zone_name) {
+        return Err(ApiError::invalid(format!(
+            "zoneName {:?} in the body differs from {z:?} in the query.",
+            r.zone_name
+        )));
+    }
+    let stored = blocking(&s.store, move |st| st.replace_cluster(r)).await?;
+    info!(zone = %stored.zone_name, cluster = %stored.cluster_name, "Cluster replaced.");
+    Ok(Json(stored))
+}
+
+pub async fn delete_cluster(
+    State(s): Shared,
+    _w: Writer,
+    Params(name): Params<String>,
+    RawQuery(q): RawQuery,
+) -> Result<Json<ClusterRecord>, ApiError> {
+    check_path_name("clusterName", &name)?;
+    let Some(zone) = query::zone_name(q.as_deref())? else {
+        return Err(ApiError::bad_query(
+            "Query parameter zoneName is required to delete a cluster.",
+        ));
+    };
+    let deleted = blocking(&s.store, move |st| st.delete_cluster(&zone, &name)).await?;
+    info!(zone = %deleted.zone_name, cluster = %deleted.cluster_name, "Cluster deleted.");
+    Ok(Json(deleted))
+}
+
+// ---- instance metrics -----------------------------------------------------------
+
+fn metrics_answer(
+    caller: Caller,
+    lookup: impl FnOnce() -> MetricsLookup,
+    what: String,
+    instance: &str,
+) -> Result<Json<InstanceMetrics>, ApiError> {
+    // Whether the cluster exists is metadata; its instances are live data.
+    match lookup() {
+        MetricsLookup::NoCluster => Err(ApiError::not_found(format!("{what} does not exist."))),
+        _ if !caller.authorized => Err(ApiError::forbidden()),
+        MetricsLookup::NoInstance => Err(ApiError::not_found(format!(
+            "{what} has no live instance {instance}."
+        ))),
+        MetricsLookup::Found(m) => Ok(Json(*m)),
+    }
+}
+
+pub async fn metrics_by_cluster(
+    State(s): Shared,
+    caller: Caller,
+    Params((cluster, instance)): Params<(String, String)>,
+    RawQuery(q): RawQuery,
+) -> Result<Json<InstanceMetrics>, ApiError> {
+    check_path_name("clusterName", &cluster)?;
+    check_path_instance(&instance)?;
+    let zone = query::zone_name(q.as_deref())?;
+    let what = match &zone {
+        Some(z) => format!("Cluster {cluster} in zone {z}"),
+        None => format!("Cluster {cluster}"),
+    };
+    metrics_answer(
+        caller,
+        || {
+            s.store
+                .instance_metrics(&cluster, zone.as_deref(), &instance)
+        },
+        what,
+        &instance,
+    )
+}
+
+pub async fn metrics_by_version(
+    State(s): Shared,
+    caller: Caller,
+    Params((name, version, instance)): Params<(String, String, String)>,
+    RawQuery(q): RawQuery,
+) -> Result<Json<InstanceMetrics>, ApiError> {
+    check_path_text("name", &name)?;
+    check_path_text("version", &version)?;
+    check_path_instance(&instance)?;
+    no_query(q.as_deref())?;
+    metrics_answer(
+        caller,
+        || {
+            s.store
+                .instance_metrics_by_version(&name, &version, &instance)
+        },
+        format!("A cluster named {name:?} with version {version:?}"),
+        &instance,
+    )
+}
+
+// ---- zones --------------------------------------------------------------------
+
+pub async fn list_zones(
+    State(s): Shared,
+    RawQuery(q): RawQuery,
+) -> Result<Json<Vec<ZoneRecord>>, ApiError> {
+    no_query(q.as_deref())?;
+    Ok(Json(s.store.zones()))
+}
+
+pub async fn create_zone(
+    State(s): Shared,
+    _w: Writer,
+    RawQuery(q): RawQuery,
+    JsonBody(z): JsonBody<ZoneRecord>,
+) -> Result<(StatusCode, Json<ZoneRecord>), ApiError> {
+    no_query(q.as_deref())?;
+    validate::zone(&z).map_err(|e| ApiError::invalid(e.0))?;
+    let stored = blocking(&s.store, move |st| {
+        validate::zone_files(&z).map_err(|e| StoreError::Invalid(e.0))?;
+        st.create_zone(z)
+    })
+    .await?;
+    info!(zone = %stored.zone_name, "Zone registered.");
+    Ok((StatusCode::CREATED, Json(stored)))
+}
+
+pub async fn get_zone(
+    State(s): Shared,
+    Params(name): Params<String>,
+    RawQuery(q): RawQuery,
+) -> Result<Json<ZoneRecord>, ApiError> {
+    check_path_name("zoneName", &name)?;
+    no_query(q.as_deref())?;
+    s.store
+        .zone(&name)
+        .map(Json)
+        .ok_or_else(|| ApiError::not_found(format!("Zone {name} does not exist.")))
+}
+
+pub async fn delete_zone(
+    State(s): Shared,
+    _w: Writer,
+    Params(name): Params<String>,
+    RawQuery(q): RawQuery,
+) -> Result<Json<ZoneRecord>, ApiError> {
+    check_path_name("zoneName", &name)?;
+    no_query(q.as_deref())?;
+    let deleted = blocking(&s.store, move |st| st.delete_zone(&name)).await?;
+    info!(zone = %deleted.zone_name, "Zone deleted with its clusters.");
+    Ok(Json(deleted))
+}
+
+pub async fn zone_metadata(
+    State(s): Shared,
+    Params(name): Params<String>,
+    RawQuery(q): RawQuery,
+) -> Result<Json<meshcat_common::model::ZoneMetadata>, ApiError> {
+    check_path_name("zoneName", &name)?;
+    no_query(q.as_deref())?;
+    s.store
+        .zone_summary(&name)
+        .map(|z| Json((&z).into()))
+        .ok_or_else(|| ApiError::not_found(format!("Zone {name} does not exist.")))
+}
+
+// ---- services and the document ----------------------------------------------------
+
+pub async fn services(
+    State(s): Shared,
+    caller: Caller,
+    RawQuery(q): RawQuery,
+) -> Result<Json<Vec<ClusterView>>, ApiError> {
+    let zone = query::zone_name(q.as_deref())?;
+    Ok(Json(s.store.services(zone.as_deref(), caller.authorized)))
+}
+
+pub async fn openapi(RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+    no_query(q.as_deref())?;
+    Ok(json_bytes(super::openapi::document_bytes()))
+}

@@ -1,0 +1,260 @@
+//! The OpenAPI 3 document of the catalog API, written by hand to stay true to the
+//! handlers; a test checks its (method, path) set against [`super::ROUTES`].
+
+use std::sync::OnceLock;
+
+use bytes::Bytes;
+use serde_json::{Value, json};
+
+use super::query::CLUSTER_FILTERS;
+
+fn err(description: &str) -> Value {
+    json!({
+        "description": description,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+    })
+}
+
+fn ok(description: &str, schema: Value) -> Value {
+    json!({"description": description, "content": {"application/json": {"schema": schema}}})
+}
+
+fn schema(name: &str) -> Value {
+    json!({"$ref": format!("#/components/schemas/{name}")})
+}
+
+fn array_of(name: &str) -> Value {
+    json!({"type": "array", "items": schema(name)})
+}
+
+fn path_param(name: &str, description: &str) -> Value {
+    json!({"name": name, "in": "path", "required": true, "description": description, "schema": {"type": "string"}})
+}
+
+fn zone_query(required: bool) -> Value {
+    json!({"name": "zoneName", "in": "query", "required": required, "schema": {"type": "string"}})
+}
+
+fn body(name: &str) -> Value {
+    json!({"required": true, "content": {"application/json": {"schema": schema(name)}}})
+}
+
+fn write_errors(mut responses: Value) -> Value {
+    let m = responses.as_object_mut().expect("object");
+    m.insert("400".into(), err("Malformed JSON, query or path."));
+    m.insert(
+        "401".into(),
+        err("A write token is configured and the request lacks it."),
+    );
+    m.insert("413".into(), err("The body is over --max-body."));
+    m.insert("415".into(), err("The body is not JSON."));
+    m.insert("422".into(), err("Well-formed but invalid."));
+    responses
+}
+
+fn filter_params() -> Vec<Value> {
+    CLUSTER_FILTERS
+        .iter()
+        .map(|name| {
+            let schema = match *name {
+                "status" => json!({"type": "string", "enum": ["stable", "warning", "down"]}),
+                "authorized" | "enableInstanceMetrics" | "enableHistoricalMetrics" => {
+                    json!({"type": "string", "enum": ["true", "false"]})
+                }
+                _ => json!({"type": "string"}),
+            };
+            json!({
+                "name": name, "in": "query", "required": false, "explode": true,
+                "description": "Exact, case-sensitive; repeat the parameter to match any of several values.",
+                "schema": {"type": "array", "items": schema}
+            })
+        })
+        .collect()
+}
+
+fn components() -> Value {
+    let s = json!({"type": "string"});
+    let i = json!({"type": "integer"});
+    let b = json!({"type": "boolean"});
+    let strings = json!({"type": "array", "items": {"type": "string"}});
+    let mut cluster_props = serde_json::Map::new();
+    for f in [
+        "clusterName",
+        "zoneName",
+        "name",
+        "version",
+        "owner",
+        "ownerURL",
+        "capability",
+        "runtime",
+        "documentation",
+        "description",
+        "prometheusJob",
+        "metricsTemplate",
+        "clusterID",
+        "meshID",
+        "apiEndpoint",
+        "apiSpecEndpoint",
+        "businessImpact",
+    ] {
+        cluster_props.insert(f.into(), s.clone());
+    }
+    for f in ["minInstances", "maxInstances", "metricsPort"] {
+        cluster_props.insert(f.into(), json!({"type": "integer", "minimum": 0}));
+    }
+    for f in ["enableInstanceMetrics", "enableHistoricalMetrics"] {
+        cluster_props.insert(f.into(), b.clone());
+    }
+    cluster_props.insert("protocols".into(), strings.clone());
+    cluster_props.insert("externalLinks".into(), array_of("ExternalLink"));
+    let mut view_props = cluster_props.clone();
+    view_props.insert("authorized".into(), b.clone());
+    view_props.insert("instances".into(), array_of("Instance"));
+    view_props.insert("status".into(), schema("Status"));
+
+    let counts = |names: &[&str]| -> Value {
+        let mut m = serde_json::Map::new();
+        m.insert("zoneName".into(), s.clone());
+        m.insert("owners".into(), strings.clone());
+        m.insert("capabilities".into(), strings.clone());
+        for n in names {
+            m.insert((*n).into(), i.clone());
+        }
+        Value::Object(m)
+    };
+    let summary_counts = [
+        "clusterCount",
+        "clusterStableCount",
+        "clusterWarningCount",
+        "clusterDownCount",
+        "instanceCount",
+    ];
+    let mut overall = counts(&summary_counts);
+    overall.as_object_mut().expect("object").remove("zoneName");
+    overall
+        .as_object_mut()
+        .expect("object")
+        .insert("zoneCount".into(), i.clone());
+
+    let mut metrics = serde_json::Map::new();
+    let defaults = serde_json::to_value(meshcat_common::model::InstanceMetrics::default())
+        .expect("serialises");
+    for (k, v) in defaults.as_object().expect("object") {
+        let t = match v {
+            Value::String(_) => "string",
+            Value::Number(n) if n.is_f64() => "number",
+            _ => "integer",
+        };
+        metrics.insert(k.clone(), json!({"type": t}));
+    }
+
+    json!({
+        "schemas": {
+            "Error": {"type": "object", "required": ["error", "code"], "properties": {"error": s, "code": s}},
+            "Status": {"type": "string", "enum": ["stable", "warning", "down"]},
+            "ExternalLink": {"type": "object", "properties": {"name": s, "link": s}},
+            "Instance": {"type": "object", "properties": {"name": s, "startTime": {"type": "integer", "description": "ms since the epoch"}}},
+            "ClusterRecord": {"type": "object", "required": ["clusterName", "zoneName", "name"], "properties": cluster_props},
+            "ClusterView": {"type": "object", "properties": view_props},
+            "ZoneRecord": {"type": "object", "required": ["zoneName", "serverAddress"], "properties": {
+                "zoneName": s, "requestCluster": s, "serverAddress": {"type": "string", "description": "host:port"},
+                "useTls": b, "caPath": s, "certPath": s, "keyPath": s}},
+            "ZoneMetadata": {"type": "object", "properties": counts(&[
+                "serviceCount", "stableServiceCount", "warningServiceCount", "downServiceCount", "instanceCount"])},
+            "ZoneSummary": {"type": "object", "properties": counts(&summary_counts)},
+            "OverallSummary": {"type": "object", "properties": overall},
+            "ZoneEntry": {"type": "object", "properties": {
+                "clusters": {"type": "object", "additionalProperties": schema("ClusterView")},
+                "metadata": schema("ZoneSummary")}},
+            "Summary": {"type": "object", "properties": {
+                "zones": {"type": "object", "additionalProperties": schema("ZoneEntry")},
+                "meshes": {"type": "object", "additionalProperties": schema("ZoneEntry")},
+                "metadata": schema("OverallSummary")}},
+            "InstanceMetrics": {"type": "object", "properties": metrics}
+        },
+        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}
+    })
+}
+
+/// Builds the document.
+pub fn document() -> Value {
+    let cluster = path_param("clusterName", "The cluster's clusterName.");
+    let zone = path_param("zoneName", "The zone's zoneName.");
+    let instance = path_param("instanceId", "The instance name.");
+    let r404 = err("Unknown resource.");
+    let r400 = err("Malformed query or path.");
+    let metrics_responses = json!({
+        "200": ok("The instance's latest metrics (seed 2.6).", schema("InstanceMetrics")),
+        "400": r400, "403": err("A read token is configured and the request lacks it."), "404": r404
+    });
+    json!({
+        "openapi": "3.0.3",
+        "info": {
+            "title": "meshcat catalog API",
+            "version": env!("CARGO_PKG_VERSION"),
+            "description": "Service catalog of an Envoy service mesh: zones, clusters, their live instances, status and metrics."
+        },
+        "security": [{}, {"bearer": []}],
+        "paths": {
+            "/summary": {"get": {"summary": "Summary of every zone (seed 2.5).",
+                "responses": {"200": ok("The summary.", schema("Summary")), "400": r400}}},
+            "/clusters": {
+                "get": {"summary": "List registered clusters.", "parameters": filter_params(),
+                    "responses": {"200": ok("Matching clusters sorted by (zoneName, clusterName).", array_of("ClusterView")), "400": r400}},
+                "post": {"summary": "Register a cluster.", "requestBody": body("ClusterRecord"),
+                    "responses": write_errors(json!({"201": ok("The stored record.", schema("ClusterRecord")), "409": err("The cluster exists in that zone.")}))}
+            },
+            "/clusters/{clusterName}": {
+                "get": {"summary": "A cluster, one record per zone that has it.", "parameters": [cluster, zone_query(false)],
+                    "responses": {"200": ok("The records.", array_of("ClusterView")), "400": r400, "404": r404}},
+                "put": {"summary": "Replace a cluster; the zone is the body's zoneName.", "parameters": [cluster, zone_query(false)],
+                    "requestBody": body("ClusterRecord"),
+                    "responses": write_errors(json!({"200": ok("The stored record.", schema("ClusterRecord")), "404": r404}))},
+                "delete": {"summary": "Delete a cluster from a zone.", "parameters": [cluster, zone_query(true)],
+                    "responses": write_errors(json!({"200": ok("The deleted record.", schema("ClusterRecord")), "404": r404}))}
+            },
+            "/metrics/{clusterName}/{instanceId}": {"get": {"summary": "Latest metrics of a live instance.",
+                "parameters": [cluster, instance, zone_query(false)], "responses": metrics_responses}},
+            "/metrics/{name}/{version}/{instanceId}": {"get": {"summary": "Latest metrics of a live instance of the cluster with that name and version.",
+                "parameters": [path_param("name", "The cluster's name field."), path_param("version", "The cluster's version field."), instance],
+                "responses": metrics_responses}},
+            "/zones": {
+                "get": {"summary": "List zones.", "responses": {"200": ok("Zones sorted by zoneName.", array_of("ZoneRecord")), "400": r400}},
+                "post": {"summary": "Register a zone.", "requestBody": body("ZoneRecord"),
+                    "responses": write_errors(json!({"201": ok("The stored zone.", schema("ZoneRecord")), "409": err("The zone exists.")}))}
+            },
+            "/zones/{zoneName}": {
+                "get": {"summary": "A zone.", "parameters": [zone],
+                    "responses": {"200": ok("The zone.", schema("ZoneRecord")), "400": r400, "404": r404}},
+                "delete": {"summary": "Delete a zone and its clusters.", "parameters": [zone],
+                    "responses": write_errors(json!({"200": ok("The deleted zone.", schema("ZoneRecord")), "404": r404}))}
+            },
+            "/zones/{zoneName}/metadata": {"get": {"summary": "Counts over the zone's clusters (seed 2.4).", "parameters": [zone],
+                "responses": {"200": ok("The zone metadata.", schema("ZoneMetadata")), "400": r400, "404": r404}}},
+            "/services": {"get": {"summary": "Every cluster that should be in the mesh, registered or only seen by agents and edge sidecars.",
+                "parameters": [zone_query(false)],
+                "responses": {"200": ok("Clusters sorted by (zoneName, clusterName).", array_of("ClusterView")), "400": r400}}},
+            "/openapi.json": {"get": {"summary": "This document.", "responses": {"200": {"description": "OpenAPI 3 document."}}}}
+        },
+        "components": components()
+    })
+}
+
+/// The document, serialized once.
+pub fn document_bytes() -> Bytes {
+    static DOC: OnceLock<Bytes> = OnceLock::new();
+    DOC.get_or_init(|| Bytes::from(serde_json::to_vec(&document()).expect("serialises")))
+        .clone()
+}
+
+/// The (METHOD, path) pairs the document describes.
+pub fn operations(doc: &Value) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for (path, item) in doc["paths"].as_object().into_iter().flatten() {
+        for method in item.as_object().into_iter().flatten().map(|(m, _)| m) {
+            out.push((method.to_uppercase(), path.clone()));
+        }
+    }
+    out.sort();
+    out
+}

@@ -1,0 +1,346 @@
+//! The aggregator's command line (contract section 9): `meshcat-aggregator [serve]
+//! [flags]`, every flag with a `MESHCAT_*` environment twin, validated once at start
+//! into a [`Config`]. A bad value is one line on stderr and exit status 64.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use meshcat_common::config::{
+    LogFormat, parse_bytes, parse_positive_duration, parse_ratio, read_token_file,
+};
+
+/// Largest accepted `--max-body`: request bodies are buffered whole in memory.
+const MAX_BODY_CEILING: u64 = 64 << 20;
+
+/// The aggregator's command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "meshcat-aggregator",
+    version,
+    about = "meshcat aggregator: the service catalog REST API, the agent ingest (QUIC) and the ops endpoints.",
+    args_conflicts_with_subcommands = true
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// Flags of `serve`, also accepted without the subcommand name.
+    #[command(flatten)]
+    pub serve: ServeArgs,
+}
+
+/// Subcommands; `serve` is the default.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the catalog API, the agent ingest and the ops endpoints (the default).
+    Serve(ServeArgs),
+}
+
+/// Flags of `serve`.
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Address of the catalog REST API (TCP).
+    #[arg(
+        long,
+        env = "MESHCAT_API_ADDR",
+        default_value = "0.0.0.0:9080",
+        value_name = "HOST:PORT"
+    )]
+    pub api_addr: SocketAddr,
+    /// Address of the agent ingest (QUIC over UDP).
+    #[arg(
+        long,
+        env = "MESHCAT_QUIC_ADDR",
+        default_value = "0.0.0.0:9443",
+        value_name = "HOST:PORT"
+    )]
+    pub quic_addr: SocketAddr,
+    /// Address of the ops endpoints: Prometheus /metrics, /healthz, /readyz (TCP).
+    #[arg(
+        long,
+        env = "MESHCAT_OPS_ADDR",
+        default_value = "0.0.0.0:9091",
+        value_name = "HOST:PORT"
+    )]
+    pub ops_addr: SocketAddr,
+    /// Directory of the durable registrations (zones and clusters).
+    #[arg(
+        long,
+        env = "MESHCAT_DATA_DIR",
+        default_value = "./meshcat-data",
+        value_name = "DIR"
+    )]
+    pub data_dir: PathBuf,
+    /// File holding the bearer token that POST, PUT and DELETE require (none: writes are open).
+    #[arg(long, env = "MESHCAT_WRITE_TOKEN_FILE", value_name = "FILE")]
+    pub write_token_file: Option<PathBuf>,
+    /// File holding the bearer token that makes live data (instances, metrics) visible
+    /// (none: every caller is authorized).
+    #[arg(long, env = "MESHCAT_READ_TOKEN_FILE", value_name = "FILE")]
+    pub read_token_file: Option<PathBuf>,
+    /// An instance not reported within this time is dropped (like 500ms, 15s, 2m).
+    #[arg(long, env = "MESHCAT_INSTANCE_TTL", default_value = "15s", value_parser = parse_positive_duration, value_name = "DURATION")]
+    pub instance_ttl: Duration,
+    /// Error ratio (5xx over requests, last report window) above which a cluster is in warning.
+    #[arg(long, env = "MESHCAT_ERROR_RATIO_WARNING", default_value = "0.05", value_parser = parse_ratio, value_name = "RATIO")]
+    pub error_ratio_warning: f64,
+    /// PEM certificate chain of the QUIC server.
+    #[arg(long, env = "MESHCAT_TLS_CERT", value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of the QUIC server.
+    #[arg(long, env = "MESHCAT_TLS_KEY", value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA that signs agent certificates (mutual TLS).
+    #[arg(long, env = "MESHCAT_CLIENT_CA", value_name = "FILE")]
+    pub client_ca: Option<PathBuf>,
+    /// File holding the shared token of token-authenticated agents.
+    #[arg(long, env = "MESHCAT_AGENT_TOKEN_FILE", value_name = "FILE")]
+    pub agent_token_file: Option<PathBuf>,
+    /// Development mode: generate a self-signed CA, server and agent certificate under
+    /// <data-dir>/dev/ and accept agents presenting that agent certificate.
+    #[arg(long, env = "MESHCAT_DEV")]
+    pub dev: bool,
+    /// Largest accepted request body (like 1MiB, 512KiB, 1048576).
+    #[arg(long, env = "MESHCAT_MAX_BODY", default_value = "1MiB", value_parser = parse_bytes, value_name = "SIZE")]
+    pub max_body: u64,
+    /// Log line format.
+    #[arg(long, env = "MESHCAT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+/// A configuration value that parses but cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{0}")]
+    TokenFile(String),
+    #[error("--{flag} {path}: cannot be read: {error}")]
+    Unreadable {
+        flag: &'static str,
+        path: String,
+        error: std::io::Error,
+    },
+    #[error("--tls-cert and --tls-key must be given together")]
+    HalfTls,
+    #[error("--max-body must be at most {MAX_BODY_CEILING} bytes")]
+    MaxBody,
+    #[error("--data-dir {0} exists and is not a directory")]
+    DataDir(String),
+}
+
+/// The validated configuration the aggregator runs with.
+#[derive(Clone)]
+pub struct Config {
+    pub api_addr: SocketAddr,
+    pub quic_addr: SocketAddr,
+    pub ops_addr: SocketAddr,
+    pub data_dir: PathBuf,
+    /// Bearer token required by writes; never logged.
+    pub write_token: Option<String>,
+    /// Bearer token that makes live data visible; never logged.
+    pub read_token: Option<String>,
+    pub instance_ttl: Duration,
+    pub error_ratio_warning: f64,
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    pub client_ca: Option<PathBuf>,
+    /// Shared token of token-authenticated agents; never logged.
+    pub agent_token: Option<String>,
+    pub dev: bool,
+    pub max_body: usize,
+    pub log_format: LogFormat,
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Tokens are secrets: only say whether they are set.
+        f.debug_struct("Config")
+            .field("api_addr", &self.api_addr)
+            .field("quic_addr", &self.quic_addr)
+            .field("ops_addr", &self.ops_addr)
+            .field("data_dir", &self.data_dir)
+            .field("write_token", &self.write_token.is_some())
+            .field("read_token", &self.read_token.is_some())
+            .field("instance_ttl", &self.instance_ttl)
+            .field("error_ratio_warning", &self.error_ratio_warning)
+            .field("tls_cert", &self.tls_cert)
+            .field("tls_key", &self.tls_key)
+            .field("client_ca", &self.client_ca)
+            .field("agent_token", &self.agent_token.is_some())
+            .field("dev", &self.dev)
+            .field("max_body", &self.max_body)
+            .field("log_format", &self.log_format)
+            .finish()
+    }
+}
+
+impl Config {
+    /// A configuration for tests and embedding: loopback port 0 everywhere, the given
+    /// data directory, every other value at its default.
+    pub fn for_tests(data_dir: &Path) -> Config {
+        let args = ServeArgs::try_parse_from_defaults().expect("defaults parse");
+        let mut c = Config::from_args(args).expect("defaults are valid");
+        let lo = SocketAddr::from(([127, 0, 0, 1], 0));
+        c.api_addr = lo;
+        c.quic_addr = lo;
+        c.ops_addr = lo;
+        c.data_dir = data_dir.to_owned();
+        c
+    }
+
+    /// Validates parsed flags: reads token files, checks certificate files exist.
+    pub fn from_args(a: ServeArgs) -> Result<Config, ConfigError> {
+        let token = |p: &Option<PathBuf>| -> Result<Option<String>, ConfigError> {
+            p.as_deref()
+                .map(read_token_file)
+                .transpose()
+                .map_err(ConfigError::TokenFile)
+        };
+        if a.tls_cert.is_some() != a.tls_key.is_some() {
+            return Err(ConfigError::HalfTls);
+        }
+        for (flag, path) in [
+            ("tls-cert", &a.tls_cert),
+            ("tls-key", &a.tls_key),
+            ("client-ca", &a.client_ca),
+        ] {
+            if let Some(p) = path {
+                std::fs::metadata(p).map_err(|error| ConfigError::Unreadable {
+                    flag,
+                    path: p.display().to_string(),
+                    error,
+                })?;
+            }
+        }
+        if a.max_body > MAX_BODY_CEILING {
+            return Err(ConfigError::MaxBody);
+        }
+        if a.data_dir.exists() && !a.data_dir.is_dir() {
+            return Err(ConfigError::DataDir(a.data_dir.display().to_string()));
+        }
+        Ok(Config {
+            api_addr: a.api_addr,
+            quic_addr: a.quic_addr,
+            ops_addr: a.ops_addr,
+            write_token: token(&a.write_token_file)?,
+            read_token: token(&a.read_token_file)?,
+            agent_token: token(&a.agent_token_file)?,
+            data_dir: a.data_dir,
+            instance_ttl: a.instance_ttl,
+            error_ratio_warning: a.error_ratio_warning,
+            tls_cert: a.tls_cert,
+            tls_key: a.tls_key,
+            client_ca: a.client_ca,
+            dev: a.dev,
+            max_body: a.max_body as usize,
+            log_format: a.log_format,
+        })
+    }
+}
+
+impl ServeArgs {
+    /// The flags with every value at its default (ignoring the environment).
+    fn try_parse_from_defaults() -> Result<ServeArgs, clap::Error> {
+        #[derive(Parser)]
+        struct Only {
+            #[command(flatten)]
+            serve: ServeArgs,
+        }
+        // The environment twins would leak into tests that set MESHCAT_* variables.
+        let mut cmd = <Only as clap::CommandFactory>::command();
+        cmd = cmd.mut_args(|a| a.env(None::<&str>));
+        let m = cmd.try_get_matches_from(["meshcat-aggregator"])?;
+        <Only as clap::FromArgMatches>::from_arg_matches(&m).map(|o| o.serve)
+    }
+}
+
+/// What `main` should do after parsing the command line.
+#[derive(Debug)]
+pub enum Action {
+    Serve(Box<Config>),
+}
+
+/// Parses the process arguments. On `--help` or `--version` prints and exits 0; on a
+/// bad value prints one line and exits 64.
+pub fn parse_or_exit() -> Action {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(
+                e.kind(),
+                ErrorKind::DisplayHelp
+                    | ErrorKind::DisplayVersion
+                    | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+            ) {
+                let _ = e.print();
+                std::process::exit(0);
+            }
+            exit_usage(&first_line(&e.render().to_string()));
+        }
+    };
+    let args = match cli.command {
+        Some(Command::Serve(a)) => a,
+        None => cli.serve,
+    };
+    match Config::from_args(args) {
+        Ok(c) => Action::Serve(Box::new(c)),
+        Err(e) => exit_usage(&format!("error: {e}")),
+    }
+}
+
+fn first_line(s: &str) -> String {
+    s.lines()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("error: invalid command line")
+        .to_owned()
+}
+
+fn exit_usage(line: &str) -> ! {
+    eprintln!("{line}");
+    std::process::exit(meshcat_common::config::EXIT_USAGE);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<ServeArgs, clap::Error> {
+        let cli =
+            Cli::try_parse_from(std::iter::once("meshcat-aggregator").chain(args.iter().copied()))?;
+        Ok(match cli.command {
+            Some(Command::Serve(a)) => a,
+            None => cli.serve,
+        })
+    }
+
+    #[test]
+    fn serve_is_optional() {
+        let a = parse(&["--api-addr", "127.0.0.1:1"]).unwrap();
+        assert_eq!(a.api_addr.port(), 1);
+        let b = parse(&[
+            "serve",
+            "--api-addr",
+            "127.0.0.1:2",
+            "--instance-ttl",
+            "500ms",
+        ])
+        .unwrap();
+        assert_eq!(b.api_addr.port(), 2);
+        assert_eq!(b.instance_ttl, Duration::from_millis(500));
+    }
+
+    #[test]
+    fn bad_values_are_refused() {
+        assert!(parse(&["--instance-ttl", "soon"]).is_err());
+        assert!(parse(&["--error-ratio-warning", "2"]).is_err());
+        assert!(parse(&["--max-body", "0"]).is_err());
+        assert!(parse(&["--api-addr", "nowhere"]).is_err());
+    }
+
+    #[test]
+    fn half_tls_is_refused() {
+        let a = parse(&["--tls-cert", "/etc/hostname"]).unwrap();
+        assert!(matches!(Config::from_args(a), Err(ConfigError::HalfTls)));
+    }
+}

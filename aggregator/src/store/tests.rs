@@ -1,0 +1,252 @@
+//! Unit tests of the store: registrations, reports, expiry and the counters.
+
+use super::*;
+use meshcat_common::wire::InstanceReport;
+
+fn rules() -> Rules {
+    Rules {
+        instance_ttl: Duration::from_secs(15),
+        error_ratio_warning: 0.05,
+    }
+}
+
+fn zone(name: &str) -> ZoneRecord {
+    ZoneRecord {
+        zone_name: name.into(),
+        request_cluster: "edge".into(),
+        server_address: "cp:50000".into(),
+        use_tls: false,
+        ca_path: String::new(),
+        cert_path: String::new(),
+        key_path: String::new(),
+    }
+}
+
+fn report(zone: &str, cluster: &str, instance: &str, req: u64, err: u64) -> InstanceReport {
+    InstanceReport {
+        zone_name: zone.into(),
+        cluster_name: cluster.into(),
+        instance: instance.into(),
+        admin_address: "127.0.0.1:9901".into(),
+        reachable: true,
+        error: None,
+        start_time_ms: 1_700_000_000_000,
+        server_state: "LIVE".into(),
+        envoy_version: "1.40.0".into(),
+        log_level: None,
+        requests_total: req,
+        errors_5xx_total: err,
+        metrics: InstanceMetrics::default(),
+        clusters: Vec::new(),
+    }
+}
+
+fn open() -> (tempfile::TempDir, Store) {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Store::open(dir.path(), rules()).unwrap();
+    (dir, s)
+}
+
+fn summary(s: &Store, z: &str) -> ZoneSummary {
+    s.zone_summary(z).unwrap()
+}
+
+#[test]
+fn registrations_and_conflicts() {
+    let (_d, s) = open();
+    assert!(matches!(
+        s.create_cluster(ClusterRecord::new("z", "a", "A")),
+        Err(StoreError::Invalid(_))
+    ));
+    s.create_zone(zone("z")).unwrap();
+    assert!(matches!(
+        s.create_zone(zone("z")),
+        Err(StoreError::Conflict(_))
+    ));
+    s.create_cluster(ClusterRecord::new("z", "a", "A")).unwrap();
+    assert!(matches!(
+        s.create_cluster(ClusterRecord::new("z", "a", "A")),
+        Err(StoreError::Conflict(_))
+    ));
+    assert!(matches!(
+        s.replace_cluster(ClusterRecord::new("z", "b", "B")),
+        Err(StoreError::NotFound(_))
+    ));
+    assert_eq!(summary(&s, "z").cluster_down_count, 1);
+    s.delete_zone("z").unwrap();
+    assert!(s.get_cluster("a", None, true).is_empty());
+    assert!(s.zone_summary("z").is_none());
+}
+
+#[test]
+fn reports_drive_status_and_counters() {
+    let (_d, s) = open();
+    s.create_zone(zone("z")).unwrap();
+    let mut r = ClusterRecord::new("z", "a", "A");
+    r.min_instances = 2;
+    r.owner = "team".into();
+    s.create_cluster(r).unwrap();
+    let now = Instant::now();
+    s.apply_report("agent-1", &report("z", "a", "i1", 0, 0), now);
+    let v = &s.get_cluster("a", None, true)[0];
+    assert_eq!(v.status, Status::Warning);
+    assert_eq!(v.instances.len(), 1);
+    s.apply_report("agent-2", &report("z", "a", "i2", 0, 0), now);
+    assert_eq!(s.get_cluster("a", None, true)[0].status, Status::Stable);
+    let z = summary(&s, "z");
+    assert_eq!((z.cluster_stable_count, z.instance_count), (1, 2));
+    assert_eq!(z.owners, vec!["team"]);
+
+    // 10 errors out of 100 requests in the window: above 5%.
+    s.apply_report("agent-1", &report("z", "a", "i1", 100, 10), now);
+    assert_eq!(s.get_cluster("a", None, true)[0].status, Status::Warning);
+    s.apply_report("agent-1", &report("z", "a", "i1", 200, 10), now);
+    assert_eq!(s.get_cluster("a", None, true)[0].status, Status::Stable);
+
+    s.agent_gone("agent-2");
+    let z = summary(&s, "z");
+    assert_eq!((z.cluster_warning_count, z.instance_count), (1, 1));
+    assert_eq!(s.totals().live_instances, 1);
+
+    let mut unreachable = report("z", "a", "i1", 200, 10);
+    unreachable.reachable = false;
+    s.apply_report("agent-1", &unreachable, now);
+    assert_eq!(summary(&s, "z").cluster_down_count, 1);
+    assert!(s.get_cluster("a", None, true)[0].instances.is_empty());
+    assert!(matches!(
+        s.instance_metrics("a", None, "i1"),
+        MetricsLookup::NoInstance
+    ));
+}
+
+#[test]
+fn expiry_drops_silent_instances() {
+    let (_d, s) = open();
+    s.create_zone(zone("z")).unwrap();
+    s.create_cluster(ClusterRecord::new("z", "a", "A")).unwrap();
+    let t0 = Instant::now();
+    s.apply_report("agent", &report("z", "a", "i1", 0, 0), t0);
+    s.apply_report(
+        "agent",
+        &report("z", "a", "i2", 0, 0),
+        t0 + Duration::from_secs(10),
+    );
+    s.expire(t0 + Duration::from_secs(14));
+    assert_eq!(s.totals().live_instances, 2);
+    s.expire(t0 + Duration::from_secs(16));
+    assert_eq!(s.totals().live_instances, 1);
+    assert_eq!(s.get_cluster("a", None, true)[0].instances[0].name, "i2");
+    s.expire(t0 + Duration::from_secs(30));
+    assert_eq!(summary(&s, "z").cluster_down_count, 1);
+    assert_eq!(s.totals().live_instances, 0);
+}
+
+#[test]
+fn unregistered_clusters_show_in_services() {
+    let (_d, s) = open();
+    s.create_zone(zone("z")).unwrap();
+    s.create_cluster(ClusterRecord::new("z", "a", "A")).unwrap();
+    s.apply_report("agent", &report("z", "ghost", "i1", 0, 0), Instant::now());
+    s.set_edge_clusters("z", vec!["a".into(), "backend".into(), "bad name".into()]);
+    let names: Vec<(String, Status)> = s
+        .services(None, true)
+        .into_iter()
+        .map(|v| (v.record.cluster_name, v.status))
+        .collect();
+    assert_eq!(
+        names,
+        vec![
+            ("a".into(), Status::Down),
+            ("backend".into(), Status::Down),
+            ("ghost".into(), Status::Stable)
+        ]
+    );
+    assert!(s.services(Some("other"), true).is_empty());
+    // Unregistered clusters do not count in the zone.
+    assert_eq!(summary(&s, "z").cluster_count, 1);
+    assert_eq!(summary(&s, "z").instance_count, 0);
+    // Registering a reported cluster picks up its instances.
+    s.create_cluster(ClusterRecord::new("z", "ghost", "G"))
+        .unwrap();
+    assert_eq!(summary(&s, "z").instance_count, 1);
+    assert_eq!(summary(&s, "z").cluster_stable_count, 1);
+    s.delete_cluster("z", "ghost").unwrap();
+    assert_eq!(summary(&s, "z").instance_count, 0);
+    assert_eq!(s.services(None, true).len(), 3);
+}
+
+#[test]
+fn summary_cache_follows_generations() {
+    let (_d, s) = open();
+    s.create_zone(zone("z")).unwrap();
+    let a = s.summary_body(true);
+    let b = s.summary_body(true);
+    assert_eq!(a.as_ptr(), b.as_ptr(), "served from the cache");
+    s.create_cluster(ClusterRecord::new("z", "a", "A")).unwrap();
+    let c = s.summary_body(true);
+    let v: serde_json::Value = serde_json::from_slice(&c).unwrap();
+    assert_eq!(v["metadata"]["clusterCount"], 1);
+    assert_eq!(v["zones"]["z"]["clusters"]["a"]["status"], "down");
+    assert_eq!(v["meshes"], v["zones"]);
+}
+
+#[test]
+fn registrations_are_reloaded() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let s = Store::open(dir.path(), rules()).unwrap();
+        s.create_zone(zone("z")).unwrap();
+        s.create_cluster(ClusterRecord::new("z", "a", "A")).unwrap();
+        s.create_cluster(ClusterRecord::new("z", "b", "B")).unwrap();
+        s.delete_cluster("z", "b").unwrap();
+    }
+    let s = Store::open(dir.path(), rules()).unwrap();
+    assert_eq!(s.zones().len(), 1);
+    assert_eq!(s.list_clusters(true, |_, _| true).len(), 1);
+    assert_eq!(summary(&s, "z").cluster_down_count, 1);
+}
+
+#[test]
+fn rendered_bodies_equal_serde_views() {
+    let (_d, s) = open();
+    s.create_zone(zone("z")).unwrap();
+    s.create_zone(zone("y")).unwrap();
+    let mut r = ClusterRecord::new("z", "a", "Weird \"name\" \u{e9}\n");
+    r.owner = "o".into();
+    r.protocols = vec!["h2".into()];
+    r.external_links = vec![meshcat_common::model::ExternalLink {
+        name: "n".into(),
+        link: "l".into(),
+    }];
+    s.create_cluster(r).unwrap();
+    s.create_cluster(ClusterRecord::new("y", "a", "A")).unwrap();
+    s.create_cluster(ClusterRecord::new("z", "b", "B")).unwrap();
+    let now = Instant::now();
+    s.apply_report("x", &report("z", "a", "i2", 0, 0), now);
+    s.apply_report("x", &report("z", "a", "i1", 0, 0), now);
+    for authorized in [false, true] {
+        let rendered: serde_json::Value =
+            serde_json::from_slice(&s.render_clusters(authorized, |_, _| true)).unwrap();
+        let views = serde_json::to_value(s.list_clusters(authorized, |_, _| true)).unwrap();
+        assert_eq!(rendered, views);
+        assert_eq!(
+            serde_json::to_vec(&s.list_clusters(authorized, |_, _| true)).unwrap(),
+            s.render_clusters(authorized, |_, _| true),
+            "byte for byte"
+        );
+        let one: serde_json::Value =
+            serde_json::from_slice(&s.render_cluster("a", None, authorized).unwrap()).unwrap();
+        assert_eq!(
+            one,
+            serde_json::to_value(s.get_cluster("a", None, authorized)).unwrap()
+        );
+        let summary: serde_json::Value =
+            serde_json::from_slice(&s.summary_body(authorized)).unwrap();
+        assert_eq!(
+            summary,
+            serde_json::to_value(s.summary(authorized)).unwrap()
+        );
+    }
+    assert!(s.render_cluster("a", Some("nope"), true).is_none());
+    assert!(s.render_cluster("ghost", None, true).is_none());
+}

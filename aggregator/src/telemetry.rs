@@ -1,0 +1,149 @@
+//! meshcat's own metric families, each with its `register` function. Names carry the
+//! `meshcat_` prefix, counters end in `_total`, durations are in seconds, and labels
+//! stay low-cardinality (route templates, not paths).
+
+use std::time::Duration;
+
+use prometheus::{
+    HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
+
+use crate::store::Totals;
+use meshcat_common::model::Status;
+
+/// Metrics of the catalog API.
+#[derive(Debug, Clone)]
+pub struct ApiMetrics {
+    /// Requests by route template, method and status code.
+    requests: IntCounterVec,
+    /// Request durations by route template and method.
+    duration: HistogramVec,
+}
+
+/// Methods the API knows; any other is labelled `other` to bound cardinality.
+const METHODS: &[&str] = &["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"];
+
+impl ApiMetrics {
+    pub fn register(registry: &Registry) -> prometheus::Result<ApiMetrics> {
+        let requests = IntCounterVec::new(
+            Opts::new(
+                "meshcat_api_requests_total",
+                "Catalog API requests by route template, method and status code.",
+            ),
+            &["route", "method", "code"],
+        )?;
+        let duration = HistogramVec::new(
+            HistogramOpts::new(
+                "meshcat_api_request_duration_seconds",
+                "Catalog API request durations by route template and method.",
+            )
+            .buckets(vec![
+                0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                1.0, 2.5,
+            ]),
+            &["route", "method"],
+        )?;
+        registry.register(Box::new(requests.clone()))?;
+        registry.register(Box::new(duration.clone()))?;
+        Ok(ApiMetrics { requests, duration })
+    }
+
+    /// Records one answered request.
+    pub fn observe(&self, route: &str, method: &str, code: u16, took: Duration) {
+        let method = METHODS
+            .iter()
+            .find(|m| **m == method)
+            .copied()
+            .unwrap_or("other");
+        let buf = itoa_code(code);
+        let code = std::str::from_utf8(&buf).unwrap_or("000");
+        self.requests
+            .with_label_values(&[route, method, code])
+            .inc();
+        self.duration
+            .with_label_values(&[route, method])
+            .observe(took.as_secs_f64());
+    }
+}
+
+/// A status code as three ASCII digits, without allocating.
+fn itoa_code(code: u16) -> [u8; 3] {
+    let c = code.min(999);
+    [
+        b'0' + (c / 100) as u8,
+        b'0' + (c / 10 % 10) as u8,
+        b'0' + (c % 10) as u8,
+    ]
+}
+
+/// Gauges of the catalog's size, set from the store at each scrape.
+#[derive(Debug, Clone)]
+pub struct CatalogMetrics {
+    zones: IntGauge,
+    clusters: IntGauge,
+    live_instances: IntGauge,
+    clusters_by_status: IntGaugeVec,
+}
+
+impl CatalogMetrics {
+    pub fn register(registry: &Registry) -> prometheus::Result<CatalogMetrics> {
+        let zones = IntGauge::new("meshcat_registered_zones", "Registered zones.")?;
+        let clusters = IntGauge::new("meshcat_registered_clusters", "Registered clusters.")?;
+        let live_instances = IntGauge::new(
+            "meshcat_live_instances",
+            "Instances reported within the TTL whose sidecar answered its last scrape.",
+        )?;
+        let clusters_by_status = IntGaugeVec::new(
+            Opts::new(
+                "meshcat_clusters_by_status",
+                "Registered clusters by status.",
+            ),
+            &["status"],
+        )?;
+        registry.register(Box::new(zones.clone()))?;
+        registry.register(Box::new(clusters.clone()))?;
+        registry.register(Box::new(live_instances.clone()))?;
+        registry.register(Box::new(clusters_by_status.clone()))?;
+        Ok(CatalogMetrics {
+            zones,
+            clusters,
+            live_instances,
+            clusters_by_status,
+        })
+    }
+
+    /// Sets the gauges from the store's totals.
+    pub fn set(&self, t: &Totals) {
+        let g = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        self.zones.set(g(t.zones));
+        self.clusters.set(g(t.clusters));
+        self.live_instances.set(g(t.live_instances));
+        for s in Status::ALL {
+            self.clusters_by_status
+                .with_label_values(&[s.as_str()])
+                .set(g(t.by_status[crate::store::status_index(s)]));
+        }
+    }
+}
+
+/// Every family of the aggregator in one registry; other parts of the aggregator
+/// register theirs into `registry` too.
+#[derive(Debug, Clone)]
+pub struct Telemetry {
+    pub registry: Registry,
+    pub api: ApiMetrics,
+    pub catalog: CatalogMetrics,
+}
+
+impl Telemetry {
+    pub fn new() -> prometheus::Result<Telemetry> {
+        let registry = Registry::new();
+        let api = ApiMetrics::register(&registry)?;
+        let catalog = CatalogMetrics::register(&registry)?;
+        Ok(Telemetry {
+            registry,
+            api,
+            catalog,
+        })
+    }
+}

@@ -1,0 +1,367 @@
+//! Tests of the real `meshcat-aggregator` binary: the command line (exit 64 on a bad
+//! value, `--help`, environment twins), clean stop on SIGTERM, and durability of
+//! acknowledged writes across SIGKILL.
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+const BIN: &str = env!("CARGO_BIN_EXE_meshcat-aggregator");
+
+/// A running aggregator process, killed when dropped.
+struct Proc {
+    child: Child,
+    api: SocketAddr,
+    ops: SocketAddr,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn command(data_dir: &Path) -> Command {
+    let mut c = Command::new(BIN);
+    c.args([
+        "serve",
+        "--api-addr",
+        "127.0.0.1:0",
+        "--ops-addr",
+        "127.0.0.1:0",
+    ])
+    .args([
+        "--quic-addr",
+        "127.0.0.1:0",
+        "--log-format",
+        "json",
+        "--data-dir",
+    ])
+    .arg(data_dir)
+    .env_remove("RUST_LOG")
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped());
+    c
+}
+
+/// Starts the binary and reads the bound addresses from its JSON log.
+fn spawn(data_dir: &Path) -> Proc {
+    spawn_with(data_dir, &[])
+}
+
+fn spawn_with(data_dir: &Path, extra: &[&str]) -> Proc {
+    let mut child = command(data_dir).args(extra).spawn().unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = mpsc::channel::<Value>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Ok(v) = serde_json::from_str::<Value>(&line)
+                && tx.send(v).is_err()
+            {
+                // Keep draining so the child never blocks on a full pipe.
+                continue;
+            }
+        }
+    });
+    let (mut api, mut ops) = (None, None);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while api.is_none() || ops.is_none() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let v = rx
+            .recv_timeout(left)
+            .expect("aggregator did not log its addresses");
+        if let Some(a) = v["api"].as_str() {
+            api = a.parse().ok();
+        }
+        if let Some(o) = v["ops"].as_str() {
+            ops = o.parse().ok();
+        }
+    }
+    Proc {
+        child,
+        api: api.unwrap(),
+        ops: ops.unwrap(),
+    }
+}
+
+#[test]
+fn bad_values_exit_64_with_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    for (args, env) in [
+        (vec!["--instance-ttl", "soon"], None),
+        (vec!["--error-ratio-warning", "7"], None),
+        (vec!["--max-body", "lots"], None),
+        (vec!["--api-addr", "not-an-address"], None),
+        (vec!["--log-format", "xml"], None),
+        (vec!["--no-such-flag"], None),
+        (vec!["--write-token-file", "/nonexistent/token"], None),
+        (vec!["--tls-cert", "/etc/hostname"], None),
+        (vec![], Some(("MESHCAT_INSTANCE_TTL", "forever"))),
+        (vec![], Some(("MESHCAT_OPS_ADDR", "nowhere"))),
+    ] {
+        let mut c = Command::new(BIN);
+        c.args(&args).arg("--data-dir").arg(dir.path());
+        if let Some((k, v)) = env {
+            c.env(k, v);
+        }
+        let out = c.output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{args:?} {env:?}: {stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr}");
+        assert!(stderr.starts_with("error:"), "{stderr}");
+    }
+}
+
+#[test]
+fn help_documents_every_flag_with_its_environment_twin() {
+    let out = Command::new(BIN).arg("--help").output().unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    for flag in [
+        "api-addr",
+        "quic-addr",
+        "ops-addr",
+        "data-dir",
+        "write-token-file",
+        "read-token-file",
+        "instance-ttl",
+        "error-ratio-warning",
+        "tls-cert",
+        "tls-key",
+        "client-ca",
+        "agent-token-file",
+        "dev",
+        "max-body",
+        "log-format",
+    ] {
+        assert!(help.contains(&format!("--{flag}")), "--{flag} missing");
+        let env = format!("MESHCAT_{}", flag.to_uppercase().replace('-', "_"));
+        assert!(help.contains(&env), "{env} missing");
+    }
+    let out = Command::new(BIN)
+        .args(["serve", "--help"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let out = Command::new(BIN).arg("--version").output().unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains(env!("CARGO_PKG_VERSION")));
+}
+
+#[tokio::test]
+async fn sigterm_stops_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut p = spawn(dir.path());
+    let http = reqwest::Client::new();
+    let ready = http
+        .get(format!("http://{}/readyz", p.ops))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), StatusCode::OK);
+    let ok = Command::new("kill")
+        .args(["-TERM", &p.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Some(status) = p.child.try_wait().unwrap() {
+            assert_eq!(status.code(), Some(0));
+            break;
+        }
+        assert!(Instant::now() < deadline, "still running 5 s after SIGTERM");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// What happened to one write of the burst.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Acked,
+    Refused,
+    Unknown,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_writes_survive_sigkill() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = spawn(dir.path());
+    let base = format!("http://{}", p.api);
+    let http = reqwest::Client::new();
+    let res = http
+        .post(format!("{base}/zones"))
+        .json(&json!({"zoneName": "z", "serverAddress": "cp:50000"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    // Clusters the burst deletes.
+    for i in 0..20 {
+        let res = http
+            .post(format!("{base}/clusters"))
+            .json(&json!({"clusterName": format!("old-{i}"), "zoneName": "z", "name": "old"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::CREATED);
+    }
+
+    // A burst of concurrent creates and deletes; SIGKILL lands while it runs.
+    const CREATES: usize = 300;
+    let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let mut tasks = Vec::new();
+    for i in 0..CREATES {
+        let (http, base, done) = (http.clone(), base.clone(), done_tx.clone());
+        tasks.push(tokio::spawn(async move {
+            let res = http
+                .post(format!("{base}/clusters"))
+                .json(&json!({"clusterName": format!("new-{i}"), "zoneName": "z", "name": "new"}))
+                .send()
+                .await;
+            let outcome = match res {
+                Ok(r) if r.status() == StatusCode::CREATED => Outcome::Acked,
+                Ok(r) if r.status().is_client_error() => Outcome::Refused,
+                _ => Outcome::Unknown,
+            };
+            let _ = done.send(());
+            (format!("new-{i}"), outcome, true)
+        }));
+    }
+    for i in 0..20 {
+        let (http, base, done) = (http.clone(), base.clone(), done_tx.clone());
+        tasks.push(tokio::spawn(async move {
+            let res = http
+                .delete(format!("{base}/clusters/old-{i}?zoneName=z"))
+                .send()
+                .await;
+            let outcome = match res {
+                Ok(r) if r.status() == StatusCode::OK => Outcome::Acked,
+                Ok(r) if r.status().is_client_error() => Outcome::Refused,
+                _ => Outcome::Unknown,
+            };
+            let _ = done.send(());
+            (format!("old-{i}"), outcome, false)
+        }));
+    }
+    drop(done_tx);
+    // Kill once a third of the burst has its answer, with the rest in flight.
+    for _ in 0..(CREATES + 20) / 3 {
+        done_rx.recv().await.unwrap();
+    }
+    let mut p = p;
+    p.child.kill().unwrap();
+    p.child.wait().unwrap();
+
+    let mut results = Vec::new();
+    for t in tasks {
+        results.push(t.await.unwrap());
+    }
+    let acked = results.iter().filter(|r| r.1 == Outcome::Acked).count();
+    let unknown = results.iter().filter(|r| r.1 == Outcome::Unknown).count();
+    eprintln!("burst: {acked} acknowledged, {unknown} without an answer");
+    assert!(
+        acked >= (CREATES + 20) / 3,
+        "only {acked} writes were acknowledged"
+    );
+
+    let p2 = spawn(dir.path());
+    let res = http
+        .get(format!("http://{}/clusters", p2.api))
+        .send()
+        .await
+        .unwrap();
+    let present: BTreeSet<String> = res
+        .json::<Vec<Value>>()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| c["clusterName"].as_str().unwrap().to_owned())
+        .collect();
+    for (name, outcome, is_create) in &results {
+        match (outcome, is_create) {
+            (Outcome::Acked, true) => assert!(present.contains(name), "acknowledged {name} lost"),
+            (Outcome::Acked, false) => assert!(
+                !present.contains(name),
+                "acknowledged delete of {name} lost"
+            ),
+            (Outcome::Refused, true) => assert!(!present.contains(name), "refused {name} stored"),
+            (Outcome::Refused, false) => {
+                assert!(present.contains(name), "refused delete of {name} applied")
+            }
+            (Outcome::Unknown, _) => {}
+        }
+    }
+    // Nothing that was never written.
+    for name in &present {
+        assert!(
+            results.iter().any(|r| &r.0 == name),
+            "{name} was never written"
+        );
+    }
+    let z = http
+        .get(format!("http://{}/zones/z", p2.api))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(z.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn token_files_are_read_and_trimmed() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = dir.path().join("write-token");
+    let read = dir.path().join("read-token");
+    std::fs::write(&write, "  w-token\n").unwrap();
+    std::fs::write(&read, "r-token\n\n").unwrap();
+    let p = spawn_with(
+        &dir.path().join("data"),
+        &[
+            "--write-token-file",
+            write.to_str().unwrap(),
+            "--read-token-file",
+            read.to_str().unwrap(),
+        ],
+    );
+    let http = reqwest::Client::new();
+    let zones = format!("http://{}/zones", p.api);
+    let body = json!({"zoneName": "z", "serverAddress": "cp:1"});
+    let res = http.post(&zones).json(&body).send().await.unwrap();
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    let res = http
+        .post(&zones)
+        .bearer_auth("w-token")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let res = http
+        .post(format!("http://{}/clusters", p.api))
+        .bearer_auth("w-token")
+        .json(&json!({"clusterName": "c", "zoneName": "z", "name": "C"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let list = |token: Option<&'static str>| {
+        let mut r = http.get(format!("http://{}/clusters", p.api));
+        if let Some(t) = token {
+            r = r.bearer_auth(t);
+        }
+        r.send()
+    };
+    let v: Value = list(None).await.unwrap().json().await.unwrap();
+    assert_eq!(v[0]["authorized"], false);
+    let v: Value = list(Some("r-token")).await.unwrap().json().await.unwrap();
+    assert_eq!(v[0]["authorized"], true);
+}
