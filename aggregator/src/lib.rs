@@ -1,1 +1,3 @@
 //! meshcat aggregator library.
+
+pub mod ingest;

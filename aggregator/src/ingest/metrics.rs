@@ -1,0 +1,63 @@
+//! The ingest server's own metrics: connected agents, reports received and rejected
+//! (by reason), instances reported and commands sent to agents (by command and outcome).
+
+use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+
+/// Handles to the ingest metrics families; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct IngestMetrics {
+    /// Agents with an authenticated, open connection.
+    pub agents_connected: IntGauge,
+    /// Reports accepted and handed to the catalog.
+    pub reports_received: IntCounter,
+    /// Messages refused, by low-cardinality reason.
+    pub reports_rejected: IntCounterVec,
+    /// Instance snapshots carried by accepted reports.
+    pub instances_reported: IntCounter,
+    /// Commands sent to agents, by command name and outcome.
+    pub agent_commands: IntCounterVec,
+}
+
+impl IngestMetrics {
+    /// Creates the families and registers them.
+    pub fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
+        let metrics = IngestMetrics {
+            agents_connected: IntGauge::new(
+                "meshcat_agents_connected",
+                "Agents with an authenticated QUIC connection.",
+            )?,
+            reports_received: IntCounter::new(
+                "meshcat_reports_received_total",
+                "Agent reports accepted.",
+            )?,
+            reports_rejected: IntCounterVec::new(
+                Opts::new(
+                    "meshcat_reports_rejected_total",
+                    "Agent messages and connections refused, by reason.",
+                ),
+                &["reason"],
+            )?,
+            instances_reported: IntCounter::new(
+                "meshcat_instances_reported_total",
+                "Instance snapshots carried by accepted reports.",
+            )?,
+            agent_commands: IntCounterVec::new(
+                Opts::new(
+                    "meshcat_agent_commands_total",
+                    "Commands sent to agents, by command and outcome.",
+                ),
+                &["command", "outcome"],
+            )?,
+        };
+        registry.register(Box::new(metrics.agents_connected.clone()))?;
+        registry.register(Box::new(metrics.reports_received.clone()))?;
+        registry.register(Box::new(metrics.reports_rejected.clone()))?;
+        registry.register(Box::new(metrics.instances_reported.clone()))?;
+        registry.register(Box::new(metrics.agent_commands.clone()))?;
+        Ok(metrics)
+    }
+
+    pub(crate) fn rejected(&self, reason: &str) {
+        self.reports_rejected.with_label_values(&[reason]).inc();
+    }
+}
