@@ -1,1 +1,3 @@
 //! meshcat agent library.
+
+pub mod report;
