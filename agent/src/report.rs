@@ -434,6 +434,11 @@ async fn read_commands(
             }
             Ok(Some(_)) => warn!("Unexpected message on the control stream."),
             Ok(None) => break,
+            // The whole frame was read: a command this build does not know is skipped
+            // (its caller times out) and the stream stays usable.
+            Err(TransportError::Wire(e @ (WireError::Decode(_) | WireError::Version(_)))) => {
+                warn!(error = %e, "Command not understood; skipped.");
+            }
             Err(e) => {
                 debug!(error = %e, "Control stream ended.");
                 break;
