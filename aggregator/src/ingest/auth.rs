@@ -280,6 +280,32 @@ mod tests {
     }
 
     #[test]
+    fn security_options_need_a_server_certificate_and_a_way_to_authenticate() {
+        let dir = tempfile::tempdir().unwrap();
+        let none = SecurityOptions {
+            data_dir: dir.path().to_owned(),
+            ..SecurityOptions::default()
+        };
+        assert!(matches!(none.load(), Err(AuthError::NoServerCert)));
+        let files = tls::dev_setup(&dir.path().join("other")).unwrap();
+        let no_auth = SecurityOptions {
+            tls_cert: Some(files.server_cert.clone()),
+            tls_key: Some(files.server_key.clone()),
+            ..none.clone()
+        };
+        assert!(matches!(no_auth.load(), Err(AuthError::NoAgentAuth)));
+        let mtls = SecurityOptions {
+            client_ca: Some(files.ca.clone()),
+            ..no_auth
+        };
+        assert!(mtls.load().unwrap().1.certificates);
+        let dev = SecurityOptions { dev: true, ..none };
+        let (_, auth) = dev.load().unwrap();
+        assert!(auth.certificates && !auth.has_tokens());
+        assert!(dir.path().join("dev/agent-key.pem").is_file());
+    }
+
+    #[test]
     fn dev_agent_certificate_grants_every_zone() {
         let dir = tempfile::tempdir().unwrap();
         let files = tls::dev_setup(dir.path()).unwrap();
