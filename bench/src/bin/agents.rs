@@ -117,6 +117,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
         }
     };
 
+    let sample = AgentMessage::Report(Report {
+        sent_at_ms: 0,
+        instances: reports_for(0, args.instances),
+    });
+    println!(
+        "report of {} instances: {} bytes framed",
+        args.instances,
+        meshcat_common::wire::encode(&sample, usize::MAX)?.len()
+    );
     let client = tls::client_config(&files.ca, Some((&files.agent_cert, &files.agent_key)))?;
     let stats = Arc::new(Stats::default());
     let stop = Arc::new(tokio::sync::Notify::new());
@@ -165,6 +174,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     tokio::time::sleep(args.interval).await;
 
     let cpu_before = cpu_ticks(pid)?;
+    let own_before = cpu_ticks(std::process::id())?;
     let accepted_before = stats.accepted.load(Ordering::Relaxed);
     let rejected_before = stats.rejected.load(Ordering::Relaxed);
     stats.measuring.store(true, Ordering::Relaxed);
@@ -173,10 +183,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let elapsed = started.elapsed().as_secs_f64();
     stats.measuring.store(false, Ordering::Relaxed);
     let cpu_after = cpu_ticks(pid)?;
+    let own_after = cpu_ticks(std::process::id())?;
     let accepted = stats.accepted.load(Ordering::Relaxed) - accepted_before;
     let rejected = stats.rejected.load(Ordering::Relaxed) - rejected_before;
     let ticks = clock_ticks();
     let cpu = (cpu_after - cpu_before) as f64 / ticks / elapsed * 100.0;
+    let own_cpu = (own_after - own_before) as f64 / ticks / elapsed * 100.0;
     let mut lat = std::mem::take(&mut *stats.latencies.lock().expect("latencies"));
     lat.sort_unstable();
     let pct = |p: f64| -> f64 {
@@ -193,7 +205,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         stats.errors.load(Ordering::Relaxed)
     );
     println!(
-        "ingest cpu {cpu:.1}% of one core; ack latency ms p50 {:.2} p99 {:.2} max {:.2}",
+        "ingest cpu {cpu:.1}% of one core (load generator {own_cpu:.0}%); ack latency ms p50 {:.2} p99 {:.2} max {:.2}",
         pct(0.5),
         pct(0.99),
         pct(1.0)

@@ -96,10 +96,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let text = prometheus::TextEncoder::new().encode_to_string(&registry.gather())?;
     let reports = sample(&text, "meshcat_reports_received_total ") as u64;
     let rejected = sample(&text, "meshcat_reports_rejected_total") as u64;
+    let reasons: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("meshcat_reports_rejected_total{"))
+        .collect();
     write(format!(
-        "reports={reports} instances={} rejected={rejected} gone={}",
+        "reports={reports} instances={} rejected={rejected} gone={} {}",
         sink.instances.load(Ordering::Relaxed),
-        sink.gone.load(Ordering::Relaxed)
+        sink.gone.load(Ordering::Relaxed),
+        reasons.join(" ")
     ));
     Ok(())
 }
