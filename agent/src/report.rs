@@ -460,3 +460,39 @@ fn now_ms() -> i64 {
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jitter_stays_in_the_upper_half_of_the_delay() {
+        let delay = Duration::from_millis(800);
+        for _ in 0..1000 {
+            let d = jittered(delay);
+            assert!(d >= delay / 2 && d <= delay, "{d:?}");
+        }
+    }
+
+    #[test]
+    fn report_timeout_follows_the_interval_within_bounds() {
+        let client = quinn::ClientConfig::new(Arc::new(
+            quinn::crypto::rustls::QuicClientConfig::try_from(
+                rustls::ClientConfig::builder_with_provider(Arc::new(
+                    rustls::crypto::ring::default_provider(),
+                ))
+                .with_protocol_versions(&[&rustls::version::TLS13])
+                .unwrap()
+                .with_root_certificates(rustls::RootCertStore::empty())
+                .with_no_client_auth(),
+            )
+            .unwrap(),
+        ));
+        let mut config = ReporterConfig::new("127.0.0.1:9443", "localhost", client, "a");
+        assert_eq!(config.report_timeout(), Duration::from_secs(10));
+        config.interval = Duration::from_millis(100);
+        assert_eq!(config.report_timeout(), Duration::from_secs(2));
+        config.interval = Duration::from_secs(3);
+        assert_eq!(config.report_timeout(), Duration::from_secs(6));
+    }
+}

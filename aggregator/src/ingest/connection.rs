@@ -116,7 +116,7 @@ async fn greet(
 ) -> Option<(Hello, ZoneGrant, quinn::SendStream, quinn::RecvStream)> {
     let refuse = |reason: &'static str, why: &str| {
         shared.metrics.rejected(reason);
-        warn!(reason, "Agent refused: {why}.");
+        warn!(reason, detail = why, "Agent refused.");
     };
     let stream = tokio::time::timeout(shared.hello_timeout, conn.accept_bi()).await;
     let (mut send, mut recv) = match stream {

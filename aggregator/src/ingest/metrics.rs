@@ -3,6 +3,23 @@
 
 use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 
+/// Every `reason` label of `meshcat_reports_rejected_total` (see `docs/wire.md`).
+pub const REJECT_REASONS: [&str; 13] = [
+    "too_large",
+    "version",
+    "decode",
+    "truncated",
+    "read",
+    "unexpected_message",
+    "too_many_instances",
+    "invalid_name",
+    "forbidden_zone",
+    "handshake",
+    "auth",
+    "hello_timeout",
+    "too_many_connections",
+];
+
 /// Handles to the ingest metrics families; cheap to clone.
 #[derive(Debug, Clone)]
 pub struct IngestMetrics {
@@ -49,6 +66,10 @@ impl IngestMetrics {
                 &["command", "outcome"],
             )?,
         };
+        // Series for every reason exist from the start, so rates and alerts see zeros.
+        for reason in REJECT_REASONS {
+            metrics.reports_rejected.with_label_values(&[reason]);
+        }
         registry.register(Box::new(metrics.agents_connected.clone()))?;
         registry.register(Box::new(metrics.reports_received.clone()))?;
         registry.register(Box::new(metrics.reports_rejected.clone()))?;
