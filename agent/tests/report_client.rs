@@ -115,13 +115,12 @@ impl Server {
             &ClientAuth::Required(files.ca.clone()),
         )
         .unwrap();
+        Server::with_config(IngestConfig::new(server, AgentAuth::certificates()), socket)
+    }
+
+    fn with_config(config: IngestConfig, socket: std::net::UdpSocket) -> Server {
         let sink = Arc::new(TestSink::default());
-        let ingest = Ingest::new(
-            IngestConfig::new(server, AgentAuth::certificates()),
-            sink.clone(),
-            &Registry::new(),
-        )
-        .unwrap();
+        let ingest = Ingest::new(config, sink.clone(), &Registry::new()).unwrap();
         let agents = ingest.agents();
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
@@ -164,7 +163,11 @@ impl Agent {
     ) -> Agent {
         let client =
             tls::client_config(&files.ca, Some((&files.agent_cert, &files.agent_key))).unwrap();
-        let mut config = ReporterConfig::new(addr.to_string(), "localhost", client, "agent-1");
+        let config = ReporterConfig::new(addr.to_string(), "localhost", client, "agent-1");
+        Agent::with_config(config, instances)
+    }
+
+    fn with_config(mut config: ReporterConfig, instances: Vec<InstanceReport>) -> Agent {
         config.interval = Duration::from_millis(100);
         let registry = Registry::new();
         let handler = Handler::default();
@@ -382,5 +385,48 @@ async fn the_reporter_says_goodbye_on_shutdown() {
     agent.stop().await;
     eventually("agent_gone", || server.sink.is_gone("agent-1")).await;
     assert!(!server.agents.knows("east", "web", "web-1"));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn token_agents_report_and_a_wrong_token_backs_off() {
+    let (dir, files, socket) = setup();
+    let addr = socket.local_addr().unwrap();
+    let tokens = dir.path().join("agent-tokens");
+    std::fs::write(&tokens, "t0ken-east east\n").unwrap();
+    let server_tls =
+        tls::server_config(&files.server_cert, &files.server_key, &ClientAuth::None).unwrap();
+    let auth = AgentAuth::default().with_token_file(&tokens).unwrap();
+    let server = Server::with_config(IngestConfig::new(server_tls, auth), socket);
+
+    let agent_with = |token: &str| {
+        let client = tls::client_config(&files.ca, None).unwrap();
+        let mut config = ReporterConfig::new(addr.to_string(), "localhost", client, "agent-1");
+        config.token = Some(token.to_owned());
+        config
+    };
+    let wrong = Agent::with_config(
+        agent_with("t0ken-wrong"),
+        vec![instance("east", "web", "web-1")],
+    );
+    eventually("a few refused attempts", || {
+        wrong.metric("meshcat_agent_reconnects_total") >= 2.0
+    })
+    .await;
+    assert_eq!(wrong.metric("meshcat_agent_reports_sent_total"), 0.0);
+    assert_eq!(wrong.metric("meshcat_agent_connected"), 0.0);
+    // Backoff: 200 ms doubling (jittered down to half at most) — a handful of attempts
+    // in the first second, not hundreds.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(wrong.metric("meshcat_agent_reconnects_total") <= 6.0);
+    wrong.stop().await;
+    assert_eq!(server.sink.count(), 0);
+
+    let right = Agent::with_config(
+        agent_with("t0ken-east"),
+        vec![instance("east", "web", "web-1")],
+    );
+    eventually("reports with the token", || server.sink.count() >= 2).await;
+    right.stop().await;
     server.stop().await;
 }
