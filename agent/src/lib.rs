@@ -11,6 +11,7 @@ pub mod envoy;
 pub mod logtail;
 pub mod metrics;
 pub mod ops;
+pub mod report;
 pub mod scrape;
 
 use std::future::Future;

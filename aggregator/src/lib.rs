@@ -4,6 +4,7 @@
 
 pub mod api;
 pub mod config;
+pub mod ingest;
 pub mod ops;
 pub mod status;
 pub mod store;

@@ -1,8 +1,11 @@
 //! meshcat-common: the catalog model (seed names, camelCase), its validation, the
 //! agent ↔ aggregator wire messages and their MessagePack codec, and configuration
-//! helpers shared by both binaries. Nothing here does network I/O.
+//! helpers shared by both binaries, the TLS set-up of the QUIC link and the frame
+//! transport over quinn streams.
 
 pub mod config;
 pub mod model;
+pub mod tls;
+pub mod transport;
 pub mod validate;
 pub mod wire;

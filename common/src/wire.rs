@@ -1,5 +1,5 @@
 //! The agent ↔ aggregator protocol: message types and their MessagePack codec.
-//! No I/O lives here; the QUIC transport (quinn) in each binary moves the frames.
+//! No I/O lives here; [`crate::transport`] moves the frames over quinn streams.
 //!
 //! A frame is a 4-byte big-endian length followed by that many bytes of MessagePack
 //! (rmp-serde, compact array form) holding an [`Envelope`]: `[version, message]`.
@@ -47,6 +47,8 @@ pub enum ServerMessage {
     Rejected { reason: String },
     /// Run a command against one of the agent's sidecars.
     Command(CommandRequest),
+    /// The report on this stream was accepted and handed to the catalog.
+    ReportAccepted { instances: u32 },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -134,6 +136,17 @@ pub enum Command {
     GetLogLevel,
     /// Set the sidecar's log level (Envoy's names: `warning`, not `warn`).
     SetLogLevel { level: String },
+}
+
+impl Command {
+    /// Low-cardinality name for logs and metrics labels.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Command::ConfigDump => "config_dump",
+            Command::GetLogLevel => "get_log_level",
+            Command::SetLogLevel { .. } => "set_log_level",
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

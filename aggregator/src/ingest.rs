@@ -1,0 +1,183 @@
+//! The aggregator's QUIC ingest server: accepts agent connections, authenticates them
+//! (agent certificate or token), takes their reports off per-report streams into a
+//! [`ReportSink`], and carries commands to agents on their control streams. The wire
+//! protocol is described in `docs/wire.md`, the security model in `docs/security.md`.
+
+mod agents;
+mod auth;
+mod connection;
+mod metrics;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use meshcat_common::transport::code;
+use meshcat_common::wire::{DEFAULT_MAX_MESSAGE, InstanceReport};
+use prometheus::Registry;
+use tracing::{info, warn};
+
+pub use agents::{Agents, CommandError, MAX_PENDING_COMMANDS};
+pub use auth::{AgentAuth, AuthError, SecurityOptions, ZoneGrant, cert_grant};
+pub use metrics::IngestMetrics;
+
+/// Most instances one report may carry.
+pub const DEFAULT_MAX_INSTANCES: usize = 1000;
+/// Most agent connections served at once; more are refused at the handshake.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 20_000;
+/// Time an agent has to open its control stream and say hello.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Where accepted reports go (the catalog store implements it).
+pub trait ReportSink: Send + Sync + 'static {
+    fn apply_report(&self, agent_id: &str, report: &InstanceReport, now: std::time::Instant);
+    fn agent_gone(&self, agent_id: &str);
+}
+
+/// Why the ingest server could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum IngestError {
+    #[error("cannot serve QUIC on the given socket: {0}")]
+    Bind(#[from] std::io::Error),
+    #[error("cannot register ingest metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
+}
+
+/// Settings of the ingest server.
+#[derive(Debug)]
+pub struct IngestConfig {
+    /// TLS and transport settings of the QUIC endpoint.
+    pub server: quinn::ServerConfig,
+    /// How agents authenticate and which zones they may report for.
+    pub auth: AgentAuth,
+    /// Largest message body accepted (`--max-message`).
+    pub max_message: usize,
+    /// Most instances in one report.
+    pub max_instances: usize,
+    /// Most concurrent agent connections.
+    pub max_connections: usize,
+    /// Time allowed between connection and hello.
+    pub hello_timeout: Duration,
+}
+
+impl IngestConfig {
+    /// Default limits around the given TLS configuration and authentication.
+    pub fn new(server: quinn::ServerConfig, auth: AgentAuth) -> Self {
+        IngestConfig {
+            server,
+            auth,
+            max_message: DEFAULT_MAX_MESSAGE,
+            max_instances: DEFAULT_MAX_INSTANCES,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            hello_timeout: HELLO_TIMEOUT,
+        }
+    }
+}
+
+/// What every connection task shares.
+struct Shared {
+    auth: AgentAuth,
+    max_message: usize,
+    max_instances: usize,
+    hello_timeout: Duration,
+    sink: Arc<dyn ReportSink>,
+    agents: Agents,
+    metrics: IngestMetrics,
+    /// Connections being served, held below `max_connections`.
+    open: AtomicUsize,
+}
+
+/// The ingest server, ready to run on a socket.
+pub struct Ingest {
+    server: quinn::ServerConfig,
+    max_connections: usize,
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Ingest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ingest")
+            .field("max_connections", &self.max_connections)
+            .field("max_message", &self.shared.max_message)
+            .field("max_instances", &self.shared.max_instances)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Ingest {
+    /// Registers the ingest metrics into `registry` and prepares the server.
+    pub fn new(
+        config: IngestConfig,
+        sink: Arc<dyn ReportSink>,
+        registry: &Registry,
+    ) -> Result<Self, IngestError> {
+        let metrics = IngestMetrics::register(registry)?;
+        let shared = Arc::new(Shared {
+            auth: config.auth,
+            max_message: config.max_message,
+            max_instances: config.max_instances,
+            hello_timeout: config.hello_timeout,
+            sink,
+            agents: Agents::new(metrics.clone()),
+            metrics,
+            open: AtomicUsize::new(0),
+        });
+        Ok(Ingest {
+            server: config.server,
+            max_connections: config.max_connections,
+            shared,
+        })
+    }
+
+    /// The registry of connected agents, to send them commands.
+    pub fn agents(&self) -> Agents {
+        self.shared.agents.clone()
+    }
+
+    /// Serves agents on an already bound UDP socket until `shutdown` completes, then
+    /// closes every connection and waits briefly for them to go.
+    pub async fn run(
+        self,
+        socket: std::net::UdpSocket,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<(), IngestError> {
+        let Ingest {
+            server,
+            max_connections,
+            shared,
+        } = self;
+        let endpoint = quinn::Endpoint::new(
+            quinn::EndpointConfig::default(),
+            Some(server),
+            socket,
+            Arc::new(quinn::TokioRuntime),
+        )?;
+        info!(addr = %endpoint.local_addr()?, "Agent ingest listening.");
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                incoming = endpoint.accept() => {
+                    let Some(incoming) = incoming else { break };
+                    if shared.open.load(Ordering::Relaxed) >= max_connections {
+                        warn!(remote = %incoming.remote_address(), max_connections, "Connection refused: too many agents.");
+                        shared.metrics.rejected("too_many_connections");
+                        incoming.refuse();
+                        continue;
+                    }
+                    shared.open.fetch_add(1, Ordering::Relaxed);
+                    let shared = shared.clone();
+                    tokio::spawn(async move {
+                        connection::serve(incoming, shared.clone()).await;
+                        shared.open.fetch_sub(1, Ordering::Relaxed);
+                    });
+                }
+                () = &mut shutdown => break,
+            }
+        }
+        endpoint.close(code::SHUTDOWN.into(), b"aggregator shutting down");
+        let _ = tokio::time::timeout(Duration::from_secs(2), endpoint.wait_idle()).await;
+        info!("Agent ingest stopped.");
+        Ok(())
+    }
+}

@@ -1,0 +1,285 @@
+//! The registry of connected agents: which connection last reported each
+//! (zone, cluster, instance), and commands sent to an agent on its control stream
+//! with their replies matched by id under a deadline.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use dashmap::DashMap;
+use meshcat_common::transport::code;
+use meshcat_common::wire::{Command, CommandOutput, CommandReply, CommandRequest};
+use tokio::sync::{mpsc, oneshot};
+
+use super::metrics::IngestMetrics;
+
+/// Commands awaiting a reply from one agent; more are refused as busy so a hung agent
+/// cannot grow the aggregator's memory.
+pub const MAX_PENDING_COMMANDS: usize = 64;
+
+/// Why a command did not produce an output.
+#[derive(Debug, thiserror::Error)]
+pub enum CommandError {
+    #[error("no connected agent reports instance {instance} of cluster {cluster} in zone {zone}")]
+    UnknownInstance {
+        zone: String,
+        cluster: String,
+        instance: String,
+    },
+    #[error("the agent disconnected before answering")]
+    AgentGone,
+    #[error("the agent did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("the agent has too many commands in progress")]
+    Busy,
+    #[error("the agent reported an error: {0}")]
+    Failed(String),
+}
+
+impl CommandError {
+    /// Low-cardinality label for metrics.
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            CommandError::UnknownInstance { .. } => "unknown_instance",
+            CommandError::AgentGone => "agent_gone",
+            CommandError::Timeout(_) => "timeout",
+            CommandError::Busy => "busy",
+            CommandError::Failed(_) => "failed",
+        }
+    }
+}
+
+/// (zone, cluster, instance).
+pub(crate) type InstanceKey = (String, String, String);
+
+type ReplySender = oneshot::Sender<Result<CommandOutput, String>>;
+
+/// One authenticated agent connection.
+#[derive(Debug)]
+pub(crate) struct Session {
+    pub(crate) agent_id: String,
+    /// Distinguishes a reconnected agent's new connection from its old one.
+    conn_id: u64,
+    connection: quinn::Connection,
+    /// Feeds the task that writes to the agent's control stream.
+    commands: mpsc::Sender<CommandRequest>,
+    /// Replies awaited, by command id.
+    pending: Mutex<HashMap<u64, ReplySender>>,
+    next_command: AtomicU64,
+    /// The instances of this connection's last report, to forget them precisely.
+    instances: Mutex<HashSet<InstanceKey>>,
+}
+
+impl Session {
+    /// Hands an agent's reply to whoever awaits it; late replies are dropped.
+    pub(crate) fn resolve(&self, reply: CommandReply) {
+        let waiter = lock(&self.pending).remove(&reply.id);
+        if let Some(waiter) = waiter {
+            let _ = waiter.send(reply.outcome);
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic elsewhere cannot leave these maps half-updated, so poisoning is ignored.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Removes a pending command when its caller stops waiting (deadline or drop).
+struct PendingGuard<'a> {
+    session: &'a Session,
+    id: u64,
+}
+
+impl Drop for PendingGuard<'_> {
+    fn drop(&mut self) {
+        lock(&self.session.pending).remove(&self.id);
+    }
+}
+
+/// Connected agents and the instances they report; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Agents {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    /// The current connection of each agent id.
+    by_agent: DashMap<String, Arc<Session>>,
+    /// The connection that last reported each instance.
+    by_instance: DashMap<InstanceKey, Arc<Session>>,
+    next_conn: AtomicU64,
+    metrics: IngestMetrics,
+}
+
+impl Agents {
+    pub fn new(metrics: IngestMetrics) -> Self {
+        Agents {
+            inner: Arc::new(Inner {
+                by_agent: DashMap::new(),
+                by_instance: DashMap::new(),
+                next_conn: AtomicU64::new(1),
+                metrics,
+            }),
+        }
+    }
+
+    /// Number of agents connected now.
+    pub fn connected(&self) -> usize {
+        self.inner.by_agent.len()
+    }
+
+    /// Whether some connected agent reports this instance.
+    pub fn knows(&self, zone: &str, cluster: &str, instance: &str) -> bool {
+        self.inner.by_instance.contains_key(&(
+            zone.to_owned(),
+            cluster.to_owned(),
+            instance.to_owned(),
+        ))
+    }
+
+    /// Registers a new connection; an older connection of the same agent id is closed,
+    /// since the agent has evidently moved on from it.
+    pub(crate) fn connect(
+        &self,
+        agent_id: &str,
+        connection: quinn::Connection,
+        commands: mpsc::Sender<CommandRequest>,
+    ) -> Arc<Session> {
+        let session = Arc::new(Session {
+            agent_id: agent_id.to_owned(),
+            conn_id: self.inner.next_conn.fetch_add(1, Ordering::Relaxed),
+            connection,
+            commands,
+            pending: Mutex::new(HashMap::new()),
+            next_command: AtomicU64::new(1),
+            instances: Mutex::new(HashSet::new()),
+        });
+        let old = self
+            .inner
+            .by_agent
+            .insert(agent_id.to_owned(), session.clone());
+        if let Some(old) = old {
+            old.connection
+                .close(code::REPLACED.into(), b"replaced by a newer connection");
+        }
+        session
+    }
+
+    /// Records the instances of an accepted report as served by this connection.
+    pub(crate) fn track(&self, session: &Arc<Session>, keys: HashSet<InstanceKey>) {
+        for key in &keys {
+            self.inner.by_instance.insert(key.clone(), session.clone());
+        }
+        let stale: Vec<InstanceKey> = {
+            let mut mine = lock(&session.instances);
+            let stale = mine.difference(&keys).cloned().collect();
+            *mine = keys;
+            stale
+        };
+        for key in stale {
+            self.inner
+                .by_instance
+                .remove_if(&key, |_, s| s.conn_id == session.conn_id);
+        }
+    }
+
+    /// Forgets a closed connection. Returns whether it was the agent's current one
+    /// (false when a newer connection replaced it, whose state must survive).
+    pub(crate) fn disconnect(&self, session: &Arc<Session>) -> bool {
+        let current = self
+            .inner
+            .by_agent
+            .remove_if(&session.agent_id, |_, s| s.conn_id == session.conn_id)
+            .is_some();
+        let keys: Vec<InstanceKey> = lock(&session.instances).drain().collect();
+        for key in keys {
+            self.inner
+                .by_instance
+                .remove_if(&key, |_, s| s.conn_id == session.conn_id);
+        }
+        // Dropping the senders wakes every waiting caller with AgentGone.
+        lock(&session.pending).clear();
+        current
+    }
+
+    /// Runs a command on the agent that last reported this instance and waits for its
+    /// answer until `deadline`. Never blocks other commands or reports.
+    pub async fn command(
+        &self,
+        zone: &str,
+        cluster: &str,
+        instance: &str,
+        cmd: Command,
+        deadline: Duration,
+    ) -> Result<CommandOutput, CommandError> {
+        let name = cmd.name();
+        let result = self
+            .run_command(zone, cluster, instance, cmd, deadline)
+            .await;
+        let outcome = match &result {
+            Ok(_) => "ok",
+            Err(e) => e.outcome(),
+        };
+        self.inner
+            .metrics
+            .agent_commands
+            .with_label_values(&[name, outcome])
+            .inc();
+        result
+    }
+
+    async fn run_command(
+        &self,
+        zone: &str,
+        cluster: &str,
+        instance: &str,
+        cmd: Command,
+        deadline: Duration,
+    ) -> Result<CommandOutput, CommandError> {
+        let key = (zone.to_owned(), cluster.to_owned(), instance.to_owned());
+        let session = self
+            .inner
+            .by_instance
+            .get(&key)
+            .map(|s| s.value().clone())
+            .ok_or_else(|| CommandError::UnknownInstance {
+                zone: zone.to_owned(),
+                cluster: cluster.to_owned(),
+                instance: instance.to_owned(),
+            })?;
+        let id = session.next_command.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut pending = lock(&session.pending);
+            if pending.len() >= MAX_PENDING_COMMANDS {
+                return Err(CommandError::Busy);
+            }
+            pending.insert(id, tx);
+        }
+        let _guard = PendingGuard {
+            session: &session,
+            id,
+        };
+        let request = CommandRequest {
+            id,
+            instance: instance.to_owned(),
+            command: cmd,
+        };
+        let exchange = async {
+            session
+                .commands
+                .send(request)
+                .await
+                .map_err(|_| CommandError::AgentGone)?;
+            rx.await
+                .map_err(|_| CommandError::AgentGone)?
+                .map_err(CommandError::Failed)
+        };
+        tokio::time::timeout(deadline, exchange)
+            .await
+            .map_err(|_| CommandError::Timeout(deadline))?
+    }
+}

@@ -1,0 +1,324 @@
+//! One agent connection: handshake, hello and authentication on the control stream,
+//! then commands out and replies in on that stream while each report arrives on a
+//! stream of its own, validated and handed to the sink.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Instant;
+
+use meshcat_common::transport::{TransportError, code, read_frame, write_frame};
+use meshcat_common::validate::is_valid_name;
+use meshcat_common::wire::{AgentMessage, Hello, Report, ServerMessage, WireError};
+use rustls_pki_types::CertificateDer;
+use tokio::sync::mpsc;
+use tracing::{Instrument, Span, debug, info, info_span, warn};
+
+use super::Shared;
+use super::agents::{InstanceKey, Session};
+use super::auth::{ZoneGrant, cert_grant};
+
+/// Commands queued for one agent's control stream before callers wait.
+const COMMAND_QUEUE: usize = 16;
+
+/// Serves one incoming connection until it closes.
+pub(super) async fn serve(incoming: quinn::Incoming, shared: Arc<Shared>) {
+    let span = info_span!(
+        "connection",
+        remote = %incoming.remote_address(),
+        agent = tracing::field::Empty
+    );
+    serve_inner(incoming, shared).instrument(span).await;
+}
+
+async fn serve_inner(incoming: quinn::Incoming, shared: Arc<Shared>) {
+    let conn = match incoming.await {
+        Ok(conn) => conn,
+        Err(e) => {
+            debug!(error = %e, "Handshake failed.");
+            shared.metrics.rejected("handshake");
+            return;
+        }
+    };
+    let Some((hello, grant, mut send, mut recv)) = greet(&conn, &shared).await else {
+        return;
+    };
+    let agent_id = hello.agent_id;
+    Span::current().record("agent", agent_id.as_str());
+
+    let (commands_tx, mut commands_rx) = mpsc::channel(COMMAND_QUEUE);
+    let session = shared.agents.connect(&agent_id, conn.clone(), commands_tx);
+    shared.metrics.agents_connected.inc();
+    info!(version = %hello.agent_version, "Agent connected.");
+
+    let max_message = shared.max_message;
+    let writer = tokio::spawn(
+        async move {
+            while let Some(request) = commands_rx.recv().await {
+                let msg = ServerMessage::Command(request);
+                if let Err(e) = write_frame(&mut send, &msg, max_message).await {
+                    debug!(error = %e, "Command not sent.");
+                    break;
+                }
+            }
+            let _ = send.finish();
+        }
+        .in_current_span(),
+    );
+    let reports = tokio::spawn(
+        accept_reports(conn.clone(), shared.clone(), session.clone(), grant).in_current_span(),
+    );
+
+    // The control stream is read here alone, never raced against anything else, so a
+    // frame is never abandoned half-read.
+    let goodbye = loop {
+        match read_frame::<AgentMessage>(&mut recv, shared.max_message).await {
+            Ok(Some(AgentMessage::CommandReply(reply))) => session.resolve(reply),
+            Ok(Some(AgentMessage::Goodbye)) => break true,
+            Ok(Some(other)) => {
+                warn!(
+                    message = message_name(&other),
+                    "Unexpected message on the control stream; closing."
+                );
+                shared.metrics.rejected("unexpected_message");
+                conn.close(code::PROTOCOL.into(), b"unexpected message");
+                break false;
+            }
+            Ok(None) => break false,
+            Err(e) => {
+                if matches!(e, TransportError::Wire(_) | TransportError::Truncated) {
+                    warn!(error = %e, "Bad frame on the control stream; closing.");
+                    shared.metrics.rejected(e.reason());
+                    conn.close(code::PROTOCOL.into(), b"bad frame on the control stream");
+                } else {
+                    debug!(error = %e, "Control stream ended.");
+                }
+                break false;
+            }
+        }
+    };
+    if goodbye {
+        conn.close(code::OK.into(), b"goodbye");
+    }
+    reports.abort();
+    writer.abort();
+    shared.metrics.agents_connected.dec();
+    if shared.agents.disconnect(&session) {
+        shared.sink.agent_gone(&agent_id);
+    }
+    info!(goodbye, "Agent disconnected.");
+}
+
+/// Takes the control stream and the hello, and authenticates the agent. Refusals are
+/// answered, counted and the connection closed.
+async fn greet(
+    conn: &quinn::Connection,
+    shared: &Shared,
+) -> Option<(Hello, ZoneGrant, quinn::SendStream, quinn::RecvStream)> {
+    let refuse = |reason: &'static str, why: &str| {
+        shared.metrics.rejected(reason);
+        warn!(reason, detail = why, "Agent refused.");
+    };
+    let stream = tokio::time::timeout(shared.hello_timeout, conn.accept_bi()).await;
+    let (mut send, mut recv) = match stream {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(e)) => {
+            debug!(error = %e, "Connection closed before its hello.");
+            return None;
+        }
+        Err(_) => {
+            refuse("hello_timeout", "no control stream in time");
+            conn.close(code::PROTOCOL.into(), b"no hello");
+            return None;
+        }
+    };
+    let first = tokio::time::timeout(
+        shared.hello_timeout,
+        read_frame::<AgentMessage>(&mut recv, shared.max_message),
+    )
+    .await;
+    let rejection = match first {
+        Ok(Ok(Some(AgentMessage::Hello(hello)))) => {
+            if !is_valid_name(&hello.agent_id) {
+                refuse("invalid_name", "agent id is not a valid name");
+                "agent id must be 1 to 253 characters of [A-Za-z0-9._-]".to_owned()
+            } else {
+                match authenticate(conn, shared, &hello) {
+                    Some(grant) => {
+                        let welcome = ServerMessage::Welcome {
+                            server_version: env!("CARGO_PKG_VERSION").to_owned(),
+                        };
+                        if let Err(e) = write_frame(&mut send, &welcome, shared.max_message).await {
+                            debug!(error = %e, "Welcome not sent.");
+                            return None;
+                        }
+                        return Some((hello, grant, send, recv));
+                    }
+                    None => {
+                        refuse("auth", "no valid agent certificate or token");
+                        "authentication failed".to_owned()
+                    }
+                }
+            }
+        }
+        Ok(Ok(Some(_))) => {
+            refuse("unexpected_message", "the first message was not a hello");
+            "the first message must be a hello".to_owned()
+        }
+        Ok(Ok(None)) => return None,
+        Ok(Err(e)) => {
+            refuse(e.reason(), &e.to_string());
+            e.to_string()
+        }
+        Err(_) => {
+            refuse("hello_timeout", "no hello in time");
+            "no hello in time".to_owned()
+        }
+    };
+    let msg = ServerMessage::Rejected { reason: rejection };
+    let _ = write_frame(&mut send, &msg, shared.max_message).await;
+    let _ = send.finish();
+    // Give the refusal a moment to leave before the close overtakes it.
+    let _ = tokio::time::timeout(std::time::Duration::from_millis(500), send.stopped()).await;
+    conn.close(code::REFUSED.into(), b"refused");
+    None
+}
+
+/// A verified agent certificate authenticates on its own; otherwise the hello token must
+/// match one of the configured tokens.
+fn authenticate(conn: &quinn::Connection, shared: &Shared, hello: &Hello) -> Option<ZoneGrant> {
+    if shared.auth.certificates {
+        let cert = conn
+            .peer_identity()
+            .and_then(|id| id.downcast::<Vec<CertificateDer<'static>>>().ok())
+            .and_then(|chain| chain.first().cloned());
+        if let Some(cert) = cert {
+            // rustls has verified the chain against the agent CA during the handshake.
+            return cert_grant(&cert);
+        }
+    }
+    hello
+        .token
+        .as_deref()
+        .and_then(|token| shared.auth.token_grant(token))
+}
+
+async fn accept_reports(
+    conn: quinn::Connection,
+    shared: Arc<Shared>,
+    session: Arc<Session>,
+    grant: ZoneGrant,
+) {
+    let grant = Arc::new(grant);
+    while let Ok((send, recv)) = conn.accept_bi().await {
+        let (shared, session, grant) = (shared.clone(), session.clone(), grant.clone());
+        tokio::spawn(
+            async move { handle_report(send, recv, &shared, &session, &grant).await }
+                .in_current_span(),
+        );
+    }
+}
+
+/// Reads one report from its own stream, answers accepted or rejected, and finishes.
+async fn handle_report(
+    mut send: quinn::SendStream,
+    mut recv: quinn::RecvStream,
+    shared: &Shared,
+    session: &Arc<Session>,
+    grant: &ZoneGrant,
+) {
+    let outcome = match read_frame::<AgentMessage>(&mut recv, shared.max_message).await {
+        Ok(Some(AgentMessage::Report(report))) => accept(report, shared, session, grant),
+        Ok(Some(other)) => Err((
+            "unexpected_message",
+            format!("a report stream carried {}", message_name(&other)),
+        )),
+        Ok(None) => Err(("truncated", "the report stream was empty".to_owned())),
+        Err(e) => {
+            if matches!(e, TransportError::Wire(WireError::TooLarge { .. })) {
+                // Do not let the agent push the rest of an oversized body.
+                let _ = recv.stop(code::TOO_LARGE.into());
+            }
+            Err((e.reason(), e.to_string()))
+        }
+    };
+    let reply = match outcome {
+        Ok(instances) => ServerMessage::ReportAccepted { instances },
+        Err((reason, why)) => {
+            shared.metrics.rejected(reason);
+            warn!(reason, error = %why, "Report rejected.");
+            ServerMessage::Rejected { reason: why }
+        }
+    };
+    if write_frame(&mut send, &reply, shared.max_message)
+        .await
+        .is_ok()
+    {
+        let _ = send.finish();
+    }
+}
+
+/// Validates a whole report, then hands it to the sink. A report with any invalid
+/// instance is refused whole, so the catalog never holds half of an agent's view.
+fn accept(
+    report: Report,
+    shared: &Shared,
+    session: &Arc<Session>,
+    grant: &ZoneGrant,
+) -> Result<u32, (&'static str, String)> {
+    if report.instances.len() > shared.max_instances {
+        return Err((
+            "too_many_instances",
+            format!(
+                "{} instances is over the limit of {}",
+                report.instances.len(),
+                shared.max_instances
+            ),
+        ));
+    }
+    let mut keys: HashSet<InstanceKey> = HashSet::with_capacity(report.instances.len());
+    for inst in &report.instances {
+        for (field, value) in [
+            ("zone", &inst.zone_name),
+            ("cluster", &inst.cluster_name),
+            ("instance", &inst.instance),
+        ] {
+            if !is_valid_name(value) {
+                return Err((
+                    "invalid_name",
+                    format!("{field} name {value:?} is not valid"),
+                ));
+            }
+        }
+        if !grant.allows(&inst.zone_name) {
+            return Err((
+                "forbidden_zone",
+                format!("this agent may not report for zone {:?}", inst.zone_name),
+            ));
+        }
+        keys.insert((
+            inst.zone_name.clone(),
+            inst.cluster_name.clone(),
+            inst.instance.clone(),
+        ));
+    }
+    let now = Instant::now();
+    for inst in &report.instances {
+        shared.sink.apply_report(&session.agent_id, inst, now);
+    }
+    shared.agents.track(session, keys);
+    shared.metrics.reports_received.inc();
+    shared
+        .metrics
+        .instances_reported
+        .inc_by(report.instances.len() as u64);
+    Ok(report.instances.len() as u32)
+}
+
+fn message_name(m: &AgentMessage) -> &'static str {
+    match m {
+        AgentMessage::Hello(_) => "hello",
+        AgentMessage::Report(_) => "report",
+        AgentMessage::CommandReply(_) => "command_reply",
+        AgentMessage::Goodbye => "goodbye",
+    }
+}

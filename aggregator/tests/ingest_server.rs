@@ -1,0 +1,525 @@
+//! The ingest server over real QUIC on 127.0.0.1:0: authentication (agent certificates
+//! and tokens), zone permissions, rejection of bad messages without harm to other
+//! agents, and agent_gone on disconnect and goodbye. The clients here are raw quinn
+//! connections so they can misbehave on purpose.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use meshcat_aggregator::ingest::{AgentAuth, Ingest, IngestConfig, ReportSink};
+use meshcat_common::model::InstanceMetrics;
+use meshcat_common::tls::{self, ClientAuth, DevFiles};
+use meshcat_common::transport::{read_frame, write_frame};
+use meshcat_common::wire::{
+    self, AgentMessage, DEFAULT_MAX_MESSAGE, Envelope, Hello, InstanceReport, Report, ServerMessage,
+};
+use prometheus::Registry;
+use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, SanType};
+use tokio::sync::oneshot;
+
+#[derive(Default)]
+struct TestSink {
+    reports: Mutex<Vec<(String, InstanceReport)>>,
+    gone: Mutex<Vec<String>>,
+}
+
+impl ReportSink for TestSink {
+    fn apply_report(&self, agent_id: &str, report: &InstanceReport, _now: Instant) {
+        self.reports
+            .lock()
+            .unwrap()
+            .push((agent_id.to_owned(), report.clone()));
+    }
+    fn agent_gone(&self, agent_id: &str) {
+        self.gone.lock().unwrap().push(agent_id.to_owned());
+    }
+}
+
+impl TestSink {
+    fn reports_of(&self, agent: &str) -> usize {
+        self.reports
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(a, _)| a == agent)
+            .count()
+    }
+    fn is_gone(&self, agent: &str) -> bool {
+        self.gone.lock().unwrap().iter().any(|a| a == agent)
+    }
+}
+
+struct Server {
+    addr: std::net::SocketAddr,
+    sink: Arc<TestSink>,
+    registry: Registry,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Server {
+    async fn start(config: IngestConfig) -> Server {
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let addr = socket.local_addr().unwrap();
+        let sink = Arc::new(TestSink::default());
+        let registry = Registry::new();
+        let ingest = Ingest::new(config, sink.clone(), &registry).unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            ingest
+                .run(socket, async {
+                    let _ = stopped.await;
+                })
+                .await
+                .unwrap();
+        });
+        Server {
+            addr,
+            sink,
+            registry,
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    fn metric(&self, name: &str, label: Option<(&str, &str)>) -> f64 {
+        metric(&self.registry, name, label)
+    }
+
+    async fn stop(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        tokio::time::timeout(Duration::from_secs(5), self.task)
+            .await
+            .expect("ingest stops by itself")
+            .unwrap();
+    }
+}
+
+/// Sums the samples of a metric in the text exposition, optionally with one label.
+fn metric(registry: &Registry, name: &str, label: Option<(&str, &str)>) -> f64 {
+    let text = prometheus::TextEncoder::new()
+        .encode_to_string(&registry.gather())
+        .unwrap();
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.starts_with(&format!("{name} ")) || l.starts_with(&format!("{name}{{")))
+        .filter(|l| match label {
+            None => true,
+            Some((k, v)) => l.contains(&format!("{k}=\"{v}\"")),
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+async fn eventually(what: &str, cond: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn instance(zone: &str, cluster: &str, name: &str) -> InstanceReport {
+    InstanceReport {
+        zone_name: zone.into(),
+        cluster_name: cluster.into(),
+        instance: name.into(),
+        admin_address: "127.0.0.1:9901".into(),
+        reachable: true,
+        error: None,
+        start_time_ms: 1_700_000_000_000,
+        server_state: "LIVE".into(),
+        envoy_version: "1.40.0".into(),
+        log_level: Some("info".into()),
+        requests_total: 10,
+        errors_5xx_total: 1,
+        metrics: InstanceMetrics::default(),
+        clusters: Vec::new(),
+    }
+}
+
+/// A raw agent connection.
+struct Client {
+    conn: quinn::Connection,
+    _endpoint: quinn::Endpoint,
+    control: Option<(quinn::SendStream, quinn::RecvStream)>,
+}
+
+async fn connect(
+    addr: std::net::SocketAddr,
+    ca: &Path,
+    cert: Option<(&Path, &Path)>,
+) -> Result<Client, String> {
+    let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    endpoint.set_default_client_config(tls::client_config(ca, cert).unwrap());
+    let conn = endpoint
+        .connect(addr, "localhost")
+        .unwrap()
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(Client {
+        conn,
+        _endpoint: endpoint,
+        control: None,
+    })
+}
+
+impl Client {
+    /// Says hello; the answer's reason on refusal.
+    async fn hello(&mut self, agent_id: &str, token: Option<&str>) -> Result<(), String> {
+        let (mut send, mut recv) = self.conn.open_bi().await.map_err(|e| e.to_string())?;
+        let hello = AgentMessage::Hello(Hello {
+            agent_id: agent_id.into(),
+            agent_version: "test".into(),
+            token: token.map(str::to_owned),
+        });
+        write_frame(&mut send, &hello, DEFAULT_MAX_MESSAGE)
+            .await
+            .map_err(|e| e.to_string())?;
+        match read_frame::<ServerMessage>(&mut recv, DEFAULT_MAX_MESSAGE).await {
+            Ok(Some(ServerMessage::Welcome { .. })) => {
+                self.control = Some((send, recv));
+                Ok(())
+            }
+            Ok(Some(ServerMessage::Rejected { reason })) => Err(reason),
+            other => Err(format!("{other:?}")),
+        }
+    }
+
+    /// Sends raw bytes as a report stream and returns the aggregator's answer.
+    async fn raw(&self, bytes: &[u8]) -> ServerMessage {
+        let (mut send, mut recv) = self.conn.open_bi().await.unwrap();
+        // The aggregator may stop the stream before all of an oversized body is sent.
+        let _ = send.write_all(bytes).await;
+        let _ = send.finish();
+        read_frame::<ServerMessage>(&mut recv, DEFAULT_MAX_MESSAGE)
+            .await
+            .unwrap()
+            .expect("an answer")
+    }
+
+    async fn report(&self, instances: Vec<InstanceReport>) -> ServerMessage {
+        let msg = AgentMessage::Report(Report {
+            sent_at_ms: 0,
+            instances,
+        });
+        self.raw(&wire::encode(&msg, usize::MAX).unwrap()).await
+    }
+
+    async fn goodbye(&mut self) {
+        let (send, _) = self.control.as_mut().unwrap();
+        write_frame(send, &AgentMessage::Goodbye, DEFAULT_MAX_MESSAGE)
+            .await
+            .unwrap();
+        let _ = send.finish();
+    }
+}
+
+fn accepted(m: &ServerMessage) -> bool {
+    matches!(m, ServerMessage::ReportAccepted { .. })
+}
+
+fn dev(dir: &Path) -> DevFiles {
+    tls::dev_setup(dir).unwrap()
+}
+
+fn mtls_config(files: &DevFiles, ca: &Path) -> IngestConfig {
+    let server = tls::server_config(
+        &files.server_cert,
+        &files.server_key,
+        &ClientAuth::Required(ca.to_owned()),
+    )
+    .unwrap();
+    IngestConfig::new(server, AgentAuth::certificates())
+}
+
+/// An operator CA and an agent certificate it signs, limited to the given zone URIs.
+fn operator_ca(dir: &Path, zone_uris: &[&str]) -> (PathBuf, PathBuf, PathBuf) {
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.subject_alt_names = zone_uris
+        .iter()
+        .map(|u| SanType::URI((*u).try_into().unwrap()))
+        .collect();
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    let paths = (
+        dir.join("op-ca.pem"),
+        dir.join("op-agent.pem"),
+        dir.join("op-agent-key.pem"),
+    );
+    std::fs::write(&paths.0, ca_cert.pem()).unwrap();
+    std::fs::write(&paths.1, cert.pem()).unwrap();
+    std::fs::write(&paths.2, key.serialize_pem()).unwrap();
+    paths
+}
+
+#[tokio::test]
+async fn mtls_accepts_the_ca_signed_agent_and_refuses_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = dev(dir.path());
+    let server = Server::start(mtls_config(&files, &files.ca)).await;
+
+    let mut good = connect(
+        server.addr,
+        &files.ca,
+        Some((&files.agent_cert, &files.agent_key)),
+    )
+    .await
+    .unwrap();
+    good.hello("agent-a", None).await.unwrap();
+    let answer = good.report(vec![instance("east", "web", "web-1")]).await;
+    assert!(accepted(&answer), "{answer:?}");
+    eventually("the report in the sink", || {
+        server.sink.reports_of("agent-a") == 1
+    })
+    .await;
+
+    // No client certificate: the handshake (or the first exchange) fails.
+    let refused = match connect(server.addr, &files.ca, None).await {
+        Err(_) => true,
+        Ok(mut c) => c.hello("agent-b", None).await.is_err(),
+    };
+    assert!(refused, "an agent without a certificate was accepted");
+
+    // A certificate from another CA.
+    let foreign_dir = tempfile::tempdir().unwrap();
+    let foreign = dev(foreign_dir.path());
+    let refused = match connect(
+        server.addr,
+        &files.ca,
+        Some((&foreign.agent_cert, &foreign.agent_key)),
+    )
+    .await
+    {
+        Err(_) => true,
+        Ok(mut c) => c.hello("agent-c", None).await.is_err(),
+    };
+    assert!(refused, "an agent with a foreign certificate was accepted");
+    eventually("handshake refusals counted", || {
+        server.metric(
+            "meshcat_reports_rejected_total",
+            Some(("reason", "handshake")),
+        ) >= 2.0
+    })
+    .await;
+    assert_eq!(server.sink.reports_of("agent-b"), 0);
+    assert_eq!(server.sink.reports_of("agent-c"), 0);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn certificate_zones_limit_reports() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = dev(dir.path());
+    let (ca, cert, key) = operator_ca(dir.path(), &["meshcat:zone:east"]);
+    let server = Server::start(mtls_config(&files, &ca)).await;
+    let mut agent = connect(server.addr, &files.ca, Some((&cert, &key)))
+        .await
+        .unwrap();
+    agent.hello("scoped", None).await.unwrap();
+    assert!(accepted(
+        &agent.report(vec![instance("east", "web", "web-1")]).await
+    ));
+    let answer = agent
+        .report(vec![
+            instance("east", "web", "web-1"),
+            instance("west", "web", "web-2"),
+        ])
+        .await;
+    assert!(
+        matches!(&answer, ServerMessage::Rejected { reason } if reason.contains("west")),
+        "{answer:?}"
+    );
+    assert_eq!(
+        server.metric(
+            "meshcat_reports_rejected_total",
+            Some(("reason", "forbidden_zone"))
+        ),
+        1.0
+    );
+    // The refused report was not applied even in part.
+    assert_eq!(server.sink.reports_of("scoped"), 1);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn token_auth_accepts_known_tokens_and_enforces_their_zones() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = dev(dir.path());
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, "s3cret-east east\ns3cret-all\n").unwrap();
+    let auth = AgentAuth::default().with_token_file(&tokens).unwrap();
+    let server_tls =
+        tls::server_config(&files.server_cert, &files.server_key, &ClientAuth::None).unwrap();
+    let server = Server::start(IngestConfig::new(server_tls, auth)).await;
+
+    let mut wrong = connect(server.addr, &files.ca, None).await.unwrap();
+    let reason = wrong
+        .hello("intruder", Some("s3cret-eas"))
+        .await
+        .unwrap_err();
+    assert!(reason.contains("authentication"), "{reason}");
+    let mut none = connect(server.addr, &files.ca, None).await.unwrap();
+    assert!(none.hello("intruder", None).await.is_err());
+    assert_eq!(
+        server.metric("meshcat_reports_rejected_total", Some(("reason", "auth"))),
+        2.0
+    );
+
+    let mut east = connect(server.addr, &files.ca, None).await.unwrap();
+    east.hello("east-agent", Some("s3cret-east")).await.unwrap();
+    assert!(accepted(
+        &east.report(vec![instance("east", "web", "web-1")]).await
+    ));
+    assert!(!accepted(
+        &east.report(vec![instance("north", "web", "web-1")]).await
+    ));
+    let mut all = connect(server.addr, &files.ca, None).await.unwrap();
+    all.hello("all-agent", Some("s3cret-all")).await.unwrap();
+    assert!(accepted(
+        &all.report(vec![instance("north", "web", "web-1")]).await
+    ));
+    assert_eq!(
+        server.metric(
+            "meshcat_reports_rejected_total",
+            Some(("reason", "forbidden_zone"))
+        ),
+        1.0
+    );
+    assert_eq!(server.metric("meshcat_agents_connected", None), 2.0);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn bad_messages_are_refused_without_harm_to_other_agents() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = dev(dir.path());
+    let mut config = mtls_config(&files, &files.ca);
+    config.max_message = 64 * 1024;
+    config.max_instances = 100;
+    let server = Server::start(config).await;
+    let certs = Some((files.agent_cert.as_path(), files.agent_key.as_path()));
+    let mut good = connect(server.addr, &files.ca, certs).await.unwrap();
+    good.hello("good", None).await.unwrap();
+    let mut bad = connect(server.addr, &files.ca, certs).await.unwrap();
+    bad.hello("bad", None).await.unwrap();
+
+    // Over the limit: announced as 1 MiB; refused from the prefix alone.
+    let mut huge = (1u32 << 20).to_be_bytes().to_vec();
+    huge.extend(std::iter::repeat_n(0u8, 200 * 1024));
+    let answer = bad.raw(&huge).await;
+    assert!(
+        matches!(answer, ServerMessage::Rejected { .. }),
+        "{answer:?}"
+    );
+    assert!(accepted(&good.report(vec![instance("z", "c", "i")]).await));
+
+    // Another protocol version.
+    let body = rmp_serde::to_vec(&Envelope {
+        version: 99,
+        message: AgentMessage::Goodbye,
+    })
+    .unwrap();
+    let mut frame = (body.len() as u32).to_be_bytes().to_vec();
+    frame.extend(body);
+    let answer = bad.raw(&frame).await;
+    assert!(
+        matches!(&answer, ServerMessage::Rejected { reason } if reason.contains("version")),
+        "{answer:?}"
+    );
+
+    // Garbage.
+    let answer = bad.raw(b"\x00\x00\x00\x08\xc1\xc1garbage").await;
+    assert!(
+        matches!(answer, ServerMessage::Rejected { .. }),
+        "{answer:?}"
+    );
+
+    // Bad names and too many instances.
+    assert!(!accepted(
+        &bad.report(vec![instance("z", "c/../x", "i")]).await
+    ));
+    let many = (0..101)
+        .map(|i| instance("z", "c", &format!("i{i}")))
+        .collect();
+    assert!(!accepted(&bad.report(many).await));
+
+    for reason in [
+        "too_large",
+        "version",
+        "decode",
+        "invalid_name",
+        "too_many_instances",
+    ] {
+        assert_eq!(
+            server.metric("meshcat_reports_rejected_total", Some(("reason", reason))),
+            1.0,
+            "{reason}"
+        );
+    }
+    // Both agents are still connected and reporting.
+    assert!(accepted(&good.report(vec![instance("z", "c", "i")]).await));
+    assert!(accepted(&bad.report(vec![instance("z", "c", "j")]).await));
+    assert_eq!(server.sink.reports_of("good"), 2);
+    assert_eq!(server.sink.reports_of("bad"), 1);
+    assert_eq!(server.metric("meshcat_reports_received_total", None), 3.0);
+    assert_eq!(server.metric("meshcat_agents_connected", None), 2.0);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn agent_gone_on_goodbye_and_on_disconnect() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = dev(dir.path());
+    let server = Server::start(mtls_config(&files, &files.ca)).await;
+    let certs = Some((files.agent_cert.as_path(), files.agent_key.as_path()));
+
+    let mut polite = connect(server.addr, &files.ca, certs).await.unwrap();
+    polite.hello("polite", None).await.unwrap();
+    assert!(accepted(
+        &polite.report(vec![instance("z", "c", "p")]).await
+    ));
+    polite.goodbye().await;
+    eventually("goodbye handled", || server.sink.is_gone("polite")).await;
+
+    let mut abrupt = connect(server.addr, &files.ca, certs).await.unwrap();
+    abrupt.hello("abrupt", None).await.unwrap();
+    assert!(accepted(
+        &abrupt.report(vec![instance("z", "c", "a")]).await
+    ));
+    abrupt.conn.close(7u32.into(), b"gone");
+    eventually("disconnect handled", || server.sink.is_gone("abrupt")).await;
+    eventually("no agent connected", || {
+        server.metric("meshcat_agents_connected", None) == 0.0
+    })
+    .await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_reconnecting_agent_replaces_its_old_connection_without_agent_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = dev(dir.path());
+    let server = Server::start(mtls_config(&files, &files.ca)).await;
+    let certs = Some((files.agent_cert.as_path(), files.agent_key.as_path()));
+    let mut old = connect(server.addr, &files.ca, certs).await.unwrap();
+    old.hello("same", None).await.unwrap();
+    let mut new = connect(server.addr, &files.ca, certs).await.unwrap();
+    new.hello("same", None).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), old.conn.closed())
+        .await
+        .expect("the old connection is closed");
+    assert!(accepted(&new.report(vec![instance("z", "c", "i")]).await));
+    eventually("the old connection forgotten", || {
+        server.metric("meshcat_agents_connected", None) == 1.0
+    })
+    .await;
+    assert!(!server.sink.is_gone("same"));
+    server.stop().await;
+}
