@@ -5,6 +5,7 @@
 //! sidecar log level.
 
 pub mod board;
+pub mod commands;
 pub mod config;
 pub mod debugwindow;
 pub mod envoy;
@@ -189,11 +190,28 @@ pub async fn run(
         stop_rx.clone(),
     ));
 
-    // The QUIC reporter starts here: it sends `agent.board().snapshot()` every
-    // `config.interval` to `config.aggregator` and answers the aggregator's
-    // commands with `agent.admin(Some(instance))`; it stops when `stop_rx` turns true.
-
     let ops_addr = ops_listener.local_addr()?;
+    let reporter = match reporter_config(&config, ops_addr.port())? {
+        Some(rc) => {
+            let reporter = report::Reporter::new(
+                rc,
+                Arc::new(agent.clone()),
+                Arc::new(agent.clone()),
+                agent.ops_metrics().registry(),
+            )?;
+            let mut stop = stop_rx.clone();
+            Some(tokio::spawn(reporter.run(async move {
+                let _ = stop.wait_for(|s| *s).await;
+            })))
+        }
+        None => {
+            warn!(
+                "Reporting is off: give --ca-file (the CA of the aggregator's certificate) to report to the aggregator."
+            );
+            None
+        }
+    };
+
     let mut ops_stop = stop_rx.clone();
     let ops = tokio::spawn(
         axum::serve(ops_listener, ops::app(agent.clone()))
@@ -209,6 +227,9 @@ pub async fn run(
     let stopped = tokio::time::timeout(SHUTDOWN_GRACE, async {
         let _ = scrapers.await;
         let _ = ops.await;
+        if let Some(r) = reporter {
+            let _ = r.await;
+        }
     })
     .await;
     if stopped.is_err() {
@@ -216,4 +237,35 @@ pub async fn run(
     }
     info!("Agent stopped.");
     Ok(())
+}
+
+/// The reporter's settings from the command line, or `None` without `--ca-file`.
+/// The agent's identity is `POD_NAME` when set, else the host name and the ops port
+/// (unique per host, stable across restarts with a fixed port).
+fn reporter_config(
+    config: &AgentConfig,
+    ops_port: u16,
+) -> anyhow::Result<Option<report::ReporterConfig>> {
+    let Some(ca) = &config.ca_file else {
+        return Ok(None);
+    };
+    let identity = match (&config.cert, &config.key) {
+        (Some(c), Some(k)) => Some((c.as_path(), k.as_path())),
+        _ => None,
+    };
+    let client = meshcat_common::tls::client_config(ca, identity)?;
+    let agent_id = std::env::var("POD_NAME")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| format!("{}-{ops_port}", config::host_name()));
+    let mut rc =
+        report::ReporterConfig::new(&config.aggregator, &config.server_name, client, agent_id);
+    rc.interval = config.interval;
+    rc.token = config
+        .token_file
+        .as_deref()
+        .map(meshcat_common::config::read_token_file)
+        .transpose()
+        .map_err(anyhow::Error::msg)?;
+    Ok(Some(rc))
 }

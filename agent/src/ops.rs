@@ -38,10 +38,10 @@ impl Default for OpsMetrics {
 
 impl OpsMetrics {
     pub fn new() -> Self {
-        let registry = Registry::new_custom(Some("meshcat_agent".into()), None).unwrap_or_default();
+        let registry = Registry::new();
         let scrapes = IntCounterVec::new(
             Opts::new(
-                "scrapes_total",
+                "meshcat_agent_scrapes_total",
                 "Sidecar admin scrapes by target and outcome.",
             ),
             &["target", "outcome"],
@@ -49,7 +49,7 @@ impl OpsMetrics {
         .unwrap_or_else(|e| unreachable_metric(e));
         let scrape_duration = HistogramVec::new(
             HistogramOpts::new(
-                "scrape_duration_seconds",
+                "meshcat_agent_scrape_duration_seconds",
                 "Duration of sidecar admin scrapes.",
             )
             .buckets(vec![
@@ -58,7 +58,7 @@ impl OpsMetrics {
             &["target"],
         )
         .unwrap_or_else(|e| unreachable_metric(e));
-        let targets = IntGauge::new("targets", "Sidecars the agent scrapes.")
+        let targets = IntGauge::new("meshcat_agent_targets", "Sidecars the agent scrapes.")
             .unwrap_or_else(|e| unreachable_metric(e));
         for c in [
             Box::new(scrapes.clone()) as Box<dyn prometheus::core::Collector>,
@@ -97,6 +97,11 @@ impl OpsMetrics {
             let _ = self.scrapes.remove_label_values(&[target, outcome]);
         }
         let _ = self.scrape_duration.remove_label_values(&[target]);
+    }
+
+    /// The registry other parts of the agent (the reporter) register into.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
     }
 
     /// Prometheus text exposition of every family.

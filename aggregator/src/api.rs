@@ -8,7 +8,7 @@ pub mod openapi;
 pub mod query;
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
@@ -20,6 +20,7 @@ use axum::routing::get;
 pub use auth::Tokens;
 pub use error::ApiError;
 
+use crate::ingest::Agents;
 use crate::store::Store;
 use crate::telemetry::ApiMetrics;
 
@@ -49,6 +50,10 @@ pub struct AppState {
     pub store: Arc<Store>,
     pub tokens: Tokens,
     pub metrics: ApiMetrics,
+    /// Connected agents, for commands to sidecars; `None` when ingest is off.
+    pub agents: Option<Agents>,
+    /// Deadline of each command sent to an agent.
+    pub command_timeout: Duration,
 }
 
 /// The API router over its state.

@@ -104,6 +104,18 @@ pub struct ServeArgs {
     /// Largest accepted request body (like 1MiB, 512KiB, 1048576).
     #[arg(long, env = "MESHCAT_MAX_BODY", default_value = "1MiB", value_parser = parse_bytes, value_name = "SIZE")]
     pub max_body: u64,
+    /// Largest accepted agent message; a larger one is refused and counted, the
+    /// agent's other messages are unaffected.
+    #[arg(long, env = "MESHCAT_MAX_MESSAGE", default_value = "4MiB", value_parser = parse_bytes, value_name = "SIZE")]
+    pub max_message: u64,
+    /// How often the configuration of each zone's edge sidecar (its requestCluster)
+    /// is fetched through its agent, so that GET /services lists the clusters it
+    /// knows.
+    #[arg(long, env = "MESHCAT_EDGE_REFRESH", default_value = "30s", value_parser = parse_positive_duration, value_name = "DURATION")]
+    pub edge_refresh: Duration,
+    /// Deadline of each command sent to an agent (log level, config dump, evidence).
+    #[arg(long, env = "MESHCAT_COMMAND_TIMEOUT", default_value = "5s", value_parser = parse_positive_duration, value_name = "DURATION")]
+    pub command_timeout: Duration,
     /// Log line format.
     #[arg(long, env = "MESHCAT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -124,6 +136,8 @@ pub enum ConfigError {
     HalfTls,
     #[error("--max-body must be at most {MAX_BODY_CEILING} bytes")]
     MaxBody,
+    #[error("--max-message is too large for this machine")]
+    MaxMessage,
     #[error("--data-dir {0} exists and is not a directory")]
     DataDir(String),
 }
@@ -144,10 +158,13 @@ pub struct Config {
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
     pub client_ca: Option<PathBuf>,
-    /// Shared token of token-authenticated agents; never logged.
-    pub agent_token: Option<String>,
+    /// Token file of token-authenticated agents (`TOKEN [zone,...|*]` lines).
+    pub agent_token_file: Option<PathBuf>,
     pub dev: bool,
     pub max_body: usize,
+    pub max_message: usize,
+    pub edge_refresh: Duration,
+    pub command_timeout: Duration,
     pub log_format: LogFormat,
 }
 
@@ -166,9 +183,12 @@ impl std::fmt::Debug for Config {
             .field("tls_cert", &self.tls_cert)
             .field("tls_key", &self.tls_key)
             .field("client_ca", &self.client_ca)
-            .field("agent_token", &self.agent_token.is_some())
+            .field("agent_token_file", &self.agent_token_file)
             .field("dev", &self.dev)
             .field("max_body", &self.max_body)
+            .field("max_message", &self.max_message)
+            .field("edge_refresh", &self.edge_refresh)
+            .field("command_timeout", &self.command_timeout)
             .field("log_format", &self.log_format)
             .finish()
     }
@@ -224,7 +244,11 @@ impl Config {
             ops_addr: a.ops_addr,
             write_token: token(&a.write_token_file)?,
             read_token: token(&a.read_token_file)?,
-            agent_token: token(&a.agent_token_file)?,
+            agent_token_file: {
+                // Read now so a missing or empty file is a start-up error.
+                token(&a.agent_token_file)?;
+                a.agent_token_file
+            },
             data_dir: a.data_dir,
             instance_ttl: a.instance_ttl,
             error_ratio_warning: a.error_ratio_warning,
@@ -233,6 +257,9 @@ impl Config {
             client_ca: a.client_ca,
             dev: a.dev,
             max_body: a.max_body as usize,
+            max_message: usize::try_from(a.max_message).map_err(|_| ConfigError::MaxMessage)?,
+            edge_refresh: a.edge_refresh,
+            command_timeout: a.command_timeout,
             log_format: a.log_format,
         })
     }

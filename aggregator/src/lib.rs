@@ -4,6 +4,7 @@
 
 pub mod api;
 pub mod config;
+pub mod edge;
 pub mod ingest;
 pub mod ops;
 pub mod status;
@@ -21,8 +22,11 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
+use meshcat_common::wire::InstanceReport;
+
 use crate::api::{AppState, Tokens};
 use crate::config::Config;
+use crate::ingest::{Ingest, IngestConfig, SecurityOptions};
 use crate::ops::OpsState;
 use crate::store::persist::PersistError;
 use crate::store::{Rules, Store};
@@ -46,6 +50,8 @@ pub enum RunError {
         addr: SocketAddr,
         error: std::io::Error,
     },
+    #[error("agent ingest cannot start: {0}")]
+    Ingest(String),
     #[error("server error: {0}")]
     Serve(#[from] std::io::Error),
 }
@@ -79,6 +85,57 @@ impl Aggregator {
     }
 }
 
+impl ingest::ReportSink for Store {
+    fn apply_report(&self, agent_id: &str, report: &InstanceReport, now: Instant) {
+        Store::apply_report(self, agent_id, report, now);
+    }
+
+    fn agent_gone(&self, agent_id: &str) {
+        Store::agent_gone(self, agent_id);
+    }
+}
+
+/// The QUIC ingest, ready to run, with its bound socket.
+struct IngestParts {
+    ingest: Ingest,
+    socket: std::net::UdpSocket,
+}
+
+/// Prepares the agent ingest, or `None` when no agent credentials are configured
+/// (no `--dev`, certificates or agent tokens): the catalog API still serves, and the
+/// log says why no agent can connect.
+fn prepare_ingest(agg: &Aggregator) -> Result<Option<IngestParts>, RunError> {
+    let c = &agg.config;
+    if !c.dev && c.tls_cert.is_none() && c.client_ca.is_none() && c.agent_token_file.is_none() {
+        warn!(
+            "Agent ingest is off: give --dev, or --tls-cert and --tls-key with --client-ca or --agent-token-file."
+        );
+        return Ok(None);
+    }
+    let security = SecurityOptions {
+        tls_cert: c.tls_cert.clone(),
+        tls_key: c.tls_key.clone(),
+        client_ca: c.client_ca.clone(),
+        agent_token_file: c.agent_token_file.clone(),
+        dev: c.dev,
+        data_dir: c.data_dir.clone(),
+    };
+    let (server, auth) = security
+        .load()
+        .map_err(|e| RunError::Ingest(e.to_string()))?;
+    let mut config = IngestConfig::new(server, auth);
+    config.max_message = c.max_message;
+    let sink: Arc<dyn ingest::ReportSink> = agg.store.clone();
+    let ingest = Ingest::new(config, sink, &agg.telemetry.registry)
+        .map_err(|e| RunError::Ingest(e.to_string()))?;
+    let socket = std::net::UdpSocket::bind(c.quic_addr).map_err(|error| RunError::Bind {
+        what: "quic",
+        addr: c.quic_addr,
+        error,
+    })?;
+    Ok(Some(IngestParts { ingest, socket }))
+}
+
 /// Opens the store and serves until `shutdown` resolves.
 pub async fn run(
     config: Config,
@@ -100,7 +157,19 @@ pub async fn serve(
     ops: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), RunError> {
+    let ingest = prepare_ingest(&agg)?;
+    serve_with(agg, api, ops, ingest, shutdown).await
+}
+
+async fn serve_with(
+    agg: Aggregator,
+    api: TcpListener,
+    ops: TcpListener,
+    ingest: Option<IngestParts>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), RunError> {
     let (stop_tx, stop_rx) = watch::channel(false);
+    let agents = ingest.as_ref().map(|p| p.ingest.agents());
     let stopped = move |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
@@ -112,6 +181,8 @@ pub async fn serve(
             write: agg.config.write_token.clone(),
         },
         metrics: agg.telemetry.api.clone(),
+        agents: agents.clone(),
+        command_timeout: agg.config.command_timeout,
     });
     let ops_state = Arc::new(OpsState {
         store: agg.store.clone(),
@@ -132,6 +203,18 @@ pub async fn serve(
             .into_future(),
     );
     let expiry_task = tokio::spawn(expire_loop(agg.store.clone(), stop_rx.clone()));
+    let ingest_task = ingest.map(|IngestParts { ingest, socket }| {
+        tokio::spawn(ingest.run(socket, stopped(stop_rx.clone())))
+    });
+    let edge_task = agents.map(|agents| {
+        tokio::spawn(edge::refresh_loop(
+            agg.store.clone(),
+            agents,
+            agg.config.edge_refresh,
+            agg.config.command_timeout,
+            stop_rx.clone(),
+        ))
+    });
     // Ready before the addresses are logged: whoever reads them may probe at once.
     ops_state.ready.store(true, Ordering::Release);
     info!(api = %api_addr, "Catalog API listening.");
@@ -148,6 +231,16 @@ pub async fn serve(
     let _ = stop_tx.send(true);
     let drain = async {
         let (a, o, _) = tokio::join!(api_task, ops_task, expiry_task);
+        if let Some(t) = edge_task {
+            let _ = t.await;
+        }
+        if let Some(t) = ingest_task {
+            match t.await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => warn!(error = %e, "Agent ingest stopped with an error."),
+                Err(e) => warn!(error = %e, "Agent ingest task failed."),
+            }
+        }
         for r in [a, o] {
             match r {
                 Ok(Ok(())) => {}
@@ -179,6 +272,10 @@ async fn expire_loop(store: Arc<Store>, mut stop: watch::Receiver<bool>) {
 pub struct RunningAggregator {
     pub api_addr: SocketAddr,
     pub ops_addr: SocketAddr,
+    /// The agent ingest's UDP address, when agent credentials are configured.
+    pub quic_addr: Option<SocketAddr>,
+    /// The connected agents, to send them commands.
+    pub agents: Option<ingest::Agents>,
     pub store: Arc<Store>,
     pub telemetry: Telemetry,
     /// Fires the shutdown.
@@ -220,15 +317,20 @@ pub async fn start(config: Config) -> Result<RunningAggregator, RunError> {
     let agg = tokio::task::spawn_blocking(move || Aggregator::open(config))
         .await
         .map_err(|e| RunError::Serve(std::io::Error::other(e)))??;
+    let ingest = prepare_ingest(&agg)?;
+    let quic_addr = ingest.as_ref().map(|p| p.socket.local_addr()).transpose()?;
+    let agents = ingest.as_ref().map(|p| p.ingest.agents());
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let store = agg.store.clone();
     let telemetry = agg.telemetry.clone();
-    let task = tokio::spawn(serve(agg, api, ops, async move {
+    let task = tokio::spawn(serve_with(agg, api, ops, ingest, async move {
         let _ = rx.await;
     }));
     Ok(RunningAggregator {
         api_addr,
         ops_addr,
+        quic_addr,
+        agents,
         store,
         telemetry,
         stop: Some(tx),

@@ -1057,6 +1057,23 @@ impl Store {
         MetricsLookup::NoInstance
     }
 
+    /// The last reports of a cluster's live instances, sorted by instance name (the
+    /// instances map is ordered).
+    pub fn live_instances(&self, zone: &str, cluster: &str) -> Vec<Arc<InstanceReport>> {
+        self.clusters
+            .get(cluster)
+            .and_then(|m| {
+                m.get(zone).map(|e| {
+                    e.instances
+                        .values()
+                        .filter(|i| i.is_live())
+                        .map(|i| i.report.clone())
+                        .collect::<Vec<_>>()
+                })
+            })
+            .unwrap_or_default()
+    }
+
     /// The last report of a live instance, for commands and diagnosis.
     pub fn live_instance(
         &self,

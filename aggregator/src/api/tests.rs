@@ -29,6 +29,8 @@ fn router(dir: &std::path::Path) -> Router {
         store: Arc::new(store),
         tokens: Tokens::default(),
         metrics: Telemetry::new().unwrap().api,
+        agents: None,
+        command_timeout: std::time::Duration::from_secs(5),
     });
     app(state, 1 << 20)
 }

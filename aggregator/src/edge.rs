@@ -1,0 +1,130 @@
+//! Keeps, per zone, the list of clusters that the zone's edge sidecar (the live
+//! instances of its `requestCluster`) has in its configuration, so that
+//! `GET /services` can list clusters that should be in the mesh but that nobody
+//! registered. The list comes from the sidecar's `/config_dump`, fetched through its
+//! agent with a [`Command::ConfigDump`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use meshcat_common::wire::{Command, CommandOutput};
+use serde_json::Value;
+use tokio::sync::watch;
+use tracing::{debug, warn};
+
+use crate::ingest::Agents;
+use crate::store::Store;
+
+/// Most clusters read from one config dump.
+const MAX_CLUSTERS: usize = 10_000;
+
+/// The names of the clusters in a `/config_dump` document: static and dynamic
+/// (active and warming) clusters of its clusters section.
+pub fn cluster_names(dump: &Value) -> Vec<String> {
+    let mut names = Vec::new();
+    let configs = dump.get("configs").and_then(Value::as_array);
+    for section in configs.into_iter().flatten() {
+        for key in [
+            "static_clusters",
+            "dynamic_active_clusters",
+            "dynamic_warming_clusters",
+        ] {
+            let entries = section.get(key).and_then(Value::as_array);
+            for entry in entries.into_iter().flatten() {
+                if let Some(name) = entry
+                    .get("cluster")
+                    .and_then(|c| c.get("name"))
+                    .and_then(Value::as_str)
+                    && names.len() < MAX_CLUSTERS
+                {
+                    names.push(name.to_owned());
+                }
+            }
+        }
+    }
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// Refreshes every zone's edge clusters now: asks one live instance of each zone's
+/// request cluster for its config dump. Zones whose edge has no live instance keep
+/// their previous list until one reports again.
+pub async fn refresh(store: &Store, agents: &Agents, deadline: Duration) {
+    for zone in store.zones() {
+        if zone.request_cluster.is_empty() {
+            continue;
+        }
+        let live = store.live_instances(&zone.zone_name, &zone.request_cluster);
+        for edge in live {
+            let outcome = agents
+                .command(
+                    &zone.zone_name,
+                    &zone.request_cluster,
+                    &edge.instance,
+                    Command::ConfigDump,
+                    deadline,
+                )
+                .await;
+            match outcome {
+                Ok(CommandOutput::ConfigDump(text)) => match serde_json::from_str(&text) {
+                    Ok(dump) => {
+                        let names = cluster_names(&dump);
+                        debug!(zone = %zone.zone_name, instance = %edge.instance, clusters = names.len(), "Edge clusters refreshed.");
+                        store.set_edge_clusters(&zone.zone_name, names);
+                        break;
+                    }
+                    Err(e) => {
+                        warn!(zone = %zone.zone_name, instance = %edge.instance, error = %e, "Edge config dump is not JSON.");
+                    }
+                },
+                Ok(_) => {
+                    warn!(zone = %zone.zone_name, instance = %edge.instance, "Agent answered a config dump with something else.");
+                }
+                Err(e) => {
+                    debug!(zone = %zone.zone_name, instance = %edge.instance, error = %e, "Edge config dump failed.");
+                }
+            }
+        }
+    }
+}
+
+/// Runs [`refresh`] every `period` until `stop` turns true (the first one at once;
+/// zones whose edge has not reported yet are skipped until the next).
+pub async fn refresh_loop(
+    store: Arc<Store>,
+    agents: Agents,
+    period: Duration,
+    deadline: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let stopping = tokio::select! {
+            _ = tick.tick() => false,
+            _ = stop.wait_for(|s| *s) => true,
+        };
+        if stopping {
+            return;
+        }
+        refresh(&store, &agents, deadline).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_of_static_and_dynamic_clusters() {
+        let dump: Value = serde_json::json!({"configs": [
+            {"@type": "type.googleapis.com/envoy.admin.v3.BootstrapConfigDump"},
+            {"@type": "type.googleapis.com/envoy.admin.v3.ClustersConfigDump",
+             "static_clusters": [{"cluster": {"name": "b"}}, {"cluster": {"name": "a"}}],
+             "dynamic_active_clusters": [{"cluster": {"name": "c"}}, {"cluster": {"name": "a"}}]}
+        ]});
+        assert_eq!(cluster_names(&dump), ["a", "b", "c"]);
+        assert!(cluster_names(&Value::Null).is_empty());
+    }
+}
