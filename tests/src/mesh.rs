@@ -112,6 +112,14 @@ impl Catalog {
         self.launch().await
     }
 
+    /// Starts a stopped aggregator again on the same ports and data directory.
+    pub async fn resume(&mut self) -> anyhow::Result<()> {
+        if self.running.is_some() {
+            bail!("the aggregator is running");
+        }
+        self.launch().await
+    }
+
     /// The running aggregator.
     pub fn running(&self) -> &RunningAggregator {
         self.running.as_ref().expect("aggregator running")
