@@ -200,6 +200,9 @@ impl Reporter {
         let mut shutdown: Shutdown<'_> = shutdown.as_mut();
         let mut delay = self.config.backoff_min;
         let mut first = true;
+        // An aggregator that answers but refuses the agent will not change its mind
+        // soon: such failures back off to the full `backoff_max`, not half an interval.
+        let mut refused = false;
         self.metrics.pending_snapshot.set(1);
         loop {
             if !first {
@@ -213,6 +216,7 @@ impl Reporter {
             match ended {
                 Ended::Shutdown => return,
                 Ended::Lost(e) => {
+                    refused = matches!(e, ReportError::Refused(_));
                     if established {
                         delay = self.config.backoff_min;
                     }
@@ -224,7 +228,12 @@ impl Reporter {
                 () = tokio::time::sleep(sleep) => {}
                 () = shutdown.as_mut() => return,
             }
-            delay = (delay * 2).min(self.config.backoff_cap());
+            let cap = if refused {
+                self.config.backoff_max
+            } else {
+                self.config.backoff_cap()
+            };
+            delay = (delay * 2).min(cap);
         }
     }
 
