@@ -200,9 +200,6 @@ impl Reporter {
         let mut shutdown: Shutdown<'_> = shutdown.as_mut();
         let mut delay = self.config.backoff_min;
         let mut first = true;
-        // An aggregator that answers but refuses the agent will not change its mind
-        // soon: such failures back off to the full `backoff_max`, not half an interval.
-        let mut refused = false;
         self.metrics.pending_snapshot.set(1);
         loop {
             if !first {
@@ -213,16 +210,19 @@ impl Reporter {
             let (ended, established) = self.session(shutdown.as_mut()).instrument(span).await;
             self.metrics.connected.set(0);
             self.metrics.pending_snapshot.set(1);
-            match ended {
+            // An aggregator that answers but refuses the agent will not change its
+            // mind soon: such failures back off to the full `backoff_max`, not half an
+            // interval.
+            let refused = match ended {
                 Ended::Shutdown => return,
                 Ended::Lost(e) => {
-                    refused = matches!(e, ReportError::Refused(_));
                     if established {
                         delay = self.config.backoff_min;
                     }
                     warn!(error = %e, retry_in = ?delay, "Aggregator connection lost; reconnecting.");
+                    matches!(e, ReportError::Refused(_))
                 }
-            }
+            };
             let sleep = jittered(delay);
             tokio::select! {
                 () = tokio::time::sleep(sleep) => {}
