@@ -12,8 +12,9 @@ use meshcat_tests::mesh::{instance_names, metric_sum};
 use meshcat_tests::{Catalog, MeshAgent, Sidecar, wait_for};
 use serde_json::json;
 
-const INTERVAL: Duration = Duration::from_millis(300);
-const TTL: Duration = Duration::from_millis(900);
+/// Report interval of the agents; the restart promise is two of them.
+const INTERVAL: Duration = Duration::from_millis(500);
+const TTL: Duration = Duration::from_millis(1500);
 const DEADLINE: Duration = Duration::from_secs(20);
 /// How long the aggregator stays down in the restart test.
 const DOWNTIME: Duration = Duration::from_millis(1500);
@@ -32,10 +33,10 @@ async fn an_aggregator_restart_loses_nothing() {
         .unwrap();
     let a = Sidecar::start().await.unwrap();
     let b = Sidecar::start().await.unwrap();
-    let _agent_a = MeshAgent::for_sidecar(&catalog, &a, "zone-r", "cart", "cart-a", "300ms")
+    let _agent_a = MeshAgent::for_sidecar(&catalog, &a, "zone-r", "cart", "cart-a", "500ms")
         .await
         .unwrap();
-    let _agent_b = MeshAgent::for_sidecar(&catalog, &b, "zone-r", "cart", "cart-b", "300ms")
+    let _agent_b = MeshAgent::for_sidecar(&catalog, &b, "zone-r", "cart", "cart-b", "500ms")
         .await
         .unwrap();
     let before = catalog
@@ -176,7 +177,7 @@ async fn bad_messages_are_refused_and_counted_while_a_real_agent_reports() {
         "zone-f",
         "billing",
         "billing-1",
-        "300ms",
+        "500ms",
     )
     .await
     .unwrap();
