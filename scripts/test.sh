@@ -13,6 +13,23 @@ MESHCAT_ENVOY=$(scripts/envoy.sh)
 export MESHCAT_ENVOY
 echo "envoy: $MESHCAT_ENVOY ($("$MESHCAT_ENVOY" --version | grep -o 'version: [^ ]*' | head -1))"
 
+# Prometheus and promtool (Debian's prometheus package) for the metrics tests; the
+# package's service is kept from starting (policy-rc.d answering 101 denies it).
+if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then
+  [ "$(id -u)" = 0 ] || { echo "prometheus/promtool missing: apt-get install prometheus (needs root)" >&2; exit 1; }
+  echo "==> installing prometheus and promtool (Debian package prometheus)"
+  export DEBIAN_FRONTEND=noninteractive
+  policy=/usr/sbin/policy-rc.d
+  added_policy=0
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy" && added_policy=1
+  fi
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  if [ "$added_policy" = 1 ]; then rm -f "$policy"; fi
+fi
+echo "prometheus: $(prometheus --version 2>&1 | head -1)"
+
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check
 

@@ -30,7 +30,8 @@ pub use metrics::ReporterMetrics;
 pub const BACKOFF_MIN: Duration = Duration::from_millis(200);
 /// Longest reconnect delay.
 pub const BACKOFF_MAX: Duration = Duration::from_secs(30);
-/// Time allowed for the QUIC handshake and the hello exchange.
+/// Longest time allowed for the QUIC handshake and the hello exchange (shorter
+/// intervals shorten it, see [`ReporterConfig::connect_timeout`]).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Commands run at once; more are answered busy rather than queued.
 pub const MAX_CONCURRENT_COMMANDS: usize = 16;
@@ -130,6 +131,25 @@ impl ReporterConfig {
     fn report_timeout(&self) -> Duration {
         (self.interval * 2).clamp(Duration::from_secs(2), Duration::from_secs(10))
     }
+
+    /// Longest reconnect delay actually used: at most half an interval. With the
+    /// attempt timeout below, an agent is back within about one and a half intervals
+    /// of the aggregator's return however long it was away, which keeps the catalog's
+    /// promise that a restarted aggregator is whole again within two intervals.
+    fn backoff_cap(&self) -> Duration {
+        self.backoff_max
+            .min(self.interval / 2)
+            .max(self.backoff_min)
+    }
+
+    /// Time allowed for one connection attempt (handshake and hello). A QUIC client
+    /// whose first packets met no server only retries them on its own exponential
+    /// timer (1 s, 2 s, 4 s...), so an attempt is cut after one interval and a fresh
+    /// one started rather than waiting for that timer.
+    fn connect_timeout(&self) -> Duration {
+        self.interval
+            .clamp(Duration::from_millis(250), CONNECT_TIMEOUT)
+    }
 }
 
 /// How a session ended.
@@ -190,21 +210,30 @@ impl Reporter {
             let (ended, established) = self.session(shutdown.as_mut()).instrument(span).await;
             self.metrics.connected.set(0);
             self.metrics.pending_snapshot.set(1);
-            match ended {
+            // An aggregator that answers but refuses the agent will not change its
+            // mind soon: such failures back off to the full `backoff_max`, not half an
+            // interval.
+            let refused = match ended {
                 Ended::Shutdown => return,
                 Ended::Lost(e) => {
                     if established {
                         delay = self.config.backoff_min;
                     }
                     warn!(error = %e, retry_in = ?delay, "Aggregator connection lost; reconnecting.");
+                    matches!(e, ReportError::Refused(_))
                 }
-            }
+            };
             let sleep = jittered(delay);
             tokio::select! {
                 () = tokio::time::sleep(sleep) => {}
                 () = shutdown.as_mut() => return,
             }
-            delay = (delay * 2).min(self.config.backoff_max);
+            let cap = if refused {
+                self.config.backoff_max
+            } else {
+                self.config.backoff_cap()
+            };
+            delay = (delay * 2).min(cap);
         }
     }
 
@@ -212,7 +241,7 @@ impl Reporter {
     /// the hello was accepted, which resets the backoff.
     async fn session(&self, mut shutdown: Shutdown<'_>) -> (Ended, bool) {
         let connected = tokio::select! {
-            c = tokio::time::timeout(CONNECT_TIMEOUT, self.connect()) => match c {
+            c = tokio::time::timeout(self.config.connect_timeout(), self.connect()) => match c {
                 Ok(Ok(c)) => c,
                 Ok(Err(e)) => return (Ended::Lost(e), false),
                 Err(_) => return (Ended::Lost(ReportError::Timeout), false),
@@ -474,9 +503,8 @@ mod tests {
         }
     }
 
-    #[test]
-    fn report_timeout_follows_the_interval_within_bounds() {
-        let client = quinn::ClientConfig::new(Arc::new(
+    fn test_client() -> quinn::ClientConfig {
+        quinn::ClientConfig::new(Arc::new(
             quinn::crypto::rustls::QuicClientConfig::try_from(
                 rustls::ClientConfig::builder_with_provider(Arc::new(
                     rustls::crypto::ring::default_provider(),
@@ -487,12 +515,31 @@ mod tests {
                 .with_no_client_auth(),
             )
             .unwrap(),
-        ));
+        ))
+    }
+
+    #[test]
+    fn report_timeout_follows_the_interval_within_bounds() {
+        let client = test_client();
         let mut config = ReporterConfig::new("127.0.0.1:9443", "localhost", client, "a");
         assert_eq!(config.report_timeout(), Duration::from_secs(10));
         config.interval = Duration::from_millis(100);
         assert_eq!(config.report_timeout(), Duration::from_secs(2));
         config.interval = Duration::from_secs(3);
         assert_eq!(config.report_timeout(), Duration::from_secs(6));
+    }
+
+    #[test]
+    fn reconnect_delays_follow_the_interval() {
+        let client = test_client();
+        let mut config = ReporterConfig::new("127.0.0.1:9443", "localhost", client, "a");
+        assert_eq!(config.backoff_cap(), Duration::from_millis(2500));
+        assert_eq!(config.connect_timeout(), Duration::from_secs(5));
+        config.interval = Duration::from_millis(300);
+        assert_eq!(config.backoff_cap(), BACKOFF_MIN);
+        assert_eq!(config.connect_timeout(), Duration::from_millis(300));
+        config.interval = Duration::from_secs(300);
+        assert_eq!(config.backoff_cap(), BACKOFF_MAX);
+        assert_eq!(config.connect_timeout(), CONNECT_TIMEOUT);
     }
 }

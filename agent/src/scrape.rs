@@ -166,10 +166,18 @@ async fn scrape_fallible(
     let (info, clusters, stats) = (info?, clusters?, stats?);
     let uptime = info.uptime()?;
     let mut start_time_ms = now_ms() - uptime.as_millis() as i64;
-    if let Some(prev) = previous.filter(|p| p.start_time_ms > 0) {
-        if (prev.start_time_ms - start_time_ms).abs() < START_TIME_JITTER_MS {
-            start_time_ms = prev.start_time_ms;
-        }
+    let (mut metrics, totals) = metrics::compute(&stats, start_time_ms, &host.sample());
+    // Only a previous answer of the same process may lend its start time: a sidecar
+    // that stopped answering, or whose counters went backwards, was restarted, maybe
+    // within the jitter of its old start.
+    let same_process = |p: &&InstanceReport| {
+        p.start_time_ms > 0 && p.reachable && p.requests_total <= totals.requests
+    };
+    if let Some(prev) = previous.filter(same_process)
+        && (prev.start_time_ms - start_time_ms).abs() < START_TIME_JITTER_MS
+    {
+        start_time_ms = prev.start_time_ms;
+        metrics.start_time = start_time_ms;
     }
     let level = match level {
         Ok(l) => Some(seed_level(&l).to_owned()),
@@ -178,7 +186,6 @@ async fn scrape_fallible(
             None
         }
     };
-    let (metrics, totals) = metrics::compute(&stats, start_time_ms, &host.sample());
     Ok(InstanceReport {
         zone_name: target.zone_name.clone(),
         cluster_name: target.cluster_name.clone(),

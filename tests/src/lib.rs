@@ -1,16 +1,19 @@
 //! meshcat-tests: the harness of the end-to-end tests. It runs real Envoy 1.40
 //! processes on 127.0.0.1 with every port learned at run time ([`envoy`]), builds
 //! their bootstraps for the mesh topologies the tests need ([`bootstrap`]), serves
-//! a small real upstream ([`upstream`]) and generates mTLS certificates ([`certs`]).
+//! a small real upstream ([`upstream`]), generates mTLS certificates ([`certs`]) and
+//! runs a whole meshcat (aggregator, agents, sidecars) on one machine ([`mesh`]).
 
 pub mod bootstrap;
 pub mod certs;
 pub mod envoy;
+pub mod mesh;
 pub mod upstream;
 
 pub use bootstrap::Bootstrap;
 pub use certs::MeshCerts;
 pub use envoy::{Envoy, envoy_binary};
+pub use mesh::{Catalog, MeshAgent, Sidecar};
 pub use upstream::Upstream;
 
 use std::time::{Duration, Instant};

@@ -1,0 +1,306 @@
+//! meshcat's own metrics against the real Prometheus tools (Debian's `prometheus`
+//! package): both ops expositions pass `promtool check metrics`, a real Prometheus
+//! server scrapes them and answers queries with the expected series and labels, and
+//! every family either binary exposes is documented in docs/metrics.md.
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use meshcat_tests::{Catalog, MeshAgent, Sidecar, wait_for};
+use serde_json::{Value, json};
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+/// A Prometheus tool from PATH. A missing one fails the test with the way to
+/// install it: these tests never skip silently.
+fn tool(name: &str) -> PathBuf {
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(name))
+            .find(|p| p.is_file())
+    });
+    match found {
+        Some(p) => p,
+        None => panic!(
+            "{name} not found in PATH{}: install Debian's prometheus package \
+             (apt-get install prometheus; scripts/test.sh does it)",
+            if std::env::var("CI").as_deref() == Ok("true") {
+                " under CI=true"
+            } else {
+                ""
+            }
+        ),
+    }
+}
+
+/// An aggregator with some API traffic and a real agent scraping a real sidecar.
+struct Mesh {
+    catalog: Catalog,
+    agent: MeshAgent,
+    _sidecar: Sidecar,
+}
+
+async fn mesh() -> Mesh {
+    let catalog = Catalog::start(|c| {
+        c.instance_ttl = Duration::from_millis(900);
+        // The shop is also the zone's edge: its configuration is fetched with a
+        // command, so the command family shows too.
+        c.edge_refresh = Duration::from_millis(300);
+    })
+    .await
+    .unwrap();
+    catalog.register_zone("zone-p", "shop").await.unwrap();
+    catalog
+        .register_cluster("zone-p", "shop", json!({}))
+        .await
+        .unwrap();
+    let sidecar = Sidecar::start().await.unwrap();
+    let agent = MeshAgent::for_sidecar(&catalog, &sidecar, "zone-p", "shop", "shop-1", "300ms")
+        .await
+        .unwrap();
+    sidecar.send("/", 5, 200).await.unwrap();
+    catalog
+        .wait_cluster("the agent reporting", "zone-p", "shop", DEADLINE, |c| {
+            c["status"] == "stable"
+        })
+        .await
+        .unwrap();
+    wait_for("an edge refresh command", DEADLINE, || async {
+        let text = catalog.ops_metrics().await.ok()?;
+        text.contains(r#"meshcat_agent_commands_total{command="config_dump",outcome="ok"}"#)
+            .then_some(())
+    })
+    .await
+    .unwrap();
+    assert_eq!(catalog.get("/clusters").await.unwrap().0, 200);
+    assert_eq!(catalog.get("/no/such/path").await.unwrap().0, 404);
+    Mesh {
+        catalog,
+        agent,
+        _sidecar: sidecar,
+    }
+}
+
+/// Runs `promtool check metrics` on an exposition; its complaints on failure.
+fn promtool_check(text: &str) -> Result<(), String> {
+    let mut child = Command::new(tool("promtool"))
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    child
+        .stdin
+        .take()
+        .expect("stdin piped")
+        .write_all(text.as_bytes())
+        .map_err(|e| e.to_string())?;
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+/// The metric families of an exposition, from its `# TYPE` lines.
+fn families(text: &str) -> BTreeSet<String> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A Prometheus server process, killed on drop.
+struct Prometheus {
+    child: Child,
+    url: String,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Prometheus {
+    /// Starts Prometheus on a free 127.0.0.1 port scraping `targets` (job, address)
+    /// every second.
+    fn start(targets: &[(&str, String)]) -> Prometheus {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = String::from(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n",
+        );
+        for (job, addr) in targets {
+            config.push_str(&format!(
+                "  - job_name: {job}\n    static_configs:\n      - targets: ['{addr}']\n"
+            ));
+        }
+        let config_file = dir.path().join("prometheus.yml");
+        std::fs::write(&config_file, config).unwrap();
+        // Prometheus cannot report a port it chose itself: take a free one from the
+        // system, let it go, and hand it over.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let log = dir.path().join("prometheus.log");
+        let child = Command::new(tool("prometheus"))
+            .arg(format!("--config.file={}", config_file.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("prometheus starts");
+        Prometheus {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+            log,
+            _dir: dir,
+        }
+    }
+
+    /// The result vector of an instant query.
+    async fn query(&self, q: &str) -> Option<Vec<Value>> {
+        let r = reqwest::Client::new()
+            .get(format!("{}/api/v1/query", self.url))
+            .query(&[("query", q)])
+            .send()
+            .await
+            .ok()?;
+        let body: Value = r.json().await.ok()?;
+        (body["status"] == "success").then_some(())?;
+        body["data"]["result"].as_array().cloned()
+    }
+
+    /// Waits until `q` returns at least one series, and returns them.
+    async fn series(&self, q: &str) -> Vec<Value> {
+        let found = wait_for(q, DEADLINE, || async {
+            self.query(q).await.filter(|r| !r.is_empty())
+        })
+        .await;
+        match found {
+            Ok(v) => v,
+            Err(e) => panic!(
+                "{e}\nprometheus log:\n{}",
+                std::fs::read_to_string(&self.log).unwrap_or_default()
+            ),
+        }
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn promtool_accepts_both_expositions_and_a_real_prometheus_scrapes_them() {
+    let m = mesh().await;
+    let aggregator = m.catalog.ops_metrics().await.unwrap();
+    let agent = m.agent.metrics().await.unwrap();
+    for (who, text) in [("aggregator", &aggregator), ("agent", &agent)] {
+        if let Err(e) = promtool_check(text) {
+            panic!("promtool check metrics refuses the {who}'s exposition:\n{e}\n{text}");
+        }
+    }
+
+    let prometheus = Prometheus::start(&[
+        ("meshcat-aggregator", m.catalog.config.ops_addr.to_string()),
+        ("meshcat-agent", m.agent.ops.to_string()),
+    ]);
+    let up = prometheus.series("up == 1").await;
+    let jobs: BTreeSet<&str> = up
+        .iter()
+        .filter_map(|s| s["metric"]["job"].as_str())
+        .collect();
+    if jobs.len() < 2 {
+        // Both targets are scraped within a second of each other.
+        let all = prometheus.series("count(up == 1) == 2").await;
+        assert_eq!(all.len(), 1);
+    }
+
+    let connected = prometheus
+        .series(r#"meshcat_agents_connected{job="meshcat-aggregator"}"#)
+        .await;
+    assert_eq!(connected[0]["value"][1], "1", "{connected:?}");
+
+    let api = prometheus
+        .series(r#"meshcat_api_requests_total{route="/clusters",method="GET",code="200"}"#)
+        .await;
+    assert!(api[0]["value"][1].as_str().unwrap().parse::<f64>().unwrap() >= 1.0);
+    prometheus
+        .series(r#"meshcat_api_requests_total{route="unmatched",code="404"}"#)
+        .await;
+    prometheus
+        .series(r#"meshcat_clusters_by_status{status="stable"} == 1"#)
+        .await;
+    prometheus
+        .series(r#"meshcat_api_request_duration_seconds_bucket{route="/clusters",le="+Inf"}"#)
+        .await;
+
+    let scrapes = prometheus
+        .series(r#"meshcat_agent_scrapes_total{job="meshcat-agent",outcome="ok",target="shop-1"}"#)
+        .await;
+    assert!(
+        scrapes[0]["value"][1]
+            .as_str()
+            .unwrap()
+            .parse::<f64>()
+            .unwrap()
+            >= 1.0
+    );
+    prometheus
+        .series(r#"meshcat_agent_connected{job="meshcat-agent"} == 1"#)
+        .await;
+    prometheus
+        .series("rate(meshcat_agent_reports_sent_total[5s]) > 0")
+        .await;
+}
+
+/// The family names documented in docs/metrics.md: every backticked `meshcat_*`
+/// name in the first column of its tables.
+fn documented_families() -> BTreeSet<String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/metrics.md");
+    let text = std::fs::read_to_string(&path).unwrap();
+    text.lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .filter_map(|l| l.split('`').next())
+        .filter(|n| n.starts_with("meshcat_"))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_exposed_family_is_documented() {
+    let m = mesh().await;
+    let documented = documented_families();
+    let mut exposed = families(&m.catalog.ops_metrics().await.unwrap());
+    exposed.extend(families(&m.agent.metrics().await.unwrap()));
+    assert!(exposed.len() >= 15, "{exposed:?}");
+    let missing: Vec<_> = exposed.difference(&documented).collect();
+    assert!(
+        missing.is_empty(),
+        "families exposed but not in docs/metrics.md: {missing:?}"
+    );
+    let stale: Vec<_> = documented.difference(&exposed).collect();
+    assert!(
+        stale.is_empty(),
+        "families in docs/metrics.md that neither binary exposes: {stale:?}"
+    );
+    for name in &exposed {
+        assert!(name.starts_with("meshcat_"), "{name}");
+    }
+}
