@@ -1,11 +1,13 @@
 //! meshcat-tests: the harness of the end-to-end tests. It runs real Envoy 1.40
 //! processes on 127.0.0.1 with every port learned at run time ([`envoy`]), builds
 //! their bootstraps for the mesh topologies the tests need ([`bootstrap`]), serves
-//! a small real upstream ([`upstream`]) and generates mTLS certificates ([`certs`]).
+//! a small real upstream ([`upstream`]) and generates mTLS certificates ([`certs`]);
+//! [`scenario`] runs the real failure scenarios of `diagnose/scenarios/`.
 
 pub mod bootstrap;
 pub mod certs;
 pub mod envoy;
+pub mod scenario;
 pub mod upstream;
 
 pub use bootstrap::Bootstrap;
