@@ -145,3 +145,57 @@ impl Diagnostics {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target(instance: &str, admin: &str, log: Option<&str>) -> Target {
+        Target {
+            admin: admin.into(),
+            zone_name: "z".into(),
+            cluster_name: "c".into(),
+            instance: instance.into(),
+            log_file: log.map(PathBuf::from),
+        }
+    }
+
+    #[tokio::test]
+    async fn follows_target_changes() {
+        let d = Diagnostics::new(Duration::from_secs(1));
+        d.reconcile(&[
+            target("a", "127.0.0.1:9901", Some("/tmp/a.log")),
+            target("b", "127.0.0.1:9902", None),
+        ]);
+        let a = d.get("a").unwrap();
+        assert_eq!(
+            a.tail.as_ref().map(|t| t.path().to_owned()),
+            Some(PathBuf::from("/tmp/a.log"))
+        );
+        assert!(d.get("b").unwrap().tail.is_none());
+
+        // Unchanged targets keep their entry; a changed log file gets a fresh one; a
+        // removed target's tail and windows stop.
+        d.reconcile(&[
+            target("a", "127.0.0.1:9901", Some("/tmp/a2.log")),
+            target("b", "127.0.0.1:9902", None),
+        ]);
+        assert!(a.cancel.is_cancelled());
+        let a2 = d.get("a").unwrap();
+        assert_eq!(
+            a2.tail.as_ref().map(|t| t.path().to_owned()),
+            Some(PathBuf::from("/tmp/a2.log"))
+        );
+        let b = d.get("b").unwrap();
+        d.reconcile(&[target("a", "127.0.0.1:9901", Some("/tmp/a2.log"))]);
+        assert!(b.cancel.is_cancelled());
+        assert!(d.get("b").is_none());
+        assert!(!a2.cancel.is_cancelled());
+
+        d.shutdown().await;
+        assert!(a2.cancel.is_cancelled());
+        // After shutdown no new entries start.
+        d.reconcile(&[target("c", "127.0.0.1:9903", None)]);
+        assert!(d.get("c").is_none());
+    }
+}

@@ -394,4 +394,21 @@ mod tests {
         let a = parse(&["--tls-cert", "/etc/hostname"]).unwrap();
         assert!(matches!(Config::from_args(a), Err(ConfigError::HalfTls)));
     }
+
+    #[test]
+    fn prometheus_url_is_an_http_base_url() {
+        assert_eq!(
+            parse_http_url("http://prometheus:9090/").unwrap(),
+            "http://prometheus:9090"
+        );
+        assert!(parse_http_url("https://p.example.com/prom").is_ok());
+        for bad in ["prometheus:9090", "ftp://p", "http://", "http:// p"] {
+            assert!(parse_http_url(bad).is_err(), "{bad}");
+        }
+        let a = parse(&["--prometheus-url", "http://127.0.0.1:9090"]).unwrap();
+        assert_eq!(
+            Config::from_args(a).unwrap().prometheus_url.as_deref(),
+            Some("http://127.0.0.1:9090")
+        );
+    }
 }

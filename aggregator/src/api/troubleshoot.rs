@@ -417,6 +417,7 @@ pub async fn post_debug_window(
 }
 
 /// The query of `GET /diagnose/{clusterName}`.
+#[derive(Debug)]
 struct DiagnoseQuery {
     zone: String,
     symptom: Option<Symptom>,
@@ -775,5 +776,103 @@ async fn collect_sidecars(
             }
             Err(e) => notes.services.push(e),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn levels_are_the_seeds_four() {
+        assert_eq!(level_query(Some("level=warn")).unwrap(), "warning");
+        assert_eq!(level_query(Some("level=debug")).unwrap(), "debug");
+        for bad in [
+            None,
+            Some(""),
+            Some("level="),
+            Some("level=warning"),
+            Some("level=INFO"),
+            Some("level=info&level=info"),
+            Some("lvl=info"),
+        ] {
+            let e = level_query(bad).unwrap_err();
+            assert_eq!(e.status, StatusCode::BAD_REQUEST, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn diagnose_query_bounds() {
+        let q = diagnose_query(Some(
+            "zoneName=east&symptom=no_healthy_upstream&path=%2Fcatalog%2Fitems&debugSeconds=300",
+        ))
+        .unwrap();
+        assert_eq!(q.zone, "east");
+        assert_eq!(q.symptom, Some(Symptom::NoHealthyUpstream));
+        assert_eq!(q.path.as_deref(), Some("/catalog/items"));
+        assert_eq!(q.debug_seconds, Some(300));
+        let all = diagnose_query(Some("zoneName=east&symptom=&path=")).unwrap();
+        assert_eq!((all.symptom, all.path), (None, None));
+        let e = diagnose_query(Some("zoneName=east&symptom=slow")).unwrap_err();
+        assert!(e.message.contains("\"slow\""), "{}", e.message);
+        for bad in [
+            "",
+            "symptom=ingress_502_503",
+            "zoneName=a%20b",
+            "zoneName=east&zoneName=west",
+            "zoneName=east&debugSeconds=0",
+            "zoneName=east&debugSeconds=301",
+            "zoneName=east&debugSeconds=1.5",
+            "zoneName=east&path=catalog",
+            "zoneName=east&other=1",
+        ] {
+            let e = diagnose_query(Some(bad)).err();
+            assert_eq!(e.map(|e| e.status), Some(StatusCode::BAD_REQUEST), "{bad}");
+        }
+    }
+
+    #[test]
+    fn command_errors_map_to_statuses() {
+        let e = |c: CommandError| command_error("i-0", &c).status;
+        assert_eq!(e(CommandError::AgentGone), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            e(CommandError::Timeout(Duration::from_secs(1))),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        assert_eq!(e(CommandError::Busy), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(e(CommandError::Failed("x".into())), StatusCode::BAD_GATEWAY);
+        assert_eq!(
+            e(CommandError::UnknownInstance {
+                zone: "z".into(),
+                cluster: "c".into(),
+                instance: "i-0".into()
+            }),
+            StatusCode::NOT_FOUND
+        );
+    }
+
+    #[test]
+    fn notes_go_to_the_skipped_steps_only() {
+        let input = DiagnosisInput::new("catalog", "east");
+        let mut report = meshcat_diagnose::diagnose(&input);
+        let notes = Notes {
+            edge: vec!["edge note".into()],
+            services: vec!["service note".into()],
+            metrics: vec!["metrics note".into()],
+        };
+        add_notes(&mut report, &notes);
+        let has = |step: &str, note: &str| {
+            report
+                .step(step)
+                .unwrap()
+                .evidence
+                .iter()
+                .any(|e| e == note)
+        };
+        assert!(has("edge_discovery", "edge note"));
+        assert!(has("service_discovery", "service note"));
+        assert!(has("mtls", "edge note") && has("mtls", "service note"));
+        assert!(has("metrics_collector", "metrics note"));
+        assert!(!has("edge_discovery", "service note"));
     }
 }
