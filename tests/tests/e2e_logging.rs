@@ -377,5 +377,32 @@ async fn debug_window_returns_tls_lines_and_restores_the_level() {
     );
     wait_level(&[&sc.service], "debug").await;
     wait_level(&[&sc.service], "info").await;
+
+    // The agent stopping ends a running window at once and restores before it exits.
+    let url = format!(
+        "{}/zones/{ZONE}/clusters/{SERVICE}/debug-window?seconds=60",
+        stack.api()
+    );
+    let client = stack.http.clone();
+    let window = tokio::spawn(async move { client.post(url).send().await });
+    wait_level(&[&sc.service], "debug").await;
+    let mut stack = stack;
+    let started = Instant::now();
+    stack.service_agent.take().unwrap().stop().await;
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(
+        sc.service.uniform_log_level().await.unwrap().as_deref(),
+        Some("info"),
+        "restored before the agent exited"
+    );
+    let answer = window.await.unwrap().unwrap();
+    assert_eq!(answer.status(), 200);
+    let v: Value = answer.json().await.unwrap();
+    let outcome = &v["instances"][0];
+    // Either the agent reported the window cut short, or it was gone before answering.
+    assert!(
+        outcome["debugWindow"]["cut_short"] == true || outcome["status"] == 503,
+        "{v:#}"
+    );
     stack.stop().await;
 }
