@@ -2,7 +2,7 @@
 //! and agents beside the live `healthy` scenario's Envoys. Checks the checklist text,
 //! `--output json`, and the exit codes (0 all passed, 1 a step failed, 2 API error).
 
-#[path = "../../tests/tests/e2e_diagnose_support/mod.rs"]
+#[path = "../../tests/tests/e2e_diagnose_support/stack.rs"]
 mod support;
 
 use std::time::Duration;

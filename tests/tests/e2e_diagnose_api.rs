@@ -3,6 +3,7 @@
 //! Prometheus that does not answer) reported as skipped steps saying why, and the
 //! missing-metrics symptom.
 
+#[path = "e2e_diagnose_support/stack.rs"]
 mod e2e_diagnose_support;
 
 use std::time::{Duration, Instant};

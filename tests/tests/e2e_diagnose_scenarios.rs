@@ -3,6 +3,7 @@
 //! aggregator, and `GET /diagnose` asserted as the fixture tests assert the engine.
 //! Scenarios run one at a time (they share the machine's few cores).
 
+#[path = "e2e_diagnose_support/stack.rs"]
 mod e2e_diagnose_support;
 
 use e2e_diagnose_support::*;

@@ -4,6 +4,7 @@
 //! a hung agent never blocks other requests; a debug window returns the TLS lines of
 //! an untrusted client certificate and restores the level.
 
+#[path = "e2e_diagnose_support/stack.rs"]
 mod e2e_diagnose_support;
 
 use std::sync::{Arc, Mutex};
