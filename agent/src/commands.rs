@@ -1,13 +1,21 @@
 //! Runs the aggregator's commands against this agent's sidecars, and feeds the
 //! reporter with the board's snapshots. Each command reaches the sidecar through the
-//! admin API client of the target it names.
+//! admin API client of the target it names; the diagnosis commands also read the
+//! target's log tail and run its debug windows ([`crate::sidecars`]).
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use meshcat_common::wire::{Command, CommandOutput, InstanceReport};
+use std::time::Duration;
+
+use meshcat_common::wire::{
+    Command, CommandOutput, DebugWindowOutput, EvidenceOutput, InstanceReport,
+};
+use serde_json::Value;
 
 use crate::Agent;
-use crate::envoy::seed_level;
+use crate::debugwindow::{DebugWindowReport, is_tls_line};
+use crate::envoy::{EnvoyAdmin, seed_level};
+use crate::logtail::LogTail;
 use crate::report::{CommandHandler, SnapshotSource};
 
 impl SnapshotSource for Agent {
@@ -48,5 +56,217 @@ async fn run(agent: &Agent, instance: &str, cmd: Command) -> Result<CommandOutpu
             let now = admin.log_level().await.map_err(|e| e.to_string())?;
             Ok(CommandOutput::LogLevel(seed_level(&now).to_owned()))
         }
+        Command::DebugWindow { seconds } => {
+            let diag = agent
+                .diagnostics()
+                .get(instance)
+                .ok_or_else(|| format!("no sidecar instance is named {instance:?}"))?;
+            let report = diag
+                .windows
+                .run(Duration::from_secs(u64::from(seconds)))
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(CommandOutput::DebugWindow(window_output(&report)))
+        }
+        Command::Evidence {
+            path,
+            max_lines,
+            debug_seconds,
+        } => Ok(CommandOutput::Evidence(
+            evidence(
+                agent,
+                &admin,
+                instance,
+                path.as_deref(),
+                max_lines,
+                debug_seconds,
+            )
+            .await,
+        )),
+    }
+}
+
+/// Most log lines one evidence answer carries.
+pub const MAX_EVIDENCE_LINES: usize = 5_000;
+/// Most bytes of log text one evidence answer carries (the reply must fit a frame
+/// beside the admin documents).
+pub const MAX_EVIDENCE_LOG_BYTES: usize = 1 << 20;
+/// Longest log line carried; longer ones are cut.
+pub const MAX_EVIDENCE_LINE_LEN: usize = 8 << 10;
+
+fn window_output(r: &DebugWindowReport) -> DebugWindowOutput {
+    DebugWindowOutput {
+        previous_level: r.previous_level.clone(),
+        started_at_ms: r.started_at_ms,
+        ended_at_ms: r.ended_at_ms,
+        restored: r.restored,
+        cut_short: r.cut_short,
+        log_tailed: r.log_tailed,
+        line_count: r.line_count,
+        tls_lines: r.tls_lines.iter().map(|l| l.text.clone()).collect(),
+        tls_line_count: r.tls_line_count,
+    }
+}
+
+/// Collects one sidecar's evidence; what cannot be read is named in `errors`
+/// instead of failing the whole answer, so the diagnosis skips only what it lacks.
+async fn evidence(
+    agent: &Agent,
+    admin: &EnvoyAdmin,
+    instance: &str,
+    path: Option<&str>,
+    max_lines: u32,
+    debug_seconds: Option<u32>,
+) -> EvidenceOutput {
+    let mut out = EvidenceOutput::default();
+    let diag = agent.diagnostics().get(instance);
+    if let Some(seconds) = debug_seconds {
+        match &diag {
+            Some(d) => match d.windows.run(Duration::from_secs(u64::from(seconds))).await {
+                Ok(report) => {
+                    let lines = d.windows.lines_of(&report);
+                    out.debug_lines = Some(bounded(
+                        lines
+                            .iter()
+                            .map(|l| l.text.as_str())
+                            .filter(|t| is_debug_evidence(t)),
+                        MAX_EVIDENCE_LINES,
+                    ));
+                    out.debug_window = Some(window_output(&report));
+                }
+                Err(e) => out.errors.push(format!("debug window: {e}")),
+            },
+            None => out
+                .errors
+                .push("debug window: the sidecar has no debug windows".into()),
+        }
+    }
+    let (clusters, dump, stats) = tokio::join!(
+        admin.clusters_text(),
+        admin.config_dump(),
+        admin.ssl_stats_text()
+    );
+    match clusters {
+        Ok(t) => out.clusters_json = Some(t),
+        Err(e) => out.errors.push(format!("/clusters: {e}")),
+    }
+    match dump {
+        Ok(t) => out.config_dump_json = Some(trim_config_dump(t)),
+        Err(e) => out.errors.push(format!("/config_dump: {e}")),
+    }
+    match stats {
+        Ok(t) => out.stats_json = Some(t),
+        Err(e) => out.errors.push(format!("/stats: {e}")),
+    }
+    match diag.as_ref().and_then(|d| d.tail.as_ref()) {
+        Some(tail) => out.log_lines = Some(log_lines(tail, path, max_lines)),
+        None => out
+            .errors
+            .push("log: no --sidecar-log-file (or logFile) is set for this sidecar".into()),
+    }
+    out
+}
+
+/// Lines of a debug window the diagnosis reads: TLS failures and the secrets stream.
+fn is_debug_evidence(text: &str) -> bool {
+    is_tls_line(text)
+        || text.contains("StreamSecrets")
+        || text.contains("SecretDiscoveryService")
+        || text.contains("initial fetch timed out")
+}
+
+/// The newest lines of the tail: with a path, the access lines naming it and every
+/// line of Envoy's own (other requests' access lines are left out).
+fn log_lines(tail: &LogTail, path: Option<&str>, max_lines: u32) -> Vec<String> {
+    let max = usize::try_from(max_lines)
+        .unwrap_or(usize::MAX)
+        .min(MAX_EVIDENCE_LINES);
+    let lines = tail.lines_since(0);
+    let wanted = lines
+        .iter()
+        .rev()
+        .map(|l| l.text.as_str())
+        .filter(|t| match path {
+            Some(p) => t.contains(p) || !is_access_line(t),
+            None => true,
+        });
+    let mut out = bounded(wanted, max);
+    out.reverse();
+    out
+}
+
+/// Whether a line is an access line of Envoy's default format (`... "GET /x HTTP/1.1" ...`).
+fn is_access_line(text: &str) -> bool {
+    text.contains(" HTTP/1") || text.contains(" HTTP/2") || text.contains(" HTTP/3")
+}
+
+/// At most `max` lines and [`MAX_EVIDENCE_LOG_BYTES`], each cut to
+/// [`MAX_EVIDENCE_LINE_LEN`] at a character boundary.
+fn bounded<'a>(lines: impl Iterator<Item = &'a str>, max: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut bytes = 0;
+    for l in lines.take(max) {
+        let mut end = l.len().min(MAX_EVIDENCE_LINE_LEN);
+        while !l.is_char_boundary(end) {
+            end -= 1;
+        }
+        bytes += end;
+        if bytes > MAX_EVIDENCE_LOG_BYTES {
+            break;
+        }
+        out.push(l[..end].to_owned());
+    }
+    out
+}
+
+/// Keeps the listeners, routes and clusters of a config dump (what the routes check
+/// reads), so secrets and the bootstrap never leave the agent and the answer stays
+/// small. Text that is not a dump is passed on for the diagnosis to refuse.
+fn trim_config_dump(text: String) -> String {
+    let Ok(mut dump) = serde_json::from_str::<Value>(&text) else {
+        return text;
+    };
+    if let Some(Value::Array(configs)) = dump.get_mut("configs") {
+        configs.retain(|c| {
+            c.get("@type").and_then(Value::as_str).is_some_and(|t| {
+                t.ends_with("ListenersConfigDump")
+                    || t.ends_with("RoutesConfigDump")
+                    || t.ends_with("ScopedRoutesConfigDump")
+                    || t.ends_with("ClustersConfigDump")
+            })
+        });
+        return dump.to_string();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trims_the_config_dump_to_listeners_routes_and_clusters() {
+        let dump = serde_json::json!({"configs": [
+            {"@type": "type.googleapis.com/envoy.admin.v3.BootstrapConfigDump", "bootstrap": {}},
+            {"@type": "type.googleapis.com/envoy.admin.v3.RoutesConfigDump", "static_route_configs": []},
+            {"@type": "type.googleapis.com/envoy.admin.v3.SecretsConfigDump", "static_secrets": []},
+        ]});
+        let out: Value = serde_json::from_str(&trim_config_dump(dump.to_string())).unwrap();
+        assert_eq!(out["configs"].as_array().unwrap().len(), 1);
+        assert_eq!(trim_config_dump("not json".into()), "not json");
+    }
+
+    #[test]
+    fn bounds_lines() {
+        let long = "é".repeat(MAX_EVIDENCE_LINE_LEN);
+        let out = bounded([long.as_str(), "b", "c"].into_iter(), 2);
+        assert_eq!(out.len(), 2);
+        assert!(out[0].len() <= MAX_EVIDENCE_LINE_LEN);
+        assert!(is_access_line(
+            "[2026-01-01T00:00:00.000Z] \"GET /x HTTP/1.1\" 503 UF 0 91 1 - \"-\""
+        ));
+        assert!(!is_access_line(
+            "[2026-01-01 00:00:00.000][7][info][main] starting"
+        ));
     }
 }

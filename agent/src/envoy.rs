@@ -182,6 +182,32 @@ impl EnvoyAdmin {
             .map(drop)
     }
 
+    /// `GET /clusters?format=json` as Envoy wrote it, for the diagnosis.
+    pub async fn clusters_text(&self) -> Result<String, EnvoyError> {
+        self.call(false, "/clusters?format=json", MAX_ANSWER).await
+    }
+
+    /// `GET /stats?format=json&filter=ssl|secrets` as Envoy wrote it, zero counters
+    /// included: the diagnosis names the failure counters that rose and shows the rest.
+    pub async fn ssl_stats_text(&self) -> Result<String, EnvoyError> {
+        let path = format!("/stats?format=json&filter={}", encode_query("ssl|secrets"));
+        self.call(false, &path, MAX_ANSWER).await
+    }
+
+    /// Sets every logger to `level` given in Envoy's own names (all seven), so a
+    /// debug window can restore any level it found, `trace` or `critical` included.
+    pub async fn set_envoy_level(&self, level: &str) -> Result<(), EnvoyError> {
+        const ENVOY_LEVELS: [&str; 7] = [
+            "trace", "debug", "info", "warning", "error", "critical", "off",
+        ];
+        if !ENVOY_LEVELS.contains(&level) {
+            return Err(EnvoyError::Level(level.to_owned()));
+        }
+        self.call(true, &format!("/logging?level={level}"), MAX_ANSWER)
+            .await
+            .map(drop)
+    }
+
     /// `GET /config_dump` as JSON text.
     pub async fn config_dump(&self) -> Result<String, EnvoyError> {
         self.call(false, "/config_dump", MAX_CONFIG_DUMP).await

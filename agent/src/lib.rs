@@ -14,6 +14,7 @@ pub mod metrics;
 pub mod ops;
 pub mod report;
 pub mod scrape;
+pub mod sidecars;
 
 use std::future::Future;
 use std::sync::{Arc, RwLock};
@@ -30,6 +31,7 @@ pub use envoy::EnvoyAdmin;
 use metrics::HostSampler;
 use ops::OpsMetrics;
 use scrape::{Target, TargetSource};
+use sidecars::Diagnostics;
 
 /// How long shutdown waits for the ops server and scrapers to stop.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(4);
@@ -86,6 +88,8 @@ struct Inner {
     host: HostSampler,
     /// Timeout of each admin call.
     scrape_timeout: Duration,
+    /// Each target's log tail and debug windows, for the diagnosis commands.
+    diagnostics: Diagnostics,
 }
 
 impl Agent {
@@ -98,6 +102,7 @@ impl Agent {
                 ops_metrics: OpsMetrics::new(),
                 host: HostSampler::new(),
                 scrape_timeout,
+                diagnostics: Diagnostics::new(scrape_timeout),
             }),
         }
     }
@@ -110,6 +115,11 @@ impl Agent {
     /// The agent's own metrics.
     pub fn ops_metrics(&self) -> &OpsMetrics {
         &self.inner.ops_metrics
+    }
+
+    /// Each target's log tail and debug windows.
+    pub fn diagnostics(&self) -> &Diagnostics {
+        &self.inner.diagnostics
     }
 
     pub(crate) fn host(&self) -> &HostSampler {
@@ -142,6 +152,7 @@ impl Agent {
             }
         }
         self.ops_metrics().set_targets(targets.len());
+        self.inner.diagnostics.reconcile(&targets);
         *guard = targets;
     }
 
@@ -225,6 +236,8 @@ pub async fn run(
     shutdown.await;
     let _ = stop_tx.send(true);
     let stopped = tokio::time::timeout(SHUTDOWN_GRACE, async {
+        // Debug windows end at once and their levels come back before the agent exits.
+        agent.diagnostics().shutdown().await;
         let _ = scrapers.await;
         let _ = ops.await;
         if let Some(r) = reporter {

@@ -76,6 +76,7 @@ impl CommandHandler for Handler {
                     Ok(CommandOutput::LogLevel(level))
                 }
                 Command::ConfigDump => Err("sidecar admin unreachable".into()),
+                other => Err(format!("{} is not handled by this test", other.name())),
             }
         })
     }

@@ -6,6 +6,7 @@ mod error;
 mod handlers;
 pub mod openapi;
 pub mod query;
+mod troubleshoot;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,7 +16,7 @@ use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::http::{Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post, put};
 
 pub use auth::Tokens;
 pub use error::ApiError;
@@ -41,6 +42,20 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("DELETE", "/zones/{zoneName}"),
     ("GET", "/zones/{zoneName}/metadata"),
     ("GET", "/services"),
+    (
+        "GET",
+        "/zones/{zoneName}/clusters/{clusterName}/instances/{instanceId}/logging",
+    ),
+    (
+        "PUT",
+        "/zones/{zoneName}/clusters/{clusterName}/instances/{instanceId}/logging",
+    ),
+    ("PUT", "/zones/{zoneName}/clusters/{clusterName}/logging"),
+    (
+        "POST",
+        "/zones/{zoneName}/clusters/{clusterName}/debug-window",
+    ),
+    ("GET", "/diagnose/{clusterName}"),
     ("GET", "/openapi.json"),
 ];
 
@@ -54,11 +69,14 @@ pub struct AppState {
     pub agents: Option<Agents>,
     /// Deadline of each command sent to an agent.
     pub command_timeout: Duration,
+    /// Prometheus base URL, for the missing-metrics diagnosis.
+    pub prometheus_url: Option<String>,
 }
 
 /// The API router over its state.
 pub fn app(state: Arc<AppState>, max_body: usize) -> Router {
     use handlers as h;
+    use troubleshoot as t;
     Router::new()
         .route("/summary", get(h::summary))
         .route("/clusters", get(h::list_clusters).post(h::create_cluster))
@@ -80,6 +98,19 @@ pub fn app(state: Arc<AppState>, max_body: usize) -> Router {
         .route("/zones/{zoneName}", get(h::get_zone).delete(h::delete_zone))
         .route("/zones/{zoneName}/metadata", get(h::zone_metadata))
         .route("/services", get(h::services))
+        .route(
+            "/zones/{zoneName}/clusters/{clusterName}/instances/{instanceId}/logging",
+            get(t::get_instance_logging).put(t::put_instance_logging),
+        )
+        .route(
+            "/zones/{zoneName}/clusters/{clusterName}/logging",
+            put(t::put_cluster_logging),
+        )
+        .route(
+            "/zones/{zoneName}/clusters/{clusterName}/debug-window",
+            post(t::post_debug_window),
+        )
+        .route("/diagnose/{clusterName}", get(t::diagnose))
         .route("/openapi.json", get(h::openapi))
         .fallback(no_route)
         .layer(middleware::from_fn(json_method_not_allowed))

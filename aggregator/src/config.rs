@@ -116,6 +116,10 @@ pub struct ServeArgs {
     /// Deadline of each command sent to an agent (log level, config dump, evidence).
     #[arg(long, env = "MESHCAT_COMMAND_TIMEOUT", default_value = "5s", value_parser = parse_positive_duration, value_name = "DURATION")]
     pub command_timeout: Duration,
+    /// Prometheus base URL (http://host:port); when set, the missing-metrics
+    /// diagnosis asks it whether `up{job="<prometheusJob>"}` has a series.
+    #[arg(long, env = "MESHCAT_PROMETHEUS_URL", value_parser = parse_http_url, value_name = "URL")]
+    pub prometheus_url: Option<String>,
     /// Log line format.
     #[arg(long, env = "MESHCAT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -165,6 +169,8 @@ pub struct Config {
     pub max_message: usize,
     pub edge_refresh: Duration,
     pub command_timeout: Duration,
+    /// Prometheus base URL for the missing-metrics diagnosis.
+    pub prometheus_url: Option<String>,
     pub log_format: LogFormat,
 }
 
@@ -189,6 +195,7 @@ impl std::fmt::Debug for Config {
             .field("max_message", &self.max_message)
             .field("edge_refresh", &self.edge_refresh)
             .field("command_timeout", &self.command_timeout)
+            .field("prometheus_url", &self.prometheus_url)
             .field("log_format", &self.log_format)
             .finish()
     }
@@ -260,6 +267,7 @@ impl Config {
             max_message: usize::try_from(a.max_message).map_err(|_| ConfigError::MaxMessage)?,
             edge_refresh: a.edge_refresh,
             command_timeout: a.command_timeout,
+            prometheus_url: a.prometheus_url,
             log_format: a.log_format,
         })
     }
@@ -328,6 +336,22 @@ fn exit_usage(line: &str) -> ! {
     std::process::exit(meshcat_common::config::EXIT_USAGE);
 }
 
+/// Checks an `http://` or `https://` base URL with a host; a trailing `/` is dropped.
+pub fn parse_http_url(s: &str) -> Result<String, String> {
+    let s = s.trim().trim_end_matches('/');
+    let rest = s
+        .strip_prefix("http://")
+        .or_else(|| s.strip_prefix("https://"))
+        .ok_or_else(|| format!("{s:?} is not an http:// or https:// URL"))?;
+    let host = rest.split(['/', '?', '#']).next().unwrap_or("");
+    if host.is_empty() || rest.contains(char::is_whitespace) || s.len() > 2048 {
+        return Err(format!(
+            "{s:?} is not an http:// or https:// URL with a host"
+        ));
+    }
+    Ok(s.to_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -369,5 +393,22 @@ mod tests {
     fn half_tls_is_refused() {
         let a = parse(&["--tls-cert", "/etc/hostname"]).unwrap();
         assert!(matches!(Config::from_args(a), Err(ConfigError::HalfTls)));
+    }
+
+    #[test]
+    fn prometheus_url_is_an_http_base_url() {
+        assert_eq!(
+            parse_http_url("http://prometheus:9090/").unwrap(),
+            "http://prometheus:9090"
+        );
+        assert!(parse_http_url("https://p.example.com/prom").is_ok());
+        for bad in ["prometheus:9090", "ftp://p", "http://", "http:// p"] {
+            assert!(parse_http_url(bad).is_err(), "{bad}");
+        }
+        let a = parse(&["--prometheus-url", "http://127.0.0.1:9090"]).unwrap();
+        assert_eq!(
+            Config::from_args(a).unwrap().prometheus_url.as_deref(),
+            Some("http://127.0.0.1:9090")
+        );
     }
 }

@@ -183,6 +183,7 @@ async fn serve_with(
         metrics: agg.telemetry.api.clone(),
         agents: agents.clone(),
         command_timeout: agg.config.command_timeout,
+        prometheus_url: agg.config.prometheus_url.clone(),
     });
     let ops_state = Arc::new(OpsState {
         store: agg.store.clone(),

@@ -99,6 +99,8 @@ pub struct DiagnoseRequest {
     pub zone: String,
     pub symptom: Option<String>,
     pub path: Option<String>,
+    /// Run a debug window of that many seconds on every sidecar read.
+    pub debug_seconds: Option<u32>,
     pub timeout: Duration,
 }
 
@@ -112,6 +114,10 @@ pub async fn fetch(req: &DiagnoseRequest) -> Result<(serde_json::Value, Report),
     }
     if let Some(p) = &req.path {
         query.push(("path", p));
+    }
+    let seconds = req.debug_seconds.map(|n| n.to_string());
+    if let Some(n) = &seconds {
+        query.push(("debugSeconds", n));
     }
     let client = reqwest::Client::builder()
         .timeout(req.timeout)

@@ -48,6 +48,10 @@ enum Command {
         /// The request path that fails, to filter the sidecar logs on.
         #[arg(long)]
         path: Option<String>,
+        /// Raise the sidecars read to debug for that many seconds (1 to 300) before
+        /// collecting, to catch TLS failures; replay the failing request meanwhile.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=300))]
+        debug_seconds: Option<u32>,
         /// text: a checklist; json: the API's report as is.
         #[arg(long, value_enum, default_value = "text")]
         output: Output,
@@ -75,6 +79,7 @@ async fn main() -> ExitCode {
         zone,
         symptom,
         path,
+        debug_seconds,
         output,
     } = cli.command;
     let req = DiagnoseRequest {
@@ -84,6 +89,7 @@ async fn main() -> ExitCode {
         zone,
         symptom,
         path,
+        debug_seconds,
         timeout: cli.timeout,
     };
     match fetch(&req).await {

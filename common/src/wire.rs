@@ -136,6 +136,18 @@ pub enum Command {
     GetLogLevel,
     /// Set the sidecar's log level (Envoy's names: `warning`, not `warn`).
     SetLogLevel { level: String },
+    /// Run a timed debug window on the sidecar (set `debug`, keep it `seconds`,
+    /// restore the previous level) and answer its TLS lines.
+    DebugWindow { seconds: u32 },
+    /// Collect what the diagnosis reads from the sidecar: `/clusters`, the routes of
+    /// `/config_dump`, the ssl and secrets stats and the newest `max_lines` log lines
+    /// (those naming `path` and Envoy's own lines), after a debug window of
+    /// `debug_seconds` when asked.
+    Evidence {
+        path: Option<String>,
+        max_lines: u32,
+        debug_seconds: Option<u32>,
+    },
 }
 
 impl Command {
@@ -145,6 +157,8 @@ impl Command {
             Command::ConfigDump => "config_dump",
             Command::GetLogLevel => "get_log_level",
             Command::SetLogLevel { .. } => "set_log_level",
+            Command::DebugWindow { .. } => "debug_window",
+            Command::Evidence { .. } => "evidence",
         }
     }
 }
@@ -160,6 +174,49 @@ pub enum CommandOutput {
     /// JSON text of `/config_dump`.
     ConfigDump(String),
     LogLevel(String),
+    DebugWindow(DebugWindowOutput),
+    Evidence(EvidenceOutput),
+}
+
+/// What a debug window saw, as the aggregator hands it on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DebugWindowOutput {
+    /// The level before the window (Envoy's name), restored afterwards.
+    pub previous_level: String,
+    pub started_at_ms: i64,
+    pub ended_at_ms: i64,
+    /// Whether the previous level was set back.
+    pub restored: bool,
+    /// Whether the agent's shutdown ended the window early.
+    pub cut_short: bool,
+    /// Whether a log file is tailed for this sidecar (else no lines can be seen).
+    pub log_tailed: bool,
+    /// Lines read during the window.
+    pub line_count: u64,
+    /// The window's lines naming TLS failures (at most 100).
+    pub tls_lines: Vec<String>,
+    /// How many lines named TLS failures, including those not returned.
+    pub tls_line_count: u64,
+}
+
+/// The evidence of one sidecar for the diagnosis. `None` means not collected; the
+/// reason is in `errors`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct EvidenceOutput {
+    /// `/clusters?format=json` as Envoy wrote it.
+    pub clusters_json: Option<String>,
+    /// `/config_dump` cut to its listeners, routes and clusters.
+    pub config_dump_json: Option<String>,
+    /// `/stats?format=json&filter=ssl|secrets`.
+    pub stats_json: Option<String>,
+    /// The newest lines of the sidecar's log; `None` without a log file.
+    pub log_lines: Option<Vec<String>>,
+    /// Every line read during the debug window, when one ran.
+    pub debug_lines: Option<Vec<String>>,
+    /// The debug window's summary, when one ran.
+    pub debug_window: Option<DebugWindowOutput>,
+    /// Why some evidence is missing, one sentence each.
+    pub errors: Vec<String>,
 }
 
 /// Why a frame was refused.

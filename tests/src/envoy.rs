@@ -51,14 +51,14 @@ pub fn envoy_binary() -> anyhow::Result<PathBuf> {
 }
 
 /// Base ids must differ between Envoys running at once (shared memory names).
-fn next_base_id() -> u32 {
+pub(crate) fn next_base_id() -> u32 {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     (std::process::id() % 100_000) * 100 + NEXT.fetch_add(1, Ordering::Relaxed) % 100
 }
 
 /// The thread that owns a running Envoy process.
 #[derive(Debug)]
-struct Process {
+pub(crate) struct Process {
     /// Sends the kill order.
     kill: mpsc::Sender<()>,
     /// Joins once Envoy is reaped.
@@ -68,7 +68,7 @@ struct Process {
 }
 
 impl Process {
-    fn spawn(mut cmd: Command) -> anyhow::Result<Self> {
+    pub(crate) fn spawn(mut cmd: Command) -> anyhow::Result<Self> {
         let (kill_tx, kill_rx) = mpsc::channel::<()>();
         let (ready_tx, ready_rx) = mpsc::channel::<Result<(), String>>();
         let (exit_tx, exit_rx) = mpsc::channel::<String>();
@@ -109,11 +109,11 @@ impl Process {
         }
     }
 
-    fn exit_status(&self) -> Option<String> {
+    pub(crate) fn exit_status(&self) -> Option<String> {
         self.exited.try_recv().ok()
     }
 
-    fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         let _ = self.kill.send(());
         if let Some(t) = self.thread.take() {
             let _ = t.join();

@@ -1,13 +1,15 @@
 //! meshcat-tests: the harness of the end-to-end tests. It runs real Envoy 1.40
 //! processes on 127.0.0.1 with every port learned at run time ([`envoy`]), builds
 //! their bootstraps for the mesh topologies the tests need ([`bootstrap`]), serves
-//! a small real upstream ([`upstream`]), generates mTLS certificates ([`certs`]) and
-//! runs a whole meshcat (aggregator, agents, sidecars) on one machine ([`mesh`]).
+//! a small real upstream ([`upstream`]), generates mTLS certificates ([`certs`]),
+//! runs a whole meshcat (aggregator, agents, sidecars) on one machine ([`mesh`]), and
+//! runs the real failure scenarios of `diagnose/scenarios/` ([`scenario`]).
 
 pub mod bootstrap;
 pub mod certs;
 pub mod envoy;
 pub mod mesh;
+pub mod scenario;
 pub mod upstream;
 
 pub use bootstrap::Bootstrap;

@@ -35,6 +35,11 @@ fn zone_query(required: bool) -> Value {
     json!({"name": "zoneName", "in": "query", "required": required, "schema": {"type": "string"}})
 }
 
+fn level_query() -> Value {
+    json!({"name": "level", "in": "query", "required": true,
+        "schema": {"type": "string", "enum": ["error", "warn", "info", "debug"]}})
+}
+
 fn body(name: &str) -> Value {
     json!({"required": true, "content": {"application/json": {"schema": schema(name)}}})
 }
@@ -148,6 +153,20 @@ fn components() -> Value {
         metrics.insert(k.clone(), json!({"type": t}));
     }
 
+    let cluster_outcome = json!({"type": "object", "properties": {
+                "zoneName": s, "clusterName": s, "succeeded": i, "failed": i,
+                "instances": {"type": "array", "items": {"type": "object", "properties": {
+                    "instance": s, "status": i, "level": s, "error": s, "code": s,
+                    "debugWindow": {"type": "object", "properties": {
+                        "previous_level": s, "started_at_ms": i, "ended_at_ms": i, "restored": b,
+                        "cut_short": b, "log_tailed": b, "line_count": i, "tls_lines": strings,
+                        "tls_line_count": i}}}}}}});
+    let diagnosis_report = json!({"type": "object", "required": ["cluster", "zone", "symptom", "steps", "conclusion"], "properties": {
+                "cluster": s, "zone": s, "symptom": {"type": "string", "nullable": true},
+                "steps": {"type": "array", "items": {"type": "object", "properties": {
+                    "name": s, "verdict": {"type": "string", "enum": ["pass", "fail", "skipped"]},
+                    "evidence": strings, "action": s}}},
+                "conclusion": s}});
     json!({
         "schemas": {
             "Error": {"type": "object", "required": ["error", "code"], "properties": {"error": s, "code": s}},
@@ -170,7 +189,9 @@ fn components() -> Value {
                 "zones": {"type": "object", "additionalProperties": schema("ZoneEntry")},
                 "meshes": {"type": "object", "additionalProperties": schema("ZoneEntry")},
                 "metadata": schema("OverallSummary")}},
-            "InstanceMetrics": {"type": "object", "properties": metrics}
+            "InstanceMetrics": {"type": "object", "properties": metrics},
+            "ClusterOutcome": cluster_outcome,
+            "DiagnosisReport": diagnosis_report
         },
         "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}
     })
@@ -187,7 +208,43 @@ pub fn document() -> Value {
         "200": ok("The instance's latest metrics (seed 2.6).", schema("InstanceMetrics")),
         "400": r400, "403": err("A read token is configured and the request lacks it."), "404": r404
     });
-    json!({
+    let instance_logging = json!({
+        "get": {"summary": "The sidecar log level of one instance, through its agent.",
+            "parameters": [zone, cluster, instance],
+            "responses": {"200": {"description": "The level as text: error, warn, info, debug (or Envoy's trace, critical, off).",
+                "content": {"text/plain": {"schema": {"type": "string"}}}},
+                "400": r400, "403": err("A read token is configured and the request lacks it."), "404": err("Unknown zone or no live instance of that name."),
+                "502": err("The sidecar failed the command."), "503": err("The instance's agent is gone, hung past the deadline, busy, or ingest is off.")}},
+        "put": {"summary": "Set the sidecar log level of one instance (warn is sent to Envoy as warning).",
+            "parameters": [zone, cluster, instance, level_query()],
+            "responses": {"200": {"description": "The level now, as text.", "content": {"text/plain": {"schema": {"type": "string"}}}},
+                "400": err("Missing or bad level."), "401": err("A write token is configured and the request lacks it."),
+                "404": err("Unknown zone or no live instance of that name."),
+                "502": err("The sidecar failed the command."), "503": err("The instance's agent is gone, hung past the deadline, busy, or ingest is off.")}}
+    });
+    let cluster_logging = json!({"put": {"summary": "Set the sidecar log level of every live instance of a cluster at once.",
+                "parameters": [zone, cluster, level_query()],
+                "responses": {"200": ok("Per instance, the outcome (each instance has its own deadline).", schema("ClusterOutcome")),
+                    "400": err("Missing or bad level."), "401": err("A write token is configured and the request lacks it."), "404": r404}}});
+    let debug_window = json!({"post": {"summary": "Run a timed debug window on the cluster's sidecars: debug for N seconds, then the previous level; answers the window's TLS lines.",
+                "parameters": [zone, cluster,
+                    {"name": "seconds", "in": "query", "required": true, "schema": {"type": "integer", "minimum": 1, "maximum": 300}},
+                    {"name": "instance", "in": "query", "required": false, "description": "Limit to these instances (repeatable); default every live instance.",
+                        "schema": {"type": "array", "items": {"type": "string"}}, "style": "form", "explode": true}],
+                "responses": {"200": ok("Per instance, the outcome and the window's report.", schema("ClusterOutcome")),
+                    "400": err("Missing or bad seconds."), "401": err("A write token is configured and the request lacks it."), "404": r404,
+                    "503": err("Agent ingest is off.")}}});
+    let diagnose = json!({"get": {"summary": "Run the mesh troubleshooting playbook for a cluster (contract section 5).",
+                "parameters": [cluster, zone_query(true),
+                    {"name": "symptom", "in": "query", "required": false,
+                        "schema": {"type": "string", "enum": ["upstream_connect_error", "no_healthy_upstream", "ingress_502_503", "missing_metrics"]}},
+                    {"name": "path", "in": "query", "required": false, "description": "Path of the failing request; access lines are filtered on it.", "schema": {"type": "string"}},
+                    {"name": "debugSeconds", "in": "query", "required": false, "description": "Run a debug window of that many seconds on every sidecar read before collecting.",
+                        "schema": {"type": "integer", "minimum": 1, "maximum": 300}}],
+                "responses": {"200": ok("The diagnosis report.", schema("DiagnosisReport")),
+                    "400": err("Malformed query, unknown symptom, or zoneName missing."),
+                    "403": err("A read token is configured and the request lacks it."), "404": r404}}});
+    let mut doc = json!({
         "openapi": "3.0.3",
         "info": {
             "title": "meshcat catalog API",
@@ -237,7 +294,22 @@ pub fn document() -> Value {
             "/openapi.json": {"get": {"summary": "This document.", "responses": {"200": {"description": "OpenAPI 3 document."}}}}
         },
         "components": components()
-    })
+    });
+    let paths = doc["paths"].as_object_mut().expect("paths is an object");
+    paths.insert(
+        "/zones/{zoneName}/clusters/{clusterName}/instances/{instanceId}/logging".into(),
+        instance_logging,
+    );
+    paths.insert(
+        "/zones/{zoneName}/clusters/{clusterName}/logging".into(),
+        cluster_logging,
+    );
+    paths.insert(
+        "/zones/{zoneName}/clusters/{clusterName}/debug-window".into(),
+        debug_window,
+    );
+    paths.insert("/diagnose/{clusterName}".into(), diagnose);
+    doc
 }
 
 /// The document, serialized once.

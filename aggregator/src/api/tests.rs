@@ -31,6 +31,7 @@ fn router(dir: &std::path::Path) -> Router {
         metrics: Telemetry::new().unwrap().api,
         agents: None,
         command_timeout: std::time::Duration::from_secs(5),
+        prometheus_url: None,
     });
     app(state, 1 << 20)
 }

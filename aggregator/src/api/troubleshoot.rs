@@ -1,0 +1,878 @@
+//! The troubleshooting routes of contract section 5: the sidecar log level per
+//! instance and per cluster, timed debug windows, and `GET /diagnose/{clusterName}`,
+//! which collects evidence through the agents ([`Command::Evidence`]) and runs the
+//! playbook engine ([`meshcat_diagnose::diagnose`]).
+//!
+//! Every command carries a deadline: an agent that is gone or hung costs its own
+//! instance an error answer, never a hang and never another request's time.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::{RawQuery, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use futures::future::join_all;
+use meshcat_common::model::ZoneRecord;
+use meshcat_common::validate::is_valid_name;
+use meshcat_common::wire::{Command, CommandOutput, DebugWindowOutput, EvidenceOutput};
+use meshcat_diagnose::{
+    DiagnosisInput, DiagnosisReport, MetricsEvidence, Role, SidecarEvidence, Symptom, Verdict,
+};
+use serde::Serialize;
+use tracing::{info, warn};
+
+use super::AppState;
+use super::auth::{Caller, Writer};
+use super::error::ApiError;
+use super::handlers::Params;
+use super::query;
+use crate::ingest::{Agents, CommandError};
+
+type Shared = State<Arc<AppState>>;
+
+/// Longest debug window one request may ask for, in seconds.
+pub const MAX_DEBUG_SECONDS: u32 = 300;
+/// Most service instances one diagnosis collects evidence from.
+pub const MAX_DIAGNOSED_INSTANCES: usize = 5;
+/// Log lines asked from each sidecar for the diagnosis.
+pub const EVIDENCE_LOG_LINES: u32 = 2_000;
+/// Longest `path` accepted by the diagnosis.
+pub const MAX_PATH_LEN: usize = 2_048;
+/// Most instances named in one debug-window request.
+pub const MAX_WINDOW_INSTANCES: usize = 64;
+/// Time beyond a window's length an agent gets to restore the level, wait for the
+/// sidecar's last lines (1 s) and answer.
+const WINDOW_GRACE: Duration = Duration::from_secs(5);
+/// Deadline of the Prometheus query.
+const PROMETHEUS_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The seed's level names the API accepts, and Envoy's name for each.
+fn envoy_level(level: &str) -> Option<&'static str> {
+    match level {
+        "error" => Some("error"),
+        "warn" => Some("warning"),
+        "info" => Some("info"),
+        "debug" => Some("debug"),
+        _ => None,
+    }
+}
+
+/// Envoy's `warning` reads `warn` in the API.
+fn seed_level(level: &str) -> String {
+    if level == "warning" {
+        "warn".into()
+    } else {
+        level.to_owned()
+    }
+}
+
+fn check_name(what: &str, v: &str) -> Result<(), ApiError> {
+    if is_valid_name(v) {
+        Ok(())
+    } else {
+        Err(ApiError::bad_path(format!(
+            "{what} in the path must be 1 to 253 characters of letters, digits, '.', '_' and '-'."
+        )))
+    }
+}
+
+fn agents(s: &AppState) -> Result<&Agents, ApiError> {
+    s.agents.as_ref().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ingest_off",
+            "Agent ingest is off on this aggregator, so no sidecar can be reached.",
+        )
+    })
+}
+
+/// The error answer of a command that produced no output.
+fn command_error(instance: &str, e: &CommandError) -> ApiError {
+    match e {
+        CommandError::UnknownInstance { .. } => ApiError::new(
+            StatusCode::NOT_FOUND,
+            "unknown_instance",
+            format!("No connected agent reports instance {instance}."),
+        ),
+        CommandError::AgentGone => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "agent_gone",
+            format!("The agent of instance {instance} disconnected before answering."),
+        ),
+        CommandError::Timeout(d) => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "agent_timeout",
+            format!("The agent of instance {instance} did not answer within {d:?}."),
+        ),
+        CommandError::Busy => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "agent_busy",
+            format!("The agent of instance {instance} has too many commands in progress."),
+        ),
+        CommandError::Failed(msg) => ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            "sidecar_error",
+            format!(
+                "The sidecar of instance {instance} failed the command: {}.",
+                msg.trim_end_matches('.')
+            ),
+        ),
+    }
+}
+
+fn unexpected(instance: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::BAD_GATEWAY,
+        "agent_error",
+        format!("The agent of instance {instance} answered with an unexpected output."),
+    )
+}
+
+fn zone_or_404(s: &AppState, zone: &str) -> Result<ZoneRecord, ApiError> {
+    s.store
+        .zone(zone)
+        .ok_or_else(|| ApiError::not_found(format!("Zone {zone} does not exist.")))
+}
+
+/// A cluster is known in a zone when it is registered there or has live instances.
+fn cluster_or_404(s: &AppState, zone: &str, cluster: &str) -> Result<(), ApiError> {
+    let registered = !s.store.get_cluster(cluster, Some(zone), true).is_empty();
+    if registered || !s.store.live_instances(zone, cluster).is_empty() {
+        Ok(())
+    } else {
+        Err(ApiError::not_found(format!(
+            "Cluster {cluster} does not exist in zone {zone}."
+        )))
+    }
+}
+
+fn level_query(raw: Option<&str>) -> Result<&'static str, ApiError> {
+    let mut level = None;
+    for (_, v) in query::parse(raw, &["level"])? {
+        if level.is_some() {
+            return Err(ApiError::bad_query("Query parameter level is given twice."));
+        }
+        level = Some(envoy_level(&v).ok_or_else(|| {
+            ApiError::bad_query(format!(
+                "Query parameter level must be error, warn, info or debug, not {v:?}."
+            ))
+        })?);
+    }
+    level.ok_or_else(|| ApiError::bad_query("Query parameter level is required."))
+}
+
+fn text(level: String) -> Response {
+    ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], level).into_response()
+}
+
+async fn run_level_command(
+    s: &AppState,
+    zone: &str,
+    cluster: &str,
+    instance: &str,
+    cmd: Command,
+) -> Result<String, ApiError> {
+    let agents = agents(s)?;
+    if s.store.live_instance(zone, cluster, instance).is_none() {
+        return Err(ApiError::not_found(format!(
+            "Instance {instance} of cluster {cluster} in zone {zone} is not live."
+        )));
+    }
+    match agents
+        .command(zone, cluster, instance, cmd, s.command_timeout)
+        .await
+    {
+        Ok(CommandOutput::LogLevel(l)) => Ok(seed_level(&l)),
+        Ok(_) => Err(unexpected(instance)),
+        Err(e) => Err(command_error(instance, &e)),
+    }
+}
+
+/// `GET /zones/{zoneName}/clusters/{clusterName}/instances/{instanceId}/logging`.
+pub async fn get_instance_logging(
+    State(s): Shared,
+    caller: Caller,
+    Params((zone, cluster, instance)): Params<(String, String, String)>,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
+    check_name("zoneName", &zone)?;
+    check_name("clusterName", &cluster)?;
+    query::parse(q.as_deref(), &[])?;
+    if !caller.authorized {
+        return Err(ApiError::forbidden());
+    }
+    zone_or_404(&s, &zone)?;
+    let level = run_level_command(&s, &zone, &cluster, &instance, Command::GetLogLevel).await?;
+    Ok(text(level))
+}
+
+/// `PUT /zones/{zoneName}/clusters/{clusterName}/instances/{instanceId}/logging?level=`.
+pub async fn put_instance_logging(
+    State(s): Shared,
+    _w: Writer,
+    Params((zone, cluster, instance)): Params<(String, String, String)>,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
+    check_name("zoneName", &zone)?;
+    check_name("clusterName", &cluster)?;
+    let level = level_query(q.as_deref())?;
+    zone_or_404(&s, &zone)?;
+    let cmd = Command::SetLogLevel {
+        level: level.to_owned(),
+    };
+    let now = run_level_command(&s, &zone, &cluster, &instance, cmd).await?;
+    info!(%zone, %cluster, %instance, level = %now, "Sidecar log level set through the API.");
+    Ok(text(now))
+}
+
+/// One instance's outcome in a per-cluster answer.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceOutcome {
+    instance: String,
+    /// HTTP-like status of this instance's part: 200, or the error's status.
+    status: u16,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    level: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    debug_window: Option<DebugWindowOutput>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    code: Option<&'static str>,
+}
+
+impl InstanceOutcome {
+    fn failed(instance: &str, e: &ApiError) -> Self {
+        InstanceOutcome {
+            instance: instance.to_owned(),
+            status: e.status.as_u16(),
+            level: None,
+            debug_window: None,
+            error: Some(e.message.clone()),
+            code: Some(e.code),
+        }
+    }
+
+    fn ok(instance: &str) -> Self {
+        InstanceOutcome {
+            instance: instance.to_owned(),
+            status: 200,
+            level: None,
+            debug_window: None,
+            error: None,
+            code: None,
+        }
+    }
+}
+
+/// The answer of the per-cluster routes.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterOutcome {
+    zone_name: String,
+    cluster_name: String,
+    /// Instances whose part succeeded.
+    succeeded: usize,
+    /// Instances whose part failed.
+    failed: usize,
+    instances: Vec<InstanceOutcome>,
+}
+
+impl ClusterOutcome {
+    fn new(zone: String, cluster: String, instances: Vec<InstanceOutcome>) -> Self {
+        let succeeded = instances.iter().filter(|i| i.status == 200).count();
+        ClusterOutcome {
+            zone_name: zone,
+            cluster_name: cluster,
+            succeeded,
+            failed: instances.len() - succeeded,
+            instances,
+        }
+    }
+}
+
+/// `PUT /zones/{zoneName}/clusters/{clusterName}/logging?level=`: every live instance
+/// at once, each with its own deadline.
+pub async fn put_cluster_logging(
+    State(s): Shared,
+    _w: Writer,
+    Params((zone, cluster)): Params<(String, String)>,
+    RawQuery(q): RawQuery,
+) -> Result<Json<ClusterOutcome>, ApiError> {
+    check_name("zoneName", &zone)?;
+    check_name("clusterName", &cluster)?;
+    let level = level_query(q.as_deref())?;
+    zone_or_404(&s, &zone)?;
+    cluster_or_404(&s, &zone, &cluster)?;
+    let live = s.store.live_instances(&zone, &cluster);
+    let runs = live.iter().map(|i| {
+        let s = &s;
+        let (zone, cluster) = (&zone, &cluster);
+        async move {
+            let cmd = Command::SetLogLevel {
+                level: level.to_owned(),
+            };
+            match run_level_command(s, zone, cluster, &i.instance, cmd).await {
+                Ok(now) => InstanceOutcome {
+                    level: Some(now),
+                    ..InstanceOutcome::ok(&i.instance)
+                },
+                Err(e) => InstanceOutcome::failed(&i.instance, &e),
+            }
+        }
+    });
+    let outcomes = join_all(runs).await;
+    let answer = ClusterOutcome::new(zone, cluster, outcomes);
+    info!(zone = %answer.zone_name, cluster = %answer.cluster_name, level, succeeded = answer.succeeded, failed = answer.failed, "Cluster log level set through the API.");
+    Ok(Json(answer))
+}
+
+fn seconds_value(name: &str, v: &str) -> Result<u32, ApiError> {
+    v.parse::<u32>()
+        .ok()
+        .filter(|n| (1..=MAX_DEBUG_SECONDS).contains(n))
+        .ok_or_else(|| {
+            ApiError::bad_query(format!(
+                "Query parameter {name} must be a whole number of seconds from 1 to {MAX_DEBUG_SECONDS}."
+            ))
+        })
+}
+
+/// `POST /zones/{zoneName}/clusters/{clusterName}/debug-window?seconds=N[&instance=I...]`.
+pub async fn post_debug_window(
+    State(s): Shared,
+    _w: Writer,
+    Params((zone, cluster)): Params<(String, String)>,
+    RawQuery(q): RawQuery,
+) -> Result<Json<ClusterOutcome>, ApiError> {
+    check_name("zoneName", &zone)?;
+    check_name("clusterName", &cluster)?;
+    let mut seconds = None;
+    let mut wanted: Vec<String> = Vec::new();
+    for (k, v) in query::parse(q.as_deref(), &["seconds", "instance"])? {
+        if k == "seconds" {
+            if seconds.is_some() {
+                return Err(ApiError::bad_query(
+                    "Query parameter seconds is given twice.",
+                ));
+            }
+            seconds = Some(seconds_value("seconds", &v)?);
+        } else if wanted.len() == MAX_WINDOW_INSTANCES {
+            return Err(ApiError::bad_query(format!(
+                "At most {MAX_WINDOW_INSTANCES} instances may be named."
+            )));
+        } else if !wanted.contains(&v) {
+            wanted.push(v);
+        }
+    }
+    let seconds =
+        seconds.ok_or_else(|| ApiError::bad_query("Query parameter seconds is required."))?;
+    let agents = agents(&s)?.clone();
+    zone_or_404(&s, &zone)?;
+    cluster_or_404(&s, &zone, &cluster)?;
+    let targets: Vec<String> = if wanted.is_empty() {
+        s.store
+            .live_instances(&zone, &cluster)
+            .iter()
+            .map(|i| i.instance.clone())
+            .collect()
+    } else {
+        wanted
+    };
+    let deadline = s.command_timeout + Duration::from_secs(u64::from(seconds)) + WINDOW_GRACE;
+    info!(%zone, %cluster, seconds, instances = targets.len(), "Debug window asked through the API.");
+    let runs = targets.iter().map(|instance| {
+        let (s, agents, zone, cluster) = (&s, &agents, &zone, &cluster);
+        async move {
+            if s.store.live_instance(zone, cluster, instance).is_none() {
+                let e = ApiError::not_found(format!(
+                    "Instance {instance} of cluster {cluster} in zone {zone} is not live."
+                ));
+                return InstanceOutcome::failed(instance, &e);
+            }
+            match agents
+                .command(
+                    zone,
+                    cluster,
+                    instance,
+                    Command::DebugWindow { seconds },
+                    deadline,
+                )
+                .await
+            {
+                Ok(CommandOutput::DebugWindow(w)) => InstanceOutcome {
+                    debug_window: Some(w),
+                    ..InstanceOutcome::ok(instance)
+                },
+                Ok(_) => InstanceOutcome::failed(instance, &unexpected(instance)),
+                Err(e) => InstanceOutcome::failed(instance, &command_error(instance, &e)),
+            }
+        }
+    });
+    let outcomes = join_all(runs).await;
+    Ok(Json(ClusterOutcome::new(zone, cluster, outcomes)))
+}
+
+/// The query of `GET /diagnose/{clusterName}`.
+#[derive(Debug)]
+struct DiagnoseQuery {
+    zone: String,
+    symptom: Option<Symptom>,
+    path: Option<String>,
+    debug_seconds: Option<u32>,
+}
+
+fn diagnose_query(raw: Option<&str>) -> Result<DiagnoseQuery, ApiError> {
+    let mut zone = None;
+    let mut symptom = None;
+    let mut path = None;
+    let mut debug_seconds = None;
+    for (k, v) in query::parse(raw, &["zoneName", "symptom", "path", "debugSeconds"])? {
+        let twice = || ApiError::bad_query(format!("Query parameter {k} is given twice."));
+        match k.as_str() {
+            "zoneName" => {
+                if zone.is_some() {
+                    return Err(twice());
+                }
+                if !is_valid_name(&v) {
+                    return Err(ApiError::bad_query(
+                        "Query parameter zoneName must be 1 to 253 characters of letters, digits, '.', '_' and '-'.",
+                    ));
+                }
+                zone = Some(v);
+            }
+            "symptom" => {
+                if symptom.is_some() {
+                    return Err(twice());
+                }
+                symptom =
+                    Some(Symptom::from_query(Some(&v)).map_err(|e| {
+                        ApiError::bad_query(format!("Query parameter symptom: {e}."))
+                    })?);
+            }
+            "path" => {
+                if path.is_some() {
+                    return Err(twice());
+                }
+                if !v.is_empty() {
+                    if !v.starts_with('/')
+                        || v.len() > MAX_PATH_LEN
+                        || v.contains(char::is_whitespace)
+                    {
+                        return Err(ApiError::bad_query(format!(
+                            "Query parameter path must start with '/', hold no spaces and be at most {MAX_PATH_LEN} bytes."
+                        )));
+                    }
+                    path = Some(v);
+                }
+            }
+            _ => {
+                if debug_seconds.is_some() {
+                    return Err(twice());
+                }
+                debug_seconds = Some(seconds_value("debugSeconds", &v)?);
+            }
+        }
+    }
+    Ok(DiagnoseQuery {
+        zone: zone.ok_or_else(|| ApiError::bad_query("Query parameter zoneName is required."))?,
+        symptom: symptom.flatten(),
+        path,
+        debug_seconds,
+    })
+}
+
+/// Notes on evidence that could not be collected, added to the skipped steps.
+#[derive(Default)]
+struct Notes {
+    edge: Vec<String>,
+    services: Vec<String>,
+    metrics: Vec<String>,
+}
+
+/// Asks one sidecar for its evidence.
+async fn collect(
+    agents: &Agents,
+    zone: &str,
+    cluster: &str,
+    instance: &str,
+    cmd: Command,
+    deadline: Duration,
+) -> Result<EvidenceOutput, String> {
+    match agents.command(zone, cluster, instance, cmd, deadline).await {
+        Ok(CommandOutput::Evidence(e)) => Ok(e),
+        Ok(_) => Err(format!(
+            "{instance}: the agent answered with an unexpected output"
+        )),
+        Err(e) => Err(format!("{instance}: {e}")),
+    }
+}
+
+/// Turns an agent's answer into the engine's evidence; what fails to parse is noted.
+fn sidecar_evidence(
+    role: Role,
+    instance: &str,
+    out: EvidenceOutput,
+    notes: &mut Vec<String>,
+) -> SidecarEvidence {
+    let mut s = SidecarEvidence::new(role, instance);
+    for e in &out.errors {
+        notes.push(format!("{instance}: {e}"));
+    }
+    if let Some(t) = &out.clusters_json {
+        match s.clone().with_clusters_json(t) {
+            Ok(v) => s = v,
+            Err(e) => notes.push(format!("{instance}: {e}")),
+        }
+    }
+    if let Some(t) = &out.config_dump_json {
+        match s.clone().with_config_dump_json(t) {
+            Ok(v) => s = v,
+            Err(e) => notes.push(format!("{instance}: {e}")),
+        }
+    }
+    if let Some(t) = &out.stats_json {
+        match s.clone().with_stats_json(t) {
+            Ok(v) => s = v,
+            Err(e) => notes.push(format!("{instance}: {e}")),
+        }
+    }
+    if let Some(lines) = &out.log_lines {
+        s = s.with_log(&lines.join("\n"));
+    }
+    if let Some(lines) = &out.debug_lines {
+        s = s.with_debug_log(&lines.join("\n"));
+    }
+    s
+}
+
+/// Whether Prometheus has an `up` series for `job`; `None` when it cannot be asked.
+async fn prometheus_up(base: &str, job: &str) -> Result<bool, String> {
+    let client = reqwest::Client::builder()
+        .timeout(PROMETHEUS_TIMEOUT)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let escaped = job.replace('\\', "\\\\").replace('"', "\\\"");
+    let query = format!("up{{job=\"{escaped}\"}}");
+    let resp = client
+        .get(format!("{base}/api/v1/query"))
+        .query(&[("query", query.as_str())])
+        .send()
+        .await
+        .map_err(|e| format!("Prometheus at {base} did not answer: {e}"))?;
+    if !resp.status().is_success() {
+        return Err(format!("Prometheus at {base} answered {}", resp.status()));
+    }
+    let v: serde_json::Value = resp
+        .json()
+        .await
+        .map_err(|e| format!("Prometheus at {base} answered no JSON: {e}"))?;
+    v.pointer("/data/result")
+        .and_then(serde_json::Value::as_array)
+        .map(|r| !r.is_empty())
+        .ok_or_else(|| format!("Prometheus at {base} answered without data.result"))
+}
+
+/// What the catalog knows about the cluster's metrics; `None` when unregistered.
+async fn metrics_evidence(
+    s: &AppState,
+    zone: &str,
+    cluster: &str,
+    notes: &mut Vec<String>,
+) -> Option<MetricsEvidence> {
+    let record = s
+        .store
+        .get_cluster(cluster, Some(zone), true)
+        .into_iter()
+        .next()?
+        .record;
+    let live = s.store.live_instances(zone, cluster);
+    let with_metrics = live.iter().filter(|i| i.start_time_ms > 0).count();
+    let prometheus_up = match (&s.prometheus_url, record.prometheus_job.is_empty()) {
+        (Some(base), false) => match prometheus_up(base, &record.prometheus_job).await {
+            Ok(up) => Some(up),
+            Err(e) => {
+                notes.push(e);
+                None
+            }
+        },
+        (None, _) => {
+            notes.push("no --prometheus-url is set, so the collector was not asked".into());
+            None
+        }
+        (Some(_), true) => None,
+    };
+    Some(MetricsEvidence {
+        enable_instance_metrics: record.enable_instance_metrics,
+        prometheus_job: record.prometheus_job,
+        live_instances: live.len(),
+        instances_with_metrics: with_metrics,
+        prometheus_up,
+    })
+}
+
+/// Appends the collection notes to the steps skipped for lack of that evidence.
+fn add_notes(report: &mut DiagnosisReport, notes: &Notes) {
+    for step in &mut report.steps {
+        if step.verdict != Verdict::Skipped {
+            continue;
+        }
+        let which: &[String] = match step.name.as_str() {
+            "edge_discovery" | "edge_routes" | "edge_logs" => &notes.edge,
+            "service_discovery" | "service_logs" => &notes.services,
+            "mtls" => {
+                step.evidence.extend(notes.edge.iter().cloned());
+                &notes.services
+            }
+            "metrics_settings" | "metrics_reporting" | "metrics_collector" => &notes.metrics,
+            _ => &[],
+        };
+        step.evidence.extend(which.iter().cloned());
+    }
+}
+
+/// `GET /diagnose/{clusterName}?zoneName=&symptom=&path=[&debugSeconds=N]`.
+pub async fn diagnose(
+    State(s): Shared,
+    caller: Caller,
+    Params(cluster): Params<String>,
+    RawQuery(q): RawQuery,
+) -> Result<Json<DiagnosisReport>, ApiError> {
+    check_name("clusterName", &cluster)?;
+    let q = diagnose_query(q.as_deref())?;
+    if !caller.authorized {
+        return Err(ApiError::forbidden());
+    }
+    let zone = zone_or_404(&s, &q.zone)?;
+    cluster_or_404(&s, &q.zone, &cluster)?;
+    let mut notes = Notes::default();
+    let mut input = DiagnosisInput::new(&cluster, &q.zone);
+    input.symptom = q.symptom;
+    input.path = q.path.clone();
+
+    let wants_sidecars = q.symptom != Some(Symptom::MissingMetrics);
+    if wants_sidecars {
+        collect_sidecars(&s, &zone, &cluster, &q, &mut input, &mut notes).await;
+    }
+    input.metrics = metrics_evidence(&s, &q.zone, &cluster, &mut notes.metrics).await;
+    if input.metrics.is_none() {
+        notes.metrics.push(format!(
+            "cluster {cluster} is not registered in zone {}",
+            q.zone
+        ));
+    }
+    let mut report = tokio::task::spawn_blocking(move || meshcat_diagnose::diagnose(&input))
+        .await
+        .map_err(|e| {
+            warn!(error = %e, "Diagnosis task failed.");
+            ApiError::internal()
+        })?;
+    add_notes(&mut report, &notes);
+    info!(zone = %q.zone, %cluster, symptom = q.symptom.map_or("all", Symptom::as_str), conclusion = %report.conclusion, "Diagnosis run.");
+    Ok(Json(report))
+}
+
+/// Collects the edge's and the service instances' evidence, all at once.
+async fn collect_sidecars(
+    s: &AppState,
+    zone: &ZoneRecord,
+    cluster: &str,
+    q: &DiagnoseQuery,
+    input: &mut DiagnosisInput,
+    notes: &mut Notes,
+) {
+    let Some(agents) = s.agents.as_ref() else {
+        let why = "agent ingest is off on this aggregator".to_owned();
+        notes.edge.push(why.clone());
+        notes.services.push(why);
+        return;
+    };
+    let cmd = Command::Evidence {
+        path: q.path.clone(),
+        max_lines: EVIDENCE_LOG_LINES,
+        debug_seconds: q.debug_seconds,
+    };
+    let deadline = s.command_timeout
+        + q.debug_seconds.map_or(Duration::ZERO, |n| {
+            Duration::from_secs(u64::from(n)) + WINDOW_GRACE
+        });
+    let edge_instance = if zone.request_cluster.is_empty() {
+        notes.edge.push(format!(
+            "zone {} has no requestCluster, so no edge sidecar is known",
+            zone.zone_name
+        ));
+        None
+    } else {
+        let live = s
+            .store
+            .live_instances(&zone.zone_name, &zone.request_cluster);
+        match live.first() {
+            Some(i) => Some(i.instance.clone()),
+            None => {
+                notes.edge.push(format!(
+                    "the edge cluster {} has no live instance reported by an agent",
+                    zone.request_cluster
+                ));
+                None
+            }
+        }
+    };
+    let mut services: Vec<String> = s
+        .store
+        .live_instances(&zone.zone_name, cluster)
+        .iter()
+        .map(|i| i.instance.clone())
+        .collect();
+    if services.is_empty() {
+        notes.services.push(format!(
+            "cluster {cluster} has no live instance reported by an agent"
+        ));
+    }
+    if services.len() > MAX_DIAGNOSED_INSTANCES {
+        notes.services.push(format!(
+            "{} of {} instances read (the first by name)",
+            MAX_DIAGNOSED_INSTANCES,
+            services.len()
+        ));
+        services.truncate(MAX_DIAGNOSED_INSTANCES);
+    }
+    let edge_run = async {
+        match &edge_instance {
+            Some(i) => Some(
+                collect(
+                    agents,
+                    &zone.zone_name,
+                    &zone.request_cluster,
+                    i,
+                    cmd.clone(),
+                    deadline,
+                )
+                .await,
+            ),
+            None => None,
+        }
+    };
+    let service_runs = join_all(
+        services
+            .iter()
+            .map(|i| collect(agents, &zone.zone_name, cluster, i, cmd.clone(), deadline)),
+    );
+    let (edge_out, service_outs) = tokio::join!(edge_run, service_runs);
+    if let (Some(i), Some(out)) = (&edge_instance, edge_out) {
+        match out {
+            Ok(e) => input.edge = Some(sidecar_evidence(Role::Edge, i, e, &mut notes.edge)),
+            Err(e) => notes.edge.push(e),
+        }
+    }
+    for (i, out) in services.iter().zip(service_outs) {
+        match out {
+            Ok(e) => {
+                input
+                    .services
+                    .push(sidecar_evidence(Role::Service, i, e, &mut notes.services))
+            }
+            Err(e) => notes.services.push(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn levels_are_the_seeds_four() {
+        assert_eq!(level_query(Some("level=warn")).unwrap(), "warning");
+        assert_eq!(level_query(Some("level=debug")).unwrap(), "debug");
+        for bad in [
+            None,
+            Some(""),
+            Some("level="),
+            Some("level=warning"),
+            Some("level=INFO"),
+            Some("level=info&level=info"),
+            Some("lvl=info"),
+        ] {
+            let e = level_query(bad).unwrap_err();
+            assert_eq!(e.status, StatusCode::BAD_REQUEST, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn diagnose_query_bounds() {
+        let q = diagnose_query(Some(
+            "zoneName=east&symptom=no_healthy_upstream&path=%2Fcatalog%2Fitems&debugSeconds=300",
+        ))
+        .unwrap();
+        assert_eq!(q.zone, "east");
+        assert_eq!(q.symptom, Some(Symptom::NoHealthyUpstream));
+        assert_eq!(q.path.as_deref(), Some("/catalog/items"));
+        assert_eq!(q.debug_seconds, Some(300));
+        let all = diagnose_query(Some("zoneName=east&symptom=&path=")).unwrap();
+        assert_eq!((all.symptom, all.path), (None, None));
+        let e = diagnose_query(Some("zoneName=east&symptom=slow")).unwrap_err();
+        assert!(e.message.contains("\"slow\""), "{}", e.message);
+        for bad in [
+            "",
+            "symptom=ingress_502_503",
+            "zoneName=a%20b",
+            "zoneName=east&zoneName=west",
+            "zoneName=east&debugSeconds=0",
+            "zoneName=east&debugSeconds=301",
+            "zoneName=east&debugSeconds=1.5",
+            "zoneName=east&path=catalog",
+            "zoneName=east&other=1",
+        ] {
+            let e = diagnose_query(Some(bad)).err();
+            assert_eq!(e.map(|e| e.status), Some(StatusCode::BAD_REQUEST), "{bad}");
+        }
+    }
+
+    #[test]
+    fn command_errors_map_to_statuses() {
+        let e = |c: CommandError| command_error("i-0", &c).status;
+        assert_eq!(e(CommandError::AgentGone), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            e(CommandError::Timeout(Duration::from_secs(1))),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        assert_eq!(e(CommandError::Busy), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(e(CommandError::Failed("x".into())), StatusCode::BAD_GATEWAY);
+        assert_eq!(
+            e(CommandError::UnknownInstance {
+                zone: "z".into(),
+                cluster: "c".into(),
+                instance: "i-0".into()
+            }),
+            StatusCode::NOT_FOUND
+        );
+    }
+
+    #[test]
+    fn notes_go_to_the_skipped_steps_only() {
+        let input = DiagnosisInput::new("catalog", "east");
+        let mut report = meshcat_diagnose::diagnose(&input);
+        let notes = Notes {
+            edge: vec!["edge note".into()],
+            services: vec!["service note".into()],
+            metrics: vec!["metrics note".into()],
+        };
+        add_notes(&mut report, &notes);
+        let has = |step: &str, note: &str| {
+            report
+                .step(step)
+                .unwrap()
+                .evidence
+                .iter()
+                .any(|e| e == note)
+        };
+        assert!(has("edge_discovery", "edge note"));
+        assert!(has("service_discovery", "service note"));
+        assert!(has("mtls", "edge note") && has("mtls", "service note"));
+        assert!(has("metrics_collector", "metrics note"));
+        assert!(!has("edge_discovery", "service note"));
+    }
+}

@@ -1,0 +1,335 @@
+//! Each failure scenario of `diagnose/scenarios/` run live, end to end: real Envoys
+//! put into the failure, in-process agents tailing their logs, an in-process
+//! aggregator, and `GET /diagnose` asserted as the fixture tests assert the engine.
+//! Scenarios run one at a time (they share the machine's few cores).
+
+#[path = "e2e_diagnose_support/stack.rs"]
+mod e2e_diagnose_support;
+
+use e2e_diagnose_support::*;
+use meshcat_tests::scenario::Scenario;
+
+/// Starts `name`, its stack, and puts it into its failure; answers the edge's body.
+async fn failing(name: &str) -> (Scenario, Stack, String) {
+    let mut sc = Scenario::start(name).await.unwrap();
+    let stack = Stack::start(&sc).await;
+    let (_, body) = sc.fail().await.unwrap();
+    (sc, stack, body)
+}
+
+fn path_query(sc: &Scenario, symptom: Option<&str>) -> String {
+    let mut q = format!("&path={}", sc.path());
+    if let Some(s) = symptom {
+        q.push_str(&format!("&symptom={s}"));
+    }
+    q
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthy_passes_every_sidecar_check() {
+    let _turn = SERIAL.lock().await;
+    let (sc, stack, _) = failing("healthy").await;
+    let r = stack
+        .diagnose_until(&path_query(&sc, None), |r| {
+            verdict(r, "service_logs") == "pass"
+        })
+        .await;
+    assert_verdicts(
+        &r,
+        &[
+            ("edge_discovery", "pass"),
+            ("service_discovery", "pass"),
+            ("mtls", "pass"),
+            ("edge_routes", "pass"),
+            ("edge_logs", "pass"),
+            ("service_logs", "pass"),
+            ("metrics_settings", "pass"),
+            ("metrics_reporting", "pass"),
+            ("metrics_collector", "skipped"),
+        ],
+    );
+    assert_eq!(r["cluster"], "catalog");
+    assert_eq!(r["zone"], "local");
+    assert!(r["symptom"].is_null());
+    assert_evidence(&r, "edge_discovery", "catalog::127.0.0.1:");
+    assert_evidence(&r, "service_discovery", "local_catalog::127.0.0.1:");
+    assert_evidence(&r, "mtls", "cluster.catalog.ssl.handshake = 1");
+    assert_evidence(&r, "edge_routes", "prefix /catalog/ -> cluster catalog");
+    assert_evidence(&r, "edge_logs", "\"GET /catalog/items HTTP/1.1\" 200 -");
+    assert_evidence(&r, "service_logs", "\"GET /catalog/items HTTP/1.1\" 200 -");
+    // Why the collector check was skipped is said in its evidence.
+    assert_evidence(&r, "metrics_collector", "--prometheus-url");
+    // A path with no access line is a filter-chain failure (rule 3).
+    let none = stack
+        .diagnose("&path=/catalog/never-requested&symptom=ingress_502_503")
+        .await
+        .1;
+    assert_eq!(verdict(&none, "edge_logs"), "fail", "{none:#}");
+    stack.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_stopped_points_at_the_service_behind_its_sidecar() {
+    let _turn = SERIAL.lock().await;
+    let (sc, stack, body) = failing("upstream_stopped").await;
+    assert!(body.starts_with("upstream connect error"), "{body}");
+    let q = path_query(&sc, Some("upstream_connect_error"));
+    let r = stack
+        .diagnose_until(&q, |r| verdict(r, "service_logs") == "fail")
+        .await;
+    assert_verdicts(
+        &r,
+        &[
+            ("edge_discovery", "pass"),
+            ("service_discovery", "pass"),
+            ("mtls", "pass"),
+            ("edge_routes", "pass"),
+            ("edge_logs", "fail"),
+            ("service_logs", "fail"),
+        ],
+    );
+    assert_evidence(&r, "service_discovery", "connections to it fail");
+    assert_evidence(&r, "edge_logs", "\" 503 URX ");
+    assert_evidence(&r, "service_logs", "\" 503 UF ");
+    assert!(
+        step(&r, "service_logs")["action"]
+            .as_str()
+            .unwrap()
+            .contains("local cluster's instance is wrong")
+    );
+    stack.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_endpoints_is_a_discovery_problem() {
+    let _turn = SERIAL.lock().await;
+    let (sc, stack, body) = failing("no_endpoints").await;
+    assert_eq!(body, "no healthy upstream");
+    let q = path_query(&sc, Some("no_healthy_upstream"));
+    let r = stack
+        .diagnose_until(&q, |r| has_evidence(r, "edge_logs", "\" 503 UH "))
+        .await;
+    assert_verdicts(
+        &r,
+        &[
+            ("edge_discovery", "fail"),
+            ("service_discovery", "pass"),
+            ("edge_logs", "fail"),
+            ("service_logs", "skipped"),
+        ],
+    );
+    assert_evidence(&r, "edge_discovery", "lists catalog without any host line");
+    assert_evidence(&r, "edge_logs", "\" 503 UH ");
+    assert!(
+        r["conclusion"]
+            .as_str()
+            .unwrap()
+            .contains("has no endpoints")
+    );
+    stack.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn route_to_missing_cluster_is_503_nc() {
+    let _turn = SERIAL.lock().await;
+    let (sc, stack, _) = failing("route_to_missing_cluster").await;
+    let q = path_query(&sc, Some("ingress_502_503"));
+    let r = stack
+        .diagnose_until(&q, |r| has_evidence(r, "edge_logs", "\" 503 NC "))
+        .await;
+    assert_verdicts(&r, &[("edge_logs", "fail"), ("service_logs", "skipped")]);
+    assert_evidence(&r, "edge_logs", "\" 503 NC ");
+    assert!(
+        r["conclusion"]
+            .as_str()
+            .unwrap()
+            .contains("names a cluster that does not exist")
+    );
+    let all = stack.diagnose(&path_query(&sc, None)).await.1;
+    assert_eq!(verdict(&all, "edge_discovery"), "fail", "{all:#}");
+    assert_evidence(&all, "edge_discovery", "none named catalog");
+    assert_eq!(verdict(&all, "edge_routes"), "fail");
+    assert_evidence(&all, "edge_routes", "no such cluster");
+    stack.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_not_routed_is_404_nr() {
+    let _turn = SERIAL.lock().await;
+    let (sc, stack, _) = failing("cluster_not_routed").await;
+    let r = stack
+        .diagnose_until(&path_query(&sc, None), |r| {
+            has_evidence(r, "edge_logs", "\" 404 NR ")
+        })
+        .await;
+    assert_eq!(verdict(&r, "edge_discovery"), "pass", "{r:#}");
+    assert_eq!(verdict(&r, "edge_routes"), "fail");
+    assert_evidence(&r, "edge_routes", "names catalog");
+    assert_eq!(verdict(&r, "edge_logs"), "fail");
+    assert_eq!(verdict(&r, "service_logs"), "skipped");
+    assert!(
+        r["conclusion"]
+            .as_str()
+            .unwrap()
+            .starts_with("edge_routes failed: no route of the edge names catalog")
+    );
+    stack.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn untrusted_client_cert_fails_mtls_with_a_debug_window() {
+    let _turn = SERIAL.lock().await;
+    let sc = Scenario::start("untrusted_client_cert").await.unwrap();
+    let stack = Stack::start(&sc).await;
+    // The diagnosis runs a debug window on both sidecars; the request is replayed
+    // while they run at debug.
+    let url = format!(
+        "{}/diagnose/catalog?zoneName=local&symptom=upstream_connect_error&path={}&debugSeconds=3",
+        stack.api(),
+        sc.path()
+    );
+    let http = stack.http.clone();
+    let call = tokio::spawn(async move {
+        let r = http.get(url).send().await.unwrap();
+        (
+            r.status().as_u16(),
+            r.json::<serde_json::Value>().await.unwrap(),
+        )
+    });
+    wait_level(&[&sc.edge, &sc.service], "debug").await;
+    let (code, body) = sc.request(sc.path()).await.unwrap();
+    assert_eq!(code, 503, "{body}");
+    let (status, r) = call.await.unwrap();
+    assert_eq!(status, 200, "{r:#}");
+    assert_verdicts(
+        &r,
+        &[
+            ("edge_discovery", "pass"),
+            ("service_discovery", "pass"),
+            ("mtls", "fail"),
+            ("edge_routes", "pass"),
+            ("edge_logs", "fail"),
+            ("service_logs", "fail"),
+        ],
+    );
+    assert_evidence(
+        &r,
+        "mtls",
+        "edge edge-0: cluster.catalog.ssl.connection_error = ",
+    );
+    assert_evidence(&r, "mtls", ".ssl.fail_verify_error = ");
+    assert!(
+        has_evidence(&r, "mtls", "CERTIFICATE_VERIFY_FAILED")
+            || has_evidence(&r, "mtls", "TLSV1_ALERT_UNKNOWN_CA"),
+        "no TLS line from the debug window: {r:#}"
+    );
+    assert_evidence(&r, "edge_logs", "\" 503 URX,UF ");
+    assert_evidence(&r, "service_logs", "no access line for request id");
+    assert!(
+        r["conclusion"]
+            .as_str()
+            .unwrap()
+            .starts_with("mtls failed: ")
+    );
+    // The windows are over: both sidecars are back at their level.
+    assert_eq!(
+        sc.edge.uniform_log_level().await.unwrap().as_deref(),
+        Some("info")
+    );
+    assert_eq!(
+        sc.service.uniform_log_level().await.unwrap().as_deref(),
+        Some("info")
+    );
+    stack.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sds_dead_blames_the_workload_identity_system() {
+    let _turn = SERIAL.lock().await;
+    let (sc, stack, body) = failing("sds_dead").await;
+    assert!(body.starts_with("upstream connect error"), "{body}");
+    let q = path_query(&sc, Some("upstream_connect_error"));
+    let r = stack
+        .diagnose_until(&q, |r| verdict(r, "edge_logs") == "fail")
+        .await;
+    assert_eq!(verdict(&r, "mtls"), "fail", "{r:#}");
+    assert_evidence(
+        &r,
+        "mtls",
+        "cluster.catalog.client_ssl_socket_factory.upstream_context_secrets_not_ready = ",
+    );
+    assert!(
+        step(&r, "mtls")["action"]
+            .as_str()
+            .unwrap()
+            .contains("workload identity system")
+    );
+    assert_eq!(verdict(&r, "edge_logs"), "fail");
+    stack.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ext_authz_dead_is_a_token_filter_failure() {
+    let _turn = SERIAL.lock().await;
+    let (sc, stack, _) = failing("ext_authz_dead").await;
+    let q = path_query(&sc, Some("ingress_502_503"));
+    let r = stack
+        .diagnose_until(&q, |r| has_evidence(r, "edge_logs", "\" 503 UAEX "))
+        .await;
+    assert_verdicts(&r, &[("edge_logs", "fail"), ("service_logs", "skipped")]);
+    assert_evidence(&r, "edge_logs", "\" 503 UAEX ");
+    assert!(
+        step(&r, "edge_logs")["action"]
+            .as_str()
+            .unwrap()
+            .contains("token service and its sidecar are running")
+    );
+    stack.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_local_port_is_a_loopback_503_in_the_service_sidecar() {
+    let _turn = SERIAL.lock().await;
+    let (sc, stack, body) = failing("wrong_local_port").await;
+    assert!(body.starts_with("upstream connect error"), "{body}");
+    let q = path_query(&sc, Some("ingress_502_503"));
+    let r = stack
+        .diagnose_until(&q, |r| verdict(r, "service_logs") == "fail")
+        .await;
+    assert_verdicts(&r, &[("edge_logs", "fail"), ("service_logs", "fail")]);
+    assert_evidence(&r, "service_logs", "\" 503 UF ");
+    assert!(
+        r["conclusion"]
+            .as_str()
+            .unwrap()
+            .starts_with("edge_logs failed: ")
+    );
+    stack.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_cluster_unset_is_a_dash_503_in_the_service_sidecar() {
+    let _turn = SERIAL.lock().await;
+    let (sc, stack, body) = failing("local_cluster_unset").await;
+    assert_eq!(body, "no healthy upstream");
+    let q = path_query(&sc, Some("no_healthy_upstream"));
+    let r = stack
+        .diagnose_until(&q, |r| verdict(r, "service_logs") == "fail")
+        .await;
+    assert_verdicts(
+        &r,
+        &[
+            ("edge_discovery", "pass"),
+            ("service_discovery", "fail"),
+            ("edge_logs", "fail"),
+            ("service_logs", "fail"),
+        ],
+    );
+    assert_evidence(
+        &r,
+        "service_discovery",
+        "lists local_catalog without any host line",
+    );
+    assert_evidence(&r, "service_logs", "\" 503 UH ");
+    stack.stop().await;
+}

@@ -1,0 +1,298 @@
+//! A whole troubleshooting stack around a live scenario: an in-process aggregator
+//! (`--dev`, short edge refresh), one in-process agent per sidecar tailing its log,
+//! the zone (requestCluster = the edge) and the catalog cluster registered.
+
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::time::Duration;
+
+use meshcat_agent::AgentConfig;
+use meshcat_aggregator::RunningAggregator;
+use meshcat_aggregator::config::Config;
+use meshcat_tests::scenario::{Scenario, Sidecar};
+use meshcat_tests::wait_for;
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+
+/// The zone every stack registers.
+pub const ZONE: &str = "local";
+/// The edge's cluster (the zone's requestCluster).
+pub const EDGE: &str = "edge";
+/// The diagnosed service's cluster.
+pub const SERVICE: &str = "catalog";
+
+/// One Envoy-heavy test at a time: the machine has few cores.
+pub static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A running agent (`meshcat_agent::run`).
+pub struct Agent {
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Agent {
+    /// Starts an agent reporting one sidecar to `agg` with the dev credentials.
+    pub async fn start(
+        agg: &RunningAggregator,
+        data: &Path,
+        sidecar: &Sidecar,
+        cluster: &str,
+        instance: &str,
+    ) -> Agent {
+        let dev = data.join("dev");
+        let quic = agg.quic_addr.expect("ingest is on").to_string();
+        let admin = sidecar.admin_addr();
+        let log = sidecar.log_file.display().to_string();
+        let args = vec![
+            "meshcat-agent".to_owned(),
+            "--aggregator".into(),
+            quic,
+            "--ca-file".into(),
+            dev.join("ca.pem").display().to_string(),
+            "--cert".into(),
+            dev.join("agent.pem").display().to_string(),
+            "--key".into(),
+            dev.join("agent-key.pem").display().to_string(),
+            "--sidecar-admin".into(),
+            admin,
+            "--zone".into(),
+            ZONE.into(),
+            "--cluster".into(),
+            cluster.into(),
+            "--instance".into(),
+            instance.into(),
+            "--sidecar-log-file".into(),
+            log,
+            "--interval".into(),
+            "300ms".into(),
+            "--scrape-timeout".into(),
+            "2s".into(),
+        ];
+        let config = AgentConfig::try_from_args(args).expect("agent flags");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (tx, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(meshcat_agent::run(config, listener, async move {
+            let _ = rx.await;
+        }));
+        Agent {
+            stop: Some(tx),
+            task,
+        }
+    }
+
+    /// Stops the agent and waits for it (it restores levels before it exits).
+    pub async fn stop(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        tokio::time::timeout(Duration::from_secs(6), &mut self.task)
+            .await
+            .expect("the agent stops within its grace")
+            .expect("agent task")
+            .expect("agent run");
+    }
+}
+
+/// Aggregator, agents and registrations around a scenario.
+pub struct Stack {
+    pub agg: RunningAggregator,
+    pub data: tempfile::TempDir,
+    pub edge_agent: Option<Agent>,
+    pub service_agent: Option<Agent>,
+    pub http: reqwest::Client,
+}
+
+impl Stack {
+    /// Starts everything and waits until the edge and the service instance are live.
+    pub async fn start(sc: &Scenario) -> Stack {
+        Self::start_with(sc, |_| {}).await
+    }
+
+    /// As [`Stack::start`], with a chance to change the aggregator's configuration.
+    pub async fn start_with(sc: &Scenario, tune: impl FnOnce(&mut Config)) -> Stack {
+        let data = tempfile::tempdir().unwrap();
+        let mut config = Config::for_tests(data.path());
+        config.dev = true;
+        config.edge_refresh = Duration::from_millis(500);
+        config.command_timeout = Duration::from_secs(5);
+        tune(&mut config);
+        let agg = meshcat_aggregator::start(config)
+            .await
+            .expect("aggregator starts");
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(60))
+            .build()
+            .unwrap();
+        let api = agg.api_url();
+        let r = http
+            .post(format!("{api}/zones"))
+            .json(&json!({"zoneName": ZONE, "serverAddress": "127.0.0.1:15010", "requestCluster": EDGE}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
+        let r = http
+            .post(format!("{api}/clusters"))
+            .json(
+                &json!({"clusterName": SERVICE, "zoneName": ZONE, "name": SERVICE,
+                "enableInstanceMetrics": true, "prometheusJob": "catalog"}),
+            )
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
+        let edge_agent = Agent::start(&agg, data.path(), &sc.edge, EDGE, "edge-0").await;
+        let service_agent =
+            Agent::start(&agg, data.path(), &sc.service, SERVICE, "catalog-0").await;
+        let store = agg.store.clone();
+        wait_for(
+            "the edge and service instances to be live",
+            Duration::from_secs(30),
+            || {
+                let store = store.clone();
+                async move {
+                    (store.live_instance(ZONE, EDGE, "edge-0").is_some()
+                        && store.live_instance(ZONE, SERVICE, "catalog-0").is_some())
+                    .then_some(())
+                }
+            },
+        )
+        .await
+        .unwrap();
+        Stack {
+            agg,
+            data,
+            edge_agent: Some(edge_agent),
+            service_agent: Some(service_agent),
+            http,
+        }
+    }
+
+    pub fn api(&self) -> String {
+        self.agg.api_url()
+    }
+
+    /// `GET /diagnose/catalog?zoneName=local&...` with the extra query `q`.
+    pub async fn diagnose(&self, q: &str) -> (u16, Value) {
+        let url = format!("{}/diagnose/{SERVICE}?zoneName={ZONE}{q}", self.api());
+        let r = self.http.get(url).send().await.unwrap();
+        let code = r.status().as_u16();
+        (code, r.json().await.unwrap())
+    }
+
+    /// Runs the diagnosis until `done` holds for its report (the agents' tails poll
+    /// the logs), or returns the last report after 20 s for the assertions to name.
+    pub async fn diagnose_until(&self, q: &str, done: impl Fn(&Value) -> bool) -> Value {
+        let end = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let (code, report) = self.diagnose(q).await;
+            assert_eq!(code, 200, "{report}");
+            if done(&report) || std::time::Instant::now() > end {
+                return report;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+
+    /// Stops agents and aggregator.
+    pub async fn stop(mut self) {
+        for a in [self.edge_agent.take(), self.service_agent.take()]
+            .into_iter()
+            .flatten()
+        {
+            a.stop().await;
+        }
+        self.agg.stop().await.expect("aggregator stops");
+    }
+}
+
+/// The step named `name` of a report.
+pub fn step<'a>(report: &'a Value, name: &str) -> &'a Value {
+    report["steps"]
+        .as_array()
+        .and_then(|s| s.iter().find(|s| s["name"] == name))
+        .unwrap_or_else(|| panic!("no step {name} in {report:#}"))
+}
+
+/// The verdict of step `name`.
+pub fn verdict<'a>(report: &'a Value, name: &str) -> &'a str {
+    step(report, name)["verdict"].as_str().unwrap_or("")
+}
+
+/// The (name, verdict) pairs of a report.
+pub fn verdicts(report: &Value) -> Vec<(String, String)> {
+    report["steps"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|s| {
+            (
+                s["name"].as_str().unwrap_or("").to_owned(),
+                s["verdict"].as_str().unwrap_or("").to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// Whether step `name` has an evidence line containing `needle`.
+pub fn has_evidence(report: &Value, name: &str, needle: &str) -> bool {
+    step(report, name)["evidence"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|e| e.as_str().is_some_and(|e| e.contains(needle)))
+}
+
+#[track_caller]
+pub fn assert_evidence(report: &Value, name: &str, needle: &str) {
+    assert!(
+        has_evidence(report, name, needle),
+        "step {name} has no evidence containing {needle:?}: {:#}",
+        step(report, name)
+    );
+}
+
+#[track_caller]
+pub fn assert_verdicts(report: &Value, want: &[(&str, &str)]) {
+    let got = verdicts(report);
+    let want: Vec<(String, String)> = want
+        .iter()
+        .map(|(a, b)| ((*a).to_owned(), (*b).to_owned()))
+        .collect();
+    assert_eq!(got, want, "{report:#}");
+}
+
+/// Waits until both sidecars of `sc` run at `level`.
+pub async fn wait_level(sidecars: &[&Sidecar], level: &str) {
+    for s in sidecars {
+        let admin = s.admin;
+        let level = level.to_owned();
+        wait_for(
+            &format!("sidecar {admin} at level {level}"),
+            Duration::from_secs(20),
+            || {
+                let level = level.clone();
+                async move {
+                    let text = reqwest::Client::new()
+                        .post(format!("http://{admin}/logging"))
+                        .send()
+                        .await
+                        .ok()?
+                        .text()
+                        .await
+                        .ok()?;
+                    let levels: std::collections::BTreeSet<&str> = text
+                        .lines()
+                        .skip_while(|l| l.trim() != "active loggers:")
+                        .skip(1)
+                        .filter_map(|l| l.trim().split_once(": ").map(|(_, lvl)| lvl))
+                        .collect();
+                    (levels.len() == 1 && levels.contains(level.as_str())).then_some(())
+                }
+            },
+        )
+        .await
+        .unwrap();
+    }
+}
