@@ -18,7 +18,14 @@ async fn main() {
             std::process::exit(EXIT_USAGE);
         }
     };
-    if let Err(e) = meshcat_agent::run(config, listener, shutdown_signal()).await {
+    let shutdown = match shutdown_signal() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("meshcat-agent: cannot install signal handlers: {e}");
+            std::process::exit(1);
+        }
+    };
+    if let Err(e) = meshcat_agent::run(config, listener, shutdown).await {
         tracing::error!(error = %e, "Agent failed.");
         std::process::exit(1);
     }

@@ -5,10 +5,9 @@ use std::process::ExitCode;
 
 use meshcat_aggregator::config::{self, Action};
 use meshcat_aggregator::{RunError, run};
-use meshcat_common::config::init_tracing;
+use meshcat_common::config::{init_tracing, shutdown_signal};
 use tokio::net::TcpListener;
-use tokio::signal::unix::{SignalKind, signal};
-use tracing::{error, info};
+use tracing::error;
 
 fn main() -> ExitCode {
     let Action::Serve(config) = config::parse_or_exit();
@@ -24,7 +23,7 @@ fn main() -> ExitCode {
         }
     };
     let result = runtime.block_on(async move {
-        let shutdown = shutdown_on_signal()?;
+        let shutdown = shutdown_signal()?;
         let bind = |what: &'static str, addr| async move {
             TcpListener::bind(addr)
                 .await
@@ -41,17 +40,4 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// Resolves on SIGTERM or SIGINT. The handlers are installed here, before any
-/// listener exists, so a signal sent as soon as the addresses are logged is caught.
-fn shutdown_on_signal() -> Result<impl Future<Output = ()>, RunError> {
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    Ok(async move {
-        tokio::select! {
-            _ = term.recv() => info!("SIGTERM received, shutting down."),
-            _ = int.recv() => info!("SIGINT received, shutting down."),
-        }
-    })
 }

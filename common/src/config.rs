@@ -91,20 +91,20 @@ pub fn init_tracing(format: LogFormat) {
     };
 }
 
-/// Resolves when the process receives SIGTERM or SIGINT.
-pub async fn shutdown_signal() {
+/// Installs the SIGTERM and SIGINT handlers now and returns a future that resolves
+/// when either arrives. Installing before the future is first polled matters: a
+/// signal sent as soon as a server logs its address must already be caught. Must be
+/// called inside a tokio runtime.
+pub fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()> + Send> {
     use tokio::signal::unix::{SignalKind, signal};
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::error!(error = %e, "Cannot listen for SIGTERM.");
-            return std::future::pending().await;
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM received, shutting down."),
+            _ = int.recv() => tracing::info!("SIGINT received, shutting down."),
         }
-    };
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM received, shutting down."),
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received, shutting down."),
-    }
+    })
 }
 
 /// Reads a token file: one token, surrounding whitespace trimmed, never empty.
