@@ -3,6 +3,7 @@
 
 pub mod model;
 
+use meshcat_common::level;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -214,20 +215,15 @@ impl EnvoyAdmin {
     }
 }
 
-/// Envoy's name for a level the API accepts: the seed's four, plus `warning`.
+/// Envoy's name for a level the API accepts: the seed's four, plus `warning`
+/// (the aggregator's commands carry Envoy's name).
 pub fn envoy_level(level: &str) -> Option<&'static str> {
-    match level {
-        "error" => Some("error"),
-        "warn" | "warning" => Some("warning"),
-        "info" => Some("info"),
-        "debug" => Some("debug"),
-        _ => None,
-    }
+    level::envoy_name(level).or((level == "warning").then_some("warning"))
 }
 
 /// The seed's name for an Envoy level (`warning` reads `warn`); others unchanged.
 pub fn seed_level(envoy: &str) -> &str {
-    if envoy == "warning" { "warn" } else { envoy }
+    level::seed_name(envoy)
 }
 
 /// Percent-encodes a query value (RFC 3986 unreserved characters pass).

@@ -15,7 +15,7 @@ use prometheus::{
 use serde::Deserialize;
 
 use crate::Agent;
-use crate::envoy::{EnvoyError, envoy_level, seed_level};
+use crate::envoy::{EnvoyError, seed_level};
 
 /// The agent's own metrics, `meshcat_agent_` prefixed.
 #[derive(Debug, Clone)]
@@ -212,7 +212,7 @@ async fn put_logging(
 ) -> Result<String, OpsError> {
     let q = query(q)?;
     let level = q.level.unwrap_or_default();
-    if envoy_level(&level).is_none() || level == "warning" {
+    if meshcat_common::level::envoy_name(&level).is_none() {
         return Err(OpsError::new(
             StatusCode::BAD_REQUEST,
             "bad_level",

@@ -14,6 +14,7 @@ use axum::extract::{RawQuery, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use futures::future::join_all;
+use meshcat_common::level;
 use meshcat_common::model::ZoneRecord;
 use meshcat_common::validate::is_valid_name;
 use meshcat_common::wire::{Command, CommandOutput, DebugWindowOutput, EvidenceOutput};
@@ -47,26 +48,6 @@ pub const MAX_WINDOW_INSTANCES: usize = 64;
 const WINDOW_GRACE: Duration = Duration::from_secs(5);
 /// Deadline of the Prometheus query.
 const PROMETHEUS_TIMEOUT: Duration = Duration::from_secs(3);
-
-/// The seed's level names the API accepts, and Envoy's name for each.
-fn envoy_level(level: &str) -> Option<&'static str> {
-    match level {
-        "error" => Some("error"),
-        "warn" => Some("warning"),
-        "info" => Some("info"),
-        "debug" => Some("debug"),
-        _ => None,
-    }
-}
-
-/// Envoy's `warning` reads `warn` in the API.
-fn seed_level(level: &str) -> String {
-    if level == "warning" {
-        "warn".into()
-    } else {
-        level.to_owned()
-    }
-}
 
 fn check_name(what: &str, v: &str) -> Result<(), ApiError> {
     if is_valid_name(v) {
@@ -154,7 +135,7 @@ fn level_query(raw: Option<&str>) -> Result<&'static str, ApiError> {
         if level.is_some() {
             return Err(ApiError::bad_query("Query parameter level is given twice."));
         }
-        level = Some(envoy_level(&v).ok_or_else(|| {
+        level = Some(level::envoy_name(&v).ok_or_else(|| {
             ApiError::bad_query(format!(
                 "Query parameter level must be error, warn, info or debug, not {v:?}."
             ))
@@ -184,7 +165,7 @@ async fn run_level_command(
         .command(zone, cluster, instance, cmd, s.command_timeout)
         .await
     {
-        Ok(CommandOutput::LogLevel(l)) => Ok(seed_level(&l)),
+        Ok(CommandOutput::LogLevel(l)) => Ok(level::seed_name(&l).to_owned()),
         Ok(_) => Err(unexpected(instance)),
         Err(e) => Err(command_error(instance, &e)),
     }
