@@ -1,7 +1,9 @@
 //! meshcat's own metrics against the real Prometheus tools (Debian's `prometheus`
 //! package): both ops expositions pass `promtool check metrics`, a real Prometheus
 //! server scrapes them and answers queries with the expected series and labels, and
-//! every family either binary exposes is documented in docs/metrics.md.
+//! every family either binary exposes is documented in docs/metrics.md. The
+//! missing-metrics diagnosis asks that real Prometheus whether it scrapes a
+//! cluster's job.
 
 use std::collections::BTreeSet;
 use std::io::Write;
@@ -9,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use meshcat_tests::scenario::free_port;
 use meshcat_tests::{Catalog, MeshAgent, Sidecar, wait_for};
 use serde_json::{Value, json};
 
@@ -132,6 +135,14 @@ impl Prometheus {
     /// Starts Prometheus on a free 127.0.0.1 port scraping `targets` (job, address)
     /// every second.
     fn start(targets: &[(&str, String)]) -> Prometheus {
+        // Prometheus cannot report a port it chose itself: take a free one from the
+        // system, let it go, and hand it over.
+        Self::start_on(free_port().unwrap(), targets)
+    }
+
+    /// As [`Prometheus::start`] on a port chosen beforehand, for a server whose URL
+    /// must be known before the aggregator that it scrapes starts.
+    fn start_on(port: u16, targets: &[(&str, String)]) -> Prometheus {
         let dir = tempfile::tempdir().unwrap();
         let mut config = String::from(
             "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n",
@@ -143,13 +154,6 @@ impl Prometheus {
         }
         let config_file = dir.path().join("prometheus.yml");
         std::fs::write(&config_file, config).unwrap();
-        // Prometheus cannot report a port it chose itself: take a free one from the
-        // system, let it go, and hand it over.
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
         let log = dir.path().join("prometheus.log");
         let child = Command::new(tool("prometheus"))
             .arg(format!("--config.file={}", config_file.display()))
@@ -303,4 +307,105 @@ async fn every_exposed_family_is_documented() {
     for name in &exposed {
         assert!(name.starts_with("meshcat_"), "{name}");
     }
+}
+
+/// The verdict of step `name` in a diagnosis report.
+fn verdict<'a>(report: &'a Value, name: &str) -> &'a str {
+    report["steps"]
+        .as_array()
+        .and_then(|s| s.iter().find(|s| s["name"] == name))
+        .and_then(|s| s["verdict"].as_str())
+        .unwrap_or_else(|| panic!("no step {name} in {report:#}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_metrics_asks_a_real_prometheus_whether_it_scrapes_the_job() {
+    const SCRAPED: &str = "meshcat-aggregator";
+    const UNSCRAPED: &str = "cart-sidecars";
+    // The aggregator must know Prometheus' URL when it starts, and Prometheus must
+    // know the aggregator's ops address: the port is chosen first.
+    let prometheus_port = free_port().unwrap();
+    let catalog = Catalog::start(|c| {
+        c.instance_ttl = Duration::from_millis(900);
+        c.prometheus_url = Some(format!("http://127.0.0.1:{prometheus_port}"));
+    })
+    .await
+    .unwrap();
+    catalog.register_zone("zone-m", "shop").await.unwrap();
+    for (cluster, job) in [("shop", SCRAPED), ("cart", UNSCRAPED)] {
+        catalog
+            .register_cluster(
+                "zone-m",
+                cluster,
+                json!({"enableInstanceMetrics": true, "prometheusJob": job}),
+            )
+            .await
+            .unwrap();
+    }
+    // One real sidecar, read by two agents under the two clusters, so that both
+    // clusters have a live instance reporting metrics.
+    let sidecar = Sidecar::start().await.unwrap();
+    let _shop = MeshAgent::for_sidecar(&catalog, &sidecar, "zone-m", "shop", "shop-1", "300ms")
+        .await
+        .unwrap();
+    let _cart = MeshAgent::for_sidecar(&catalog, &sidecar, "zone-m", "cart", "cart-1", "300ms")
+        .await
+        .unwrap();
+    for cluster in ["shop", "cart"] {
+        catalog
+            .wait_cluster("a live instance", "zone-m", cluster, DEADLINE, |c| {
+                c["status"] == "stable"
+            })
+            .await
+            .unwrap();
+    }
+
+    let prometheus = Prometheus::start_on(
+        prometheus_port,
+        &[(SCRAPED, catalog.config.ops_addr.to_string())],
+    );
+    prometheus
+        .series(&format!(r#"up{{job="{SCRAPED}"}}"#))
+        .await;
+
+    let diagnose = |cluster: &str| {
+        let path = format!("/diagnose/{cluster}?zoneName=zone-m&symptom=missing_metrics");
+        let catalog = &catalog;
+        async move {
+            let (status, report) = catalog.get(&path).await.unwrap();
+            assert_eq!(status, 200, "{report:#}");
+            report
+        }
+    };
+
+    let shop = diagnose("shop").await;
+    for step in ["metrics_settings", "metrics_reporting", "metrics_collector"] {
+        assert_eq!(verdict(&shop, step), "pass", "{step}: {shop:#}");
+    }
+    assert_eq!(shop["conclusion"], "All checks passed.", "{shop:#}");
+    let evidence = shop["steps"][2]["evidence"].to_string();
+    assert!(evidence.contains(SCRAPED), "{shop:#}");
+
+    let cart = diagnose("cart").await;
+    assert_eq!(verdict(&cart, "metrics_settings"), "pass", "{cart:#}");
+    assert_eq!(verdict(&cart, "metrics_reporting"), "pass", "{cart:#}");
+    assert_eq!(verdict(&cart, "metrics_collector"), "fail", "{cart:#}");
+    let collector = &cart["steps"][2];
+    assert_eq!(collector["name"], "metrics_collector");
+    assert!(
+        collector["evidence"].to_string().contains(UNSCRAPED),
+        "{cart:#}"
+    );
+    let action = collector["action"].as_str().unwrap();
+    assert!(
+        action.contains("namespace list") && action.contains("namespaces.names"),
+        "{action}"
+    );
+    assert!(
+        cart["conclusion"]
+            .as_str()
+            .unwrap()
+            .starts_with("metrics_collector failed"),
+        "{cart:#}"
+    );
 }

@@ -7,7 +7,7 @@
 //! instance an error answer, never a hang and never another request's time.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::Json;
 use axum::extract::{RawQuery, State};
@@ -48,6 +48,11 @@ pub const MAX_WINDOW_INSTANCES: usize = 64;
 const WINDOW_GRACE: Duration = Duration::from_secs(5);
 /// Deadline of the Prometheus query.
 const PROMETHEUS_TIMEOUT: Duration = Duration::from_secs(3);
+/// Most edge instances asked in turn for the edge's evidence.
+pub const MAX_EDGE_TRIES: usize = 3;
+/// Shortest deadline an edge try gets: a share of the deadline shorter than this
+/// would time out agents that are merely busy.
+const MIN_EDGE_TRY: Duration = Duration::from_secs(1);
 
 fn check_name(what: &str, v: &str) -> Result<(), ApiError> {
     if is_valid_name(v) {
@@ -469,6 +474,9 @@ fn diagnose_query(raw: Option<&str>) -> Result<DiagnoseQuery, ApiError> {
 /// Notes on evidence that could not be collected, added to the skipped steps.
 #[derive(Default)]
 struct Notes {
+    /// Which edge instance's evidence the edge checks read, when one answered: the
+    /// edge cluster may have several instances and the first may have failed.
+    edge_source: Option<String>,
     edge: Vec<String>,
     services: Vec<String>,
     metrics: Vec<String>,
@@ -595,9 +603,18 @@ async fn metrics_evidence(
     })
 }
 
-/// Appends the collection notes to the steps skipped for lack of that evidence.
+/// Appends the collection notes to the steps skipped for lack of that evidence, and
+/// puts first in the edge checks which edge instance answered.
 fn add_notes(report: &mut DiagnosisReport, notes: &Notes) {
     for step in &mut report.steps {
+        if let Some(source) = &notes.edge_source
+            && matches!(
+                step.name.as_str(),
+                "edge_discovery" | "edge_routes" | "edge_logs" | "mtls"
+            )
+        {
+            step.evidence.insert(0, source.clone());
+        }
         if step.verdict != Verdict::Skipped {
             continue;
         }
@@ -680,26 +697,26 @@ async fn collect_sidecars(
         + q.debug_seconds.map_or(Duration::ZERO, |n| {
             Duration::from_secs(u64::from(n)) + WINDOW_GRACE
         });
-    let edge_instance = if zone.request_cluster.is_empty() {
+    let edges: Vec<String> = if zone.request_cluster.is_empty() {
         notes.edge.push(format!(
             "zone {} has no requestCluster, so no edge sidecar is known",
             zone.zone_name
         ));
-        None
+        Vec::new()
     } else {
         let live = s
             .store
             .live_instances(&zone.zone_name, &zone.request_cluster);
-        match live.first() {
-            Some(i) => Some(i.instance.clone()),
-            None => {
-                notes.edge.push(format!(
-                    "the edge cluster {} has no live instance reported by an agent",
-                    zone.request_cluster
-                ));
-                None
-            }
+        if live.is_empty() {
+            notes.edge.push(format!(
+                "the edge cluster {} has no live instance reported by an agent",
+                zone.request_cluster
+            ));
         }
+        live.iter()
+            .take(MAX_EDGE_TRIES)
+            .map(|i| i.instance.clone())
+            .collect()
     };
     let mut services: Vec<String> = s
         .store
@@ -720,33 +737,35 @@ async fn collect_sidecars(
         ));
         services.truncate(MAX_DIAGNOSED_INSTANCES);
     }
-    let edge_run = async {
-        match &edge_instance {
-            Some(i) => Some(
-                collect(
-                    agents,
-                    &zone.zone_name,
-                    &zone.request_cluster,
-                    i,
-                    cmd.clone(),
-                    deadline,
-                )
-                .await,
-            ),
-            None => None,
-        }
-    };
+    let min_try = MIN_EDGE_TRY
+        + q.debug_seconds.map_or(Duration::ZERO, |n| {
+            Duration::from_secs(u64::from(n)) + WINDOW_GRACE
+        });
+    let edge_run = collect_edge(
+        agents,
+        &zone.zone_name,
+        &zone.request_cluster,
+        &edges,
+        &cmd,
+        deadline,
+        min_try,
+    );
     let service_runs = join_all(
         services
             .iter()
             .map(|i| collect(agents, &zone.zone_name, cluster, i, cmd.clone(), deadline)),
     );
-    let (edge_out, service_outs) = tokio::join!(edge_run, service_runs);
-    if let (Some(i), Some(out)) = (&edge_instance, edge_out) {
-        match out {
-            Ok(e) => input.edge = Some(sidecar_evidence(Role::Edge, i, e, &mut notes.edge)),
-            Err(e) => notes.edge.push(e),
-        }
+    let ((edge_out, edge_failures), service_outs) = tokio::join!(edge_run, service_runs);
+    if let Some((i, e)) = edge_out {
+        let failed = if edge_failures.is_empty() {
+            String::new()
+        } else {
+            format!(" after {}", edge_failures.join("; "))
+        };
+        notes.edge_source = Some(format!("edge evidence from instance {i}{failed}"));
+        input.edge = Some(sidecar_evidence(Role::Edge, &i, e, &mut notes.edge));
+    } else {
+        notes.edge.extend(edge_failures);
     }
     for (i, out) in services.iter().zip(service_outs) {
         match out {
@@ -758,6 +777,42 @@ async fn collect_sidecars(
             Err(e) => notes.services.push(e),
         }
     }
+}
+
+/// Asks the edge instances in turn until one answers, all within `deadline`: each
+/// try gets an equal share of what is left (at least `min_try`, the time a debug
+/// window needs), so a hung first agent leaves time for the next. Answers the
+/// instance that answered with its evidence, and the failures before it.
+async fn collect_edge(
+    agents: &Agents,
+    zone: &str,
+    edge_cluster: &str,
+    edges: &[String],
+    cmd: &Command,
+    deadline: Duration,
+    min_try: Duration,
+) -> (Option<(String, EvidenceOutput)>, Vec<String>) {
+    let end = Instant::now() + deadline;
+    let mut failures = Vec::new();
+    for (n, instance) in edges.iter().enumerate() {
+        let left = end.saturating_duration_since(Instant::now());
+        if left.is_zero() || (n > 0 && left < min_try) {
+            failures.push(format!(
+                "{instance}: not asked, the diagnosis deadline was spent"
+            ));
+            continue;
+        }
+        let tries_left = u32::try_from(edges.len() - n).unwrap_or(1);
+        let share = (left / tries_left).max(min_try).min(left);
+        match collect(agents, zone, edge_cluster, instance, cmd.clone(), share).await {
+            Ok(e) => return (Some((instance.clone(), e)), failures),
+            Err(e) => {
+                warn!(%zone, %instance, error = %e, "Edge evidence failed; asking the next edge instance.");
+                failures.push(e);
+            }
+        }
+    }
+    (None, failures)
 }
 
 #[cfg(test)]
@@ -837,6 +892,7 @@ mod tests {
         let input = DiagnosisInput::new("catalog", "east");
         let mut report = meshcat_diagnose::diagnose(&input);
         let notes = Notes {
+            edge_source: Some("edge evidence from instance edge-1".into()),
             edge: vec!["edge note".into()],
             services: vec!["service note".into()],
             metrics: vec!["metrics note".into()],
@@ -855,5 +911,15 @@ mod tests {
         assert!(has("mtls", "edge note") && has("mtls", "service note"));
         assert!(has("metrics_collector", "metrics note"));
         assert!(!has("edge_discovery", "service note"));
+        let first = |step: &str| report.step(step).unwrap().evidence[0].clone();
+        assert_eq!(
+            first("edge_discovery"),
+            "edge evidence from instance edge-1"
+        );
+        assert_eq!(first("mtls"), "edge evidence from instance edge-1");
+        assert!(!has(
+            "service_discovery",
+            "edge evidence from instance edge-1"
+        ));
     }
 }
