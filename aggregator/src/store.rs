@@ -560,27 +560,19 @@ impl Store {
     pub fn expire(&self, now: Instant) {
         let ttl = self.rules.instance_ttl;
         let _st = lock(&self.state);
-        let stale: Vec<(String, InstanceKey)> = self
-            .agents
-            .iter()
-            .flat_map(|a| {
-                let agent = a.key().clone();
-                a.value()
-                    .iter()
-                    .map(move |k| (agent.clone(), k.clone()))
-                    .collect::<Vec<_>>()
-            })
-            .filter(|(_, k)| {
-                self.clusters
-                    .get(&k.1)
-                    .and_then(|m| {
-                        m.get(&k.0)
-                            .and_then(|e| e.instances.get(&k.2))
-                            .map(|i| now.saturating_duration_since(i.last_seen) > ttl)
-                    })
-                    .unwrap_or(true)
-            })
-            .collect();
+        // This runs several times a second over every live instance: walk them in
+        // place and clone only the keys of the stale ones.
+        let mut stale: Vec<(String, InstanceKey)> = Vec::new();
+        for by_zone in self.clusters.iter() {
+            for (zone, e) in by_zone.value() {
+                for (name, i) in &e.instances {
+                    if now.saturating_duration_since(i.last_seen) > ttl {
+                        let key = (zone.clone(), by_zone.key().clone(), name.clone());
+                        stale.push((i.agent_id.clone(), key));
+                    }
+                }
+            }
+        }
         let mut changed = false;
         for (agent, key) in stale {
             debug!(%agent, zone = %key.0, cluster = %key.1, instance = %key.2, "Instance expired.");
