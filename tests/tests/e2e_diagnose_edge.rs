@@ -6,84 +6,22 @@
 #[path = "e2e_diagnose_support/stack.rs"]
 mod e2e_diagnose_support;
 
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use e2e_diagnose_support::*;
-use futures::future::BoxFuture;
-use meshcat_agent::report::{CommandHandler, Reporter, ReporterConfig, SnapshotSource};
-use meshcat_common::model::InstanceMetrics;
-use meshcat_common::tls;
-use meshcat_common::wire::{Command, CommandOutput, InstanceReport};
 use meshcat_tests::scenario::Scenario;
 use meshcat_tests::wait_for;
-use tokio::sync::oneshot;
 
 /// An edge instance whose name sorts before the real edge's `edge-0`, so it is
 /// asked first.
 const HUNG_EDGE: &str = "a-edge-hung";
-
-/// Reports one instance and never answers a command: an agent that hangs.
-struct Hung(Mutex<Vec<InstanceReport>>);
-
-impl SnapshotSource for Hung {
-    fn snapshot(&self) -> Vec<InstanceReport> {
-        self.0.lock().unwrap().clone()
-    }
-}
-
-impl CommandHandler for Hung {
-    fn handle(
-        &self,
-        _instance: String,
-        _cmd: Command,
-    ) -> BoxFuture<'static, Result<CommandOutput, String>> {
-        Box::pin(futures::future::pending())
-    }
-}
-
-/// Starts a real QUIC reporter for edge instance [`HUNG_EDGE`] whose commands hang.
-fn hung_edge_agent(stack: &Stack) -> (oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
-    let dev = stack.data.path().join("dev");
-    let client = tls::client_config(
-        &dev.join("ca.pem"),
-        Some((&dev.join("agent.pem"), &dev.join("agent-key.pem"))),
-    )
-    .unwrap();
-    let quic = stack.agg.quic_addr.unwrap().to_string();
-    let mut config = ReporterConfig::new(quic, "localhost", client, "hung-edge-agent");
-    config.interval = Duration::from_millis(300);
-    let report = InstanceReport {
-        zone_name: ZONE.into(),
-        cluster_name: EDGE.into(),
-        instance: HUNG_EDGE.into(),
-        admin_address: "127.0.0.1:9".into(),
-        reachable: true,
-        error: None,
-        start_time_ms: 1_700_000_000_000,
-        server_state: "LIVE".into(),
-        envoy_version: "1.40.0".into(),
-        log_level: Some("info".into()),
-        requests_total: 0,
-        errors_5xx_total: 0,
-        metrics: InstanceMetrics::default(),
-        clusters: Vec::new(),
-    };
-    let hung = Arc::new(Hung(Mutex::new(vec![report])));
-    let reporter = Reporter::new(config, hung.clone(), hung, &prometheus::Registry::new()).unwrap();
-    let (tx, rx) = oneshot::channel::<()>();
-    let task = tokio::spawn(reporter.run(async move {
-        let _ = rx.await;
-    }));
-    (tx, task)
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_first_edge_falls_back_to_the_next_edge_instance() {
     let _turn = SERIAL.lock().await;
     let sc = Scenario::start("healthy").await.unwrap();
     let stack = Stack::start(&sc).await;
-    let (stop_hung, hung_task) = hung_edge_agent(&stack);
+    let (stop_hung, hung_task) = hung_agent(&stack, EDGE, HUNG_EDGE, "hung-edge-agent");
     let store = stack.agg.store.clone();
     wait_for(
         "the hung edge instance to be live",

@@ -7,74 +7,12 @@
 #[path = "e2e_diagnose_support/stack.rs"]
 mod e2e_diagnose_support;
 
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use e2e_diagnose_support::*;
-use futures::future::BoxFuture;
-use meshcat_agent::report::{CommandHandler, Reporter, ReporterConfig, SnapshotSource};
-use meshcat_common::model::InstanceMetrics;
-use meshcat_common::tls;
-use meshcat_common::wire::{Command, CommandOutput, InstanceReport};
 use meshcat_tests::scenario::Scenario;
 use meshcat_tests::wait_for;
 use serde_json::Value;
-use tokio::sync::oneshot;
-
-/// Reports one instance and never answers a command: an agent that hangs.
-struct Hung(Mutex<Vec<InstanceReport>>);
-
-impl SnapshotSource for Hung {
-    fn snapshot(&self) -> Vec<InstanceReport> {
-        self.0.lock().unwrap().clone()
-    }
-}
-
-impl CommandHandler for Hung {
-    fn handle(
-        &self,
-        _instance: String,
-        _cmd: Command,
-    ) -> BoxFuture<'static, Result<CommandOutput, String>> {
-        Box::pin(futures::future::pending())
-    }
-}
-
-/// Starts a real QUIC reporter for instance `catalog-hung` whose commands hang.
-fn hung_agent(stack: &Stack) -> (oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
-    let dev = stack.data.path().join("dev");
-    let client = tls::client_config(
-        &dev.join("ca.pem"),
-        Some((&dev.join("agent.pem"), &dev.join("agent-key.pem"))),
-    )
-    .unwrap();
-    let quic = stack.agg.quic_addr.unwrap().to_string();
-    let mut config = ReporterConfig::new(quic, "localhost", client, "hung-agent");
-    config.interval = Duration::from_millis(300);
-    let report = InstanceReport {
-        zone_name: ZONE.into(),
-        cluster_name: SERVICE.into(),
-        instance: "catalog-hung".into(),
-        admin_address: "127.0.0.1:9".into(),
-        reachable: true,
-        error: None,
-        start_time_ms: 1_700_000_000_000,
-        server_state: "LIVE".into(),
-        envoy_version: "1.40.0".into(),
-        log_level: Some("info".into()),
-        requests_total: 0,
-        errors_5xx_total: 0,
-        metrics: InstanceMetrics::default(),
-        clusters: Vec::new(),
-    };
-    let hung = Arc::new(Hung(Mutex::new(vec![report])));
-    let reporter = Reporter::new(config, hung.clone(), hung, &prometheus::Registry::new()).unwrap();
-    let (tx, rx) = oneshot::channel::<()>();
-    let task = tokio::spawn(reporter.run(async move {
-        let _ = rx.await;
-    }));
-    (tx, task)
-}
 
 fn instance_url(stack: &Stack, instance: &str) -> String {
     format!(
@@ -197,7 +135,7 @@ async fn a_hung_agent_costs_only_its_own_deadline() {
     let _turn = SERIAL.lock().await;
     let sc = Scenario::start("healthy").await.unwrap();
     let stack = Stack::start_with(&sc, |c| c.command_timeout = Duration::from_secs(2)).await;
-    let (stop_hung, hung_task) = hung_agent(&stack);
+    let (stop_hung, hung_task) = hung_agent(&stack, SERVICE, "catalog-hung", "hung-agent");
     let store = stack.agg.store.clone();
     wait_for(
         "the hung agent's instance to be live",

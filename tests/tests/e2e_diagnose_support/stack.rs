@@ -5,11 +5,17 @@
 #![allow(dead_code)]
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use meshcat_agent::AgentConfig;
+use meshcat_agent::report::{CommandHandler, Reporter, ReporterConfig, SnapshotSource};
 use meshcat_aggregator::RunningAggregator;
 use meshcat_aggregator::config::Config;
+use meshcat_common::model::InstanceMetrics;
+use meshcat_common::tls;
+use meshcat_common::wire::{Command, CommandOutput, InstanceReport};
 use meshcat_tests::scenario::{Scenario, Sidecar};
 use meshcat_tests::wait_for;
 use serde_json::{Value, json};
@@ -295,4 +301,66 @@ pub async fn wait_level(sidecars: &[&Sidecar], level: &str) {
         .await
         .unwrap();
     }
+}
+
+/// Reports one instance and never answers a command: an agent that hangs.
+struct Hung(std::sync::Mutex<Vec<InstanceReport>>);
+
+impl SnapshotSource for Hung {
+    fn snapshot(&self) -> Vec<InstanceReport> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+impl CommandHandler for Hung {
+    fn handle(
+        &self,
+        _instance: String,
+        _cmd: Command,
+    ) -> BoxFuture<'static, Result<CommandOutput, String>> {
+        Box::pin(futures::future::pending())
+    }
+}
+
+/// Starts a real QUIC reporter, with the dev agent certificate, that reports
+/// `instance` of `cluster` every 300 ms and never answers a command. Send on the
+/// returned channel to stop it.
+pub fn hung_agent(
+    stack: &Stack,
+    cluster: &str,
+    instance: &str,
+    agent_id: &str,
+) -> (oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
+    let dev = stack.data.path().join("dev");
+    let client = tls::client_config(
+        &dev.join("ca.pem"),
+        Some((&dev.join("agent.pem"), &dev.join("agent-key.pem"))),
+    )
+    .unwrap();
+    let quic = stack.agg.quic_addr.unwrap().to_string();
+    let mut config = ReporterConfig::new(quic, "localhost", client, agent_id);
+    config.interval = Duration::from_millis(300);
+    let report = InstanceReport {
+        zone_name: ZONE.into(),
+        cluster_name: cluster.into(),
+        instance: instance.into(),
+        admin_address: "127.0.0.1:9".into(),
+        reachable: true,
+        error: None,
+        start_time_ms: 1_700_000_000_000,
+        server_state: "LIVE".into(),
+        envoy_version: "1.40.0".into(),
+        log_level: Some("info".into()),
+        requests_total: 0,
+        errors_5xx_total: 0,
+        metrics: InstanceMetrics::default(),
+        clusters: Vec::new(),
+    };
+    let hung = Arc::new(Hung(std::sync::Mutex::new(vec![report])));
+    let reporter = Reporter::new(config, hung.clone(), hung, &prometheus::Registry::new()).unwrap();
+    let (tx, rx) = oneshot::channel::<()>();
+    let task = tokio::spawn(reporter.run(async move {
+        let _ = rx.await;
+    }));
+    (tx, task)
 }
