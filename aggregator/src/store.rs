@@ -299,11 +299,7 @@ impl Store {
                 c.cluster_name, c.zone_name
             )));
         }
-        self.persist.apply(&[Op::PutCluster(&c)])?;
-        let _st = lock(&self.state);
-        self.put_cluster_in_memory(c.clone());
-        self.bump();
-        Ok(c)
+        self.write_cluster(c)
     }
 
     /// Replaces a registered cluster. Blocks on the durable commit.
@@ -316,6 +312,12 @@ impl Store {
                 c.cluster_name, c.zone_name
             )));
         }
+        self.write_cluster(c)
+    }
+
+    /// Commits a cluster record, then shows it in memory. The caller holds the
+    /// registration lock and has checked the zone and whether the cluster exists.
+    fn write_cluster(&self, c: ClusterRecord) -> Result<ClusterRecord, StoreError> {
         self.persist.apply(&[Op::PutCluster(&c)])?;
         let _st = lock(&self.state);
         self.put_cluster_in_memory(c.clone());
