@@ -13,6 +13,6 @@ pub mod rules;
 pub mod symptom;
 
 pub use evidence::{DiagnosisInput, EvidenceError, MetricsEvidence, Role, SidecarEvidence};
-pub use report::{DiagnosisReport, Step, Verdict};
+pub use report::{DiagnosisReport, Reads, Step, StepName, StepNameError, Verdict};
 pub use rules::diagnose;
 pub use symptom::{Symptom, SymptomError, classify_body, classify_response};

@@ -1,9 +1,131 @@
 //! The diagnosis report of contract section 5, as JSON:
 //! `{"cluster","zone","symptom","steps":[{"name","verdict","evidence","action"}],"conclusion"}`.
 
+use std::fmt;
+use std::str::FromStr;
+
 use serde::{Deserialize, Serialize};
 
 use crate::symptom::Symptom;
+
+/// The checks of the playbook. The name is the type, so the aggregator and the CLI
+/// refer to a check by this enum, never by a string that a rename would silently break.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StepName {
+    /// The edge sidecar's `/clusters` lists the cluster with hosts.
+    EdgeDiscovery,
+    /// The service sidecars' `/clusters` list their local cluster with hosts.
+    ServiceDiscovery,
+    /// ssl counters of both sides and TLS lines of the debug window.
+    Mtls,
+    /// The edge's `/config_dump` has a route naming the cluster.
+    EdgeRoutes,
+    /// The edge's access lines for the cluster (or the path).
+    EdgeLogs,
+    /// The service sidecars' access lines of the request the edge line names.
+    ServiceLogs,
+    /// The cluster record asks for instance metrics.
+    MetricsSettings,
+    /// The live instances' sidecars report inbound HTTP metrics.
+    MetricsReporting,
+    /// The metrics collector scrapes the cluster's job.
+    MetricsCollector,
+}
+
+/// A step name that names no check.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown step {0:?}")]
+pub struct StepNameError(pub String);
+
+impl StepName {
+    /// Every check, in the order a diagnosis without symptom runs them.
+    pub const ALL: [StepName; 9] = [
+        StepName::EdgeDiscovery,
+        StepName::ServiceDiscovery,
+        StepName::Mtls,
+        StepName::EdgeRoutes,
+        StepName::EdgeLogs,
+        StepName::ServiceLogs,
+        StepName::MetricsSettings,
+        StepName::MetricsReporting,
+        StepName::MetricsCollector,
+    ];
+
+    /// The JSON name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StepName::EdgeDiscovery => "edge_discovery",
+            StepName::ServiceDiscovery => "service_discovery",
+            StepName::Mtls => "mtls",
+            StepName::EdgeRoutes => "edge_routes",
+            StepName::EdgeLogs => "edge_logs",
+            StepName::ServiceLogs => "service_logs",
+            StepName::MetricsSettings => "metrics_settings",
+            StepName::MetricsReporting => "metrics_reporting",
+            StepName::MetricsCollector => "metrics_collector",
+        }
+    }
+
+    /// Which sidecar's evidence the check reads: the notes on evidence that could not
+    /// be collected go to the checks that lacked it.
+    pub fn reads(self) -> Reads {
+        match self {
+            StepName::EdgeDiscovery | StepName::EdgeRoutes | StepName::EdgeLogs => Reads::Edge,
+            StepName::ServiceDiscovery | StepName::ServiceLogs => Reads::Services,
+            StepName::Mtls => Reads::EdgeAndServices,
+            StepName::MetricsSettings | StepName::MetricsReporting | StepName::MetricsCollector => {
+                Reads::Metrics
+            }
+        }
+    }
+
+    /// How far along a request's way through the mesh the check looks: the edge's
+    /// routes, its discovery and its log, then the link between the sidecars, then
+    /// the service sidecar and its local service. The conclusion names the deepest
+    /// failure, since what fails further on explains what an earlier step sees (an
+    /// edge `503 URX` is the service's refused connection seen from afar). The
+    /// metrics checks are another chain, ranked below every request check.
+    pub fn depth(self) -> u8 {
+        match self {
+            StepName::MetricsCollector => 0,
+            StepName::MetricsReporting => 1,
+            StepName::MetricsSettings => 2,
+            StepName::EdgeRoutes => 10,
+            StepName::EdgeDiscovery => 11,
+            StepName::EdgeLogs => 12,
+            StepName::Mtls => 13,
+            StepName::ServiceDiscovery => 14,
+            StepName::ServiceLogs => 15,
+        }
+    }
+}
+
+/// The evidence a check reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reads {
+    Edge,
+    Services,
+    EdgeAndServices,
+    Metrics,
+}
+
+impl fmt::Display for StepName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for StepName {
+    type Err = StepNameError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        StepName::ALL
+            .into_iter()
+            .find(|n| n.as_str() == s)
+            .ok_or_else(|| StepNameError(s.chars().take(64).collect()))
+    }
+}
 
 /// Most evidence lines one step carries; more are summarised in a last line.
 pub const MAX_EVIDENCE: usize = 30;
@@ -23,8 +145,8 @@ pub enum Verdict {
 /// One check of the playbook, with what it read and what to do next.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Step {
-    /// Stable name of the check (`edge_discovery`, `mtls`, ...).
-    pub name: String,
+    /// Which check this is; serialised as its stable name (`edge_discovery`, ...).
+    pub name: StepName,
     pub verdict: Verdict,
     /// The admin lines, counters and log lines the verdict rests on.
     pub evidence: Vec<String>,
@@ -33,7 +155,12 @@ pub struct Step {
 }
 
 impl Step {
-    pub(crate) fn new(name: &str, verdict: Verdict, evidence: Vec<String>, action: &str) -> Self {
+    pub(crate) fn new(
+        name: StepName,
+        verdict: Verdict,
+        evidence: Vec<String>,
+        action: &str,
+    ) -> Self {
         let mut evidence: Vec<String> = evidence
             .into_iter()
             .map(|e| crate::evidence::truncate(&e, MAX_EVIDENCE_LEN).to_owned())
@@ -44,7 +171,7 @@ impl Step {
             evidence.push(format!("... and {more} more"));
         }
         Step {
-            name: name.to_owned(),
+            name,
             verdict,
             evidence,
             action: action.to_owned(),
@@ -61,18 +188,33 @@ pub struct DiagnosisReport {
     pub symptom: Option<Symptom>,
     /// The checks in the order they ran.
     pub steps: Vec<Step>,
-    /// One sentence: the first failing check, or that all checks passed.
+    /// The deepest failing check with its concrete fact and action, or that no check
+    /// failed.
     pub conclusion: String,
 }
 
 impl DiagnosisReport {
-    /// The first failing step, the one the conclusion is about.
+    /// The first failing step in the order the checks ran.
     pub fn first_failure(&self) -> Option<&Step> {
         self.steps.iter().find(|s| s.verdict == Verdict::Fail)
     }
 
     /// The step of that name.
-    pub fn step(&self, name: &str) -> Option<&Step> {
+    pub fn step(&self, name: StepName) -> Option<&Step> {
         self.steps.iter().find(|s| s.name == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn step_names_round_trip() {
+        for n in StepName::ALL {
+            assert_eq!(n.as_str().parse::<StepName>(), Ok(n));
+            assert_eq!(serde_json::to_string(&n).unwrap(), format!("\"{n}\""));
+        }
+        assert!("edge".parse::<StepName>().is_err());
     }
 }

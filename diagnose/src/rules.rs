@@ -7,7 +7,7 @@ use meshcat_common::wire::UpstreamCluster;
 
 use crate::accesslog::{self, AccessLogEntry};
 use crate::evidence::{DiagnosisInput, MetricsEvidence, Role, SidecarEvidence};
-use crate::report::{DiagnosisReport, Step, Verdict};
+use crate::report::{DiagnosisReport, Step, StepName, Verdict};
 use crate::symptom::Symptom;
 
 /// Stat suffixes whose non-zero value is a TLS failure.
@@ -48,7 +48,7 @@ struct Outcome {
 }
 
 fn outcome(
-    name: &str,
+    name: StepName,
     verdict: Verdict,
     evidence: Vec<String>,
     action: &str,
@@ -203,7 +203,7 @@ fn discover(
 }
 
 fn edge_discovery(input: &DiagnosisInput) -> Outcome {
-    const NAME: &str = "edge_discovery";
+    const NAME: StepName = StepName::EdgeDiscovery;
     let Some(edge) = &input.edge else {
         return outcome(
             NAME,
@@ -254,7 +254,7 @@ fn local_clusters(input: &DiagnosisInput, side: &SidecarEvidence) -> Vec<String>
 }
 
 fn service_discovery(input: &DiagnosisInput) -> Outcome {
-    const NAME: &str = "service_discovery";
+    const NAME: StepName = StepName::ServiceDiscovery;
     let mut evidence = Vec::new();
     let mut failure = None;
     let mut read = 0;
@@ -319,7 +319,7 @@ fn message_of(line: &str) -> &str {
 }
 
 fn mtls(input: &DiagnosisInput) -> Outcome {
-    const NAME: &str = "mtls";
+    const NAME: StepName = StepName::Mtls;
     let mut evidence = Vec::new();
     let mut failures = Vec::new();
     let mut secrets_missing = false;
@@ -426,7 +426,7 @@ fn route_matches(matcher: &str, path: &str) -> bool {
 }
 
 fn edge_routes(input: &DiagnosisInput) -> Outcome {
-    const NAME: &str = "edge_routes";
+    const NAME: StepName = StepName::EdgeRoutes;
     let name = &input.cluster;
     let Some(edge) = input.edge.as_ref().filter(|e| e.routes.is_some()) else {
         return outcome(
@@ -544,7 +544,7 @@ fn identity_evidence(side: &SidecarEvidence) -> Vec<String> {
 }
 
 fn edge_logs(input: &DiagnosisInput) -> Outcome {
-    const NAME: &str = "edge_logs";
+    const NAME: StepName = StepName::EdgeLogs;
     let edge = input.edge.as_ref();
     let Some((edge, lines)) = edge.and_then(|e| e.log_lines.as_ref().map(|l| (e, l))) else {
         return outcome(
@@ -683,7 +683,7 @@ fn edge_logs(input: &DiagnosisInput) -> Outcome {
 }
 
 fn service_logs(input: &DiagnosisInput) -> Outcome {
-    const NAME: &str = "service_logs";
+    const NAME: StepName = StepName::ServiceLogs;
     let edge_last = input
         .edge
         .as_ref()
@@ -823,7 +823,11 @@ fn service_logs(input: &DiagnosisInput) -> Outcome {
 
 fn metrics(input: &DiagnosisInput) -> Vec<Outcome> {
     let Some(m) = &input.metrics else {
-        return ["metrics_settings", "metrics_reporting", "metrics_collector"]
+        return [
+            StepName::MetricsSettings,
+            StepName::MetricsReporting,
+            StepName::MetricsCollector,
+        ]
             .into_iter()
             .map(|name| {
                 outcome(name, Verdict::Skipped,
@@ -840,7 +844,7 @@ fn metrics(input: &DiagnosisInput) -> Vec<Outcome> {
 }
 
 fn metrics_settings(input: &DiagnosisInput, m: &MetricsEvidence) -> Outcome {
-    const NAME: &str = "metrics_settings";
+    const NAME: StepName = StepName::MetricsSettings;
     let evidence = vec![
         format!("enableInstanceMetrics = {}", m.enable_instance_metrics),
         format!("prometheusJob = {:?}", m.prometheus_job),
@@ -867,7 +871,7 @@ fn metrics_settings(input: &DiagnosisInput, m: &MetricsEvidence) -> Outcome {
 }
 
 fn metrics_reporting(m: &MetricsEvidence) -> Outcome {
-    const NAME: &str = "metrics_reporting";
+    const NAME: StepName = StepName::MetricsReporting;
     let evidence = vec![
         format!("live instances = {}", m.live_instances),
         format!("instances reporting metrics = {}", m.instances_with_metrics),
@@ -904,7 +908,7 @@ fn metrics_reporting(m: &MetricsEvidence) -> Outcome {
 }
 
 fn metrics_collector(input: &DiagnosisInput, m: &MetricsEvidence) -> Outcome {
-    const NAME: &str = "metrics_collector";
+    const NAME: StepName = StepName::MetricsCollector;
     let action = format!(
         "Add the namespace where the sidecars of {} run {COLLECTOR_ACTION_TAIL}",
         input.cluster
@@ -978,7 +982,7 @@ mod tests {
                 ("metrics_collector", Verdict::Fail),
             ]
         );
-        let action = &r.step("metrics_collector").unwrap().action;
+        let action = &r.step(StepName::MetricsCollector).unwrap().action;
         assert!(action.contains("namespace list under the pod discovery setting"));
         assert!(action.contains("restart the collector"));
         assert!(r.conclusion.starts_with("metrics_collector failed: "));
@@ -1001,16 +1005,16 @@ mod tests {
                 ("metrics_collector", Verdict::Skipped),
             ]
         );
-        let settings = r.step("metrics_settings").unwrap();
+        let settings = r.step(StepName::MetricsSettings).unwrap();
         assert!(
             settings
                 .evidence
                 .contains(&"enableInstanceMetrics = false".to_owned())
         );
-        assert!(r.step("metrics_reporting").unwrap().evidence[1].ends_with("= 1"));
+        assert!(r.step(StepName::MetricsReporting).unwrap().evidence[1].ends_with("= 1"));
         // Without Prometheus' answer the advice still names the namespace list.
         assert!(
-            r.step("metrics_collector")
+            r.step(StepName::MetricsCollector)
                 .unwrap()
                 .action
                 .contains("namespaces.names")
@@ -1061,7 +1065,7 @@ mod tests {
             );
         }
         assert!(
-            r.step("mtls")
+            r.step(StepName::Mtls)
                 .unwrap()
                 .evidence
                 .last()

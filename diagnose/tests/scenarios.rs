@@ -102,7 +102,7 @@ fn verdicts(report: &DiagnosisReport) -> Vec<(&str, Verdict)> {
 
 fn step<'a>(report: &'a DiagnosisReport, name: &str) -> &'a meshcat_diagnose::Step {
     report
-        .step(name)
+        .step(name.parse().expect("a step name"))
         .unwrap_or_else(|| panic!("no step {name} in {report:#?}"))
 }
 
@@ -210,7 +210,7 @@ fn every_scenario_runs_without_symptom_and_without_path() {
         let r = run(s, None, false);
         assert_eq!(r.symptom, None);
         assert_eq!(r.steps.len(), 9, "{s}");
-        let failing = r.first_failure().map(|f| f.name.clone());
+        let failing = r.first_failure().map(|f| f.name);
         assert_eq!(failing.is_none(), s == "healthy", "{s}: {r:#?}");
         if let Some(name) = failing {
             assert!(
@@ -458,7 +458,7 @@ fn ext_authz_dead_is_a_token_filter_failure() {
     // Discovery of the diagnosed service itself is fine.
     let all = run("ext_authz_dead", None, true);
     assert_eq!(step(&all, "edge_discovery").verdict, Pass);
-    assert_eq!(all.first_failure().unwrap().name, "edge_logs");
+    assert_eq!(all.first_failure().unwrap().name.as_str(), "edge_logs");
 }
 
 #[test]

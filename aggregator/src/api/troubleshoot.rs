@@ -19,7 +19,8 @@ use meshcat_common::model::ZoneRecord;
 use meshcat_common::validate::is_valid_name;
 use meshcat_common::wire::{Command, CommandOutput, DebugWindowOutput, EvidenceOutput};
 use meshcat_diagnose::{
-    DiagnosisInput, DiagnosisReport, MetricsEvidence, Role, SidecarEvidence, Symptom, Verdict,
+    DiagnosisInput, DiagnosisReport, MetricsEvidence, Reads, Role, SidecarEvidence, Symptom,
+    Verdict,
 };
 use serde::Serialize;
 use tracing::{info, warn};
@@ -607,26 +608,23 @@ async fn metrics_evidence(
 /// puts first in the edge checks which edge instance answered.
 fn add_notes(report: &mut DiagnosisReport, notes: &Notes) {
     for step in &mut report.steps {
+        let reads = step.name.reads();
         if let Some(source) = &notes.edge_source
-            && matches!(
-                step.name.as_str(),
-                "edge_discovery" | "edge_routes" | "edge_logs" | "mtls"
-            )
+            && matches!(reads, Reads::Edge | Reads::EdgeAndServices)
         {
             step.evidence.insert(0, source.clone());
         }
         if step.verdict != Verdict::Skipped {
             continue;
         }
-        let which: &[String] = match step.name.as_str() {
-            "edge_discovery" | "edge_routes" | "edge_logs" => &notes.edge,
-            "service_discovery" | "service_logs" => &notes.services,
-            "mtls" => {
+        let which: &[String] = match reads {
+            Reads::Edge => &notes.edge,
+            Reads::Services => &notes.services,
+            Reads::EdgeAndServices => {
                 step.evidence.extend(notes.edge.iter().cloned());
                 &notes.services
             }
-            "metrics_settings" | "metrics_reporting" | "metrics_collector" => &notes.metrics,
-            _ => &[],
+            Reads::Metrics => &notes.metrics,
         };
         step.evidence.extend(which.iter().cloned());
     }
@@ -818,6 +816,7 @@ async fn collect_edge(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use meshcat_diagnose::StepName;
 
     #[test]
     fn levels_are_the_seeds_four() {
@@ -898,7 +897,7 @@ mod tests {
             metrics: vec!["metrics note".into()],
         };
         add_notes(&mut report, &notes);
-        let has = |step: &str, note: &str| {
+        let has = |step: StepName, note: &str| {
             report
                 .step(step)
                 .unwrap()
@@ -906,19 +905,19 @@ mod tests {
                 .iter()
                 .any(|e| e == note)
         };
-        assert!(has("edge_discovery", "edge note"));
-        assert!(has("service_discovery", "service note"));
-        assert!(has("mtls", "edge note") && has("mtls", "service note"));
-        assert!(has("metrics_collector", "metrics note"));
-        assert!(!has("edge_discovery", "service note"));
-        let first = |step: &str| report.step(step).unwrap().evidence[0].clone();
+        assert!(has(StepName::EdgeDiscovery, "edge note"));
+        assert!(has(StepName::ServiceDiscovery, "service note"));
+        assert!(has(StepName::Mtls, "edge note") && has(StepName::Mtls, "service note"));
+        assert!(has(StepName::MetricsCollector, "metrics note"));
+        assert!(!has(StepName::EdgeDiscovery, "service note"));
+        let first = |step: StepName| report.step(step).unwrap().evidence[0].clone();
         assert_eq!(
-            first("edge_discovery"),
+            first(StepName::EdgeDiscovery),
             "edge evidence from instance edge-1"
         );
-        assert_eq!(first("mtls"), "edge evidence from instance edge-1");
+        assert_eq!(first(StepName::Mtls), "edge evidence from instance edge-1");
         assert!(!has(
-            "service_discovery",
+            StepName::ServiceDiscovery,
             "edge evidence from instance edge-1"
         ));
     }
