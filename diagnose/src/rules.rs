@@ -38,6 +38,8 @@ const DISCOVERY_NO_HOST: &str = "The cluster is not linked to any instance: chec
 const DISCOVERY_UNHEALTHY: &str = "Hosts are discovered but none is healthy: look at the service's instances and their health checks.";
 const IDENTITY_ACTION: &str = "The fault is in the workload identity system: make sure its server and agents are running, then restart all pods.";
 const TLS_CONFIG_ACTION: &str = "With the workload identity system, troubleshoot it; without it, check the SSL configuration (trusted CA, certificate, subject alternative names) of the service sidecar's domain and of the edge's cluster to the sidecar.";
+const SAN_ACTION: &str = "The client side expects a subject alternative name that the server's certificate does not carry: make the SAN matcher of the edge's cluster to the sidecar (match_typed_subject_alt_names) name the service certificate's SAN, or reissue the certificate with that SAN; with the workload identity system, check the identity it issues for the service.";
+const UNTRUSTED_ACTION: &str = "The server side does not trust the client's certificate: give both sidecars certificates from the CA the other side trusts (trusted_ca of the service sidecar's domain), or troubleshoot the workload identity system that issues them.";
 const TOKEN_FILTER_ACTION: &str = "A filter of the edge's chain (the token filter) failed: check that the token service and its sidecar are running, then troubleshoot the workload identity system, then verify discovery and mTLS from the edge to the token service.";
 const COLLECTOR_ACTION_TAIL: &str = "to the namespace list under the pod discovery setting of the metrics collector's scrape configuration (kubernetes_sd_configs, role pod, namespaces.names) through the operator input configuration, then restart the collector.";
 
@@ -45,6 +47,10 @@ const COLLECTOR_ACTION_TAIL: &str = "to the namespace list under the pod discove
 struct Outcome {
     step: Step,
     finding: String,
+    /// Where along the request the failure lies ([`StepName::depth`] unless the
+    /// finding places it elsewhere: "no trace in the service sidecar" is a failure of
+    /// the link between the sidecars).
+    depth: u8,
 }
 
 fn outcome(
@@ -57,6 +63,7 @@ fn outcome(
     Outcome {
         step: Step::new(name, verdict, evidence, action),
         finding: finding.into(),
+        depth: name.depth(),
     }
 }
 
@@ -109,8 +116,16 @@ pub fn diagnose(input: &DiagnosisInput) -> DiagnosisReport {
     }
 }
 
+/// Names the deepest failure (on a tie, the check that ran first: it holds the more
+/// direct fact, such as the ssl counter beside the missing trace), with its finding
+/// and action; else says which checks lacked evidence.
 fn conclude(outcomes: &[Outcome]) -> String {
-    if let Some(o) = outcomes.iter().find(|o| o.step.verdict == Verdict::Fail) {
+    let deepest = outcomes
+        .iter()
+        .enumerate()
+        .filter(|(_, o)| o.step.verdict == Verdict::Fail)
+        .max_by_key(|(i, o)| (o.depth, std::cmp::Reverse(*i)));
+    if let Some((_, o)) = deepest {
         return format!("{} failed: {} {}", o.step.name, o.finding, o.step.action);
     }
     let skipped: Vec<&str> = outcomes
@@ -357,7 +372,9 @@ fn mtls(input: &DiagnosisInput) -> Outcome {
                 ));
             }
         }
-        if side.debug_lines.is_some() || side.log_lines.is_some() {
+        // Info-level log lines carry no TLS failure, so they do not make the check
+        // pass: only counters or a debug window do.
+        if side.debug_lines.is_some() {
             collected = true;
         }
         if side.debug_lines.is_none() {
@@ -375,7 +392,7 @@ fn mtls(input: &DiagnosisInput) -> Outcome {
         tls_seen |= !lines.is_empty();
         failures.extend(lines);
     }
-    if !collected {
+    if !collected && failures.is_empty() {
         return outcome(
             NAME,
             Verdict::Skipped,
@@ -404,12 +421,35 @@ fn mtls(input: &DiagnosisInput) -> Outcome {
             "the sidecar's certificates were never supplied by the secrets (SDS) server.",
         )
     } else {
+        let counters: Vec<&str> = failures
+            .iter()
+            .filter(|f| !f.contains(" log: "))
+            .map(String::as_str)
+            .collect();
+        let named = counters
+            .iter()
+            .take(3)
+            .copied()
+            .collect::<Vec<_>>()
+            .join("; ");
         let finding = match (counted, tls_seen) {
             (0, _) => "TLS errors were logged during the debug window.".to_owned(),
-            (n, false) => format!("{n} TLS failure counters are raised."),
-            (n, true) => format!("{n} TLS failure counters are raised and TLS errors were logged."),
+            (_, false) => format!("TLS failure counters are raised ({named})."),
+            (_, true) => {
+                format!("TLS failure counters are raised ({named}) and TLS errors were logged.")
+            }
         };
-        outcome(NAME, Verdict::Fail, failures, TLS_CONFIG_ACTION, finding)
+        let action = if counters.iter().any(|c| c.contains("fail_verify_san")) {
+            SAN_ACTION
+        } else if counters
+            .iter()
+            .any(|c| c.contains("fail_verify_error") || c.contains("fail_verify_no_cert"))
+        {
+            UNTRUSTED_ACTION
+        } else {
+            TLS_CONFIG_ACTION
+        };
+        outcome(NAME, Verdict::Fail, failures, action, finding)
     }
 }
 
@@ -506,12 +546,98 @@ fn edge_routes(input: &DiagnosisInput) -> Outcome {
     )
 }
 
-/// Access lines of a sidecar for the input's path, oldest first.
+/// Access lines of a sidecar for the input's path (all of them without one), oldest
+/// first.
 fn entries_for<'a>(input: &DiagnosisInput, lines: &'a [String]) -> Vec<(AccessLogEntry, &'a str)> {
     accesslog::parse_lines(lines.iter().map(String::as_str))
         .into_iter()
         .filter(|(e, _)| input.path.as_deref().is_none_or(|p| e.matches_path(p)))
         .collect()
+}
+
+/// The clusters the edge's first route matching `path` sends to (several for weighted
+/// clusters); `None` when no route takes the path or the routes were not read.
+fn routed_to<'a>(edge: &'a SidecarEvidence, path: &str) -> Option<Vec<&'a str>> {
+    let routes = edge.routes.as_ref()?;
+    let first = routes.iter().find(|r| route_matches(&r.matcher, path))?;
+    Some(
+        routes
+            .iter()
+            .filter(|r| {
+                r.route_config == first.route_config
+                    && r.virtual_host == first.virtual_host
+                    && r.matcher == first.matcher
+            })
+            .map(|r| r.cluster.as_str())
+            .collect(),
+    )
+}
+
+/// The edge's access lines that belong to the diagnosed cluster, oldest first. With a
+/// path, the lines of that path. Without, the lines whose upstream host is one of
+/// the cluster's hosts at the edge, or whose path the edge routes to the cluster
+/// (a request that never reached a host: `503 UH`, `503 NC`) and whose host, if any,
+/// belongs to no other cluster: never another cluster's traffic.
+fn edge_entries<'a>(
+    input: &DiagnosisInput,
+    edge: &SidecarEvidence,
+    lines: &'a [String],
+) -> Vec<(AccessLogEntry, &'a str)> {
+    let entries = entries_for(input, lines);
+    if input.path.is_some() {
+        return entries;
+    }
+    let name = input.cluster.as_str();
+    let own: BTreeSet<&str> = edge
+        .cluster(name)
+        .into_iter()
+        .flat_map(|c| c.hosts.iter().map(|h| h.address.as_str()))
+        .collect();
+    let others: BTreeSet<&str> = edge
+        .clusters
+        .iter()
+        .flatten()
+        .filter(|c| c.name != name)
+        .flat_map(|c| c.hosts.iter().map(|h| h.address.as_str()))
+        .collect();
+    entries
+        .into_iter()
+        .filter(|(e, _)| match e.upstream_host.as_deref() {
+            Some(h) if own.contains(h) => true,
+            Some(h) if others.contains(h) => false,
+            _ => e
+                .path_only()
+                .and_then(|p| routed_to(edge, p))
+                .is_some_and(|cs| cs.contains(&name)),
+        })
+        .collect()
+}
+
+/// The line to follow among `entries`: the newest failing one, else the newest.
+fn followed<'e, 'a>(
+    entries: &'e [(AccessLogEntry, &'a str)],
+) -> Option<&'e (AccessLogEntry, &'a str)> {
+    entries
+        .iter()
+        .rev()
+        .find(|(e, _)| is_failure(e))
+        .or_else(|| entries.last())
+}
+
+/// The edge line the service checks follow, with how many lines it was chosen from.
+fn edge_followed(input: &DiagnosisInput) -> Option<AccessLogEntry> {
+    let edge = input.edge.as_ref()?;
+    let lines = edge.log_lines.as_ref()?;
+    let entries = edge_entries(input, edge, lines);
+    followed(&entries).map(|(e, _)| e.clone())
+}
+
+/// How a set of lines is named in evidence.
+fn filter_text(input: &DiagnosisInput) -> String {
+    input.path.as_deref().map_or_else(
+        || format!("cluster {}", input.cluster),
+        |p| format!("path {p}"),
+    )
 }
 
 fn is_failure(e: &AccessLogEntry) -> bool {
@@ -543,6 +669,14 @@ fn identity_evidence(side: &SidecarEvidence) -> Vec<String> {
     out
 }
 
+/// Places an edge line's failure at the depth of the check that owns its cause (a
+/// `404 NR` is a routing failure, a `503 UH` a discovery one), so the conclusion
+/// names that check's more direct fact when it failed too.
+fn routing(mut o: Outcome, owner: StepName) -> Outcome {
+    o.depth = owner.depth();
+    o
+}
+
 fn edge_logs(input: &DiagnosisInput) -> Outcome {
     const NAME: StepName = StepName::EdgeLogs;
     let edge = input.edge.as_ref();
@@ -556,12 +690,9 @@ fn edge_logs(input: &DiagnosisInput) -> Outcome {
         );
     };
     let me = who(edge);
-    let entries = entries_for(input, lines);
+    let entries = edge_entries(input, edge, lines);
     let identity = identity_evidence(edge);
-    let filter = input
-        .path
-        .as_deref()
-        .map_or_else(|| "all requests".to_owned(), |p| format!("path {p}"));
+    let filter = filter_text(input);
     let mut evidence: Vec<String> = entries
         .iter()
         .rev()
@@ -569,7 +700,15 @@ fn edge_logs(input: &DiagnosisInput) -> Outcome {
         .rev()
         .map(|(_, l)| format!("{me} log: {l}"))
         .collect();
-    let Some((last, _)) = entries.last() else {
+    let chosen = followed(&entries);
+    if let Some((_, line)) = chosen {
+        let failing = entries.iter().filter(|(e, _)| is_failure(e)).count();
+        evidence.push(format!(
+            "{me}: {} access lines for {filter}, {failing} failing; followed: {line}",
+            entries.len()
+        ));
+    }
+    let Some((last, _)) = chosen else {
         evidence.push(format!(
             "{me}: no access line for {filter} among {} log lines",
             lines.len()
@@ -611,7 +750,7 @@ fn edge_logs(input: &DiagnosisInput) -> Outcome {
             NAME,
             Verdict::Pass,
             evidence,
-            "None: the edge's last request for the path succeeded.",
+            "None: the edge's requests for the cluster succeeded.",
             "",
         );
     }
@@ -626,21 +765,29 @@ fn edge_logs(input: &DiagnosisInput) -> Outcome {
         return outcome(NAME, Verdict::Fail, evidence, action, finding);
     }
     if last.has_flag("NC") {
-        return outcome(
-            NAME,
-            Verdict::Fail,
-            evidence,
-            "The route names a cluster that does not exist: create the cluster (or fix the route) and verify that all mesh objects for the service exist.",
-            format!("the edge answered {code} NC: its route names a cluster that does not exist."),
+        return routing(
+            outcome(
+                NAME,
+                Verdict::Fail,
+                evidence,
+                "The route names a cluster that does not exist: create the cluster (or fix the route) and verify that all mesh objects for the service exist.",
+                format!(
+                    "the edge answered {code} NC: its route names a cluster that does not exist."
+                ),
+            ),
+            StepName::EdgeRoutes,
         );
     }
     if last.has_flag("NR") {
-        return outcome(
-            NAME,
-            Verdict::Fail,
-            evidence,
-            "No route of the edge takes the path: add the route (route and shared_rules objects) to the service's cluster.",
-            format!("the edge answered {code} NR: no route takes {filter}."),
+        return routing(
+            outcome(
+                NAME,
+                Verdict::Fail,
+                evidence,
+                "No route of the edge takes the path: add the route (route and shared_rules objects) to the service's cluster.",
+                format!("the edge answered {code} NR: no route takes {filter}."),
+            ),
+            StepName::EdgeRoutes,
         );
     }
     if !identity.is_empty() {
@@ -654,12 +801,23 @@ fn edge_logs(input: &DiagnosisInput) -> Outcome {
         );
     }
     if code == 503 && (last.has_flag("UH") || host.is_none()) {
-        return outcome(
-            NAME,
-            Verdict::Fail,
-            evidence,
-            "Discovery problem: verify that all mesh objects for the service exist (cluster, route, shared_rules, domain and listener objects) and that instances are registered.",
-            format!("the edge answered 503 {flags} with upstream host '-': a discovery problem."),
+        return routing(
+            outcome(
+                NAME,
+                Verdict::Fail,
+                evidence,
+                "Discovery problem: verify that all mesh objects for the service exist (cluster, route, shared_rules, domain and listener objects) and that instances are registered.",
+                match edge.cluster(&input.cluster) {
+                    Some(c) if c.hosts.is_empty() => format!(
+                        "the edge answered 503 {flags} with upstream host '-': its cluster {} has no endpoints.",
+                        input.cluster
+                    ),
+                    _ => format!(
+                        "the edge answered 503 {flags} with upstream host '-': a discovery problem."
+                    ),
+                },
+            ),
+            StepName::EdgeDiscovery,
         );
     }
     if let Some(h) = host {
@@ -684,19 +842,15 @@ fn edge_logs(input: &DiagnosisInput) -> Outcome {
 
 fn service_logs(input: &DiagnosisInput) -> Outcome {
     const NAME: StepName = StepName::ServiceLogs;
-    let edge_last = input
-        .edge
-        .as_ref()
-        .and_then(|e| e.log_lines.as_ref())
-        .and_then(|l| entries_for(input, l).pop())
-        .map(|(e, _)| e);
+    let edge_last = edge_followed(input);
     if let Some(e) = &edge_last {
         if e.upstream_host.is_none() {
             return outcome(
                 NAME,
                 Verdict::Skipped,
                 vec![format!(
-                    "the edge's last line for the request ({} {}) has upstream host '-': it never reached a service sidecar",
+                    "the edge's followed line for {} ({} {}) has upstream host '-': it never reached a service sidecar",
+                    filter_text(input),
                     e.response_code,
                     e.flags_text()
                 )],
@@ -710,19 +864,28 @@ fn service_logs(input: &DiagnosisInput) -> Outcome {
         return outcome(
             NAME,
             Verdict::Skipped,
-            vec![
-                "the edge's log has no line for the request to follow into the service sidecars"
-                    .into(),
-            ],
+            vec![format!(
+                "the edge's log has no line for {} to follow into the service sidecars",
+                filter_text(input)
+            )],
             "Fix what the edge's log shows first.",
             "",
         );
     }
     let request_id = edge_last.as_ref().and_then(|e| e.request_id.clone());
     let mut evidence = Vec::new();
+    if let Some(e) = &edge_last {
+        evidence.push(format!(
+            "following the edge's line {} {} {} (request id {})",
+            e.response_code,
+            e.flags_text(),
+            e.path.as_deref().unwrap_or("-"),
+            request_id.as_deref().unwrap_or("-")
+        ));
+    }
     let mut read = 0;
     let mut traced = false;
-    let mut failure: Option<(&str, String)> = None;
+    let mut failure: Option<(String, String)> = None;
     for side in &input.services {
         let Some(lines) = &side.log_lines else {
             continue;
@@ -733,7 +896,7 @@ fn service_logs(input: &DiagnosisInput) -> Outcome {
             .into_iter()
             .filter(|(e, _)| request_id.is_none() || e.request_id == request_id)
             .collect();
-        let Some((last, _)) = entries.last() else {
+        let Some((last, _)) = followed(&entries) else {
             continue;
         };
         traced = true;
@@ -745,31 +908,8 @@ fn service_logs(input: &DiagnosisInput) -> Outcome {
                 .rev()
                 .map(|(_, l)| format!("{me} log: {l}")),
         );
-        if last.response_code >= 500 {
-            let code = last.response_code;
-            let flags = last.flags_text();
-            let f = match last.upstream_host.as_deref() {
-                None => (
-                    "Discovery problem from the sidecar to the service: set the local cluster's address explicitly (the instance's address and port).",
-                    format!(
-                        "the service sidecar {} answered {code} {flags} with upstream host '-'.",
-                        side.instance
-                    ),
-                ),
-                Some(h) => (
-                    "The local cluster's instance is wrong (address or port) or the service refuses the sidecar: check the port the service listens on and that it accepts the sidecar's connections.",
-                    format!(
-                        "the service sidecar {} answered {code} {flags} from its local instance {h}{}.",
-                        side.instance,
-                        if accesslog::is_loopback_host(h) {
-                            " (loopback)"
-                        } else {
-                            ""
-                        }
-                    ),
-                ),
-            };
-            failure.get_or_insert(f);
+        if is_failure(last) {
+            failure.get_or_insert_with(|| service_failure(side, last));
         }
     }
     if read == 0 {
@@ -782,7 +922,7 @@ fn service_logs(input: &DiagnosisInput) -> Outcome {
         );
     }
     if let Some((action, finding)) = failure {
-        return outcome(NAME, Verdict::Fail, evidence, action, finding);
+        return outcome(NAME, Verdict::Fail, evidence, &action, finding);
     }
     if !traced {
         let what = match (&request_id, &input.path) {
@@ -804,13 +944,23 @@ fn service_logs(input: &DiagnosisInput) -> Outcome {
         evidence.push(format!(
             "no access line for {what} in {read} service sidecar logs"
         ));
-        return outcome(
+        let host = edge_last
+            .as_ref()
+            .and_then(|e| e.upstream_host.clone())
+            .map_or_else(String::new, |h| format!(" at {h}"));
+        let mut o = outcome(
             NAME,
             Verdict::Fail,
             evidence,
             "The request never reached the service sidecar's HTTP layer: the likely cause is an mTLS problem between the edge and the sidecar; verify mTLS (ssl counters of both sides, TLS lines at debug level).",
-            "the service sidecars show no trace of the request.",
+            format!(
+                "the service sidecar{host} shows no trace of the request: it failed between the edge and the sidecar."
+            ),
         );
+        // The failure lies on the link between the sidecars, where the mTLS check's
+        // counters say more than the missing line.
+        o.depth = StepName::Mtls.depth();
+        return o;
     }
     outcome(
         NAME,
@@ -819,6 +969,39 @@ fn service_logs(input: &DiagnosisInput) -> Outcome {
         "None: the service sidecar served the request.",
         "",
     )
+}
+
+/// The action and finding of a service sidecar's failing access line.
+fn service_failure(side: &SidecarEvidence, e: &AccessLogEntry) -> (String, String) {
+    let code = e.response_code;
+    let flags = e.flags_text();
+    let inst = &side.instance;
+    match e.upstream_host.as_deref() {
+        None => (
+            "Discovery problem from the sidecar to the service: set the local cluster's address explicitly (the instance's address and port).".to_owned(),
+            format!(
+                "the service sidecar {inst} has no endpoint for its local service: it answered {code} {flags} with upstream host '-'."
+            ),
+        ),
+        Some(h) if e.has_flag("UF") => (
+            "Start the local service, or make it listen on the local cluster's address; if it listens on another port, set the local cluster's port (the instance's address and port) to it.".to_owned(),
+            format!(
+                "the local service refuses connections at {h}: the service sidecar {inst} answered {code} {flags}."
+            ),
+        ),
+        Some(h) if e.has_flag("UT") || e.has_flag("UC") || e.has_flag("UR") => (
+            "The local service accepted the connection but did not answer in time or reset it: look at the service's own logs and load.".to_owned(),
+            format!(
+                "the local service at {h} timed out or reset the request: the service sidecar {inst} answered {code} {flags}."
+            ),
+        ),
+        Some(h) => (
+            "The local service answered the error itself: look at the service's own logs.".to_owned(),
+            format!(
+                "the local service at {h} answered {code} {flags} through the service sidecar {inst}."
+            ),
+        ),
+    }
 }
 
 fn metrics(input: &DiagnosisInput) -> Vec<Outcome> {
@@ -1072,5 +1255,131 @@ mod tests {
                 .unwrap()
                 .starts_with("... and ")
         );
+    }
+
+    fn cluster(name: &str, hosts: &[&str]) -> UpstreamCluster {
+        UpstreamCluster {
+            name: name.into(),
+            added_via_api: false,
+            hosts: hosts
+                .iter()
+                .map(|a| meshcat_common::wire::UpstreamHost {
+                    address: (*a).into(),
+                    cx_active: 0,
+                    cx_connect_fail: 0,
+                    cx_total: 1,
+                    rq_active: 0,
+                    rq_error: 0,
+                    rq_total: 1,
+                    health_flags: "healthy".into(),
+                })
+                .collect(),
+        }
+    }
+
+    fn access(path: &str, code: u16, flags: &str, id: &str, host: &str) -> String {
+        format!(
+            r#"[2026-11-21T23:58:15.589Z] "GET {path} HTTP/1.1" {code} {flags} 0 19 0 - "-" "ua" "{id}" "edge" "{host}""#
+        )
+    }
+
+    /// An edge in front of catalog (through its sidecar at :2) and reviews (at :3),
+    /// with interleaved traffic: catalog fails, reviews succeeds and is newest.
+    fn two_services(diagnosed: &str) -> DiagnosisInput {
+        let mut edge = SidecarEvidence::new(Role::Edge, "edge-0");
+        edge.clusters = Some(vec![
+            cluster("catalog", &["127.0.0.1:2"]),
+            cluster("reviews", &["127.0.0.1:3"]),
+        ]);
+        edge.log_lines = Some(vec![
+            access("/catalog/a", 200, "-", "c-ok", "127.0.0.1:2"),
+            access("/catalog/a", 503, "URX", "c-bad", "127.0.0.1:2"),
+            access("/reviews/b", 200, "-", "r-1", "127.0.0.1:3"),
+            access("/catalog/a", 200, "-", "c-ok2", "127.0.0.1:2"),
+            access("/reviews/b", 200, "-", "r-2", "127.0.0.1:3"),
+        ]);
+        let mut service = SidecarEvidence::new(Role::Service, format!("{diagnosed}-0"));
+        service.log_lines = Some(vec![
+            access("/catalog/a", 200, "-", "c-ok", "127.0.0.1:7"),
+            access("/catalog/a", 503, "UF", "c-bad", "127.0.0.1:7"),
+            access("/catalog/a", 200, "-", "c-ok2", "127.0.0.1:7"),
+        ]);
+        let mut input = DiagnosisInput::new(diagnosed, "east");
+        input.symptom = Some(Symptom::UpstreamConnectError);
+        input.edge = Some(edge);
+        input.services = vec![service];
+        input
+    }
+
+    #[test]
+    fn edge_evidence_belongs_to_the_diagnosed_cluster() {
+        let r = diagnose(&two_services("catalog"));
+        let edge = r.step(StepName::EdgeLogs).unwrap();
+        assert_eq!(edge.verdict, Verdict::Fail);
+        assert!(
+            edge.evidence.iter().all(|e| !e.contains("/reviews/")),
+            "{edge:#?}"
+        );
+        assert!(
+            edge.evidence
+                .iter()
+                .any(|e| e.contains("3 access lines for cluster catalog, 1 failing"))
+        );
+        // The newest failing line is followed, though a success came after it.
+        let svc = r.step(StepName::ServiceLogs).unwrap();
+        assert_eq!(svc.verdict, Verdict::Fail);
+        assert!(svc.evidence.iter().any(|e| e.contains("request id c-bad")));
+        assert!(
+            r.conclusion.starts_with(
+                "service_logs failed: the local service refuses connections at 127.0.0.1:7"
+            ),
+            "{}",
+            r.conclusion
+        );
+
+        // The healthy neighbour is not blamed for catalog's failure.
+        let mut reviews = two_services("reviews");
+        reviews.services.clear();
+        let r = diagnose(&reviews);
+        let edge = r.step(StepName::EdgeLogs).unwrap();
+        assert_eq!(edge.verdict, Verdict::Pass, "{edge:#?}");
+        assert!(edge.evidence.iter().all(|e| !e.contains("/catalog/")));
+
+        // A line that never reached a host belongs to the cluster its path routes to.
+        let mut routed = two_services("catalog");
+        let e = routed.edge.as_mut().unwrap();
+        e.routes = Some(vec![crate::evidence::RouteEntry {
+            route_config: "edge".into(),
+            virtual_host: "mesh".into(),
+            matcher: "prefix /catalog/".into(),
+            cluster: "catalog".into(),
+        }]);
+        e.log_lines
+            .as_mut()
+            .unwrap()
+            .push(access("/catalog/a", 503, "UH", "c-uh", "-"));
+        e.log_lines
+            .as_mut()
+            .unwrap()
+            .push(access("/other/a", 503, "UH", "o-uh", "-"));
+        let r = diagnose(&routed);
+        let edge = r.step(StepName::EdgeLogs).unwrap();
+        assert!(
+            edge.evidence
+                .iter()
+                .any(|e| e.contains("followed:") && e.contains("c-uh")),
+            "{edge:#?}"
+        );
+        assert!(edge.evidence.iter().all(|e| !e.contains("o-uh")));
+    }
+
+    #[test]
+    fn mtls_without_counters_or_debug_window_is_skipped() {
+        let mut input = DiagnosisInput::new("catalog", "east");
+        let mut edge = SidecarEvidence::new(Role::Edge, "edge-0");
+        edge.log_lines = Some(vec!["[2026-11-21 23:58:20.695][1][info][main] up".into()]);
+        input.edge = Some(edge);
+        let r = diagnose(&input);
+        assert_eq!(r.step(StepName::Mtls).unwrap().verdict, Verdict::Skipped);
     }
 }
