@@ -141,11 +141,14 @@ async fn evidence(
                 .push("debug window: the sidecar has no debug windows".into()),
         }
     }
-    let (clusters, dump, stats) = tokio::join!(
+    let tail = diag.as_ref().and_then(|d| d.tail.clone());
+    let (clusters, dump, stats, fresh) = tokio::join!(
         admin.clusters_text(),
         admin.config_dump(),
-        admin.ssl_stats_text()
+        admin.ssl_stats_text(),
+        freshen(admin, tail.as_ref())
     );
+    out.errors.extend(fresh);
     match clusters {
         Ok(t) => out.clusters_json = Some(t),
         Err(e) => out.errors.push(format!("/clusters: {e}")),
@@ -158,7 +161,7 @@ async fn evidence(
         Ok(t) => out.stats_json = Some(t),
         Err(e) => out.errors.push(format!("/stats: {e}")),
     }
-    match diag.as_ref().and_then(|d| d.tail.as_ref()) {
+    match &tail {
         Some(tail) => out.log_lines = Some(log_lines(tail, path, max_lines)),
         None => out
             .errors
@@ -166,6 +169,33 @@ async fn evidence(
     }
     out
 }
+
+/// Makes the tail hold the requests made until now: Envoy buffers file access logs
+/// for up to `--file-flush-interval-msec` (10 s by default), so the sidecar is asked
+/// to write them out (`POST /reopen_logs`), then the tail reads up to the size the
+/// file has at that moment. Answers why the lines may be stale, if they may.
+async fn freshen(admin: &EnvoyAdmin, tail: Option<&LogTail>) -> Vec<String> {
+    let Some(tail) = tail else {
+        return Vec::new();
+    };
+    let mut errors = Vec::new();
+    if let Err(e) = admin.flush_access_logs().await {
+        errors.push(format!(
+            "log: the sidecar did not flush its access logs ({e}); lines of the last 10 s may be missing"
+        ));
+    }
+    if !tail.catch_up(CATCH_UP_LIMIT).await {
+        errors.push(format!(
+            "log: the tail did not reach the end of {} within {CATCH_UP_LIMIT:?}",
+            tail.path().display()
+        ));
+    }
+    errors
+}
+
+/// Longest wait for the tail to read what the sidecar flushed: well inside the
+/// aggregator's command deadline (5 s by default).
+const CATCH_UP_LIMIT: Duration = Duration::from_secs(2);
 
 /// Lines of a debug window the diagnosis reads: TLS failures and the secrets stream.
 fn is_debug_evidence(text: &str) -> bool {

@@ -183,6 +183,13 @@ impl EnvoyAdmin {
             .map(drop)
     }
 
+    /// `POST /reopen_logs`: Envoy writes its buffered access lines to their files
+    /// (it buffers them up to `--file-flush-interval-msec`, 10 s by default) before it
+    /// answers, so a reader of the file sees the requests made up to now.
+    pub async fn flush_access_logs(&self) -> Result<(), EnvoyError> {
+        self.call(true, "/reopen_logs", MAX_ANSWER).await.map(drop)
+    }
+
     /// `GET /clusters?format=json` as Envoy wrote it, for the diagnosis.
     pub async fn clusters_text(&self) -> Result<String, EnvoyError> {
         self.call(false, "/clusters?format=json", MAX_ANSWER).await

@@ -171,6 +171,38 @@ impl LogTail {
         }
     }
 
+    /// Reads the file until the tail holds every byte the file holds now, or
+    /// `within` has passed. Answers whether it caught up. Each read makes progress
+    /// (a read stops only at the file's end or after 4 MiB), so this waits on a
+    /// condition, never on a timer; a read that makes no progress ends the wait.
+    pub async fn catch_up(&self, within: Duration) -> bool {
+        let target = match std::fs::metadata(self.path()) {
+            Ok(m) => (m.dev(), m.ino(), m.len()),
+            // Nothing to read: the file is not there (yet).
+            Err(_) => return true,
+        };
+        let end = tokio::time::Instant::now() + within;
+        let mut last = None;
+        loop {
+            self.refresh().await;
+            let now = self.inner.position();
+            match now {
+                Some((dev, ino, offset)) if (dev, ino) == (target.0, target.1) => {
+                    if offset >= target.2 {
+                        return true;
+                    }
+                }
+                // Rotated since: the old file was finished before the new was opened.
+                Some(_) => return true,
+                None => {}
+            }
+            if last == now || tokio::time::Instant::now() >= end {
+                return false;
+            }
+            last = now;
+        }
+    }
+
     /// The followed file.
     pub fn path(&self) -> &Path {
         &self.inner.config.path
@@ -223,6 +255,12 @@ impl Inner {
         // A panic while holding the lock cannot leave the ring inconsistent in a way
         // that matters more than losing the tail, so a poisoned lock is used as is.
         self.ring.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The open file's device, inode and bytes consumed.
+    fn position(&self) -> Option<(u64, u64, u64)> {
+        let f = self.follower.lock().unwrap_or_else(|p| p.into_inner());
+        f.file.as_ref().map(|o| (o.dev, o.ino, o.offset))
     }
 
     /// One poll: follows the path to its current file and reads what is new.
@@ -520,5 +558,31 @@ mod tests {
         let mut out = Vec::new();
         f.consume("abcdé\nxyz\r\n".as_bytes(), &config, &mut out);
         assert_eq!(out, [("abcd".to_owned(), true), ("xyz".to_owned(), false)]);
+    }
+
+    #[tokio::test]
+    async fn catch_up_reads_what_the_file_holds_now() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sidecar.log");
+        std::fs::write(&path, "old\n").unwrap();
+        // A tail that is never polled on a timer: only catch_up reads.
+        let tail = LogTail::new(TailConfig::new(&path));
+        assert!(tail.catch_up(Duration::from_secs(2)).await);
+        assert_eq!(tail.last_seq(), 1);
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        let burst: String = (0..100_000).map(|i| format!("line {i}\n")).collect();
+        std::io::Write::write_all(&mut f, burst.as_bytes()).unwrap();
+        // More than one read's worth (4 MiB per read) is followed to the end.
+        std::io::Write::write_all(&mut f, "x".repeat(5 << 20).as_bytes()).unwrap();
+        std::io::Write::write_all(&mut f, b"\nnewest\n").unwrap();
+        assert!(tail.catch_up(Duration::from_secs(10)).await);
+        let last = tail.recent(&LineFilter::default(), 1);
+        assert_eq!(last[0].text, "newest");
+        // A missing file has nothing to catch up with.
+        let gone = LogTail::new(TailConfig::new(dir.path().join("none.log")));
+        assert!(gone.catch_up(Duration::from_secs(1)).await);
     }
 }
