@@ -149,10 +149,21 @@ pub struct MetricsEvidence {
     pub prometheus_job: String,
     /// Live instances of the cluster.
     pub live_instances: usize,
-    /// Of those, the ones whose sidecar reported metrics in their last report.
+    /// Of those, the ones whose last report carries metrics ([`reports_metrics`]).
     pub instances_with_metrics: usize,
+    /// Names of some live instances that report none, for the evidence.
+    pub silent_instances: Vec<String>,
     /// Whether Prometheus has an `up` series for the job, when it was asked.
     pub prometheus_up: Option<bool>,
+}
+
+/// Whether an instance's last report carries metrics: the agent computed the metrics
+/// object (it is versioned) and the sidecar has at least one inbound HTTP connection
+/// manager whose stats it was computed from (`all/routes` names them). A sidecar
+/// without inbound HTTP stats, or an agent that never computed the object, reports
+/// nothing a dashboard can show.
+pub fn reports_metrics(m: &meshcat_common::model::InstanceMetrics) -> bool {
+    !m.mesh_metrics_version.is_empty() && !m.all_routes.is_empty()
 }
 
 /// Everything one diagnosis reads.
@@ -470,4 +481,28 @@ pub fn parse_ssl_stats_json(json: &str) -> Result<BTreeMap<String, u64>, Evidenc
             is_ssl_stat(name).then(|| (name.to_owned(), value))
         })
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use meshcat_common::model::InstanceMetrics;
+
+    #[test]
+    fn metrics_are_reported_only_from_inbound_http_stats() {
+        // What an agent sends before it ever computed the object.
+        assert!(!reports_metrics(&InstanceMetrics::default()));
+        let computed = InstanceMetrics {
+            mesh_metrics_version: "1".into(),
+            start_time: 1_700_000_000_000,
+            ..InstanceMetrics::default()
+        };
+        // A live sidecar with a start time but no inbound HTTP connection manager.
+        assert!(!reports_metrics(&computed));
+        let serving = InstanceMetrics {
+            all_routes: "ingress_http".into(),
+            ..computed
+        };
+        assert!(reports_metrics(&serving));
+    }
 }

@@ -12,7 +12,9 @@ pub mod report;
 pub mod rules;
 pub mod symptom;
 
-pub use evidence::{DiagnosisInput, EvidenceError, MetricsEvidence, Role, SidecarEvidence};
+pub use evidence::{
+    DiagnosisInput, EvidenceError, MetricsEvidence, Role, SidecarEvidence, reports_metrics,
+};
 pub use report::{DiagnosisReport, Reads, Step, StepName, StepNameError, Verdict};
 pub use rules::diagnose;
 pub use symptom::{Symptom, SymptomError, classify_body, classify_response};

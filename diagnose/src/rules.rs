@@ -1055,10 +1055,16 @@ fn metrics_settings(input: &DiagnosisInput, m: &MetricsEvidence) -> Outcome {
 
 fn metrics_reporting(m: &MetricsEvidence) -> Outcome {
     const NAME: StepName = StepName::MetricsReporting;
-    let evidence = vec![
+    let mut evidence = vec![
         format!("live instances = {}", m.live_instances),
         format!("instances reporting metrics = {}", m.instances_with_metrics),
     ];
+    if !m.silent_instances.is_empty() {
+        evidence.push(format!(
+            "no inbound HTTP metrics from: {}",
+            m.silent_instances.join(", ")
+        ));
+    }
     if m.live_instances == 0 {
         return outcome(
             NAME,
@@ -1073,11 +1079,16 @@ fn metrics_reporting(m: &MetricsEvidence) -> Outcome {
             NAME,
             Verdict::Fail,
             evidence,
-            "Check that the agents of the silent instances reach their sidecar's admin API (--sidecar-admin).",
+            "The silent instances' sidecars have no inbound HTTP stats: check that traffic reaches their inbound listener (an instance that served no request has nothing to show) and that their agents reach the sidecar's admin API (--sidecar-admin).",
             format!(
-                "{} of {} live instances report no metrics.",
+                "{} of {} live instances report no metrics{}.",
                 m.live_instances - m.instances_with_metrics,
-                m.live_instances
+                m.live_instances,
+                if m.silent_instances.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", m.silent_instances.join(", "))
+                }
             ),
         );
     }
@@ -1155,6 +1166,7 @@ mod tests {
             prometheus_job: "catalog".into(),
             live_instances: 2,
             instances_with_metrics: 2,
+            silent_instances: Vec::new(),
             prometheus_up: Some(false),
         }));
         assert_eq!(
@@ -1178,6 +1190,7 @@ mod tests {
             prometheus_job: String::new(),
             live_instances: 3,
             instances_with_metrics: 1,
+            silent_instances: vec!["catalog-1".into(), "catalog-2".into()],
             prometheus_up: None,
         }));
         assert_eq!(
@@ -1194,7 +1207,9 @@ mod tests {
                 .evidence
                 .contains(&"enableInstanceMetrics = false".to_owned())
         );
-        assert!(r.step(StepName::MetricsReporting).unwrap().evidence[1].ends_with("= 1"));
+        let reporting = r.step(StepName::MetricsReporting).unwrap();
+        assert!(reporting.evidence[1].ends_with("= 1"));
+        assert!(reporting.evidence[2].contains("catalog-1, catalog-2"));
         // Without Prometheus' answer the advice still names the namespace list.
         assert!(
             r.step(StepName::MetricsCollector)

@@ -59,7 +59,13 @@ async fn diagnose_errors_missing_evidence_and_missing_metrics() {
 
     // Missing metrics: the record's settings, the reporting instance, and a collector
     // that does not answer (skipped, saying so).
-    let r = stack.diagnose("&symptom=missing_metrics").await.1;
+    // The sidecar's inbound stats appear once it served a request and the agent
+    // reported them.
+    let r = stack
+        .diagnose_until("&symptom=missing_metrics", |r| {
+            verdict(r, "metrics_reporting") == "pass"
+        })
+        .await;
     assert_verdicts(
         &r,
         &[
@@ -69,6 +75,59 @@ async fn diagnose_errors_missing_evidence_and_missing_metrics() {
         ],
     );
     assert_evidence(&r, "metrics_collector", "did not answer");
+
+    // An instance whose sidecar reports no inbound HTTP stats (its metrics object is
+    // empty) makes the reporting check fail, naming it; it passes again once gone.
+    let (stop_silent, silent_task) = hung_agent(&stack, SERVICE, "catalog-silent", "silent-agent");
+    let store = stack.agg.store.clone();
+    meshcat_tests::wait_for(
+        "the silent instance to be live",
+        Duration::from_secs(20),
+        || {
+            let store = store.clone();
+            async move {
+                store
+                    .live_instance(ZONE, SERVICE, "catalog-silent")
+                    .is_some()
+                    .then_some(())
+            }
+        },
+    )
+    .await
+    .unwrap();
+    let r = stack.diagnose("&symptom=missing_metrics").await.1;
+    assert_eq!(verdict(&r, "metrics_reporting"), "fail", "{r:#}");
+    assert_evidence(
+        &r,
+        "metrics_reporting",
+        "no inbound HTTP metrics from: catalog-silent",
+    );
+    assert!(
+        r["conclusion"]
+            .as_str()
+            .unwrap()
+            .contains("1 of 2 live instances report no metrics (catalog-silent)"),
+        "{r:#}"
+    );
+    let _ = stop_silent.send(());
+    silent_task.await.unwrap();
+    meshcat_tests::wait_for(
+        "the silent instance to leave",
+        Duration::from_secs(20),
+        || {
+            let store = store.clone();
+            async move {
+                store
+                    .live_instance(ZONE, SERVICE, "catalog-silent")
+                    .is_none()
+                    .then_some(())
+            }
+        },
+    )
+    .await
+    .unwrap();
+    let r = stack.diagnose("&symptom=missing_metrics").await.1;
+    assert_eq!(verdict(&r, "metrics_reporting"), "pass", "{r:#}");
     let put = stack
         .http
         .put(format!("{api}/clusters/{SERVICE}"))

@@ -20,7 +20,7 @@ use meshcat_common::validate::is_valid_name;
 use meshcat_common::wire::{Command, CommandOutput, DebugWindowOutput, EvidenceOutput};
 use meshcat_diagnose::{
     DiagnosisInput, DiagnosisReport, MetricsEvidence, Reads, Role, SidecarEvidence, Symptom,
-    Verdict,
+    Verdict, reports_metrics,
 };
 use serde::Serialize;
 use tracing::{info, warn};
@@ -49,6 +49,8 @@ pub const MAX_WINDOW_INSTANCES: usize = 64;
 const WINDOW_GRACE: Duration = Duration::from_secs(5);
 /// Deadline of the Prometheus query.
 const PROMETHEUS_TIMEOUT: Duration = Duration::from_secs(3);
+/// Most silent instances named in the metrics evidence.
+const MAX_NAMED_SILENT: usize = 10;
 /// Most edge instances asked in turn for the edge's evidence.
 pub const MAX_EDGE_TRIES: usize = 3;
 /// Shortest deadline an edge try gets: a share of the deadline shorter than this
@@ -539,12 +541,22 @@ fn sidecar_evidence(
     s
 }
 
-/// Whether Prometheus has an `up` series for `job`; `None` when it cannot be asked.
-async fn prometheus_up(base: &str, job: &str) -> Result<bool, String> {
-    let client = reqwest::Client::builder()
+/// The Prometheus client, built once: it keeps its connection pool between diagnoses.
+fn prometheus_client() -> Result<&'static reqwest::Client, String> {
+    static CLIENT: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
+    if let Some(c) = CLIENT.get() {
+        return Ok(c);
+    }
+    let built = reqwest::Client::builder()
         .timeout(PROMETHEUS_TIMEOUT)
         .build()
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| format!("no HTTP client for Prometheus: {e}"))?;
+    Ok(CLIENT.get_or_init(|| built))
+}
+
+/// Whether Prometheus has an `up` series for `job`; `None` when it cannot be asked.
+async fn prometheus_up(base: &str, job: &str) -> Result<bool, String> {
+    let client = prometheus_client()?;
     let escaped = job.replace('\\', "\\\\").replace('"', "\\\"");
     let query = format!("up{{job=\"{escaped}\"}}");
     let resp = client
@@ -580,7 +592,17 @@ async fn metrics_evidence(
         .next()?
         .record;
     let live = s.store.live_instances(zone, cluster);
-    let with_metrics = live.iter().filter(|i| i.start_time_ms > 0).count();
+    let silent: Vec<&str> = live
+        .iter()
+        .filter(|i| !reports_metrics(&i.metrics))
+        .map(|i| i.instance.as_str())
+        .collect();
+    let with_metrics = live.len() - silent.len();
+    let silent_instances = silent
+        .iter()
+        .take(MAX_NAMED_SILENT)
+        .map(|n| (*n).to_owned())
+        .collect();
     let prometheus_up = match (&s.prometheus_url, record.prometheus_job.is_empty()) {
         (Some(base), false) => match prometheus_up(base, &record.prometheus_job).await {
             Ok(up) => Some(up),
@@ -600,6 +622,7 @@ async fn metrics_evidence(
         prometheus_job: record.prometheus_job,
         live_instances: live.len(),
         instances_with_metrics: with_metrics,
+        silent_instances,
         prometheus_up,
     })
 }
