@@ -1,6 +1,7 @@
 //! The `meshcat` command: a thin client of the catalog API for operators. It asks the
 //! aggregator to run a diagnosis (`GET /diagnose/{cluster}`) and prints the report as
-//! a checklist, one line per step, evidence and next action indented under failures.
+//! the root cause (the conclusion) first, then a checklist, one line per step, with
+//! evidence and next action indented under failures.
 //! The exit status tells scripts whether every step passed.
 
 use std::fmt::Write as _;
@@ -59,6 +60,9 @@ pub fn render(report: &Report) -> String {
         "Diagnosis of cluster {} in zone {} ({symptom})",
         report.cluster, report.zone
     );
+    // The root cause first: an operator reads the answer before the checklist.
+    let _ = writeln!(out, "Root cause: {}", report.conclusion);
+    let _ = writeln!(out, "Checklist:");
     for step in &report.steps {
         let mark = match step.verdict {
             Verdict::Pass => "[pass]",
@@ -75,7 +79,6 @@ pub fn render(report: &Report) -> String {
             }
         }
     }
-    let _ = writeln!(out, "Conclusion: {}", report.conclusion);
     out
 }
 
@@ -186,6 +189,13 @@ mod tests {
         assert!(text.contains("-> action 1"));
         assert!(text.contains("[skip] step 2"));
         assert!(!text.contains("evidence 0"), "evidence only under failures");
+        let cause = text
+            .find("Root cause: done")
+            .expect("the root cause is printed");
+        assert!(
+            cause < text.find("[pass] step 0").unwrap(),
+            "cause first: {text}"
+        );
     }
 
     #[test]

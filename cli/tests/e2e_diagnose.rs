@@ -37,10 +37,10 @@ async fn diagnose_prints_a_checklist_and_exits_by_verdict() {
     let stack = Stack::start(&sc).await;
     sc.fail().await.unwrap();
     let api = stack.api();
-    // The agents' tails read the access lines within their poll interval.
+    // The sidecar's inbound stats reach the catalog with the agent's next report.
     stack
         .diagnose_until("&path=/catalog/items", |r| {
-            verdict(r, "service_logs") == "pass"
+            verdict(r, "service_logs") == "pass" && verdict(r, "metrics_reporting") == "pass"
         })
         .await;
 
@@ -71,7 +71,9 @@ async fn diagnose_prints_a_checklist_and_exits_by_verdict() {
         assert!(out.contains(&format!("[pass] {step}")), "{step}: {out}");
     }
     assert!(out.contains("[skip] metrics_collector"), "{out}");
-    assert!(out.contains("Conclusion: "), "{out}");
+    // The root cause comes before the checklist.
+    let cause = out.find("Root cause: ").expect("a root cause line");
+    assert!(cause < out.find("[pass] edge_discovery").unwrap(), "{out}");
 
     let (code, out, err) = meshcat(&[
         "--api",
@@ -120,6 +122,13 @@ async fn diagnose_prints_a_checklist_and_exits_by_verdict() {
     .await;
     assert_eq!(code, 1, "{out}{err}");
     assert!(out.contains("[FAIL] metrics_settings"), "{out}");
+    let cause = out
+        .find("Root cause: metrics_settings failed: ")
+        .expect("the failed setting is the root cause");
+    assert!(
+        cause < out.find("[FAIL] metrics_settings").unwrap(),
+        "{out}"
+    );
     assert!(out.contains("-> "), "the action is printed: {out}");
 
     // API errors: unknown zone (404), unknown symptom (400), no API at all: exit 2.
