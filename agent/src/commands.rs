@@ -179,12 +179,21 @@ async fn freshen(admin: &EnvoyAdmin, tail: Option<&LogTail>) -> Vec<String> {
         return Vec::new();
     };
     let mut errors = Vec::new();
-    if let Err(e) = admin.flush_access_logs().await {
-        errors.push(format!(
+    let end = tokio::time::Instant::now() + CATCH_UP_LIMIT;
+    match admin.flush_access_logs().await {
+        Ok(()) => {
+            // The flush thread writes after the admin answered: wait until it holds
+            // nothing back, so the file's size below includes every line.
+            if let Err(e) = flushed(admin, end).await {
+                errors.push(format!("log: {e}; lines of the last 10 s may be missing"));
+            }
+        }
+        Err(e) => errors.push(format!(
             "log: the sidecar did not flush its access logs ({e}); lines of the last 10 s may be missing"
-        ));
+        )),
     }
-    if !tail.catch_up(CATCH_UP_LIMIT).await {
+    let left = end.saturating_duration_since(tokio::time::Instant::now());
+    if !tail.catch_up(left).await {
         errors.push(format!(
             "log: the tail did not reach the end of {} within {CATCH_UP_LIMIT:?}",
             tail.path().display()
@@ -192,6 +201,30 @@ async fn freshen(admin: &EnvoyAdmin, tail: Option<&LogTail>) -> Vec<String> {
     }
     errors
 }
+
+/// Waits until the sidecar's flush thread has written every buffered access line, or
+/// `end`. Each look is one admin call: the loop waits on the sidecar's answer, and
+/// between looks on a short pause, so a busy sidecar is not hammered.
+async fn flushed(admin: &EnvoyAdmin, end: tokio::time::Instant) -> Result<(), String> {
+    loop {
+        let buffered = admin
+            .access_log_bytes_buffered()
+            .await
+            .map_err(|e| format!("the sidecar's access log buffer could not be read ({e})"))?;
+        if buffered == 0 {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= end {
+            return Err(format!(
+                "the sidecar still held {buffered} bytes of access lines after {CATCH_UP_LIMIT:?}"
+            ));
+        }
+        tokio::time::sleep(FLUSH_LOOK_INTERVAL).await;
+    }
+}
+
+/// Pause between two looks at the sidecar's access log buffer.
+const FLUSH_LOOK_INTERVAL: Duration = Duration::from_millis(5);
 
 /// Longest wait for the tail to read what the sidecar flushed: well inside the
 /// aggregator's command deadline (5 s by default).

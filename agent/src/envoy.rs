@@ -183,11 +183,23 @@ impl EnvoyAdmin {
             .map(drop)
     }
 
-    /// `POST /reopen_logs`: Envoy writes its buffered access lines to their files
-    /// (it buffers them up to `--file-flush-interval-msec`, 10 s by default) before it
-    /// answers, so a reader of the file sees the requests made up to now.
+    /// `POST /reopen_logs`: Envoy's flush thread writes the buffered access lines to
+    /// their files (it buffers them up to `--file-flush-interval-msec`, 10 s by
+    /// default). The answer comes before the write: see
+    /// [`EnvoyAdmin::access_log_bytes_buffered`].
     pub async fn flush_access_logs(&self) -> Result<(), EnvoyError> {
         self.call(true, "/reopen_logs", MAX_ANSWER).await.map(drop)
+    }
+
+    /// Bytes of access lines Envoy holds and has not written yet, over all its access
+    /// log files (`filesystem.write_total_buffered`, lowered only after the write).
+    pub async fn access_log_bytes_buffered(&self) -> Result<u64, EnvoyError> {
+        let s = self.stats_matching("write_total_buffered$").await?;
+        Ok(s.values
+            .iter()
+            .filter(|(n, _)| n.ends_with("write_total_buffered"))
+            .map(|(_, v)| *v)
+            .sum())
     }
 
     /// `GET /clusters?format=json` as Envoy wrote it, for the diagnosis.

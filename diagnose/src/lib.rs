@@ -16,5 +16,5 @@ pub use evidence::{
     DiagnosisInput, EvidenceError, MetricsEvidence, Role, SidecarEvidence, reports_metrics,
 };
 pub use report::{DiagnosisReport, Reads, Step, StepName, StepNameError, Verdict};
-pub use rules::diagnose;
+pub use rules::{diagnose, edge_weight};
 pub use symptom::{Symptom, SymptomError, classify_body, classify_response};

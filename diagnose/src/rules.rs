@@ -632,6 +632,16 @@ fn edge_followed(input: &DiagnosisInput) -> Option<AccessLogEntry> {
     followed(&entries).map(|(e, _)| e.clone())
 }
 
+/// How much an edge instance's log says about the diagnosis, for choosing among the
+/// edge instances: `None` without a line for the cluster (or path); else whether the
+/// followed line fails, and its start time. Larger is better: a failing line beats
+/// any success, then the newer line wins.
+pub fn edge_weight(input: &DiagnosisInput, edge: &SidecarEvidence) -> Option<(bool, String)> {
+    let lines = edge.log_lines.as_ref()?;
+    let entries = edge_entries(input, edge, lines);
+    followed(&entries).map(|(e, _)| (is_failure(e), e.start_time.clone()))
+}
+
 /// How a set of lines is named in evidence.
 fn filter_text(input: &DiagnosisInput) -> String {
     input.path.as_deref().map_or_else(

@@ -40,6 +40,11 @@ pub fn scenarios_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../diagnose/scenarios")
 }
 
+/// `tests/scenarios/`: scenarios run live only, without captured fixtures.
+pub fn live_scenarios_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios")
+}
+
 /// A port free now on 127.0.0.1 (bound to port 0, then released).
 pub fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
@@ -106,6 +111,22 @@ impl Sidecar {
     }
 }
 
+/// How a scenario's Envoys run.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// `--file-flush-interval-msec`; `None` leaves Envoy's default (10 s), under
+    /// which a request's access line reaches the file up to 10 s late.
+    pub flush_interval_ms: Option<u32>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            flush_interval_ms: Some(200),
+        }
+    }
+}
+
 /// A running scenario: its two sidecars, the upstream and what it expects.
 #[derive(Debug)]
 pub struct Scenario {
@@ -120,12 +141,26 @@ pub struct Scenario {
     pub upstream: Option<Upstream>,
     /// Where clients send requests.
     pub edge_port: u16,
+    /// More edge sidecars started from the same template, with their listener ports.
+    pub extra_edges: Vec<(Sidecar, u16)>,
+    /// The placeholders' values the templates were rendered with.
+    values: Vec<(&'static str, String)>,
+    src: PathBuf,
+    options: Options,
 }
 
 impl Scenario {
     /// Starts the scenario `name` and waits until both sidecars are ready.
     pub async fn start(name: &str) -> anyhow::Result<Scenario> {
-        let src = scenarios_dir().join(name);
+        Self::start_with(name, Options::default()).await
+    }
+
+    /// As [`Scenario::start`], with the Envoys run as `options` say.
+    pub async fn start_with(name: &str, options: Options) -> anyhow::Result<Scenario> {
+        let src = match scenarios_dir().join(name) {
+            d if d.is_dir() => d,
+            _ => live_scenarios_dir().join(name),
+        };
         let spec: Value = serde_json::from_str(
             &std::fs::read_to_string(src.join("scenario.json"))
                 .with_context(|| format!("scenario {name}"))?,
@@ -148,21 +183,17 @@ impl Scenario {
             ("DEAD_PORT", free_port()?.to_string()),
             ("CERT_DIR", cert_dir.display().to_string()),
         ];
-        let service = spawn(dir.path(), &src, "service", &values, service_admin)?;
-        let edge = spawn(dir.path(), &src, "edge", &values, edge_admin)?;
+        let service = spawn(
+            dir.path(),
+            &src,
+            "service",
+            &values,
+            service_admin,
+            &options,
+        )?;
+        let edge = spawn(dir.path(), &src, "edge", &values, edge_admin, &options)?;
         for side in [&service, &edge] {
-            let url = format!("http://{}/ready", side.admin);
-            let ready = wait_for("a scenario sidecar to be ready", READY_DEADLINE, || {
-                let url = url.clone();
-                async move {
-                    let r = reqwest::get(&url).await.ok()?;
-                    (r.status() == 200).then_some(())
-                }
-            })
-            .await;
-            if let Err(e) = ready {
-                bail!("{e}; its log:\n{}", side.log());
-            }
+            wait_ready(side).await?;
         }
         Ok(Scenario {
             name: name.to_owned(),
@@ -172,7 +203,48 @@ impl Scenario {
             service,
             upstream: Some(upstream),
             edge_port,
+            extra_edges: Vec::new(),
+            values: values.to_vec(),
+            src,
+            options,
         })
+    }
+
+    /// The value a placeholder was rendered with (`DEAD_PORT`, `SERVICE_PORT`, ...).
+    pub fn value(&self, key: &str) -> Option<&str> {
+        self.values
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Starts one more edge sidecar from the edge template, on ports of its own, in
+    /// front of the same service sidecar; answers its index in `extra_edges`.
+    pub async fn add_edge(&mut self) -> anyhow::Result<usize> {
+        let n = self.extra_edges.len() + 1;
+        let port = free_port()?;
+        let admin = free_port()?;
+        let mut values = self.values.clone();
+        for (k, v) in &mut values {
+            match *k {
+                "EDGE_PORT" => *v = port.to_string(),
+                "EDGE_ADMIN_PORT" => *v = admin.to_string(),
+                _ => {}
+            }
+        }
+        let side = format!("edge-{n}");
+        let sidecar = spawn_as(
+            self.dir.path(),
+            &self.src,
+            "edge",
+            &side,
+            &values,
+            admin,
+            &self.options,
+        )?;
+        wait_ready(&sidecar).await?;
+        self.extra_edges.push((sidecar, port));
+        Ok(self.extra_edges.len() - 1)
     }
 
     /// The path of the request the scenario fails.
@@ -194,10 +266,15 @@ impl Scenario {
 
     /// Sends `GET path` through the edge and answers (code, body).
     pub async fn request(&self, path: &str) -> anyhow::Result<(u16, String)> {
+        self.request_via(self.edge_port, path).await
+    }
+
+    /// Sends `GET path` through the edge listening on `port`.
+    pub async fn request_via(&self, port: u16, path: &str) -> anyhow::Result<(u16, String)> {
         let r = reqwest::Client::builder()
             .timeout(Duration::from_secs(10))
             .build()?
-            .get(format!("http://127.0.0.1:{}{path}", self.edge_port))
+            .get(format!("http://127.0.0.1:{port}{path}"))
             .send()
             .await?;
         let code = r.status().as_u16();
@@ -228,6 +305,23 @@ impl Scenario {
     }
 }
 
+/// Waits until a sidecar answers `/ready`, or fails with its log.
+async fn wait_ready(side: &Sidecar) -> anyhow::Result<()> {
+    let url = format!("http://{}/ready", side.admin);
+    let ready = wait_for("a scenario sidecar to be ready", READY_DEADLINE, || {
+        let url = url.clone();
+        async move {
+            let r = reqwest::get(&url).await.ok()?;
+            (r.status() == 200).then_some(())
+        }
+    })
+    .await;
+    if let Err(e) = ready {
+        bail!("{e}; its log:\n{}", side.log());
+    }
+    Ok(())
+}
+
 /// Renders `<src>/<side>.yaml` and starts Envoy on it, stdout and stderr to one file.
 fn spawn(
     dir: &Path,
@@ -235,8 +329,22 @@ fn spawn(
     side: &str,
     values: &[(&str, String)],
     admin_port: u16,
+    options: &Options,
 ) -> anyhow::Result<Sidecar> {
-    let mut text = std::fs::read_to_string(src.join(format!("{side}.yaml")))?;
+    spawn_as(dir, src, side, side, values, admin_port, options)
+}
+
+/// As [`spawn`], naming the rendered files and the node `name`.
+fn spawn_as(
+    dir: &Path,
+    src: &Path,
+    template: &str,
+    side: &str,
+    values: &[(&str, String)],
+    admin_port: u16,
+    options: &Options,
+) -> anyhow::Result<Sidecar> {
+    let mut text = std::fs::read_to_string(src.join(format!("{template}.yaml")))?;
     for (k, v) in values {
         text = text.replace(&format!("{{{{{k}}}}}"), v);
     }
@@ -246,20 +354,24 @@ fn spawn(
     let config = dir.join(format!("{side}.yaml"));
     std::fs::write(&config, text)?;
     let log_file = dir.join(format!("{side}.log"));
-    let log = std::fs::File::create(&log_file)?;
+    std::fs::File::create(&log_file)?;
+    // Appending, as a container runtime's log does: the access log reopened by
+    // `POST /reopen_logs` then writes after Envoy's own lines, never over them.
+    let log = std::fs::OpenOptions::new().append(true).open(&log_file)?;
     let mut cmd = Command::new(envoy_binary()?);
     cmd.arg("-c")
         .arg(&config)
         .arg("--base-id")
-        .arg(next_base_id().to_string())
-        .arg("--file-flush-interval-msec")
-        .arg("200")
-        .arg("--concurrency")
+        .arg(next_base_id().to_string());
+    if let Some(ms) = options.flush_interval_ms {
+        cmd.arg("--file-flush-interval-msec").arg(ms.to_string());
+    }
+    cmd.arg("--concurrency")
         .arg("1")
         .arg("-l")
         .arg("info")
         .arg("--service-cluster")
-        .arg(side)
+        .arg(template)
         .arg("--service-node")
         .arg(format!("{side}-0"))
         .stdin(Stdio::null())

@@ -29,9 +29,10 @@ fn path_query(sc: &Scenario, symptom: Option<&str>) -> String {
 async fn healthy_passes_every_sidecar_check() {
     let _turn = SERIAL.lock().await;
     let (sc, stack, _) = failing("healthy").await;
+    // The sidecar's inbound stats reach the catalog with the agent's next report.
     let r = stack
         .diagnose_until(&path_query(&sc, None), |r| {
-            verdict(r, "service_logs") == "pass"
+            verdict(r, "service_logs") == "pass" && verdict(r, "metrics_reporting") == "pass"
         })
         .await;
     assert_verdicts(
@@ -71,7 +72,10 @@ async fn healthy_passes_every_sidecar_check() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_stopped_points_at_the_service_behind_its_sidecar() {
     let _turn = SERIAL.lock().await;
-    let (sc, stack, body) = failing("upstream_stopped").await;
+    let mut sc = Scenario::start("upstream_stopped").await.unwrap();
+    let upstream = sc.upstream.as_ref().unwrap().addr;
+    let stack = Stack::start(&sc).await;
+    let (_, body) = sc.fail().await.unwrap();
     assert!(body.starts_with("upstream connect error"), "{body}");
     let q = path_query(&sc, Some("upstream_connect_error"));
     let r = stack
@@ -95,7 +99,14 @@ async fn upstream_stopped_points_at_the_service_behind_its_sidecar() {
         step(&r, "service_logs")["action"]
             .as_str()
             .unwrap()
-            .contains("local cluster's instance is wrong")
+            .contains("Start the local service")
+    );
+    // The conclusion names the dead service's address, not the edge's 503.
+    assert!(
+        r["conclusion"].as_str().unwrap().starts_with(&format!(
+            "service_logs failed: the local service refuses connections at {upstream}: the service sidecar catalog-0 answered 503 UF."
+        )),
+        "{r:#}"
     );
     stack.stop().await;
 }
@@ -298,11 +309,12 @@ async fn wrong_local_port_is_a_loopback_503_in_the_service_sidecar() {
         .await;
     assert_verdicts(&r, &[("edge_logs", "fail"), ("service_logs", "fail")]);
     assert_evidence(&r, "service_logs", "\" 503 UF ");
+    let dead = sc.value("DEAD_PORT").unwrap();
     assert!(
-        r["conclusion"]
-            .as_str()
-            .unwrap()
-            .starts_with("edge_logs failed: ")
+        r["conclusion"].as_str().unwrap().starts_with(&format!(
+            "service_logs failed: the local service refuses connections at 127.0.0.1:{dead}"
+        )),
+        "{r:#}"
     );
     stack.stop().await;
 }

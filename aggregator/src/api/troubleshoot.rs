@@ -7,7 +7,7 @@
 //! instance an error answer, never a hang and never another request's time.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::Json;
 use axum::extract::{RawQuery, State};
@@ -20,7 +20,7 @@ use meshcat_common::validate::is_valid_name;
 use meshcat_common::wire::{Command, CommandOutput, DebugWindowOutput, EvidenceOutput};
 use meshcat_diagnose::{
     DiagnosisInput, DiagnosisReport, MetricsEvidence, Reads, Role, SidecarEvidence, Symptom,
-    Verdict, reports_metrics,
+    Verdict, edge_weight, reports_metrics,
 };
 use serde::Serialize;
 use tracing::{info, warn};
@@ -51,11 +51,8 @@ const WINDOW_GRACE: Duration = Duration::from_secs(5);
 const PROMETHEUS_TIMEOUT: Duration = Duration::from_secs(3);
 /// Most silent instances named in the metrics evidence.
 const MAX_NAMED_SILENT: usize = 10;
-/// Most edge instances asked in turn for the edge's evidence.
+/// Most edge instances asked (at once) for the edge's evidence.
 pub const MAX_EDGE_TRIES: usize = 3;
-/// Shortest deadline an edge try gets: a share of the deadline shorter than this
-/// would time out agents that are merely busy.
-const MIN_EDGE_TRY: Duration = Duration::from_secs(1);
 
 fn check_name(what: &str, v: &str) -> Result<(), ApiError> {
     if is_valid_name(v) {
@@ -758,18 +755,15 @@ async fn collect_sidecars(
         ));
         services.truncate(MAX_DIAGNOSED_INSTANCES);
     }
-    let min_try = MIN_EDGE_TRY
-        + q.debug_seconds.map_or(Duration::ZERO, |n| {
-            Duration::from_secs(u64::from(n)) + WINDOW_GRACE
-        });
+    let mut edge_notes = Vec::new();
     let edge_run = collect_edge(
         agents,
-        &zone.zone_name,
+        input,
         &zone.request_cluster,
         &edges,
         &cmd,
         deadline,
-        min_try,
+        &mut edge_notes,
     );
     let service_runs = join_all(
         services
@@ -777,14 +771,15 @@ async fn collect_sidecars(
             .map(|i| collect(agents, &zone.zone_name, cluster, i, cmd.clone(), deadline)),
     );
     let ((edge_out, edge_failures), service_outs) = tokio::join!(edge_run, service_runs);
+    notes.edge.extend(edge_notes);
     if let Some((i, e)) = edge_out {
-        let failed = if edge_failures.is_empty() {
+        let others = if edge_failures.is_empty() {
             String::new()
         } else {
-            format!(" after {}", edge_failures.join("; "))
+            format!(", not from {}", edge_failures.join("; "))
         };
-        notes.edge_source = Some(format!("edge evidence from instance {i}{failed}"));
-        input.edge = Some(sidecar_evidence(Role::Edge, &i, e, &mut notes.edge));
+        notes.edge_source = Some(format!("edge evidence from instance {i}{others}"));
+        input.edge = Some(e);
     } else {
         notes.edge.extend(edge_failures);
     }
@@ -800,40 +795,59 @@ async fn collect_sidecars(
     }
 }
 
-/// Asks the edge instances in turn until one answers, all within `deadline`: each
-/// try gets an equal share of what is left (at least `min_try`, the time a debug
-/// window needs), so a hung first agent leaves time for the next. Answers the
-/// instance that answered with its evidence, and the failures before it.
+/// Asks the edge instances all at once, each within `deadline`, and keeps the answer
+/// whose log speaks most for the diagnosis ([`edge_weight`]: the newest failing line
+/// for the cluster): with several edges, only one may have seen the failure. Answers
+/// the chosen instance, its evidence, and why the others were not chosen.
 async fn collect_edge(
     agents: &Agents,
-    zone: &str,
+    input: &DiagnosisInput,
     edge_cluster: &str,
     edges: &[String],
     cmd: &Command,
     deadline: Duration,
-    min_try: Duration,
-) -> (Option<(String, EvidenceOutput)>, Vec<String>) {
-    let end = Instant::now() + deadline;
+    notes: &mut Vec<String>,
+) -> (Option<(String, SidecarEvidence)>, Vec<String>) {
+    let zone = input.zone.as_str();
+    let answers = join_all(
+        edges
+            .iter()
+            .map(|i| collect(agents, zone, edge_cluster, i, cmd.clone(), deadline)),
+    )
+    .await;
     let mut failures = Vec::new();
-    for (n, instance) in edges.iter().enumerate() {
-        let left = end.saturating_duration_since(Instant::now());
-        if left.is_zero() || (n > 0 && left < min_try) {
-            failures.push(format!(
-                "{instance}: not asked, the diagnosis deadline was spent"
-            ));
-            continue;
-        }
-        let tries_left = u32::try_from(edges.len() - n).unwrap_or(1);
-        let share = (left / tries_left).max(min_try).min(left);
-        match collect(agents, zone, edge_cluster, instance, cmd.clone(), share).await {
-            Ok(e) => return (Some((instance.clone(), e)), failures),
+    let mut answered: Vec<(String, SidecarEvidence, Option<(bool, String)>)> = Vec::new();
+    for (instance, answer) in edges.iter().zip(answers) {
+        match answer {
+            Ok(out) => {
+                let ev = sidecar_evidence(Role::Edge, instance, out, notes);
+                let weight = edge_weight(input, &ev);
+                answered.push((instance.clone(), ev, weight));
+            }
             Err(e) => {
-                warn!(%zone, %instance, error = %e, "Edge evidence failed; asking the next edge instance.");
+                warn!(%zone, %instance, error = %e, "Edge evidence failed.");
                 failures.push(e);
             }
         }
     }
-    (None, failures)
+    let best = answered
+        .iter()
+        .enumerate()
+        .max_by_key(|(n, (_, _, w))| (w.clone(), std::cmp::Reverse(*n)))
+        .map(|(n, _)| n);
+    let Some(best) = best else {
+        return (None, failures);
+    };
+    let (instance, ev, weight) = answered.swap_remove(best);
+    for (other, _, w) in &answered {
+        let why = match (&weight, w) {
+            (Some((true, _)), Some((false, _)) | None) => "has no failing line for the diagnosis",
+            (_, None) => "has no line for the diagnosis",
+            _ => "has an older line",
+        };
+        failures.push(format!("{other}: answered, but {why}"));
+    }
+    (Some((instance, ev)), failures)
 }
 
 #[cfg(test)]

@@ -106,6 +106,8 @@ pub struct Stack {
     pub data: tempfile::TempDir,
     pub edge_agent: Option<Agent>,
     pub service_agent: Option<Agent>,
+    /// Agents added with [`Stack::add_agent`].
+    pub extra_agents: Vec<Agent>,
     pub http: reqwest::Client,
 }
 
@@ -171,8 +173,60 @@ impl Stack {
             data,
             edge_agent: Some(edge_agent),
             service_agent: Some(service_agent),
+            extra_agents: Vec::new(),
             http,
         }
+    }
+
+    /// Starts an agent for one more sidecar and waits until its instance is live.
+    pub async fn add_agent(&mut self, sidecar: &Sidecar, cluster: &str, instance: &str) {
+        let agent = Agent::start(&self.agg, self.data.path(), sidecar, cluster, instance).await;
+        self.extra_agents.push(agent);
+        self.wait_live(cluster, instance).await;
+    }
+
+    /// Waits until `instance` of `cluster` is live in the catalog.
+    pub async fn wait_live(&self, cluster: &str, instance: &str) {
+        let store = self.agg.store.clone();
+        let (cluster, instance) = (cluster.to_owned(), instance.to_owned());
+        wait_for(
+            &format!("{instance} of {cluster} to be live"),
+            Duration::from_secs(30),
+            || {
+                let (store, cluster, instance) = (store.clone(), cluster.clone(), instance.clone());
+                async move {
+                    store
+                        .live_instance(ZONE, &cluster, &instance)
+                        .is_some()
+                        .then_some(())
+                }
+            },
+        )
+        .await
+        .unwrap();
+    }
+
+    /// Registers one more cluster in the zone, metrics settings present.
+    pub async fn register(&self, cluster: &str) {
+        let r = self
+            .http
+            .post(format!("{}/clusters", self.api()))
+            .json(
+                &json!({"clusterName": cluster, "zoneName": ZONE, "name": cluster,
+                "enableInstanceMetrics": true, "prometheusJob": cluster}),
+            )
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
+    }
+
+    /// `GET /diagnose/{cluster}?zoneName=local&...` with the extra query `q`.
+    pub async fn diagnose_cluster(&self, cluster: &str, q: &str) -> Value {
+        let url = format!("{}/diagnose/{cluster}?zoneName={ZONE}{q}", self.api());
+        let r = self.http.get(url).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        r.json().await.unwrap()
     }
 
     pub fn api(&self) -> String {
@@ -203,9 +257,11 @@ impl Stack {
 
     /// Stops agents and aggregator.
     pub async fn stop(mut self) {
+        let extra = std::mem::take(&mut self.extra_agents);
         for a in [self.edge_agent.take(), self.service_agent.take()]
             .into_iter()
             .flatten()
+            .chain(extra)
         {
             a.stop().await;
         }
