@@ -1,5 +1,11 @@
 //! The board: the latest report of every scraped sidecar, keyed by instance name.
 //! Scrapers write it; the QUIC reporter reads snapshots of it.
+//!
+//! Each scraper writes under a lease it got when its target was added. Removing a
+//! target ends its lease in the same locked step that drops its report, so a scrape
+//! still in flight when the target is removed (an aborted task finishes the
+//! synchronous part after its last `.await`) cannot bring the report, or the
+//! target's scrape metrics, back.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -9,37 +15,113 @@ use meshcat_common::wire::InstanceReport;
 /// Latest [`InstanceReport`] per instance. Never held across `.await`.
 #[derive(Debug, Default)]
 pub struct Board {
-    /// Reports by instance name; sorted so snapshots are stable.
-    reports: Mutex<BTreeMap<String, InstanceReport>>,
+    state: Mutex<State>,
 }
+
+#[derive(Debug, Default)]
+struct State {
+    /// Reports by instance name; sorted so snapshots are stable.
+    reports: BTreeMap<String, InstanceReport>,
+    /// The lease of each current target, by instance name.
+    leases: BTreeMap<String, Lease>,
+    /// The next lease handed out; never reused.
+    next: u64,
+}
+
+/// The right of one scraper to write one instance's report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lease(u64);
 
 impl Board {
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// Replaces the report of `report.instance`.
-    pub fn put(&self, report: InstanceReport) {
-        self.lock().insert(report.instance.clone(), report);
+    /// Makes `instance` current and answers the lease its scraper writes under; an
+    /// earlier lease of the same instance ends.
+    pub fn lease(&self, instance: &str) -> Lease {
+        let mut s = self.lock();
+        s.next += 1;
+        let lease = Lease(s.next);
+        s.leases.insert(instance.to_owned(), lease);
+        lease
     }
 
-    /// Forgets an instance (its target was removed).
+    /// Replaces the report of `report.instance` if `lease` is still its lease, and
+    /// then runs `also` under the same lock (so what it records cannot outlive a
+    /// removal either). Answers whether the report was taken.
+    pub fn put(&self, lease: Lease, report: InstanceReport, also: impl FnOnce()) -> bool {
+        let mut s = self.lock();
+        if s.leases.get(&report.instance) != Some(&lease) {
+            return false;
+        }
+        s.reports.insert(report.instance.clone(), report);
+        also();
+        true
+    }
+
+    /// Forgets an instance (its target was removed) and ends its lease.
     pub fn remove(&self, instance: &str) {
-        self.lock().remove(instance);
+        let mut s = self.lock();
+        s.reports.remove(instance);
+        s.leases.remove(instance);
     }
 
     /// The report of one instance.
     pub fn get(&self, instance: &str) -> Option<InstanceReport> {
-        self.lock().get(instance).cloned()
+        self.lock().reports.get(instance).cloned()
     }
 
     /// Every current report, sorted by instance name.
     pub fn snapshot(&self) -> Vec<InstanceReport> {
-        self.lock().values().cloned().collect()
+        self.lock().reports.values().cloned().collect()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, InstanceReport>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         // A panic elsewhere while holding the lock leaves a map that is still whole.
-        self.reports.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use meshcat_common::model::InstanceMetrics;
+
+    fn report(instance: &str) -> InstanceReport {
+        InstanceReport {
+            zone_name: "z".into(),
+            cluster_name: "c".into(),
+            instance: instance.into(),
+            admin_address: "127.0.0.1:9901".into(),
+            reachable: true,
+            error: None,
+            start_time_ms: 1,
+            server_state: "LIVE".into(),
+            envoy_version: "1.40.0".into(),
+            log_level: None,
+            requests_total: 0,
+            errors_5xx_total: 0,
+            metrics: InstanceMetrics::default(),
+            clusters: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_scrape_finishing_after_removal_is_dropped() {
+        let board = Board::new();
+        let lease = board.lease("a");
+        let mut recorded = 0;
+        assert!(board.put(lease, report("a"), || recorded += 1));
+        // The target is removed while its scraper is between its scrape and its put.
+        board.remove("a");
+        assert!(!board.put(lease, report("a"), || recorded += 1));
+        assert!(board.snapshot().is_empty());
+        assert_eq!(recorded, 1, "metrics of a removed target are not recorded");
+        // Re-added with other settings: only the new scraper's lease writes.
+        let new = board.lease("a");
+        assert!(!board.put(lease, report("a"), || {}));
+        assert!(board.put(new, report("a"), || {}));
+        assert_eq!(board.snapshot().len(), 1);
     }
 }

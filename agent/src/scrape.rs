@@ -14,7 +14,7 @@ use tokio::task::JoinHandle;
 use tracing::{debug, error, info, warn};
 
 use crate::Agent;
-use crate::board::Board;
+use crate::board::{Board, Lease};
 use crate::config::parse_host_port;
 use crate::envoy::{EnvoyAdmin, EnvoyError, seed_level};
 use crate::metrics::{self, HostSampler};
@@ -205,7 +205,7 @@ async fn scrape_fallible(
 }
 
 /// Scrapes `target` every `interval` until aborted.
-async fn scrape_loop(agent: Agent, target: Target, interval: Duration) {
+async fn scrape_loop(agent: Agent, target: Target, interval: Duration, lease: Lease) {
     let admin = match EnvoyAdmin::new(&target.admin, agent.scrape_timeout()) {
         Ok(a) => a,
         Err(e) => {
@@ -222,16 +222,23 @@ async fn scrape_loop(agent: Agent, target: Target, interval: Duration) {
         let previous = agent.board().get(&target.instance);
         let report = scrape_once(&admin, &target, agent.host(), previous.as_ref()).await;
         let ok = report.reachable;
-        agent
-            .ops_metrics()
-            .observe_scrape(&target.instance, ok, started.elapsed());
+        let error = report.error.clone().unwrap_or_default();
+        // Recorded only while the target is current: a removal between the scrape
+        // and here would otherwise see the report and its series come back.
+        let taken = agent.board().put(lease, report, || {
+            agent
+                .ops_metrics()
+                .observe_scrape(&target.instance, ok, started.elapsed());
+        });
+        if !taken {
+            return;
+        }
         if ok && !was_reachable {
             info!(instance = %target.instance, admin = %target.admin, "Sidecar answers again.");
         } else if !ok && was_reachable {
-            warn!(instance = %target.instance, admin = %target.admin, error = report.error.as_deref().unwrap_or(""), "Sidecar scrape failed.");
+            warn!(instance = %target.instance, admin = %target.admin, %error, "Sidecar scrape failed.");
         }
         was_reachable = ok;
-        agent.board().put(report);
     }
 }
 
@@ -263,7 +270,8 @@ impl Scrapers {
         for (name, t) in wanted {
             if !self.running.contains_key(name) {
                 info!(instance = %name, admin = %t.admin, zone = %t.zone_name, cluster = %t.cluster_name, "Target added.");
-                let task = tokio::spawn(scrape_loop(agent.clone(), t.clone(), interval));
+                let lease = board.lease(name);
+                let task = tokio::spawn(scrape_loop(agent.clone(), t.clone(), interval, lease));
                 self.running.insert(name.to_owned(), (t.clone(), task));
             }
         }
