@@ -187,11 +187,12 @@ impl LogTail {
             self.refresh().await;
             let now = self.inner.position();
             match now {
-                Some((dev, ino, offset)) if (dev, ino) == (target.0, target.1) => {
-                    if offset >= target.2 {
-                        return true;
-                    }
+                Some((dev, ino, offset))
+                    if (dev, ino) == (target.0, target.1) && offset >= target.2 =>
+                {
+                    return true;
                 }
+                Some((dev, ino, _)) if (dev, ino) == (target.0, target.1) => {}
                 // Rotated since: the old file was finished before the new was opened.
                 Some(_) => return true,
                 None => {}

@@ -795,6 +795,9 @@ async fn collect_sidecars(
     }
 }
 
+/// What [`edge_weight`] says of one edge instance's answer.
+type EdgeWeight = Option<(bool, String)>;
+
 /// Asks the edge instances all at once, each within `deadline`, and keeps the answer
 /// whose log speaks most for the diagnosis ([`edge_weight`]: the newest failing line
 /// for the cluster): with several edges, only one may have seen the failure. Answers
@@ -816,7 +819,7 @@ async fn collect_edge(
     )
     .await;
     let mut failures = Vec::new();
-    let mut answered: Vec<(String, SidecarEvidence, Option<(bool, String)>)> = Vec::new();
+    let mut answered: Vec<(String, SidecarEvidence, EdgeWeight)> = Vec::new();
     for (instance, answer) in edges.iter().zip(answers) {
         match answer {
             Ok(out) => {
