@@ -624,7 +624,7 @@ fn followed<'e, 'a>(
         .or_else(|| entries.last())
 }
 
-/// The edge line the service checks follow, with how many lines it was chosen from.
+/// The edge line the service checks follow.
 fn edge_followed(input: &DiagnosisInput) -> Option<AccessLogEntry> {
     let edge = input.edge.as_ref()?;
     let lines = edge.log_lines.as_ref()?;
@@ -731,6 +731,19 @@ fn edge_logs(input: &DiagnosisInput) -> Outcome {
                 evidence,
                 IDENTITY_ACTION,
                 "the edge has no line for the request and its secrets (SDS) stream is failing.",
+            );
+        }
+        if input.path.is_none() && edge.clusters.is_none() && edge.routes.is_none() {
+            evidence.push(format!(
+                "{me}: without its /clusters or /config_dump no line can be told to be {}'s",
+                input.cluster
+            ));
+            return outcome(
+                NAME,
+                Verdict::Skipped,
+                evidence,
+                "Diagnose with the failing request's path, or let the edge's agent read its admin API.",
+                "",
             );
         }
         if input.path.is_some() || input.symptom == Some(Symptom::Ingress502503) {
@@ -1396,6 +1409,20 @@ mod tests {
             "{edge:#?}"
         );
         assert!(edge.evidence.iter().all(|e| !e.contains("o-uh")));
+    }
+
+    #[test]
+    fn without_the_edge_admin_no_line_is_taken_for_the_cluster() {
+        let mut input = two_services("catalog");
+        input.symptom = Some(Symptom::Ingress502503);
+        input.edge.as_mut().unwrap().clusters = None;
+        let r = diagnose(&input);
+        let edge = r.step(StepName::EdgeLogs).unwrap();
+        assert_eq!(edge.verdict, Verdict::Skipped, "{edge:#?}");
+        // With the path, the lines are the path's.
+        input.path = Some("/catalog/a".into());
+        let r = diagnose(&input);
+        assert_eq!(r.step(StepName::EdgeLogs).unwrap().verdict, Verdict::Fail);
     }
 
     #[test]

@@ -143,6 +143,8 @@ pub struct Scenario {
     pub edge_port: u16,
     /// More edge sidecars started from the same template, with their listener ports.
     pub extra_edges: Vec<(Sidecar, u16)>,
+    /// Holds `DEAD_PORT` bound (not listening) so that nothing answers there.
+    _dead_port: tokio::net::TcpSocket,
     /// The placeholders' values the templates were rendered with.
     values: Vec<(&'static str, String)>,
     src: PathBuf,
@@ -174,13 +176,18 @@ impl Scenario {
         let edge_port = free_port()?;
         let edge_admin = free_port()?;
         let service_admin = free_port()?;
+        // Bound without listening, and held for the scenario's life: connections to
+        // it are refused, and no other process can take the port meanwhile (a port
+        // merely found free could be bound by any later listener of the machine).
+        let dead = tokio::net::TcpSocket::new_v4()?;
+        dead.bind(SocketAddr::from(([127, 0, 0, 1], 0)))?;
         let values = [
             ("EDGE_PORT", edge_port.to_string()),
             ("EDGE_ADMIN_PORT", edge_admin.to_string()),
             ("SERVICE_PORT", free_port()?.to_string()),
             ("SERVICE_ADMIN_PORT", service_admin.to_string()),
             ("UPSTREAM_PORT", upstream.addr.port().to_string()),
-            ("DEAD_PORT", free_port()?.to_string()),
+            ("DEAD_PORT", dead.local_addr()?.port().to_string()),
             ("CERT_DIR", cert_dir.display().to_string()),
         ];
         let service = spawn(
@@ -204,6 +211,7 @@ impl Scenario {
             upstream: Some(upstream),
             edge_port,
             extra_edges: Vec::new(),
+            _dead_port: dead,
             values: values.to_vec(),
             src,
             options,

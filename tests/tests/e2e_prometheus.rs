@@ -378,6 +378,18 @@ async fn missing_metrics_asks_a_real_prometheus_whether_it_scrapes_the_job() {
         }
     };
 
+    // The sidecar serves a request, so it has inbound HTTP stats: both agents report
+    // metrics once they scraped it again.
+    sidecar.send("/", 1, 200).await.unwrap();
+    for cluster in ["shop", "cart"] {
+        wait_for("the instance to report metrics", DEADLINE, || async {
+            let r = diagnose(cluster).await;
+            (verdict(&r, "metrics_reporting") == "pass").then_some(())
+        })
+        .await
+        .unwrap();
+    }
+
     let shop = diagnose("shop").await;
     for step in ["metrics_settings", "metrics_reporting", "metrics_collector"] {
         assert_eq!(verdict(&shop, step), "pass", "{step}: {shop:#}");
