@@ -161,10 +161,15 @@ fn components() -> Value {
                         "previous_level": s, "started_at_ms": i, "ended_at_ms": i, "restored": b,
                         "cut_short": b, "log_tailed": b, "line_count": i, "tls_lines": strings,
                         "tls_line_count": i}}}}}}});
+    // The step names come from the engine's own type, so the document cannot drift.
+    let step_names: Vec<&str> = meshcat_diagnose::StepName::ALL
+        .iter()
+        .map(|n| n.as_str())
+        .collect();
     let diagnosis_report = json!({"type": "object", "required": ["cluster", "zone", "symptom", "steps", "conclusion"], "properties": {
                 "cluster": s, "zone": s, "symptom": {"type": "string", "nullable": true},
                 "steps": {"type": "array", "items": {"type": "object", "properties": {
-                    "name": s, "verdict": {"type": "string", "enum": ["pass", "fail", "skipped"]},
+                    "name": {"type": "string", "enum": step_names}, "verdict": {"type": "string", "enum": ["pass", "fail", "skipped"]},
                     "evidence": strings, "action": s}}},
                 "conclusion": s}});
     json!({
