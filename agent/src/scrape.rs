@@ -250,8 +250,16 @@ struct Scrapers {
 }
 
 impl Scrapers {
-    /// Starts, restarts and stops tasks so that exactly `desired` run.
-    fn reconcile(&mut self, agent: &Agent, desired: &[Target], interval: Duration, board: &Board) {
+    /// Starts, restarts and stops tasks so that exactly `desired` run. Answers the
+    /// stopped tasks (aborted; one may still finish the step it is in).
+    fn reconcile(
+        &mut self,
+        agent: &Agent,
+        desired: &[Target],
+        interval: Duration,
+        board: &Board,
+    ) -> Vec<JoinHandle<()>> {
+        let mut stopped = Vec::new();
         let wanted: BTreeMap<&str, &Target> =
             desired.iter().map(|t| (t.instance.as_str(), t)).collect();
         let stale: Vec<String> = self
@@ -264,6 +272,7 @@ impl Scrapers {
             if let Some((t, task)) = self.running.remove(&name) {
                 task.abort();
                 board.remove(&name);
+                stopped.push(task);
                 info!(instance = %name, admin = %t.admin, "Target removed.");
             }
         }
@@ -276,6 +285,7 @@ impl Scrapers {
             }
         }
         agent.set_targets(desired.to_vec());
+        stopped
     }
 
     fn stop_all(&mut self) {
@@ -359,5 +369,52 @@ mod tests {
             .is_err()
         );
         assert!(parse_targets(r#"[{"admin":"127.0.0.1:1","zone":"typo"}]"#).is_err());
+    }
+
+    /// Removals race scrapers that report as fast as they can (their sidecar refuses
+    /// at once): once the stopped scrapers have ended, neither the removed target's
+    /// report nor its scrape series may be there.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_removed_target_never_comes_back() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let admin = closed.local_addr().unwrap().to_string();
+        drop(closed);
+        let agent = Agent::new(Duration::from_millis(200));
+        let target = Target {
+            admin,
+            zone_name: "z".into(),
+            cluster_name: "c".into(),
+            instance: "a".into(),
+            log_file: None,
+        };
+        let interval = Duration::from_millis(1);
+        let mut scrapers = Scrapers::default();
+        for round in 0..100 {
+            scrapers.reconcile(
+                &agent,
+                std::slice::from_ref(&target),
+                interval,
+                agent.board(),
+            );
+            tokio::time::timeout(Duration::from_secs(10), async {
+                while agent.board().get("a").is_none() {
+                    tokio::task::yield_now().await;
+                }
+            })
+            .await
+            .expect("the scraper reports");
+            for task in scrapers.reconcile(&agent, &[], interval, agent.board()) {
+                let _ = task.await;
+            }
+            assert!(
+                agent.board().get("a").is_none(),
+                "round {round}: report back"
+            );
+            let m = agent.ops_metrics().render();
+            assert!(
+                !m.contains("target=\"a\""),
+                "round {round}: series back: {m}"
+            );
+        }
     }
 }
