@@ -325,6 +325,7 @@ cmd_up() {
   fi
   if [ "$envoy_only" = 0 ]; then
     say "building meshcat (cargo build --release)"
+    "$root/scripts/deps.sh" build
     (cd "$root" && cargo build --release --locked -p meshcat-aggregator -p meshcat-agent)
   fi
   start_data_plane
