@@ -5,6 +5,7 @@
 //! changes (held for microseconds).
 
 mod aggregate;
+pub mod etcd;
 pub mod persist;
 mod render;
 
@@ -55,6 +56,18 @@ pub enum StoreError {
     Invalid(String),
     #[error(transparent)]
     Storage(#[from] PersistError),
+    /// The shared store did not confirm the write in time: its outcome is unknown.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+/// Where registrations are durable.
+#[derive(Debug)]
+enum Backend {
+    /// The embedded database: this process is the only writer.
+    Redb(Persist),
+    /// etcd, shared by every replica: memory follows its watch.
+    Etcd(Box<etcd::EtcdRegistrations>),
 }
 
 /// Thresholds of the status rules.
@@ -182,7 +195,7 @@ pub struct Store {
     /// Reported instances kept (live or not), bounded by [`MAX_INSTANCES`].
     instance_total: AtomicU64,
     /// The durable registrations.
-    persist: Persist,
+    backend: Backend,
     /// Serialises registrations across their durable commit.
     registration: Mutex<()>,
     /// Serialises in-memory changes so the counters move consistently.
@@ -204,20 +217,7 @@ impl Store {
     pub fn open(data_dir: &Path, rules: Rules) -> Result<Store, PersistError> {
         let persist = Persist::open(data_dir)?;
         let loaded = persist.load()?;
-        let store = Store {
-            zones: DashMap::new(),
-            clusters: DashMap::new(),
-            agents: DashMap::new(),
-            edge: DashMap::new(),
-            live_total: AtomicU64::new(0),
-            instance_total: AtomicU64::new(0),
-            persist,
-            registration: Mutex::new(()),
-            state: Mutex::new(()),
-            generation: AtomicU64::new(0),
-            cache: Mutex::new(Default::default()),
-            rules,
-        };
+        let store = Store::empty(Backend::Redb(persist), rules);
         for z in loaded.zones {
             store.insert_zone(z);
         }
@@ -229,6 +229,50 @@ impl Store {
             store.put_cluster_in_memory(c);
         }
         Ok(store)
+    }
+
+    /// A store whose registrations live in etcd. It starts empty and not loaded:
+    /// [`etcd::sync`] loads the catalog and then follows every change.
+    pub fn with_etcd(registrations: etcd::EtcdRegistrations, rules: Rules) -> Store {
+        Store::empty(Backend::Etcd(Box::new(registrations)), rules)
+    }
+
+    fn empty(backend: Backend, rules: Rules) -> Store {
+        Store {
+            zones: DashMap::new(),
+            clusters: DashMap::new(),
+            agents: DashMap::new(),
+            edge: DashMap::new(),
+            live_total: AtomicU64::new(0),
+            instance_total: AtomicU64::new(0),
+            backend,
+            registration: Mutex::new(()),
+            state: Mutex::new(()),
+            generation: AtomicU64::new(0),
+            cache: Mutex::new(Default::default()),
+            rules,
+        }
+    }
+
+    /// The etcd side of the store, when registrations live in etcd.
+    pub fn etcd(&self) -> Option<&etcd::EtcdRegistrations> {
+        match &self.backend {
+            Backend::Etcd(e) => Some(e),
+            Backend::Redb(_) => None,
+        }
+    }
+
+    /// Whether the registrations are in memory (always with redb; with etcd once the
+    /// first listing is applied).
+    pub fn is_loaded(&self) -> bool {
+        self.etcd().is_none_or(|e| e.is_loaded())
+    }
+
+    fn persist(&self) -> &Persist {
+        match &self.backend {
+            Backend::Redb(p) => p,
+            Backend::Etcd(_) => unreachable!("etcd writes return before reaching redb"),
+        }
     }
 
     pub fn rules(&self) -> Rules {
@@ -259,6 +303,9 @@ impl Store {
 
     /// Registers a zone. Blocks on the durable commit.
     pub fn create_zone(&self, z: ZoneRecord) -> Result<ZoneRecord, StoreError> {
+        if let Some(e) = self.etcd() {
+            return e.create_zone(z);
+        }
         let _reg = lock(&self.registration);
         if self.zones.contains_key(&z.zone_name) {
             return Err(StoreError::Conflict(format!(
@@ -266,7 +313,7 @@ impl Store {
                 z.zone_name
             )));
         }
-        self.persist.apply(&[Op::PutZone(&z)])?;
+        self.persist().apply(&[Op::PutZone(&z)])?;
         let _st = lock(&self.state);
         self.insert_zone(z.clone());
         self.bump();
@@ -275,11 +322,14 @@ impl Store {
 
     /// Deletes a zone and its clusters. Blocks on the durable commit.
     pub fn delete_zone(&self, name: &str) -> Result<ZoneRecord, StoreError> {
+        if let Some(e) = self.etcd() {
+            return e.delete_zone(name);
+        }
         let _reg = lock(&self.registration);
         if !self.zones.contains_key(name) {
             return Err(StoreError::NotFound(format!("Zone {name} does not exist.")));
         }
-        self.persist.apply(&[Op::DeleteZone(name)])?;
+        self.persist().apply(&[Op::DeleteZone(name)])?;
         let _st = lock(&self.state);
         let (_, zone) = self.zones.remove(name).expect("checked under the lock");
         for cluster in &zone.clusters {
@@ -291,6 +341,9 @@ impl Store {
 
     /// Registers a cluster. Blocks on the durable commit.
     pub fn create_cluster(&self, c: ClusterRecord) -> Result<ClusterRecord, StoreError> {
+        if let Some(e) = self.etcd() {
+            return e.put_cluster(c, true);
+        }
         let _reg = lock(&self.registration);
         self.require_zone(&c.zone_name)?;
         if self.is_registered(&c.zone_name, &c.cluster_name) {
@@ -304,6 +357,9 @@ impl Store {
 
     /// Replaces a registered cluster. Blocks on the durable commit.
     pub fn replace_cluster(&self, c: ClusterRecord) -> Result<ClusterRecord, StoreError> {
+        if let Some(e) = self.etcd() {
+            return e.put_cluster(c, false);
+        }
         let _reg = lock(&self.registration);
         self.require_zone(&c.zone_name)?;
         if !self.is_registered(&c.zone_name, &c.cluster_name) {
@@ -318,7 +374,7 @@ impl Store {
     /// Commits a cluster record, then shows it in memory. The caller holds the
     /// registration lock and has checked the zone and whether the cluster exists.
     fn write_cluster(&self, c: ClusterRecord) -> Result<ClusterRecord, StoreError> {
-        self.persist.apply(&[Op::PutCluster(&c)])?;
+        self.persist().apply(&[Op::PutCluster(&c)])?;
         let _st = lock(&self.state);
         self.put_cluster_in_memory(c.clone());
         self.bump();
@@ -327,13 +383,17 @@ impl Store {
 
     /// Deletes a registered cluster. Blocks on the durable commit.
     pub fn delete_cluster(&self, zone: &str, cluster: &str) -> Result<ClusterRecord, StoreError> {
+        if let Some(e) = self.etcd() {
+            return e.delete_cluster(zone, cluster);
+        }
         let _reg = lock(&self.registration);
         let Some(record) = self.record(zone, cluster) else {
             return Err(StoreError::NotFound(format!(
                 "Cluster {cluster} does not exist in zone {zone}."
             )));
         };
-        self.persist.apply(&[Op::DeleteCluster { zone, cluster }])?;
+        self.persist()
+            .apply(&[Op::DeleteCluster { zone, cluster }])?;
         let _st = lock(&self.state);
         self.unregister_in_memory(zone, cluster);
         if let Some(mut z) = self.zones.get_mut(zone) {
@@ -341,6 +401,88 @@ impl Store {
         }
         self.bump();
         Ok(Arc::unwrap_or_clone(record))
+    }
+
+    // ---- registrations followed from a shared store ----------------------------
+
+    /// Shows a zone written elsewhere (new, or its record replaced).
+    fn apply_put_zone(&self, z: ZoneRecord) {
+        let _st = lock(&self.state);
+        match self.zones.get_mut(&z.zone_name) {
+            Some(mut known) => known.record = Arc::new(z),
+            None => self.insert_zone(z),
+        }
+        self.bump();
+    }
+
+    /// Forgets a zone deleted elsewhere, with its clusters' registrations.
+    fn apply_delete_zone(&self, name: &str) {
+        let _st = lock(&self.state);
+        if let Some((_, zone)) = self.zones.remove(name) {
+            for cluster in &zone.clusters {
+                self.unregister_in_memory(name, cluster);
+            }
+            self.bump();
+        }
+    }
+
+    /// Shows a cluster registration written elsewhere.
+    fn apply_put_cluster(&self, c: ClusterRecord) {
+        let _st = lock(&self.state);
+        if !self.zones.contains_key(&c.zone_name) {
+            warn!(zone = %c.zone_name, cluster = %c.cluster_name, "Cluster of an unknown zone ignored.");
+            return;
+        }
+        self.put_cluster_in_memory(c);
+        self.bump();
+    }
+
+    /// Forgets a cluster registration deleted elsewhere.
+    fn apply_delete_cluster(&self, zone: &str, cluster: &str) {
+        let _st = lock(&self.state);
+        if self.is_registered(zone, cluster) {
+            self.unregister_in_memory(zone, cluster);
+        }
+        if let Some(mut z) = self.zones.get_mut(zone) {
+            z.clusters.remove(cluster);
+        }
+        self.bump();
+    }
+
+    /// Makes the registrations in memory exactly `zones` and `clusters` (a full
+    /// listing of the shared store), keeping the live instances.
+    fn apply_snapshot(&self, zones: Vec<ZoneRecord>, clusters: Vec<ClusterRecord>) {
+        let keep_zones: HashSet<&str> = zones.iter().map(|z| z.zone_name.as_str()).collect();
+        let keep_clusters: HashSet<(&str, &str)> = clusters
+            .iter()
+            .map(|c| (c.zone_name.as_str(), c.cluster_name.as_str()))
+            .collect();
+        let gone_zones: Vec<String> = self
+            .zones
+            .iter()
+            .filter(|z| !keep_zones.contains(z.key().as_str()))
+            .map(|z| z.key().clone())
+            .collect();
+        for z in gone_zones {
+            self.apply_delete_zone(&z);
+        }
+        let mut gone_clusters = Vec::new();
+        for z in self.zones.iter() {
+            for c in &z.clusters {
+                if !keep_clusters.contains(&(z.key().as_str(), c.as_str())) {
+                    gone_clusters.push((z.key().clone(), c.clone()));
+                }
+            }
+        }
+        for (z, c) in gone_clusters {
+            self.apply_delete_cluster(&z, &c);
+        }
+        for z in zones {
+            self.apply_put_zone(z);
+        }
+        for c in clusters {
+            self.apply_put_cluster(c);
+        }
     }
 
     fn require_zone(&self, zone: &str) -> Result<(), StoreError> {
