@@ -461,11 +461,9 @@ async fn every_filter() {
         "owner": "team one", "capability": "search", "businessImpact": "medium"}),
     )
     .await;
-    api.agg.store.apply_report(
-        "agent",
-        &report("z1", "a", "i1", true, 0, 0),
-        Instant::now(),
-    );
+    api.agg
+        .store
+        .apply_report("agent", report("z1", "a", "i1", true, 0, 0), Instant::now());
 
     let all = ["z1/a", "z1/b", "z2/a"];
     assert_eq!(api.names("").await, all);
@@ -534,10 +532,10 @@ async fn status_instances_metrics_and_summaries() {
         .await;
     let store = &api.agg.store;
     let now = Instant::now();
-    store.apply_report("a1", &report("z", "web", "web-2", true, 0, 0), now);
-    store.apply_report("a1", &report("z", "web", "web-1", true, 0, 0), now);
-    store.apply_report("a2", &report("z", "db", "db-1", true, 100, 0), now);
-    store.apply_report("a2", &report("z", "db", "db-1", true, 200, 50), now);
+    store.apply_report("a1", report("z", "web", "web-2", true, 0, 0), now);
+    store.apply_report("a1", report("z", "web", "web-1", true, 0, 0), now);
+    store.apply_report("a2", report("z", "db", "db-1", true, 100, 0), now);
+    store.apply_report("a2", report("z", "db", "db-1", true, 200, 50), now);
 
     let (_, v) = api.get("/clusters/web").await;
     assert_eq!(v[0]["status"], "stable");
@@ -548,7 +546,7 @@ async fn status_instances_metrics_and_summaries() {
     );
     assert_eq!(api.get("/clusters/db").await.1[0]["status"], "warning");
 
-    store.apply_report("a1", &report("z", "web", "node-a:9901", false, 0, 0), now);
+    store.apply_report("a1", report("z", "web", "node-a:9901", false, 0, 0), now);
     assert_eq!(
         api.get("/metrics/web/node-a:9901").await.0,
         StatusCode::NOT_FOUND
@@ -608,7 +606,7 @@ async fn status_instances_metrics_and_summaries() {
     // An unreachable sidecar is not live.
     store.apply_report(
         "a1",
-        &report("z", "web", "web-2", false, 0, 0),
+        report("z", "web", "web-2", false, 0, 0),
         Instant::now(),
     );
     assert_eq!(api.get("/clusters/web").await.1[0]["status"], "warning");
@@ -645,7 +643,7 @@ async fn services_lists_unregistered_clusters() {
         .await;
     api.agg
         .store
-        .apply_report("a", &report("z", "seen", "s-1", true, 0, 0), Instant::now());
+        .apply_report("a", report("z", "seen", "s-1", true, 0, 0), Instant::now());
     api.agg.store.set_edge_clusters("y", vec!["routed".into()]);
     let (s, v) = api.get("/services").await;
     assert_eq!(s, StatusCode::OK);
@@ -716,7 +714,7 @@ async fn tokens() {
     );
     api.agg
         .store
-        .apply_report("a", &report("z", "c", "i", true, 0, 0), Instant::now());
+        .apply_report("a", report("z", "c", "i", true, 0, 0), Instant::now());
 
     // Without the read token: metadata only.
     let (_, v) = api.get("/clusters/c").await;

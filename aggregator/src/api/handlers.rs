@@ -63,7 +63,7 @@ fn check_path_name(what: &str, v: &str) -> Result<(), ApiError> {
 }
 
 fn check_path_instance(v: &str) -> Result<(), ApiError> {
-    if crate::store::is_valid_instance(v) {
+    if validate::is_valid_instance(v) {
         Ok(())
     } else {
         Err(ApiError::bad_path(
