@@ -87,9 +87,7 @@ impl Aggregator {
 
 impl ingest::ReportSink for Store {
     fn apply_report(&self, agent_id: &str, instances: Vec<InstanceReport>, now: Instant) {
-        for report in instances {
-            Store::apply_report(self, agent_id, report, now);
-        }
+        Store::apply_reports(self, agent_id, instances, now);
     }
 
     fn agent_gone(&self, agent_id: &str) {

@@ -23,7 +23,7 @@ mod render;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -78,8 +78,11 @@ pub struct Entry {
     pub instances: BTreeMap<String, LiveInstance>,
     /// Status by the rules, refreshed on every change of its inputs.
     pub status: Status,
-    /// Live instances, refreshed with the status.
+    /// Live instances, kept with every change of `instances`.
     pub live: u64,
+    /// Requests and 5xx answers in the last window, summed over the live instances and
+    /// kept with every change of `instances`, so a report never rescans the cluster.
+    window: (u64, u64),
 }
 
 impl Entry {
@@ -90,6 +93,23 @@ impl Entry {
             instances: BTreeMap::new(),
             status: Status::Down,
             live: 0,
+            window: (0, 0),
+        }
+    }
+
+    /// Counts an instance in (`sign` 1) or out (`sign` -1) of the live sums.
+    fn count(&mut self, i: &LiveInstance, add: bool) {
+        if !i.is_live() {
+            return;
+        }
+        if add {
+            self.live += 1;
+            self.window.0 += i.window_requests;
+            self.window.1 += i.window_errors;
+        } else {
+            self.live -= 1;
+            self.window.0 -= i.window_requests;
+            self.window.1 -= i.window_errors;
         }
     }
 }
@@ -121,8 +141,10 @@ pub struct Store {
     registrations: Box<dyn Registrations>,
     /// Shows committed registration changes in memory in their commit order.
     sequencer: Sequencer,
-    /// Serialises in-memory changes so the counters move consistently.
-    state: Mutex<()>,
+    /// Registration changes take it exclusively, reports shared: reports move the
+    /// counters of their own entry under that entry's map guard, registrations move
+    /// many at once.
+    state: RwLock<()>,
     /// Bumped after every change a read answer could show; keys the read cache.
     generation: AtomicU64,
     /// Large answers by generation.
@@ -130,9 +152,13 @@ pub struct Store {
     rules: Rules,
 }
 
-fn lock(m: &Mutex<()>) -> MutexGuard<'_, ()> {
-    // The guarded value is `()`: a panic elsewhere leaves nothing inconsistent to see.
-    m.lock().unwrap_or_else(|p| p.into_inner())
+// The guarded value is `()`: a panic elsewhere leaves nothing inconsistent to see.
+fn exclusive(m: &RwLock<()>) -> RwLockWriteGuard<'_, ()> {
+    m.write().unwrap_or_else(|p| p.into_inner())
+}
+
+fn shared(m: &RwLock<()>) -> RwLockReadGuard<'_, ()> {
+    m.read().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Store {
@@ -155,7 +181,7 @@ impl Store {
             live: Live::default(),
             registrations,
             sequencer: Sequencer::default(),
-            state: Mutex::new(()),
+            state: RwLock::new(()),
             generation: AtomicU64::new(0),
             cache: ReadCache::default(),
             rules,
@@ -188,30 +214,23 @@ impl Store {
         self.generation.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// Recomputes an entry's live count and status; keeps the global live total.
-    /// Returns the previous (status, live).
-    fn refresh(&self, e: &mut Entry) -> (Status, u64) {
-        let before = (e.status, e.live);
-        let (mut live, mut req, mut err) = (0u64, 0u64, 0u64);
-        for i in e.instances.values().filter(|i| i.is_live()) {
-            live += 1;
-            req += i.window_requests;
-            err += i.window_errors;
-        }
+    /// Recomputes an entry's status from its live sums (no scan); keeps the global
+    /// live total. Returns the previous (status, live).
+    fn refresh(&self, e: &mut Entry, before: (Status, u64)) -> (Status, u64) {
         let (min, max) = e.record.as_deref().map_or((0, 0), |r| {
             (r.min_instances.max(0) as u64, r.max_instances.max(0) as u64)
         });
-        e.live = live;
         e.status = status::evaluate(
             Inputs {
-                live,
+                live: e.live,
                 min_instances: min,
                 max_instances: max,
-                window_requests: req,
-                window_errors: err,
+                window_requests: e.window.0,
+                window_errors: e.window.1,
             },
             self.rules.error_ratio_warning,
         );
+        let live = e.live;
         if live >= before.1 {
             self.live_total.fetch_add(live - before.1, Ordering::AcqRel);
         } else {

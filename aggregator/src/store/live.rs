@@ -3,11 +3,11 @@
 //! instance budget, expiry past the TTL, the edge clusters reported per zone, and the
 //! [`Membership`] seam where a replica publishes the instances it owns.
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
-use std::time::Instant;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
 use meshcat_common::model::InstanceMetrics;
@@ -16,7 +16,7 @@ use meshcat_common::wire::InstanceReport;
 use tracing::{debug, warn};
 
 use super::read::MetricsLookup;
-use super::{Entry, MAX_EDGE_CLUSTERS, Store, lock};
+use super::{Entry, MAX_EDGE_CLUSTERS, Store, shared};
 
 /// Most reported instances kept at once: reports for further new instances are
 /// dropped (and logged) until others expire, so no set of agents can exhaust memory.
@@ -78,6 +78,76 @@ pub(super) struct Live {
     total: AtomicU64,
     /// Where owned instances are published, when replicas share them.
     membership: OnceLock<Arc<dyn Membership>>,
+    /// The agents that reported, in buckets by time: expiry looks at an agent's
+    /// instances only once a bucket it is in is older than the TTL. An agent is in one
+    /// bucket per report it sent within the TTL, so the work follows the report rate.
+    wheel: Mutex<VecDeque<Bucket>>,
+}
+
+/// Agents that reported between `first` and `last`.
+#[derive(Debug)]
+struct Bucket {
+    first: Instant,
+    last: Instant,
+    agents: Vec<String>,
+}
+
+/// How much time one bucket of the wheel spans: expiry is that much late at most.
+const BUCKET_SPAN: Duration = Duration::from_millis(250);
+
+/// What became of one snapshot.
+enum Put {
+    /// Over the instance budget.
+    Dropped,
+    /// Stored; `shown` when a reader sees the change, `previous` the agent that
+    /// reported the instance before, when another.
+    Done {
+        shown: bool,
+        previous: Option<String>,
+    },
+}
+
+impl Live {
+    /// Takes one more instance into the budget, or says it is full.
+    fn admit(&self) -> bool {
+        if self.total.fetch_add(1, Ordering::AcqRel) >= MAX_INSTANCES {
+            self.total.fetch_sub(1, Ordering::AcqRel);
+            return false;
+        }
+        true
+    }
+
+    /// Notes that `agent` reported at `now`.
+    fn due(&self, agent: &str, now: Instant) {
+        let mut wheel = self.wheel.lock().unwrap_or_else(|p| p.into_inner());
+        match wheel.back_mut() {
+            Some(b) if now.saturating_duration_since(b.first) < BUCKET_SPAN => {
+                b.last = b.last.max(now);
+                b.agents.push(agent.to_owned());
+            }
+            _ => wheel.push_back(Bucket {
+                first: now,
+                last: now,
+                agents: vec![agent.to_owned()],
+            }),
+        }
+    }
+
+    /// The agents of every bucket whose last report is older than `ttl`, once each.
+    fn take_due(&self, now: Instant, ttl: Duration) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut wheel = self.wheel.lock().unwrap_or_else(|p| p.into_inner());
+        while wheel
+            .front()
+            .is_some_and(|b| now.saturating_duration_since(b.last) > ttl)
+        {
+            out.extend(wheel.pop_front().expect("checked").agents);
+        }
+        drop(wheel);
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
 }
 
 impl Store {
@@ -86,99 +156,131 @@ impl Store {
         self.live.membership.set(m)
     }
 
-    /// Records one instance snapshot from an agent; its names were validated by the
-    /// ingest. Reports for clusters nobody registered are kept too: they show in
-    /// `GET /services`.
+    /// Records one instance snapshot from an agent.
     pub fn apply_report(&self, agent_id: &str, report: InstanceReport, now: Instant) {
-        let key: InstanceKey = (
-            report.zone_name.clone(),
-            report.cluster_name.clone(),
-            report.instance.clone(),
-        );
-        let _st = lock(&self.state);
-        let known = self.clusters.get(&key.1).is_some_and(|m| {
-            m.get(&key.0)
-                .is_some_and(|e| e.instances.contains_key(&key.2))
-        });
-        if !known {
-            if self.live.total.load(Ordering::Acquire) >= MAX_INSTANCES {
-                warn!(%agent_id, zone = %key.0, cluster = %key.1, instance = %key.2, limit = MAX_INSTANCES, "Instance report dropped: too many instances.");
-                return;
-            }
-            self.live.total.fetch_add(1, Ordering::AcqRel);
-        }
-        let (visible, previous_agent, change) = {
-            let mut by_zone = self.clusters.entry(key.1.clone()).or_default();
-            let e = by_zone.entry(key.0.clone()).or_insert_with(Entry::new);
-            let prev = e.instances.get(&key.2);
-            let (window_requests, window_errors) = match prev {
-                Some(p) if report.requests_total >= p.report.requests_total => (
-                    report.requests_total - p.report.requests_total,
-                    report
-                        .errors_5xx_total
-                        .saturating_sub(p.report.errors_5xx_total),
-                ),
-                // A restarted sidecar counts from zero again: all it counted is new.
-                Some(_) => (report.requests_total, report.errors_5xx_total),
-                None => (0, 0),
-            };
-            let visible = match prev {
-                None => report.reachable,
-                Some(p) => {
-                    p.report.reachable != report.reachable
-                        || p.report.start_time_ms != report.start_time_ms
+        self.apply_reports(agent_id, vec![report], now);
+    }
+
+    /// Records the instance snapshots of one report from an agent; their names were
+    /// validated by the ingest. Reports for clusters nobody registered are kept too:
+    /// they show in `GET /services`. Each (zone, cluster) entry is locked once for the
+    /// run of snapshots that name it, and its status is recomputed from running sums.
+    pub fn apply_reports(&self, agent_id: &str, reports: Vec<InstanceReport>, now: Instant) {
+        let _st = shared(&self.state);
+        let mut visible = false;
+        let mut mine: Vec<InstanceKey> = Vec::with_capacity(reports.len());
+        let mut moved: Vec<(String, InstanceKey)> = Vec::new();
+        let mut reports = reports.into_iter().peekable();
+        while let Some(first) = reports.next() {
+            let zone = first.zone_name.clone();
+            let cluster = first.cluster_name.clone();
+            let mut by_zone = self.clusters.entry(cluster.clone()).or_default();
+            let e = by_zone.entry(zone.clone()).or_insert_with(Entry::new);
+            let before = (e.status, e.live);
+            let mut report = Some(first);
+            while let Some(r) = report.take() {
+                let key = (zone.clone(), cluster.clone(), r.instance.clone());
+                match self.put_instance(e, agent_id, r, now) {
+                    Put::Dropped => {}
+                    Put::Done { shown, previous } => {
+                        visible |= shown;
+                        if let Some(p) = previous {
+                            moved.push((p, key.clone()));
+                        }
+                        mine.push(key);
+                    }
                 }
-            };
-            let previous_agent = prev
-                .filter(|p| p.agent_id != agent_id)
-                .map(|p| p.agent_id.clone());
-            if let Some(m) = self.live.membership.get() {
-                m.publish(Member {
-                    zone: &key.0,
-                    cluster: &key.1,
-                    instance: &key.2,
-                    agent_id,
-                    start_time_ms: report.start_time_ms,
-                    reachable: report.reachable,
-                    window_requests,
-                    window_errors,
-                });
+                report = reports.next_if(|n| n.zone_name == zone && n.cluster_name == cluster);
             }
-            e.instances.insert(
-                key.2.clone(),
-                LiveInstance {
-                    agent_id: agent_id.to_owned(),
-                    last_seen: now,
-                    window_requests,
-                    window_errors,
-                    report: Arc::new(report),
-                },
-            );
-            let before = self.refresh(e);
-            let change = e.record.is_some().then_some((before, (e.status, e.live)));
-            (visible || before.0 != e.status, previous_agent, change)
-        };
-        if let Some(other) = previous_agent
-            && let Some(mut keys) = self.live.agents.get_mut(&other)
-        {
-            keys.remove(&key);
+            self.refresh(e, before);
+            visible |= before.0 != e.status;
+            if e.record.is_some() {
+                self.count_change(&zone, before, (e.status, e.live));
+            }
         }
-        if let Some((before, after)) = change {
-            self.count_change(&key.0, before, after);
+        for (other, key) in moved {
+            if let Some(mut keys) = self.live.agents.get_mut(&other) {
+                keys.remove(&key);
+            }
         }
-        self.live
-            .agents
-            .entry(agent_id.to_owned())
-            .or_default()
-            .insert(key);
+        if !mine.is_empty() {
+            self.live
+                .agents
+                .entry(agent_id.to_owned())
+                .or_default()
+                .extend(mine);
+            self.live.due(agent_id, now);
+        }
         if visible {
             self.bump();
         }
     }
 
+    /// Puts one snapshot into its entry, keeping the entry's live sums; the caller
+    /// recomputes the status once for the run.
+    fn put_instance(
+        &self,
+        e: &mut Entry,
+        agent_id: &str,
+        report: InstanceReport,
+        now: Instant,
+    ) -> Put {
+        let prev = e.instances.get(&report.instance);
+        if prev.is_none() && !self.live.admit() {
+            warn!(%agent_id, zone = %report.zone_name, cluster = %report.cluster_name, instance = %report.instance, limit = MAX_INSTANCES, "Instance report dropped: too many instances.");
+            return Put::Dropped;
+        }
+        let (window_requests, window_errors) = match prev {
+            Some(p) if report.requests_total >= p.report.requests_total => (
+                report.requests_total - p.report.requests_total,
+                report
+                    .errors_5xx_total
+                    .saturating_sub(p.report.errors_5xx_total),
+            ),
+            // A restarted sidecar counts from zero again: all it counted is new.
+            Some(_) => (report.requests_total, report.errors_5xx_total),
+            None => (0, 0),
+        };
+        let shown = match prev {
+            None => report.reachable,
+            Some(p) => {
+                p.report.reachable != report.reachable
+                    || p.report.start_time_ms != report.start_time_ms
+            }
+        };
+        let previous = prev
+            .filter(|p| p.agent_id != agent_id)
+            .map(|p| p.agent_id.clone());
+        if let Some(m) = self.live.membership.get() {
+            m.publish(Member {
+                zone: &report.zone_name,
+                cluster: &report.cluster_name,
+                instance: &report.instance,
+                agent_id,
+                start_time_ms: report.start_time_ms,
+                reachable: report.reachable,
+                window_requests,
+                window_errors,
+            });
+        }
+        let name = report.instance.clone();
+        let fresh = LiveInstance {
+            agent_id: agent_id.to_owned(),
+            last_seen: now,
+            window_requests,
+            window_errors,
+            report: Arc::new(report),
+        };
+        e.count(&fresh, true);
+        if let Some(old) = e.instances.insert(name, fresh) {
+            e.count(&old, false);
+        }
+        Put::Done { shown, previous }
+    }
+
     /// Drops an agent's instances at once (it said goodbye or its connection closed).
     pub fn agent_gone(&self, agent_id: &str) {
-        let _st = lock(&self.state);
+        let _st = shared(&self.state);
         let Some((_, keys)) = self.live.agents.remove(agent_id) else {
             return;
         };
@@ -191,28 +293,30 @@ impl Store {
         }
     }
 
-    /// Drops instances not reported within the TTL.
+    /// Drops instances not reported within the TTL. Visits only the instances of the
+    /// agents whose reports fell due, never the whole catalog.
     pub fn expire(&self, now: Instant) {
         let ttl = self.rules.instance_ttl;
-        let _st = lock(&self.state);
-        let mut stale: Vec<(String, InstanceKey)> = Vec::new();
-        for by_zone in self.clusters.iter() {
-            for (zone, e) in by_zone.value() {
-                for (name, i) in &e.instances {
-                    if now.saturating_duration_since(i.last_seen) > ttl {
-                        let key = (zone.clone(), by_zone.key().clone(), name.clone());
-                        stale.push((i.agent_id.clone(), key));
+        let due = self.live.take_due(now, ttl);
+        if due.is_empty() {
+            return;
+        }
+        let _st = shared(&self.state);
+        let mut changed = false;
+        for agent in due {
+            let keys: Vec<InstanceKey> = match self.live.agents.get(&agent) {
+                Some(keys) => keys.iter().cloned().collect(),
+                None => continue,
+            };
+            for key in keys {
+                let stale = |i: &LiveInstance| now.saturating_duration_since(i.last_seen) > ttl;
+                if self.drop_instance(&key, stale) {
+                    debug!(%agent, zone = %key.0, cluster = %key.1, instance = %key.2, "Instance expired.");
+                    changed = true;
+                    if let Some(mut keys) = self.live.agents.get_mut(&agent) {
+                        keys.remove(&key);
                     }
                 }
-            }
-        }
-        let mut changed = false;
-        for (agent, key) in stale {
-            debug!(%agent, zone = %key.0, cluster = %key.1, instance = %key.2, "Instance expired.");
-            changed |=
-                self.drop_instance(&key, |i| now.saturating_duration_since(i.last_seen) > ttl);
-            if let Some(mut keys) = self.live.agents.get_mut(&agent) {
-                keys.remove(&key);
             }
             self.live
                 .agents
@@ -223,14 +327,10 @@ impl Store {
         }
     }
 
-    /// Removes one instance when `cond` holds; refreshes status and counters. The
-    /// caller holds the state lock. Returns whether anything visible changed.
-    fn drop_instance(
-        &self,
-        key: &InstanceKey,
-        cond: impl Fn(&super::LiveInstance) -> bool,
-    ) -> bool {
-        let counters = {
+    /// Removes one instance when `cond` holds; refreshes status and counters.
+    /// Returns whether it was removed.
+    fn drop_instance(&self, key: &InstanceKey, cond: impl Fn(&LiveInstance) -> bool) -> bool {
+        {
             let Some(mut by_zone) = self.clusters.get_mut(&key.1) else {
                 return false;
             };
@@ -240,10 +340,15 @@ impl Store {
             if !e.instances.get(&key.2).is_some_and(&cond) {
                 return false;
             }
-            e.instances.remove(&key.2);
+            let before = (e.status, e.live);
+            if let Some(old) = e.instances.remove(&key.2) {
+                e.count(&old, false);
+            }
             self.live.total.fetch_sub(1, Ordering::AcqRel);
-            let before = self.refresh(e);
-            let counters = e.record.is_some().then_some((before, (e.status, e.live)));
+            self.refresh(e, before);
+            if e.record.is_some() {
+                self.count_change(&key.0, before, (e.status, e.live));
+            }
             let forget = e.record.is_none() && e.instances.is_empty();
             if forget {
                 by_zone.remove(&key.0);
@@ -253,13 +358,9 @@ impl Store {
             if empty {
                 self.clusters.remove_if(&key.1, |_, m| m.is_empty());
             }
-            counters
-        };
+        }
         if let Some(m) = self.live.membership.get() {
             m.withdraw(&key.0, &key.1, &key.2);
-        }
-        if let Some((before, after)) = counters {
-            self.count_change(&key.0, before, after);
         }
         true
     }
@@ -279,7 +380,7 @@ impl Store {
         clusters.sort();
         clusters.dedup();
         clusters.truncate(MAX_EDGE_CLUSTERS);
-        let _st = lock(&self.state);
+        let _st = super::exclusive(&self.state);
         let same = self.edge.get(zone).is_some_and(|c| *c == clusters);
         if !same {
             if clusters.is_empty() {

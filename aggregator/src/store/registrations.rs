@@ -13,7 +13,7 @@ use meshcat_common::model::{ClusterRecord, ZoneRecord};
 use tracing::warn;
 
 use super::persist::PersistError;
-use super::{Entry, Store, StoreError, ZoneAggregate, ZoneState, lock, render};
+use super::{Entry, Store, StoreError, ZoneAggregate, ZoneState, exclusive, render};
 
 /// One conditional write; a batch of them is committed all or nothing.
 #[derive(Debug, Clone)]
@@ -234,7 +234,7 @@ impl Store {
     /// commit, or changes that arrive from elsewhere (another replica's writes seen
     /// through the backend), in their commit order.
     pub fn apply_changes(&self, changes: &[Change]) {
-        let _st = lock(&self.state);
+        let _st = exclusive(&self.state);
         for change in changes {
             match change {
                 Change::PutZone(z) => self.put_zone_in_memory(z.clone()),
@@ -292,7 +292,7 @@ impl Store {
             let old = e.record.take().map(|r| (r, e.status, e.live));
             e.record_json = render::record_json(&c);
             e.record = Some(Arc::new(c));
-            self.refresh(e);
+            self.refresh(e, (e.status, e.live));
             (old, (e.record.clone().expect("just set"), e.status, e.live))
         };
         if let Some(mut z) = self.zones.get_mut(&zone) {
@@ -316,7 +316,7 @@ impl Store {
             };
             let old = e.record.take().map(|r| (r, e.status, e.live));
             e.record_json = Bytes::new();
-            self.refresh(e);
+            self.refresh(e, (e.status, e.live));
             if e.instances.is_empty() {
                 by_zone.remove(zone);
             }

@@ -308,3 +308,34 @@ fn bulk_creation_is_all_or_nothing() {
     assert_eq!(made.len(), 2);
     assert_eq!(summary(&s, "z").cluster_count, 2);
 }
+
+#[test]
+fn an_instance_left_out_of_later_reports_expires_on_time() {
+    let (_d, s) = open();
+    let t0 = Instant::now();
+    s.apply_reports(
+        "agent",
+        vec![report("z", "a", "i1", 0, 0), report("z", "a", "i2", 0, 0)],
+        t0,
+    );
+    // The agent goes on reporting i2 only.
+    for n in 1..=4 {
+        s.apply_reports(
+            "agent",
+            vec![report("z", "a", "i2", 0, 0)],
+            t0 + Duration::from_secs(5 * n),
+        );
+        s.expire(t0 + Duration::from_secs(5 * n));
+    }
+    // 20 s after its last report i1 is gone; i2 stays.
+    assert_eq!(s.reporter("z", "a", "i1"), None);
+    assert_eq!(s.reporter("z", "a", "i2").as_deref(), Some("agent"));
+    assert_eq!(s.totals().live_instances, 1);
+    // Not yet past the TTL at 14 s, past it at 16 s.
+    let (_d, s) = open();
+    s.apply_reports("agent", vec![report("z", "b", "j", 0, 0)], t0);
+    s.expire(t0 + Duration::from_secs(14));
+    assert_eq!(s.totals().live_instances, 1);
+    s.expire(t0 + Duration::from_secs(16));
+    assert_eq!(s.totals().live_instances, 0);
+}
