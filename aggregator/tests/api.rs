@@ -834,3 +834,63 @@ async fn large_answers_can_be_gzipped() {
         assert!(res.headers().get("content-encoding").is_none());
     }
 }
+
+#[tokio::test]
+async fn bulk_registration_is_all_or_nothing() {
+    let api = plain().await;
+    api.zone("z").await;
+    let c = |name: &str| json!({"zoneName": "z", "clusterName": name, "name": name});
+
+    // One invalid record: nothing stored, the index named.
+    let (s, v) = api
+        .post(
+            "/clusters",
+            json!([c("a"), c("b"), {"zoneName": "z", "clusterName": "bad name", "name": "x"}]),
+        )
+        .await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    assert_error_body(&v);
+    assert!(v["error"].as_str().unwrap().starts_with("Record 2:"), "{v}");
+    assert!(api.names("").await.is_empty());
+
+    // A record of a missing zone, or one twice: refused whole as well.
+    let (s, v) = api
+        .post(
+            "/clusters",
+            json!([c("a"), {"zoneName": "nowhere", "clusterName": "b", "name": "b"}]),
+        )
+        .await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    assert!(v["error"].as_str().unwrap().starts_with("Record 1:"), "{v}");
+    let (s, v) = api.post("/clusters", json!([c("a"), c("a")])).await;
+    assert_eq!(s, StatusCode::CONFLICT, "{v}");
+    assert!(v["error"].as_str().unwrap().starts_with("Record 1:"), "{v}");
+    let (s, v) = api.post("/clusters", json!([c("a"), 7])).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    assert!(v["error"].as_str().unwrap().starts_with("Record 1 "), "{v}");
+    assert!(api.names("").await.is_empty());
+
+    // Bounds on the count.
+    let (s, _) = api.post("/clusters", json!([])).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY);
+    let many: Vec<Value> = (0..1001).map(|i| c(&format!("c{i}"))).collect();
+    let (s, v) = api.post("/clusters", Value::Array(many)).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    assert!(api.names("").await.is_empty());
+
+    // All valid: 201 with the stored records in the order sent.
+    let (s, v) = api.post("/clusters", json!([c("b"), c("a")])).await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let sent: Vec<&str> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["clusterName"].as_str().unwrap())
+        .collect();
+    assert_eq!(sent, ["b", "a"]);
+    assert_eq!(api.names("").await, ["z/a", "z/b"]);
+    // Now one of them exists: the next bulk naming it stores nothing.
+    let (s, v) = api.post("/clusters", json!([c("c"), c("b")])).await;
+    assert_eq!(s, StatusCode::CONFLICT, "{v}");
+    assert_eq!(api.names("").await, ["z/a", "z/b"]);
+}
