@@ -107,12 +107,16 @@ impl Aggregator {
 }
 
 impl ingest::ReportSink for Store {
-    fn apply_report(&self, agent_id: &str, report: &InstanceReport, now: Instant) {
-        Store::apply_report(self, agent_id, report, now);
+    fn apply_report(&self, agent_id: &str, instances: Vec<InstanceReport>, now: Instant) {
+        Store::apply_reports(self, agent_id, instances, now);
     }
 
     fn agent_gone(&self, agent_id: &str) {
         Store::agent_gone(self, agent_id);
+    }
+
+    fn reporter(&self, zone: &str, cluster: &str, instance: &str) -> Option<String> {
+        Store::reporter(self, zone, cluster, instance)
     }
 }
 

@@ -129,6 +129,8 @@ impl EtcdCluster {
             // Loopback: short heartbeats make leader changes quick, the election
             // timeout stays wide enough for a loaded two-core machine.
             .args(["--heartbeat-interval", "100", "--election-timeout", "1000"])
+            // Bulk registrations are one transaction: room for 1000 records.
+            .args(["--max-txn-ops", "4096"])
             .args(["--logger", "zap", "--log-outputs", "stderr"])
             .env("ETCD_UNSUPPORTED_ARCH", std::env::consts::ARCH)
             .stdin(Stdio::null())

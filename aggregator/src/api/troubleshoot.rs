@@ -124,7 +124,7 @@ fn zone_or_404(s: &AppState, zone: &str) -> Result<ZoneRecord, ApiError> {
 
 /// A cluster is known in a zone when it is registered there or has live instances.
 fn cluster_or_404(s: &AppState, zone: &str, cluster: &str) -> Result<(), ApiError> {
-    let registered = !s.store.get_cluster(cluster, Some(zone), true).is_empty();
+    let registered = s.store.is_registered(zone, cluster);
     if registered || !s.store.live_instances(zone, cluster).is_empty() {
         Ok(())
     } else {
@@ -572,12 +572,7 @@ async fn metrics_evidence(
     cluster: &str,
     notes: &mut Vec<String>,
 ) -> Option<MetricsEvidence> {
-    let record = s
-        .store
-        .get_cluster(cluster, Some(zone), true)
-        .into_iter()
-        .next()?
-        .record;
+    let record = s.store.record(zone, cluster)?;
     let live = s.store.live_instances(zone, cluster);
     let with_metrics = live.iter().filter(|i| i.start_time_ms > 0).count();
     let prometheus_up = match (&s.prometheus_url, record.prometheus_job.is_empty()) {
@@ -596,7 +591,7 @@ async fn metrics_evidence(
     };
     Some(MetricsEvidence {
         enable_instance_metrics: record.enable_instance_metrics,
-        prometheus_job: record.prometheus_job,
+        prometheus_job: record.prometheus_job.clone(),
         live_instances: live.len(),
         instances_with_metrics: with_metrics,
         prometheus_up,

@@ -19,7 +19,8 @@ use meshcat_common::model::{ClusterRecord, ZoneRecord};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use super::{Store, StoreError};
+use super::registrations::Outcome;
+use super::{Change, Loaded, PersistError, Refusal, Registrations, Store, Write};
 
 /// Longest wait for etcd to commit a write. etcd without quorum holds a request
 /// until its own timeout (7 s in 3.4); answering 503 sooner keeps the API's answer
@@ -62,8 +63,8 @@ impl std::fmt::Debug for EtcdRegistrations {
 }
 
 /// A failure of etcd as a store: unreachable, no quorum, or an answer we cannot read.
-fn unavailable(e: impl std::fmt::Display) -> StoreError {
-    StoreError::Unavailable(format!("The registrations store did not answer: {e}."))
+fn unavailable(e: impl std::fmt::Display) -> PersistError {
+    PersistError::Unavailable(format!("The registrations store did not answer: {e}."))
 }
 
 impl EtcdRegistrations {
@@ -123,162 +124,231 @@ impl EtcdRegistrations {
         format!("{}/clusters/{zone}/{cluster}", self.prefix)
     }
 
-    /// Runs `txn` and waits until this replica applied it. Called on the blocking
-    /// pool (the API runs registrations there), so it may block on the runtime.
-    fn commit(&self, txn: Txn) -> Result<etcd_client::TxnResponse, StoreError> {
-        let handle = tokio::runtime::Handle::try_current()
-            .map_err(|_| unavailable("no async runtime to reach etcd from"))?;
-        handle.block_on(async {
-            let mut kv = self.client.kv_client();
-            let resp = tokio::time::timeout(WRITE_TIMEOUT, kv.txn(txn))
-                .await
-                .map_err(|_| unavailable("timed out"))?
-                .map_err(unavailable)?;
-            if resp.succeeded() {
-                let rev = resp.header().map_or(0, |h| h.revision());
-                let mut rx = self.applied.subscribe();
-                if tokio::time::timeout(APPLY_WAIT, rx.wait_for(|r| *r >= rev))
-                    .await
-                    .is_err()
-                {
-                    warn!(
-                        revision = rev,
-                        "A committed registration is not applied here yet; answering anyway."
-                    );
+    /// Waits until this replica's follower has applied revision `rev`. Past
+    /// [`APPLY_WAIT`] the write is still acknowledged: it is committed, memory follows.
+    async fn wait_applied(&self, rev: i64) {
+        let mut rx = self.applied.subscribe();
+        if tokio::time::timeout(APPLY_WAIT, rx.wait_for(|r| *r >= rev))
+            .await
+            .is_err()
+        {
+            warn!(
+                revision = rev,
+                "A committed registration is not applied here yet; answering anyway."
+            );
+        }
+    }
+
+    /// Checks and commits a batch in one etcd transaction: each write adds its
+    /// conditions (compares) and operations; when a condition fails, the else branch
+    /// reads every key involved so the first refused write can be named.
+    async fn commit_batch(&self, batch: Vec<Write>) -> Result<Outcome, PersistError> {
+        let mut compares = Vec::new();
+        let mut ops = Vec::new();
+        let mut reads: Vec<String> = Vec::new();
+        // Which op's answer carries each deleted record: (write index, op index).
+        let mut deleted_at: Vec<(usize, usize)> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for (i, w) in batch.iter().enumerate() {
+            let key = match w {
+                Write::CreateZone(z) => self.zone_key(&z.zone_name),
+                Write::DeleteZone(z) => self.zone_key(z),
+                Write::CreateCluster(c) | Write::ReplaceCluster(c) => {
+                    self.cluster_key(&c.zone_name, &c.cluster_name)
+                }
+                Write::DeleteCluster { zone, cluster } => self.cluster_key(zone, cluster),
+            };
+            // etcd refuses a transaction writing one key twice: the second write of a
+            // key in a batch is refused as the redb backend would refuse it.
+            if !seen.insert(key.clone()) {
+                let error = match w {
+                    Write::CreateZone(z) => Refusal::zone_exists(&z.zone_name),
+                    Write::CreateCluster(c) => {
+                        Refusal::cluster_exists(&c.zone_name, &c.cluster_name)
+                    }
+                    _ => {
+                        return Err(PersistError::Unavailable(
+                            "A batch may write each record once.".into(),
+                        ));
+                    }
+                };
+                return Ok(Outcome::Refused { index: i, error });
+            }
+            reads.push(key.clone());
+            match w {
+                Write::CreateZone(z) => {
+                    compares.push(Compare::create_revision(key.clone(), CompareOp::Equal, 0));
+                    ops.push(TxnOp::put(key, to_json(z), None));
+                }
+                Write::DeleteZone(z) => {
+                    compares.push(Compare::version(key.clone(), CompareOp::Greater, 0));
+                    deleted_at.push((i, ops.len()));
+                    ops.push(TxnOp::get(key.clone(), None));
+                    ops.push(TxnOp::delete(key, None));
+                    ops.push(TxnOp::delete(
+                        format!("{}/clusters/{z}/", self.prefix),
+                        Some(DeleteOptions::new().with_prefix()),
+                    ));
+                }
+                Write::CreateCluster(c) | Write::ReplaceCluster(c) => {
+                    let zk = self.zone_key(&c.zone_name);
+                    compares.push(Compare::version(zk.clone(), CompareOp::Greater, 0));
+                    reads.push(zk);
+                    compares.push(if matches!(w, Write::CreateCluster(_)) {
+                        Compare::create_revision(key.clone(), CompareOp::Equal, 0)
+                    } else {
+                        Compare::version(key.clone(), CompareOp::Greater, 0)
+                    });
+                    ops.push(TxnOp::put(key, to_json(c), None));
+                }
+                Write::DeleteCluster { .. } => {
+                    compares.push(Compare::version(key.clone(), CompareOp::Greater, 0));
+                    deleted_at.push((i, ops.len()));
+                    ops.push(TxnOp::get(key.clone(), None));
+                    ops.push(TxnOp::delete(key, None));
                 }
             }
-            Ok(resp)
-        })
-    }
-
-    pub(super) fn create_zone(&self, z: ZoneRecord) -> Result<ZoneRecord, StoreError> {
-        let key = self.zone_key(&z.zone_name);
-        let value = serde_json::to_vec(&z).expect("records serialise");
-        let resp = self.commit(
-            Txn::new()
-                .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-                .and_then([TxnOp::put(key, value, None)]),
-        )?;
-        if !resp.succeeded() {
-            return Err(StoreError::Conflict(format!(
-                "Zone {} already exists.",
-                z.zone_name
-            )));
         }
-        Ok(z)
-    }
-
-    pub(super) fn delete_zone(&self, name: &str) -> Result<ZoneRecord, StoreError> {
-        let key = self.zone_key(name);
-        let clusters = format!("{}/clusters/{name}/", self.prefix);
-        let resp = self.commit(
-            Txn::new()
-                .when([Compare::version(key.clone(), CompareOp::Greater, 0)])
-                .and_then([
-                    TxnOp::get(key.clone(), None),
-                    TxnOp::delete(key, None),
-                    TxnOp::delete(clusters, Some(DeleteOptions::new().with_prefix())),
-                ]),
-        )?;
+        reads.sort();
+        reads.dedup();
+        let else_ops: Vec<TxnOp> = reads.iter().map(|k| TxnOp::get(k.clone(), None)).collect();
+        let txn = Txn::new().when(compares).and_then(ops).or_else(else_ops);
+        let mut kv = self.client.kv_client();
+        let resp = tokio::time::timeout(WRITE_TIMEOUT, kv.txn(txn))
+            .await
+            .map_err(|_| unavailable("timed out"))?
+            .map_err(unavailable)?;
+        let answers = resp.op_responses();
         if !resp.succeeded() {
-            return Err(StoreError::NotFound(format!("Zone {name} does not exist.")));
+            let exists: std::collections::HashSet<&str> = answers
+                .iter()
+                .filter_map(|r| match r {
+                    TxnOpResponse::Get(g) => g.kvs().first().and_then(|kv| kv.key_str().ok()),
+                    _ => None,
+                })
+                .collect();
+            return refusal(&batch, |k| exists.contains(k), self);
         }
-        first_record(&resp)
+        let rev = resp.header().map_or(0, |h| h.revision());
+        self.wait_applied(rev).await;
+        let mut changes = Vec::with_capacity(batch.len());
+        for (i, w) in batch.into_iter().enumerate() {
+            let deleted = || {
+                deleted_at
+                    .iter()
+                    .find(|(wi, _)| *wi == i)
+                    .and_then(|(_, oi)| match answers.get(*oi) {
+                        Some(TxnOpResponse::Get(g)) => {
+                            g.kvs().first().map(|kv| kv.value().to_vec())
+                        }
+                        _ => None,
+                    })
+                    .ok_or_else(|| unavailable("a deleted record could not be read back"))
+            };
+            changes.push(match w {
+                Write::CreateZone(z) => Change::PutZone(z),
+                Write::CreateCluster(c) | Write::ReplaceCluster(c) => Change::PutCluster(c),
+                Write::DeleteZone(_) => Change::DeleteZone(from_json(&deleted()?)?),
+                Write::DeleteCluster { .. } => Change::DeleteCluster(from_json(&deleted()?)?),
+            });
+        }
+        Ok(Outcome::Committed { seq: 0, changes })
     }
+}
 
-    /// Creates (`create`) or replaces a cluster registration.
-    pub(super) fn put_cluster(
-        &self,
-        c: ClusterRecord,
-        create: bool,
-    ) -> Result<ClusterRecord, StoreError> {
-        let zone_key = self.zone_key(&c.zone_name);
-        let key = self.cluster_key(&c.zone_name, &c.cluster_name);
-        let value = serde_json::to_vec(&c).expect("records serialise");
-        let exists = if create {
-            Compare::create_revision(key.clone(), CompareOp::Equal, 0)
-        } else {
-            Compare::version(key.clone(), CompareOp::Greater, 0)
+fn to_json<T: serde::Serialize>(v: &T) -> Vec<u8> {
+    serde_json::to_vec(v).expect("records serialise")
+}
+
+fn from_json<T: serde::de::DeserializeOwned>(v: &[u8]) -> Result<T, PersistError> {
+    serde_json::from_slice(v).map_err(|error| PersistError::Decode {
+        key: String::from_utf8_lossy(v).chars().take(80).collect(),
+        error,
+    })
+}
+
+/// The first write of `batch` whose condition fails given which keys exist.
+fn refusal(
+    batch: &[Write],
+    exists: impl Fn(&str) -> bool,
+    e: &EtcdRegistrations,
+) -> Result<Outcome, PersistError> {
+    for (index, w) in batch.iter().enumerate() {
+        let error = match w {
+            Write::CreateZone(z) if exists(&e.zone_key(&z.zone_name)) => {
+                Refusal::zone_exists(&z.zone_name)
+            }
+            Write::DeleteZone(z) if !exists(&e.zone_key(z)) => Refusal::no_zone(z),
+            Write::CreateCluster(c) | Write::ReplaceCluster(c)
+                if !exists(&e.zone_key(&c.zone_name)) =>
+            {
+                Refusal::cluster_needs_zone(&c.zone_name)
+            }
+            Write::CreateCluster(c) if exists(&e.cluster_key(&c.zone_name, &c.cluster_name)) => {
+                Refusal::cluster_exists(&c.zone_name, &c.cluster_name)
+            }
+            Write::ReplaceCluster(c) if !exists(&e.cluster_key(&c.zone_name, &c.cluster_name)) => {
+                Refusal::no_cluster(&c.zone_name, &c.cluster_name)
+            }
+            Write::DeleteCluster { zone, cluster } if !exists(&e.cluster_key(zone, cluster)) => {
+                Refusal::no_cluster(zone, cluster)
+            }
+            _ => continue,
         };
-        let resp = self.commit(
-            Txn::new()
-                .when([
-                    Compare::version(zone_key.clone(), CompareOp::Greater, 0),
-                    exists,
-                ])
-                .and_then([TxnOp::put(key, value, None)])
-                .or_else([TxnOp::get(zone_key, None)]),
-        )?;
-        if resp.succeeded() {
-            return Ok(c);
-        }
-        let zone_exists = resp.op_responses().iter().any(|r| match r {
-            TxnOpResponse::Get(g) => !g.kvs().is_empty(),
-            _ => false,
-        });
-        Err(if !zone_exists {
-            StoreError::Invalid(format!("Zone {} does not exist.", c.zone_name))
-        } else if create {
-            StoreError::Conflict(format!(
-                "Cluster {} already exists in zone {}.",
-                c.cluster_name, c.zone_name
-            ))
-        } else {
-            StoreError::NotFound(format!(
-                "Cluster {} does not exist in zone {}.",
-                c.cluster_name, c.zone_name
-            ))
-        })
+        return Ok(Outcome::Refused { index, error });
+    }
+    // Every condition held when the keys were read back: another replica's write
+    // changed them in between. The outcome is clear (nothing written) but the caller
+    // should retry.
+    Err(PersistError::Unavailable(
+        "A concurrent registration changed the same records; nothing was written, retry.".into(),
+    ))
+}
+
+/// The etcd registrations as the store's backend.
+#[derive(Debug)]
+pub struct EtcdBackend(pub Arc<EtcdRegistrations>);
+
+impl Registrations for EtcdBackend {
+    /// Nothing at start: [`sync`] loads the catalog once etcd answers, so a replica
+    /// started while etcd is down still starts (and is not ready).
+    fn load(&self) -> Result<Loaded, PersistError> {
+        Ok(Loaded::default())
     }
 
-    pub(super) fn delete_cluster(
-        &self,
-        zone: &str,
-        cluster: &str,
-    ) -> Result<ClusterRecord, StoreError> {
-        let key = self.cluster_key(zone, cluster);
-        let resp = self.commit(
-            Txn::new()
-                .when([Compare::version(key.clone(), CompareOp::Greater, 0)])
-                .and_then([TxnOp::get(key.clone(), None), TxnOp::delete(key, None)]),
-        )?;
-        if !resp.succeeded() {
-            return Err(StoreError::NotFound(format!(
-                "Cluster {cluster} does not exist in zone {zone}."
-            )));
-        }
-        first_record(&resp)
+    /// Runs on the blocking pool (the API runs registrations there), so it may
+    /// block on the runtime.
+    fn commit(&self, batch: Vec<Write>) -> Result<Outcome, PersistError> {
+        let handle = tokio::runtime::Handle::try_current()
+            .map_err(|_| unavailable("no async runtime to reach etcd from"))?;
+        handle.block_on(self.0.commit_batch(batch))
+    }
+
+    fn followed(&self) -> bool {
+        true
     }
 }
 
-/// The record read by the first operation of a successful transaction.
-fn first_record<T: serde::de::DeserializeOwned>(
-    resp: &etcd_client::TxnResponse,
-) -> Result<T, StoreError> {
-    resp.op_responses()
-        .iter()
-        .find_map(|r| match r {
-            TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.value().to_vec()),
-            _ => None,
-        })
-        .and_then(|v| serde_json::from_slice(&v).ok())
-        .ok_or_else(|| unavailable("the deleted record could not be read back"))
+/// A record deleted by name only: showing a deletion needs only the names.
+fn zone_named(zone: &str) -> ZoneRecord {
+    ZoneRecord {
+        zone_name: zone.to_owned(),
+        request_cluster: String::new(),
+        server_address: String::new(),
+        use_tls: false,
+        ca_path: String::new(),
+        cert_path: String::new(),
+        key_path: String::new(),
+    }
 }
 
-/// One change of the registrations, decoded from a key and value.
-enum Change {
-    PutZone(Box<ZoneRecord>),
-    DeleteZone(String),
-    PutCluster(Box<ClusterRecord>),
-    DeleteCluster(String, String),
-}
-
-/// Decodes a key under the prefix (`rest` is the part after `<prefix>/`); `None`
-/// for keys that are not registrations or values that do not decode.
+/// Decodes a key under the prefix (`rest` is the part after `<prefix>/`) into the
+/// change it makes; `None` for keys that are not registrations or values that do
+/// not decode.
 fn decode(rest: &str, value: Option<&[u8]>) -> Option<Change> {
     if let Some(zone) = rest.strip_prefix("zones/") {
         return match value {
-            None => Some(Change::DeleteZone(zone.to_owned())),
+            None => Some(Change::DeleteZone(zone_named(zone))),
             Some(v) => match serde_json::from_slice(v) {
                 Ok(z) => Some(Change::PutZone(z)),
                 Err(e) => {
@@ -290,7 +360,9 @@ fn decode(rest: &str, value: Option<&[u8]>) -> Option<Change> {
     }
     let (zone, cluster) = rest.strip_prefix("clusters/")?.split_once('/')?;
     match value {
-        None => Some(Change::DeleteCluster(zone.to_owned(), cluster.to_owned())),
+        None => Some(Change::DeleteCluster(ClusterRecord::new(
+            zone, cluster, cluster,
+        ))),
         Some(v) => match serde_json::from_slice(v) {
             Ok(c) => Some(Change::PutCluster(c)),
             Err(e) => {
@@ -301,13 +373,34 @@ fn decode(rest: &str, value: Option<&[u8]>) -> Option<Change> {
     }
 }
 
-fn apply(store: &Store, change: Change) {
-    match change {
-        Change::PutZone(z) => store.apply_put_zone(*z),
-        Change::DeleteZone(z) => store.apply_delete_zone(&z),
-        Change::PutCluster(c) => store.apply_put_cluster(*c),
-        Change::DeleteCluster(z, c) => store.apply_delete_cluster(&z, &c),
+/// The changes that make memory hold exactly `zones` and `clusters` (a full
+/// listing): deletions of what the listing lacks, then every record.
+fn snapshot_changes(
+    store: &Store,
+    zones: Vec<ZoneRecord>,
+    clusters: Vec<ClusterRecord>,
+) -> Vec<Change> {
+    let keep_zones: std::collections::HashSet<&str> =
+        zones.iter().map(|z| z.zone_name.as_str()).collect();
+    let keep_clusters: std::collections::HashSet<(&str, &str)> = clusters
+        .iter()
+        .map(|c| (c.zone_name.as_str(), c.cluster_name.as_str()))
+        .collect();
+    let mut changes = Vec::new();
+    for z in store.zones.iter() {
+        if !keep_zones.contains(z.key().as_str()) {
+            changes.push(Change::DeleteZone(zone_named(z.key())));
+            continue;
+        }
+        for c in &z.clusters {
+            if !keep_clusters.contains(&(z.key().as_str(), c.as_str())) {
+                changes.push(Change::DeleteCluster(ClusterRecord::new(z.key(), c, c)));
+            }
+        }
     }
+    changes.extend(zones.into_iter().map(Change::PutZone));
+    changes.extend(clusters.into_iter().map(Change::PutCluster));
+    changes
 }
 
 /// Lists the registrations and applies them as the whole truth; returns the
@@ -336,14 +429,15 @@ async fn relist(store: &Store, e: &EtcdRegistrations) -> Result<i64, etcd_client
         for kv in resp.kvs() {
             let Ok(key) = kv.key_str() else { continue };
             match decode(&key[root.len()..], Some(kv.value())) {
-                Some(Change::PutZone(z)) => zones.push(*z),
-                Some(Change::PutCluster(c)) => clusters.push(*c),
+                Some(Change::PutZone(z)) => zones.push(z),
+                Some(Change::PutCluster(c)) => clusters.push(c),
                 _ => {}
             }
         }
     }
     let (nz, nc) = (zones.len(), clusters.len());
-    store.apply_snapshot(zones, clusters);
+    let changes = snapshot_changes(store, zones, clusters);
+    store.apply_changes(&changes);
     info!(
         zones = nz,
         clusters = nc,
@@ -396,7 +490,7 @@ async fn follow(
                 EventType::Delete => None,
             };
             if let Some(change) = decode(&key[root.len()..], value) {
-                apply(store, change);
+                store.apply_changes(&[change]);
             }
         }
         let rev = resp.header().map_or(last, |h| h.revision()).max(last);
