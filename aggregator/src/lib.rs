@@ -246,6 +246,19 @@ async fn serve_with(
     );
     let expiry_task = tokio::spawn(expire_loop(agg.store.clone(), stop_rx.clone()));
     let sync_task = tokio::spawn(store::etcd::sync(agg.store.clone(), stop_rx.clone()));
+    // With etcd, the instances this replica's agents report are published for the
+    // other replicas.
+    let publish_task = agg.store.etcd().map(|e| {
+        let (membership, publisher) = store::etcd::membership::membership(
+            e.client(),
+            e.prefix(),
+            e.owner(),
+            agg.config.instance_ttl,
+            agg.config.error_ratio_warning,
+        );
+        let _ = agg.store.set_membership(Arc::new(membership));
+        tokio::spawn(publisher.run(stop_rx.clone()))
+    });
     let ingest_task = ingest.map(|IngestParts { ingest, socket }| {
         tokio::spawn(ingest.run(socket, stopped(stop_rx.clone())))
     });
@@ -275,6 +288,9 @@ async fn serve_with(
     let _ = stop_tx.send(true);
     let drain = async {
         let (a, o, _, _) = tokio::join!(api_task, ops_task, expiry_task, sync_task);
+        if let Some(t) = publish_task {
+            let _ = t.await;
+        }
         if let Some(t) = edge_task {
             let _ = t.await;
         }

@@ -34,7 +34,7 @@ use tracing::warn;
 
 pub use aggregate::{ZoneAggregate, status_index};
 use live::Live;
-pub use live::{LiveInstance, MAX_INSTANCES, Member, Membership};
+pub use live::{LiveInstance, MAX_INSTANCES, Member, Membership, REMOTE, RemoteInstance};
 pub use persist::{PersistError, RedbRegistrations};
 use read::ReadCache;
 pub use read::{Cached, CachedKind, MetricsLookup, Totals};

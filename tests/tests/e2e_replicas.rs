@@ -294,3 +294,112 @@ async fn quorum_loss_refuses_writes_keeps_reads_and_readiness() -> anyhow::Resul
     );
     Ok(())
 }
+
+/// Status and instance names of (zone, cluster) on replica `i`.
+async fn shown(
+    set: &Replicas,
+    i: usize,
+    zone: &str,
+    name: &str,
+) -> Option<(String, Vec<String>, Value)> {
+    let (s, body) = set
+        .get(i, &format!("/clusters/{name}?zoneName={zone}"))
+        .await
+        .ok()?;
+    if s != StatusCode::OK {
+        return None;
+    }
+    let c = body.get(0)?.clone();
+    Some((
+        c["status"].as_str()?.to_owned(),
+        meshcat_tests::mesh::instance_names(&c),
+        c,
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_replica_shows_every_instance_and_a_killed_owner_hands_over() -> anyhow::Result<()> {
+    const TTL: Duration = Duration::from_secs(3);
+    const INTERVAL: &str = "500ms";
+    let etcd = EtcdCluster::start().await?;
+    let set = Replicas::start(
+        BIN,
+        3,
+        &etcd.store_url("/instances"),
+        &["--instance-ttl", "3s"],
+    )
+    .await?;
+    assert_eq!(
+        set.post(0, "/zones", &zone("z")).await?.0,
+        StatusCode::CREATED
+    );
+    let mut svc = cluster("z", "svc");
+    svc["minInstances"] = json!(1);
+    assert_eq!(set.post(0, "/clusters", &svc).await?.0, StatusCode::CREATED);
+
+    // One real sidecar, its agent reporting to replica 2 first, then 0, then 1.
+    let sidecar = meshcat_tests::Sidecar::start().await?;
+    let mut args = set.agent_args(&[2, 0, 1]);
+    args.extend(
+        [
+            "--sidecar-admin",
+            &sidecar.envoy.admin_addr(),
+            "--zone",
+            "z",
+            "--cluster",
+            "svc",
+            "--instance",
+            "i1",
+            "--interval",
+            INTERVAL,
+            "--scrape-timeout",
+            "1s",
+        ]
+        .map(str::to_owned),
+    );
+    let agent = meshcat_tests::MeshAgent::start(&args).await?;
+
+    // Every replica shows the instance with the same status and start time.
+    let mut seen = Vec::new();
+    for i in 0..3 {
+        let (status, names, c) = wait_for(
+            &format!("i1 on replica {i}"),
+            Duration::from_secs(20),
+            || async {
+                shown(&set, i, "z", "svc")
+                    .await
+                    .filter(|(_, n, _)| n == &["i1"])
+            },
+        )
+        .await?;
+        seen.push((status, meshcat_tests::mesh::start_time(&c, "i1")));
+        let _ = names;
+    }
+    assert!(seen.iter().all(|s| *s == seen[0]), "{seen:?}");
+    assert_eq!(seen[0].0, "stable", "{seen:?}");
+    let start = seen[0].1.expect("start time");
+    assert!(sidecar.started_at(start), "start time {start}");
+
+    // The owner (replica 2) is killed: the agent moves on within an interval, the
+    // instance stays shown on 0 and 1 and the cluster never shows down.
+    set.replicas[2].kill();
+    let deadline = TTL + Duration::from_millis(2 * 500);
+    let until = std::time::Instant::now() + deadline + Duration::from_secs(1);
+    while std::time::Instant::now() < until {
+        for i in [0, 1] {
+            let (status, names, c) = shown(&set, i, "z", "svc").await.expect("cluster shown");
+            assert_ne!(status, "down", "replica {i} showed svc down: {c}");
+            assert_eq!(names, ["i1"], "replica {i}: {c}");
+            assert_eq!(meshcat_tests::mesh::start_time(&c, "i1"), Some(start));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Past the dead owner's lease, the instance is still there: its new replica
+    // published it.
+    for i in [0, 1] {
+        let (status, names, _) = shown(&set, i, "z", "svc").await.expect("cluster shown");
+        assert_eq!((status.as_str(), names), ("stable", vec!["i1".to_owned()]));
+    }
+    agent.stop().await?;
+    Ok(())
+}

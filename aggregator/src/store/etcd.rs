@@ -7,6 +7,8 @@
 //! applied it (read-your-writes). Keys: `<prefix>/zones/<zone>` and
 //! `<prefix>/clusters/<zone>/<cluster>`, values the records' JSON.
 
+pub mod membership;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -50,6 +52,8 @@ pub struct EtcdRegistrations {
     applied: watch::Sender<i64>,
     /// Set once the first full listing is in memory.
     loaded: AtomicBool,
+    /// This replica's identity in instance publications.
+    owner: String,
 }
 
 impl std::fmt::Debug for EtcdRegistrations {
@@ -100,6 +104,7 @@ impl EtcdRegistrations {
             prefix: prefix.to_owned(),
             applied: watch::channel(0).0,
             loaded: AtomicBool::new(false),
+            owner: membership::replica_id(),
         })
     }
 
@@ -114,6 +119,11 @@ impl EtcdRegistrations {
 
     pub fn prefix(&self) -> &str {
         &self.prefix
+    }
+
+    /// This replica's identity in instance publications.
+    pub fn owner(&self) -> &str {
+        &self.owner
     }
 
     fn zone_key(&self, zone: &str) -> String {
@@ -403,6 +413,24 @@ fn snapshot_changes(
     changes
 }
 
+/// Shows or drops another replica's instance publication (`path` is
+/// `<zone>/<cluster>/<instance>`); this replica's own are already in memory.
+fn instance_event(store: &Store, e: &EtcdRegistrations, path: &str, value: Option<&[u8]>) {
+    let mut parts = path.splitn(3, '/');
+    let (Some(zone), Some(cluster), Some(instance)) = (parts.next(), parts.next(), parts.next())
+    else {
+        return;
+    };
+    match value {
+        None => store.drop_remote(zone, cluster, instance),
+        Some(v) => match serde_json::from_slice::<membership::Published>(v) {
+            Ok(p) if p.owner == e.owner => {}
+            Ok(p) => store.put_remote(p.remote(zone, cluster, instance)),
+            Err(err) => warn!(key = path, error = %err, "Instance publication cannot be decoded."),
+        },
+    }
+}
+
 /// Lists the registrations and applies them as the whole truth; returns the
 /// revision of the listing.
 async fn relist(store: &Store, e: &EtcdRegistrations) -> Result<i64, etcd_client::Error> {
@@ -411,7 +439,8 @@ async fn relist(store: &Store, e: &EtcdRegistrations) -> Result<i64, etcd_client
     let mut zones = Vec::new();
     let mut clusters = Vec::new();
     let mut revision = 0;
-    for sub in ["zones/", "clusters/"] {
+    let mut instances: Vec<(String, Option<Vec<u8>>)> = Vec::new();
+    for sub in ["zones/", "clusters/", "instances/"] {
         let get = kv.get(
             format!("{root}{sub}"),
             Some(match revision {
@@ -428,6 +457,10 @@ async fn relist(store: &Store, e: &EtcdRegistrations) -> Result<i64, etcd_client
         }
         for kv in resp.kvs() {
             let Ok(key) = kv.key_str() else { continue };
+            if let Some(path) = key[root.len()..].strip_prefix("instances/") {
+                instances.push((path.to_owned(), Some(kv.value().to_vec())));
+                continue;
+            }
             match decode(&key[root.len()..], Some(kv.value())) {
                 Some(Change::PutZone(z)) => zones.push(z),
                 Some(Change::PutCluster(c)) => clusters.push(c),
@@ -438,6 +471,17 @@ async fn relist(store: &Store, e: &EtcdRegistrations) -> Result<i64, etcd_client
     let (nz, nc) = (zones.len(), clusters.len());
     let changes = snapshot_changes(store, zones, clusters);
     store.apply_changes(&changes);
+    // Other replicas' instances: the listing is the truth, drop what it lacks.
+    let listed: std::collections::HashSet<&str> =
+        instances.iter().map(|(p, _)| p.as_str()).collect();
+    for (z, c, i) in store.remote_instances() {
+        if !listed.contains(format!("{z}/{c}/{i}").as_str()) {
+            store.drop_remote(&z, &c, &i);
+        }
+    }
+    for (path, value) in &instances {
+        instance_event(store, e, path, value.as_deref());
+    }
     info!(
         zones = nz,
         clusters = nc,
@@ -489,7 +533,10 @@ async fn follow(
                 EventType::Put => Some(kv.value()),
                 EventType::Delete => None,
             };
-            if let Some(change) = decode(&key[root.len()..], value) {
+            let rest = &key[root.len()..];
+            if let Some(path) = rest.strip_prefix("instances/") {
+                instance_event(store, e, path, value);
+            } else if let Some(change) = decode(rest, value) {
                 store.apply_changes(&[change]);
             }
         }

@@ -45,6 +45,29 @@ impl LiveInstance {
     pub fn is_live(&self) -> bool {
         self.report.reachable
     }
+
+    /// Owned by another replica (shown from what it published): its metrics and
+    /// sidecar are with that replica.
+    pub fn is_remote(&self) -> bool {
+        self.agent_id.starts_with(REMOTE)
+    }
+}
+
+/// Prefix of the `agent_id` of instances another replica owns (`@<replica id>`); no
+/// agent id starts with it.
+pub const REMOTE: &str = "@";
+
+/// An instance another replica owns, as it published it.
+#[derive(Debug, Clone)]
+pub struct RemoteInstance {
+    pub owner: String,
+    pub zone: String,
+    pub cluster: String,
+    pub instance: String,
+    pub start_time_ms: i64,
+    pub reachable: bool,
+    pub window_requests: u64,
+    pub window_errors: u64,
 }
 
 /// An instance this replica owns, as published to its peers.
@@ -278,6 +301,77 @@ impl Store {
         Put::Done { shown, previous }
     }
 
+    /// Shows (or updates) an instance another replica owns. The shared store is the
+    /// truth: its latest publication replaces whatever this replica had.
+    pub fn put_remote(&self, r: RemoteInstance) {
+        let _st = shared(&self.state);
+        {
+            let mut by_zone = self.clusters.entry(r.cluster.clone()).or_default();
+            let e = by_zone.entry(r.zone.clone()).or_insert_with(Entry::new);
+            if !e.instances.contains_key(&r.instance) && !self.live.admit() {
+                warn!(zone = %r.zone, cluster = %r.cluster, instance = %r.instance, limit = MAX_INSTANCES, "Published instance dropped: too many instances.");
+                return;
+            }
+            let before = (e.status, e.live);
+            let fresh = LiveInstance {
+                agent_id: format!("{REMOTE}{}", r.owner),
+                last_seen: Instant::now(),
+                window_requests: r.window_requests,
+                window_errors: r.window_errors,
+                report: Arc::new(InstanceReport {
+                    zone_name: r.zone.clone(),
+                    cluster_name: r.cluster.clone(),
+                    instance: r.instance.clone(),
+                    admin_address: String::new(),
+                    reachable: r.reachable,
+                    error: None,
+                    start_time_ms: r.start_time_ms,
+                    server_state: String::new(),
+                    envoy_version: String::new(),
+                    log_level: None,
+                    requests_total: 0,
+                    errors_5xx_total: 0,
+                    metrics: InstanceMetrics::default(),
+                    clusters: Vec::new(),
+                }),
+            };
+            e.count(&fresh, true);
+            if let Some(old) = e.instances.insert(r.instance.clone(), fresh) {
+                e.count(&old, false);
+            }
+            self.refresh(e, before);
+            if e.record.is_some() {
+                self.count_change(&r.zone, before, (e.status, e.live));
+            }
+        }
+        self.bump();
+    }
+
+    /// Drops an instance another replica owned (its publication is gone).
+    pub fn drop_remote(&self, zone: &str, cluster: &str, instance: &str) {
+        let _st = shared(&self.state);
+        let key = (zone.to_owned(), cluster.to_owned(), instance.to_owned());
+        if self.drop_instance(&key, LiveInstance::is_remote) {
+            self.bump();
+        }
+    }
+
+    /// Every instance shown from another replica's publication: (zone, cluster,
+    /// instance).
+    pub fn remote_instances(&self) -> Vec<InstanceKey> {
+        let mut out = Vec::new();
+        for by_zone in self.clusters.iter() {
+            for (zone, e) in by_zone.iter() {
+                for (name, i) in &e.instances {
+                    if i.is_remote() {
+                        out.push((zone.clone(), by_zone.key().clone(), name.clone()));
+                    }
+                }
+            }
+        }
+        out
+    }
+
     /// Drops an agent's instances at once (it said goodbye or its connection closed).
     pub fn agent_gone(&self, agent_id: &str) {
         let _st = shared(&self.state);
@@ -309,7 +403,10 @@ impl Store {
                 None => continue,
             };
             for key in keys {
-                let stale = |i: &LiveInstance| now.saturating_duration_since(i.last_seen) > ttl;
+                // Another replica's instances leave when its publication does.
+                let stale = |i: &LiveInstance| {
+                    !i.is_remote() && now.saturating_duration_since(i.last_seen) > ttl
+                };
                 if self.drop_instance(&key, stale) {
                     debug!(%agent, zone = %key.0, cluster = %key.1, instance = %key.2, "Instance expired.");
                     changed = true;
@@ -409,7 +506,12 @@ impl Store {
                 continue;
             }
             any = true;
-            if let Some(i) = e.instances.get(instance).filter(|i| i.is_live()) {
+            // Another replica's instance: its metrics stay with that replica.
+            if let Some(i) = e
+                .instances
+                .get(instance)
+                .filter(|i| i.is_live() && !i.is_remote())
+            {
                 return MetricsLookup::Found(Box::new(metrics_of(i)));
             }
         }
@@ -460,7 +562,7 @@ impl Store {
                 m.get(zone).map(|e| {
                     e.instances
                         .values()
-                        .filter(|i| i.is_live())
+                        .filter(|i| i.is_live() && !i.is_remote())
                         .map(|i| i.report.clone())
                         .collect::<Vec<_>>()
                 })
@@ -478,7 +580,7 @@ impl Store {
         self.clusters.get(cluster).and_then(|m| {
             m.get(zone)
                 .and_then(|e| e.instances.get(instance))
-                .filter(|i| i.is_live())
+                .filter(|i| i.is_live() && !i.is_remote())
                 .map(|i| i.report.clone())
         })
     }
