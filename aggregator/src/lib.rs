@@ -253,6 +253,10 @@ async fn serve_with(
             e.client(),
             e.prefix(),
             e.owner(),
+            &agg.config
+                .advertise_addr
+                .clone()
+                .unwrap_or_else(|| api_addr.to_string()),
             agg.config.instance_ttl,
             agg.config.error_ratio_warning,
         );

@@ -380,6 +380,52 @@ async fn every_replica_shows_every_instance_and_a_killed_owner_hands_over() -> a
     let start = seen[0].1.expect("start time");
     assert!(sidecar.started_at(start), "start time {start}");
 
+    // Metrics and the sidecar's log level through replicas that do not own it
+    // (the agent reports to replica 2): forwarded to the owner.
+    sidecar.send("/", 3, 200).await?;
+    for i in [0, 1] {
+        let (s, m) = set.get(i, "/metrics/svc/i1?zoneName=z").await?;
+        assert_eq!(s, StatusCode::OK, "replica {i}: {m}");
+        assert!(m.is_object(), "replica {i}: {m}");
+    }
+    let (s, _) = set.get(2, "/metrics/svc/i1?zoneName=z").await?;
+    assert_eq!(s, StatusCode::OK);
+    let (s, body) = set
+        .send(
+            0,
+            Method::PUT,
+            "/zones/z/clusters/svc/instances/i1/logging?level=debug",
+            None,
+        )
+        .await?;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    // Read back through another non-owner, and from Envoy itself.
+    let level = reqwest::get(format!(
+        "{}/zones/z/clusters/svc/instances/i1/logging",
+        set.replicas[1].api_url()
+    ))
+    .await?
+    .text()
+    .await?;
+    assert_eq!(level.trim(), "debug");
+    let envoy_levels = reqwest::Client::new()
+        .post(format!("http://{}/logging", sidecar.envoy.admin_addr()))
+        .send()
+        .await?
+        .text()
+        .await?;
+    assert!(envoy_levels.contains("debug"), "{envoy_levels}");
+    // A forged forwarding header is refused.
+    let forged = reqwest::Client::new()
+        .get(format!(
+            "{}/metrics/svc/i1?zoneName=z",
+            set.replicas[1].api_url()
+        ))
+        .header("x-meshcat-forwarded", "not-the-secret")
+        .send()
+        .await?;
+    assert_eq!(forged.status(), StatusCode::FORBIDDEN);
+
     // The owner (replica 2) is killed: the agent moves on within an interval, the
     // instance stays shown on 0 and 1 and the cluster never shows down.
     set.replicas[2].kill();

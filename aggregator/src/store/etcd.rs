@@ -54,6 +54,11 @@ pub struct EtcdRegistrations {
     loaded: AtomicBool,
     /// This replica's identity in instance publications.
     owner: String,
+    /// Every replica's API address by identity, from `<prefix>/replicas/`.
+    peers: std::sync::Mutex<std::collections::HashMap<String, String>>,
+    /// The secret that authenticates requests forwarded between replicas, from
+    /// `<prefix>/secret` (created by the first replica).
+    secret: std::sync::OnceLock<String>,
 }
 
 impl std::fmt::Debug for EtcdRegistrations {
@@ -105,6 +110,8 @@ impl EtcdRegistrations {
             applied: watch::channel(0).0,
             loaded: AtomicBool::new(false),
             owner: membership::replica_id(),
+            peers: Default::default(),
+            secret: std::sync::OnceLock::new(),
         })
     }
 
@@ -124,6 +131,64 @@ impl EtcdRegistrations {
     /// This replica's identity in instance publications.
     pub fn owner(&self) -> &str {
         &self.owner
+    }
+
+    /// The API address of replica `owner`, as it advertised it.
+    pub fn peer(&self, owner: &str) -> Option<String> {
+        self.peers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(owner)
+            .cloned()
+    }
+
+    /// The replicas' shared secret, once read from etcd.
+    pub fn secret(&self) -> Option<&str> {
+        self.secret.get().map(String::as_str)
+    }
+
+    fn peer_event(&self, id: &str, value: Option<&[u8]>) {
+        let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
+        match value.and_then(|v| std::str::from_utf8(v).ok()) {
+            Some(addr) => {
+                peers.insert(id.to_owned(), addr.to_owned());
+            }
+            None => {
+                peers.remove(id);
+            }
+        }
+    }
+
+    /// Reads the shared secret, creating it when this is the first replica.
+    async fn ensure_secret(&self) -> Result<(), etcd_client::Error> {
+        if self.secret.get().is_some() {
+            return Ok(());
+        }
+        let key = format!("{}/secret", self.prefix);
+        let fresh: [u8; 32] = rand::random();
+        let fresh: String = fresh.iter().map(|b| format!("{b:02x}")).collect();
+        let mut kv = self.client.kv_client();
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(key.clone(), fresh.clone(), None)])
+            .or_else([TxnOp::get(key, None)]);
+        let resp = tokio::time::timeout(WRITE_TIMEOUT, kv.txn(txn))
+            .await
+            .map_err(|_| etcd_client::Error::WatchError("secret timed out".into()))??;
+        let secret = if resp.succeeded() {
+            fresh
+        } else {
+            resp.op_responses()
+                .iter()
+                .find_map(|r| match r {
+                    TxnOpResponse::Get(g) => g.kvs().first().and_then(|kv| kv.value_str().ok()),
+                    _ => None,
+                })
+                .map(str::to_owned)
+                .ok_or_else(|| etcd_client::Error::WatchError("secret unreadable".into()))?
+        };
+        let _ = self.secret.set(secret);
+        Ok(())
     }
 
     fn zone_key(&self, zone: &str) -> String {
@@ -440,7 +505,7 @@ async fn relist(store: &Store, e: &EtcdRegistrations) -> Result<i64, etcd_client
     let mut clusters = Vec::new();
     let mut revision = 0;
     let mut instances: Vec<(String, Option<Vec<u8>>)> = Vec::new();
-    for sub in ["zones/", "clusters/", "instances/"] {
+    for sub in ["zones/", "clusters/", "instances/", "replicas/"] {
         let get = kv.get(
             format!("{root}{sub}"),
             Some(match revision {
@@ -457,6 +522,10 @@ async fn relist(store: &Store, e: &EtcdRegistrations) -> Result<i64, etcd_client
         }
         for kv in resp.kvs() {
             let Ok(key) = kv.key_str() else { continue };
+            if let Some(id) = key[root.len()..].strip_prefix("replicas/") {
+                e.peer_event(id, Some(kv.value()));
+                continue;
+            }
             if let Some(path) = key[root.len()..].strip_prefix("instances/") {
                 instances.push((path.to_owned(), Some(kv.value().to_vec())));
                 continue;
@@ -468,6 +537,7 @@ async fn relist(store: &Store, e: &EtcdRegistrations) -> Result<i64, etcd_client
             }
         }
     }
+    e.ensure_secret().await?;
     let (nz, nc) = (zones.len(), clusters.len());
     let changes = snapshot_changes(store, zones, clusters);
     store.apply_changes(&changes);
@@ -534,7 +604,9 @@ async fn follow(
                 EventType::Delete => None,
             };
             let rest = &key[root.len()..];
-            if let Some(path) = rest.strip_prefix("instances/") {
+            if let Some(id) = rest.strip_prefix("replicas/") {
+                e.peer_event(id, value);
+            } else if let Some(path) = rest.strip_prefix("instances/") {
                 instance_event(store, e, path, value);
             } else if let Some(change) = decode(rest, value) {
                 store.apply_changes(&[change]);

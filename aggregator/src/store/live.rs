@@ -462,6 +462,23 @@ impl Store {
         true
     }
 
+    /// The replica that owns this instance, when another one does (`zone` `None`:
+    /// the first zone by name that has the instance).
+    pub fn remote_owner(
+        &self,
+        zone: Option<&str>,
+        cluster: &str,
+        instance: &str,
+    ) -> Option<String> {
+        let by_zone = self.clusters.get(cluster)?;
+        by_zone
+            .iter()
+            .filter(|(z, _)| zone.is_none_or(|want| want == z.as_str()))
+            .find_map(|(_, e)| e.instances.get(instance))
+            .filter(|i| i.is_remote())
+            .map(|i| i.agent_id[REMOTE.len()..].to_owned())
+    }
+
     /// The agent that reports this instance now, for routing commands to it.
     pub fn reporter(&self, zone: &str, cluster: &str, instance: &str) -> Option<String> {
         self.clusters.get(cluster).and_then(|m| {

@@ -120,6 +120,10 @@ impl Membership for EtcdMembership {
 /// The publisher: owns the lease and the last publication of every owned instance.
 pub struct Publisher {
     client: Client,
+    prefix: String,
+    owner: String,
+    /// This replica's API address as peers reach it.
+    advertise: String,
     ttl: Duration,
     warning: f64,
     rx: mpsc::UnboundedReceiver<Publish>,
@@ -144,6 +148,7 @@ pub fn membership(
     client: Client,
     prefix: &str,
     owner: &str,
+    advertise: &str,
     ttl: Duration,
     warning: f64,
 ) -> (EtcdMembership, Publisher) {
@@ -156,6 +161,9 @@ pub fn membership(
         },
         Publisher {
             client,
+            prefix: prefix.to_owned(),
+            owner: owner.to_owned(),
+            advertise: advertise.to_owned(),
             ttl,
             warning,
             rx,
@@ -182,8 +190,18 @@ impl Publisher {
             .map_err(|_| "lease grant timed out".to_owned())?
             .map_err(|e| e.to_string())?;
         self.lease = Some(resp.id());
-        // A new lease: everything owned must be written again under it.
+        // A new lease: everything owned must be written again under it, and this
+        // replica's address, so peers can forward to it.
         self.dirty = true;
+        let put = self.client.put(
+            format!("{}/replicas/{}", self.prefix, self.owner),
+            self.advertise.clone(),
+            Some(PutOptions::new().with_lease(resp.id())),
+        );
+        tokio::time::timeout(CALL_TIMEOUT, put)
+            .await
+            .map_err(|_| "replica registration timed out".to_owned())?
+            .map_err(|e| e.to_string())?;
         Ok(resp.id())
     }
 
