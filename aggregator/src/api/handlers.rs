@@ -114,7 +114,7 @@ pub async fn summary(
     RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
     no_query(q.as_deref())?;
-    Ok(cached(&s.store, CachedKind::Summary, caller, &headers))
+    Ok(cached(&s.store, CachedKind::Summary, caller, &headers).await)
 }
 
 /// Whether the client accepts a gzip-encoded answer (`gzip` listed, q not 0).
@@ -136,13 +136,20 @@ fn accepts_gzip(headers: &HeaderMap) -> bool {
 }
 
 /// A large answer from the store's per-change cache, gzip-encoded when accepted.
-fn cached(store: &Store, kind: CachedKind, caller: Caller, headers: &HeaderMap) -> Response {
+async fn cached(
+    store: &Arc<Store>,
+    kind: CachedKind,
+    caller: Caller,
+    headers: &HeaderMap,
+) -> Response {
     let gzip = accepts_gzip(headers);
-    let body = store.cached_body(Cached {
-        kind,
-        authorized: caller.authorized,
-        gzip,
-    });
+    let body = store
+        .cached_body_shared(Cached {
+            kind,
+            authorized: caller.authorized,
+            gzip,
+        })
+        .await;
     let mut res = json_bytes(body);
     res.headers_mut()
         .insert(header::VARY, HeaderValue::from_static("accept-encoding"));
@@ -167,7 +174,7 @@ pub async fn list_clusters(
     }
     // Dashboards poll the whole list: it is served from a per-change cache.
     if f.is_unfiltered() {
-        return Ok(cached(&s.store, CachedKind::AllClusters, caller, &headers));
+        return Ok(cached(&s.store, CachedKind::AllClusters, caller, &headers).await);
     }
     let body = s
         .store

@@ -3,7 +3,7 @@
 //! answered, so a `kill -9` after a 2xx loses nothing.
 
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, mpsc};
 
 use meshcat_common::model::{ClusterRecord, ZoneRecord};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
@@ -25,6 +25,8 @@ pub enum PersistError {
     Dir { path: String, error: std::io::Error },
     #[error("storage error: {0}")]
     Db(#[from] redb::Error),
+    #[error("storage error: {0}")]
+    Group(String),
     #[error("stored record {key:?} cannot be decoded: {error}")]
     Decode {
         key: String,
@@ -52,14 +54,34 @@ db_err!(
     redb::CommitError
 );
 
-/// The redb backend of [`Registrations`]: one database file, one writer at a time.
+/// The redb backend of [`Registrations`]: one database file. Writers hand their
+/// batches to one committer thread, which commits every batch waiting at that moment
+/// in one durable transaction (group commit: one fsync for many writers) and answers
+/// each writer only after that commit.
 #[derive(Debug)]
 pub struct RedbRegistrations {
-    db: Database,
-    /// Commits so far; numbers each committed batch. Held across the transaction so
-    /// numbers follow commit order.
-    commits: Mutex<u64>,
+    db: Arc<Database>,
+    /// Feeds the committer; the thread ends when this is dropped.
+    queue: Mutex<Option<mpsc::Sender<Job>>>,
+    /// Joined on drop, so the database is closed when this is gone (a reopening in
+    /// the same process must not find it still open).
+    committer: Option<std::thread::JoinHandle<()>>,
 }
+
+impl Drop for RedbRegistrations {
+    fn drop(&mut self) {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(t) = self.committer.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// One writer's batch and where its outcome goes.
+type Job = (Vec<Write>, mpsc::SyncSender<Result<Outcome, PersistError>>);
+
+/// Most batches committed in one transaction.
+const MAX_GROUP: usize = 4096;
 
 fn cluster_key(zone: &str, cluster: &str) -> String {
     format!("{zone}/{cluster}")
@@ -73,7 +95,7 @@ fn decode<T: serde::de::DeserializeOwned>(key: &str, v: &[u8]) -> Result<T, Pers
 }
 
 impl RedbRegistrations {
-    /// Opens (or creates) the database in `dir`.
+    /// Opens (or creates) the database in `dir` and starts its committer.
     pub fn open(dir: &Path) -> Result<RedbRegistrations, PersistError> {
         std::fs::create_dir_all(dir).map_err(|error| PersistError::Dir {
             path: dir.display().to_string(),
@@ -85,11 +107,81 @@ impl RedbRegistrations {
         tx.open_table(ZONES)?;
         tx.open_table(CLUSTERS)?;
         tx.commit()?;
+        let db = Arc::new(db);
+        let (queue, jobs) = mpsc::channel::<Job>();
+        let shared = db.clone();
+        let committer = std::thread::Builder::new()
+            .name("meshcat-commit".into())
+            .spawn(move || commit_loop(&shared, &jobs))
+            .map_err(|error| PersistError::Dir {
+                path: dir.display().to_string(),
+                error,
+            })?;
         Ok(RedbRegistrations {
             db,
-            commits: Mutex::new(0),
+            queue: Mutex::new(Some(queue)),
+            committer: Some(committer),
         })
     }
+}
+
+/// Takes every waiting batch, commits them together, answers each writer.
+fn commit_loop(db: &Database, jobs: &mpsc::Receiver<Job>) {
+    let mut commits = 0u64;
+    while let Ok(first) = jobs.recv() {
+        let mut group = vec![first];
+        while group.len() < MAX_GROUP {
+            match jobs.try_recv() {
+                Ok(job) => group.push(job),
+                Err(_) => break,
+            }
+        }
+        match commit_group(db, &group) {
+            Ok(results) => {
+                for ((_, reply), result) in group.into_iter().zip(results) {
+                    let outcome = match result {
+                        Ok(changes) => {
+                            commits += 1;
+                            Outcome::Committed {
+                                seq: commits,
+                                changes,
+                            }
+                        }
+                        Err((index, error)) => Outcome::Refused { index, error },
+                    };
+                    let _ = reply.send(Ok(outcome));
+                }
+            }
+            Err(e) => {
+                let why = e.to_string();
+                for (_, reply) in group {
+                    let _ = reply.send(Err(PersistError::Group(why.clone())));
+                }
+            }
+        }
+    }
+}
+
+type BatchResult = Result<Vec<Change>, (usize, Refusal)>;
+
+/// One transaction over the group: each batch checked against the state its
+/// predecessors left, applied or refused whole.
+fn commit_group(db: &Database, group: &[Job]) -> Result<Vec<BatchResult>, PersistError> {
+    let tx = db.begin_write()?;
+    let mut results = Vec::with_capacity(group.len());
+    {
+        let mut zones = tx.open_table(ZONES)?;
+        let mut clusters = tx.open_table(CLUSTERS)?;
+        for (batch, _) in group {
+            results.push(apply_batch(&mut zones, &mut clusters, batch)?);
+        }
+    }
+    if results.iter().any(Result::is_ok) {
+        tx.commit()?;
+    } else {
+        tx.abort()?;
+    }
+    Ok(results)
 }
 
 /// Checks and applies one batch inside an open transaction. Returns the changes, or
@@ -195,27 +287,16 @@ impl Registrations for RedbRegistrations {
     }
 
     fn commit(&self, batch: Vec<Write>) -> Result<Outcome, PersistError> {
-        let mut commits = self.commits.lock().unwrap_or_else(|p| p.into_inner());
-        let tx = self.db.begin_write()?;
-        let result = {
-            let mut zones = tx.open_table(ZONES)?;
-            let mut clusters = tx.open_table(CLUSTERS)?;
-            apply_batch(&mut zones, &mut clusters, &batch)?
+        let (reply, outcome) = mpsc::sync_channel(1);
+        let stopped = || PersistError::Group("the committer has stopped".into());
+        let sent = match &*self.queue.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(queue) => queue.send((batch, reply)).is_ok(),
+            None => false,
         };
-        match result {
-            Err((index, error)) => {
-                tx.abort()?;
-                Ok(Outcome::Refused { index, error })
-            }
-            Ok(changes) => {
-                tx.commit()?;
-                *commits += 1;
-                Ok(Outcome::Committed {
-                    seq: *commits,
-                    changes,
-                })
-            }
+        if !sent {
+            return Err(stopped());
         }
+        outcome.recv().map_err(|_| stopped())?
     }
 }
 
@@ -320,5 +401,34 @@ mod tests {
             .unwrap(),
         );
         assert_eq!(seq, 2, "refused batches take no commit number");
+    }
+
+    #[test]
+    fn concurrent_writers_are_committed_and_numbered_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = Arc::new(RedbRegistrations::open(dir.path()).unwrap());
+        committed(p.commit(vec![Write::CreateZone(zone("z"))]).unwrap());
+        let threads: Vec<_> = (0..64)
+            .map(|t| {
+                let p = p.clone();
+                std::thread::spawn(move || {
+                    (0..20)
+                        .map(|n| {
+                            let c = ClusterRecord::new("z", &format!("c{t}-{n}"), "C");
+                            committed(p.commit(vec![Write::CreateCluster(c)]).unwrap()).0
+                        })
+                        .collect::<Vec<u64>>()
+                })
+            })
+            .collect();
+        let mut seqs: Vec<u64> = threads
+            .into_iter()
+            .flat_map(|t| t.join().unwrap())
+            .collect();
+        seqs.sort_unstable();
+        assert_eq!(seqs, (2..=1281).collect::<Vec<u64>>());
+        drop(p);
+        let p = RedbRegistrations::open(dir.path()).unwrap();
+        assert_eq!(p.load().unwrap().clusters.len(), 1280);
     }
 }

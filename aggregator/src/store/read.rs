@@ -57,6 +57,9 @@ pub struct Totals {
 #[derive(Debug, Default)]
 pub(super) struct ReadCache {
     slots: Mutex<[Option<(u64, Bytes)>; 8]>,
+    /// One builder per slot at a time: concurrent readers of a stale body wait for
+    /// that one build instead of each building it.
+    builders: [tokio::sync::Mutex<()>; 8],
 }
 
 impl Store {
@@ -139,6 +142,37 @@ impl Store {
             CachedKind::Summary => self.render_summary(which.authorized),
             CachedKind::AllClusters => self.render_clusters(which.authorized, |_, _| true),
         })
+    }
+
+    /// The cached body when it is of the current generation.
+    fn fresh(&self, slot: usize) -> Option<Bytes> {
+        let generation = self.generation();
+        let cache = self.cache.slots.lock().unwrap_or_else(|p| p.into_inner());
+        cache[slot]
+            .as_ref()
+            .filter(|(g, _)| *g == generation)
+            .map(|(_, b)| b.clone())
+    }
+
+    /// [`Self::cached_body`] for request handlers: a stale body is rebuilt once, on
+    /// the blocking pool, however many requests want it meanwhile; they wait for that
+    /// build without holding a runtime worker.
+    pub async fn cached_body_shared(self: &Arc<Self>, which: Cached) -> Bytes {
+        let slot = which.slot();
+        if let Some(body) = self.fresh(slot) {
+            return body;
+        }
+        let _building = self.cache.builders[slot].lock().await;
+        // Whoever held the lock before may have built it.
+        if let Some(body) = self.fresh(slot) {
+            return body;
+        }
+        let store = self.clone();
+        match tokio::task::spawn_blocking(move || store.cached_body(which)).await {
+            Ok(body) => body,
+            // The build panicked: build here rather than fail the request.
+            Err(_) => self.cached_body(which),
+        }
     }
 
     /// The `GET /summary` body, serialized once per change generation.
