@@ -415,6 +415,19 @@ async fn every_replica_shows_every_instance_and_a_killed_owner_hands_over() -> a
         .text()
         .await?;
     assert!(envoy_levels.contains("debug"), "{envoy_levels}");
+    // The cluster-wide level change through a non-owner reaches the owner's instance.
+    let (s, body) = set
+        .send(
+            1,
+            Method::PUT,
+            "/zones/z/clusters/svc/logging?level=info",
+            None,
+        )
+        .await?;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    assert_eq!(body["succeeded"], 1, "{body}");
+    assert_eq!(body["instances"][0]["instance"], "i1", "{body}");
+    assert_eq!(body["instances"][0]["level"], "info", "{body}");
     // A forged forwarding header is refused.
     let forged = reqwest::Client::new()
         .get(format!(

@@ -67,6 +67,40 @@ fn instance_of(req: &Request) -> Option<(Option<String>, String, String)> {
     }
 }
 
+/// Sends one request to replica `owner` as a forwarded request (with the shared
+/// secret and the caller's authorization); its status and body text.
+pub async fn to_replica(
+    state: &AppState,
+    owner: &str,
+    method: reqwest::Method,
+    path_and_query: &str,
+    authorization: Option<&header::HeaderValue>,
+) -> Result<(StatusCode, String), ApiError> {
+    let unreachable = || {
+        ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            "owner_unreachable",
+            format!("The replica {owner} serving this instance did not answer."),
+        )
+    };
+    let etcd = state.store.etcd().ok_or_else(unreachable)?;
+    let (Some(addr), Some(secret)) = (etcd.peer(owner), etcd.secret()) else {
+        return Err(unreachable());
+    };
+    let mut req = client()
+        .request(method, format!("http://{addr}{path_and_query}"))
+        .header(&FORWARDED, secret);
+    if let Some(a) = authorization {
+        req = req.header(header::AUTHORIZATION, a);
+    }
+    let r = req.send().await.map_err(|e| {
+        warn!(%owner, %addr, error = %e, "Forwarding to the owning replica failed.");
+        unreachable()
+    })?;
+    let status = r.status();
+    Ok((status, r.text().await.unwrap_or_default()))
+}
+
 /// Passes per-instance requests on to the owning replica.
 pub async fn to_owner(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     let Some(etcd) = state.store.etcd() else {

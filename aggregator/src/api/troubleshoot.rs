@@ -285,6 +285,7 @@ impl ClusterOutcome {
 pub async fn put_cluster_logging(
     State(s): Shared,
     _w: Writer,
+    headers: axum::http::HeaderMap,
     Params((zone, cluster)): Params<(String, String)>,
     RawQuery(q): RawQuery,
 ) -> Result<Json<ClusterOutcome>, ApiError> {
@@ -310,7 +311,37 @@ pub async fn put_cluster_logging(
             }
         }
     });
-    let outcomes = join_all(runs).await;
+    let mut outcomes = join_all(runs).await;
+    // Instances other replicas own: the per-instance route, forwarded to each owner.
+    let remote = s.store.remote_live(&zone, &cluster);
+    let forwarded = remote.iter().map(|(instance, owner)| {
+        let (s, zone, cluster) = (&s, &zone, &cluster);
+        let auth = headers.get(axum::http::header::AUTHORIZATION);
+        async move {
+            let path = format!(
+                "/zones/{zone}/clusters/{cluster}/instances/{instance}/logging?level={level}"
+            );
+            match super::forward::to_replica(s, owner, reqwest::Method::PUT, &path, auth).await {
+                Ok((status, body)) if status.is_success() => InstanceOutcome {
+                    level: Some(body.trim().to_owned()),
+                    ..InstanceOutcome::ok(instance)
+                },
+                Ok((status, body)) => {
+                    let message = serde_json::from_str::<serde_json::Value>(&body)
+                        .ok()
+                        .and_then(|v| v["error"].as_str().map(str::to_owned))
+                        .unwrap_or(body);
+                    InstanceOutcome::failed(
+                        instance,
+                        &ApiError::new(status, "owner_failed", message),
+                    )
+                }
+                Err(e) => InstanceOutcome::failed(instance, &e),
+            }
+        }
+    });
+    outcomes.extend(join_all(forwarded).await);
+    outcomes.sort_by(|a, b| a.instance.cmp(&b.instance));
     let answer = ClusterOutcome::new(zone, cluster, outcomes);
     info!(zone = %answer.zone_name, cluster = %answer.cluster_name, level, succeeded = answer.succeeded, failed = answer.failed, "Cluster log level set through the API.");
     Ok(Json(answer))

@@ -479,6 +479,23 @@ impl Store {
             .map(|i| i.agent_id[REMOTE.len()..].to_owned())
     }
 
+    /// The live instances of (zone, cluster) that other replicas own, with their
+    /// owners, sorted by instance name.
+    pub fn remote_live(&self, zone: &str, cluster: &str) -> Vec<(String, String)> {
+        self.clusters
+            .get(cluster)
+            .and_then(|m| {
+                m.get(zone).map(|e| {
+                    e.instances
+                        .iter()
+                        .filter(|(_, i)| i.is_live() && i.is_remote())
+                        .map(|(n, i)| (n.clone(), i.agent_id[REMOTE.len()..].to_owned()))
+                        .collect()
+                })
+            })
+            .unwrap_or_default()
+    }
+
     /// The agent that reports this instance now, for routing commands to it.
     pub fn reporter(&self, zone: &str, cluster: &str, instance: &str) -> Option<String> {
         self.clusters.get(cluster).and_then(|m| {
