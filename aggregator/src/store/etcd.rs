@@ -612,7 +612,18 @@ async fn follow(
                 store.apply_changes(&[change]);
             }
         }
-        let rev = resp.header().map_or(last, |h| h.revision()).max(last);
+        // The creation answer's header names the current revision, but the events
+        // from the start revision up to it come after: it must not count as applied.
+        if resp.created() && resp.events().is_empty() {
+            continue;
+        }
+        // Events count up to the newest applied; an empty answer is a progress
+        // notification, sent once every event up to its header's revision was.
+        let rev = if resp.events().is_empty() {
+            resp.header().map_or(0, |h| h.revision())
+        } else {
+            last
+        };
         e.applied.send_if_modified(|r| {
             let newer = rev > *r;
             if newer {
