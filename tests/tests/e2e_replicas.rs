@@ -319,14 +319,18 @@ async fn shown(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_replica_shows_every_instance_and_a_killed_owner_hands_over() -> anyhow::Result<()> {
-    const TTL: Duration = Duration::from_secs(3);
+    // The TTL must outlast the agent's failover: a killed replica is noticed when a
+    // report goes unacknowledged (two intervals, at least 2 s), then the next
+    // replica is tried within half an interval. The dead replica's lease ends
+    // between two thirds of the TTL and the TTL after its last keep-alive.
+    const TTL: Duration = Duration::from_secs(6);
     const INTERVAL: &str = "500ms";
     let etcd = EtcdCluster::start().await?;
     let set = Replicas::start(
         BIN,
         3,
         &etcd.store_url("/instances"),
-        &["--instance-ttl", "3s"],
+        &["--instance-ttl", "6s"],
     )
     .await?;
     assert_eq!(
@@ -428,6 +432,18 @@ async fn every_replica_shows_every_instance_and_a_killed_owner_hands_over() -> a
     assert_eq!(body["succeeded"], 1, "{body}");
     assert_eq!(body["instances"][0]["instance"], "i1", "{body}");
     assert_eq!(body["instances"][0]["level"], "info", "{body}");
+    // A debug window through a non-owner runs on the owner's agent.
+    let (s, body) = set
+        .send(
+            0,
+            Method::POST,
+            "/zones/z/clusters/svc/debug-window?seconds=1",
+            None,
+        )
+        .await?;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    assert_eq!(body["succeeded"], 1, "{body}");
+    assert!(body["instances"][0]["debugWindow"].is_object(), "{body}");
     // A forged forwarding header is refused.
     let forged = reqwest::Client::new()
         .get(format!(

@@ -22,7 +22,7 @@ use super::error::ApiError;
 /// Carries the replicas' shared secret on a forwarded request.
 pub const FORWARDED: HeaderName = HeaderName::from_static("x-meshcat-forwarded");
 /// Deadline of a forwarded request (the owner may run a command on a sidecar).
-const FORWARD_TIMEOUT: Duration = Duration::from_secs(15);
+pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(15);
 /// Largest body forwarded: the per-instance routes take small JSON bodies.
 const MAX_FORWARDED_BODY: usize = 64 << 10;
 
@@ -75,6 +75,7 @@ pub async fn to_replica(
     method: reqwest::Method,
     path_and_query: &str,
     authorization: Option<&header::HeaderValue>,
+    timeout: Duration,
 ) -> Result<(StatusCode, String), ApiError> {
     let unreachable = || {
         ApiError::new(
@@ -89,6 +90,7 @@ pub async fn to_replica(
     };
     let mut req = client()
         .request(method, format!("http://{addr}{path_and_query}"))
+        .timeout(timeout)
         .header(&FORWARDED, secret);
     if let Some(a) = authorization {
         req = req.header(header::AUTHORIZATION, a);
