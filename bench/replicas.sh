@@ -74,10 +74,11 @@ etcd_writes() {
 }
 echo "==> $AGENTS agents ($INSTANCES instances each, every 5 s) on replica 0: etcd writes in steady state"
 "$bin/meshcat-bench-agents" --agents "$AGENTS" --instances "$INSTANCES" --addr "127.0.0.1:${quic[0]}" \
-  --pid "${rpid[0]}" --data-dir "$work/data" --duration "$((MEASURE + 30))s" >"$work/agents.out" 2>&1 &
+  --pid "${rpid[0]}" --data-dir "$work/data" --duration "$((MEASURE + 40))s" >"$work/agents.out" 2>&1 &
 apid=$!; pids+=($apid)
-# Ramp-up (500 connections/s) and every agent's first report, then measure.
-sleep $((AGENTS / 500 + 15))
+# Ramp-up (about 300 connections/s here) and every agent's first publications,
+# then measure the steady state.
+sleep $((AGENTS / 250 + 30))
 w0=$(etcd_writes); t0=$(date +%s)
 sleep "$MEASURE"
 w1=$(etcd_writes); t1=$(date +%s)

@@ -5,7 +5,10 @@
 //! [`sync`], which lists the prefix and then follows its watch: every replica applies
 //! the same changes in etcd's order, and a write answers once its own replica has
 //! applied it (read-your-writes). Keys: `<prefix>/zones/<zone>` and
-//! `<prefix>/clusters/<zone>/<cluster>`, values the records' JSON.
+//! `<prefix>/clusters/<zone>/<cluster>`, values the records' JSON. The same watch
+//! carries the other replicas' instance publications (`<prefix>/instances/`, see
+//! [`membership`]), their API addresses (`<prefix>/replicas/`) and the forwarding
+//! secret (`<prefix>/secret`).
 
 pub mod membership;
 

@@ -174,6 +174,10 @@ pub fn membership(
     )
 }
 
+/// Most puts in one etcd transaction: etcd's default `--max-txn-ops` is 128.
+const MAX_TXN_PUTS: usize = 128;
+/// Most queued publications taken in one run.
+const MAX_BATCH: usize = 4096;
 /// Deadline of one etcd call of the publisher.
 const CALL_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -205,19 +209,6 @@ impl Publisher {
         Ok(resp.id())
     }
 
-    async fn put(&mut self, key: &str, p: &Published) -> Result<(), String> {
-        let lease = self.lease().await?;
-        let value = serde_json::to_vec(p).expect("publications serialise");
-        let put = self
-            .client
-            .put(key, value, Some(PutOptions::new().with_lease(lease)));
-        tokio::time::timeout(CALL_TIMEOUT, put)
-            .await
-            .map_err(|_| "publication timed out".to_owned())?
-            .map_err(|e| e.to_string())?;
-        Ok(())
-    }
-
     /// Deletes a publication only while it is still ours (on our lease): an agent
     /// that moved on is published by its new replica, which must not be undone.
     async fn delete(&mut self, key: &str) -> Result<(), String> {
@@ -235,29 +226,59 @@ impl Publisher {
         Ok(())
     }
 
-    async fn handle(&mut self, msg: Publish) {
-        match msg {
-            Publish::Put(key, p) => {
-                let changed = self
-                    .published
-                    .get(&key)
-                    .is_none_or(|before| p.differs(before, self.warning));
-                if !changed {
-                    return;
+    /// Applies a run of queued publications: the changed ones are written together
+    /// in one transaction (a burst of new agents costs a few etcd writes, not one
+    /// per instance); withdrawals one by one, each conditional on our lease.
+    async fn handle(&mut self, batch: Vec<Publish>) {
+        let mut puts: Vec<(String, Published)> = Vec::new();
+        for msg in batch {
+            match msg {
+                Publish::Put(key, p) => {
+                    let changed = self
+                        .published
+                        .get(&key)
+                        .is_none_or(|before| p.differs(before, self.warning));
+                    if changed {
+                        self.published.insert(key.clone(), p.clone());
+                        puts.retain(|(k, _)| *k != key);
+                        puts.push((key, p));
+                    }
                 }
-                self.published.insert(key.clone(), p.clone());
-                if let Err(e) = self.put(&key, &p).await {
-                    debug!(error = %e, "Instance publication postponed.");
-                    self.dirty = true;
-                }
-            }
-            Publish::Delete(key) => {
-                self.published.remove(&key);
-                if let Err(e) = self.delete(&key).await {
-                    debug!(error = %e, "Instance withdrawal failed; the lease ends it.");
+                Publish::Delete(key) => {
+                    puts.retain(|(k, _)| *k != key);
+                    self.published.remove(&key);
+                    if let Err(e) = self.delete(&key).await {
+                        debug!(error = %e, "Instance withdrawal failed; the lease ends it.");
+                    }
                 }
             }
         }
+        if !puts.is_empty()
+            && let Err(e) = self.put_all(&puts).await
+        {
+            debug!(error = %e, "Instance publications postponed.");
+            self.dirty = true;
+        }
+    }
+
+    /// Writes publications under the lease, [`MAX_TXN_PUTS`] per transaction.
+    async fn put_all(&mut self, puts: &[(String, Published)]) -> Result<(), String> {
+        let lease = self.lease().await?;
+        for chunk in puts.chunks(MAX_TXN_PUTS) {
+            let ops: Vec<TxnOp> = chunk
+                .iter()
+                .map(|(k, p)| {
+                    let value = serde_json::to_vec(p).expect("publications serialise");
+                    TxnOp::put(k.as_str(), value, Some(PutOptions::new().with_lease(lease)))
+                })
+                .collect();
+            let txn = self.client.txn(Txn::new().and_then(ops));
+            tokio::time::timeout(CALL_TIMEOUT, txn)
+                .await
+                .map_err(|_| "publication timed out".to_owned())?
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(())
     }
 
     /// Keeps the lease alive (a third of the TTL apart), writes what is dirty, and
@@ -270,7 +291,16 @@ impl Publisher {
         while !*stop.borrow() {
             tokio::select! {
                 msg = self.rx.recv() => match msg {
-                    Some(m) => self.handle(m).await,
+                    Some(m) => {
+                        // Take what queued meanwhile too: one transaction for a burst.
+                        let mut batch = vec![m];
+                        while batch.len() < MAX_BATCH
+                            && let Ok(m) = self.rx.try_recv()
+                        {
+                            batch.push(m);
+                        }
+                        self.handle(batch).await;
+                    }
                     None => return,
                 },
                 _ = tick.tick() => self.refresh().await,
@@ -318,12 +348,9 @@ impl Publisher {
                 .iter()
                 .map(|(k, p)| (k.clone(), p.clone()))
                 .collect();
-            for (k, p) in all {
-                if let Err(e) = self.put(&k, &p).await {
-                    debug!(error = %e, "Instance publication postponed.");
-                    self.dirty = true;
-                    break;
-                }
+            if let Err(e) = self.put_all(&all).await {
+                debug!(error = %e, "Instance publications postponed.");
+                self.dirty = true;
             }
         }
     }
