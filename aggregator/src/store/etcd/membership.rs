@@ -355,3 +355,40 @@ impl Publisher {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(owner: &str, reachable: bool, req: u64, err: u64) -> Published {
+        Published {
+            owner: owner.into(),
+            start_time_ms: 1,
+            reachable,
+            window_requests: req,
+            window_errors: err,
+        }
+    }
+
+    #[test]
+    fn steady_reports_are_not_written_again() {
+        let warning = 0.05;
+        let base = p("a", true, 100, 1);
+        // New counts on the same side of the threshold: nothing to publish.
+        assert!(!p("a", true, 250, 3).differs(&base, warning));
+        assert!(!p("a", true, 0, 0).differs(&base, warning));
+        // What a peer's status could show does change.
+        assert!(p("a", true, 100, 10).differs(&base, warning));
+        assert!(p("a", false, 100, 1).differs(&base, warning));
+        assert!(p("b", true, 100, 1).differs(&base, warning));
+        let mut restarted = base.clone();
+        restarted.start_time_ms = 2;
+        assert!(restarted.differs(&base, warning));
+    }
+
+    #[test]
+    fn replica_ids_differ() {
+        assert_ne!(replica_id(), replica_id());
+        assert_eq!(replica_id().len(), 16);
+    }
+}
