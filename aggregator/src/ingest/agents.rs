@@ -61,7 +61,10 @@ pub(crate) struct Session {
     conn_id: u64,
     connection: quinn::Connection,
     /// Feeds the task that writes to the agent's control stream.
-    commands: mpsc::Sender<CommandRequest>,
+    // Boxed: a channel allocates its slots in blocks of 32 whatever its bound, and a
+    // request is a few hundred bytes; with one channel per agent that was about 9 KiB
+    // of every connection's memory.
+    commands: mpsc::Sender<Box<CommandRequest>>,
     /// Replies awaited, by command id.
     pending: Mutex<HashMap<u64, ReplySender>>,
     next_command: AtomicU64,
@@ -151,7 +154,7 @@ impl Agents {
         &self,
         agent_id: &str,
         connection: quinn::Connection,
-        commands: mpsc::Sender<CommandRequest>,
+        commands: mpsc::Sender<Box<CommandRequest>>,
     ) -> Arc<Session> {
         let session = Arc::new(Session {
             agent_id: agent_id.to_owned(),
@@ -239,11 +242,11 @@ impl Agents {
             session: &session,
             id,
         };
-        let request = CommandRequest {
+        let request = Box::new(CommandRequest {
             id,
             instance: instance.to_owned(),
             command: cmd,
-        };
+        });
         let exchange = async {
             session
                 .commands

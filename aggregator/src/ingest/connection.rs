@@ -53,7 +53,7 @@ async fn serve_inner(incoming: quinn::Incoming, shared: Arc<Shared>) {
     let writer = tokio::spawn(
         async move {
             while let Some(request) = commands_rx.recv().await {
-                let msg = ServerMessage::Command(request);
+                let msg = ServerMessage::Command(*request);
                 if let Err(e) = write_frame(&mut send, &msg, max_message).await {
                     debug!(error = %e, "Command not sent.");
                     break;
