@@ -10,6 +10,9 @@ FROM rust:1-slim-bookworm AS builder
 WORKDIR /src
 # Manifests and sources; .dockerignore keeps target/, .venv/ and local state out.
 COPY . .
+# protoc: the etcd client compiles etcd's protobuf definitions at build time.
+RUN apt-get update -qq && apt-get install -y -qq --no-install-recommends protobuf-compiler libprotobuf-dev \
+    && rm -rf /var/lib/apt/lists/*
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked -p meshcat-aggregator -p meshcat-agent \

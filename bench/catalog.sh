@@ -4,8 +4,13 @@
 # 10,000 clusters in 20 zones, then runs wrk against the hot read paths and reports
 # throughput, latency percentiles and the aggregator's resident memory.
 #
+# The registrations are written by meshcat-bench-writes (WRITERS concurrent writers,
+# then again as bulk arrays), which prints durable writes per second. An axum
+# hello-world (meshcat-bench-hello) is measured in the same run as the baseline of
+# `GET /clusters/{name}`.
+#
 # Environment: CLUSTERS (10000), ZONES (20), DURATION (10s), CONNECTIONS (64),
-# THREADS (2), CARGO_TARGET_DIR (./target).
+# THREADS (2), WRITERS (64), CARGO_TARGET_DIR (./target).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -15,10 +20,11 @@ ZONES=${ZONES:-20}
 DURATION=${DURATION:-10s}
 CONNECTIONS=${CONNECTIONS:-64}
 THREADS=${THREADS:-2}
+WRITERS=${WRITERS:-64}
 target=${CARGO_TARGET_DIR:-$root/target}
 
 echo "==> building release"
-cargo build --release -p meshcat-aggregator
+cargo build --release -p meshcat-aggregator -p meshcat-bench
 bin="$target/release/meshcat-aggregator"
 
 if ! command -v wrk >/dev/null; then
@@ -30,8 +36,10 @@ fi
 
 work=$(mktemp -d)
 pid=""
+hello_pid=""
 cleanup() {
     [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
+    [ -n "$hello_pid" ] && kill "$hello_pid" 2>/dev/null && wait "$hello_pid" 2>/dev/null
     rm -rf "$work"
 }
 trap cleanup EXIT
@@ -50,45 +58,9 @@ done
 [ -n "$api" ] || { echo "aggregator did not start"; cat "$work/log"; exit 1; }
 echo "api: http://$api (pid $pid)"
 
-echo "==> registering $CLUSTERS clusters in $ZONES zones"
-load_start=$(date +%s.%N)
-python3 - "$api" "$CLUSTERS" "$ZONES" <<'PY'
-import http.client, json, sys, threading
-addr, n, zones = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-host, port = addr.rsplit(":", 1)
-
-def conn():
-    return http.client.HTTPConnection(host, int(port), timeout=30)
-
-def post(c, path, body):
-    c.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
-    r = c.getresponse()
-    r.read()
-    if r.status != 201:
-        raise SystemExit(f"POST {path} answered {r.status}")
-
-c = conn()
-for z in range(zones):
-    post(c, "/zones", {"zoneName": f"zone-{z:02}", "serverAddress": f"cp-{z}.mesh:50000"})
-
-def worker(first, step):
-    c = conn()
-    for i in range(first, n, step):
-        post(c, "/clusters", {
-            "clusterName": f"svc-{i:05}", "zoneName": f"zone-{i % zones:02}",
-            "name": f"Service {i}", "version": f"1.{i % 7}", "owner": f"team-{i % 50}",
-            "capability": f"cap-{i % 30}", "prometheusJob": f"job-{i}",
-            "documentation": "/docs/service", "description": "A benchmark service.",
-            "minInstances": 1, "maxInstances": 4, "protocols": ["http", "grpc"],
-            "businessImpact": ["low", "medium", "high"][i % 3],
-        })
-
-threads = [threading.Thread(target=worker, args=(t, 8)) for t in range(8)]
-for t in threads: t.start()
-for t in threads: t.join()
-PY
-load_end=$(date +%s.%N)
-echo "loaded in $(echo "$load_end - $load_start" | bc) s"
+echo "==> registering $CLUSTERS clusters in $ZONES zones with $WRITERS concurrent writers"
+"$target/release/meshcat-bench-writes" --api "http://$api" --writers "$WRITERS" \
+    --clusters "$CLUSTERS" --zones "$ZONES" --prefix svc | tee "$work/writes"
 
 rss() { awk '/VmRSS/ {printf "%.1f MiB", $2 / 1024}' "/proc/$pid/status"; }
 echo "RSS after load: $(rss)"
@@ -106,9 +78,27 @@ run() {
     p99=$(awk '$1 == "99%" {print $2}' "$work/wrk.out")
     printf "| %-32s | %5s | %10s | %9s | %9s |\n" "$label" "$conns" "$rps" "$p50" "$p99" >>"$results"
 }
-run "GET /clusters/{name}" "/clusters/svc-04242"
+"$target/release/meshcat-bench-hello" >"$work/hello" &
+hello_pid=$!
+hello=""
+for _ in $(seq 1 200); do
+    hello=$(awk '/listening on/ {print $3}' "$work/hello")
+    [ -n "$hello" ] && break
+    sleep 0.05
+done
+[ -n "$hello" ] || { echo "hello-world server did not start"; exit 1; }
+run_at() {
+    local saved=$api
+    api=$1
+    shift
+    run "$@"
+    api=$saved
+}
+run_at "$hello" "axum hello-world (baseline)" "/"
+run "GET /clusters/{name}" "/clusters/svc-004242"
+run_at "$hello" "axum hello-world (baseline)" "/"
 run "GET /clusters?owner=..." "/clusters?owner=team-7"
-run "GET /clusters (all 10,000)" "/clusters"
+run "GET /clusters (all)" "/clusters"
 run "GET /summary" "/summary"
 # The summary holds every cluster twice (zones and meshes, about 11 MB with 10,000
 # clusters): with one connection its latency is the time to produce and send one.
@@ -117,6 +107,11 @@ run "GET /summary" "/summary" 1 1
 run "GET /summary, gzip" "/summary" 1 1 "Accept-Encoding: gzip"
 run "GET /summary, gzip" "/summary" "$CONNECTIONS" "$THREADS" "Accept-Encoding: gzip"
 run "GET /clusters (all), gzip" "/clusters" "$CONNECTIONS" "$THREADS" "Accept-Encoding: gzip"
+
+# After the reads, so they ran over CLUSTERS clusters.
+echo "==> the same count again in bulk arrays of 500 (all or nothing each)"
+"$target/release/meshcat-bench-writes" --api "http://$api" --writers 8 --bulk 500 \
+    --clusters "$CLUSTERS" --zones "$ZONES" --prefix bulk | tee -a "$work/writes"
 
 echo
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')"
@@ -129,3 +124,6 @@ echo "|----------------------------------|-------|------------|-----------|-----
 cat "$results"
 echo
 echo "aggregator RSS after the runs: $(rss)"
+echo
+cat "$work/writes"
+echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -30,6 +30,11 @@ if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2
 fi
 echo "prometheus: $(prometheus --version 2>&1 | head -1)"
 
+# protoc to build the etcd client, etcd for the replica tests (Debian packages).
+scripts/deps.sh build etcd
+etcd_bin=$(command -v etcd || echo /usr/bin/etcd)
+echo "etcd: $("$etcd_bin" --version | head -1)"
+
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check
 

@@ -15,8 +15,9 @@ use crate::scrape::Target;
 #[derive(Debug, Clone, Parser)]
 #[command(name = "meshcat-agent", version, about, max_term_width = 100)]
 pub struct AgentConfig {
-    /// Aggregator QUIC address (host:port).
-    #[arg(long, env = "MESHCAT_AGGREGATOR", default_value = "127.0.0.1:9443", value_parser = parse_host_port)]
+    /// Aggregator QUIC address (host:port), or a comma-separated list of replicas:
+    /// on losing its connection the agent moves to the next one.
+    #[arg(long, env = "MESHCAT_AGGREGATOR", default_value = "127.0.0.1:9443", value_parser = parse_aggregators)]
     pub aggregator: String,
     /// Name the aggregator's certificate must carry.
     #[arg(long, env = "MESHCAT_SERVER_NAME", default_value = "localhost")]
@@ -69,6 +70,22 @@ pub struct AgentConfig {
 }
 
 /// Checks `host:port`: a non-empty host (bracketed if IPv6) and a port.
+/// Most addresses in `--aggregator`.
+pub const MAX_AGGREGATORS: usize = 16;
+
+/// Checks a comma-separated list of 1 to [`MAX_AGGREGATORS`] `host:port` addresses;
+/// returns it with spaces removed.
+pub fn parse_aggregators(s: &str) -> Result<String, String> {
+    let list = s
+        .split(',')
+        .map(parse_host_port)
+        .collect::<Result<Vec<_>, _>>()?;
+    if list.len() > MAX_AGGREGATORS {
+        return Err(format!("at most {MAX_AGGREGATORS} aggregator addresses"));
+    }
+    Ok(list.join(","))
+}
+
 pub fn parse_host_port(s: &str) -> Result<String, String> {
     let s = s.trim();
     let bad = || format!("{s:?} is not host:port");
@@ -157,6 +174,19 @@ pub fn host_name() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn aggregator_takes_a_list_of_replicas() {
+        assert_eq!(
+            parse_aggregators("a:1, 127.0.0.1:2,[::1]:3").unwrap(),
+            "a:1,127.0.0.1:2,[::1]:3"
+        );
+        for bad in ["", "a:1,", "a:1,b", "a b:1"] {
+            assert!(parse_aggregators(bad).is_err(), "{bad}");
+        }
+        let many = vec!["h:1"; MAX_AGGREGATORS + 1].join(",");
+        assert!(parse_aggregators(&many).is_err());
+    }
 
     #[test]
     fn host_ports() {

@@ -86,7 +86,8 @@ impl ReportError {
 /// Settings of the reporter.
 #[derive(Debug, Clone)]
 pub struct ReporterConfig {
-    /// The aggregator's ingest address, `host:port` (resolved at each connection).
+    /// The aggregator's ingest address, `host:port` (resolved at each connection), or
+    /// a comma-separated list of replicas tried in turn.
     pub aggregator: String,
     /// The name the aggregator's certificate must carry.
     pub server_name: String,
@@ -200,14 +201,34 @@ impl Reporter {
         let mut shutdown: Shutdown<'_> = shutdown.as_mut();
         let mut delay = self.config.backoff_min;
         let mut first = true;
+        let addresses: Vec<String> = self
+            .config
+            .aggregator
+            .split(',')
+            .map(|a| a.trim().to_owned())
+            .filter(|a| !a.is_empty())
+            .collect();
+        let addresses = if addresses.is_empty() {
+            vec![self.config.aggregator.clone()]
+        } else {
+            addresses
+        };
+        let mut current = 0usize;
         self.metrics.pending_snapshot.set(1);
         loop {
             if !first {
                 self.metrics.reconnects.inc();
             }
             first = false;
-            let span = info_span!("aggregator", addr = %self.config.aggregator);
-            let (ended, established) = self.session(shutdown.as_mut()).instrument(span).await;
+            let addr = addresses[current % addresses.len()].clone();
+            let span = info_span!("aggregator", addr = %addr);
+            let (ended, established) = self
+                .session(&addr, shutdown.as_mut())
+                .instrument(span)
+                .await;
+            // Any replica serves the whole catalog: after a lost connection (or a
+            // failed attempt) the next one is tried, within the capped backoff.
+            current += 1;
             self.metrics.connected.set(0);
             self.metrics.pending_snapshot.set(1);
             // An aggregator that answers but refuses the agent will not change its
@@ -239,9 +260,9 @@ impl Reporter {
 
     /// One connection: hello, then reports and commands until it ends. Also says whether
     /// the hello was accepted, which resets the backoff.
-    async fn session(&self, mut shutdown: Shutdown<'_>) -> (Ended, bool) {
+    async fn session(&self, addr: &str, mut shutdown: Shutdown<'_>) -> (Ended, bool) {
         let connected = tokio::select! {
-            c = tokio::time::timeout(self.config.connect_timeout(), self.connect()) => match c {
+            c = tokio::time::timeout(self.config.connect_timeout(), self.connect(addr)) => match c {
                 Ok(Ok(c)) => c,
                 Ok(Err(e)) => return (Ended::Lost(e), false),
                 Err(_) => return (Ended::Lost(ReportError::Timeout), false),
@@ -314,6 +335,7 @@ impl Reporter {
 
     async fn connect(
         &self,
+        aggregator: &str,
     ) -> Result<
         (
             quinn::Endpoint,
@@ -323,7 +345,7 @@ impl Reporter {
         ),
         ReportError,
     > {
-        let addr = resolve(&self.config.aggregator).await?;
+        let addr = resolve(aggregator).await?;
         let bind: SocketAddr = if addr.is_ipv4() {
             ([0, 0, 0, 0], 0).into()
         } else {

@@ -24,14 +24,24 @@ struct TestSink {
 }
 
 impl ReportSink for TestSink {
-    fn apply_report(&self, agent_id: &str, report: &InstanceReport, _now: Instant) {
-        self.reports
-            .lock()
-            .unwrap()
-            .push((agent_id.to_owned(), report.clone()));
+    fn apply_report(&self, agent_id: &str, instances: Vec<InstanceReport>, _now: Instant) {
+        let mut reports = self.reports.lock().unwrap();
+        reports.extend(instances.into_iter().map(|r| (agent_id.to_owned(), r)));
     }
     fn agent_gone(&self, agent_id: &str) {
         self.gone.lock().unwrap().push(agent_id.to_owned());
+    }
+    fn reporter(&self, zone: &str, cluster: &str, instance: &str) -> Option<String> {
+        // The agent of the latest report of that instance.
+        self.reports
+            .lock()
+            .unwrap()
+            .iter()
+            .rev()
+            .find(|(_, r)| {
+                r.zone_name == zone && r.cluster_name == cluster && r.instance == instance
+            })
+            .map(|(a, _)| a.clone())
     }
 }
 

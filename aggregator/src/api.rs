@@ -3,6 +3,7 @@
 
 mod auth;
 mod error;
+mod forward;
 mod handlers;
 pub mod openapi;
 pub mod query;
@@ -114,6 +115,10 @@ pub fn app(state: Arc<AppState>, max_body: usize) -> Router {
         .route("/openapi.json", get(h::openapi))
         .fallback(no_route)
         .layer(middleware::from_fn(json_method_not_allowed))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            forward::to_owner,
+        ))
         .layer(middleware::from_fn_with_state(state.clone(), track))
         .layer(DefaultBodyLimit::max(max_body))
         .with_state(state)

@@ -120,9 +120,95 @@ pub struct ServeArgs {
     /// diagnosis asks it whether `up{job="<prometheusJob>"}` has a series.
     #[arg(long, env = "MESHCAT_PROMETHEUS_URL", value_parser = parse_http_url, value_name = "URL")]
     pub prometheus_url: Option<String>,
+    /// Where registrations live: `redb` (one replica, <data-dir>/catalog.redb) or
+    /// `etcd://HOST:PORT[,HOST:PORT...][/PREFIX]` (any number of replicas; prefix
+    /// /meshcat by default).
+    #[arg(long, env = "MESHCAT_STORE", default_value = "redb", value_parser = parse_store, value_name = "redb|etcd://HOST:PORT[,...][/PREFIX]")]
+    pub store: StoreSpec,
+    /// PEM CA that signs the etcd members' certificates (turns on TLS to etcd).
+    #[arg(long, env = "MESHCAT_ETCD_CA_FILE", value_name = "FILE")]
+    pub etcd_ca_file: Option<PathBuf>,
+    /// PEM client certificate presented to etcd (with --etcd-key).
+    #[arg(long, env = "MESHCAT_ETCD_CERT", value_name = "FILE")]
+    pub etcd_cert: Option<PathBuf>,
+    /// PEM private key of --etcd-cert.
+    #[arg(long, env = "MESHCAT_ETCD_KEY", value_name = "FILE")]
+    pub etcd_key: Option<PathBuf>,
+    /// This replica's catalog API address as its peers reach it (with an etcd store;
+    /// default: --api-addr, which must then not be a wildcard address).
+    #[arg(long, env = "MESHCAT_ADVERTISE_ADDR", value_parser = parse_host_port, value_name = "HOST:PORT")]
+    pub advertise_addr: Option<String>,
     /// Log line format.
     #[arg(long, env = "MESHCAT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+}
+
+/// Where registrations live (`--store`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreSpec {
+    /// The embedded redb database under `--data-dir`.
+    Redb,
+    /// An etcd cluster (v3 API) shared by every replica.
+    Etcd {
+        /// `host:port` of each member.
+        endpoints: Vec<String>,
+        /// Key prefix, starting with `/`, without a trailing `/`.
+        prefix: String,
+    },
+}
+
+/// Longest accepted etcd key prefix: keys carry two names of up to 253 bytes too.
+const MAX_PREFIX_LEN: usize = 256;
+/// Most etcd endpoints in `--store`.
+const MAX_ENDPOINTS: usize = 16;
+
+/// Parses `--store`.
+pub fn parse_store(s: &str) -> Result<StoreSpec, String> {
+    let s = s.trim();
+    if s == "redb" {
+        return Ok(StoreSpec::Redb);
+    }
+    let rest = s.strip_prefix("etcd://").ok_or_else(|| {
+        format!("{s:?} is neither redb nor etcd://HOST:PORT[,HOST:PORT...][/PREFIX]")
+    })?;
+    let (hosts, prefix) = match rest.split_once('/') {
+        Some((h, p)) => (h, format!("/{}", p.trim_end_matches('/'))),
+        None => (rest, "/meshcat".to_owned()),
+    };
+    if prefix == "/"
+        || prefix.len() > MAX_PREFIX_LEN
+        || !prefix.bytes().all(|b| b.is_ascii_graphic())
+    {
+        return Err(format!(
+            "etcd prefix {prefix:?} must be 1 to {MAX_PREFIX_LEN} printable characters after the /"
+        ));
+    }
+    let endpoints = hosts
+        .split(',')
+        .map(|h| parse_host_port(h.trim()))
+        .collect::<Result<Vec<_>, _>>()?;
+    if endpoints.len() > MAX_ENDPOINTS {
+        return Err(format!("at most {MAX_ENDPOINTS} etcd endpoints"));
+    }
+    Ok(StoreSpec::Etcd { endpoints, prefix })
+}
+
+/// Checks a `host:port` address (host a name or an IP address, IPv6 in brackets).
+pub fn parse_host_port(s: &str) -> Result<String, String> {
+    let bad = || format!("{s:?} is not HOST:PORT");
+    let (host, port) = s.rsplit_once(':').ok_or_else(bad)?;
+    port.parse::<u16>().map_err(|_| bad())?;
+    let host_ok = !host.is_empty()
+        && host.len() <= 255
+        && (host.parse::<std::net::IpAddr>().is_ok()
+            || (host.starts_with('[') && host.ends_with(']'))
+            || host
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b'_'));
+    if !host_ok {
+        return Err(bad());
+    }
+    Ok(s.to_owned())
 }
 
 /// A configuration value that parses but cannot be used.
@@ -144,6 +230,12 @@ pub enum ConfigError {
     MaxMessage,
     #[error("--data-dir {0} exists and is not a directory")]
     DataDir(String),
+    #[error("--etcd-cert and --etcd-key must be given together")]
+    HalfEtcdTls,
+    #[error("--etcd-ca-file, --etcd-cert and --etcd-key need --store etcd://...")]
+    EtcdTlsWithoutEtcd,
+    #[error("--advertise-addr is needed with --store etcd:// when --api-addr is {0}")]
+    NoAdvertise(SocketAddr),
 }
 
 /// The validated configuration the aggregator runs with.
@@ -171,6 +263,12 @@ pub struct Config {
     pub command_timeout: Duration,
     /// Prometheus base URL for the missing-metrics diagnosis.
     pub prometheus_url: Option<String>,
+    pub store: StoreSpec,
+    pub etcd_ca_file: Option<PathBuf>,
+    pub etcd_cert: Option<PathBuf>,
+    pub etcd_key: Option<PathBuf>,
+    /// The API address peers reach this replica at (etcd store only).
+    pub advertise_addr: Option<String>,
     pub log_format: LogFormat,
 }
 
@@ -196,6 +294,11 @@ impl std::fmt::Debug for Config {
             .field("edge_refresh", &self.edge_refresh)
             .field("command_timeout", &self.command_timeout)
             .field("prometheus_url", &self.prometheus_url)
+            .field("store", &self.store)
+            .field("etcd_ca_file", &self.etcd_ca_file)
+            .field("etcd_cert", &self.etcd_cert)
+            .field("etcd_key", &self.etcd_key)
+            .field("advertise_addr", &self.advertise_addr)
             .field("log_format", &self.log_format)
             .finish()
     }
@@ -226,10 +329,26 @@ impl Config {
         if a.tls_cert.is_some() != a.tls_key.is_some() {
             return Err(ConfigError::HalfTls);
         }
+        if a.etcd_cert.is_some() != a.etcd_key.is_some() {
+            return Err(ConfigError::HalfEtcdTls);
+        }
+        let etcd_tls = a.etcd_ca_file.is_some() || a.etcd_cert.is_some();
+        if etcd_tls && a.store == StoreSpec::Redb {
+            return Err(ConfigError::EtcdTlsWithoutEtcd);
+        }
+        if a.store != StoreSpec::Redb
+            && a.advertise_addr.is_none()
+            && a.api_addr.ip().is_unspecified()
+        {
+            return Err(ConfigError::NoAdvertise(a.api_addr));
+        }
         for (flag, path) in [
             ("tls-cert", &a.tls_cert),
             ("tls-key", &a.tls_key),
             ("client-ca", &a.client_ca),
+            ("etcd-ca-file", &a.etcd_ca_file),
+            ("etcd-cert", &a.etcd_cert),
+            ("etcd-key", &a.etcd_key),
         ] {
             if let Some(p) = path {
                 std::fs::metadata(p).map_err(|error| ConfigError::Unreadable {
@@ -268,6 +387,11 @@ impl Config {
             edge_refresh: a.edge_refresh,
             command_timeout: a.command_timeout,
             prometheus_url: a.prometheus_url,
+            store: a.store,
+            etcd_ca_file: a.etcd_ca_file,
+            etcd_cert: a.etcd_cert,
+            etcd_key: a.etcd_key,
+            advertise_addr: a.advertise_addr,
             log_format: a.log_format,
         })
     }
@@ -387,6 +511,45 @@ mod tests {
         assert!(parse(&["--error-ratio-warning", "2"]).is_err());
         assert!(parse(&["--max-body", "0"]).is_err());
         assert!(parse(&["--api-addr", "nowhere"]).is_err());
+    }
+
+    #[test]
+    fn store_is_redb_or_etcd_endpoints_with_a_prefix() {
+        assert_eq!(parse_store("redb").unwrap(), StoreSpec::Redb);
+        assert_eq!(
+            parse_store("etcd://127.0.0.1:2379,etcd-1:2379/cat/").unwrap(),
+            StoreSpec::Etcd {
+                endpoints: vec!["127.0.0.1:2379".into(), "etcd-1:2379".into()],
+                prefix: "/cat".into()
+            }
+        );
+        assert_eq!(
+            parse_store("etcd://[::1]:2379").unwrap(),
+            StoreSpec::Etcd {
+                endpoints: vec!["[::1]:2379".into()],
+                prefix: "/meshcat".into()
+            }
+        );
+        for bad in [
+            "sqlite",
+            "etcd://",
+            "etcd://h",
+            "etcd://h:99999",
+            "etcd://h:1/",
+            "etcd://a b:1",
+        ] {
+            assert!(parse_store(bad).is_err(), "{bad}");
+        }
+        let a = parse(&["--store", "etcd://127.0.0.1:2379"]).unwrap();
+        assert!(matches!(
+            Config::from_args(a),
+            Err(ConfigError::NoAdvertise(_))
+        ));
+        let a = parse(&["--etcd-ca-file", "/etc/hostname"]).unwrap();
+        assert!(matches!(
+            Config::from_args(a),
+            Err(ConfigError::EtcdTlsWithoutEtcd)
+        ));
     }
 
     #[test]

@@ -11,7 +11,7 @@ mod metrics;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use meshcat_common::transport::code;
 use meshcat_common::wire::{DEFAULT_MAX_MESSAGE, InstanceReport};
@@ -29,10 +29,15 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 20_000;
 /// Time an agent has to open its control stream and say hello.
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Where accepted reports go (the catalog store implements it).
+/// Where accepted reports go (the catalog store implements it). The sink owns which
+/// agent reports which instance; commands are routed by asking it.
 pub trait ReportSink: Send + Sync + 'static {
-    fn apply_report(&self, agent_id: &str, report: &InstanceReport, now: std::time::Instant);
+    /// Applies the instance snapshots of one accepted report, taking them over.
+    fn apply_report(&self, agent_id: &str, instances: Vec<InstanceReport>, now: Instant);
+    /// The agent's connection ended: its instances go.
     fn agent_gone(&self, agent_id: &str);
+    /// The agent that reports this instance now.
+    fn reporter(&self, zone: &str, cluster: &str, instance: &str) -> Option<String>;
 }
 
 /// Why the ingest server could not run.
@@ -118,8 +123,8 @@ impl Ingest {
             max_message: config.max_message,
             max_instances: config.max_instances,
             hello_timeout: config.hello_timeout,
-            sink,
-            agents: Agents::new(metrics.clone()),
+            sink: sink.clone(),
+            agents: Agents::new(metrics.clone(), sink.clone()),
             metrics,
             open: AtomicUsize::new(0),
         });

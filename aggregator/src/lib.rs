@@ -5,6 +5,7 @@
 pub mod api;
 pub mod config;
 pub mod edge;
+pub mod entry;
 pub mod ingest;
 pub mod ops;
 pub mod status;
@@ -25,7 +26,7 @@ use tracing::{info, warn};
 use meshcat_common::wire::InstanceReport;
 
 use crate::api::{AppState, Tokens};
-use crate::config::Config;
+use crate::config::{Config, StoreSpec};
 use crate::ingest::{Ingest, IngestConfig, SecurityOptions};
 use crate::ops::OpsState;
 use crate::store::persist::PersistError;
@@ -50,6 +51,8 @@ pub enum RunError {
         addr: SocketAddr,
         error: std::io::Error,
     },
+    #[error("cannot use etcd: {0}")]
+    Etcd(String),
     #[error("agent ingest cannot start: {0}")]
     Ingest(String),
     #[error("server error: {0}")]
@@ -66,17 +69,35 @@ pub struct Aggregator {
 
 impl Aggregator {
     /// Opens the store (loading the registrations) and the metric registry.
+    /// With an etcd store this only prepares the client: [`serve`] loads the
+    /// catalog, and the replica is ready once it has. Call it within a runtime
+    /// (on its blocking pool, as [`run`] does).
     pub fn open(config: Config) -> Result<Aggregator, RunError> {
-        let store = Store::open(
-            &config.data_dir,
-            Rules {
-                instance_ttl: config.instance_ttl,
-                error_ratio_warning: config.error_ratio_warning,
-            },
-        )?;
+        let rules = Rules {
+            instance_ttl: config.instance_ttl,
+            error_ratio_warning: config.error_ratio_warning,
+        };
+        let store = match &config.store {
+            StoreSpec::Redb => {
+                let store = Store::open(&config.data_dir, rules)?;
+                let t = store.totals();
+                info!(data_dir = %config.data_dir.display(), zones = t.zones, clusters = t.clusters, "Registrations loaded.");
+                store
+            }
+            StoreSpec::Etcd { endpoints, prefix } => {
+                let tls = etcd_tls(&config)?;
+                let handle = tokio::runtime::Handle::try_current()
+                    .map_err(|e| RunError::Etcd(e.to_string()))?;
+                let etcd = handle
+                    .block_on(store::etcd::EtcdRegistrations::connect(
+                        endpoints, prefix, tls,
+                    ))
+                    .map_err(|e| RunError::Etcd(e.to_string()))?;
+                info!(endpoints = %endpoints.join(","), prefix = %prefix, "Registrations in etcd; loading.");
+                Store::with_etcd(etcd, rules)
+            }
+        };
         let telemetry = Telemetry::new()?;
-        let t = store.totals();
-        info!(data_dir = %config.data_dir.display(), zones = t.zones, clusters = t.clusters, "Registrations loaded.");
         Ok(Aggregator {
             config,
             store: Arc::new(store),
@@ -86,13 +107,33 @@ impl Aggregator {
 }
 
 impl ingest::ReportSink for Store {
-    fn apply_report(&self, agent_id: &str, report: &InstanceReport, now: Instant) {
-        Store::apply_report(self, agent_id, report, now);
+    fn apply_report(&self, agent_id: &str, instances: Vec<InstanceReport>, now: Instant) {
+        Store::apply_reports(self, agent_id, instances, now);
     }
 
     fn agent_gone(&self, agent_id: &str) {
         Store::agent_gone(self, agent_id);
     }
+
+    fn reporter(&self, zone: &str, cluster: &str, instance: &str) -> Option<String> {
+        Store::reporter(self, zone, cluster, instance)
+    }
+}
+
+/// Reads the etcd TLS files named by the configuration, if any.
+fn etcd_tls(c: &Config) -> Result<Option<store::etcd::EtcdTls>, RunError> {
+    if c.etcd_ca_file.is_none() && c.etcd_cert.is_none() {
+        return Ok(None);
+    }
+    let read = |p: &std::path::Path| {
+        std::fs::read(p).map_err(|e| RunError::Etcd(format!("{}: {e}", p.display())))
+    };
+    let ca_pem = c.etcd_ca_file.as_deref().map(read).transpose()?;
+    let identity = match (&c.etcd_cert, &c.etcd_key) {
+        (Some(cert), Some(key)) => Some((read(cert)?, read(key)?)),
+        _ => None,
+    };
+    Ok(Some(store::etcd::EtcdTls { ca_pem, identity }))
 }
 
 /// The QUIC ingest, ready to run, with its bound socket.
@@ -204,6 +245,24 @@ async fn serve_with(
             .into_future(),
     );
     let expiry_task = tokio::spawn(expire_loop(agg.store.clone(), stop_rx.clone()));
+    let sync_task = tokio::spawn(store::etcd::sync(agg.store.clone(), stop_rx.clone()));
+    // With etcd, the instances this replica's agents report are published for the
+    // other replicas.
+    let publish_task = agg.store.etcd().map(|e| {
+        let (membership, publisher) = store::etcd::membership::membership(
+            e.client(),
+            e.prefix(),
+            e.owner(),
+            &agg.config
+                .advertise_addr
+                .clone()
+                .unwrap_or_else(|| api_addr.to_string()),
+            agg.config.instance_ttl,
+            agg.config.error_ratio_warning,
+        );
+        let _ = agg.store.set_membership(Arc::new(membership));
+        tokio::spawn(publisher.run(stop_rx.clone()))
+    });
     let ingest_task = ingest.map(|IngestParts { ingest, socket }| {
         tokio::spawn(ingest.run(socket, stopped(stop_rx.clone())))
     });
@@ -217,6 +276,7 @@ async fn serve_with(
         ))
     });
     // Ready before the addresses are logged: whoever reads them may probe at once.
+    // With etcd, /readyz also waits for the catalog to be loaded.
     ops_state.ready.store(true, Ordering::Release);
     info!(api = %api_addr, "Catalog API listening.");
     info!(ops = %ops_addr, "Ops endpoints listening.");
@@ -231,7 +291,10 @@ async fn serve_with(
     ops_state.ready.store(false, Ordering::Release);
     let _ = stop_tx.send(true);
     let drain = async {
-        let (a, o, _) = tokio::join!(api_task, ops_task, expiry_task);
+        let (a, o, _, _) = tokio::join!(api_task, ops_task, expiry_task, sync_task);
+        if let Some(t) = publish_task {
+            let _ = t.await;
+        }
         if let Some(t) = edge_task {
             let _ = t.await;
         }

@@ -20,7 +20,8 @@ use crate::telemetry::Telemetry;
 pub struct OpsState {
     pub store: Arc<Store>,
     pub telemetry: Telemetry,
-    /// Set once the registrations are loaded and every listener serves.
+    /// Set once every listener serves; ready also needs the registrations loaded
+    /// (at once with redb, after the first etcd listing with etcd).
     pub ready: AtomicBool,
 }
 
@@ -50,7 +51,7 @@ async fn metrics(State(s): State<Arc<OpsState>>) -> Response {
 }
 
 async fn readyz(State(s): State<Arc<OpsState>>) -> Response {
-    if s.ready.load(Ordering::Acquire) {
+    if s.ready.load(Ordering::Acquire) && s.store.is_loaded() {
         (StatusCode::OK, "ready\n").into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "starting\n").into_response()

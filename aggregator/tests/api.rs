@@ -461,11 +461,9 @@ async fn every_filter() {
         "owner": "team one", "capability": "search", "businessImpact": "medium"}),
     )
     .await;
-    api.agg.store.apply_report(
-        "agent",
-        &report("z1", "a", "i1", true, 0, 0),
-        Instant::now(),
-    );
+    api.agg
+        .store
+        .apply_report("agent", report("z1", "a", "i1", true, 0, 0), Instant::now());
 
     let all = ["z1/a", "z1/b", "z2/a"];
     assert_eq!(api.names("").await, all);
@@ -534,10 +532,10 @@ async fn status_instances_metrics_and_summaries() {
         .await;
     let store = &api.agg.store;
     let now = Instant::now();
-    store.apply_report("a1", &report("z", "web", "web-2", true, 0, 0), now);
-    store.apply_report("a1", &report("z", "web", "web-1", true, 0, 0), now);
-    store.apply_report("a2", &report("z", "db", "db-1", true, 100, 0), now);
-    store.apply_report("a2", &report("z", "db", "db-1", true, 200, 50), now);
+    store.apply_report("a1", report("z", "web", "web-2", true, 0, 0), now);
+    store.apply_report("a1", report("z", "web", "web-1", true, 0, 0), now);
+    store.apply_report("a2", report("z", "db", "db-1", true, 100, 0), now);
+    store.apply_report("a2", report("z", "db", "db-1", true, 200, 50), now);
 
     let (_, v) = api.get("/clusters/web").await;
     assert_eq!(v[0]["status"], "stable");
@@ -548,7 +546,7 @@ async fn status_instances_metrics_and_summaries() {
     );
     assert_eq!(api.get("/clusters/db").await.1[0]["status"], "warning");
 
-    store.apply_report("a1", &report("z", "web", "node-a:9901", false, 0, 0), now);
+    store.apply_report("a1", report("z", "web", "node-a:9901", false, 0, 0), now);
     assert_eq!(
         api.get("/metrics/web/node-a:9901").await.0,
         StatusCode::NOT_FOUND
@@ -608,7 +606,7 @@ async fn status_instances_metrics_and_summaries() {
     // An unreachable sidecar is not live.
     store.apply_report(
         "a1",
-        &report("z", "web", "web-2", false, 0, 0),
+        report("z", "web", "web-2", false, 0, 0),
         Instant::now(),
     );
     assert_eq!(api.get("/clusters/web").await.1[0]["status"], "warning");
@@ -645,7 +643,7 @@ async fn services_lists_unregistered_clusters() {
         .await;
     api.agg
         .store
-        .apply_report("a", &report("z", "seen", "s-1", true, 0, 0), Instant::now());
+        .apply_report("a", report("z", "seen", "s-1", true, 0, 0), Instant::now());
     api.agg.store.set_edge_clusters("y", vec!["routed".into()]);
     let (s, v) = api.get("/services").await;
     assert_eq!(s, StatusCode::OK);
@@ -716,7 +714,7 @@ async fn tokens() {
     );
     api.agg
         .store
-        .apply_report("a", &report("z", "c", "i", true, 0, 0), Instant::now());
+        .apply_report("a", report("z", "c", "i", true, 0, 0), Instant::now());
 
     // Without the read token: metadata only.
     let (_, v) = api.get("/clusters/c").await;
@@ -835,4 +833,64 @@ async fn large_answers_can_be_gzipped() {
             .unwrap();
         assert!(res.headers().get("content-encoding").is_none());
     }
+}
+
+#[tokio::test]
+async fn bulk_registration_is_all_or_nothing() {
+    let api = plain().await;
+    api.zone("z").await;
+    let c = |name: &str| json!({"zoneName": "z", "clusterName": name, "name": name});
+
+    // One invalid record: nothing stored, the index named.
+    let (s, v) = api
+        .post(
+            "/clusters",
+            json!([c("a"), c("b"), {"zoneName": "z", "clusterName": "bad name", "name": "x"}]),
+        )
+        .await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    assert_error_body(&v);
+    assert!(v["error"].as_str().unwrap().starts_with("Record 2:"), "{v}");
+    assert!(api.names("").await.is_empty());
+
+    // A record of a missing zone, or one twice: refused whole as well.
+    let (s, v) = api
+        .post(
+            "/clusters",
+            json!([c("a"), {"zoneName": "nowhere", "clusterName": "b", "name": "b"}]),
+        )
+        .await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    assert!(v["error"].as_str().unwrap().starts_with("Record 1:"), "{v}");
+    let (s, v) = api.post("/clusters", json!([c("a"), c("a")])).await;
+    assert_eq!(s, StatusCode::CONFLICT, "{v}");
+    assert!(v["error"].as_str().unwrap().starts_with("Record 1:"), "{v}");
+    let (s, v) = api.post("/clusters", json!([c("a"), 7])).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    assert!(v["error"].as_str().unwrap().starts_with("Record 1 "), "{v}");
+    assert!(api.names("").await.is_empty());
+
+    // Bounds on the count.
+    let (s, _) = api.post("/clusters", json!([])).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY);
+    let many: Vec<Value> = (0..1001).map(|i| c(&format!("c{i}"))).collect();
+    let (s, v) = api.post("/clusters", Value::Array(many)).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    assert!(api.names("").await.is_empty());
+
+    // All valid: 201 with the stored records in the order sent.
+    let (s, v) = api.post("/clusters", json!([c("b"), c("a")])).await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let sent: Vec<&str> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["clusterName"].as_str().unwrap())
+        .collect();
+    assert_eq!(sent, ["b", "a"]);
+    assert_eq!(api.names("").await, ["z/a", "z/b"]);
+    // Now one of them exists: the next bulk naming it stores nothing.
+    let (s, v) = api.post("/clusters", json!([c("c"), c("b")])).await;
+    assert_eq!(s, StatusCode::CONFLICT, "{v}");
+    assert_eq!(api.names("").await, ["z/a", "z/b"]);
 }

@@ -156,7 +156,14 @@ pub fn server_config(
         ))
         // The control stream plus a few reports in flight; agents never need more.
         .max_concurrent_bidi_streams(8u32.into())
-        .max_concurrent_uni_streams(0u32.into());
+        .max_concurrent_uni_streams(0u32.into())
+        // Per-connection memory, which a fleet of agents multiplies: no unreliable
+        // datagrams (unused), no batched sends (each connection would keep a send
+        // buffer sized for a whole segment-offload batch), no path MTU probing.
+        .datagram_receive_buffer_size(None)
+        .datagram_send_buffer_size(0)
+        .enable_segmentation_offload(false)
+        .mtu_discovery_config(None);
     config.transport_config(Arc::new(transport));
     Ok(config)
 }

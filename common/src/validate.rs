@@ -29,6 +29,14 @@ pub fn is_valid_name(s: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
+/// Whether `s` can name an instance: 1 to 253 printable ASCII characters without
+/// `/` or spaces. Wider than cluster names because pod names come from the
+/// orchestrator and host names carry an admin port (`host:9901`). The one rule for
+/// instance names: the ingest checks reports with it and the API checks paths.
+pub fn is_valid_instance(s: &str) -> bool {
+    !s.is_empty() && s.len() <= MAX_NAME_LEN && s.bytes().all(|b| b.is_ascii_graphic() && b != b'/')
+}
+
 /// Checks an identifier field and says which one is wrong.
 pub fn check_name(field: &str, value: &str) -> Result<(), Invalid> {
     if value.is_empty() {
@@ -222,6 +230,18 @@ mod tests {
         assert!(!is_valid_name("a/b"));
         assert!(is_valid_name(&"x".repeat(253)));
         assert!(!is_valid_name(&"x".repeat(254)));
+    }
+
+    #[test]
+    fn instance_names() {
+        assert!(is_valid_instance("pod-a-9901"));
+        assert!(is_valid_instance("node-a:9901"));
+        assert!(!is_valid_instance(""));
+        assert!(!is_valid_instance("a b"));
+        assert!(!is_valid_instance("a/b"));
+        assert!(!is_valid_instance("caf\u{e9}"));
+        assert!(is_valid_instance(&"x".repeat(253)));
+        assert!(!is_valid_instance(&"x".repeat(254)));
     }
 
     #[test]

@@ -277,16 +277,50 @@ pub fn frame_len(prefix: [u8; 4], limit: usize) -> Result<usize, WireError> {
     Ok(size)
 }
 
-/// Decodes a frame body (without its length prefix).
+/// Decodes a frame body (without its length prefix) in one pass: the version first,
+/// then the message only when the version is this build's.
 pub fn decode<M: DeserializeOwned>(body: &[u8]) -> Result<M, WireError> {
-    let (version, IgnoredAny): (u16, IgnoredAny) =
-        rmp_serde::from_slice(body).map_err(|e| WireError::Decode(e.to_string()))?;
-    if version != PROTOCOL_VERSION {
-        return Err(WireError::Version(version));
+    match rmp_serde::from_slice::<Versioned<M>>(body) {
+        Ok(Versioned::Current(m)) => Ok(m),
+        Ok(Versioned::Other(v)) => Err(WireError::Version(v)),
+        Err(e) => Err(WireError::Decode(e.to_string())),
     }
-    let env: Envelope<M> =
-        rmp_serde::from_slice(body).map_err(|e| WireError::Decode(e.to_string()))?;
-    Ok(env.message)
+}
+
+/// An envelope whose message is decoded only when its version is ours.
+enum Versioned<M> {
+    Current(M),
+    Other(u16),
+}
+
+impl<'de, M: Deserialize<'de>> Deserialize<'de> for Versioned<M> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit<M>(std::marker::PhantomData<M>);
+        impl<'de, M: Deserialize<'de>> serde::de::Visitor<'de> for Visit<M> {
+            type Value = Versioned<M>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a [version, message] envelope")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Self::Value, A::Error> {
+                use serde::de::Error;
+                let version: u16 = seq
+                    .next_element()?
+                    .ok_or_else(|| A::Error::invalid_length(0, &self))?;
+                if version != PROTOCOL_VERSION {
+                    while seq.next_element::<IgnoredAny>()?.is_some() {}
+                    return Ok(Versioned::Other(version));
+                }
+                let message = seq
+                    .next_element()?
+                    .ok_or_else(|| A::Error::invalid_length(1, &self))?;
+                Ok(Versioned::Current(message))
+            }
+        }
+        d.deserialize_tuple(2, Visit(std::marker::PhantomData))
+    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A whole meshcat mesh on one machine, for the quick start:
-#   deploy/local/mesh.sh up [--foreground] [--envoy-only]
+#   deploy/local/mesh.sh up [--foreground] [--envoy-only] [--ha]
 #   deploy/local/mesh.sh status
 #   deploy/local/mesh.sh stop
 #
@@ -12,7 +12,10 @@
 # Every process runs in its own session, so `up` returns and the mesh stays up; their
 # pids go to .local-mesh/pids and `stop` ends exactly those. With --foreground, `up`
 # stays attached and Ctrl-C stops the mesh. --envoy-only starts just the Envoys and
-# upstreams (no build, no meshcat).
+# upstreams (no build, no meshcat). --ha starts three etcd members (Debian's etcd,
+# installed by scripts/deps.sh etcd when missing) and three aggregator replicas on
+# them instead of one aggregator; the agents are spread over the replicas, each
+# with the whole list so it moves on when its replica stops.
 # State and logs live in .local-mesh/ at the repository root (logs in .local-mesh/logs).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -26,6 +29,10 @@ CATALOG_PORT=18010 CATALOG_ADMIN=18911 CATALOG_APP=18110
 REVIEWS_PORT=18020 REVIEWS_ADMIN=18921 REVIEWS_APP=18120
 API_PORT=18080 QUIC_PORT=18443 OPS_PORT=18091
 EDGE_AGENT_OPS=18092 CATALOG_AGENT_OPS=18093 REVIEWS_AGENT_OPS=18094
+# --ha: etcd members (client, peer) and the second and third replicas (api, quic, ops).
+ETCD_PORTS=(18379 18380 18381 18382 18383 18384)
+HA_API=(18080 18081 18082) HA_QUIC=(18443 18444 18445) HA_OPS=(18091 18095 18096)
+HA=0
 ZONE=local
 API="http://127.0.0.1:$API_PORT"
 
@@ -198,26 +205,61 @@ start_data_plane() {
   wait_for "reviews through the edge" 15 curl -fsS "http://127.0.0.1:$EDGE_PORT/reviews/health.json"
 }
 
+start_etcd() {
+  local etcd_bin cluster="" i
+  etcd_bin=$(command -v etcd || echo /usr/bin/etcd)
+  for i in 0 1 2; do cluster+="m$i=http://127.0.0.1:${ETCD_PORTS[$((2 * i + 1))]},"; done
+  say "etcd (three members)"
+  for i in 0 1 2; do
+    local client=http://127.0.0.1:${ETCD_PORTS[$((2 * i))]} peer=http://127.0.0.1:${ETCD_PORTS[$((2 * i + 1))]}
+    ETCD_UNSUPPORTED_ARCH=$(uname -m) spawn "etcd-$i" "$etcd_bin" --name "m$i" \
+      --data-dir "$state/etcd/m$i" --listen-client-urls "$client" --advertise-client-urls "$client" \
+      --listen-peer-urls "$peer" --initial-advertise-peer-urls "$peer" \
+      --initial-cluster "${cluster%,}" --initial-cluster-state new --max-txn-ops 4096
+  done
+  for i in 0 1 2; do
+    wait_for "etcd member $i healthy" 30 curl -fsS "http://127.0.0.1:${ETCD_PORTS[$((2 * i))]}/health"
+  done
+}
+
 start_meshcat() {
   local bin=${CARGO_TARGET_DIR:-$root/target}/release
   local dev="$state/data/dev"
-  say "aggregator (--dev)"
-  spawn aggregator "$bin/meshcat-aggregator" serve --dev --data-dir "$state/data" \
-    --api-addr "127.0.0.1:$API_PORT" --quic-addr "127.0.0.1:$QUIC_PORT" \
-    --ops-addr "127.0.0.1:$OPS_PORT"
-  wait_for "aggregator /readyz" 30 curl -fsS "http://127.0.0.1:$OPS_PORT/readyz"
+  local lists=("127.0.0.1:$QUIC_PORT" "127.0.0.1:$QUIC_PORT" "127.0.0.1:$QUIC_PORT")
+  if [ "$HA" = 1 ]; then
+    start_etcd
+    local store="etcd://127.0.0.1:${ETCD_PORTS[0]},127.0.0.1:${ETCD_PORTS[2]},127.0.0.1:${ETCD_PORTS[4]}/meshcat-local" i
+    for i in 0 1 2; do
+      say "aggregator replica $i (--dev, --store etcd)"
+      spawn "aggregator-$i" "$bin/meshcat-aggregator" serve --dev --data-dir "$state/data" \
+        --store "$store" --api-addr "127.0.0.1:${HA_API[$i]}" --advertise-addr "127.0.0.1:${HA_API[$i]}" \
+        --quic-addr "127.0.0.1:${HA_QUIC[$i]}" --ops-addr "127.0.0.1:${HA_OPS[$i]}"
+      # The first replica writes the development certificates the others read.
+      wait_for "replica $i /readyz" 30 curl -fsS "http://127.0.0.1:${HA_OPS[$i]}/readyz"
+    done
+    # Each agent starts on a different replica and knows the other two.
+    local q=("127.0.0.1:${HA_QUIC[0]}" "127.0.0.1:${HA_QUIC[1]}" "127.0.0.1:${HA_QUIC[2]}")
+    lists=("${q[0]},${q[1]},${q[2]}" "${q[1]},${q[2]},${q[0]}" "${q[2]},${q[0]},${q[1]}")
+  else
+    say "aggregator (--dev)"
+    spawn aggregator "$bin/meshcat-aggregator" serve --dev --data-dir "$state/data" \
+      --api-addr "127.0.0.1:$API_PORT" --quic-addr "127.0.0.1:$QUIC_PORT" \
+      --ops-addr "127.0.0.1:$OPS_PORT"
+    wait_for "aggregator /readyz" 30 curl -fsS "http://127.0.0.1:$OPS_PORT/readyz"
+  fi
   wait_for "dev certificates in $dev" 10 test -s "$dev/agent-key.pem"
 
   say "agents"
-  local name admin ops
+  local name admin ops n=0
   for spec in "edge $EDGE_ADMIN $EDGE_AGENT_OPS" "catalog $CATALOG_ADMIN $CATALOG_AGENT_OPS" \
               "reviews $REVIEWS_ADMIN $REVIEWS_AGENT_OPS"; do
     read -r name admin ops <<<"$spec"
-    spawn "agent-$name" "$bin/meshcat-agent" --aggregator "127.0.0.1:$QUIC_PORT" \
+    spawn "agent-$name" "$bin/meshcat-agent" --aggregator "${lists[$n]}" \
       --server-name localhost --ca-file "$dev/ca.pem" --cert "$dev/agent.pem" \
       --key "$dev/agent-key.pem" --sidecar-admin "127.0.0.1:$admin" --zone "$ZONE" \
       --cluster "$name" --instance "$name-1" --sidecar-log-file "$logs/$name.log" \
       --ops-addr "127.0.0.1:$ops" --interval 2s
+    n=$((n + 1))
   done
   for ops in "$EDGE_AGENT_OPS" "$CATALOG_AGENT_OPS" "$REVIEWS_AGENT_OPS"; do
     wait_for "agent ops :$ops" 20 curl -fsS "http://127.0.0.1:$ops/healthz"
@@ -309,7 +351,8 @@ cmd_up() {
     case "$a" in
       --foreground) foreground=1 ;;
       --envoy-only) envoy_only=1 ;;
-      *) die "unknown option $a (use --foreground, --envoy-only)" ;;
+      --ha) HA=1 ;;
+      *) die "unknown option $a (use --foreground, --envoy-only, --ha)" ;;
     esac
   done
   [ -z "$(live_pids)" ] || die "already up (deploy/local/mesh.sh status); stop it first"
@@ -318,6 +361,12 @@ cmd_up() {
   check_ports "$EDGE_PORT" "$EDGE_ADMIN" "$CATALOG_PORT" "$CATALOG_ADMIN" "$CATALOG_APP" \
     "$REVIEWS_PORT" "$REVIEWS_ADMIN" "$REVIEWS_APP" "$API_PORT" "$OPS_PORT" \
     "$EDGE_AGENT_OPS" "$CATALOG_AGENT_OPS" "$REVIEWS_AGENT_OPS"
+  if [ "$HA" = 1 ]; then
+    check_ports "${ETCD_PORTS[@]}" "${HA_API[@]:1}" "${HA_OPS[@]:1}"
+    "$root/scripts/deps.sh" etcd
+    # Each `up --ha` starts a fresh etcd cluster.
+    rm -rf "$state/etcd"
+  fi
   # A failure half-way leaves nothing behind.
   trap 'rc=$?; if [ $rc -ne 0 ]; then cmd_stop; fi' EXIT
   if [ "$foreground" = 1 ]; then
@@ -325,6 +374,7 @@ cmd_up() {
   fi
   if [ "$envoy_only" = 0 ]; then
     say "building meshcat (cargo build --release)"
+    "$root/scripts/deps.sh" build
     (cd "$root" && cargo build --release --locked -p meshcat-aggregator -p meshcat-agent)
   fi
   start_data_plane
@@ -346,5 +396,5 @@ case "${1:-}" in
   up) shift; cmd_up "$@" ;;
   stop) cmd_stop ;;
   status) cmd_status ;;
-  *) echo "usage: deploy/local/mesh.sh up [--foreground] [--envoy-only] | status | stop" >&2; exit 2 ;;
+  *) echo "usage: deploy/local/mesh.sh up [--foreground] [--envoy-only] [--ha] | status | stop" >&2; exit 2 ;;
 esac

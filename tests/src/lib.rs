@@ -3,12 +3,16 @@
 //! their bootstraps for the mesh topologies the tests need ([`bootstrap`]), serves
 //! a small real upstream ([`upstream`]), generates mTLS certificates ([`certs`]),
 //! runs a whole meshcat (aggregator, agents, sidecars) on one machine ([`mesh`]), and
-//! runs the real failure scenarios of `diagnose/scenarios/` ([`scenario`]).
+//! runs the real failure scenarios of `diagnose/scenarios/` ([`scenario`]), and runs
+//! a real three-member etcd cluster ([`etcd`]) with aggregator replicas as processes
+//! on it ([`replicas`]).
 
 pub mod bootstrap;
 pub mod certs;
 pub mod envoy;
+pub mod etcd;
 pub mod mesh;
+pub mod replicas;
 pub mod scenario;
 pub mod upstream;
 

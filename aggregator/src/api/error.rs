@@ -117,6 +117,9 @@ impl From<StoreError> for ApiError {
                 error!(error = %e, "Registration could not be stored.");
                 ApiError::internal()
             }
+            StoreError::Unavailable(m) => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", m)
+            }
         }
     }
 }

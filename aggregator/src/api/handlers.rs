@@ -63,7 +63,7 @@ fn check_path_name(what: &str, v: &str) -> Result<(), ApiError> {
 }
 
 fn check_path_instance(v: &str) -> Result<(), ApiError> {
-    if crate::store::is_valid_instance(v) {
+    if validate::is_valid_instance(v) {
         Ok(())
     } else {
         Err(ApiError::bad_path(
@@ -114,7 +114,7 @@ pub async fn summary(
     RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
     no_query(q.as_deref())?;
-    Ok(cached(&s.store, CachedKind::Summary, caller, &headers))
+    Ok(cached(&s.store, CachedKind::Summary, caller, &headers).await)
 }
 
 /// Whether the client accepts a gzip-encoded answer (`gzip` listed, q not 0).
@@ -136,13 +136,20 @@ fn accepts_gzip(headers: &HeaderMap) -> bool {
 }
 
 /// A large answer from the store's per-change cache, gzip-encoded when accepted.
-fn cached(store: &Store, kind: CachedKind, caller: Caller, headers: &HeaderMap) -> Response {
+async fn cached(
+    store: &Arc<Store>,
+    kind: CachedKind,
+    caller: Caller,
+    headers: &HeaderMap,
+) -> Response {
     let gzip = accepts_gzip(headers);
-    let body = store.cached_body(Cached {
-        kind,
-        authorized: caller.authorized,
-        gzip,
-    });
+    let body = store
+        .cached_body_shared(Cached {
+            kind,
+            authorized: caller.authorized,
+            gzip,
+        })
+        .await;
     let mut res = json_bytes(body);
     res.headers_mut()
         .insert(header::VARY, HeaderValue::from_static("accept-encoding"));
@@ -167,7 +174,7 @@ pub async fn list_clusters(
     }
     // Dashboards poll the whole list: it is served from a per-change cache.
     if f.is_unfiltered() {
-        return Ok(cached(&s.store, CachedKind::AllClusters, caller, &headers));
+        return Ok(cached(&s.store, CachedKind::AllClusters, caller, &headers).await);
     }
     let body = s
         .store
@@ -179,17 +186,57 @@ fn check_cluster(r: &ClusterRecord) -> Result<(), ApiError> {
     validate::cluster(r).map_err(|e| ApiError::invalid(e.0))
 }
 
+/// Most records in one bulk `POST /clusters`.
+pub const MAX_BULK_CLUSTERS: usize = 1000;
+
+/// `POST /clusters`: one record, or an array of records registered all or nothing.
 pub async fn create_cluster(
     State(s): Shared,
     _w: Writer,
     RawQuery(q): RawQuery,
-    JsonBody(r): JsonBody<ClusterRecord>,
-) -> Result<(StatusCode, Json<ClusterRecord>), ApiError> {
+    JsonBody(body): JsonBody<serde_json::Value>,
+) -> Result<Response, ApiError> {
     no_query(q.as_deref())?;
-    check_cluster(&r)?;
-    let stored = blocking(&s.store, move |st| st.create_cluster(r)).await?;
-    info!(zone = %stored.zone_name, cluster = %stored.cluster_name, "Cluster registered.");
-    Ok((StatusCode::CREATED, Json(stored)))
+    let serde_json::Value::Array(items) = body else {
+        let r: ClusterRecord = serde_json::from_value(body)
+            .map_err(|e| ApiError::invalid(format!("The body does not fit the record: {e}.")))?;
+        check_cluster(&r)?;
+        let stored = blocking(&s.store, move |st| st.create_cluster(r)).await?;
+        info!(zone = %stored.zone_name, cluster = %stored.cluster_name, "Cluster registered.");
+        return Ok((StatusCode::CREATED, Json(stored)).into_response());
+    };
+    if items.is_empty() || items.len() > MAX_BULK_CLUSTERS {
+        return Err(ApiError::invalid(format!(
+            "A bulk registration holds 1 to {MAX_BULK_CLUSTERS} records, not {}.",
+            items.len()
+        )));
+    }
+    let mut records = Vec::with_capacity(items.len());
+    for (i, item) in items.into_iter().enumerate() {
+        let r: ClusterRecord = serde_json::from_value(item)
+            .map_err(|e| ApiError::invalid(format!("Record {i} does not fit the record: {e}.")))?;
+        validate::cluster(&r).map_err(|e| ApiError::invalid(format!("Record {i}: {}", e.0)))?;
+        records.push(r);
+    }
+    let store = s.store.clone();
+    let stored = tokio::task::spawn_blocking(move || store.create_clusters(records))
+        .await
+        .map_err(|e| {
+            error!(error = %e, "Registration task failed.");
+            ApiError::internal()
+        })?
+        .map_err(|(i, e)| {
+            let mut e = ApiError::from(e);
+            if !matches!(
+                e.status,
+                StatusCode::INTERNAL_SERVER_ERROR | StatusCode::SERVICE_UNAVAILABLE
+            ) {
+                e.message = format!("Record {i}: {}", e.message);
+            }
+            e
+        })?;
+    info!(clusters = stored.len(), "Clusters registered in bulk.");
+    Ok((StatusCode::CREATED, Json(stored)).into_response())
 }
 
 pub async fn get_cluster(

@@ -263,8 +263,12 @@ pub fn document() -> Value {
             "/clusters": {
                 "get": {"summary": "List registered clusters.", "parameters": filter_params(),
                     "responses": {"200": ok("Matching clusters sorted by (zoneName, clusterName).", array_of("ClusterView")), "400": r400}},
-                "post": {"summary": "Register a cluster.", "requestBody": body("ClusterRecord"),
-                    "responses": write_errors(json!({"201": ok("The stored record.", schema("ClusterRecord")), "409": err("The cluster exists in that zone.")}))}
+                "post": {"summary": "Register a cluster, or an array of 1 to 1000 clusters all or nothing (one durable commit; a refusal names the record's index and stores nothing).",
+                    "requestBody": {"required": true, "content": {"application/json": {"schema":
+                        {"oneOf": [schema("ClusterRecord"), {"type": "array", "minItems": 1, "maxItems": 1000, "items": schema("ClusterRecord")}]}}}},
+                    "responses": write_errors(json!({"201": ok("The stored record, or the stored records in the order sent.",
+                        json!({"oneOf": [schema("ClusterRecord"), array_of("ClusterRecord")]})),
+                        "409": err("The cluster exists in that zone (or twice in the array).")}))}
             },
             "/clusters/{clusterName}": {
                 "get": {"summary": "A cluster, one record per zone that has it.", "parameters": [cluster, zone_query(false)],

@@ -124,7 +124,7 @@ fn zone_or_404(s: &AppState, zone: &str) -> Result<ZoneRecord, ApiError> {
 
 /// A cluster is known in a zone when it is registered there or has live instances.
 fn cluster_or_404(s: &AppState, zone: &str, cluster: &str) -> Result<(), ApiError> {
-    let registered = !s.store.get_cluster(cluster, Some(zone), true).is_empty();
+    let registered = s.store.is_registered(zone, cluster);
     if registered || !s.store.live_instances(zone, cluster).is_empty() {
         Ok(())
     } else {
@@ -285,6 +285,7 @@ impl ClusterOutcome {
 pub async fn put_cluster_logging(
     State(s): Shared,
     _w: Writer,
+    headers: axum::http::HeaderMap,
     Params((zone, cluster)): Params<(String, String)>,
     RawQuery(q): RawQuery,
 ) -> Result<Json<ClusterOutcome>, ApiError> {
@@ -310,7 +311,45 @@ pub async fn put_cluster_logging(
             }
         }
     });
-    let outcomes = join_all(runs).await;
+    let mut outcomes = join_all(runs).await;
+    // Instances other replicas own: the per-instance route, forwarded to each owner.
+    let remote = s.store.remote_live(&zone, &cluster);
+    let forwarded = remote.iter().map(|(instance, owner)| {
+        let (s, zone, cluster) = (&s, &zone, &cluster);
+        let auth = headers.get(axum::http::header::AUTHORIZATION);
+        async move {
+            let path = format!(
+                "/zones/{zone}/clusters/{cluster}/instances/{instance}/logging?level={level}"
+            );
+            let sent = super::forward::to_replica(
+                s,
+                owner,
+                reqwest::Method::PUT,
+                &path,
+                auth,
+                super::forward::FORWARD_TIMEOUT,
+            );
+            match sent.await {
+                Ok((status, body)) if status.is_success() => InstanceOutcome {
+                    level: Some(body.trim().to_owned()),
+                    ..InstanceOutcome::ok(instance)
+                },
+                Ok((status, body)) => {
+                    let message = serde_json::from_str::<serde_json::Value>(&body)
+                        .ok()
+                        .and_then(|v| v["error"].as_str().map(str::to_owned))
+                        .unwrap_or(body);
+                    InstanceOutcome::failed(
+                        instance,
+                        &ApiError::new(status, "owner_failed", message),
+                    )
+                }
+                Err(e) => InstanceOutcome::failed(instance, &e),
+            }
+        }
+    });
+    outcomes.extend(join_all(forwarded).await);
+    outcomes.sort_by(|a, b| a.instance.cmp(&b.instance));
     let answer = ClusterOutcome::new(zone, cluster, outcomes);
     info!(zone = %answer.zone_name, cluster = %answer.cluster_name, level, succeeded = answer.succeeded, failed = answer.failed, "Cluster log level set through the API.");
     Ok(Json(answer))
@@ -331,6 +370,7 @@ fn seconds_value(name: &str, v: &str) -> Result<u32, ApiError> {
 pub async fn post_debug_window(
     State(s): Shared,
     _w: Writer,
+    headers: axum::http::HeaderMap,
     Params((zone, cluster)): Params<(String, String)>,
     RawQuery(q): RawQuery,
 ) -> Result<Json<ClusterOutcome>, ApiError> {
@@ -359,20 +399,73 @@ pub async fn post_debug_window(
     let agents = agents(&s)?.clone();
     zone_or_404(&s, &zone)?;
     cluster_or_404(&s, &zone, &cluster)?;
+    let remote = s.store.remote_live(&zone, &cluster);
     let targets: Vec<String> = if wanted.is_empty() {
-        s.store
+        let mut all: Vec<String> = s
+            .store
             .live_instances(&zone, &cluster)
             .iter()
             .map(|i| i.instance.clone())
-            .collect()
+            .collect();
+        all.extend(remote.iter().map(|(i, _)| i.clone()));
+        all.sort();
+        all
     } else {
         wanted
     };
     let deadline = s.command_timeout + Duration::from_secs(u64::from(seconds)) + WINDOW_GRACE;
     info!(%zone, %cluster, seconds, instances = targets.len(), "Debug window asked through the API.");
     let runs = targets.iter().map(|instance| {
-        let (s, agents, zone, cluster) = (&s, &agents, &zone, &cluster);
+        let (s, agents, zone, cluster, remote) = (&s, &agents, &zone, &cluster, &remote);
+        let auth = headers.get(axum::http::header::AUTHORIZATION);
         async move {
+            // Another replica's instance: the same request for it alone, on its owner.
+            if let Some((_, owner)) = remote.iter().find(|(i, _)| i == instance) {
+                let path = format!(
+                    "/zones/{zone}/clusters/{cluster}/debug-window?seconds={seconds}&instance={instance}"
+                );
+                let sent = super::forward::to_replica(
+                    s,
+                    owner,
+                    reqwest::Method::POST,
+                    &path,
+                    auth,
+                    deadline + WINDOW_GRACE,
+                );
+                return match sent.await {
+                    Ok((status, body)) => {
+                        let v: serde_json::Value =
+                            serde_json::from_str(&body).unwrap_or_default();
+                        let part = &v["instances"][0];
+                        match serde_json::from_value::<DebugWindowOutput>(
+                            part["debugWindow"].clone(),
+                        ) {
+                            Ok(w) if status.is_success() && part["status"] == 200 => {
+                                InstanceOutcome {
+                                    debug_window: Some(w),
+                                    ..InstanceOutcome::ok(instance)
+                                }
+                            }
+                            _ => {
+                                let message = part["error"]
+                                    .as_str()
+                                    .or(v["error"].as_str())
+                                    .unwrap_or("The owning replica's answer is not readable.")
+                                    .to_owned();
+                                let code = StatusCode::from_u16(
+                                    part["status"].as_u64().unwrap_or(502) as u16,
+                                )
+                                .unwrap_or(StatusCode::BAD_GATEWAY);
+                                InstanceOutcome::failed(
+                                    instance,
+                                    &ApiError::new(code, "owner_failed", message),
+                                )
+                            }
+                        }
+                    }
+                    Err(e) => InstanceOutcome::failed(instance, &e),
+                };
+            }
             if s.store.live_instance(zone, cluster, instance).is_none() {
                 let e = ApiError::not_found(format!(
                     "Instance {instance} of cluster {cluster} in zone {zone} is not live."
@@ -582,12 +675,7 @@ async fn metrics_evidence(
     cluster: &str,
     notes: &mut Vec<String>,
 ) -> Option<MetricsEvidence> {
-    let record = s
-        .store
-        .get_cluster(cluster, Some(zone), true)
-        .into_iter()
-        .next()?
-        .record;
+    let record = s.store.record(zone, cluster)?;
     let live = s.store.live_instances(zone, cluster);
     let silent: Vec<&str> = live
         .iter()
@@ -616,7 +704,7 @@ async fn metrics_evidence(
     };
     Some(MetricsEvidence {
         enable_instance_metrics: record.enable_instance_metrics,
-        prometheus_job: record.prometheus_job,
+        prometheus_job: record.prometheus_job.clone(),
         live_instances: live.len(),
         instances_with_metrics: with_metrics,
         silent_instances,

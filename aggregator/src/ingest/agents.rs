@@ -1,8 +1,8 @@
-//! The registry of connected agents: which connection last reported each
-//! (zone, cluster, instance), and commands sent to an agent on its control stream
-//! with their replies matched by id under a deadline.
+//! The registry of connected agents: each agent id's current connection, and
+//! commands sent to an agent on its control stream with their replies matched by id
+//! under a deadline. Which agent reports an instance is the sink's to say.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -12,6 +12,7 @@ use meshcat_common::transport::code;
 use meshcat_common::wire::{Command, CommandOutput, CommandReply, CommandRequest};
 use tokio::sync::{mpsc, oneshot};
 
+use super::ReportSink;
 use super::metrics::IngestMetrics;
 
 /// Commands awaiting a reply from one agent; more are refused as busy so a hung agent
@@ -50,9 +51,6 @@ impl CommandError {
     }
 }
 
-/// (zone, cluster, instance).
-pub(crate) type InstanceKey = (String, String, String);
-
 type ReplySender = oneshot::Sender<Result<CommandOutput, String>>;
 
 /// One authenticated agent connection.
@@ -63,12 +61,13 @@ pub(crate) struct Session {
     conn_id: u64,
     connection: quinn::Connection,
     /// Feeds the task that writes to the agent's control stream.
-    commands: mpsc::Sender<CommandRequest>,
+    // Boxed: a channel allocates its slots in blocks of 32 whatever its bound, and a
+    // request is a few hundred bytes; with one channel per agent that was about 9 KiB
+    // of every connection's memory.
+    commands: mpsc::Sender<Box<CommandRequest>>,
     /// Replies awaited, by command id.
     pending: Mutex<HashMap<u64, ReplySender>>,
     next_command: AtomicU64,
-    /// The instances of this connection's last report, to forget them precisely.
-    instances: Mutex<HashSet<InstanceKey>>,
 }
 
 impl Session {
@@ -98,32 +97,45 @@ impl Drop for PendingGuard<'_> {
     }
 }
 
-/// Connected agents and the instances they report; cheap to clone.
-#[derive(Debug, Clone)]
+/// Connected agents; cheap to clone.
+#[derive(Clone)]
 pub struct Agents {
     inner: Arc<Inner>,
 }
 
-#[derive(Debug)]
+impl std::fmt::Debug for Agents {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Agents")
+            .field("connected", &self.inner.by_agent.len())
+            .finish_non_exhaustive()
+    }
+}
+
 struct Inner {
     /// The current connection of each agent id.
     by_agent: DashMap<String, Arc<Session>>,
-    /// The connection that last reported each instance.
-    by_instance: DashMap<InstanceKey, Arc<Session>>,
+    /// Says which agent reports an instance.
+    sink: Arc<dyn ReportSink>,
     next_conn: AtomicU64,
     metrics: IngestMetrics,
 }
 
 impl Agents {
-    pub fn new(metrics: IngestMetrics) -> Self {
+    pub fn new(metrics: IngestMetrics, sink: Arc<dyn ReportSink>) -> Self {
         Agents {
             inner: Arc::new(Inner {
                 by_agent: DashMap::new(),
-                by_instance: DashMap::new(),
+                sink,
                 next_conn: AtomicU64::new(1),
                 metrics,
             }),
         }
+    }
+
+    /// The current connection of the agent reporting this instance.
+    fn session_of(&self, zone: &str, cluster: &str, instance: &str) -> Option<Arc<Session>> {
+        let agent = self.inner.sink.reporter(zone, cluster, instance)?;
+        self.inner.by_agent.get(&agent).map(|s| s.value().clone())
     }
 
     /// Number of agents connected now.
@@ -133,11 +145,7 @@ impl Agents {
 
     /// Whether some connected agent reports this instance.
     pub fn knows(&self, zone: &str, cluster: &str, instance: &str) -> bool {
-        self.inner.by_instance.contains_key(&(
-            zone.to_owned(),
-            cluster.to_owned(),
-            instance.to_owned(),
-        ))
+        self.session_of(zone, cluster, instance).is_some()
     }
 
     /// Registers a new connection; an older connection of the same agent id is closed,
@@ -146,7 +154,7 @@ impl Agents {
         &self,
         agent_id: &str,
         connection: quinn::Connection,
-        commands: mpsc::Sender<CommandRequest>,
+        commands: mpsc::Sender<Box<CommandRequest>>,
     ) -> Arc<Session> {
         let session = Arc::new(Session {
             agent_id: agent_id.to_owned(),
@@ -155,7 +163,6 @@ impl Agents {
             commands,
             pending: Mutex::new(HashMap::new()),
             next_command: AtomicU64::new(1),
-            instances: Mutex::new(HashSet::new()),
         });
         let old = self
             .inner
@@ -168,24 +175,6 @@ impl Agents {
         session
     }
 
-    /// Records the instances of an accepted report as served by this connection.
-    pub(crate) fn track(&self, session: &Arc<Session>, keys: HashSet<InstanceKey>) {
-        for key in &keys {
-            self.inner.by_instance.insert(key.clone(), session.clone());
-        }
-        let stale: Vec<InstanceKey> = {
-            let mut mine = lock(&session.instances);
-            let stale = mine.difference(&keys).cloned().collect();
-            *mine = keys;
-            stale
-        };
-        for key in stale {
-            self.inner
-                .by_instance
-                .remove_if(&key, |_, s| s.conn_id == session.conn_id);
-        }
-    }
-
     /// Forgets a closed connection. Returns whether it was the agent's current one
     /// (false when a newer connection replaced it, whose state must survive).
     pub(crate) fn disconnect(&self, session: &Arc<Session>) -> bool {
@@ -194,12 +183,6 @@ impl Agents {
             .by_agent
             .remove_if(&session.agent_id, |_, s| s.conn_id == session.conn_id)
             .is_some();
-        let keys: Vec<InstanceKey> = lock(&session.instances).drain().collect();
-        for key in keys {
-            self.inner
-                .by_instance
-                .remove_if(&key, |_, s| s.conn_id == session.conn_id);
-        }
         // Dropping the senders wakes every waiting caller with AgentGone.
         lock(&session.pending).clear();
         current
@@ -239,17 +222,13 @@ impl Agents {
         cmd: Command,
         deadline: Duration,
     ) -> Result<CommandOutput, CommandError> {
-        let key = (zone.to_owned(), cluster.to_owned(), instance.to_owned());
-        let session = self
-            .inner
-            .by_instance
-            .get(&key)
-            .map(|s| s.value().clone())
-            .ok_or_else(|| CommandError::UnknownInstance {
+        let session = self.session_of(zone, cluster, instance).ok_or_else(|| {
+            CommandError::UnknownInstance {
                 zone: zone.to_owned(),
                 cluster: cluster.to_owned(),
                 instance: instance.to_owned(),
-            })?;
+            }
+        })?;
         let id = session.next_command.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         {
@@ -263,11 +242,11 @@ impl Agents {
             session: &session,
             id,
         };
-        let request = CommandRequest {
+        let request = Box::new(CommandRequest {
             id,
             instance: instance.to_owned(),
             command: cmd,
-        };
+        });
         let exchange = async {
             session
                 .commands

@@ -2,19 +2,18 @@
 //! then commands out and replies in on that stream while each report arrives on a
 //! stream of its own, validated and handed to the sink.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
 use meshcat_common::transport::{TransportError, code, read_frame, write_frame};
-use meshcat_common::validate::is_valid_name;
+use meshcat_common::validate::{is_valid_instance, is_valid_name};
 use meshcat_common::wire::{AgentMessage, Hello, Report, ServerMessage, WireError};
 use rustls_pki_types::CertificateDer;
 use tokio::sync::mpsc;
 use tracing::{Instrument, Span, debug, info, info_span, warn};
 
 use super::Shared;
-use super::agents::{InstanceKey, Session};
+use super::agents::Session;
 use super::auth::{ZoneGrant, cert_grant};
 
 /// Commands queued for one agent's control stream before callers wait.
@@ -54,7 +53,7 @@ async fn serve_inner(incoming: quinn::Incoming, shared: Arc<Shared>) {
     let writer = tokio::spawn(
         async move {
             while let Some(request) = commands_rx.recv().await {
-                let msg = ServerMessage::Command(request);
+                let msg = ServerMessage::Command(*request);
                 if let Err(e) = write_frame(&mut send, &msg, max_message).await {
                     debug!(error = %e, "Command not sent.");
                     break;
@@ -275,14 +274,21 @@ fn accept(
             ),
         ));
     }
-    let mut keys: HashSet<InstanceKey> = HashSet::with_capacity(report.instances.len());
     for inst in &report.instances {
-        for (field, value) in [
-            ("zone", &inst.zone_name),
-            ("cluster", &inst.cluster_name),
-            ("instance", &inst.instance),
+        for (field, value, ok) in [
+            ("zone", &inst.zone_name, is_valid_name(&inst.zone_name)),
+            (
+                "cluster",
+                &inst.cluster_name,
+                is_valid_name(&inst.cluster_name),
+            ),
+            (
+                "instance",
+                &inst.instance,
+                is_valid_instance(&inst.instance),
+            ),
         ] {
-            if !is_valid_name(value) {
+            if !ok {
                 return Err((
                     "invalid_name",
                     format!("{field} name {value:?} is not valid"),
@@ -295,23 +301,14 @@ fn accept(
                 format!("this agent may not report for zone {:?}", inst.zone_name),
             ));
         }
-        keys.insert((
-            inst.zone_name.clone(),
-            inst.cluster_name.clone(),
-            inst.instance.clone(),
-        ));
     }
-    let now = Instant::now();
-    for inst in &report.instances {
-        shared.sink.apply_report(&session.agent_id, inst, now);
-    }
-    shared.agents.track(session, keys);
-    shared.metrics.reports_received.inc();
+    let n = report.instances.len();
     shared
-        .metrics
-        .instances_reported
-        .inc_by(report.instances.len() as u64);
-    Ok(report.instances.len() as u32)
+        .sink
+        .apply_report(&session.agent_id, report.instances, Instant::now());
+    shared.metrics.reports_received.inc();
+    shared.metrics.instances_reported.inc_by(n as u64);
+    Ok(n as u32)
 }
 
 fn message_name(m: &AgentMessage) -> &'static str {

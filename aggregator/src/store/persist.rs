@@ -1,11 +1,14 @@
-//! Durable registrations: zones and clusters in a redb database under `--data-dir`.
-//! Every write commits with immediate durability before the API answers, so a
-//! `kill -9` after a 2xx loses nothing.
+//! The redb backend of registrations: zones and clusters in one database file under
+//! `--data-dir`. Every batch commits with immediate durability before its writers are
+//! answered, so a `kill -9` after a 2xx loses nothing.
 
 use std::path::Path;
+use std::sync::{Arc, Mutex, mpsc};
 
 use meshcat_common::model::{ClusterRecord, ZoneRecord};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+
+use super::registrations::{Change, Loaded, Outcome, Refusal, Registrations, Write};
 
 /// Zones by zoneName; values are the JSON of the record.
 const ZONES: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("zones");
@@ -22,11 +25,16 @@ pub enum PersistError {
     Dir { path: String, error: std::io::Error },
     #[error("storage error: {0}")]
     Db(#[from] redb::Error),
+    #[error("storage error: {0}")]
+    Group(String),
     #[error("stored record {key:?} cannot be decoded: {error}")]
     Decode {
         key: String,
         error: serde_json::Error,
     },
+    /// A shared store (etcd) did not answer in time: the write's outcome is unknown.
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 macro_rules! db_err {
@@ -46,36 +54,49 @@ db_err!(
     redb::CommitError
 );
 
-/// One change to the registrations, applied atomically with the others of its batch.
+/// The redb backend of [`Registrations`]: one database file. Writers hand their
+/// batches to one committer thread, which commits every batch waiting at that moment
+/// in one durable transaction (group commit: one fsync for many writers) and answers
+/// each writer only after that commit.
 #[derive(Debug)]
-pub enum Op<'a> {
-    PutZone(&'a ZoneRecord),
-    DeleteZone(&'a str),
-    PutCluster(&'a ClusterRecord),
-    DeleteCluster { zone: &'a str, cluster: &'a str },
+pub struct RedbRegistrations {
+    db: Arc<Database>,
+    /// Feeds the committer; the thread ends when this is dropped.
+    queue: Mutex<Option<mpsc::Sender<Job>>>,
+    /// Joined on drop, so the database is closed when this is gone (a reopening in
+    /// the same process must not find it still open).
+    committer: Option<std::thread::JoinHandle<()>>,
 }
 
-/// Everything stored, as read at start.
-#[derive(Debug, Default)]
-pub struct Loaded {
-    pub zones: Vec<ZoneRecord>,
-    pub clusters: Vec<ClusterRecord>,
+impl Drop for RedbRegistrations {
+    fn drop(&mut self) {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(t) = self.committer.take() {
+            let _ = t.join();
+        }
+    }
 }
 
-/// The open database.
-#[derive(Debug)]
-pub struct Persist {
-    /// The redb database; it serialises write transactions itself.
-    db: Database,
-}
+/// One writer's batch and where its outcome goes.
+type Job = (Vec<Write>, mpsc::SyncSender<Result<Outcome, PersistError>>);
+
+/// Most batches committed in one transaction.
+const MAX_GROUP: usize = 4096;
 
 fn cluster_key(zone: &str, cluster: &str) -> String {
     format!("{zone}/{cluster}")
 }
 
-impl Persist {
-    /// Opens (or creates) the database in `dir`.
-    pub fn open(dir: &Path) -> Result<Persist, PersistError> {
+fn decode<T: serde::de::DeserializeOwned>(key: &str, v: &[u8]) -> Result<T, PersistError> {
+    serde_json::from_slice(v).map_err(|error| PersistError::Decode {
+        key: key.to_owned(),
+        error,
+    })
+}
+
+impl RedbRegistrations {
+    /// Opens (or creates) the database in `dir` and starts its committer.
+    pub fn open(dir: &Path) -> Result<RedbRegistrations, PersistError> {
         std::fs::create_dir_all(dir).map_err(|error| PersistError::Dir {
             path: dir.display().to_string(),
             error,
@@ -86,64 +107,196 @@ impl Persist {
         tx.open_table(ZONES)?;
         tx.open_table(CLUSTERS)?;
         tx.commit()?;
-        Ok(Persist { db })
+        let db = Arc::new(db);
+        let (queue, jobs) = mpsc::channel::<Job>();
+        let shared = db.clone();
+        let committer = std::thread::Builder::new()
+            .name("meshcat-commit".into())
+            .spawn(move || commit_loop(&shared, &jobs))
+            .map_err(|error| PersistError::Dir {
+                path: dir.display().to_string(),
+                error,
+            })?;
+        Ok(RedbRegistrations {
+            db,
+            queue: Mutex::new(Some(queue)),
+            committer: Some(committer),
+        })
     }
+}
 
-    /// Reads every stored registration.
-    pub fn load(&self) -> Result<Loaded, PersistError> {
+/// Takes every waiting batch, commits them together, answers each writer.
+fn commit_loop(db: &Database, jobs: &mpsc::Receiver<Job>) {
+    let mut commits = 0u64;
+    while let Ok(first) = jobs.recv() {
+        let mut group = vec![first];
+        while group.len() < MAX_GROUP {
+            match jobs.try_recv() {
+                Ok(job) => group.push(job),
+                Err(_) => break,
+            }
+        }
+        match commit_group(db, &group) {
+            Ok(results) => {
+                for ((_, reply), result) in group.into_iter().zip(results) {
+                    let outcome = match result {
+                        Ok(changes) => {
+                            commits += 1;
+                            Outcome::Committed {
+                                seq: commits,
+                                changes,
+                            }
+                        }
+                        Err((index, error)) => Outcome::Refused { index, error },
+                    };
+                    let _ = reply.send(Ok(outcome));
+                }
+            }
+            Err(e) => {
+                let why = e.to_string();
+                for (_, reply) in group {
+                    let _ = reply.send(Err(PersistError::Group(why.clone())));
+                }
+            }
+        }
+    }
+}
+
+type BatchResult = Result<Vec<Change>, (usize, Refusal)>;
+
+/// One transaction over the group: each batch checked against the state its
+/// predecessors left, applied or refused whole.
+fn commit_group(db: &Database, group: &[Job]) -> Result<Vec<BatchResult>, PersistError> {
+    let tx = db.begin_write()?;
+    let mut results = Vec::with_capacity(group.len());
+    {
+        let mut zones = tx.open_table(ZONES)?;
+        let mut clusters = tx.open_table(CLUSTERS)?;
+        for (batch, _) in group {
+            results.push(apply_batch(&mut zones, &mut clusters, batch)?);
+        }
+    }
+    if results.iter().any(Result::is_ok) {
+        tx.commit()?;
+    } else {
+        tx.abort()?;
+    }
+    Ok(results)
+}
+
+/// Checks and applies one batch inside an open transaction. Returns the changes, or
+/// the refused write; on a refusal nothing of the batch has been written.
+fn apply_batch(
+    zones: &mut redb::Table<'_, &str, &[u8]>,
+    clusters: &mut redb::Table<'_, &str, &[u8]>,
+    batch: &[Write],
+) -> Result<Result<Vec<Change>, (usize, Refusal)>, PersistError> {
+    // Check every write first, against the stored state plus the batch's own earlier
+    // writes, so a refusal leaves the transaction untouched.
+    let mut made_zones: Vec<&str> = Vec::new();
+    let mut made_clusters: Vec<(&str, &str)> = Vec::new();
+    for (index, w) in batch.iter().enumerate() {
+        let refusal = match w {
+            Write::CreateZone(z) => (zones.get(z.zone_name.as_str())?.is_some()
+                || made_zones.contains(&z.zone_name.as_str()))
+            .then(|| Refusal::zone_exists(&z.zone_name)),
+            Write::DeleteZone(name) => zones
+                .get(name.as_str())?
+                .is_none()
+                .then(|| Refusal::no_zone(name)),
+            Write::CreateCluster(c) | Write::ReplaceCluster(c) => {
+                let (zone, cluster) = (c.zone_name.as_str(), c.cluster_name.as_str());
+                let zone_ok = zones.get(zone)?.is_some() || made_zones.contains(&zone);
+                let exists = clusters.get(cluster_key(zone, cluster).as_str())?.is_some()
+                    || made_clusters.contains(&(zone, cluster));
+                if !zone_ok {
+                    Some(Refusal::cluster_needs_zone(zone))
+                } else if matches!(w, Write::CreateCluster(_)) && exists {
+                    Some(Refusal::cluster_exists(zone, cluster))
+                } else if matches!(w, Write::ReplaceCluster(_)) && !exists {
+                    Some(Refusal::no_cluster(zone, cluster))
+                } else {
+                    None
+                }
+            }
+            Write::DeleteCluster { zone, cluster } => clusters
+                .get(cluster_key(zone, cluster).as_str())?
+                .is_none()
+                .then(|| Refusal::no_cluster(zone, cluster)),
+        };
+        if let Some(r) = refusal {
+            return Ok(Err((index, r)));
+        }
+        match w {
+            Write::CreateZone(z) => made_zones.push(&z.zone_name),
+            Write::CreateCluster(c) => made_clusters.push((&c.zone_name, &c.cluster_name)),
+            _ => {}
+        }
+    }
+    let mut changes = Vec::with_capacity(batch.len());
+    for w in batch {
+        match w {
+            Write::CreateZone(z) => {
+                let v = serde_json::to_vec(z).expect("records serialise");
+                zones.insert(z.zone_name.as_str(), v.as_slice())?;
+                changes.push(Change::PutZone(z.clone()));
+            }
+            Write::DeleteZone(name) => {
+                let old = zones.remove(name.as_str())?;
+                let Some(old) = old else { continue };
+                let z: ZoneRecord = decode(name, old.value())?;
+                drop(old);
+                let prefix = format!("{name}/");
+                // `0` sorts right after `/`, closing the zone's key range.
+                let end = format!("{name}0");
+                clusters.retain_in(prefix.as_str()..end.as_str(), |_, _| false)?;
+                changes.push(Change::DeleteZone(z));
+            }
+            Write::CreateCluster(c) | Write::ReplaceCluster(c) => {
+                let v = serde_json::to_vec(c).expect("records serialise");
+                let k = cluster_key(&c.zone_name, &c.cluster_name);
+                clusters.insert(k.as_str(), v.as_slice())?;
+                changes.push(Change::PutCluster(c.clone()));
+            }
+            Write::DeleteCluster { zone, cluster } => {
+                let k = cluster_key(zone, cluster);
+                let old = clusters.remove(k.as_str())?;
+                let Some(old) = old else { continue };
+                let c: ClusterRecord = decode(&k, old.value())?;
+                drop(old);
+                changes.push(Change::DeleteCluster(c));
+            }
+        }
+    }
+    Ok(Ok(changes))
+}
+
+impl Registrations for RedbRegistrations {
+    fn load(&self) -> Result<Loaded, PersistError> {
         let tx = self.db.begin_read().map_err(redb::Error::from)?;
         let mut out = Loaded::default();
         for row in tx.open_table(ZONES)?.iter()? {
             let (k, v) = row?;
-            let z = serde_json::from_slice(v.value()).map_err(|error| PersistError::Decode {
-                key: k.value().to_owned(),
-                error,
-            })?;
-            out.zones.push(z);
+            out.zones.push(decode(k.value(), v.value())?);
         }
         for row in tx.open_table(CLUSTERS)?.iter()? {
             let (k, v) = row?;
-            let c = serde_json::from_slice(v.value()).map_err(|error| PersistError::Decode {
-                key: k.value().to_owned(),
-                error,
-            })?;
-            out.clusters.push(c);
+            out.clusters.push(decode(k.value(), v.value())?);
         }
         Ok(out)
     }
 
-    /// Applies the operations in one durable transaction: all or nothing.
-    pub fn apply(&self, ops: &[Op<'_>]) -> Result<(), PersistError> {
-        let tx = self.db.begin_write()?;
-        {
-            let mut zones = tx.open_table(ZONES)?;
-            let mut clusters = tx.open_table(CLUSTERS)?;
-            for op in ops {
-                match op {
-                    Op::PutZone(z) => {
-                        let v = serde_json::to_vec(z).expect("records serialise");
-                        zones.insert(z.zone_name.as_str(), v.as_slice())?;
-                    }
-                    Op::DeleteZone(name) => {
-                        zones.remove(*name)?;
-                        let prefix = format!("{name}/");
-                        // `0` sorts right after `/`, closing the zone's key range.
-                        let end = format!("{name}0");
-                        clusters.retain_in(prefix.as_str()..end.as_str(), |_, _| false)?;
-                    }
-                    Op::PutCluster(c) => {
-                        let v = serde_json::to_vec(c).expect("records serialise");
-                        let k = cluster_key(&c.zone_name, &c.cluster_name);
-                        clusters.insert(k.as_str(), v.as_slice())?;
-                    }
-                    Op::DeleteCluster { zone, cluster } => {
-                        clusters.remove(cluster_key(zone, cluster).as_str())?;
-                    }
-                }
-            }
+    fn commit(&self, batch: Vec<Write>) -> Result<Outcome, PersistError> {
+        let (reply, outcome) = mpsc::sync_channel(1);
+        let stopped = || PersistError::Group("the committer has stopped".into());
+        let sent = match &*self.queue.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(queue) => queue.send((batch, reply)).is_ok(),
+            None => false,
+        };
+        if !sent {
+            return Err(stopped());
         }
-        tx.commit()?;
-        Ok(())
+        outcome.recv().map_err(|_| stopped())?
     }
 }
 
@@ -151,43 +304,131 @@ impl Persist {
 mod tests {
     use super::*;
 
-    #[test]
-    fn writes_survive_reopening() {
-        let dir = tempfile::tempdir().unwrap();
-        let zone = ZoneRecord {
-            zone_name: "z1".into(),
+    fn zone(name: &str) -> ZoneRecord {
+        ZoneRecord {
+            zone_name: name.into(),
             request_cluster: String::new(),
             server_address: "cp:50000".into(),
             use_tls: false,
             ca_path: String::new(),
             cert_path: String::new(),
             key_path: String::new(),
-        };
-        let mut other = zone.clone();
-        other.zone_name = "z10".into();
-        {
-            let p = Persist::open(dir.path()).unwrap();
-            p.apply(&[
-                Op::PutZone(&zone),
-                Op::PutZone(&other),
-                Op::PutCluster(&ClusterRecord::new("z1", "a", "A")),
-                Op::PutCluster(&ClusterRecord::new("z1", "b", "B")),
-                Op::PutCluster(&ClusterRecord::new("z10", "a", "A")),
-            ])
-            .unwrap();
-            p.apply(&[Op::DeleteCluster {
-                zone: "z1",
-                cluster: "b",
-            }])
-            .unwrap();
         }
-        let p = Persist::open(dir.path()).unwrap();
+    }
+
+    fn committed(o: Outcome) -> (u64, Vec<Change>) {
+        match o {
+            Outcome::Committed { seq, changes } => (seq, changes),
+            Outcome::Refused { index, error } => panic!("refused #{index}: {error:?}"),
+        }
+    }
+
+    #[test]
+    fn writes_survive_reopening() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let p = RedbRegistrations::open(dir.path()).unwrap();
+            let (seq, _) = committed(
+                p.commit(vec![
+                    Write::CreateZone(zone("z1")),
+                    Write::CreateZone(zone("z10")),
+                    Write::CreateCluster(ClusterRecord::new("z1", "a", "A")),
+                    Write::CreateCluster(ClusterRecord::new("z1", "b", "B")),
+                    Write::CreateCluster(ClusterRecord::new("z10", "a", "A")),
+                ])
+                .unwrap(),
+            );
+            assert_eq!(seq, 1);
+            let (seq, changes) = committed(
+                p.commit(vec![Write::DeleteCluster {
+                    zone: "z1".into(),
+                    cluster: "b".into(),
+                }])
+                .unwrap(),
+            );
+            assert_eq!(seq, 2);
+            assert_eq!(
+                changes,
+                vec![Change::DeleteCluster(ClusterRecord::new("z1", "b", "B"))]
+            );
+        }
+        let p = RedbRegistrations::open(dir.path()).unwrap();
         let l = p.load().unwrap();
         assert_eq!(l.zones.len(), 2);
         assert_eq!(l.clusters.len(), 2);
-        p.apply(&[Op::DeleteZone("z1")]).unwrap();
+        committed(p.commit(vec![Write::DeleteZone("z1".into())]).unwrap());
         let l = p.load().unwrap();
-        assert_eq!(l.zones, vec![other]);
+        assert_eq!(l.zones, vec![zone("z10")]);
         assert_eq!(l.clusters, vec![ClusterRecord::new("z10", "a", "A")]);
+    }
+
+    #[test]
+    fn a_refused_batch_writes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = RedbRegistrations::open(dir.path()).unwrap();
+        committed(p.commit(vec![Write::CreateZone(zone("z"))]).unwrap());
+        let o = p
+            .commit(vec![
+                Write::CreateCluster(ClusterRecord::new("z", "a", "A")),
+                Write::CreateCluster(ClusterRecord::new("z", "b", "B")),
+                Write::CreateCluster(ClusterRecord::new("z", "a", "A2")),
+            ])
+            .unwrap();
+        assert!(matches!(
+            o,
+            Outcome::Refused {
+                index: 2,
+                error: Refusal::Conflict(_)
+            }
+        ));
+        let o = p
+            .commit(vec![Write::ReplaceCluster(ClusterRecord::new(
+                "y", "a", "A",
+            ))])
+            .unwrap();
+        assert!(matches!(
+            o,
+            Outcome::Refused {
+                index: 0,
+                error: Refusal::NoZone(_)
+            }
+        ));
+        assert!(p.load().unwrap().clusters.is_empty());
+        let (seq, _) = committed(
+            p.commit(vec![Write::CreateCluster(ClusterRecord::new(
+                "z", "a", "A",
+            ))])
+            .unwrap(),
+        );
+        assert_eq!(seq, 2, "refused batches take no commit number");
+    }
+
+    #[test]
+    fn concurrent_writers_are_committed_and_numbered_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = Arc::new(RedbRegistrations::open(dir.path()).unwrap());
+        committed(p.commit(vec![Write::CreateZone(zone("z"))]).unwrap());
+        let threads: Vec<_> = (0..64)
+            .map(|t| {
+                let p = p.clone();
+                std::thread::spawn(move || {
+                    (0..20)
+                        .map(|n| {
+                            let c = ClusterRecord::new("z", &format!("c{t}-{n}"), "C");
+                            committed(p.commit(vec![Write::CreateCluster(c)]).unwrap()).0
+                        })
+                        .collect::<Vec<u64>>()
+                })
+            })
+            .collect();
+        let mut seqs: Vec<u64> = threads
+            .into_iter()
+            .flat_map(|t| t.join().unwrap())
+            .collect();
+        seqs.sort_unstable();
+        assert_eq!(seqs, (2..=1281).collect::<Vec<u64>>());
+        drop(p);
+        let p = RedbRegistrations::open(dir.path()).unwrap();
+        assert_eq!(p.load().unwrap().clusters.len(), 1280);
     }
 }

@@ -6,7 +6,7 @@
 use std::io::Write;
 
 use bytes::Bytes;
-use meshcat_common::model::ClusterRecord;
+use meshcat_common::model::{ClusterRecord, ClusterView, Instance};
 
 use super::Entry;
 
@@ -41,6 +41,29 @@ pub fn write_view(out: &mut Vec<u8>, record_json: &[u8], e: &Entry, authorized: 
     out.extend_from_slice(b"],\"status\":\"");
     out.extend_from_slice(e.status.as_str().as_bytes());
     out.extend_from_slice(b"\"}");
+}
+
+/// The typed view of an entry under `record` (for `GET /services`, whose unregistered
+/// entries have no stored JSON, and for the tests' serde oracle).
+pub fn view(record: &ClusterRecord, e: &Entry, authorized: bool) -> ClusterView {
+    let instances = if authorized {
+        e.instances
+            .iter()
+            .filter(|(_, i)| i.is_live())
+            .map(|(name, i)| Instance {
+                name: name.clone(),
+                start_time: i.report.start_time_ms,
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    ClusterView {
+        record: record.clone(),
+        authorized,
+        instances,
+        status: e.status,
+    }
 }
 
 /// Joins rendered items into a JSON array.

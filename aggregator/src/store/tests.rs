@@ -1,7 +1,11 @@
 //! Unit tests of the store: registrations, reports, expiry and the counters.
 
-use super::*;
+use std::time::{Duration, Instant};
+
+use meshcat_common::model::{ClusterRecord, InstanceMetrics, Status, ZoneRecord, ZoneSummary};
 use meshcat_common::wire::InstanceReport;
+
+use super::*;
 
 fn rules() -> Rules {
     Rules {
@@ -87,20 +91,20 @@ fn reports_drive_status_and_counters() {
     r.owner = "team".into();
     s.create_cluster(r).unwrap();
     let now = Instant::now();
-    s.apply_report("agent-1", &report("z", "a", "i1", 0, 0), now);
+    s.apply_report("agent-1", report("z", "a", "i1", 0, 0), now);
     let v = &s.get_cluster("a", None, true)[0];
     assert_eq!(v.status, Status::Warning);
     assert_eq!(v.instances.len(), 1);
-    s.apply_report("agent-2", &report("z", "a", "i2", 0, 0), now);
+    s.apply_report("agent-2", report("z", "a", "i2", 0, 0), now);
     assert_eq!(s.get_cluster("a", None, true)[0].status, Status::Stable);
     let z = summary(&s, "z");
     assert_eq!((z.cluster_stable_count, z.instance_count), (1, 2));
     assert_eq!(z.owners, vec!["team"]);
 
     // 10 errors out of 100 requests in the window: above 5%.
-    s.apply_report("agent-1", &report("z", "a", "i1", 100, 10), now);
+    s.apply_report("agent-1", report("z", "a", "i1", 100, 10), now);
     assert_eq!(s.get_cluster("a", None, true)[0].status, Status::Warning);
-    s.apply_report("agent-1", &report("z", "a", "i1", 200, 10), now);
+    s.apply_report("agent-1", report("z", "a", "i1", 200, 10), now);
     assert_eq!(s.get_cluster("a", None, true)[0].status, Status::Stable);
 
     s.agent_gone("agent-2");
@@ -110,7 +114,7 @@ fn reports_drive_status_and_counters() {
 
     let mut unreachable = report("z", "a", "i1", 200, 10);
     unreachable.reachable = false;
-    s.apply_report("agent-1", &unreachable, now);
+    s.apply_report("agent-1", unreachable, now);
     assert_eq!(summary(&s, "z").cluster_down_count, 1);
     assert!(s.get_cluster("a", None, true)[0].instances.is_empty());
     assert!(matches!(
@@ -125,10 +129,10 @@ fn expiry_drops_silent_instances() {
     s.create_zone(zone("z")).unwrap();
     s.create_cluster(ClusterRecord::new("z", "a", "A")).unwrap();
     let t0 = Instant::now();
-    s.apply_report("agent", &report("z", "a", "i1", 0, 0), t0);
+    s.apply_report("agent", report("z", "a", "i1", 0, 0), t0);
     s.apply_report(
         "agent",
-        &report("z", "a", "i2", 0, 0),
+        report("z", "a", "i2", 0, 0),
         t0 + Duration::from_secs(10),
     );
     s.expire(t0 + Duration::from_secs(14));
@@ -146,7 +150,7 @@ fn unregistered_clusters_show_in_services() {
     let (_d, s) = open();
     s.create_zone(zone("z")).unwrap();
     s.create_cluster(ClusterRecord::new("z", "a", "A")).unwrap();
-    s.apply_report("agent", &report("z", "ghost", "i1", 0, 0), Instant::now());
+    s.apply_report("agent", report("z", "ghost", "i1", 0, 0), Instant::now());
     s.set_edge_clusters("z", vec!["a".into(), "backend".into(), "bad name".into()]);
     let names: Vec<(String, Status)> = s
         .services(None, true)
@@ -222,8 +226,8 @@ fn rendered_bodies_equal_serde_views() {
     s.create_cluster(ClusterRecord::new("y", "a", "A")).unwrap();
     s.create_cluster(ClusterRecord::new("z", "b", "B")).unwrap();
     let now = Instant::now();
-    s.apply_report("x", &report("z", "a", "i2", 0, 0), now);
-    s.apply_report("x", &report("z", "a", "i1", 0, 0), now);
+    s.apply_report("x", report("z", "a", "i2", 0, 0), now);
+    s.apply_report("x", report("z", "a", "i1", 0, 0), now);
     for authorized in [false, true] {
         let rendered: serde_json::Value =
             serde_json::from_slice(&s.render_clusters(authorized, |_, _| true)).unwrap();
@@ -249,4 +253,89 @@ fn rendered_bodies_equal_serde_views() {
     }
     assert!(s.render_cluster("a", Some("nope"), true).is_none());
     assert!(s.render_cluster("ghost", None, true).is_none());
+}
+
+#[test]
+fn the_reporter_of_an_instance_has_one_owner() {
+    let (_d, s) = open();
+    let now = Instant::now();
+    s.apply_report("agent-1", report("z", "a", "i1", 0, 0), now);
+    assert_eq!(s.reporter("z", "a", "i1").as_deref(), Some("agent-1"));
+    // The instance moved to another agent: the first one's departure leaves it.
+    s.apply_report("agent-2", report("z", "a", "i1", 0, 0), now);
+    s.agent_gone("agent-1");
+    assert_eq!(s.reporter("z", "a", "i1").as_deref(), Some("agent-2"));
+    s.agent_gone("agent-2");
+    assert_eq!(s.reporter("z", "a", "i1"), None);
+    assert_eq!(s.totals().live_instances, 0);
+}
+
+#[test]
+fn remote_changes_show_like_local_ones() {
+    let (_d, s) = open();
+    s.apply_changes(&[
+        Change::PutZone(zone("z")),
+        Change::PutCluster(ClusterRecord::new("z", "a", "A")),
+        Change::PutCluster(ClusterRecord::new("nowhere", "b", "B")),
+    ]);
+    assert!(s.is_registered("z", "a"));
+    assert!(!s.is_registered("nowhere", "b"), "a cluster needs its zone");
+    assert_eq!(summary(&s, "z").cluster_count, 1);
+    s.apply_changes(&[Change::DeleteZone(zone("z"))]);
+    assert!(!s.is_registered("z", "a"));
+    assert!(s.zone_summary("z").is_none());
+}
+
+#[test]
+fn bulk_creation_is_all_or_nothing() {
+    let (_d, s) = open();
+    s.create_zone(zone("z")).unwrap();
+    let err = s
+        .create_clusters(vec![
+            ClusterRecord::new("z", "a", "A"),
+            ClusterRecord::new("y", "b", "B"),
+        ])
+        .unwrap_err();
+    assert_eq!(err.0, 1);
+    assert!(matches!(err.1, StoreError::Invalid(_)));
+    assert!(!s.is_registered("z", "a"));
+    let made = s
+        .create_clusters(vec![
+            ClusterRecord::new("z", "a", "A"),
+            ClusterRecord::new("z", "b", "B"),
+        ])
+        .unwrap();
+    assert_eq!(made.len(), 2);
+    assert_eq!(summary(&s, "z").cluster_count, 2);
+}
+
+#[test]
+fn an_instance_left_out_of_later_reports_expires_on_time() {
+    let (_d, s) = open();
+    let t0 = Instant::now();
+    s.apply_reports(
+        "agent",
+        vec![report("z", "a", "i1", 0, 0), report("z", "a", "i2", 0, 0)],
+        t0,
+    );
+    // The agent goes on reporting i2 only.
+    for n in 1..=4 {
+        s.apply_reports(
+            "agent",
+            vec![report("z", "a", "i2", 0, 0)],
+            t0 + Duration::from_secs(5 * n),
+        );
+        s.expire(t0 + Duration::from_secs(5 * n));
+    }
+    // 20 s after its last report i1 is gone; i2 stays.
+    assert_eq!(s.reporter("z", "a", "i1"), None);
+    assert_eq!(s.reporter("z", "a", "i2").as_deref(), Some("agent"));
+    assert_eq!(s.totals().live_instances, 1);
+    // Not yet past the TTL at 14 s, past it at 16 s.
+    let (_d, s) = open();
+    s.apply_reports("agent", vec![report("z", "b", "j", 0, 0)], t0);
+    s.expire(t0 + Duration::from_secs(14));
+    assert_eq!(s.totals().live_instances, 1);
+    s.expire(t0 + Duration::from_secs(16));
+    assert_eq!(s.totals().live_instances, 0);
 }

@@ -40,13 +40,20 @@ struct CountingSink {
 }
 
 impl ReportSink for CountingSink {
-    fn apply_report(&self, _agent_id: &str, report: &InstanceReport, _now: Instant) {
-        // Touch the data as a store would, so the work is not optimised away.
-        std::hint::black_box(report.metrics.total_requests);
-        self.instances.fetch_add(1, Ordering::Relaxed);
+    fn apply_report(&self, _agent_id: &str, instances: Vec<InstanceReport>, _now: Instant) {
+        for report in &instances {
+            // Touch the data as a store would, so the work is not optimised away.
+            std::hint::black_box(report.metrics.total_requests);
+        }
+        self.instances
+            .fetch_add(instances.len() as u64, Ordering::Relaxed);
     }
     fn agent_gone(&self, _agent_id: &str) {
         self.gone.fetch_add(1, Ordering::Relaxed);
+    }
+    fn reporter(&self, _zone: &str, _cluster: &str, _instance: &str) -> Option<String> {
+        // The runner sends no commands.
+        None
     }
 }
 

@@ -1,0 +1,678 @@
+//! Registrations in etcd (`--store etcd://...`), shared by every replica. A write is
+//! one etcd transaction guarded on the key's revision (create-if-absent, replace- or
+//! delete-if-present, cluster writes also on their zone existing), so two replicas
+//! racing on one name get one success and one 409. Memory is changed only by
+//! [`sync`], which lists the prefix and then follows its watch: every replica applies
+//! the same changes in etcd's order, and a write answers once its own replica has
+//! applied it (read-your-writes). Keys: `<prefix>/zones/<zone>` and
+//! `<prefix>/clusters/<zone>/<cluster>`, values the records' JSON. The same watch
+//! carries the other replicas' instance publications (`<prefix>/instances/`, see
+//! [`membership`]), their API addresses (`<prefix>/replicas/`) and the forwarding
+//! secret (`<prefix>/secret`).
+
+pub mod membership;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use etcd_client::{
+    Certificate, Client, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType, GetOptions,
+    Identity, TlsOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
+};
+use meshcat_common::model::{ClusterRecord, ZoneRecord};
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use super::registrations::Outcome;
+use super::{Change, Loaded, PersistError, Refusal, Registrations, Store, Write};
+
+/// Longest wait for etcd to commit a write. etcd without quorum holds a request
+/// until its own timeout (7 s in 3.4); answering 503 sooner keeps the API's answer
+/// within the 10 s the contract allows.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(4);
+/// Longest wait for a committed write to come back through this replica's watch.
+/// Past it the write is still acknowledged: it is committed, memory follows later.
+const APPLY_WAIT: Duration = Duration::from_secs(2);
+/// Pause between attempts to list or watch while etcd cannot answer.
+const RETRY: Duration = Duration::from_millis(300);
+/// Connection establishment deadline for one member.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// TLS material for the connection to etcd.
+#[derive(Debug, Clone, Default)]
+pub struct EtcdTls {
+    pub ca_pem: Option<Vec<u8>>,
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+/// The etcd side of a store.
+pub struct EtcdRegistrations {
+    client: Client,
+    /// Key prefix without a trailing `/`.
+    prefix: String,
+    /// Highest etcd revision applied to memory.
+    applied: watch::Sender<i64>,
+    /// Set once the first full listing is in memory.
+    loaded: AtomicBool,
+    /// This replica's identity in instance publications.
+    owner: String,
+    /// Every replica's API address by identity, from `<prefix>/replicas/`.
+    peers: std::sync::Mutex<std::collections::HashMap<String, String>>,
+    /// The secret that authenticates requests forwarded between replicas, from
+    /// `<prefix>/secret` (created by the first replica).
+    secret: std::sync::OnceLock<String>,
+}
+
+impl std::fmt::Debug for EtcdRegistrations {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdRegistrations")
+            .field("prefix", &self.prefix)
+            .field("applied", &*self.applied.borrow())
+            .field("loaded", &self.loaded)
+            .finish()
+    }
+}
+
+/// A failure of etcd as a store: unreachable, no quorum, or an answer we cannot read.
+fn unavailable(e: impl std::fmt::Display) -> PersistError {
+    PersistError::Unavailable(format!("The registrations store did not answer: {e}."))
+}
+
+impl EtcdRegistrations {
+    /// A client for `endpoints` (`host:port`). Connections are made lazily, so this
+    /// succeeds while etcd is down.
+    pub async fn connect(
+        endpoints: &[String],
+        prefix: &str,
+        tls: Option<EtcdTls>,
+    ) -> Result<EtcdRegistrations, etcd_client::Error> {
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let urls: Vec<String> = endpoints
+            .iter()
+            .map(|e| format!("{scheme}://{e}"))
+            .collect();
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(CONNECT_TIMEOUT)
+            .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2))
+            .with_keep_alive_while_idle(true);
+        if let Some(t) = tls {
+            let mut o = TlsOptions::new();
+            if let Some(ca) = t.ca_pem {
+                o = o.ca_certificate(Certificate::from_pem(ca));
+            }
+            if let Some((cert, key)) = t.identity {
+                o = o.identity(Identity::from_pem(cert, key));
+            }
+            options = options.with_tls(o);
+        }
+        let client = Client::connect(urls, Some(options)).await?;
+        Ok(EtcdRegistrations {
+            client,
+            prefix: prefix.to_owned(),
+            applied: watch::channel(0).0,
+            loaded: AtomicBool::new(false),
+            owner: membership::replica_id(),
+            peers: Default::default(),
+            secret: std::sync::OnceLock::new(),
+        })
+    }
+
+    pub fn is_loaded(&self) -> bool {
+        self.loaded.load(Ordering::Acquire)
+    }
+
+    /// The etcd client, for the other keys replicas share.
+    pub fn client(&self) -> Client {
+        self.client.clone()
+    }
+
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// This replica's identity in instance publications.
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    /// The API address of replica `owner`, as it advertised it.
+    pub fn peer(&self, owner: &str) -> Option<String> {
+        self.peers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(owner)
+            .cloned()
+    }
+
+    /// The replicas' shared secret, once read from etcd.
+    pub fn secret(&self) -> Option<&str> {
+        self.secret.get().map(String::as_str)
+    }
+
+    fn peer_event(&self, id: &str, value: Option<&[u8]>) {
+        let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
+        match value.and_then(|v| std::str::from_utf8(v).ok()) {
+            Some(addr) => {
+                peers.insert(id.to_owned(), addr.to_owned());
+            }
+            None => {
+                peers.remove(id);
+            }
+        }
+    }
+
+    /// Reads the shared secret, creating it when this is the first replica.
+    async fn ensure_secret(&self) -> Result<(), etcd_client::Error> {
+        if self.secret.get().is_some() {
+            return Ok(());
+        }
+        let key = format!("{}/secret", self.prefix);
+        let fresh: [u8; 32] = rand::random();
+        let fresh: String = fresh.iter().map(|b| format!("{b:02x}")).collect();
+        let mut kv = self.client.kv_client();
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(key.clone(), fresh.clone(), None)])
+            .or_else([TxnOp::get(key, None)]);
+        let resp = tokio::time::timeout(WRITE_TIMEOUT, kv.txn(txn))
+            .await
+            .map_err(|_| etcd_client::Error::WatchError("secret timed out".into()))??;
+        let secret = if resp.succeeded() {
+            fresh
+        } else {
+            resp.op_responses()
+                .iter()
+                .find_map(|r| match r {
+                    TxnOpResponse::Get(g) => g.kvs().first().and_then(|kv| kv.value_str().ok()),
+                    _ => None,
+                })
+                .map(str::to_owned)
+                .ok_or_else(|| etcd_client::Error::WatchError("secret unreadable".into()))?
+        };
+        let _ = self.secret.set(secret);
+        Ok(())
+    }
+
+    fn zone_key(&self, zone: &str) -> String {
+        format!("{}/zones/{zone}", self.prefix)
+    }
+
+    fn cluster_key(&self, zone: &str, cluster: &str) -> String {
+        format!("{}/clusters/{zone}/{cluster}", self.prefix)
+    }
+
+    /// Waits until this replica's follower has applied revision `rev`. Past
+    /// [`APPLY_WAIT`] the write is still acknowledged: it is committed, memory follows.
+    async fn wait_applied(&self, rev: i64) {
+        let mut rx = self.applied.subscribe();
+        if tokio::time::timeout(APPLY_WAIT, rx.wait_for(|r| *r >= rev))
+            .await
+            .is_err()
+        {
+            warn!(
+                revision = rev,
+                "A committed registration is not applied here yet; answering anyway."
+            );
+        }
+    }
+
+    /// Checks and commits a batch in one etcd transaction: each write adds its
+    /// conditions (compares) and operations; when a condition fails, the else branch
+    /// reads every key involved so the first refused write can be named.
+    async fn commit_batch(&self, batch: Vec<Write>) -> Result<Outcome, PersistError> {
+        let mut compares = Vec::new();
+        let mut ops = Vec::new();
+        let mut reads: Vec<String> = Vec::new();
+        // Which op's answer carries each deleted record: (write index, op index).
+        let mut deleted_at: Vec<(usize, usize)> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for (i, w) in batch.iter().enumerate() {
+            let key = match w {
+                Write::CreateZone(z) => self.zone_key(&z.zone_name),
+                Write::DeleteZone(z) => self.zone_key(z),
+                Write::CreateCluster(c) | Write::ReplaceCluster(c) => {
+                    self.cluster_key(&c.zone_name, &c.cluster_name)
+                }
+                Write::DeleteCluster { zone, cluster } => self.cluster_key(zone, cluster),
+            };
+            // etcd refuses a transaction writing one key twice: the second write of a
+            // key in a batch is refused as the redb backend would refuse it.
+            if !seen.insert(key.clone()) {
+                let error = match w {
+                    Write::CreateZone(z) => Refusal::zone_exists(&z.zone_name),
+                    Write::CreateCluster(c) => {
+                        Refusal::cluster_exists(&c.zone_name, &c.cluster_name)
+                    }
+                    _ => {
+                        return Err(PersistError::Unavailable(
+                            "A batch may write each record once.".into(),
+                        ));
+                    }
+                };
+                return Ok(Outcome::Refused { index: i, error });
+            }
+            reads.push(key.clone());
+            match w {
+                Write::CreateZone(z) => {
+                    compares.push(Compare::create_revision(key.clone(), CompareOp::Equal, 0));
+                    ops.push(TxnOp::put(key, to_json(z), None));
+                }
+                Write::DeleteZone(z) => {
+                    compares.push(Compare::version(key.clone(), CompareOp::Greater, 0));
+                    deleted_at.push((i, ops.len()));
+                    ops.push(TxnOp::get(key.clone(), None));
+                    ops.push(TxnOp::delete(key, None));
+                    ops.push(TxnOp::delete(
+                        format!("{}/clusters/{z}/", self.prefix),
+                        Some(DeleteOptions::new().with_prefix()),
+                    ));
+                }
+                Write::CreateCluster(c) | Write::ReplaceCluster(c) => {
+                    let zk = self.zone_key(&c.zone_name);
+                    compares.push(Compare::version(zk.clone(), CompareOp::Greater, 0));
+                    reads.push(zk);
+                    compares.push(if matches!(w, Write::CreateCluster(_)) {
+                        Compare::create_revision(key.clone(), CompareOp::Equal, 0)
+                    } else {
+                        Compare::version(key.clone(), CompareOp::Greater, 0)
+                    });
+                    ops.push(TxnOp::put(key, to_json(c), None));
+                }
+                Write::DeleteCluster { .. } => {
+                    compares.push(Compare::version(key.clone(), CompareOp::Greater, 0));
+                    deleted_at.push((i, ops.len()));
+                    ops.push(TxnOp::get(key.clone(), None));
+                    ops.push(TxnOp::delete(key, None));
+                }
+            }
+        }
+        reads.sort();
+        reads.dedup();
+        let else_ops: Vec<TxnOp> = reads.iter().map(|k| TxnOp::get(k.clone(), None)).collect();
+        let txn = Txn::new().when(compares).and_then(ops).or_else(else_ops);
+        let mut kv = self.client.kv_client();
+        let resp = tokio::time::timeout(WRITE_TIMEOUT, kv.txn(txn))
+            .await
+            .map_err(|_| unavailable("timed out"))?
+            .map_err(unavailable)?;
+        let answers = resp.op_responses();
+        if !resp.succeeded() {
+            let exists: std::collections::HashSet<&str> = answers
+                .iter()
+                .filter_map(|r| match r {
+                    TxnOpResponse::Get(g) => g.kvs().first().and_then(|kv| kv.key_str().ok()),
+                    _ => None,
+                })
+                .collect();
+            return refusal(&batch, |k| exists.contains(k), self);
+        }
+        let rev = resp.header().map_or(0, |h| h.revision());
+        self.wait_applied(rev).await;
+        let mut changes = Vec::with_capacity(batch.len());
+        for (i, w) in batch.into_iter().enumerate() {
+            let deleted = || {
+                deleted_at
+                    .iter()
+                    .find(|(wi, _)| *wi == i)
+                    .and_then(|(_, oi)| match answers.get(*oi) {
+                        Some(TxnOpResponse::Get(g)) => {
+                            g.kvs().first().map(|kv| kv.value().to_vec())
+                        }
+                        _ => None,
+                    })
+                    .ok_or_else(|| unavailable("a deleted record could not be read back"))
+            };
+            changes.push(match w {
+                Write::CreateZone(z) => Change::PutZone(z),
+                Write::CreateCluster(c) | Write::ReplaceCluster(c) => Change::PutCluster(c),
+                Write::DeleteZone(_) => Change::DeleteZone(from_json(&deleted()?)?),
+                Write::DeleteCluster { .. } => Change::DeleteCluster(from_json(&deleted()?)?),
+            });
+        }
+        Ok(Outcome::Committed { seq: 0, changes })
+    }
+}
+
+fn to_json<T: serde::Serialize>(v: &T) -> Vec<u8> {
+    serde_json::to_vec(v).expect("records serialise")
+}
+
+fn from_json<T: serde::de::DeserializeOwned>(v: &[u8]) -> Result<T, PersistError> {
+    serde_json::from_slice(v).map_err(|error| PersistError::Decode {
+        key: String::from_utf8_lossy(v).chars().take(80).collect(),
+        error,
+    })
+}
+
+/// The first write of `batch` whose condition fails given which keys exist.
+fn refusal(
+    batch: &[Write],
+    exists: impl Fn(&str) -> bool,
+    e: &EtcdRegistrations,
+) -> Result<Outcome, PersistError> {
+    for (index, w) in batch.iter().enumerate() {
+        let error = match w {
+            Write::CreateZone(z) if exists(&e.zone_key(&z.zone_name)) => {
+                Refusal::zone_exists(&z.zone_name)
+            }
+            Write::DeleteZone(z) if !exists(&e.zone_key(z)) => Refusal::no_zone(z),
+            Write::CreateCluster(c) | Write::ReplaceCluster(c)
+                if !exists(&e.zone_key(&c.zone_name)) =>
+            {
+                Refusal::cluster_needs_zone(&c.zone_name)
+            }
+            Write::CreateCluster(c) if exists(&e.cluster_key(&c.zone_name, &c.cluster_name)) => {
+                Refusal::cluster_exists(&c.zone_name, &c.cluster_name)
+            }
+            Write::ReplaceCluster(c) if !exists(&e.cluster_key(&c.zone_name, &c.cluster_name)) => {
+                Refusal::no_cluster(&c.zone_name, &c.cluster_name)
+            }
+            Write::DeleteCluster { zone, cluster } if !exists(&e.cluster_key(zone, cluster)) => {
+                Refusal::no_cluster(zone, cluster)
+            }
+            _ => continue,
+        };
+        return Ok(Outcome::Refused { index, error });
+    }
+    // Every condition held when the keys were read back: another replica's write
+    // changed them in between. The outcome is clear (nothing written) but the caller
+    // should retry.
+    Err(PersistError::Unavailable(
+        "A concurrent registration changed the same records; nothing was written, retry.".into(),
+    ))
+}
+
+/// The etcd registrations as the store's backend.
+#[derive(Debug)]
+pub struct EtcdBackend(pub Arc<EtcdRegistrations>);
+
+impl Registrations for EtcdBackend {
+    /// Nothing at start: [`sync`] loads the catalog once etcd answers, so a replica
+    /// started while etcd is down still starts (and is not ready).
+    fn load(&self) -> Result<Loaded, PersistError> {
+        Ok(Loaded::default())
+    }
+
+    /// Runs on the blocking pool (the API runs registrations there), so it may
+    /// block on the runtime.
+    fn commit(&self, batch: Vec<Write>) -> Result<Outcome, PersistError> {
+        let handle = tokio::runtime::Handle::try_current()
+            .map_err(|_| unavailable("no async runtime to reach etcd from"))?;
+        handle.block_on(self.0.commit_batch(batch))
+    }
+
+    fn followed(&self) -> bool {
+        true
+    }
+}
+
+/// A record deleted by name only: showing a deletion needs only the names.
+fn zone_named(zone: &str) -> ZoneRecord {
+    ZoneRecord {
+        zone_name: zone.to_owned(),
+        request_cluster: String::new(),
+        server_address: String::new(),
+        use_tls: false,
+        ca_path: String::new(),
+        cert_path: String::new(),
+        key_path: String::new(),
+    }
+}
+
+/// Decodes a key under the prefix (`rest` is the part after `<prefix>/`) into the
+/// change it makes; `None` for keys that are not registrations or values that do
+/// not decode.
+fn decode(rest: &str, value: Option<&[u8]>) -> Option<Change> {
+    if let Some(zone) = rest.strip_prefix("zones/") {
+        return match value {
+            None => Some(Change::DeleteZone(zone_named(zone))),
+            Some(v) => match serde_json::from_slice(v) {
+                Ok(z) => Some(Change::PutZone(z)),
+                Err(e) => {
+                    warn!(key = rest, error = %e, "Stored zone cannot be decoded, skipped.");
+                    None
+                }
+            },
+        };
+    }
+    let (zone, cluster) = rest.strip_prefix("clusters/")?.split_once('/')?;
+    match value {
+        None => Some(Change::DeleteCluster(ClusterRecord::new(
+            zone, cluster, cluster,
+        ))),
+        Some(v) => match serde_json::from_slice(v) {
+            Ok(c) => Some(Change::PutCluster(c)),
+            Err(e) => {
+                warn!(key = rest, error = %e, "Stored cluster cannot be decoded, skipped.");
+                None
+            }
+        },
+    }
+}
+
+/// The changes that make memory hold exactly `zones` and `clusters` (a full
+/// listing): deletions of what the listing lacks, then every record.
+fn snapshot_changes(
+    store: &Store,
+    zones: Vec<ZoneRecord>,
+    clusters: Vec<ClusterRecord>,
+) -> Vec<Change> {
+    let keep_zones: std::collections::HashSet<&str> =
+        zones.iter().map(|z| z.zone_name.as_str()).collect();
+    let keep_clusters: std::collections::HashSet<(&str, &str)> = clusters
+        .iter()
+        .map(|c| (c.zone_name.as_str(), c.cluster_name.as_str()))
+        .collect();
+    let mut changes = Vec::new();
+    for z in store.zones.iter() {
+        if !keep_zones.contains(z.key().as_str()) {
+            changes.push(Change::DeleteZone(zone_named(z.key())));
+            continue;
+        }
+        for c in &z.clusters {
+            if !keep_clusters.contains(&(z.key().as_str(), c.as_str())) {
+                changes.push(Change::DeleteCluster(ClusterRecord::new(z.key(), c, c)));
+            }
+        }
+    }
+    changes.extend(zones.into_iter().map(Change::PutZone));
+    changes.extend(clusters.into_iter().map(Change::PutCluster));
+    changes
+}
+
+/// Shows or drops another replica's instance publication (`path` is
+/// `<zone>/<cluster>/<instance>`); this replica's own are already in memory.
+fn instance_event(store: &Store, e: &EtcdRegistrations, path: &str, value: Option<&[u8]>) {
+    let mut parts = path.splitn(3, '/');
+    let (Some(zone), Some(cluster), Some(instance)) = (parts.next(), parts.next(), parts.next())
+    else {
+        return;
+    };
+    match value {
+        None => store.drop_remote(zone, cluster, instance),
+        Some(v) => match serde_json::from_slice::<membership::Published>(v) {
+            Ok(p) if p.owner == e.owner => {}
+            Ok(p) => store.put_remote(p.remote(zone, cluster, instance)),
+            Err(err) => warn!(key = path, error = %err, "Instance publication cannot be decoded."),
+        },
+    }
+}
+
+/// Lists the registrations and applies them as the whole truth; returns the
+/// revision of the listing.
+async fn relist(store: &Store, e: &EtcdRegistrations) -> Result<i64, etcd_client::Error> {
+    let mut kv = e.client.kv_client();
+    let root = format!("{}/", e.prefix);
+    let mut zones = Vec::new();
+    let mut clusters = Vec::new();
+    let mut revision = 0;
+    let mut instances: Vec<(String, Option<Vec<u8>>)> = Vec::new();
+    for sub in ["zones/", "clusters/", "instances/", "replicas/"] {
+        let get = kv.get(
+            format!("{root}{sub}"),
+            Some(match revision {
+                0 => GetOptions::new().with_prefix(),
+                // Both halves from one revision: a consistent snapshot.
+                r => GetOptions::new().with_prefix().with_revision(r),
+            }),
+        );
+        let resp = tokio::time::timeout(WRITE_TIMEOUT, get)
+            .await
+            .map_err(|_| etcd_client::Error::WatchError("listing timed out".into()))??;
+        if revision == 0 {
+            revision = resp.header().map_or(0, |h| h.revision());
+        }
+        for kv in resp.kvs() {
+            let Ok(key) = kv.key_str() else { continue };
+            if let Some(id) = key[root.len()..].strip_prefix("replicas/") {
+                e.peer_event(id, Some(kv.value()));
+                continue;
+            }
+            if let Some(path) = key[root.len()..].strip_prefix("instances/") {
+                instances.push((path.to_owned(), Some(kv.value().to_vec())));
+                continue;
+            }
+            match decode(&key[root.len()..], Some(kv.value())) {
+                Some(Change::PutZone(z)) => zones.push(z),
+                Some(Change::PutCluster(c)) => clusters.push(c),
+                _ => {}
+            }
+        }
+    }
+    e.ensure_secret().await?;
+    let (nz, nc) = (zones.len(), clusters.len());
+    let changes = snapshot_changes(store, zones, clusters);
+    store.apply_changes(&changes);
+    // Other replicas' instances: the listing is the truth, drop what it lacks.
+    let listed: std::collections::HashSet<&str> =
+        instances.iter().map(|(p, _)| p.as_str()).collect();
+    for (z, c, i) in store.remote_instances() {
+        if !listed.contains(format!("{z}/{c}/{i}").as_str()) {
+            store.drop_remote(&z, &c, &i);
+        }
+    }
+    for (path, value) in &instances {
+        instance_event(store, e, path, value.as_deref());
+    }
+    info!(
+        zones = nz,
+        clusters = nc,
+        revision,
+        "Registrations loaded from etcd."
+    );
+    Ok(revision)
+}
+
+/// Follows the watch from `from` (inclusive) until it fails, is compacted past, or
+/// `stop` fires; returns whether to stop.
+async fn follow(
+    store: &Store,
+    e: &EtcdRegistrations,
+    from: i64,
+    stop: &mut watch::Receiver<bool>,
+) -> Result<bool, String> {
+    let root = format!("{}/", e.prefix);
+    let mut wc = e.client.watch_client();
+    let mut stream = tokio::select! {
+        s = wc.watch(root.clone(), Some(WatchOptions::new().with_prefix().with_start_revision(from).with_progress_notify())) => s.map_err(|e| e.to_string())?,
+        _ = stop.wait_for(|s| *s) => return Ok(true),
+    };
+    loop {
+        let msg = tokio::select! {
+            m = stream.message() => m,
+            _ = stop.wait_for(|s| *s) => return Ok(true),
+        };
+        let resp = match msg {
+            Ok(Some(r)) => r,
+            Ok(None) => return Err("the watch ended".into()),
+            Err(err) => return Err(err.to_string()),
+        };
+        if resp.compact_revision() > 0 {
+            return Err(format!(
+                "the watch was compacted at revision {}",
+                resp.compact_revision()
+            ));
+        }
+        if resp.canceled() {
+            return Err(format!("the watch was cancelled: {}", resp.cancel_reason()));
+        }
+        let mut last = 0;
+        for ev in resp.events() {
+            let Some(kv) = ev.kv() else { continue };
+            last = last.max(kv.mod_revision());
+            let Ok(key) = kv.key_str() else { continue };
+            let value = match ev.event_type() {
+                EventType::Put => Some(kv.value()),
+                EventType::Delete => None,
+            };
+            let rest = &key[root.len()..];
+            if let Some(id) = rest.strip_prefix("replicas/") {
+                e.peer_event(id, value);
+            } else if let Some(path) = rest.strip_prefix("instances/") {
+                instance_event(store, e, path, value);
+            } else if let Some(change) = decode(rest, value) {
+                store.apply_changes(&[change]);
+            }
+        }
+        // The creation answer's header names the current revision, but the events
+        // from the start revision up to it come after: it must not count as applied.
+        if resp.created() && resp.events().is_empty() {
+            continue;
+        }
+        // Events count up to the newest applied; an empty answer is a progress
+        // notification, sent once every event up to its header's revision was.
+        let rev = if resp.events().is_empty() {
+            resp.header().map_or(0, |h| h.revision())
+        } else {
+            last
+        };
+        e.applied.send_if_modified(|r| {
+            let newer = rev > *r;
+            if newer {
+                *r = rev;
+            }
+            newer
+        });
+    }
+}
+
+/// Keeps memory equal to etcd: lists, then follows the watch; on any failure
+/// (member lost, compaction, cancellation) lists again and resumes from the new
+/// listing's revision, so no change is missed. Runs until `stop`.
+pub async fn sync(store: Arc<Store>, mut stop: watch::Receiver<bool>) {
+    let Some(e) = store.etcd() else { return };
+    loop {
+        let listed = tokio::select! {
+            r = relist(&store, e) => r,
+            _ = stop.wait_for(|s| *s) => return,
+        };
+        let revision = match listed {
+            Ok(r) => r,
+            Err(err) => {
+                warn!(error = %err, "etcd cannot list the registrations; retrying.");
+                tokio::select! {
+                    _ = tokio::time::sleep(RETRY) => continue,
+                    _ = stop.wait_for(|s| *s) => return,
+                }
+            }
+        };
+        e.applied.send_if_modified(|r| {
+            let newer = revision > *r;
+            if newer {
+                *r = revision;
+            }
+            newer
+        });
+        e.loaded.store(true, Ordering::Release);
+        match follow(&store, e, revision + 1, &mut stop).await {
+            Ok(true) => return,
+            Ok(false) => {}
+            Err(err) => warn!(error = %err, "etcd watch lost; listing again."),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(RETRY) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+    }
+}

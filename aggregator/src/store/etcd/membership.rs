@@ -1,0 +1,394 @@
+//! Instance membership in etcd: each replica publishes the instances its agents
+//! report under `<prefix>/instances/<zone>/<cluster>/<instance>` on a lease of
+//! `--instance-ttl`, so every replica shows every instance. A publication carries
+//! the owner, start time and the status inputs, and is written only when one of
+//! them changes meaningfully (new instance, reachability, start time, or the
+//! instance's error ratio crossing the warning threshold): steady agents cause no
+//! etcd writes beyond the lease keep-alive. When a replica dies its lease expires
+//! and its publications go with it, unless its agents' new replica already
+//! published them again.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::time::{Duration, SystemTime};
+
+use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, watch};
+use tracing::{debug, warn};
+
+use crate::store::{Member, Membership, RemoteInstance};
+
+/// A publication, as stored in etcd.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Published {
+    pub owner: String,
+    pub start_time_ms: i64,
+    pub reachable: bool,
+    pub window_requests: u64,
+    pub window_errors: u64,
+}
+
+impl Published {
+    /// Whether `self` differs from `before` in what a peer's status could show.
+    fn differs(&self, before: &Published, warning: f64) -> bool {
+        let erroring = |p: &Published| {
+            p.window_requests > 0 && p.window_errors as f64 / p.window_requests as f64 > warning
+        };
+        self.owner != before.owner
+            || self.start_time_ms != before.start_time_ms
+            || self.reachable != before.reachable
+            || erroring(self) != erroring(before)
+    }
+
+    pub fn remote(self, zone: &str, cluster: &str, instance: &str) -> RemoteInstance {
+        RemoteInstance {
+            owner: self.owner,
+            zone: zone.to_owned(),
+            cluster: cluster.to_owned(),
+            instance: instance.to_owned(),
+            start_time_ms: self.start_time_ms,
+            reachable: self.reachable,
+            window_requests: self.window_requests,
+            window_errors: self.window_errors,
+        }
+    }
+}
+
+/// A random identity for this replica's run.
+pub fn replica_id() -> String {
+    let seed = (
+        SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+        std::process::id(),
+    );
+    format!("{:016x}", RandomState::new().hash_one(seed))
+}
+
+enum Publish {
+    Put(String, Published),
+    Delete(String),
+}
+
+/// The [`Membership`] the store calls on every report: it only queues; the
+/// publisher task decides what reaches etcd.
+#[derive(Debug)]
+pub struct EtcdMembership {
+    owner: String,
+    prefix: String,
+    tx: mpsc::UnboundedSender<Publish>,
+}
+
+impl std::fmt::Debug for Publish {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Publish::Put(k, _) => write!(f, "Put({k})"),
+            Publish::Delete(k) => write!(f, "Delete({k})"),
+        }
+    }
+}
+
+impl EtcdMembership {
+    fn key(&self, zone: &str, cluster: &str, instance: &str) -> String {
+        format!("{}/instances/{zone}/{cluster}/{instance}", self.prefix)
+    }
+}
+
+impl Membership for EtcdMembership {
+    fn publish(&self, m: Member<'_>) {
+        let _ = self.tx.send(Publish::Put(
+            self.key(m.zone, m.cluster, m.instance),
+            Published {
+                owner: self.owner.clone(),
+                start_time_ms: m.start_time_ms,
+                reachable: m.reachable,
+                window_requests: m.window_requests,
+                window_errors: m.window_errors,
+            },
+        ));
+    }
+
+    fn withdraw(&self, zone: &str, cluster: &str, instance: &str) {
+        let _ = self
+            .tx
+            .send(Publish::Delete(self.key(zone, cluster, instance)));
+    }
+}
+
+/// The publisher: owns the lease and the last publication of every owned instance.
+pub struct Publisher {
+    client: Client,
+    prefix: String,
+    owner: String,
+    /// This replica's API address as peers reach it.
+    advertise: String,
+    ttl: Duration,
+    warning: f64,
+    rx: mpsc::UnboundedReceiver<Publish>,
+    /// What etcd holds for each owned instance (as far as this replica knows).
+    published: HashMap<String, Published>,
+    /// Publications etcd has not confirmed yet (etcd was away): retried.
+    dirty: bool,
+    lease: Option<i64>,
+}
+
+impl std::fmt::Debug for Publisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Publisher")
+            .field("owned", &self.published.len())
+            .field("lease", &self.lease)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A membership for the store and the publisher task that serves it.
+pub fn membership(
+    client: Client,
+    prefix: &str,
+    owner: &str,
+    advertise: &str,
+    ttl: Duration,
+    warning: f64,
+) -> (EtcdMembership, Publisher) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    (
+        EtcdMembership {
+            owner: owner.to_owned(),
+            prefix: prefix.to_owned(),
+            tx,
+        },
+        Publisher {
+            client,
+            prefix: prefix.to_owned(),
+            owner: owner.to_owned(),
+            advertise: advertise.to_owned(),
+            ttl,
+            warning,
+            rx,
+            published: HashMap::new(),
+            dirty: false,
+            lease: None,
+        },
+    )
+}
+
+/// Most puts in one etcd transaction: etcd's default `--max-txn-ops` is 128.
+const MAX_TXN_PUTS: usize = 128;
+/// Most queued publications taken in one run.
+const MAX_BATCH: usize = 4096;
+/// Deadline of one etcd call of the publisher.
+const CALL_TIMEOUT: Duration = Duration::from_secs(3);
+
+impl Publisher {
+    /// The lease, granted when missing (etcd's lease TTL is whole seconds).
+    async fn lease(&mut self) -> Result<i64, String> {
+        if let Some(l) = self.lease {
+            return Ok(l);
+        }
+        let ttl = self.ttl.as_secs().max(2) as i64;
+        let grant = self.client.lease_grant(ttl, None);
+        let resp = tokio::time::timeout(CALL_TIMEOUT, grant)
+            .await
+            .map_err(|_| "lease grant timed out".to_owned())?
+            .map_err(|e| e.to_string())?;
+        self.lease = Some(resp.id());
+        // A new lease: everything owned must be written again under it, and this
+        // replica's address, so peers can forward to it.
+        self.dirty = true;
+        let put = self.client.put(
+            format!("{}/replicas/{}", self.prefix, self.owner),
+            self.advertise.clone(),
+            Some(PutOptions::new().with_lease(resp.id())),
+        );
+        tokio::time::timeout(CALL_TIMEOUT, put)
+            .await
+            .map_err(|_| "replica registration timed out".to_owned())?
+            .map_err(|e| e.to_string())?;
+        Ok(resp.id())
+    }
+
+    /// Deletes a publication only while it is still ours (on our lease): an agent
+    /// that moved on is published by its new replica, which must not be undone.
+    async fn delete(&mut self, key: &str) -> Result<(), String> {
+        let Some(lease) = self.lease else {
+            return Ok(());
+        };
+        let txn = Txn::new()
+            .when([Compare::lease(key, CompareOp::Equal, lease)])
+            .and_then([TxnOp::delete(key, None)]);
+        let call = self.client.txn(txn);
+        tokio::time::timeout(CALL_TIMEOUT, call)
+            .await
+            .map_err(|_| "withdrawal timed out".to_owned())?
+            .map_err(|e| e.to_string())?;
+        Ok(())
+    }
+
+    /// Applies a run of queued publications: the changed ones are written together
+    /// in one transaction (a burst of new agents costs a few etcd writes, not one
+    /// per instance); withdrawals one by one, each conditional on our lease.
+    async fn handle(&mut self, batch: Vec<Publish>) {
+        let mut puts: Vec<(String, Published)> = Vec::new();
+        for msg in batch {
+            match msg {
+                Publish::Put(key, p) => {
+                    let changed = self
+                        .published
+                        .get(&key)
+                        .is_none_or(|before| p.differs(before, self.warning));
+                    if changed {
+                        self.published.insert(key.clone(), p.clone());
+                        puts.retain(|(k, _)| *k != key);
+                        puts.push((key, p));
+                    }
+                }
+                Publish::Delete(key) => {
+                    puts.retain(|(k, _)| *k != key);
+                    self.published.remove(&key);
+                    if let Err(e) = self.delete(&key).await {
+                        debug!(error = %e, "Instance withdrawal failed; the lease ends it.");
+                    }
+                }
+            }
+        }
+        if !puts.is_empty()
+            && let Err(e) = self.put_all(&puts).await
+        {
+            debug!(error = %e, "Instance publications postponed.");
+            self.dirty = true;
+        }
+    }
+
+    /// Writes publications under the lease, [`MAX_TXN_PUTS`] per transaction.
+    async fn put_all(&mut self, puts: &[(String, Published)]) -> Result<(), String> {
+        let lease = self.lease().await?;
+        for chunk in puts.chunks(MAX_TXN_PUTS) {
+            let ops: Vec<TxnOp> = chunk
+                .iter()
+                .map(|(k, p)| {
+                    let value = serde_json::to_vec(p).expect("publications serialise");
+                    TxnOp::put(k.as_str(), value, Some(PutOptions::new().with_lease(lease)))
+                })
+                .collect();
+            let txn = self.client.txn(Txn::new().and_then(ops));
+            tokio::time::timeout(CALL_TIMEOUT, txn)
+                .await
+                .map_err(|_| "publication timed out".to_owned())?
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// Keeps the lease alive (a third of the TTL apart), writes what is dirty, and
+    /// revokes the lease on `stop` so peers drop this replica's instances at once.
+    pub async fn run(mut self, mut stop: watch::Receiver<bool>) {
+        let mut tick = tokio::time::interval((self.ttl / 3).max(Duration::from_millis(300)));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // `changed` rather than `wait_for`: no borrow of the flag lives across the
+        // handlers' awaits.
+        while !*stop.borrow() {
+            tokio::select! {
+                msg = self.rx.recv() => match msg {
+                    Some(m) => {
+                        // Take what queued meanwhile too: one transaction for a burst.
+                        let mut batch = vec![m];
+                        while batch.len() < MAX_BATCH
+                            && let Ok(m) = self.rx.try_recv()
+                        {
+                            batch.push(m);
+                        }
+                        self.handle(batch).await;
+                    }
+                    None => return,
+                },
+                _ = tick.tick() => self.refresh().await,
+                r = stop.changed() => if r.is_err() { break },
+            }
+        }
+        if let Some(lease) = self.lease {
+            let revoke = self.client.lease_revoke(lease);
+            let _ = tokio::time::timeout(CALL_TIMEOUT, revoke).await;
+        }
+    }
+
+    async fn refresh(&mut self) {
+        if let Some(lease) = self.lease {
+            let alive = async {
+                let (mut keeper, mut stream) = self
+                    .client
+                    .lease_keep_alive(lease)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                keeper.keep_alive().await.map_err(|e| e.to_string())?;
+                let resp = stream
+                    .message()
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .ok_or("no keep-alive answer")?;
+                Ok::<i64, String>(resp.ttl())
+            };
+            match tokio::time::timeout(CALL_TIMEOUT, alive).await {
+                Ok(Ok(ttl)) if ttl > 0 => {}
+                Ok(Ok(_)) => {
+                    // Expired while etcd was away: a new lease, everything again.
+                    warn!("Instance lease expired; publishing under a new one.");
+                    self.lease = None;
+                    self.dirty = true;
+                }
+                Ok(Err(e)) => debug!(error = %e, "Lease keep-alive failed."),
+                Err(_) => debug!("Lease keep-alive timed out."),
+            }
+        }
+        if self.dirty {
+            self.dirty = false;
+            let all: Vec<(String, Published)> = self
+                .published
+                .iter()
+                .map(|(k, p)| (k.clone(), p.clone()))
+                .collect();
+            if let Err(e) = self.put_all(&all).await {
+                debug!(error = %e, "Instance publications postponed.");
+                self.dirty = true;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(owner: &str, reachable: bool, req: u64, err: u64) -> Published {
+        Published {
+            owner: owner.into(),
+            start_time_ms: 1,
+            reachable,
+            window_requests: req,
+            window_errors: err,
+        }
+    }
+
+    #[test]
+    fn steady_reports_are_not_written_again() {
+        let warning = 0.05;
+        let base = p("a", true, 100, 1);
+        // New counts on the same side of the threshold: nothing to publish.
+        assert!(!p("a", true, 250, 3).differs(&base, warning));
+        assert!(!p("a", true, 0, 0).differs(&base, warning));
+        // What a peer's status could show does change.
+        assert!(p("a", true, 100, 10).differs(&base, warning));
+        assert!(p("a", false, 100, 1).differs(&base, warning));
+        assert!(p("b", true, 100, 1).differs(&base, warning));
+        let mut restarted = base.clone();
+        restarted.start_time_ms = 2;
+        assert!(restarted.differs(&base, warning));
+    }
+
+    #[test]
+    fn replica_ids_differ() {
+        assert_ne!(replica_id(), replica_id());
+        assert_eq!(replica_id().len(), 16);
+    }
+}

@@ -1,0 +1,625 @@
+//! Live instances: the snapshots agents report, which agent reports each instance
+//! (the one owner of that fact: the ingest routes commands by asking here), the
+//! instance budget, expiry past the TTL, the edge clusters reported per zone, and the
+//! [`Membership`] seam where a replica publishes the instances it owns.
+
+use std::collections::{HashSet, VecDeque};
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use dashmap::DashMap;
+use meshcat_common::model::InstanceMetrics;
+use meshcat_common::validate::is_valid_name;
+use meshcat_common::wire::InstanceReport;
+use tracing::{debug, warn};
+
+use super::read::MetricsLookup;
+use super::{Entry, MAX_EDGE_CLUSTERS, Store, shared};
+
+/// Most reported instances kept at once: reports for further new instances are
+/// dropped (and logged) until others expire, so no set of agents can exhaust memory.
+pub const MAX_INSTANCES: u64 = 200_000;
+
+/// Identifies one reported instance: (zone, cluster, instance).
+pub(super) type InstanceKey = (String, String, String);
+
+/// One instance as its agent last reported it.
+#[derive(Debug, Clone)]
+pub struct LiveInstance {
+    /// The agent that reports it; `agent_gone` drops only that agent's instances.
+    pub agent_id: String,
+    /// When the last report arrived, for the TTL.
+    pub last_seen: Instant,
+    /// Requests in the window between the last two reports.
+    pub window_requests: u64,
+    /// 5xx answers in the same window.
+    pub window_errors: u64,
+    /// The last report itself (metrics, upstream clusters, admin address).
+    pub report: Arc<InstanceReport>,
+}
+
+impl LiveInstance {
+    /// Live: reported within the TTL (expiry removes the others) and reachable.
+    pub fn is_live(&self) -> bool {
+        self.report.reachable
+    }
+
+    /// Owned by another replica (shown from what it published): its metrics and
+    /// sidecar are with that replica.
+    pub fn is_remote(&self) -> bool {
+        self.agent_id.starts_with(REMOTE)
+    }
+}
+
+/// Prefix of the `agent_id` of instances another replica owns (`@<replica id>`); no
+/// agent id starts with it.
+pub const REMOTE: &str = "@";
+
+/// An instance another replica owns, as it published it.
+#[derive(Debug, Clone)]
+pub struct RemoteInstance {
+    pub owner: String,
+    pub zone: String,
+    pub cluster: String,
+    pub instance: String,
+    pub start_time_ms: i64,
+    pub reachable: bool,
+    pub window_requests: u64,
+    pub window_errors: u64,
+}
+
+/// An instance this replica owns, as published to its peers.
+#[derive(Debug, Clone, Copy)]
+pub struct Member<'a> {
+    pub zone: &'a str,
+    pub cluster: &'a str,
+    pub instance: &'a str,
+    pub agent_id: &'a str,
+    pub start_time_ms: i64,
+    pub reachable: bool,
+    pub window_requests: u64,
+    pub window_errors: u64,
+}
+
+/// Where a replica publishes instance membership so that replicas sharing a backend
+/// show the same instances. A single aggregator has none.
+pub trait Membership: Send + Sync + fmt::Debug {
+    /// An owned instance was reported (new, or with new status inputs).
+    fn publish(&self, member: Member<'_>);
+    /// An owned instance is gone (expired, or its agent left).
+    fn withdraw(&self, zone: &str, cluster: &str, instance: &str);
+}
+
+/// Who reports what.
+#[derive(Debug, Default)]
+pub(super) struct Live {
+    /// The instances each agent reports, so `agent_gone` visits only those.
+    agents: DashMap<String, HashSet<InstanceKey>>,
+    /// Reported instances kept (live or not), bounded by [`MAX_INSTANCES`].
+    total: AtomicU64,
+    /// Where owned instances are published, when replicas share them.
+    membership: OnceLock<Arc<dyn Membership>>,
+    /// The agents that reported, in buckets by time: expiry looks at an agent's
+    /// instances only once a bucket it is in is older than the TTL. An agent is in one
+    /// bucket per report it sent within the TTL, so the work follows the report rate.
+    wheel: Mutex<VecDeque<Bucket>>,
+}
+
+/// Agents that reported between `first` and `last`.
+#[derive(Debug)]
+struct Bucket {
+    first: Instant,
+    last: Instant,
+    agents: Vec<String>,
+}
+
+/// How much time one bucket of the wheel spans: expiry is that much late at most.
+const BUCKET_SPAN: Duration = Duration::from_millis(250);
+
+/// What became of one snapshot.
+enum Put {
+    /// Over the instance budget.
+    Dropped,
+    /// Stored; `shown` when a reader sees the change, `previous` the agent that
+    /// reported the instance before, when another.
+    Done {
+        shown: bool,
+        previous: Option<String>,
+    },
+}
+
+impl Live {
+    /// Takes one more instance into the budget, or says it is full.
+    fn admit(&self) -> bool {
+        if self.total.fetch_add(1, Ordering::AcqRel) >= MAX_INSTANCES {
+            self.total.fetch_sub(1, Ordering::AcqRel);
+            return false;
+        }
+        true
+    }
+
+    /// Notes that `agent` reported at `now`.
+    fn due(&self, agent: &str, now: Instant) {
+        let mut wheel = self.wheel.lock().unwrap_or_else(|p| p.into_inner());
+        match wheel.back_mut() {
+            Some(b) if now.saturating_duration_since(b.first) < BUCKET_SPAN => {
+                b.last = b.last.max(now);
+                b.agents.push(agent.to_owned());
+            }
+            _ => wheel.push_back(Bucket {
+                first: now,
+                last: now,
+                agents: vec![agent.to_owned()],
+            }),
+        }
+    }
+
+    /// The agents of every bucket whose last report is older than `ttl`, once each.
+    fn take_due(&self, now: Instant, ttl: Duration) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut wheel = self.wheel.lock().unwrap_or_else(|p| p.into_inner());
+        while wheel
+            .front()
+            .is_some_and(|b| now.saturating_duration_since(b.last) > ttl)
+        {
+            out.extend(wheel.pop_front().expect("checked").agents);
+        }
+        drop(wheel);
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+}
+
+impl Store {
+    /// Publishes owned instances through `m` from now on (set once).
+    pub fn set_membership(&self, m: Arc<dyn Membership>) -> Result<(), Arc<dyn Membership>> {
+        self.live.membership.set(m)
+    }
+
+    /// Records one instance snapshot from an agent.
+    pub fn apply_report(&self, agent_id: &str, report: InstanceReport, now: Instant) {
+        self.apply_reports(agent_id, vec![report], now);
+    }
+
+    /// Records the instance snapshots of one report from an agent; their names were
+    /// validated by the ingest. Reports for clusters nobody registered are kept too:
+    /// they show in `GET /services`. Each (zone, cluster) entry is locked once for the
+    /// run of snapshots that name it, and its status is recomputed from running sums.
+    pub fn apply_reports(&self, agent_id: &str, reports: Vec<InstanceReport>, now: Instant) {
+        let _st = shared(&self.state);
+        let mut visible = false;
+        let mut mine: Vec<InstanceKey> = Vec::with_capacity(reports.len());
+        let mut moved: Vec<(String, InstanceKey)> = Vec::new();
+        let mut reports = reports.into_iter().peekable();
+        while let Some(first) = reports.next() {
+            let zone = first.zone_name.clone();
+            let cluster = first.cluster_name.clone();
+            let mut by_zone = self.clusters.entry(cluster.clone()).or_default();
+            let e = by_zone.entry(zone.clone()).or_insert_with(Entry::new);
+            let before = (e.status, e.live);
+            let mut report = Some(first);
+            while let Some(r) = report.take() {
+                let key = (zone.clone(), cluster.clone(), r.instance.clone());
+                match self.put_instance(e, agent_id, r, now) {
+                    Put::Dropped => {}
+                    Put::Done { shown, previous } => {
+                        visible |= shown;
+                        if let Some(p) = previous {
+                            moved.push((p, key.clone()));
+                        }
+                        mine.push(key);
+                    }
+                }
+                report = reports.next_if(|n| n.zone_name == zone && n.cluster_name == cluster);
+            }
+            self.refresh(e, before);
+            visible |= before.0 != e.status;
+            if e.record.is_some() {
+                self.count_change(&zone, before, (e.status, e.live));
+            }
+        }
+        for (other, key) in moved {
+            if let Some(mut keys) = self.live.agents.get_mut(&other) {
+                keys.remove(&key);
+            }
+        }
+        if !mine.is_empty() {
+            self.live
+                .agents
+                .entry(agent_id.to_owned())
+                .or_default()
+                .extend(mine);
+            self.live.due(agent_id, now);
+        }
+        if visible {
+            self.bump();
+        }
+    }
+
+    /// Puts one snapshot into its entry, keeping the entry's live sums; the caller
+    /// recomputes the status once for the run.
+    fn put_instance(
+        &self,
+        e: &mut Entry,
+        agent_id: &str,
+        report: InstanceReport,
+        now: Instant,
+    ) -> Put {
+        let prev = e.instances.get(&report.instance);
+        if prev.is_none() && !self.live.admit() {
+            warn!(%agent_id, zone = %report.zone_name, cluster = %report.cluster_name, instance = %report.instance, limit = MAX_INSTANCES, "Instance report dropped: too many instances.");
+            return Put::Dropped;
+        }
+        let (window_requests, window_errors) = match prev {
+            Some(p) if report.requests_total >= p.report.requests_total => (
+                report.requests_total - p.report.requests_total,
+                report
+                    .errors_5xx_total
+                    .saturating_sub(p.report.errors_5xx_total),
+            ),
+            // A restarted sidecar counts from zero again: all it counted is new.
+            Some(_) => (report.requests_total, report.errors_5xx_total),
+            None => (0, 0),
+        };
+        let shown = match prev {
+            None => report.reachable,
+            Some(p) => {
+                p.report.reachable != report.reachable
+                    || p.report.start_time_ms != report.start_time_ms
+            }
+        };
+        let previous = prev
+            .filter(|p| p.agent_id != agent_id)
+            .map(|p| p.agent_id.clone());
+        if let Some(m) = self.live.membership.get() {
+            m.publish(Member {
+                zone: &report.zone_name,
+                cluster: &report.cluster_name,
+                instance: &report.instance,
+                agent_id,
+                start_time_ms: report.start_time_ms,
+                reachable: report.reachable,
+                window_requests,
+                window_errors,
+            });
+        }
+        let name = report.instance.clone();
+        let fresh = LiveInstance {
+            agent_id: agent_id.to_owned(),
+            last_seen: now,
+            window_requests,
+            window_errors,
+            report: Arc::new(report),
+        };
+        e.count(&fresh, true);
+        if let Some(old) = e.instances.insert(name, fresh) {
+            e.count(&old, false);
+        }
+        Put::Done { shown, previous }
+    }
+
+    /// Shows (or updates) an instance another replica owns. The shared store is the
+    /// truth: its latest publication replaces whatever this replica had.
+    pub fn put_remote(&self, r: RemoteInstance) {
+        let _st = shared(&self.state);
+        {
+            let mut by_zone = self.clusters.entry(r.cluster.clone()).or_default();
+            let e = by_zone.entry(r.zone.clone()).or_insert_with(Entry::new);
+            if !e.instances.contains_key(&r.instance) && !self.live.admit() {
+                warn!(zone = %r.zone, cluster = %r.cluster, instance = %r.instance, limit = MAX_INSTANCES, "Published instance dropped: too many instances.");
+                return;
+            }
+            let before = (e.status, e.live);
+            let fresh = LiveInstance {
+                agent_id: format!("{REMOTE}{}", r.owner),
+                last_seen: Instant::now(),
+                window_requests: r.window_requests,
+                window_errors: r.window_errors,
+                report: Arc::new(InstanceReport {
+                    zone_name: r.zone.clone(),
+                    cluster_name: r.cluster.clone(),
+                    instance: r.instance.clone(),
+                    admin_address: String::new(),
+                    reachable: r.reachable,
+                    error: None,
+                    start_time_ms: r.start_time_ms,
+                    server_state: String::new(),
+                    envoy_version: String::new(),
+                    log_level: None,
+                    requests_total: 0,
+                    errors_5xx_total: 0,
+                    metrics: InstanceMetrics::default(),
+                    clusters: Vec::new(),
+                }),
+            };
+            e.count(&fresh, true);
+            if let Some(old) = e.instances.insert(r.instance.clone(), fresh) {
+                e.count(&old, false);
+            }
+            self.refresh(e, before);
+            if e.record.is_some() {
+                self.count_change(&r.zone, before, (e.status, e.live));
+            }
+        }
+        self.bump();
+    }
+
+    /// Drops an instance another replica owned (its publication is gone).
+    pub fn drop_remote(&self, zone: &str, cluster: &str, instance: &str) {
+        let _st = shared(&self.state);
+        let key = (zone.to_owned(), cluster.to_owned(), instance.to_owned());
+        if self.drop_instance(&key, LiveInstance::is_remote) {
+            self.bump();
+        }
+    }
+
+    /// Every instance shown from another replica's publication: (zone, cluster,
+    /// instance).
+    pub fn remote_instances(&self) -> Vec<InstanceKey> {
+        let mut out = Vec::new();
+        for by_zone in self.clusters.iter() {
+            for (zone, e) in by_zone.iter() {
+                for (name, i) in &e.instances {
+                    if i.is_remote() {
+                        out.push((zone.clone(), by_zone.key().clone(), name.clone()));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Drops an agent's instances at once (it said goodbye or its connection closed).
+    pub fn agent_gone(&self, agent_id: &str) {
+        let _st = shared(&self.state);
+        let Some((_, keys)) = self.live.agents.remove(agent_id) else {
+            return;
+        };
+        let mut changed = false;
+        for key in keys {
+            changed |= self.drop_instance(&key, |i| i.agent_id == agent_id);
+        }
+        if changed {
+            self.bump();
+        }
+    }
+
+    /// Drops instances not reported within the TTL. Visits only the instances of the
+    /// agents whose reports fell due, never the whole catalog.
+    pub fn expire(&self, now: Instant) {
+        let ttl = self.rules.instance_ttl;
+        let due = self.live.take_due(now, ttl);
+        if due.is_empty() {
+            return;
+        }
+        let _st = shared(&self.state);
+        let mut changed = false;
+        for agent in due {
+            let keys: Vec<InstanceKey> = match self.live.agents.get(&agent) {
+                Some(keys) => keys.iter().cloned().collect(),
+                None => continue,
+            };
+            for key in keys {
+                // Another replica's instances leave when its publication does.
+                let stale = |i: &LiveInstance| {
+                    !i.is_remote() && now.saturating_duration_since(i.last_seen) > ttl
+                };
+                if self.drop_instance(&key, stale) {
+                    debug!(%agent, zone = %key.0, cluster = %key.1, instance = %key.2, "Instance expired.");
+                    changed = true;
+                    if let Some(mut keys) = self.live.agents.get_mut(&agent) {
+                        keys.remove(&key);
+                    }
+                }
+            }
+            self.live
+                .agents
+                .remove_if(&agent, |_, keys| keys.is_empty());
+        }
+        if changed {
+            self.bump();
+        }
+    }
+
+    /// Removes one instance when `cond` holds; refreshes status and counters.
+    /// Returns whether it was removed.
+    fn drop_instance(&self, key: &InstanceKey, cond: impl Fn(&LiveInstance) -> bool) -> bool {
+        {
+            let Some(mut by_zone) = self.clusters.get_mut(&key.1) else {
+                return false;
+            };
+            let Some(e) = by_zone.get_mut(&key.0) else {
+                return false;
+            };
+            if !e.instances.get(&key.2).is_some_and(&cond) {
+                return false;
+            }
+            let before = (e.status, e.live);
+            if let Some(old) = e.instances.remove(&key.2) {
+                e.count(&old, false);
+            }
+            self.live.total.fetch_sub(1, Ordering::AcqRel);
+            self.refresh(e, before);
+            if e.record.is_some() {
+                self.count_change(&key.0, before, (e.status, e.live));
+            }
+            let forget = e.record.is_none() && e.instances.is_empty();
+            if forget {
+                by_zone.remove(&key.0);
+            }
+            let empty = by_zone.is_empty();
+            drop(by_zone);
+            if empty {
+                self.clusters.remove_if(&key.1, |_, m| m.is_empty());
+            }
+        }
+        if let Some(m) = self.live.membership.get() {
+            m.withdraw(&key.0, &key.1, &key.2);
+        }
+        true
+    }
+
+    /// The replica that owns this instance, when another one does (`zone` `None`:
+    /// the first zone by name that has the instance).
+    pub fn remote_owner(
+        &self,
+        zone: Option<&str>,
+        cluster: &str,
+        instance: &str,
+    ) -> Option<String> {
+        let by_zone = self.clusters.get(cluster)?;
+        by_zone
+            .iter()
+            .filter(|(z, _)| zone.is_none_or(|want| want == z.as_str()))
+            .find_map(|(_, e)| e.instances.get(instance))
+            .filter(|i| i.is_remote())
+            .map(|i| i.agent_id[REMOTE.len()..].to_owned())
+    }
+
+    /// The live instances of (zone, cluster) that other replicas own, with their
+    /// owners, sorted by instance name.
+    pub fn remote_live(&self, zone: &str, cluster: &str) -> Vec<(String, String)> {
+        self.clusters
+            .get(cluster)
+            .and_then(|m| {
+                m.get(zone).map(|e| {
+                    e.instances
+                        .iter()
+                        .filter(|(_, i)| i.is_live() && i.is_remote())
+                        .map(|(n, i)| (n.clone(), i.agent_id[REMOTE.len()..].to_owned()))
+                        .collect()
+                })
+            })
+            .unwrap_or_default()
+    }
+
+    /// The agent that reports this instance now, for routing commands to it.
+    pub fn reporter(&self, zone: &str, cluster: &str, instance: &str) -> Option<String> {
+        self.clusters.get(cluster).and_then(|m| {
+            m.get(zone)
+                .and_then(|e| e.instances.get(instance))
+                .map(|i| i.agent_id.clone())
+        })
+    }
+
+    /// Sets the clusters a zone's edge sidecar has in its configuration.
+    pub fn set_edge_clusters(&self, zone: &str, mut clusters: Vec<String>) {
+        clusters.retain(|c| is_valid_name(c));
+        clusters.sort();
+        clusters.dedup();
+        clusters.truncate(MAX_EDGE_CLUSTERS);
+        let _st = super::exclusive(&self.state);
+        let same = self.edge.get(zone).is_some_and(|c| *c == clusters);
+        if !same {
+            if clusters.is_empty() {
+                self.edge.remove(zone);
+            } else {
+                self.edge.insert(zone.to_owned(), clusters);
+            }
+            self.bump();
+        }
+    }
+
+    /// The latest metrics of a live instance of cluster `name` (in `zone`, or the
+    /// first zone by name that has it).
+    pub fn instance_metrics(
+        &self,
+        name: &str,
+        zone: Option<&str>,
+        instance: &str,
+    ) -> MetricsLookup {
+        let Some(by_zone) = self.clusters.get(name) else {
+            return MetricsLookup::NoCluster;
+        };
+        let mut any = false;
+        for (z, e) in by_zone.iter() {
+            if zone.is_some_and(|want| want != z) {
+                continue;
+            }
+            any = true;
+            // Another replica's instance: its metrics stay with that replica.
+            if let Some(i) = e
+                .instances
+                .get(instance)
+                .filter(|i| i.is_live() && !i.is_remote())
+            {
+                return MetricsLookup::Found(Box::new(metrics_of(i)));
+            }
+        }
+        if any {
+            MetricsLookup::NoInstance
+        } else {
+            MetricsLookup::NoCluster
+        }
+    }
+
+    /// Like [`Self::instance_metrics`], finding registered clusters by their `name`
+    /// and `version` fields.
+    pub fn instance_metrics_by_version(
+        &self,
+        name: &str,
+        version: &str,
+        instance: &str,
+    ) -> MetricsLookup {
+        let mut candidates: Vec<(String, String)> = Vec::new();
+        for by_zone in self.clusters.iter() {
+            for (z, e) in by_zone.iter() {
+                if e.record
+                    .as_ref()
+                    .is_some_and(|r| r.name == name && r.version == version)
+                {
+                    candidates.push((z.clone(), by_zone.key().clone()));
+                }
+            }
+        }
+        if candidates.is_empty() {
+            return MetricsLookup::NoCluster;
+        }
+        candidates.sort();
+        for (z, c) in candidates {
+            if let MetricsLookup::Found(m) = self.instance_metrics(&c, Some(&z), instance) {
+                return MetricsLookup::Found(m);
+            }
+        }
+        MetricsLookup::NoInstance
+    }
+
+    /// The last reports of a cluster's live instances, sorted by instance name (the
+    /// instances map is ordered).
+    pub fn live_instances(&self, zone: &str, cluster: &str) -> Vec<Arc<InstanceReport>> {
+        self.clusters
+            .get(cluster)
+            .and_then(|m| {
+                m.get(zone).map(|e| {
+                    e.instances
+                        .values()
+                        .filter(|i| i.is_live() && !i.is_remote())
+                        .map(|i| i.report.clone())
+                        .collect::<Vec<_>>()
+                })
+            })
+            .unwrap_or_default()
+    }
+
+    /// The last report of a live instance, for commands and diagnosis.
+    pub fn live_instance(
+        &self,
+        zone: &str,
+        cluster: &str,
+        instance: &str,
+    ) -> Option<Arc<InstanceReport>> {
+        self.clusters.get(cluster).and_then(|m| {
+            m.get(zone)
+                .and_then(|e| e.instances.get(instance))
+                .filter(|i| i.is_live() && !i.is_remote())
+                .map(|i| i.report.clone())
+        })
+    }
+}
+
+fn metrics_of(i: &LiveInstance) -> InstanceMetrics {
+    i.report.metrics.clone()
+}

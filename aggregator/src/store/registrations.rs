@@ -1,0 +1,366 @@
+//! Registrations: the zone and cluster records operators write. Owns their durable
+//! backend seam ([`Registrations`]: load everything at start, conditional writes
+//! checked and committed in one durable transaction per batch, zone deletion cascading
+//! to its clusters) and the one path that shows committed changes in the in-memory
+//! index ([`Store::apply_changes`]), used alike by local writes after their commit and
+//! by changes another replica committed (a backend's watch).
+
+use std::fmt;
+use std::sync::{Arc, Condvar, Mutex};
+
+use bytes::Bytes;
+use meshcat_common::model::{ClusterRecord, ZoneRecord};
+use tracing::warn;
+
+use super::persist::PersistError;
+use super::{Entry, Store, StoreError, ZoneAggregate, ZoneState, exclusive, render};
+
+/// One conditional write; a batch of them is committed all or nothing.
+#[derive(Debug, Clone)]
+pub enum Write {
+    /// Create a zone; refused with a conflict when it exists.
+    CreateZone(ZoneRecord),
+    /// Delete a zone and every cluster in it; refused when it does not exist.
+    DeleteZone(String),
+    /// Create a cluster in an existing zone; refused with a conflict when it exists.
+    CreateCluster(ClusterRecord),
+    /// Replace an existing cluster; refused when it does not exist.
+    ReplaceCluster(ClusterRecord),
+    /// Delete an existing cluster.
+    DeleteCluster { zone: String, cluster: String },
+}
+
+/// A committed change, as the in-memory index applies it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Change {
+    /// A zone was created or replaced.
+    PutZone(ZoneRecord),
+    /// A zone and every cluster in it are gone; carries the zone's last record.
+    DeleteZone(ZoneRecord),
+    /// A cluster was created or replaced.
+    PutCluster(ClusterRecord),
+    /// A cluster is gone; carries its last record.
+    DeleteCluster(ClusterRecord),
+}
+
+/// What a backend did with one batch.
+#[derive(Debug)]
+pub enum Outcome {
+    /// Durably committed. `seq` is the batch's place in this backend's commit order:
+    /// 1, 2, 3, ... over every committed batch since it was opened.
+    Committed { seq: u64, changes: Vec<Change> },
+    /// Nothing was written: write number `index` of the batch was refused.
+    Refused { index: usize, error: Refusal },
+}
+
+/// Why a write was refused; the message names the record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// It exists already (a create).
+    Conflict(String),
+    /// It does not exist (a replace or a delete).
+    NotFound(String),
+    /// The zone a cluster write names does not exist.
+    NoZone(String),
+}
+
+impl From<Refusal> for StoreError {
+    fn from(r: Refusal) -> StoreError {
+        match r {
+            Refusal::Conflict(m) => StoreError::Conflict(m),
+            Refusal::NotFound(m) => StoreError::NotFound(m),
+            Refusal::NoZone(m) => StoreError::Invalid(m),
+        }
+    }
+}
+
+/// Everything stored, as read at start.
+#[derive(Debug, Default)]
+pub struct Loaded {
+    pub zones: Vec<ZoneRecord>,
+    pub clusters: Vec<ClusterRecord>,
+}
+
+/// A durable home for registrations. Each write is checked against the stored state
+/// inside the transaction that commits it, so the conditions hold across every
+/// process sharing the backend; a batch is acknowledged only after its durable commit.
+pub trait Registrations: Send + Sync + fmt::Debug {
+    /// Reads every stored registration (at start).
+    fn load(&self) -> Result<Loaded, PersistError>;
+
+    /// Checks and commits `batch` all or nothing. A backend may commit several
+    /// callers' batches in one transaction, each still all or nothing.
+    fn commit(&self, batch: Vec<Write>) -> Result<Outcome, PersistError>;
+
+    /// Whether committed changes reach memory through the backend's own follower (a
+    /// watch shared by every replica, applied in the backend's order) rather than
+    /// from [`Store::commit`]; such a backend returns from `commit` once its follower
+    /// has shown the batch here.
+    fn followed(&self) -> bool {
+        false
+    }
+}
+
+/// The refusal messages, shared by every backend so the API answers alike.
+impl Refusal {
+    pub fn zone_exists(zone: &str) -> Refusal {
+        Refusal::Conflict(format!("Zone {zone} already exists."))
+    }
+    pub fn no_zone(zone: &str) -> Refusal {
+        Refusal::NotFound(format!("Zone {zone} does not exist."))
+    }
+    pub fn cluster_needs_zone(zone: &str) -> Refusal {
+        Refusal::NoZone(format!("Zone {zone} does not exist."))
+    }
+    pub fn cluster_exists(zone: &str, cluster: &str) -> Refusal {
+        Refusal::Conflict(format!("Cluster {cluster} already exists in zone {zone}."))
+    }
+    pub fn no_cluster(zone: &str, cluster: &str) -> Refusal {
+        Refusal::NotFound(format!("Cluster {cluster} does not exist in zone {zone}."))
+    }
+}
+
+/// Shows committed batches in memory in their commit order, whichever caller thread
+/// wakes first: two writes of one record committed together must not show swapped.
+#[derive(Debug, Default)]
+pub(super) struct Sequencer {
+    /// The last commit sequence number shown.
+    shown: Mutex<u64>,
+    turn: Condvar,
+}
+
+/// Marks a sequence number shown even when showing it panicked, so later commits are
+/// never stuck behind it.
+struct Shown<'a> {
+    seq: &'a Sequencer,
+    n: u64,
+}
+
+impl Drop for Shown<'_> {
+    fn drop(&mut self) {
+        let mut shown = self.seq.shown.lock().unwrap_or_else(|p| p.into_inner());
+        *shown = (*shown).max(self.n);
+        drop(shown);
+        self.seq.turn.notify_all();
+    }
+}
+
+impl Sequencer {
+    /// Runs `f` once every commit before `n` was shown.
+    fn in_turn<T>(&self, n: u64, f: impl FnOnce() -> T) -> T {
+        let mut shown = self.shown.lock().unwrap_or_else(|p| p.into_inner());
+        while *shown + 1 < n {
+            shown = self.turn.wait(shown).unwrap_or_else(|p| p.into_inner());
+        }
+        drop(shown);
+        let _done = Shown { seq: self, n };
+        f()
+    }
+}
+
+impl Store {
+    /// Commits a batch durably, then shows it in memory in commit order. Blocks on
+    /// the commit. A refusal carries the index of the refused write.
+    pub fn commit(&self, batch: Vec<Write>) -> Result<Vec<Change>, (usize, StoreError)> {
+        match self.registrations.commit(batch) {
+            Err(PersistError::Unavailable(m)) => Err((0, StoreError::Unavailable(m))),
+            Err(e) => Err((0, StoreError::Storage(e))),
+            Ok(Outcome::Refused { index, error }) => Err((index, error.into())),
+            Ok(Outcome::Committed { changes, .. }) if self.registrations.followed() => Ok(changes),
+            Ok(Outcome::Committed { seq, changes }) => {
+                self.sequencer.in_turn(seq, || self.apply_changes(&changes));
+                Ok(changes)
+            }
+        }
+    }
+
+    fn commit_one(&self, w: Write) -> Result<Change, StoreError> {
+        let mut changes = self.commit(vec![w]).map_err(|(_, e)| e)?;
+        Ok(changes.swap_remove(0))
+    }
+
+    /// Registers a zone. Blocks on the durable commit.
+    pub fn create_zone(&self, z: ZoneRecord) -> Result<ZoneRecord, StoreError> {
+        match self.commit_one(Write::CreateZone(z))? {
+            Change::PutZone(z) => Ok(z),
+            other => unreachable!("a zone creation committed {other:?}"),
+        }
+    }
+
+    /// Deletes a zone and its clusters. Blocks on the durable commit.
+    pub fn delete_zone(&self, name: &str) -> Result<ZoneRecord, StoreError> {
+        match self.commit_one(Write::DeleteZone(name.to_owned()))? {
+            Change::DeleteZone(z) => Ok(z),
+            other => unreachable!("a zone deletion committed {other:?}"),
+        }
+    }
+
+    /// Registers a cluster. Blocks on the durable commit.
+    pub fn create_cluster(&self, c: ClusterRecord) -> Result<ClusterRecord, StoreError> {
+        Self::put(self.commit_one(Write::CreateCluster(c))?)
+    }
+
+    /// Registers clusters all or nothing, in one durable commit. A refusal carries the
+    /// index of the refused record.
+    pub fn create_clusters(
+        &self,
+        cs: Vec<ClusterRecord>,
+    ) -> Result<Vec<ClusterRecord>, (usize, StoreError)> {
+        let changes = self.commit(cs.into_iter().map(Write::CreateCluster).collect())?;
+        Ok(changes
+            .into_iter()
+            .filter_map(|c| match c {
+                Change::PutCluster(c) => Some(c),
+                _ => None,
+            })
+            .collect())
+    }
+
+    /// Replaces a registered cluster. Blocks on the durable commit.
+    pub fn replace_cluster(&self, c: ClusterRecord) -> Result<ClusterRecord, StoreError> {
+        Self::put(self.commit_one(Write::ReplaceCluster(c))?)
+    }
+
+    fn put(change: Change) -> Result<ClusterRecord, StoreError> {
+        match change {
+            Change::PutCluster(c) => Ok(c),
+            other => unreachable!("a cluster write committed {other:?}"),
+        }
+    }
+
+    /// Deletes a registered cluster. Blocks on the durable commit.
+    pub fn delete_cluster(&self, zone: &str, cluster: &str) -> Result<ClusterRecord, StoreError> {
+        let w = Write::DeleteCluster {
+            zone: zone.to_owned(),
+            cluster: cluster.to_owned(),
+        };
+        match self.commit_one(w)? {
+            Change::DeleteCluster(c) => Ok(c),
+            other => unreachable!("a cluster deletion committed {other:?}"),
+        }
+    }
+
+    /// Shows committed changes in memory: this process's own writes after their
+    /// commit, or changes that arrive from elsewhere (another replica's writes seen
+    /// through the backend), in their commit order.
+    pub fn apply_changes(&self, changes: &[Change]) {
+        let _st = exclusive(&self.state);
+        for change in changes {
+            match change {
+                Change::PutZone(z) => self.put_zone_in_memory(z.clone()),
+                Change::DeleteZone(z) => {
+                    if let Some((_, zone)) = self.zones.remove(&z.zone_name) {
+                        for cluster in &zone.clusters {
+                            self.unregister_in_memory(&z.zone_name, cluster);
+                        }
+                    }
+                }
+                Change::PutCluster(c) => {
+                    if self.zones.contains_key(&c.zone_name) {
+                        self.put_cluster_in_memory(c.clone());
+                    } else {
+                        warn!(zone = %c.zone_name, cluster = %c.cluster_name, "Cluster of an unknown zone not shown.");
+                    }
+                }
+                Change::DeleteCluster(c) => {
+                    self.unregister_in_memory(&c.zone_name, &c.cluster_name);
+                    if let Some(mut z) = self.zones.get_mut(&c.zone_name) {
+                        z.clusters.remove(&c.cluster_name);
+                    }
+                }
+            }
+        }
+        if !changes.is_empty() {
+            self.bump();
+        }
+    }
+
+    fn put_zone_in_memory(&self, z: ZoneRecord) {
+        let record = Arc::new(z);
+        if let Some(mut existing) = self.zones.get_mut(&record.zone_name) {
+            existing.record = record;
+            return;
+        }
+        self.zones.insert(
+            record.zone_name.clone(),
+            ZoneState {
+                record,
+                agg: ZoneAggregate::default(),
+                clusters: Default::default(),
+            },
+        );
+    }
+
+    /// Sets the registration of (zone, cluster) in memory and moves the zone's
+    /// counters; the caller holds the state lock.
+    fn put_cluster_in_memory(&self, c: ClusterRecord) {
+        let zone = c.zone_name.clone();
+        let name = c.cluster_name.clone();
+        let (old, new) = {
+            let mut by_zone = self.clusters.entry(name.clone()).or_default();
+            let e = by_zone.entry(zone.clone()).or_insert_with(Entry::new);
+            let old = e.record.take().map(|r| (r, e.status, e.live));
+            e.record_json = render::record_json(&c);
+            e.record = Some(Arc::new(c));
+            self.refresh(e, (e.status, e.live));
+            (old, (e.record.clone().expect("just set"), e.status, e.live))
+        };
+        if let Some(mut z) = self.zones.get_mut(&zone) {
+            if let Some((r, s, l)) = old {
+                z.agg.remove(&r, s, l);
+            }
+            z.agg.add(&new.0, new.1, new.2);
+            z.clusters.insert(name);
+        }
+    }
+
+    /// Drops the registration of (zone, cluster) from memory, keeping its reported
+    /// instances as an unregistered cluster.
+    fn unregister_in_memory(&self, zone: &str, cluster: &str) {
+        let old = {
+            let Some(mut by_zone) = self.clusters.get_mut(cluster) else {
+                return;
+            };
+            let Some(e) = by_zone.get_mut(zone) else {
+                return;
+            };
+            let old = e.record.take().map(|r| (r, e.status, e.live));
+            e.record_json = Bytes::new();
+            self.refresh(e, (e.status, e.live));
+            if e.instances.is_empty() {
+                by_zone.remove(zone);
+            }
+            let empty = by_zone.is_empty();
+            drop(by_zone);
+            if empty {
+                self.clusters.remove_if(cluster, |_, m| m.is_empty());
+            }
+            old
+        };
+        if let (Some((r, s, l)), Some(mut z)) = (old, self.zones.get_mut(zone)) {
+            z.agg.remove(&r, s, l);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sequencer_shows_commits_in_order() {
+        let seq = Arc::new(Sequencer::default());
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let threads: Vec<_> = (1..=8u64)
+            .rev()
+            .map(|n| {
+                let (seq, order) = (seq.clone(), order.clone());
+                std::thread::spawn(move || seq.in_turn(n, || order.lock().unwrap().push(n)))
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(*order.lock().unwrap(), (1..=8).collect::<Vec<_>>());
+    }
+}

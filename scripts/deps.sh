@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Installs Debian packages meshcat needs when their commands are missing:
+#   scripts/deps.sh build   protoc (protobuf-compiler) and protobuf's own definitions
+#                           (libprotobuf-dev): the etcd client compiles etcd's protobuf
+#                           definitions, which import google/protobuf/*.proto, when the
+#                           aggregator is built
+#   scripts/deps.sh etcd    etcd and etcdctl (etcd-server, etcd-client): the replica
+#                           tests and `deploy/local/mesh.sh up --ha`
+# Needs root (or sudo) only when something is missing. Package services are kept from
+# starting: a policy-rc.d answering 101 denies them while the packages install.
+set -euo pipefail
+
+need=()
+for what in "$@"; do
+  case "$what" in
+    build)
+      command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
+      [ -e /usr/include/google/protobuf/descriptor.proto ] || need+=(libprotobuf-dev)
+      ;;
+    etcd)
+      { command -v etcd >/dev/null 2>&1 || [ -x /usr/bin/etcd ]; } || need+=(etcd-server)
+      command -v etcdctl >/dev/null 2>&1 || need+=(etcd-client)
+      ;;
+    *) echo "deps.sh: unknown group $what (build, etcd)" >&2; exit 64 ;;
+  esac
+done
+[ ${#need[@]} -eq 0 ] && exit 0
+
+sudo=()
+if [ "$(id -u)" != 0 ]; then
+  if command -v sudo >/dev/null 2>&1; then
+    sudo=(sudo)
+  else
+    echo "deps.sh: ${need[*]} missing: apt-get install ${need[*]} (needs root)" >&2
+    exit 1
+  fi
+fi
+echo "deps.sh: installing ${need[*]} (Debian packages)" >&2
+export DEBIAN_FRONTEND=noninteractive
+policy=/usr/sbin/policy-rc.d
+added_policy=0
+if [ ! -e "$policy" ]; then
+  printf '#!/bin/sh\nexit 101\n' | "${sudo[@]}" tee "$policy" >/dev/null
+  "${sudo[@]}" chmod +x "$policy"
+  added_policy=1
+fi
+"${sudo[@]}" apt-get update -qq
+"${sudo[@]}" apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+if [ "$added_policy" = 1 ]; then "${sudo[@]}" rm -f "$policy"; fi

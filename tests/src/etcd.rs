@@ -1,0 +1,197 @@
+//! A real etcd cluster for the replica tests: three members of Debian's `etcd` (3.4)
+//! on 127.0.0.1 with ports learned at run time, each member stoppable and
+//! restartable on its data directory (quorum-loss tests), all killed on drop.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+
+use crate::envoy::Process;
+use crate::scenario::free_port;
+use crate::wait_for;
+
+/// How long a member (or the cluster) gets to answer `/health`.
+const HEALTH_DEADLINE: Duration = Duration::from_secs(30);
+
+/// The etcd binary: `MESHCAT_ETCD`, else `etcd` on PATH, else `/usr/bin/etcd`. A
+/// missing one fails the test with the way to install it: these tests never skip.
+pub fn etcd_binary() -> anyhow::Result<PathBuf> {
+    if let Some(p) = std::env::var_os("MESHCAT_ETCD").filter(|p| !p.is_empty()) {
+        return Ok(PathBuf::from(p));
+    }
+    let on_path = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join("etcd"))
+            .find(|p| p.is_file())
+    });
+    if let Some(p) =
+        on_path.or_else(|| Some(PathBuf::from("/usr/bin/etcd")).filter(|p| p.is_file()))
+    {
+        return Ok(p);
+    }
+    bail!(
+        "etcd not found{}: install Debian's etcd-server and etcd-client \
+         (scripts/deps.sh etcd; scripts/test.sh does it)",
+        if std::env::var("CI").as_deref() == Ok("true") {
+            " under CI=true"
+        } else {
+            ""
+        }
+    )
+}
+
+/// One member: its ports, data directory and process.
+#[derive(Debug)]
+struct Member {
+    name: String,
+    client_port: u16,
+    peer_port: u16,
+    data_dir: PathBuf,
+    log_file: PathBuf,
+    process: Option<Process>,
+}
+
+/// A three-member etcd cluster on loopback.
+#[derive(Debug)]
+pub struct EtcdCluster {
+    members: Vec<Member>,
+    initial_cluster: String,
+    /// Holds every member's data and log; removed on drop.
+    _dir: tempfile::TempDir,
+    http: reqwest::Client,
+}
+
+impl EtcdCluster {
+    /// Starts three members and waits until the cluster answers with a leader.
+    pub async fn start() -> anyhow::Result<EtcdCluster> {
+        Self::start_n(3).await
+    }
+
+    /// Starts `n` members and waits until every one answers `/health`.
+    pub async fn start_n(n: usize) -> anyhow::Result<EtcdCluster> {
+        let binary = etcd_binary()?;
+        let dir = tempfile::Builder::new().prefix("meshcat-etcd-").tempdir()?;
+        let mut members = Vec::new();
+        for i in 0..n {
+            members.push(Member {
+                name: format!("m{i}"),
+                client_port: free_port()?,
+                peer_port: free_port()?,
+                data_dir: dir.path().join(format!("m{i}")),
+                log_file: dir.path().join(format!("m{i}.log")),
+                process: None,
+            });
+        }
+        let initial_cluster = members
+            .iter()
+            .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer_port))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut cluster = EtcdCluster {
+            members,
+            initial_cluster,
+            _dir: dir,
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(3))
+                .build()?,
+        };
+        for i in 0..n {
+            cluster.spawn(&binary, i)?;
+        }
+        for i in 0..n {
+            cluster.wait_healthy(i).await?;
+        }
+        Ok(cluster)
+    }
+
+    fn spawn(&mut self, binary: &Path, i: usize) -> anyhow::Result<()> {
+        let m = &mut self.members[i];
+        let client = format!("http://127.0.0.1:{}", m.client_port);
+        let peer = format!("http://127.0.0.1:{}", m.peer_port);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&m.log_file)?;
+        let mut cmd = Command::new(binary);
+        cmd.arg("--name")
+            .arg(&m.name)
+            .arg("--data-dir")
+            .arg(&m.data_dir)
+            .args(["--listen-client-urls", &client])
+            .args(["--advertise-client-urls", &client])
+            .args(["--listen-peer-urls", &peer])
+            .args(["--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &self.initial_cluster])
+            .args(["--initial-cluster-state", "new"])
+            .args(["--initial-cluster-token", "meshcat-test"])
+            // Loopback: short heartbeats make leader changes quick, the election
+            // timeout stays wide enough for a loaded two-core machine.
+            .args(["--heartbeat-interval", "100", "--election-timeout", "1000"])
+            // Bulk registrations are one transaction: room for 1000 records.
+            .args(["--max-txn-ops", "4096"])
+            .args(["--logger", "zap", "--log-outputs", "stderr"])
+            .env("ETCD_UNSUPPORTED_ARCH", std::env::consts::ARCH)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log.try_clone()?))
+            .stderr(Stdio::from(log));
+        m.process = Some(Process::spawn(cmd).context("cannot start etcd")?);
+        Ok(())
+    }
+
+    async fn wait_healthy(&self, i: usize) -> anyhow::Result<()> {
+        let url = format!("http://127.0.0.1:{}/health", self.members[i].client_port);
+        let log = &self.members[i].log_file;
+        wait_for(
+            &format!("etcd member {i} healthy (log {})", log.display()),
+            HEALTH_DEADLINE,
+            || async {
+                let r = self.http.get(&url).send().await.ok()?;
+                let v: serde_json::Value = r.json().await.ok()?;
+                (v["health"] == "true").then_some(())
+            },
+        )
+        .await
+    }
+
+    /// `host:port` of every member's client URL.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members
+            .iter()
+            .map(|m| format!("127.0.0.1:{}", m.client_port))
+            .collect()
+    }
+
+    /// The aggregator's `--store` value for this cluster under `prefix`.
+    pub fn store_url(&self, prefix: &str) -> String {
+        format!("etcd://{}{prefix}", self.endpoints().join(","))
+    }
+
+    /// Kills member `i` (SIGKILL); its data directory stays.
+    pub fn stop(&mut self, i: usize) {
+        if let Some(mut p) = self.members[i].process.take() {
+            p.kill();
+        }
+    }
+
+    /// Starts a stopped member again on its data directory and ports and waits until
+    /// it answers `/health` (which needs a quorum).
+    pub async fn restart(&mut self, i: usize) -> anyhow::Result<()> {
+        if self.members[i].process.is_some() {
+            bail!("etcd member {i} is running");
+        }
+        self.spawn(&etcd_binary()?, i)?;
+        Ok(())
+    }
+
+    /// Waits until every running member reports itself healthy (a leader exists).
+    pub async fn wait_healthy_all(&self) -> anyhow::Result<()> {
+        for (i, m) in self.members.iter().enumerate() {
+            if m.process.is_some() {
+                self.wait_healthy(i).await?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,480 @@
+//! Replicas on etcd (contract section 13): a real three-member etcd cluster on
+//! loopback and aggregator replicas as real processes. Writes on one replica show
+//! on the others within 1 s, create conflicts answer 409 from any replica, nothing
+//! acknowledged is lost when a replica is killed, quorum loss turns writes into 503
+//! while reads and readiness stay, and a replica started while etcd is down is not
+//! ready until it has loaded the catalog.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use meshcat_tests::etcd::EtcdCluster;
+use meshcat_tests::replicas::Replicas;
+use meshcat_tests::wait_for;
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+
+const BIN: &str = env!("CARGO_BIN_EXE_replica-aggregator");
+/// Contract section 13: a write is visible on every replica within 1 s.
+const VISIBLE: Duration = Duration::from_secs(1);
+/// Contract section 13: 503 within 10 s of quorum loss, writes back within 10 s.
+const QUORUM: Duration = Duration::from_secs(10);
+
+fn zone(name: &str) -> Value {
+    json!({"zoneName": name, "serverAddress": "control.local:50000", "requestCluster": "edge"})
+}
+
+fn cluster(zone: &str, name: &str) -> Value {
+    json!({"zoneName": zone, "clusterName": name, "name": name, "owner": "team"})
+}
+
+/// The (zone, cluster) names registered on replica `i`.
+async fn registered(set: &Replicas, i: usize) -> anyhow::Result<BTreeSet<(String, String)>> {
+    let (status, body) = set.get(i, "/clusters").await?;
+    anyhow::ensure!(status == StatusCode::OK, "GET /clusters: {status} {body}");
+    Ok(body
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| {
+            (
+                c["zoneName"].as_str().unwrap_or_default().to_owned(),
+                c["clusterName"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_show_on_every_replica_and_conflicts_answer_409_anywhere() -> anyhow::Result<()> {
+    let etcd = EtcdCluster::start().await?;
+    let set = Replicas::start(BIN, 3, &etcd.store_url("/visible"), &[]).await?;
+
+    // A zone written on replica 0 shows on 1 and 2 within 1 s.
+    let (s, body) = set.post(0, "/zones", &zone("z1")).await?;
+    assert_eq!(s, StatusCode::CREATED, "{body}");
+    for i in [1, 2] {
+        wait_for(&format!("zone z1 on replica {i}"), VISIBLE, || async {
+            let (s, _) = set.get(i, "/zones/z1").await.ok()?;
+            (s == StatusCode::OK).then_some(())
+        })
+        .await?;
+    }
+    // The writer reads its own write at once.
+    assert_eq!(set.get(0, "/zones/z1").await?.0, StatusCode::OK);
+
+    // A cluster written on replica 1 shows on 0 and 2 within 1 s, with its record.
+    let (s, body) = set.post(1, "/clusters", &cluster("z1", "c1")).await?;
+    assert_eq!(s, StatusCode::CREATED, "{body}");
+    for i in [0, 2] {
+        let found = wait_for(&format!("cluster c1 on replica {i}"), VISIBLE, || async {
+            let (s, b) = set.get(i, "/clusters/c1?zoneName=z1").await.ok()?;
+            (s == StatusCode::OK).then_some(b)
+        })
+        .await?;
+        assert_eq!(found[0]["owner"], "team", "{found}");
+    }
+
+    // Creating what exists answers 409 on every replica.
+    for i in 0..3 {
+        let (s, body) = set.post(i, "/zones", &zone("z1")).await?;
+        assert_eq!(s, StatusCode::CONFLICT, "replica {i}: {body}");
+        assert_eq!(body["code"], "conflict");
+        let (s, _) = set.post(i, "/clusters", &cluster("z1", "c1")).await?;
+        assert_eq!(s, StatusCode::CONFLICT, "replica {i}");
+    }
+
+    // Three replicas racing to create one cluster: exactly one wins, two get 409.
+    let race = {
+        let set = &set;
+        futures::future::join_all(
+            (0..3).map(|i| async move { set.post(i, "/clusters", &cluster("z1", "raced")).await }),
+        )
+        .await
+    };
+    let codes: Vec<StatusCode> = race
+        .into_iter()
+        .map(|r| r.map(|(s, _)| s))
+        .collect::<Result<_, _>>()?;
+    assert_eq!(
+        codes.iter().filter(|s| **s == StatusCode::CREATED).count(),
+        1,
+        "{codes:?}"
+    );
+    assert_eq!(
+        codes.iter().filter(|s| **s == StatusCode::CONFLICT).count(),
+        2,
+        "{codes:?}"
+    );
+
+    // A cluster in a zone that does not exist is refused everywhere.
+    let (s, _) = set.post(2, "/clusters", &cluster("nozone", "c")).await?;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY);
+
+    // Replace on 2, delete on 0: both follow everywhere.
+    let mut changed = cluster("z1", "c1");
+    changed["owner"] = json!("other-team");
+    let (s, body) = set
+        .send(2, Method::PUT, "/clusters/c1?zoneName=z1", Some(&changed))
+        .await?;
+    assert!(s.is_success(), "PUT: {s} {body}");
+    wait_for("replaced record on replica 0", VISIBLE, || async {
+        let (_, b) = set.get(0, "/clusters/c1?zoneName=z1").await.ok()?;
+        (b[0]["owner"] == "other-team").then_some(())
+    })
+    .await?;
+    let (s, body) = set
+        .send(0, Method::DELETE, "/clusters/c1?zoneName=z1", None)
+        .await?;
+    assert!(s.is_success(), "DELETE: {s} {body}");
+    for i in [1, 2] {
+        wait_for(&format!("c1 gone on replica {i}"), VISIBLE, || async {
+            let (s, _) = set.get(i, "/clusters/c1?zoneName=z1").await.ok()?;
+            (s == StatusCode::NOT_FOUND).then_some(())
+        })
+        .await?;
+    }
+    // Deleting a zone deletes its clusters on every replica.
+    let (s, _) = set.send(1, Method::DELETE, "/zones/z1", None).await?;
+    assert!(s.is_success());
+    for i in 0..3 {
+        wait_for(
+            &format!("z1 and its clusters gone on {i}"),
+            VISIBLE,
+            || async {
+                let (s, _) = set.get(i, "/zones/z1").await.ok()?;
+                let left = registered(&set, i).await.ok()?;
+                (s == StatusCode::NOT_FOUND && left.is_empty()).then_some(())
+            },
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_replica_loses_no_acknowledged_write_and_reloads_everything() -> anyhow::Result<()>
+{
+    let etcd = EtcdCluster::start().await?;
+    let store = etcd.store_url("/killed");
+    let mut set = Replicas::start(BIN, 3, &store, &[]).await?;
+    let (s, _) = set.post(0, "/zones", &zone("z")).await?;
+    assert_eq!(s, StatusCode::CREATED);
+    wait_for("zone on replica 2", VISIBLE, || async {
+        (set.get(2, "/zones/z").await.ok()?.0 == StatusCode::OK).then_some(())
+    })
+    .await?;
+
+    // Writers on every replica; replica 2 is killed while they run. Every write
+    // that was answered 201 must exist afterwards; the others may or may not.
+    let writers = {
+        let set = &set;
+        futures::future::join_all((0..3).map(|i| async move {
+            let mut acked = Vec::new();
+            for n in 0..40 {
+                let name = format!("w{i}-{n}");
+                match set.post(i, "/clusters", &cluster("z", &name)).await {
+                    Ok((StatusCode::CREATED, _)) => acked.push(("z".to_owned(), name)),
+                    // Replica 2 is gone: its writer stops.
+                    Err(_) if i == 2 => break,
+                    Ok((s, b)) => panic!("replica {i} answered {s}: {b}"),
+                    Err(e) => panic!("replica {i}: {e}"),
+                }
+            }
+            acked
+        }))
+    };
+    let killer = async {
+        // Kill once replica 2 acknowledged some writes, so the kill lands mid-stream.
+        wait_for("writes on replica 2", Duration::from_secs(30), || async {
+            let n = registered(&set, 2).await.ok()?.len();
+            (n >= 5).then_some(())
+        })
+        .await
+        .expect("replica 2 writes");
+        set.replicas[2].kill();
+    };
+    let (acked, ()) = tokio::join!(writers, killer);
+    let acked: BTreeSet<(String, String)> = acked.into_iter().flatten().collect();
+    assert!(acked.len() >= 80, "writes acknowledged: {}", acked.len());
+    for i in [0, 1] {
+        let have = registered(&set, i).await?;
+        let missing: Vec<_> = acked.difference(&have).collect();
+        assert!(missing.is_empty(), "replica {i} lacks {missing:?}");
+    }
+
+    // Restarted, it reloads everything (including writes made while it was down).
+    let (s, _) = set
+        .post(0, "/clusters", &cluster("z", "while-down"))
+        .await?;
+    assert_eq!(s, StatusCode::CREATED);
+    set.restart(2)?;
+    set.wait_ready(2).await?;
+    let have = registered(&set, 2).await?;
+    let missing: Vec<_> = acked.difference(&have).collect();
+    assert!(missing.is_empty(), "restarted replica lacks {missing:?}");
+    assert!(have.contains(&("z".to_owned(), "while-down".to_owned())));
+    assert_eq!(have, registered(&set, 0).await?);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quorum_loss_refuses_writes_keeps_reads_and_readiness() -> anyhow::Result<()> {
+    let mut etcd = EtcdCluster::start().await?;
+    let store = etcd.store_url("/quorum");
+    let mut set = Replicas::start(BIN, 2, &store, &[]).await?;
+    assert_eq!(
+        set.post(0, "/zones", &zone("z")).await?.0,
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        set.post(0, "/clusters", &cluster("z", "before")).await?.0,
+        StatusCode::CREATED
+    );
+    wait_for("cluster on replica 1", VISIBLE, || async {
+        let (s, _) = set.get(1, "/clusters/before").await.ok()?;
+        (s == StatusCode::OK).then_some(())
+    })
+    .await?;
+
+    etcd.stop(1);
+    etcd.stop(2);
+    // Writes answer 503 store_unavailable within 10 s, on every replica.
+    for i in [0, 1] {
+        let started = std::time::Instant::now();
+        let (s, body) = set
+            .post(i, "/clusters", &cluster("z", &format!("during-{i}")))
+            .await?;
+        assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "replica {i}: {body}");
+        assert_eq!(body["code"], "store_unavailable", "{body}");
+        assert!(
+            started.elapsed() < QUORUM,
+            "503 after {:?}",
+            started.elapsed()
+        );
+    }
+    // Reads answer from memory; readiness stays.
+    for i in [0, 1] {
+        let (s, body) = set.get(i, "/clusters/before").await?;
+        assert_eq!(s, StatusCode::OK, "{body}");
+        assert_eq!(set.readyz(i).await, Some(StatusCode::OK));
+    }
+
+    // A replica started while etcd has no quorum is not ready: it has no catalog.
+    let late = set.add(&store, &[])?;
+    wait_for(
+        "late replica answers /readyz",
+        Duration::from_secs(20),
+        || async { set.readyz(late).await },
+    )
+    .await
+    .map(|s| assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE))?;
+
+    etcd.restart(1).await?;
+    etcd.restart(2).await?;
+    etcd.wait_healthy_all().await?;
+    // Writes work again within 10 s of quorum coming back.
+    let mut n = 0;
+    wait_for("writes accepted again", QUORUM, || {
+        n += 1;
+        let name = format!("after-{n}");
+        let set = &set;
+        async move {
+            let (s, _) = set.post(0, "/clusters", &cluster("z", &name)).await.ok()?;
+            (s == StatusCode::CREATED).then_some(())
+        }
+    })
+    .await?;
+    // The late replica loads the catalog and becomes ready.
+    set.wait_ready(late).await?;
+    let have = registered(&set, late).await?;
+    assert!(
+        have.contains(&("z".to_owned(), "before".to_owned())),
+        "{have:?}"
+    );
+    Ok(())
+}
+
+/// Status and instance names of (zone, cluster) on replica `i`.
+async fn shown(
+    set: &Replicas,
+    i: usize,
+    zone: &str,
+    name: &str,
+) -> Option<(String, Vec<String>, Value)> {
+    let (s, body) = set
+        .get(i, &format!("/clusters/{name}?zoneName={zone}"))
+        .await
+        .ok()?;
+    if s != StatusCode::OK {
+        return None;
+    }
+    let c = body.get(0)?.clone();
+    Some((
+        c["status"].as_str()?.to_owned(),
+        meshcat_tests::mesh::instance_names(&c),
+        c,
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_replica_shows_every_instance_and_a_killed_owner_hands_over() -> anyhow::Result<()> {
+    // The TTL must outlast the agent's failover: a killed replica is noticed when a
+    // report goes unacknowledged (two intervals, at least 2 s), then the next
+    // replica is tried within half an interval. The dead replica's lease ends
+    // between two thirds of the TTL and the TTL after its last keep-alive.
+    const TTL: Duration = Duration::from_secs(6);
+    const INTERVAL: &str = "500ms";
+    let etcd = EtcdCluster::start().await?;
+    let set = Replicas::start(
+        BIN,
+        3,
+        &etcd.store_url("/instances"),
+        &["--instance-ttl", "6s"],
+    )
+    .await?;
+    assert_eq!(
+        set.post(0, "/zones", &zone("z")).await?.0,
+        StatusCode::CREATED
+    );
+    let mut svc = cluster("z", "svc");
+    svc["minInstances"] = json!(1);
+    assert_eq!(set.post(0, "/clusters", &svc).await?.0, StatusCode::CREATED);
+
+    // One real sidecar, its agent reporting to replica 2 first, then 0, then 1.
+    let sidecar = meshcat_tests::Sidecar::start().await?;
+    let mut args = set.agent_args(&[2, 0, 1]);
+    args.extend(
+        [
+            "--sidecar-admin",
+            &sidecar.envoy.admin_addr(),
+            "--zone",
+            "z",
+            "--cluster",
+            "svc",
+            "--instance",
+            "i1",
+            "--interval",
+            INTERVAL,
+            "--scrape-timeout",
+            "1s",
+        ]
+        .map(str::to_owned),
+    );
+    let agent = meshcat_tests::MeshAgent::start(&args).await?;
+
+    // Every replica shows the instance with the same status and start time.
+    let mut seen = Vec::new();
+    for i in 0..3 {
+        let (status, names, c) = wait_for(
+            &format!("i1 on replica {i}"),
+            Duration::from_secs(20),
+            || async {
+                shown(&set, i, "z", "svc")
+                    .await
+                    .filter(|(_, n, _)| n == &["i1"])
+            },
+        )
+        .await?;
+        seen.push((status, meshcat_tests::mesh::start_time(&c, "i1")));
+        let _ = names;
+    }
+    assert!(seen.iter().all(|s| *s == seen[0]), "{seen:?}");
+    assert_eq!(seen[0].0, "stable", "{seen:?}");
+    let start = seen[0].1.expect("start time");
+    assert!(sidecar.started_at(start), "start time {start}");
+
+    // Metrics and the sidecar's log level through replicas that do not own it
+    // (the agent reports to replica 2): forwarded to the owner.
+    sidecar.send("/", 3, 200).await?;
+    for i in [0, 1] {
+        let (s, m) = set.get(i, "/metrics/svc/i1?zoneName=z").await?;
+        assert_eq!(s, StatusCode::OK, "replica {i}: {m}");
+        assert!(m.is_object(), "replica {i}: {m}");
+    }
+    let (s, _) = set.get(2, "/metrics/svc/i1?zoneName=z").await?;
+    assert_eq!(s, StatusCode::OK);
+    let (s, body) = set
+        .send(
+            0,
+            Method::PUT,
+            "/zones/z/clusters/svc/instances/i1/logging?level=debug",
+            None,
+        )
+        .await?;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    // Read back through another non-owner, and from Envoy itself.
+    let level = reqwest::get(format!(
+        "{}/zones/z/clusters/svc/instances/i1/logging",
+        set.replicas[1].api_url()
+    ))
+    .await?
+    .text()
+    .await?;
+    assert_eq!(level.trim(), "debug");
+    let envoy_levels = reqwest::Client::new()
+        .post(format!("http://{}/logging", sidecar.envoy.admin_addr()))
+        .send()
+        .await?
+        .text()
+        .await?;
+    assert!(envoy_levels.contains("debug"), "{envoy_levels}");
+    // The cluster-wide level change through a non-owner reaches the owner's instance.
+    let (s, body) = set
+        .send(
+            1,
+            Method::PUT,
+            "/zones/z/clusters/svc/logging?level=info",
+            None,
+        )
+        .await?;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    assert_eq!(body["succeeded"], 1, "{body}");
+    assert_eq!(body["instances"][0]["instance"], "i1", "{body}");
+    assert_eq!(body["instances"][0]["level"], "info", "{body}");
+    // A debug window through a non-owner runs on the owner's agent.
+    let (s, body) = set
+        .send(
+            0,
+            Method::POST,
+            "/zones/z/clusters/svc/debug-window?seconds=1",
+            None,
+        )
+        .await?;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    assert_eq!(body["succeeded"], 1, "{body}");
+    assert!(body["instances"][0]["debugWindow"].is_object(), "{body}");
+    // A forged forwarding header is refused.
+    let forged = reqwest::Client::new()
+        .get(format!(
+            "{}/metrics/svc/i1?zoneName=z",
+            set.replicas[1].api_url()
+        ))
+        .header("x-meshcat-forwarded", "not-the-secret")
+        .send()
+        .await?;
+    assert_eq!(forged.status(), StatusCode::FORBIDDEN);
+
+    // The owner (replica 2) is killed: the agent moves on within an interval, the
+    // instance stays shown on 0 and 1 and the cluster never shows down.
+    set.replicas[2].kill();
+    let deadline = TTL + Duration::from_millis(2 * 500);
+    let until = std::time::Instant::now() + deadline + Duration::from_secs(1);
+    while std::time::Instant::now() < until {
+        for i in [0, 1] {
+            let (status, names, c) = shown(&set, i, "z", "svc").await.expect("cluster shown");
+            assert_ne!(status, "down", "replica {i} showed svc down: {c}");
+            assert_eq!(names, ["i1"], "replica {i}: {c}");
+            assert_eq!(meshcat_tests::mesh::start_time(&c, "i1"), Some(start));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Past the dead owner's lease, the instance is still there: its new replica
+    // published it.
+    for i in [0, 1] {
+        let (status, names, _) = shown(&set, i, "z", "svc").await.expect("cluster shown");
+        assert_eq!((status.as_str(), names), ("stable", vec!["i1".to_owned()]));
+    }
+    agent.stop().await?;
+    Ok(())
+}
