@@ -113,6 +113,7 @@ pub fn app(state: Arc<AppState>, max_body: usize) -> Router {
         )
         .route("/diagnose/{clusterName}", get(t::diagnose))
         .route("/openapi.json", get(h::openapi))
+        .route(t::PEER_EVIDENCE, get(t::peer_evidence))
         .fallback(no_route)
         .layer(middleware::from_fn(json_method_not_allowed))
         .layer(middleware::from_fn_with_state(

@@ -319,26 +319,21 @@ async fn shown(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_replica_shows_every_instance_and_a_killed_owner_hands_over() -> anyhow::Result<()> {
-    // The TTL must outlast the agent's failover: a killed replica is noticed when a
-    // report goes unacknowledged (two intervals, at least 2 s), then the next
-    // replica is tried within half an interval. The dead replica's lease ends
-    // between two thirds of the TTL and the TTL after its last keep-alive.
-    const TTL: Duration = Duration::from_secs(6);
-    const INTERVAL: &str = "500ms";
+    // The defaults: `--instance-ttl` 15 s, agent interval 5 s. A killed replica is
+    // noticed within two intervals (the next report goes unacknowledged for one
+    // interval), the next replica is tried at once, and the dead replica's lease,
+    // kept alive every second, ends at least 14 s after its death.
+    const TTL: Duration = Duration::from_secs(15);
+    const INTERVAL: &str = "5s";
     let etcd = EtcdCluster::start().await?;
-    let set = Replicas::start(
-        BIN,
-        3,
-        &etcd.store_url("/instances"),
-        &["--instance-ttl", "6s"],
-    )
-    .await?;
+    let set = Replicas::start(BIN, 3, &etcd.store_url("/instances"), &[]).await?;
     assert_eq!(
         set.post(0, "/zones", &zone("z")).await?.0,
         StatusCode::CREATED
     );
     let mut svc = cluster("z", "svc");
     svc["minInstances"] = json!(1);
+    svc["version"] = json!("1.0");
     assert_eq!(set.post(0, "/clusters", &svc).await?.0, StatusCode::CREATED);
 
     // One real sidecar, its agent reporting to replica 2 first, then 0, then 1.
@@ -391,6 +386,9 @@ async fn every_replica_shows_every_instance_and_a_killed_owner_hands_over() -> a
         let (s, m) = set.get(i, "/metrics/svc/i1?zoneName=z").await?;
         assert_eq!(s, StatusCode::OK, "replica {i}: {m}");
         assert!(m.is_object(), "replica {i}: {m}");
+        let (s, m) = set.get(i, "/metrics/svc/1.0/i1").await?;
+        assert_eq!(s, StatusCode::OK, "replica {i} by version: {m}");
+        assert!(m.is_object(), "replica {i} by version: {m}");
     }
     let (s, _) = set.get(2, "/metrics/svc/i1?zoneName=z").await?;
     assert_eq!(s, StatusCode::OK);
@@ -444,6 +442,39 @@ async fn every_replica_shows_every_instance_and_a_killed_owner_hands_over() -> a
     assert_eq!(s, StatusCode::OK, "{body}");
     assert_eq!(body["succeeded"], 1, "{body}");
     assert!(body["instances"][0]["debugWindow"].is_object(), "{body}");
+    // The diagnosis through a non-owner reads the owner's sidecar evidence: the
+    // same verdicts as through the owner, and the instance named in its evidence.
+    let mut verdicts = Vec::new();
+    for i in [0, 2] {
+        let (s, report) = set.get(i, "/diagnose/svc?zoneName=z").await?;
+        assert_eq!(s, StatusCode::OK, "replica {i}: {report}");
+        let text = report.to_string();
+        assert!(
+            !text.contains("cluster svc has no live instance"),
+            "replica {i} missed the instance: {report}"
+        );
+        assert!(
+            text.contains("service i1: local_service::"),
+            "replica {i} read no sidecar evidence: {report}"
+        );
+        assert!(
+            text.contains("live instances = 1"),
+            "replica {i} missed the instance's metrics: {report}"
+        );
+        let steps: Vec<(String, String)> = report["steps"]
+            .as_array()
+            .expect("steps")
+            .iter()
+            .map(|st| (st["name"].to_string(), st["verdict"].to_string()))
+            .collect();
+        verdicts.push(steps);
+    }
+    assert_eq!(verdicts[0], verdicts[1]);
+    // The replicas' evidence route answers peers only.
+    let (s, body) = set
+        .get(0, "/peer/evidence?zoneName=z&clusterName=svc&instance=i1")
+        .await?;
+    assert_eq!(s, StatusCode::NOT_FOUND, "{body}");
     // A forged forwarding header is refused.
     let forged = reqwest::Client::new()
         .get(format!(
@@ -455,10 +486,10 @@ async fn every_replica_shows_every_instance_and_a_killed_owner_hands_over() -> a
         .await?;
     assert_eq!(forged.status(), StatusCode::FORBIDDEN);
 
-    // The owner (replica 2) is killed: the agent moves on within an interval, the
+    // The owner (replica 2) is killed: the agent moves on within two intervals, the
     // instance stays shown on 0 and 1 and the cluster never shows down.
     set.replicas[2].kill();
-    let deadline = TTL + Duration::from_millis(2 * 500);
+    let deadline = TTL + Duration::from_secs(2 * 5);
     let until = std::time::Instant::now() + deadline + Duration::from_secs(1);
     while std::time::Instant::now() < until {
         for i in [0, 1] {

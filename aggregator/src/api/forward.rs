@@ -36,10 +36,23 @@ fn client() -> &'static reqwest::Client {
     })
 }
 
-/// The (zone, cluster, instance) a per-instance route names: `GET
-/// /metrics/{cluster}/{instance}` (zone from `zoneName`) and
-/// `/zones/{zone}/clusters/{cluster}/instances/{instance}/logging`.
-fn instance_of(req: &Request) -> Option<(Option<String>, String, String)> {
+/// The instance a per-instance route names.
+enum Named {
+    /// (zone, cluster, instance): `GET /metrics/{cluster}/{instance}` (zone from
+    /// `zoneName`) and `/zones/{zone}/clusters/{cluster}/instances/{instance}/logging`.
+    Cluster(Option<String>, String, String),
+    /// (name, version, instance): `GET /metrics/{name}/{version}/{instance}`.
+    Version(String, String, String),
+}
+
+/// A path segment, percent-decoded as the router decodes it.
+fn decoded(seg: &str) -> String {
+    percent_encoding::percent_decode_str(seg)
+        .decode_utf8_lossy()
+        .into_owned()
+}
+
+fn instance_of(req: &Request) -> Option<Named> {
     let segs: Vec<&str> = req.uri().path().trim_matches('/').split('/').collect();
     match segs.as_slice() {
         ["metrics", cluster, instance] => {
@@ -48,8 +61,13 @@ fn instance_of(req: &Request) -> Option<(Option<String>, String, String)> {
                     .find(|(k, _)| k == "zoneName")
                     .map(|(_, v)| v.into_owned())
             });
-            Some((zone, (*cluster).to_owned(), (*instance).to_owned()))
+            Some(Named::Cluster(zone, decoded(cluster), decoded(instance)))
         }
+        ["metrics", name, version, instance] => Some(Named::Version(
+            decoded(name),
+            decoded(version),
+            decoded(instance),
+        )),
         [
             "zones",
             zone,
@@ -58,10 +76,10 @@ fn instance_of(req: &Request) -> Option<(Option<String>, String, String)> {
             "instances",
             instance,
             "logging",
-        ] => Some((
-            Some((*zone).to_owned()),
-            (*cluster).to_owned(),
-            (*instance).to_owned(),
+        ] => Some(Named::Cluster(
+            Some(decoded(zone)),
+            decoded(cluster),
+            decoded(instance),
         )),
         _ => None,
     }
@@ -118,13 +136,18 @@ pub async fn to_owner(State(state): State<Arc<AppState>>, req: Request, next: Ne
         }
         return next.run(req).await;
     }
-    let Some((zone, cluster, instance)) = instance_of(&req) else {
-        return next.run(req).await;
+    let owned = match instance_of(&req) {
+        Some(Named::Cluster(zone, cluster, instance)) => state
+            .store
+            .remote_owner(zone.as_deref(), &cluster, &instance)
+            .map(|o| (o, instance)),
+        Some(Named::Version(name, version, instance)) => state
+            .store
+            .remote_owner_by_version(&name, &version, &instance)
+            .map(|o| (o, instance)),
+        None => None,
     };
-    let Some(owner) = state
-        .store
-        .remote_owner(zone.as_deref(), &cluster, &instance)
-    else {
+    let Some((owner, instance)) = owned else {
         return next.run(req).await;
     };
     let (Some(addr), Some(secret)) = (etcd.peer(&owner), etcd.secret()) else {

@@ -15,7 +15,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use futures::future::join_all;
 use meshcat_common::level;
-use meshcat_common::model::ZoneRecord;
+use meshcat_common::model::{InstanceMetrics, ZoneRecord};
 use meshcat_common::validate::is_valid_name;
 use meshcat_common::wire::{Command, CommandOutput, DebugWindowOutput, EvidenceOutput};
 use meshcat_diagnose::{
@@ -51,6 +51,8 @@ const WINDOW_GRACE: Duration = Duration::from_secs(5);
 const PROMETHEUS_TIMEOUT: Duration = Duration::from_secs(3);
 /// Most silent instances named in the metrics evidence.
 const MAX_NAMED_SILENT: usize = 10;
+/// Most instances owned by other replicas whose metrics one diagnosis asks for.
+const MAX_REMOTE_METRICS: usize = 256;
 /// Most edge instances asked (at once) for the edge's evidence.
 pub const MAX_EDGE_TRIES: usize = 3;
 
@@ -575,21 +577,151 @@ struct Notes {
     metrics: Vec<String>,
 }
 
-/// Asks one sidecar for its evidence.
+/// Asks one sidecar for its evidence: through this replica's agent connection, or
+/// (etcd store) through the replica that owns the instance ([`peer_evidence`]).
 async fn collect(
-    agents: &Agents,
+    s: &AppState,
     zone: &str,
     cluster: &str,
     instance: &str,
     cmd: Command,
     deadline: Duration,
 ) -> Result<EvidenceOutput, String> {
+    if let Some(owner) = s.store.remote_owner(Some(zone), cluster, instance) {
+        return collect_remote(s, &owner, zone, cluster, instance, &cmd, deadline).await;
+    }
+    let Some(agents) = s.agents.as_ref() else {
+        return Err(format!(
+            "{instance}: agent ingest is off on this aggregator"
+        ));
+    };
     match agents.command(zone, cluster, instance, cmd, deadline).await {
         Ok(CommandOutput::Evidence(e)) => Ok(e),
         Ok(_) => Err(format!(
             "{instance}: the agent answered with an unexpected output"
         )),
         Err(e) => Err(format!("{instance}: {e}")),
+    }
+}
+
+/// Asks the replica that owns `instance` for its evidence.
+async fn collect_remote(
+    s: &AppState,
+    owner: &str,
+    zone: &str,
+    cluster: &str,
+    instance: &str,
+    cmd: &Command,
+    deadline: Duration,
+) -> Result<EvidenceOutput, String> {
+    let Command::Evidence {
+        path,
+        debug_seconds,
+        ..
+    } = cmd
+    else {
+        return Err(format!("{instance}: not an evidence command"));
+    };
+    // The serializer is not `Send`: it must not live across the await below.
+    let query = {
+        let mut q = form_urlencoded::Serializer::new(String::new());
+        q.append_pair("zoneName", zone)
+            .append_pair("clusterName", cluster)
+            .append_pair("instance", instance);
+        if let Some(p) = path {
+            q.append_pair("path", p);
+        }
+        if let Some(n) = debug_seconds {
+            q.append_pair("debugSeconds", &n.to_string());
+        }
+        q.finish()
+    };
+    let uri = format!("{PEER_EVIDENCE}?{query}");
+    let sent = super::forward::to_replica(
+        s,
+        owner,
+        reqwest::Method::GET,
+        &uri,
+        None,
+        deadline + WINDOW_GRACE,
+    )
+    .await
+    .map_err(|e| format!("{instance}: {}", e.message))?;
+    match sent {
+        (StatusCode::OK, body) => serde_json::from_str(&body)
+            .map_err(|e| format!("{instance}: the owning replica's evidence is not readable: {e}")),
+        (status, body) => {
+            let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+            let why = v["error"].as_str().unwrap_or("no reason given").to_owned();
+            Err(format!(
+                "{instance}: the owning replica {owner} answered {status}: {why}"
+            ))
+        }
+    }
+}
+
+/// The replicas' own route for diagnosis evidence (etcd store only, never in the
+/// public API): a peer asks the owner of an instance for that sidecar's evidence.
+pub const PEER_EVIDENCE: &str = "/peer/evidence";
+
+/// `GET /peer/evidence?zoneName=&clusterName=&instance=[&path=][&debugSeconds=]`:
+/// answers only requests forwarded by a peer (the forwarding layer has checked their
+/// secret); anything else is told there is no such route.
+pub async fn peer_evidence(
+    State(s): Shared,
+    headers: axum::http::HeaderMap,
+    RawQuery(q): RawQuery,
+) -> Result<Json<EvidenceOutput>, ApiError> {
+    if s.store.etcd().is_none() || !headers.contains_key(&super::forward::FORWARDED) {
+        return Err(ApiError::not_found(format!(
+            "No resource at GET {PEER_EVIDENCE}."
+        )));
+    }
+    let mut zone = None;
+    let mut cluster = None;
+    let mut instance = None;
+    let mut path = None;
+    let mut debug_seconds = None;
+    for (k, v) in query::parse(
+        q.as_deref(),
+        &[
+            "zoneName",
+            "clusterName",
+            "instance",
+            "path",
+            "debugSeconds",
+        ],
+    )? {
+        match k.as_str() {
+            "zoneName" => zone = Some(v),
+            "clusterName" => cluster = Some(v),
+            "instance" => instance = Some(v),
+            "path" => path = Some(v),
+            _ => debug_seconds = Some(seconds_value("debugSeconds", &v)?),
+        }
+    }
+    let (Some(zone), Some(cluster), Some(instance)) = (zone, cluster, instance) else {
+        return Err(ApiError::bad_query(
+            "Query parameters zoneName, clusterName and instance are required.",
+        ));
+    };
+    let agents = agents(&s)?;
+    let cmd = Command::Evidence {
+        path,
+        max_lines: EVIDENCE_LOG_LINES,
+        debug_seconds,
+    };
+    let deadline = s.command_timeout
+        + debug_seconds.map_or(Duration::ZERO, |n| {
+            Duration::from_secs(u64::from(n)) + WINDOW_GRACE
+        });
+    match agents
+        .command(&zone, &cluster, &instance, cmd, deadline)
+        .await
+    {
+        Ok(CommandOutput::Evidence(e)) => Ok(Json(e)),
+        Ok(_) => Err(unexpected(&instance)),
+        Err(e) => Err(command_error(&instance, &e)),
     }
 }
 
@@ -673,16 +805,69 @@ async fn metrics_evidence(
     s: &AppState,
     zone: &str,
     cluster: &str,
+    auth: Option<&header::HeaderValue>,
     notes: &mut Vec<String>,
 ) -> Option<MetricsEvidence> {
     let record = s.store.record(zone, cluster)?;
-    let live = s.store.live_instances(zone, cluster);
-    let silent: Vec<&str> = live
+    // (instance, whether it reports metrics): this replica's instances, then those
+    // other replicas own, whose metrics are asked from their owner.
+    let mut read: Vec<(String, bool)> = s
+        .store
+        .live_instances(zone, cluster)
         .iter()
-        .filter(|i| !reports_metrics(&i.metrics))
-        .map(|i| i.instance.as_str())
+        .map(|i| (i.instance.clone(), reports_metrics(&i.metrics)))
         .collect();
-    let with_metrics = live.len() - silent.len();
+    let mut remote = s.store.remote_live(zone, cluster);
+    if remote.len() > MAX_REMOTE_METRICS {
+        notes.push(format!(
+            "{} instances owned by other replicas not read (the first {MAX_REMOTE_METRICS} by name were)",
+            remote.len() - MAX_REMOTE_METRICS
+        ));
+        remote.truncate(MAX_REMOTE_METRICS);
+    }
+    let asked = join_all(remote.iter().map(|(instance, owner)| async move {
+        let mut u = reqwest::Url::parse("http://peer/").expect("a valid base URL");
+        u.path_segments_mut()
+            .expect("an http URL has path segments")
+            .pop_if_empty()
+            .extend(["metrics", cluster, instance.as_str()]);
+        u.query_pairs_mut().append_pair("zoneName", zone);
+        let path = format!("{}?{}", u.path(), u.query().unwrap_or_default());
+        let sent = super::forward::to_replica(
+            s,
+            owner,
+            reqwest::Method::GET,
+            &path,
+            auth,
+            s.command_timeout,
+        )
+        .await;
+        match sent {
+            Ok((StatusCode::OK, body)) => serde_json::from_str::<InstanceMetrics>(&body)
+                .map(|m| reports_metrics(&m))
+                .map_err(|e| {
+                    format!("{instance}: the owning replica's metrics are not readable: {e}")
+                }),
+            Ok((status, _)) => Err(format!(
+                "{instance}: the owning replica {owner} answered {status} for its metrics"
+            )),
+            Err(e) => Err(format!("{instance}: {}", e.message)),
+        }
+    }))
+    .await;
+    for ((instance, _), answer) in remote.iter().zip(asked) {
+        match answer {
+            Ok(reports) => read.push((instance.clone(), reports)),
+            Err(e) => notes.push(e),
+        }
+    }
+    read.sort();
+    let silent: Vec<&str> = read
+        .iter()
+        .filter(|(_, reports)| !reports)
+        .map(|(i, _)| i.as_str())
+        .collect();
+    let with_metrics = read.len() - silent.len();
     let silent_instances = silent
         .iter()
         .take(MAX_NAMED_SILENT)
@@ -705,7 +890,7 @@ async fn metrics_evidence(
     Some(MetricsEvidence {
         enable_instance_metrics: record.enable_instance_metrics,
         prometheus_job: record.prometheus_job.clone(),
-        live_instances: live.len(),
+        live_instances: read.len(),
         instances_with_metrics: with_metrics,
         silent_instances,
         prometheus_up,
@@ -742,6 +927,7 @@ fn add_notes(report: &mut DiagnosisReport, notes: &Notes) {
 pub async fn diagnose(
     State(s): Shared,
     caller: Caller,
+    headers: axum::http::HeaderMap,
     Params(cluster): Params<String>,
     RawQuery(q): RawQuery,
 ) -> Result<Json<DiagnosisReport>, ApiError> {
@@ -761,7 +947,8 @@ pub async fn diagnose(
     if wants_sidecars {
         collect_sidecars(&s, &zone, &cluster, &q, &mut input, &mut notes).await;
     }
-    input.metrics = metrics_evidence(&s, &q.zone, &cluster, &mut notes.metrics).await;
+    let auth = headers.get(header::AUTHORIZATION);
+    input.metrics = metrics_evidence(&s, &q.zone, &cluster, auth, &mut notes.metrics).await;
     if input.metrics.is_none() {
         notes.metrics.push(format!(
             "cluster {cluster} is not registered in zone {}",
@@ -779,6 +966,25 @@ pub async fn diagnose(
     Ok(Json(report))
 }
 
+/// The live instances of (zone, cluster) by name: this replica's and, with the etcd
+/// store, those other replicas own.
+fn live_names(s: &AppState, zone: &str, cluster: &str) -> Vec<String> {
+    let mut names: Vec<String> = s
+        .store
+        .live_instances(zone, cluster)
+        .iter()
+        .map(|i| i.instance.clone())
+        .collect();
+    names.extend(
+        s.store
+            .remote_live(zone, cluster)
+            .into_iter()
+            .map(|(i, _)| i),
+    );
+    names.sort();
+    names
+}
+
 /// Collects the edge's and the service instances' evidence, all at once.
 async fn collect_sidecars(
     s: &AppState,
@@ -788,12 +994,6 @@ async fn collect_sidecars(
     input: &mut DiagnosisInput,
     notes: &mut Notes,
 ) {
-    let Some(agents) = s.agents.as_ref() else {
-        let why = "agent ingest is off on this aggregator".to_owned();
-        notes.edge.push(why.clone());
-        notes.services.push(why);
-        return;
-    };
     let cmd = Command::Evidence {
         path: q.path.clone(),
         max_lines: EVIDENCE_LOG_LINES,
@@ -810,26 +1010,16 @@ async fn collect_sidecars(
         ));
         Vec::new()
     } else {
-        let live = s
-            .store
-            .live_instances(&zone.zone_name, &zone.request_cluster);
+        let live = live_names(s, &zone.zone_name, &zone.request_cluster);
         if live.is_empty() {
             notes.edge.push(format!(
                 "the edge cluster {} has no live instance reported by an agent",
                 zone.request_cluster
             ));
         }
-        live.iter()
-            .take(MAX_EDGE_TRIES)
-            .map(|i| i.instance.clone())
-            .collect()
+        live.into_iter().take(MAX_EDGE_TRIES).collect()
     };
-    let mut services: Vec<String> = s
-        .store
-        .live_instances(&zone.zone_name, cluster)
-        .iter()
-        .map(|i| i.instance.clone())
-        .collect();
+    let mut services = live_names(s, &zone.zone_name, cluster);
     if services.is_empty() {
         notes.services.push(format!(
             "cluster {cluster} has no live instance reported by an agent"
@@ -845,7 +1035,7 @@ async fn collect_sidecars(
     }
     let mut edge_notes = Vec::new();
     let edge_run = collect_edge(
-        agents,
+        s,
         input,
         &zone.request_cluster,
         &edges,
@@ -856,7 +1046,7 @@ async fn collect_sidecars(
     let service_runs = join_all(
         services
             .iter()
-            .map(|i| collect(agents, &zone.zone_name, cluster, i, cmd.clone(), deadline)),
+            .map(|i| collect(s, &zone.zone_name, cluster, i, cmd.clone(), deadline)),
     );
     let ((edge_out, edge_failures), service_outs) = tokio::join!(edge_run, service_runs);
     notes.edge.extend(edge_notes);
@@ -891,7 +1081,7 @@ type EdgeWeight = Option<(bool, String)>;
 /// for the cluster): with several edges, only one may have seen the failure. Answers
 /// the chosen instance, its evidence, and why the others were not chosen.
 async fn collect_edge(
-    agents: &Agents,
+    s: &AppState,
     input: &DiagnosisInput,
     edge_cluster: &str,
     edges: &[String],
@@ -903,7 +1093,7 @@ async fn collect_edge(
     let answers = join_all(
         edges
             .iter()
-            .map(|i| collect(agents, zone, edge_cluster, i, cmd.clone(), deadline)),
+            .map(|i| collect(s, zone, edge_cluster, i, cmd.clone(), deadline)),
     )
     .await;
     let mut failures = Vec::new();

@@ -479,6 +479,42 @@ impl Store {
             .map(|i| i.agent_id[REMOTE.len()..].to_owned())
     }
 
+    /// The replica that owns the instance `GET /metrics/{name}/{version}/{instance}`
+    /// names, when another one does. An instance of this replica in any cluster
+    /// with that name and version is served here, as
+    /// [`Self::instance_metrics_by_version`] prefers it; otherwise the first remote
+    /// one in (zone, cluster) order.
+    pub fn remote_owner_by_version(
+        &self,
+        name: &str,
+        version: &str,
+        instance: &str,
+    ) -> Option<String> {
+        let mut owner: Option<(String, String, String)> = None;
+        for by_zone in self.clusters.iter() {
+            for (z, e) in by_zone.iter() {
+                let named = e
+                    .record
+                    .as_ref()
+                    .is_some_and(|r| r.name == name && r.version == version);
+                let Some(i) = e.instances.get(instance).filter(|_| named) else {
+                    continue;
+                };
+                if !i.is_remote() {
+                    return None;
+                }
+                let key = (z.clone(), by_zone.key().clone());
+                if owner
+                    .as_ref()
+                    .is_none_or(|(oz, oc, _)| key < (oz.clone(), oc.clone()))
+                {
+                    owner = Some((key.0, key.1, i.agent_id[REMOTE.len()..].to_owned()));
+                }
+            }
+        }
+        owner.map(|(_, _, o)| o)
+    }
+
     /// The live instances of (zone, cluster) that other replicas own, with their
     /// owners, sorted by instance name.
     pub fn remote_live(&self, zone: &str, cluster: &str) -> Vec<(String, String)> {

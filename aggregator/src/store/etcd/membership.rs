@@ -281,10 +281,15 @@ impl Publisher {
         Ok(())
     }
 
-    /// Keeps the lease alive (a third of the TTL apart), writes what is dirty, and
-    /// revokes the lease on `stop` so peers drop this replica's instances at once.
+    /// Keeps the lease alive (every second, or a third of a shorter TTL), writes what is
+    /// dirty, and revokes the lease on `stop` so peers drop this replica's instances at
+    /// once. Frequent keep-alives make a dead replica's lease end close to a full TTL
+    /// after its death, not two thirds of it: its agents have that long to move to
+    /// another replica before their instances would disappear from the peers. A
+    /// keep-alive is not a write to etcd's key space and costs one small request.
     pub async fn run(mut self, mut stop: watch::Receiver<bool>) {
-        let mut tick = tokio::time::interval((self.ttl / 3).max(Duration::from_millis(300)));
+        let every = (self.ttl / 3).clamp(Duration::from_millis(300), Duration::from_secs(1));
+        let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // `changed` rather than `wait_for`: no borrow of the flag lives across the
         // handlers' awaits.
