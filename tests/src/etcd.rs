@@ -1,6 +1,7 @@
 //! A real etcd cluster for the replica tests: three members of Debian's `etcd` (3.4)
 //! on 127.0.0.1 with ports learned at run time, each member stoppable and
 //! restartable on its data directory (quorum-loss tests), all killed on drop.
+//! Optionally its clients speak TLS and must present a client certificate.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -48,15 +49,29 @@ struct Member {
     name: String,
     client_port: u16,
     peer_port: u16,
+    /// Plain-HTTP `/health` and `/metrics`, also when clients speak TLS.
+    metrics_port: u16,
     data_dir: PathBuf,
     log_file: PathBuf,
     process: Option<Process>,
+}
+
+/// The files of an etcd cluster whose clients speak TLS with client certificates.
+#[derive(Debug, Clone)]
+pub struct EtcdTlsFiles {
+    /// The CA that signed the members' and the client's certificates.
+    pub ca_file: PathBuf,
+    /// The members' server certificate (for 127.0.0.1) and key.
+    server: crate::certs::Identity,
+    /// A client certificate the members accept, and its key.
+    pub client: crate::certs::Identity,
 }
 
 /// A three-member etcd cluster on loopback.
 #[derive(Debug)]
 pub struct EtcdCluster {
     members: Vec<Member>,
+    tls: Option<EtcdTlsFiles>,
     initial_cluster: String,
     /// Holds every member's data and log; removed on drop.
     _dir: tempfile::TempDir,
@@ -71,14 +86,35 @@ impl EtcdCluster {
 
     /// Starts `n` members and waits until every one answers `/health`.
     pub async fn start_n(n: usize) -> anyhow::Result<EtcdCluster> {
+        Self::start_with(n, false).await
+    }
+
+    /// Starts `n` members whose clients must speak TLS and present a certificate
+    /// signed by the cluster's CA ([`Self::tls`]).
+    pub async fn start_tls(n: usize) -> anyhow::Result<EtcdCluster> {
+        Self::start_with(n, true).await
+    }
+
+    async fn start_with(n: usize, tls: bool) -> anyhow::Result<EtcdCluster> {
         let binary = etcd_binary()?;
         let dir = tempfile::Builder::new().prefix("meshcat-etcd-").tempdir()?;
+        let tls = if tls {
+            let certs = crate::certs::MeshCerts::new(dir.path(), "etcd")?;
+            Some(EtcdTlsFiles {
+                ca_file: certs.ca_file.clone(),
+                server: certs.identity("127.0.0.1")?,
+                client: certs.identity("meshcat-aggregator")?,
+            })
+        } else {
+            None
+        };
         let mut members = Vec::new();
         for i in 0..n {
             members.push(Member {
                 name: format!("m{i}"),
                 client_port: free_port()?,
                 peer_port: free_port()?,
+                metrics_port: free_port()?,
                 data_dir: dir.path().join(format!("m{i}")),
                 log_file: dir.path().join(format!("m{i}.log")),
                 process: None,
@@ -91,6 +127,7 @@ impl EtcdCluster {
             .join(",");
         let mut cluster = EtcdCluster {
             members,
+            tls,
             initial_cluster,
             _dir: dir,
             http: reqwest::Client::builder()
@@ -108,7 +145,9 @@ impl EtcdCluster {
 
     fn spawn(&mut self, binary: &Path, i: usize) -> anyhow::Result<()> {
         let m = &mut self.members[i];
-        let client = format!("http://127.0.0.1:{}", m.client_port);
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let client = format!("{scheme}://127.0.0.1:{}", m.client_port);
+        let metrics = format!("http://127.0.0.1:{}", m.metrics_port);
         let peer = format!("http://127.0.0.1:{}", m.peer_port);
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -121,6 +160,7 @@ impl EtcdCluster {
             .arg(&m.data_dir)
             .args(["--listen-client-urls", &client])
             .args(["--advertise-client-urls", &client])
+            .args(["--listen-metrics-urls", &metrics])
             .args(["--listen-peer-urls", &peer])
             .args(["--initial-advertise-peer-urls", &peer])
             .args(["--initial-cluster", &self.initial_cluster])
@@ -132,8 +172,17 @@ impl EtcdCluster {
             // Bulk registrations are one transaction: room for 1000 records.
             .args(["--max-txn-ops", "4096"])
             .args(["--logger", "zap", "--log-outputs", "stderr"])
-            .env("ETCD_UNSUPPORTED_ARCH", std::env::consts::ARCH)
-            .stdin(Stdio::null())
+            .env("ETCD_UNSUPPORTED_ARCH", std::env::consts::ARCH);
+        if let Some(t) = &self.tls {
+            cmd.arg("--cert-file")
+                .arg(&t.server.cert_file)
+                .arg("--key-file")
+                .arg(&t.server.key_file)
+                .arg("--trusted-ca-file")
+                .arg(&t.ca_file)
+                .arg("--client-cert-auth");
+        }
+        cmd.stdin(Stdio::null())
             .stdout(Stdio::from(log.try_clone()?))
             .stderr(Stdio::from(log));
         m.process = Some(Process::spawn(cmd).context("cannot start etcd")?);
@@ -141,7 +190,7 @@ impl EtcdCluster {
     }
 
     async fn wait_healthy(&self, i: usize) -> anyhow::Result<()> {
-        let url = format!("http://127.0.0.1:{}/health", self.members[i].client_port);
+        let url = format!("http://127.0.0.1:{}/health", self.members[i].metrics_port);
         let log = &self.members[i].log_file;
         wait_for(
             &format!("etcd member {i} healthy (log {})", log.display()),
@@ -161,6 +210,11 @@ impl EtcdCluster {
             .iter()
             .map(|m| format!("127.0.0.1:{}", m.client_port))
             .collect()
+    }
+
+    /// The TLS files, when the cluster was started with [`Self::start_tls`].
+    pub fn tls(&self) -> Option<&EtcdTlsFiles> {
+        self.tls.as_ref()
     }
 
     /// The aggregator's `--store` value for this cluster under `prefix`.
