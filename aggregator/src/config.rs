@@ -40,30 +40,15 @@ pub enum Command {
 /// Flags of `serve`.
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
-    /// Address of the catalog REST API (TCP).
-    #[arg(
-        long,
-        env = "MESHCAT_API_ADDR",
-        default_value = "0.0.0.0:9080",
-        value_name = "HOST:PORT"
-    )]
-    pub api_addr: SocketAddr,
-    /// Address of the agent ingest (QUIC over UDP).
-    #[arg(
-        long,
-        env = "MESHCAT_QUIC_ADDR",
-        default_value = "0.0.0.0:9443",
-        value_name = "HOST:PORT"
-    )]
-    pub quic_addr: SocketAddr,
-    /// Address of the ops endpoints: Prometheus /metrics, /healthz, /readyz (TCP).
-    #[arg(
-        long,
-        env = "MESHCAT_OPS_ADDR",
-        default_value = "0.0.0.0:9091",
-        value_name = "HOST:PORT"
-    )]
-    pub ops_addr: SocketAddr,
+    /// Address of the catalog REST API (TCP) [default: 0.0.0.0:9080; 127.0.0.1:9080 with --dev].
+    #[arg(long, env = "MESHCAT_API_ADDR", value_name = "HOST:PORT")]
+    pub api_addr: Option<SocketAddr>,
+    /// Address of the agent ingest (QUIC over UDP) [default: 0.0.0.0:9443; 127.0.0.1:9443 with --dev].
+    #[arg(long, env = "MESHCAT_QUIC_ADDR", value_name = "HOST:PORT")]
+    pub quic_addr: Option<SocketAddr>,
+    /// Address of the ops endpoints: Prometheus /metrics, /healthz, /readyz (TCP) [default: 0.0.0.0:9091; 127.0.0.1:9091 with --dev].
+    #[arg(long, env = "MESHCAT_OPS_ADDR", value_name = "HOST:PORT")]
+    pub ops_addr: Option<SocketAddr>,
     /// Directory of the durable registrations (zones and clusters).
     #[arg(
         long,
@@ -72,7 +57,9 @@ pub struct ServeArgs {
         value_name = "DIR"
     )]
     pub data_dir: PathBuf,
-    /// File holding the bearer token that POST, PUT and DELETE require (none: writes are open).
+    /// File holding the bearer token that every write requires: POST, PUT, DELETE, the
+    /// logging PUTs, debug windows (none: writes answer 403 writes_disabled, unless
+    /// --dev or --allow-anonymous-writes).
     #[arg(long, env = "MESHCAT_WRITE_TOKEN_FILE", value_name = "FILE")]
     pub write_token_file: Option<PathBuf>,
     /// File holding the bearer token that makes live data (instances, metrics) visible
@@ -101,6 +88,10 @@ pub struct ServeArgs {
     /// <data-dir>/dev/ and accept agents presenting that agent certificate.
     #[arg(long, env = "MESHCAT_DEV")]
     pub dev: bool,
+    /// Without --write-token-file, accept writes from anyone (for a deployment behind
+    /// an authenticating proxy); logged as a warning at start.
+    #[arg(long, env = "MESHCAT_ALLOW_ANONYMOUS_WRITES")]
+    pub allow_anonymous_writes: bool,
     /// Largest accepted request body (like 1MiB, 512KiB, 1048576).
     #[arg(long, env = "MESHCAT_MAX_BODY", default_value = "1MiB", value_parser = parse_bytes, value_name = "SIZE")]
     pub max_body: u64,
@@ -257,6 +248,11 @@ pub struct Config {
     /// Token file of token-authenticated agents (`TOKEN [zone,...|*]` lines).
     pub agent_token_file: Option<PathBuf>,
     pub dev: bool,
+    /// Whether writes are open when no write token is configured.
+    pub allow_anonymous_writes: bool,
+    /// Address flags given explicitly although `--dev` would bind loopback, and
+    /// not on loopback: each is warned about at start.
+    pub exposed: Vec<(&'static str, SocketAddr)>,
     pub max_body: usize,
     pub max_message: usize,
     pub edge_refresh: Duration,
@@ -289,6 +285,7 @@ impl std::fmt::Debug for Config {
             .field("client_ca", &self.client_ca)
             .field("agent_token_file", &self.agent_token_file)
             .field("dev", &self.dev)
+            .field("allow_anonymous_writes", &self.allow_anonymous_writes)
             .field("max_body", &self.max_body)
             .field("max_message", &self.max_message)
             .field("edge_refresh", &self.edge_refresh)
@@ -306,7 +303,8 @@ impl std::fmt::Debug for Config {
 
 impl Config {
     /// A configuration for tests and embedding: loopback port 0 everywhere, the given
-    /// data directory, every other value at its default.
+    /// data directory, writes open to anyone unless a test sets a write token (the
+    /// process default refuses them), every other value at its default.
     pub fn for_tests(data_dir: &Path) -> Config {
         let args = ServeArgs::try_parse_from_defaults().expect("defaults parse");
         let mut c = Config::from_args(args).expect("defaults are valid");
@@ -315,6 +313,7 @@ impl Config {
         c.quic_addr = lo;
         c.ops_addr = lo;
         c.data_dir = data_dir.to_owned();
+        c.allow_anonymous_writes = true;
         c
     }
 
@@ -336,11 +335,30 @@ impl Config {
         if etcd_tls && a.store == StoreSpec::Redb {
             return Err(ConfigError::EtcdTlsWithoutEtcd);
         }
+        // --dev binds loopback unless an address is given (contract section 10).
+        let host: std::net::IpAddr = if a.dev {
+            std::net::Ipv4Addr::LOCALHOST.into()
+        } else {
+            std::net::Ipv4Addr::UNSPECIFIED.into()
+        };
+        let mut exposed = Vec::new();
+        let mut addr = |what: &'static str, given: Option<SocketAddr>, port: u16| match given {
+            Some(addr) => {
+                if a.dev && !addr.ip().is_loopback() {
+                    exposed.push((what, addr));
+                }
+                addr
+            }
+            None => SocketAddr::new(host, port),
+        };
+        let api_addr = addr("api", a.api_addr, 9080);
+        let quic_addr = addr("quic", a.quic_addr, 9443);
+        let ops_addr = addr("ops", a.ops_addr, 9091);
         if a.store != StoreSpec::Redb
             && a.advertise_addr.is_none()
-            && a.api_addr.ip().is_unspecified()
+            && api_addr.ip().is_unspecified()
         {
-            return Err(ConfigError::NoAdvertise(a.api_addr));
+            return Err(ConfigError::NoAdvertise(api_addr));
         }
         for (flag, path) in [
             ("tls-cert", &a.tls_cert),
@@ -365,9 +383,9 @@ impl Config {
             return Err(ConfigError::DataDir(a.data_dir.display().to_string()));
         }
         Ok(Config {
-            api_addr: a.api_addr,
-            quic_addr: a.quic_addr,
-            ops_addr: a.ops_addr,
+            api_addr,
+            quic_addr,
+            ops_addr,
             write_token: token(&a.write_token_file)?,
             read_token: token(&a.read_token_file)?,
             agent_token_file: {
@@ -382,6 +400,8 @@ impl Config {
             tls_key: a.tls_key,
             client_ca: a.client_ca,
             dev: a.dev,
+            allow_anonymous_writes: a.allow_anonymous_writes,
+            exposed,
             max_body: a.max_body as usize,
             max_message: usize::try_from(a.max_message).map_err(|_| ConfigError::MaxMessage)?,
             edge_refresh: a.edge_refresh,
@@ -492,7 +512,7 @@ mod tests {
     #[test]
     fn serve_is_optional() {
         let a = parse(&["--api-addr", "127.0.0.1:1"]).unwrap();
-        assert_eq!(a.api_addr.port(), 1);
+        assert_eq!(a.api_addr.map(|a| a.port()), Some(1));
         let b = parse(&[
             "serve",
             "--api-addr",
@@ -501,7 +521,7 @@ mod tests {
             "500ms",
         ])
         .unwrap();
-        assert_eq!(b.api_addr.port(), 2);
+        assert_eq!(b.api_addr.map(|a| a.port()), Some(2));
         assert_eq!(b.instance_ttl, Duration::from_millis(500));
     }
 
@@ -550,6 +570,26 @@ mod tests {
             Config::from_args(a),
             Err(ConfigError::EtcdTlsWithoutEtcd)
         ));
+    }
+
+    #[test]
+    fn dev_binds_loopback_unless_told() {
+        let c = Config::from_args(parse(&["--dev"]).unwrap()).unwrap();
+        for a in [c.api_addr, c.quic_addr, c.ops_addr] {
+            assert!(a.ip().is_loopback(), "{a}");
+        }
+        assert_eq!(
+            (c.api_addr.port(), c.quic_addr.port(), c.ops_addr.port()),
+            (9080, 9443, 9091)
+        );
+        assert!(c.exposed.is_empty());
+        let c = Config::from_args(parse(&["--dev", "--api-addr", "0.0.0.0:1"]).unwrap()).unwrap();
+        assert_eq!(c.api_addr, "0.0.0.0:1".parse().unwrap());
+        assert_eq!(c.exposed, vec![("api", c.api_addr)]);
+        assert!(c.ops_addr.ip().is_loopback());
+        let c = Config::from_args(parse(&[]).unwrap()).unwrap();
+        assert!(c.api_addr.ip().is_unspecified() && c.quic_addr.ip().is_unspecified());
+        assert!(!c.allow_anonymous_writes);
     }
 
     #[test]

@@ -220,6 +220,7 @@ async fn serve_with(
         tokens: Tokens {
             read: agg.config.read_token.clone(),
             write: agg.config.write_token.clone(),
+            anonymous_writes: agg.config.dev || agg.config.allow_anonymous_writes,
         },
         metrics: agg.telemetry.api.clone(),
         agents: agents.clone(),
@@ -275,17 +276,33 @@ async fn serve_with(
             stop_rx.clone(),
         ))
     });
-    // Ready before the addresses are logged: whoever reads them may probe at once.
-    // With etcd, /readyz also waits for the catalog to be loaded.
-    ops_state.ready.store(true, Ordering::Release);
-    info!(api = %api_addr, "Catalog API listening.");
-    info!(ops = %ops_addr, "Ops endpoints listening.");
+    // Warnings first: whoever waits for the addresses has read them by then.
     if agg.config.dev {
         warn!(
             quic = %agg.config.quic_addr,
             "DEVELOPMENT MODE: self-signed certificates, not for production."
         );
+        if agg.config.write_token.is_none() {
+            warn!("DEVELOPMENT MODE: no write token, anyone who reaches the API may write.");
+        }
+        for (what, addr) in &agg.config.exposed {
+            warn!(listener = what, %addr, "DEVELOPMENT MODE: the {what} listener is open beyond this machine.");
+        }
+    } else if agg.config.write_token.is_none() {
+        if agg.config.allow_anonymous_writes {
+            warn!(
+                "--allow-anonymous-writes: anyone who reaches the API may change the catalog and sidecars."
+            );
+        } else {
+            info!("No write token: writes answer 403 writes_disabled.");
+        }
     }
+
+    // Ready before the addresses are logged: whoever reads them may probe at once.
+    // With etcd, /readyz also waits for the catalog to be loaded.
+    ops_state.ready.store(true, Ordering::Release);
+    info!(api = %api_addr, "Catalog API listening.");
+    info!(ops = %ops_addr, "Ops endpoints listening.");
 
     shutdown.await;
     ops_state.ready.store(false, Ordering::Release);

@@ -746,6 +746,28 @@ async fn tokens() {
         api.get("/summary").await.1["zones"]["z"]["clusters"]["c"]["instances"][0]["name"],
         "i"
     );
+
+    // A debug window changes sidecars: the read token is not enough, and the check
+    // comes before the query is validated.
+    for q in [
+        "zoneName=z&symptom=no_healthy_upstream&debugSeconds=30",
+        "zoneName=z&debugSeconds=oops",
+    ] {
+        let (s, v) = api.get(&format!("/diagnose/c?{q}")).await;
+        assert_eq!(
+            (s, v["code"].as_str()),
+            (StatusCode::UNAUTHORIZED, Some("unauthorized")),
+            "{q}"
+        );
+    }
+    // The write token grants what the read token grants.
+    api.token = Some("w-secret".into());
+    assert_eq!(api.get("/metrics/c/i").await.0, StatusCode::OK);
+    let (s, v) = api.get("/diagnose/c?zoneName=z&debugSeconds=oops").await;
+    assert_eq!(
+        (s, v["code"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("invalid_query"))
+    );
 }
 
 #[tokio::test]

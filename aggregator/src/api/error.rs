@@ -64,6 +64,16 @@ impl ApiError {
         )
     }
 
+    /// Writes without a configured write token, outside `--dev` and without
+    /// `--allow-anonymous-writes`.
+    pub fn writes_disabled() -> ApiError {
+        ApiError::new(
+            StatusCode::FORBIDDEN,
+            "writes_disabled",
+            "Writes are disabled: the aggregator has no write token (--write-token-file).",
+        )
+    }
+
     pub fn forbidden() -> ApiError {
         ApiError::new(
             StatusCode::FORBIDDEN,
