@@ -84,6 +84,10 @@ pub struct ServeArgs {
     /// File holding the shared token of token-authenticated agents.
     #[arg(long, env = "MESHCAT_AGENT_TOKEN_FILE", value_name = "FILE")]
     pub agent_token_file: Option<PathBuf>,
+    /// Accept an agent certificate without any meshcat:zone: URI SAN as valid for every
+    /// zone (by default such a certificate is refused).
+    #[arg(long, env = "MESHCAT_ALLOW_ANY_ZONE_CERT")]
+    pub allow_any_zone_cert: bool,
     /// Development mode: generate a self-signed CA, server and agent certificate under
     /// <data-dir>/dev/ and accept agents presenting that agent certificate.
     #[arg(long, env = "MESHCAT_DEV")]
@@ -247,6 +251,8 @@ pub struct Config {
     pub client_ca: Option<PathBuf>,
     /// Token file of token-authenticated agents (`TOKEN [zone,...|*]` lines).
     pub agent_token_file: Option<PathBuf>,
+    /// Whether an agent certificate without zone URIs grants every zone.
+    pub allow_any_zone_cert: bool,
     pub dev: bool,
     /// Whether writes are open when no write token is configured.
     pub allow_anonymous_writes: bool,
@@ -284,6 +290,7 @@ impl std::fmt::Debug for Config {
             .field("tls_key", &self.tls_key)
             .field("client_ca", &self.client_ca)
             .field("agent_token_file", &self.agent_token_file)
+            .field("allow_any_zone_cert", &self.allow_any_zone_cert)
             .field("dev", &self.dev)
             .field("allow_anonymous_writes", &self.allow_anonymous_writes)
             .field("max_body", &self.max_body)
@@ -399,6 +406,7 @@ impl Config {
             tls_cert: a.tls_cert,
             tls_key: a.tls_key,
             client_ca: a.client_ca,
+            allow_any_zone_cert: a.allow_any_zone_cert,
             dev: a.dev,
             allow_anonymous_writes: a.allow_anonymous_writes,
             exposed,

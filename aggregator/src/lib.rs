@@ -160,6 +160,7 @@ fn prepare_ingest(agg: &Aggregator) -> Result<Option<IngestParts>, RunError> {
         agent_token_file: c.agent_token_file.clone(),
         dev: c.dev,
         data_dir: c.data_dir.clone(),
+        allow_any_zone_cert: c.allow_any_zone_cert,
     };
     let (server, auth) = security
         .load()

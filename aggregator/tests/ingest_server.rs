@@ -533,3 +533,105 @@ async fn a_reconnecting_agent_replaces_its_old_connection_without_agent_gone() {
     assert!(!server.sink.is_gone("same"));
     server.stop().await;
 }
+
+#[tokio::test]
+async fn an_agent_id_held_by_other_credentials_is_refused_and_the_holder_keeps_going() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = dev(dir.path());
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, "tok-a zone-a\ntok-b zone-b\n").unwrap();
+    let auth = AgentAuth::default().with_token_file(&tokens).unwrap();
+    let server_tls =
+        tls::server_config(&files.server_cert, &files.server_key, &ClientAuth::None).unwrap();
+    let server = Server::start(IngestConfig::new(server_tls, auth)).await;
+
+    let mut holder = connect(server.addr, &files.ca, None).await.unwrap();
+    holder.hello("pod", Some("tok-a")).await.unwrap();
+    assert!(accepted(
+        &holder
+            .report(vec![instance("zone-a", "web", "web-1")])
+            .await
+    ));
+    let mut intruder = connect(server.addr, &files.ca, None).await.unwrap();
+    let reason = intruder.hello("pod", Some("tok-b")).await.unwrap_err();
+    assert!(reason.contains("agent_id_in_use"), "{reason}");
+    assert_eq!(
+        server.metric(
+            "meshcat_reports_rejected_total",
+            Some(("reason", "agent_id_in_use"))
+        ),
+        1.0
+    );
+    // The holder keeps its session and its instances.
+    assert!(holder.conn.close_reason().is_none());
+    assert!(accepted(
+        &holder
+            .report(vec![instance("zone-a", "web", "web-1")])
+            .await
+    ));
+    assert!(!server.sink.is_gone("pod"));
+    assert_eq!(server.metric("meshcat_agents_connected", None), 1.0);
+
+    // The same credential may take its id over (a reconnecting agent).
+    let mut again = connect(server.addr, &files.ca, None).await.unwrap();
+    again.hello("pod", Some("tok-a")).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), holder.conn.closed())
+        .await
+        .expect("the older connection of the same credential is closed");
+    // Once the holder is gone, another credential may use the id.
+    again.goodbye().await;
+    tokio::time::timeout(Duration::from_secs(5), again.conn.closed())
+        .await
+        .expect("goodbye closes the connection");
+    eventually("the id released", || {
+        server.metric("meshcat_agents_connected", None) == 0.0
+    })
+    .await;
+    let mut next = connect(server.addr, &files.ca, None).await.unwrap();
+    next.hello("pod", Some("tok-b")).await.unwrap();
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn certificates_without_an_exact_zone_uri_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = dev(dir.path());
+    for (i, (uris, allow_any, ok)) in [
+        (&[][..], false, false),
+        (&["meshcat:zones:east"][..], false, false),
+        (&["Meshcat:zone:east"][..], false, false),
+        (&["https://example.com/meshcat:zone:east"][..], false, false),
+        (&[][..], true, true),
+        (&["meshcat:zone:east"][..], false, true),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let sub = dir.path().join(i.to_string());
+        std::fs::create_dir(&sub).unwrap();
+        let (ca, cert, key) = operator_ca(&sub, uris);
+        let mut config = mtls_config(&files, &ca);
+        config.auth.any_zone_cert = allow_any;
+        let server = Server::start(config).await;
+        let mut agent = connect(server.addr, &files.ca, Some((&cert, &key)))
+            .await
+            .unwrap();
+        let hello = agent.hello("a", None).await;
+        assert_eq!(
+            hello.is_ok(),
+            ok,
+            "{uris:?} allow_any={allow_any}: {hello:?}"
+        );
+        if ok {
+            assert!(accepted(
+                &agent.report(vec![instance("east", "web", "web-1")]).await
+            ));
+        } else {
+            assert_eq!(
+                server.metric("meshcat_reports_rejected_total", Some(("reason", "auth"))),
+                1.0
+            );
+        }
+        server.stop().await;
+    }
+}

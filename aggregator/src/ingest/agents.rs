@@ -57,6 +57,8 @@ type ReplySender = oneshot::Sender<Result<CommandOutput, String>>;
 #[derive(Debug)]
 pub(crate) struct Session {
     pub(crate) agent_id: String,
+    /// The credential that authenticated this connection.
+    credential: super::connection::Credential,
     /// Distinguishes a reconnected agent's new connection from its old one.
     conn_id: u64,
     connection: quinn::Connection,
@@ -148,31 +150,43 @@ impl Agents {
         self.session_of(zone, cluster, instance).is_some()
     }
 
-    /// Registers a new connection; an older connection of the same agent id is closed,
-    /// since the agent has evidently moved on from it.
+    /// Registers a new connection. An older live connection of the same agent id with
+    /// the same credential is closed, since the agent has evidently moved on from it;
+    /// one with another credential keeps the id, and `None` says so (`agent_id_in_use`).
     pub(crate) fn connect(
         &self,
         agent_id: &str,
+        credential: super::connection::Credential,
         connection: quinn::Connection,
         commands: mpsc::Sender<Box<CommandRequest>>,
-    ) -> Arc<Session> {
+    ) -> Option<Arc<Session>> {
         let session = Arc::new(Session {
             agent_id: agent_id.to_owned(),
+            credential,
             conn_id: self.inner.next_conn.fetch_add(1, Ordering::Relaxed),
             connection,
             commands,
             pending: Mutex::new(HashMap::new()),
             next_command: AtomicU64::new(1),
         });
-        let old = self
-            .inner
-            .by_agent
-            .insert(agent_id.to_owned(), session.clone());
+        let old = match self.inner.by_agent.entry(agent_id.to_owned()) {
+            dashmap::Entry::Occupied(mut held) => {
+                let live = held.get().connection.close_reason().is_none();
+                if live && held.get().credential != credential {
+                    return None;
+                }
+                Some(held.insert(session.clone()))
+            }
+            dashmap::Entry::Vacant(v) => {
+                v.insert(session.clone());
+                None
+            }
+        };
         if let Some(old) = old {
             old.connection
                 .close(code::REPLACED.into(), b"replaced by a newer connection");
         }
-        session
+        Some(session)
     }
 
     /// Forgets a closed connection. Returns whether it was the agent's current one

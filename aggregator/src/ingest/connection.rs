@@ -14,7 +14,11 @@ use tracing::{Instrument, Span, debug, info, info_span, warn};
 
 use super::Shared;
 use super::agents::Session;
-use super::auth::{ZoneGrant, cert_grant};
+use super::auth::{ZoneGrant, cert_grant, digest};
+
+/// Which credential authenticated a connection: the SHA-256 of the agent certificate
+/// or of the hello token. An agent id belongs to the credential of its live connection.
+pub(super) type Credential = [u8; 32];
 
 /// Commands queued for one agent's control stream before callers wait.
 const COMMAND_QUEUE: usize = 16;
@@ -38,14 +42,41 @@ async fn serve_inner(incoming: quinn::Incoming, shared: Arc<Shared>) {
             return;
         }
     };
-    let Some((hello, grant, mut send, mut recv)) = greet(&conn, &shared).await else {
+    let Some((hello, grant, credential, mut send, mut recv)) = greet(&conn, &shared).await else {
         return;
     };
     let agent_id = hello.agent_id;
     Span::current().record("agent", agent_id.as_str());
 
     let (commands_tx, mut commands_rx) = mpsc::channel(COMMAND_QUEUE);
-    let session = shared.agents.connect(&agent_id, conn.clone(), commands_tx);
+    let Some(session) = shared
+        .agents
+        .connect(&agent_id, credential, conn.clone(), commands_tx)
+    else {
+        shared.metrics.rejected("agent_id_in_use");
+        warn!(
+            reason = "agent_id_in_use",
+            "Agent refused: its id is held by a live connection with other credentials."
+        );
+        refuse_hello(
+            &conn,
+            send,
+            &shared,
+            format!("agent_id_in_use: agent id {agent_id:?} is held by a live connection with other credentials"),
+        )
+        .await;
+        return;
+    };
+    let welcome = ServerMessage::Welcome {
+        server_version: env!("CARGO_PKG_VERSION").to_owned(),
+    };
+    if let Err(e) = write_frame(&mut send, &welcome, shared.max_message).await {
+        debug!(error = %e, "Welcome not sent.");
+        if shared.agents.disconnect(&session) {
+            shared.sink.agent_gone(&agent_id);
+        }
+        return;
+    }
     shared.metrics.agents_connected.inc();
     info!(version = %hello.agent_version, "Agent connected.");
 
@@ -108,17 +139,23 @@ async fn serve_inner(incoming: quinn::Incoming, shared: Arc<Shared>) {
 }
 
 /// Takes the control stream and the hello, and authenticates the agent. Refusals are
-/// answered, counted and the connection closed.
+/// answered, counted and the connection closed; the welcome is the caller's to send.
 async fn greet(
     conn: &quinn::Connection,
     shared: &Shared,
-) -> Option<(Hello, ZoneGrant, quinn::SendStream, quinn::RecvStream)> {
+) -> Option<(
+    Hello,
+    ZoneGrant,
+    Credential,
+    quinn::SendStream,
+    quinn::RecvStream,
+)> {
     let refuse = |reason: &'static str, why: &str| {
         shared.metrics.rejected(reason);
         warn!(reason, detail = why, "Agent refused.");
     };
     let stream = tokio::time::timeout(shared.hello_timeout, conn.accept_bi()).await;
-    let (mut send, mut recv) = match stream {
+    let (send, mut recv) = match stream {
         Ok(Ok(stream)) => stream,
         Ok(Err(e)) => {
             debug!(error = %e, "Connection closed before its hello.");
@@ -142,15 +179,8 @@ async fn greet(
                 "agent id must be 1 to 253 characters of [A-Za-z0-9._-]".to_owned()
             } else {
                 match authenticate(conn, shared, &hello) {
-                    Some(grant) => {
-                        let welcome = ServerMessage::Welcome {
-                            server_version: env!("CARGO_PKG_VERSION").to_owned(),
-                        };
-                        if let Err(e) = write_frame(&mut send, &welcome, shared.max_message).await {
-                            debug!(error = %e, "Welcome not sent.");
-                            return None;
-                        }
-                        return Some((hello, grant, send, recv));
+                    Some((grant, credential)) => {
+                        return Some((hello, grant, credential, send, recv));
                     }
                     None => {
                         refuse("auth", "no valid agent certificate or token");
@@ -173,18 +203,32 @@ async fn greet(
             "no hello in time".to_owned()
         }
     };
-    let msg = ServerMessage::Rejected { reason: rejection };
+    refuse_hello(conn, send, shared, rejection).await;
+    None
+}
+
+/// Answers a hello with a refusal and closes the connection.
+async fn refuse_hello(
+    conn: &quinn::Connection,
+    mut send: quinn::SendStream,
+    shared: &Shared,
+    reason: String,
+) {
+    let msg = ServerMessage::Rejected { reason };
     let _ = write_frame(&mut send, &msg, shared.max_message).await;
     let _ = send.finish();
     // Give the refusal a moment to leave before the close overtakes it.
     let _ = tokio::time::timeout(std::time::Duration::from_millis(500), send.stopped()).await;
     conn.close(code::REFUSED.into(), b"refused");
-    None
 }
 
 /// A verified agent certificate authenticates on its own; otherwise the hello token must
-/// match one of the configured tokens.
-fn authenticate(conn: &quinn::Connection, shared: &Shared, hello: &Hello) -> Option<ZoneGrant> {
+/// match one of the configured tokens. Answers the grant and the credential.
+fn authenticate(
+    conn: &quinn::Connection,
+    shared: &Shared,
+    hello: &Hello,
+) -> Option<(ZoneGrant, Credential)> {
     if shared.auth.certificates {
         let cert = conn
             .peer_identity()
@@ -192,13 +236,15 @@ fn authenticate(conn: &quinn::Connection, shared: &Shared, hello: &Hello) -> Opt
             .and_then(|chain| chain.first().cloned());
         if let Some(cert) = cert {
             // rustls has verified the chain against the agent CA during the handshake.
-            return cert_grant(&cert);
+            return cert_grant(&cert, shared.auth.any_zone_cert)
+                .map(|grant| (grant, digest(cert.as_ref())));
         }
     }
-    hello
-        .token
-        .as_deref()
-        .and_then(|token| shared.auth.token_grant(token))
+    let token = hello.token.as_deref()?;
+    let grant = shared.auth.token_grant(token)?;
+    // Told apart from certificate digests by the prefix.
+    let credential = digest(&[b"token:".as_slice(), token.as_bytes()].concat());
+    Some((grant, credential))
 }
 
 async fn accept_reports(
