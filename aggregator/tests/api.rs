@@ -234,6 +234,42 @@ async fn zone_validation() {
         )
         .await;
     assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY);
+    // Only regular files up to 1 MiB are read; whatever else, one message that does
+    // not tell which paths exist. A FIFO or /dev/zero must not hang or fill memory.
+    let fifo = dir.path().join("fifo");
+    assert!(
+        std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let big = dir.path().join("big.pem");
+    let mut text = pem.as_bytes().to_vec();
+    text.resize((1 << 20) + 1, b'A');
+    std::fs::write(&big, text).unwrap();
+    let mut messages = Vec::new();
+    for ca in [
+        fifo.display().to_string(),
+        "/dev/zero".to_owned(),
+        big.display().to_string(),
+        dir.path().display().to_string(),
+        "/nonexistent/ca.pem".to_owned(),
+        not_pem.display().to_string(),
+    ] {
+        let (s, v) = api
+            .post(
+                "/zones",
+                json!({"zoneName": "t", "serverAddress": "10.0.0.1:443", "useTls": true,
+                "caPath": ca, "certPath": paths[1], "keyPath": paths[2]}),
+            )
+            .await;
+        assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{ca}: {v}");
+        assert!(!v["error"].as_str().unwrap().contains(&ca), "{v}");
+        messages.push(v["error"].clone());
+    }
+    messages.dedup();
+    assert_eq!(messages.len(), 1, "{messages:?}");
     let (s, v) = api
         .post(
             "/zones",
