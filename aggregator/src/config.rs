@@ -103,6 +103,19 @@ pub struct ServeArgs {
     /// agent's other messages are unaffected.
     #[arg(long, env = "MESHCAT_MAX_MESSAGE", default_value = "4MiB", value_parser = parse_bytes, value_name = "SIZE")]
     pub max_message: u64,
+    /// Most upstream clusters one instance may report; a report with more is refused
+    /// whole (too_many_upstream_clusters).
+    #[arg(long, env = "MESHCAT_MAX_UPSTREAM_CLUSTERS", default_value = "4096", value_parser = clap::value_parser!(u32).range(1..), value_name = "N")]
+    pub max_upstream_clusters: u32,
+    /// Most upstream hosts one instance may report over all its clusters; a report with
+    /// more is refused whole (too_many_upstream_hosts).
+    #[arg(long, env = "MESHCAT_MAX_UPSTREAM_HOSTS", default_value = "32768", value_parser = clap::value_parser!(u32).range(1..), value_name = "N")]
+    pub max_upstream_hosts: u32,
+    /// Most distinct instances the live connections of one agent credential
+    /// (certificate or token) may report; a report that would go over is refused whole
+    /// (too_many_credential_instances).
+    #[arg(long, env = "MESHCAT_MAX_INSTANCES_PER_CREDENTIAL", default_value = "10000", value_parser = clap::value_parser!(u32).range(1..), value_name = "N")]
+    pub max_instances_per_credential: u32,
     /// How often the configuration of each zone's edge sidecar (its requestCluster)
     /// is fetched through its agent, so that GET /services lists the clusters it
     /// knows.
@@ -261,6 +274,9 @@ pub struct Config {
     pub exposed: Vec<(&'static str, SocketAddr)>,
     pub max_body: usize,
     pub max_message: usize,
+    pub max_upstream_clusters: usize,
+    pub max_upstream_hosts: usize,
+    pub max_instances_per_credential: usize,
     pub edge_refresh: Duration,
     pub command_timeout: Duration,
     /// Prometheus base URL for the missing-metrics diagnosis.
@@ -295,6 +311,12 @@ impl std::fmt::Debug for Config {
             .field("allow_anonymous_writes", &self.allow_anonymous_writes)
             .field("max_body", &self.max_body)
             .field("max_message", &self.max_message)
+            .field("max_upstream_clusters", &self.max_upstream_clusters)
+            .field("max_upstream_hosts", &self.max_upstream_hosts)
+            .field(
+                "max_instances_per_credential",
+                &self.max_instances_per_credential,
+            )
             .field("edge_refresh", &self.edge_refresh)
             .field("command_timeout", &self.command_timeout)
             .field("prometheus_url", &self.prometheus_url)
@@ -412,6 +434,9 @@ impl Config {
             exposed,
             max_body: a.max_body as usize,
             max_message: usize::try_from(a.max_message).map_err(|_| ConfigError::MaxMessage)?,
+            max_upstream_clusters: a.max_upstream_clusters as usize,
+            max_upstream_hosts: a.max_upstream_hosts as usize,
+            max_instances_per_credential: a.max_instances_per_credential as usize,
             edge_refresh: a.edge_refresh,
             command_timeout: a.command_timeout,
             prometheus_url: a.prometheus_url,

@@ -24,6 +24,13 @@ pub use metrics::IngestMetrics;
 
 /// Most instances one report may carry.
 pub const DEFAULT_MAX_INSTANCES: usize = 1000;
+/// Most upstream clusters one instance may report.
+pub const DEFAULT_MAX_UPSTREAM_CLUSTERS: usize = 4096;
+/// Most upstream hosts one instance may report, over all its clusters.
+pub const DEFAULT_MAX_UPSTREAM_HOSTS: usize = 32_768;
+/// Most distinct instances the live connections of one credential may report, so
+/// one zone's credential cannot use up the store's global bound.
+pub const DEFAULT_MAX_CREDENTIAL_INSTANCES: usize = 10_000;
 /// Most agent connections served at once; more are refused at the handshake.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 20_000;
 /// Time an agent has to open its control stream and say hello.
@@ -60,6 +67,12 @@ pub struct IngestConfig {
     pub max_message: usize,
     /// Most instances in one report.
     pub max_instances: usize,
+    /// Most upstream clusters per instance.
+    pub max_upstream_clusters: usize,
+    /// Most upstream hosts per instance.
+    pub max_upstream_hosts: usize,
+    /// Most instances reported by the live connections of one credential.
+    pub max_credential_instances: usize,
     /// Most concurrent agent connections.
     pub max_connections: usize,
     /// Time allowed between connection and hello.
@@ -74,6 +87,9 @@ impl IngestConfig {
             auth,
             max_message: DEFAULT_MAX_MESSAGE,
             max_instances: DEFAULT_MAX_INSTANCES,
+            max_upstream_clusters: DEFAULT_MAX_UPSTREAM_CLUSTERS,
+            max_upstream_hosts: DEFAULT_MAX_UPSTREAM_HOSTS,
+            max_credential_instances: DEFAULT_MAX_CREDENTIAL_INSTANCES,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             hello_timeout: HELLO_TIMEOUT,
         }
@@ -85,6 +101,11 @@ struct Shared {
     auth: AgentAuth,
     max_message: usize,
     max_instances: usize,
+    max_upstream_clusters: usize,
+    max_upstream_hosts: usize,
+    max_credential_instances: usize,
+    /// Instances reported by the live connections of each credential.
+    by_credential: dashmap::DashMap<connection::Credential, usize>,
     hello_timeout: Duration,
     sink: Arc<dyn ReportSink>,
     agents: Agents,
@@ -122,6 +143,10 @@ impl Ingest {
             auth: config.auth,
             max_message: config.max_message,
             max_instances: config.max_instances,
+            max_upstream_clusters: config.max_upstream_clusters,
+            max_upstream_hosts: config.max_upstream_hosts,
+            max_credential_instances: config.max_credential_instances,
+            by_credential: dashmap::DashMap::new(),
             hello_timeout: config.hello_timeout,
             sink: sink.clone(),
             agents: Agents::new(metrics.clone(), sink.clone()),

@@ -167,6 +167,9 @@ fn prepare_ingest(agg: &Aggregator) -> Result<Option<IngestParts>, RunError> {
         .map_err(|e| RunError::Ingest(e.to_string()))?;
     let mut config = IngestConfig::new(server, auth);
     config.max_message = c.max_message;
+    config.max_upstream_clusters = c.max_upstream_clusters;
+    config.max_upstream_hosts = c.max_upstream_hosts;
+    config.max_credential_instances = c.max_instances_per_credential;
     let sink: Arc<dyn ingest::ReportSink> = agg.store.clone();
     let ingest = Ingest::new(config, sink, &agg.telemetry.registry)
         .map_err(|e| RunError::Ingest(e.to_string()))?;

@@ -635,3 +635,104 @@ async fn certificates_without_an_exact_zone_uri_are_refused() {
         server.stop().await;
     }
 }
+
+fn upstream(clusters: usize, hosts_each: usize) -> Vec<wire::UpstreamCluster> {
+    (0..clusters)
+        .map(|c| wire::UpstreamCluster {
+            name: format!("up-{c}"),
+            added_via_api: false,
+            hosts: (0..hosts_each)
+                .map(|h| wire::UpstreamHost {
+                    address: format!("10.0.{c}.{h}:80"),
+                    cx_active: 0,
+                    cx_connect_fail: 0,
+                    cx_total: 0,
+                    rq_active: 0,
+                    rq_error: 0,
+                    rq_total: 0,
+                    health_flags: "healthy".into(),
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn upstream_and_per_credential_bounds_refuse_reports_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = dev(dir.path());
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, "tok-a zone-a\ntok-b zone-b\n").unwrap();
+    let auth = AgentAuth::default().with_token_file(&tokens).unwrap();
+    let server_tls =
+        tls::server_config(&files.server_cert, &files.server_key, &ClientAuth::None).unwrap();
+    let mut config = IngestConfig::new(server_tls, auth);
+    config.max_upstream_clusters = 3;
+    config.max_upstream_hosts = 4;
+    config.max_credential_instances = 2;
+    let server = Server::start(config).await;
+    let rejected =
+        |reason| server.metric("meshcat_reports_rejected_total", Some(("reason", reason)));
+
+    let mut a1 = connect(server.addr, &files.ca, None).await.unwrap();
+    a1.hello("a-1", Some("tok-a")).await.unwrap();
+    let mut wide = instance("zone-a", "web", "web-1");
+    wide.clusters = upstream(4, 1);
+    assert!(!accepted(&a1.report(vec![wide]).await));
+    assert_eq!(rejected("too_many_upstream_clusters"), 1.0);
+    let mut crowded = instance("zone-a", "web", "web-1");
+    crowded.clusters = upstream(2, 3);
+    assert!(!accepted(&a1.report(vec![crowded]).await));
+    assert_eq!(rejected("too_many_upstream_hosts"), 1.0);
+    let mut fine = instance("zone-a", "web", "web-1");
+    fine.clusters = upstream(2, 2);
+    assert!(accepted(&a1.report(vec![fine]).await));
+    assert_eq!(server.sink.reports_of("a-1"), 1);
+
+    // Two instances per credential, over all its connections; reporting the same
+    // instance again costs nothing.
+    let mut a2 = connect(server.addr, &files.ca, None).await.unwrap();
+    a2.hello("a-2", Some("tok-a")).await.unwrap();
+    assert!(accepted(
+        &a2.report(vec![instance("zone-a", "web", "web-2")]).await
+    ));
+    assert!(accepted(
+        &a2.report(vec![instance("zone-a", "web", "web-2")]).await
+    ));
+    let answer = a2
+        .report(vec![
+            instance("zone-a", "web", "web-2"),
+            instance("zone-a", "web", "web-3"),
+        ])
+        .await;
+    assert!(
+        matches!(&answer, ServerMessage::Rejected { reason } if reason.contains("limit")),
+        "{answer:?}"
+    );
+    assert_eq!(rejected("too_many_credential_instances"), 1.0);
+    assert_eq!(server.sink.reports_of("a-2"), 2);
+    // Another credential (zone) has its own bound.
+    let mut b = connect(server.addr, &files.ca, None).await.unwrap();
+    b.hello("b-1", Some("tok-b")).await.unwrap();
+    assert!(accepted(
+        &b.report(vec![
+            instance("zone-b", "web", "web-1"),
+            instance("zone-b", "web", "web-2")
+        ])
+        .await
+    ));
+    // A connection that ends gives its instances back.
+    a1.goodbye().await;
+    tokio::time::timeout(Duration::from_secs(5), a1.conn.closed())
+        .await
+        .expect("goodbye closes the connection");
+    eventually("a-1 gone", || server.sink.is_gone("a-1")).await;
+    eventually("the bound released", || {
+        server.metric("meshcat_agents_connected", None) == 2.0
+    })
+    .await;
+    assert!(accepted(
+        &a2.report(vec![instance("zone-a", "web", "web-3")]).await
+    ));
+    server.stop().await;
+}

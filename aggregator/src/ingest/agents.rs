@@ -58,7 +58,10 @@ type ReplySender = oneshot::Sender<Result<CommandOutput, String>>;
 pub(crate) struct Session {
     pub(crate) agent_id: String,
     /// The credential that authenticated this connection.
-    credential: super::connection::Credential,
+    pub(crate) credential: super::connection::Credential,
+    /// The instances this connection has reported (zone, cluster, instance), counted
+    /// against its credential's bound until the connection ends.
+    pub(crate) reported: Mutex<std::collections::HashSet<(String, String, String)>>,
     /// Distinguishes a reconnected agent's new connection from its old one.
     conn_id: u64,
     connection: quinn::Connection,
@@ -82,7 +85,7 @@ impl Session {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // A panic elsewhere cannot leave these maps half-updated, so poisoning is ignored.
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -163,6 +166,7 @@ impl Agents {
         let session = Arc::new(Session {
             agent_id: agent_id.to_owned(),
             credential,
+            reported: Mutex::new(std::collections::HashSet::new()),
             conn_id: self.inner.next_conn.fetch_add(1, Ordering::Relaxed),
             connection,
             commands,

@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 use tracing::{Instrument, Span, debug, info, info_span, warn};
 
 use super::Shared;
-use super::agents::Session;
+use super::agents::{Session, lock};
 use super::auth::{ZoneGrant, cert_grant, digest};
 
 /// Which credential authenticated a connection: the SHA-256 of the agent certificate
@@ -131,6 +131,9 @@ async fn serve_inner(incoming: quinn::Incoming, shared: Arc<Shared>) {
     }
     reports.abort();
     writer.abort();
+    // Released before the connection stops counting as connected, so whoever sees
+    // it gone sees its instances given back too.
+    release_instances(&shared, &session);
     shared.metrics.agents_connected.dec();
     if shared.agents.disconnect(&session) {
         shared.sink.agent_gone(&agent_id);
@@ -321,6 +324,27 @@ fn accept(
         ));
     }
     for inst in &report.instances {
+        let hosts: usize = inst.clusters.iter().map(|c| c.hosts.len()).sum();
+        if inst.clusters.len() > shared.max_upstream_clusters {
+            return Err((
+                "too_many_upstream_clusters",
+                format!(
+                    "instance {:?} reports {} upstream clusters, over the limit of {}",
+                    inst.instance,
+                    inst.clusters.len(),
+                    shared.max_upstream_clusters
+                ),
+            ));
+        }
+        if hosts > shared.max_upstream_hosts {
+            return Err((
+                "too_many_upstream_hosts",
+                format!(
+                    "instance {:?} reports {hosts} upstream hosts, over the limit of {}",
+                    inst.instance, shared.max_upstream_hosts
+                ),
+            ));
+        }
         for (field, value, ok) in [
             ("zone", &inst.zone_name, is_valid_name(&inst.zone_name)),
             (
@@ -348,6 +372,7 @@ fn accept(
             ));
         }
     }
+    count_instances(&report, shared, session)?;
     let n = report.instances.len();
     shared
         .sink
@@ -355,6 +380,60 @@ fn accept(
     shared.metrics.reports_received.inc();
     shared.metrics.instances_reported.inc_by(n as u64);
     Ok(n as u32)
+}
+
+/// Counts the report's new instances against its credential's bound; refuses the
+/// report whole when they would go over it.
+fn count_instances(
+    report: &Report,
+    shared: &Shared,
+    session: &Session,
+) -> Result<(), (&'static str, String)> {
+    let mut reported = lock(&session.reported);
+    let fresh: std::collections::HashSet<(String, String, String)> = report
+        .instances
+        .iter()
+        .map(|i| {
+            (
+                i.zone_name.clone(),
+                i.cluster_name.clone(),
+                i.instance.clone(),
+            )
+        })
+        .filter(|k| !reported.contains(k))
+        .collect();
+    if fresh.is_empty() {
+        return Ok(());
+    }
+    let mut total = shared.by_credential.entry(session.credential).or_insert(0);
+    if *total + fresh.len() > shared.max_credential_instances {
+        return Err((
+            "too_many_credential_instances",
+            format!(
+                "this agent's credentials report {} instances; {} more is over the limit of {}",
+                *total,
+                fresh.len(),
+                shared.max_credential_instances
+            ),
+        ));
+    }
+    *total += fresh.len();
+    reported.extend(fresh);
+    Ok(())
+}
+
+/// Gives a finished connection's instances back to its credential's bound.
+fn release_instances(shared: &Shared, session: &Session) {
+    let n = std::mem::take(&mut *lock(&session.reported)).len();
+    if n == 0 {
+        return;
+    }
+    shared
+        .by_credential
+        .remove_if_mut(&session.credential, |_, total| {
+            *total = total.saturating_sub(n);
+            *total == 0
+        });
 }
 
 fn message_name(m: &AgentMessage) -> &'static str {
