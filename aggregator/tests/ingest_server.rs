@@ -736,3 +736,76 @@ async fn upstream_and_per_credential_bounds_refuse_reports_whole() {
     ));
     server.stop().await;
 }
+
+#[tokio::test]
+async fn before_authentication_a_peer_gets_a_small_hello_and_a_bounded_slot() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = dev(dir.path());
+    let certs = Some((files.agent_cert.as_path(), files.agent_key.as_path()));
+    let mut config = mtls_config(&files, &files.ca);
+    config.max_pending = 1;
+    config.max_connections = 1;
+    let server = Server::start(config).await;
+    let rejected =
+        |reason| server.metric("meshcat_reports_rejected_total", Some(("reason", reason)));
+
+    // A hello over 4 KiB is refused, though far below --max-message.
+    let mut big = connect(server.addr, &files.ca, certs).await.unwrap();
+    let reason = big.hello("big", Some(&"x".repeat(5000))).await.unwrap_err();
+    assert!(
+        reason.contains("limit") || reason.contains("large"),
+        "{reason}"
+    );
+    assert_eq!(rejected("too_large"), 1.0);
+    tokio::time::timeout(Duration::from_secs(5), big.conn.closed())
+        .await
+        .expect("the refused connection is closed");
+    eventually("the refused connection no longer pending", || {
+        server.metric("meshcat_ingest_pending_connections", None) == 0.0
+    })
+    .await;
+
+    // One connection awaiting its hello holds the only pending slot: another is
+    // refused before its handshake completes.
+    let mut first = connect(server.addr, &files.ca, certs).await.unwrap();
+    assert_eq!(
+        server.metric("meshcat_ingest_pending_connections", None),
+        1.0
+    );
+    assert!(connect(server.addr, &files.ca, certs).await.is_err());
+    assert_eq!(rejected("too_many_pending"), 1.0);
+    // Authenticated, it frees the slot and takes the one connection.
+    first.hello("first", None).await.unwrap();
+    let mut second = connect(server.addr, &files.ca, certs).await.unwrap();
+    let reason = second.hello("second", None).await.unwrap_err();
+    assert!(reason.contains("too many"), "{reason}");
+    assert_eq!(rejected("too_many_connections"), 1.0);
+    assert!(accepted(&first.report(vec![instance("z", "c", "i")]).await));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_peer_that_never_says_hello_is_closed_by_the_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = dev(dir.path());
+    let certs = Some((files.agent_cert.as_path(), files.agent_key.as_path()));
+    let mut config = mtls_config(&files, &files.ca);
+    config.hello_timeout = Duration::from_millis(300);
+    config.max_pending = 1;
+    let server = Server::start(config).await;
+    let silent = connect(server.addr, &files.ca, certs).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), silent.conn.closed())
+        .await
+        .expect("the server closes a connection without hello");
+    eventually("hello_timeout counted", || {
+        server.metric(
+            "meshcat_reports_rejected_total",
+            Some(("reason", "hello_timeout")),
+        ) == 1.0
+    })
+    .await;
+    // Its pending slot is free again.
+    let mut next = connect(server.addr, &files.ca, certs).await.unwrap();
+    next.hello("next", None).await.unwrap();
+    server.stop().await;
+}

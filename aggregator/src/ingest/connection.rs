@@ -3,6 +3,7 @@
 //! stream of its own, validated and handed to the sink.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use meshcat_common::transport::{TransportError, code, read_frame, write_frame};
@@ -12,9 +13,9 @@ use rustls_pki_types::CertificateDer;
 use tokio::sync::mpsc;
 use tracing::{Instrument, Span, debug, info, info_span, warn};
 
-use super::Shared;
 use super::agents::{Session, lock};
 use super::auth::{ZoneGrant, cert_grant, digest};
+use super::{MAX_HELLO, Shared};
 
 /// Which credential authenticated a connection: the SHA-256 of the agent certificate
 /// or of the hello token. An agent id belongs to the credential of its live connection.
@@ -23,7 +24,27 @@ pub(super) type Credential = [u8; 32];
 /// Commands queued for one agent's control stream before callers wait.
 const COMMAND_QUEUE: usize = 16;
 
-/// Serves one incoming connection until it closes.
+/// Counts a connection as awaiting authentication until dropped.
+struct Pending<'a>(&'a Shared);
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        self.0.pending.fetch_sub(1, Ordering::Relaxed);
+        self.0.metrics.pending_connections.dec();
+    }
+}
+
+/// Counts a connection against `max_connections` until dropped.
+struct Open<'a>(&'a Shared);
+
+impl Drop for Open<'_> {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Serves one incoming connection until it closes. The caller has counted it as
+/// pending.
 pub(super) async fn serve(incoming: quinn::Incoming, shared: Arc<Shared>) {
     let span = info_span!(
         "connection",
@@ -33,18 +54,73 @@ pub(super) async fn serve(incoming: quinn::Incoming, shared: Arc<Shared>) {
     serve_inner(incoming, shared).instrument(span).await;
 }
 
-async fn serve_inner(incoming: quinn::Incoming, shared: Arc<Shared>) {
-    let conn = match incoming.await {
-        Ok(conn) => conn,
-        Err(e) => {
+/// The handshake and the hello, under one deadline; `None` when the connection was
+/// refused or ended.
+async fn authenticate_connection(
+    incoming: quinn::Incoming,
+    shared: &Shared,
+) -> Option<(
+    quinn::Connection,
+    Hello,
+    ZoneGrant,
+    Credential,
+    quinn::SendStream,
+    quinn::RecvStream,
+)> {
+    let deadline = tokio::time::Instant::now() + shared.hello_timeout;
+    let conn = match tokio::time::timeout_at(deadline, incoming).await {
+        Ok(Ok(conn)) => conn,
+        Ok(Err(e)) => {
             debug!(error = %e, "Handshake failed.");
             shared.metrics.rejected("handshake");
-            return;
+            return None;
+        }
+        Err(_) => {
+            shared.metrics.rejected("hello_timeout");
+            warn!(
+                reason = "hello_timeout",
+                "Agent refused: no handshake in time."
+            );
+            return None;
         }
     };
-    let Some((hello, grant, credential, mut send, mut recv)) = greet(&conn, &shared).await else {
+    let (hello, grant, credential, send, recv) = greet(&conn, shared, deadline).await?;
+    Some((conn, hello, grant, credential, send, recv))
+}
+
+async fn serve_inner(incoming: quinn::Incoming, shared: Arc<Shared>) {
+    shared.metrics.pending_connections.inc();
+    let pending = Pending(&shared);
+    let Some((conn, hello, grant, credential, send, recv)) =
+        authenticate_connection(incoming, &shared).await
+    else {
         return;
     };
+    drop(pending);
+    // Only authenticated connections count against the connection limit.
+    if shared.open.fetch_add(1, Ordering::Relaxed) >= shared.max_connections {
+        shared.open.fetch_sub(1, Ordering::Relaxed);
+        shared.metrics.rejected("too_many_connections");
+        warn!(
+            max_connections = shared.max_connections,
+            "Agent refused: too many agents."
+        );
+        refuse_hello(&conn, send, &shared, "too many agents connected".to_owned()).await;
+        return;
+    }
+    let _open = Open(&shared);
+    serve_agent(conn, hello, grant, credential, send, recv, &shared).await;
+}
+
+async fn serve_agent(
+    conn: quinn::Connection,
+    hello: Hello,
+    grant: ZoneGrant,
+    credential: Credential,
+    mut send: quinn::SendStream,
+    mut recv: quinn::RecvStream,
+    shared: &Arc<Shared>,
+) {
     let agent_id = hello.agent_id;
     Span::current().record("agent", agent_id.as_str());
 
@@ -146,6 +222,7 @@ async fn serve_inner(incoming: quinn::Incoming, shared: Arc<Shared>) {
 async fn greet(
     conn: &quinn::Connection,
     shared: &Shared,
+    deadline: tokio::time::Instant,
 ) -> Option<(
     Hello,
     ZoneGrant,
@@ -157,7 +234,7 @@ async fn greet(
         shared.metrics.rejected(reason);
         warn!(reason, detail = why, "Agent refused.");
     };
-    let stream = tokio::time::timeout(shared.hello_timeout, conn.accept_bi()).await;
+    let stream = tokio::time::timeout_at(deadline, conn.accept_bi()).await;
     let (send, mut recv) = match stream {
         Ok(Ok(stream)) => stream,
         Ok(Err(e)) => {
@@ -170,9 +247,10 @@ async fn greet(
             return None;
         }
     };
-    let first = tokio::time::timeout(
-        shared.hello_timeout,
-        read_frame::<AgentMessage>(&mut recv, shared.max_message),
+    // Before authentication a peer may send its hello and nothing bigger.
+    let first = tokio::time::timeout_at(
+        deadline,
+        read_frame::<AgentMessage>(&mut recv, MAX_HELLO.min(shared.max_message)),
     )
     .await;
     let rejection = match first {
