@@ -96,6 +96,21 @@ pub struct ServeArgs {
     /// an authenticating proxy); logged as a warning at start.
     #[arg(long, env = "MESHCAT_ALLOW_ANONYMOUS_WRITES")]
     pub allow_anonymous_writes: bool,
+    /// PEM certificate chain of the catalog REST API: with --api-tls-key, the API is
+    /// served over HTTPS only.
+    #[arg(long, env = "MESHCAT_API_TLS_CERT", value_name = "FILE")]
+    pub api_tls_cert: Option<PathBuf>,
+    /// PEM private key of --api-tls-cert.
+    #[arg(long, env = "MESHCAT_API_TLS_KEY", value_name = "FILE")]
+    pub api_tls_key: Option<PathBuf>,
+    /// Time limit of an API request; a request past it answers 503 timeout. Event
+    /// streams and blocking queries are exempt, debug windows get their length on top.
+    #[arg(long, env = "MESHCAT_API_REQUEST_TIMEOUT", default_value = "30s", value_parser = parse_positive_duration, value_name = "DURATION")]
+    pub api_request_timeout: Duration,
+    /// Most API requests in progress at once; more answer 503 overloaded at once.
+    /// Event streams and blocking queries are not counted.
+    #[arg(long, env = "MESHCAT_API_MAX_CONCURRENCY", default_value = "1024", value_parser = clap::value_parser!(u32).range(1..=1_000_000), value_name = "N")]
+    pub api_max_concurrency: u32,
     /// Largest accepted request body (like 1MiB, 512KiB, 1048576).
     #[arg(long, env = "MESHCAT_MAX_BODY", default_value = "1MiB", value_parser = parse_bytes, value_name = "SIZE")]
     pub max_body: u64,
@@ -232,6 +247,8 @@ pub enum ConfigError {
     },
     #[error("--tls-cert and --tls-key must be given together")]
     HalfTls,
+    #[error("--api-tls-cert and --api-tls-key must be given together")]
+    HalfApiTls,
     #[error("--max-body must be at most {MAX_BODY_CEILING} bytes")]
     MaxBody,
     #[error("--max-message is too large for this machine")]
@@ -273,6 +290,10 @@ pub struct Config {
     /// not on loopback: each is warned about at start.
     pub exposed: Vec<(&'static str, SocketAddr)>,
     pub max_body: usize,
+    pub api_tls_cert: Option<PathBuf>,
+    pub api_tls_key: Option<PathBuf>,
+    pub api_request_timeout: Duration,
+    pub api_max_concurrency: usize,
     pub max_message: usize,
     pub max_upstream_clusters: usize,
     pub max_upstream_hosts: usize,
@@ -311,6 +332,10 @@ impl std::fmt::Debug for Config {
             .field("allow_anonymous_writes", &self.allow_anonymous_writes)
             .field("max_body", &self.max_body)
             .field("max_message", &self.max_message)
+            .field("api_tls_cert", &self.api_tls_cert)
+            .field("api_tls_key", &self.api_tls_key)
+            .field("api_request_timeout", &self.api_request_timeout)
+            .field("api_max_concurrency", &self.api_max_concurrency)
             .field("max_upstream_clusters", &self.max_upstream_clusters)
             .field("max_upstream_hosts", &self.max_upstream_hosts)
             .field(
@@ -357,6 +382,9 @@ impl Config {
         if a.tls_cert.is_some() != a.tls_key.is_some() {
             return Err(ConfigError::HalfTls);
         }
+        if a.api_tls_cert.is_some() != a.api_tls_key.is_some() {
+            return Err(ConfigError::HalfApiTls);
+        }
         if a.etcd_cert.is_some() != a.etcd_key.is_some() {
             return Err(ConfigError::HalfEtcdTls);
         }
@@ -393,6 +421,8 @@ impl Config {
             ("tls-cert", &a.tls_cert),
             ("tls-key", &a.tls_key),
             ("client-ca", &a.client_ca),
+            ("api-tls-cert", &a.api_tls_cert),
+            ("api-tls-key", &a.api_tls_key),
             ("etcd-ca-file", &a.etcd_ca_file),
             ("etcd-cert", &a.etcd_cert),
             ("etcd-key", &a.etcd_key),
@@ -433,6 +463,10 @@ impl Config {
             allow_anonymous_writes: a.allow_anonymous_writes,
             exposed,
             max_body: a.max_body as usize,
+            api_tls_cert: a.api_tls_cert,
+            api_tls_key: a.api_tls_key,
+            api_request_timeout: a.api_request_timeout,
+            api_max_concurrency: a.api_max_concurrency as usize,
             max_message: usize::try_from(a.max_message).map_err(|_| ConfigError::MaxMessage)?,
             max_upstream_clusters: a.max_upstream_clusters as usize,
             max_upstream_hosts: a.max_upstream_hosts as usize,

@@ -238,12 +238,26 @@ async fn serve_with(
     });
     let api_addr = api.local_addr()?;
     let ops_addr = ops.local_addr()?;
-    let api_app = api::app(app_state, agg.config.max_body);
-    let api_task = tokio::spawn(
-        axum::serve(api, api_app)
-            .with_graceful_shutdown(stopped(stop_rx.clone()))
-            .into_future(),
-    );
+    let limits = Arc::new(api::limits::Limits::new(
+        agg.config.api_request_timeout,
+        agg.config.api_max_concurrency,
+    ));
+    let api_app = api::app_with_limits(app_state, agg.config.max_body, limits);
+    let api_tls = match (&agg.config.api_tls_cert, &agg.config.api_tls_key) {
+        (Some(cert), Some(key)) => Some(
+            api::tls::server_config(cert, key)
+                .map_err(|e| RunError::Serve(std::io::Error::other(format!("API TLS: {e}"))))?,
+        ),
+        _ => None,
+    };
+    let api_task = match api_tls {
+        Some(tls) => tokio::spawn(api::tls::serve(api, tls, api_app, stop_rx.clone())),
+        None => tokio::spawn(
+            axum::serve(api, api_app)
+                .with_graceful_shutdown(stopped(stop_rx.clone()))
+                .into_future(),
+        ),
+    };
     let ops_task = tokio::spawn(
         axum::serve(ops, ops::app(ops_state.clone()))
             .with_graceful_shutdown(stopped(stop_rx.clone()))
@@ -305,7 +319,7 @@ async fn serve_with(
     // Ready before the addresses are logged: whoever reads them may probe at once.
     // With etcd, /readyz also waits for the catalog to be loaded.
     ops_state.ready.store(true, Ordering::Release);
-    info!(api = %api_addr, "Catalog API listening.");
+    info!(api = %api_addr, tls = agg.config.api_tls_cert.is_some(), "Catalog API listening.");
     info!(ops = %ops_addr, "Ops endpoints listening.");
 
     shutdown.await;

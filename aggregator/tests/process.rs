@@ -470,3 +470,119 @@ fn dev_listeners_default_to_loopback_in_help() {
     let help = String::from_utf8_lossy(&out.stdout);
     assert!(help.contains("127.0.0.1:9080 with --dev"), "{help}");
 }
+
+/// Sends `head` (and nothing more) on a new connection to `addr`.
+async fn half_request(addr: SocketAddr, head: &str) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    tcp
+}
+
+/// Reads an HTTP/1.1 answer until the server closes; answers (status, body).
+async fn read_answer(tcp: &mut (impl tokio::io::AsyncRead + Unpin)) -> (u16, String) {
+    use tokio::io::AsyncReadExt;
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), tcp.read_to_end(&mut out))
+        .await
+        .expect("an answer")
+        .unwrap();
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let status = text
+        .get(9..12)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP answer: {text:?}"));
+    let body = text.split("\r\n\r\n").nth(1).unwrap_or("").to_owned();
+    (status, body)
+}
+
+const SLOW_POST: &str = "POST /zones HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\nConnection: close\r\n\r\n{\"zoneName";
+
+#[tokio::test]
+async fn a_request_past_its_time_limit_answers_503_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = spawn_with(
+        &dir.path().join("data"),
+        &["--api-request-timeout", "300ms"],
+    );
+    // A body that never completes holds the request until the time limit.
+    let mut tcp = half_request(p.api, SLOW_POST).await;
+    let (status, body) = read_answer(&mut tcp).await;
+    assert_eq!(status, 503, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["code"], "timeout");
+}
+
+#[tokio::test]
+async fn requests_over_the_concurrency_limit_answer_503_overloaded() {
+    use futures::future::{Either, select};
+    use tokio::io::AsyncWriteExt;
+    let dir = tempfile::tempdir().unwrap();
+    let p = spawn_with(&dir.path().join("data"), &["--api-max-concurrency", "1"]);
+    // Two requests whose bodies do not complete: whichever arrives first holds the
+    // only permit until its body ends, so the other is answered 503 at once.
+    let (ra, mut wa) = half_request(p.api, SLOW_POST).await.into_split();
+    let (rb, mut wb) = half_request(p.api, SLOW_POST).await.into_split();
+    let answer = |mut r: tokio::net::tcp::OwnedReadHalf| async move { read_answer(&mut r).await };
+    let (refused, holder, holder_write) =
+        match select(Box::pin(answer(ra)), Box::pin(answer(rb))).await {
+            Either::Left((a, b)) => (a, b, &mut wb),
+            Either::Right((b, a)) => (b, a, &mut wa),
+        };
+    assert_eq!(refused.0, 503, "{refused:?}");
+    let v: Value = serde_json::from_str(&refused.1).unwrap();
+    assert_eq!(v["code"], "overloaded");
+    // Finished, the holder is served and gives the permit back.
+    let rest = format!("{:<90}", "\":\"z\",\"serverAddress\":\"cp:1\"}");
+    holder_write.write_all(rest.as_bytes()).await.unwrap();
+    let (status, body) = holder.await;
+    assert_eq!(status, 201, "{body}");
+    let res = reqwest::get(format!("http://{}/zones", p.api))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn the_api_is_served_over_tls_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = meshcat_common::tls::dev_setup(&dir.path().join("certs")).unwrap();
+    let p = spawn_with(
+        &dir.path().join("data"),
+        &[
+            "--api-tls-cert",
+            files.server_cert.to_str().unwrap(),
+            "--api-tls-key",
+            files.server_key.to_str().unwrap(),
+        ],
+    );
+    meshcat_common::tls::install_crypto_provider();
+    let mut roots = rustls::RootCertStore::empty();
+    for c in meshcat_common::tls::load_certs(&files.ca).unwrap() {
+        roots.add(c).unwrap();
+    }
+    let config = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(p.api).await.unwrap();
+    let mut tls = connector
+        .connect("localhost".try_into().unwrap(), tcp)
+        .await
+        .unwrap();
+    {
+        use tokio::io::AsyncWriteExt;
+        tls.write_all(b"GET /zones HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+    }
+    let (status, body) = read_answer(&mut tls).await;
+    assert_eq!((status, body.as_str()), (200, "[]"));
+    // Plain HTTP on the TLS port gets no answer.
+    let plain = reqwest::Client::new()
+        .get(format!("http://{}/zones", p.api))
+        .timeout(Duration::from_secs(15))
+        .send()
+        .await;
+    assert!(plain.is_err() || !plain.unwrap().status().is_success());
+}

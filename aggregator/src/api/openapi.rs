@@ -326,13 +326,18 @@ pub fn document() -> Value {
             .into_iter()
             .flat_map(|o| o.values_mut())
         {
-            if let Some(responses) = op["responses"].as_object_mut()
-                && responses.contains_key("401")
-            {
+            let Some(responses) = op["responses"].as_object_mut() else {
+                continue;
+            };
+            if responses.contains_key("401") {
                 responses.entry("403").or_insert_with(|| {
                     err("No write token is configured and writes are disabled (writes_disabled).")
                 });
             }
+            // Any request may meet the API's limits.
+            responses.entry("503").or_insert_with(|| {
+                err("Too many requests in progress (overloaded) or past the time limit (timeout).")
+            });
         }
     }
     doc
