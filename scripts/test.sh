@@ -13,6 +13,15 @@ MESHCAT_ENVOY=$(scripts/envoy.sh)
 export MESHCAT_ENVOY
 echo "envoy: $MESHCAT_ENVOY ($("$MESHCAT_ENVOY" --version | grep -o 'version: [^ ]*' | head -1))"
 
+# schemathesis, run against the API's OpenAPI document by tests/tests/e2e_schemathesis.rs.
+if [ ! -x .venv/bin/schemathesis ]; then
+  echo "==> installing schemathesis into .venv"
+  .venv/bin/pip install --disable-pip-version-check -q "schemathesis==4.32.5"
+fi
+MESHCAT_SCHEMATHESIS="$root/.venv/bin/schemathesis"
+export MESHCAT_SCHEMATHESIS
+echo "schemathesis: $("$MESHCAT_SCHEMATHESIS" --version)"
+
 # Prometheus and promtool (Debian's prometheus package) for the metrics tests; the
 # package's service is kept from starting (policy-rc.d answering 101 denies it).
 if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then

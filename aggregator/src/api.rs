@@ -5,8 +5,10 @@ mod auth;
 mod error;
 mod forward;
 mod handlers;
+pub mod limits;
 pub mod openapi;
 pub mod query;
+pub mod tls;
 mod troubleshoot;
 
 use std::sync::Arc;
@@ -74,8 +76,29 @@ pub struct AppState {
     pub prometheus_url: Option<String>,
 }
 
-/// The API router over its state.
+/// The API router over its state, with the default time and concurrency limits.
 pub fn app(state: Arc<AppState>, max_body: usize) -> Router {
+    app_with_limits(
+        state,
+        max_body,
+        Arc::new(limits::Limits::new(
+            DEFAULT_REQUEST_TIMEOUT,
+            DEFAULT_MAX_CONCURRENCY,
+        )),
+    )
+}
+
+/// Default `--api-request-timeout`.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default `--api-max-concurrency`.
+pub const DEFAULT_MAX_CONCURRENCY: usize = 1024;
+
+/// The API router over its state, held to `limits`.
+pub fn app_with_limits(
+    state: Arc<AppState>,
+    max_body: usize,
+    limits: Arc<limits::Limits>,
+) -> Router {
     use handlers as h;
     use troubleshoot as t;
     Router::new()
@@ -120,6 +143,7 @@ pub fn app(state: Arc<AppState>, max_body: usize) -> Router {
             state.clone(),
             forward::to_owner,
         ))
+        .layer(middleware::from_fn_with_state(limits, limits::enforce))
         .layer(middleware::from_fn_with_state(state.clone(), track))
         .layer(DefaultBodyLimit::max(max_body))
         .with_state(state)

@@ -40,30 +40,15 @@ pub enum Command {
 /// Flags of `serve`.
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
-    /// Address of the catalog REST API (TCP).
-    #[arg(
-        long,
-        env = "MESHCAT_API_ADDR",
-        default_value = "0.0.0.0:9080",
-        value_name = "HOST:PORT"
-    )]
-    pub api_addr: SocketAddr,
-    /// Address of the agent ingest (QUIC over UDP).
-    #[arg(
-        long,
-        env = "MESHCAT_QUIC_ADDR",
-        default_value = "0.0.0.0:9443",
-        value_name = "HOST:PORT"
-    )]
-    pub quic_addr: SocketAddr,
-    /// Address of the ops endpoints: Prometheus /metrics, /healthz, /readyz (TCP).
-    #[arg(
-        long,
-        env = "MESHCAT_OPS_ADDR",
-        default_value = "0.0.0.0:9091",
-        value_name = "HOST:PORT"
-    )]
-    pub ops_addr: SocketAddr,
+    /// Address of the catalog REST API (TCP) [default: 0.0.0.0:9080; 127.0.0.1:9080 with --dev].
+    #[arg(long, env = "MESHCAT_API_ADDR", value_name = "HOST:PORT")]
+    pub api_addr: Option<SocketAddr>,
+    /// Address of the agent ingest (QUIC over UDP) [default: 0.0.0.0:9443; 127.0.0.1:9443 with --dev].
+    #[arg(long, env = "MESHCAT_QUIC_ADDR", value_name = "HOST:PORT")]
+    pub quic_addr: Option<SocketAddr>,
+    /// Address of the ops endpoints: Prometheus /metrics, /healthz, /readyz (TCP) [default: 0.0.0.0:9091; 127.0.0.1:9091 with --dev].
+    #[arg(long, env = "MESHCAT_OPS_ADDR", value_name = "HOST:PORT")]
+    pub ops_addr: Option<SocketAddr>,
     /// Directory of the durable registrations (zones and clusters).
     #[arg(
         long,
@@ -72,7 +57,9 @@ pub struct ServeArgs {
         value_name = "DIR"
     )]
     pub data_dir: PathBuf,
-    /// File holding the bearer token that POST, PUT and DELETE require (none: writes are open).
+    /// File holding the bearer token that every write requires: POST, PUT, DELETE, the
+    /// logging PUTs, debug windows (none: writes answer 403 writes_disabled, unless
+    /// --dev or --allow-anonymous-writes).
     #[arg(long, env = "MESHCAT_WRITE_TOKEN_FILE", value_name = "FILE")]
     pub write_token_file: Option<PathBuf>,
     /// File holding the bearer token that makes live data (instances, metrics) visible
@@ -97,10 +84,33 @@ pub struct ServeArgs {
     /// File holding the shared token of token-authenticated agents.
     #[arg(long, env = "MESHCAT_AGENT_TOKEN_FILE", value_name = "FILE")]
     pub agent_token_file: Option<PathBuf>,
+    /// Accept an agent certificate without any meshcat:zone: URI SAN as valid for every
+    /// zone (by default such a certificate is refused).
+    #[arg(long, env = "MESHCAT_ALLOW_ANY_ZONE_CERT")]
+    pub allow_any_zone_cert: bool,
     /// Development mode: generate a self-signed CA, server and agent certificate under
     /// <data-dir>/dev/ and accept agents presenting that agent certificate.
     #[arg(long, env = "MESHCAT_DEV")]
     pub dev: bool,
+    /// Without --write-token-file, accept writes from anyone (for a deployment behind
+    /// an authenticating proxy); logged as a warning at start.
+    #[arg(long, env = "MESHCAT_ALLOW_ANONYMOUS_WRITES")]
+    pub allow_anonymous_writes: bool,
+    /// PEM certificate chain of the catalog REST API: with --api-tls-key, the API is
+    /// served over HTTPS only.
+    #[arg(long, env = "MESHCAT_API_TLS_CERT", value_name = "FILE")]
+    pub api_tls_cert: Option<PathBuf>,
+    /// PEM private key of --api-tls-cert.
+    #[arg(long, env = "MESHCAT_API_TLS_KEY", value_name = "FILE")]
+    pub api_tls_key: Option<PathBuf>,
+    /// Time limit of an API request; a request past it answers 503 timeout. Event
+    /// streams and blocking queries are exempt, debug windows get their length on top.
+    #[arg(long, env = "MESHCAT_API_REQUEST_TIMEOUT", default_value = "30s", value_parser = parse_positive_duration, value_name = "DURATION")]
+    pub api_request_timeout: Duration,
+    /// Most API requests in progress at once; more answer 503 overloaded at once.
+    /// Event streams and blocking queries are not counted.
+    #[arg(long, env = "MESHCAT_API_MAX_CONCURRENCY", default_value = "1024", value_parser = clap::value_parser!(u32).range(1..=1_000_000), value_name = "N")]
+    pub api_max_concurrency: u32,
     /// Largest accepted request body (like 1MiB, 512KiB, 1048576).
     #[arg(long, env = "MESHCAT_MAX_BODY", default_value = "1MiB", value_parser = parse_bytes, value_name = "SIZE")]
     pub max_body: u64,
@@ -108,6 +118,19 @@ pub struct ServeArgs {
     /// agent's other messages are unaffected.
     #[arg(long, env = "MESHCAT_MAX_MESSAGE", default_value = "4MiB", value_parser = parse_bytes, value_name = "SIZE")]
     pub max_message: u64,
+    /// Most upstream clusters one instance may report; a report with more is refused
+    /// whole (too_many_upstream_clusters).
+    #[arg(long, env = "MESHCAT_MAX_UPSTREAM_CLUSTERS", default_value = "4096", value_parser = clap::value_parser!(u32).range(1..), value_name = "N")]
+    pub max_upstream_clusters: u32,
+    /// Most upstream hosts one instance may report over all its clusters; a report with
+    /// more is refused whole (too_many_upstream_hosts).
+    #[arg(long, env = "MESHCAT_MAX_UPSTREAM_HOSTS", default_value = "32768", value_parser = clap::value_parser!(u32).range(1..), value_name = "N")]
+    pub max_upstream_hosts: u32,
+    /// Most distinct instances the live connections of one agent credential
+    /// (certificate or token) may report; a report that would go over is refused whole
+    /// (too_many_credential_instances).
+    #[arg(long, env = "MESHCAT_MAX_INSTANCES_PER_CREDENTIAL", default_value = "10000", value_parser = clap::value_parser!(u32).range(1..), value_name = "N")]
+    pub max_instances_per_credential: u32,
     /// How often the configuration of each zone's edge sidecar (its requestCluster)
     /// is fetched through its agent, so that GET /services lists the clusters it
     /// knows.
@@ -224,6 +247,8 @@ pub enum ConfigError {
     },
     #[error("--tls-cert and --tls-key must be given together")]
     HalfTls,
+    #[error("--api-tls-cert and --api-tls-key must be given together")]
+    HalfApiTls,
     #[error("--max-body must be at most {MAX_BODY_CEILING} bytes")]
     MaxBody,
     #[error("--max-message is too large for this machine")]
@@ -256,9 +281,23 @@ pub struct Config {
     pub client_ca: Option<PathBuf>,
     /// Token file of token-authenticated agents (`TOKEN [zone,...|*]` lines).
     pub agent_token_file: Option<PathBuf>,
+    /// Whether an agent certificate without zone URIs grants every zone.
+    pub allow_any_zone_cert: bool,
     pub dev: bool,
+    /// Whether writes are open when no write token is configured.
+    pub allow_anonymous_writes: bool,
+    /// Address flags given explicitly although `--dev` would bind loopback, and
+    /// not on loopback: each is warned about at start.
+    pub exposed: Vec<(&'static str, SocketAddr)>,
     pub max_body: usize,
+    pub api_tls_cert: Option<PathBuf>,
+    pub api_tls_key: Option<PathBuf>,
+    pub api_request_timeout: Duration,
+    pub api_max_concurrency: usize,
     pub max_message: usize,
+    pub max_upstream_clusters: usize,
+    pub max_upstream_hosts: usize,
+    pub max_instances_per_credential: usize,
     pub edge_refresh: Duration,
     pub command_timeout: Duration,
     /// Prometheus base URL for the missing-metrics diagnosis.
@@ -288,9 +327,21 @@ impl std::fmt::Debug for Config {
             .field("tls_key", &self.tls_key)
             .field("client_ca", &self.client_ca)
             .field("agent_token_file", &self.agent_token_file)
+            .field("allow_any_zone_cert", &self.allow_any_zone_cert)
             .field("dev", &self.dev)
+            .field("allow_anonymous_writes", &self.allow_anonymous_writes)
             .field("max_body", &self.max_body)
             .field("max_message", &self.max_message)
+            .field("api_tls_cert", &self.api_tls_cert)
+            .field("api_tls_key", &self.api_tls_key)
+            .field("api_request_timeout", &self.api_request_timeout)
+            .field("api_max_concurrency", &self.api_max_concurrency)
+            .field("max_upstream_clusters", &self.max_upstream_clusters)
+            .field("max_upstream_hosts", &self.max_upstream_hosts)
+            .field(
+                "max_instances_per_credential",
+                &self.max_instances_per_credential,
+            )
             .field("edge_refresh", &self.edge_refresh)
             .field("command_timeout", &self.command_timeout)
             .field("prometheus_url", &self.prometheus_url)
@@ -306,7 +357,8 @@ impl std::fmt::Debug for Config {
 
 impl Config {
     /// A configuration for tests and embedding: loopback port 0 everywhere, the given
-    /// data directory, every other value at its default.
+    /// data directory, writes open to anyone unless a test sets a write token (the
+    /// process default refuses them), every other value at its default.
     pub fn for_tests(data_dir: &Path) -> Config {
         let args = ServeArgs::try_parse_from_defaults().expect("defaults parse");
         let mut c = Config::from_args(args).expect("defaults are valid");
@@ -315,6 +367,7 @@ impl Config {
         c.quic_addr = lo;
         c.ops_addr = lo;
         c.data_dir = data_dir.to_owned();
+        c.allow_anonymous_writes = true;
         c
     }
 
@@ -329,6 +382,9 @@ impl Config {
         if a.tls_cert.is_some() != a.tls_key.is_some() {
             return Err(ConfigError::HalfTls);
         }
+        if a.api_tls_cert.is_some() != a.api_tls_key.is_some() {
+            return Err(ConfigError::HalfApiTls);
+        }
         if a.etcd_cert.is_some() != a.etcd_key.is_some() {
             return Err(ConfigError::HalfEtcdTls);
         }
@@ -336,16 +392,37 @@ impl Config {
         if etcd_tls && a.store == StoreSpec::Redb {
             return Err(ConfigError::EtcdTlsWithoutEtcd);
         }
+        // --dev binds loopback unless an address is given (contract section 10).
+        let host: std::net::IpAddr = if a.dev {
+            std::net::Ipv4Addr::LOCALHOST.into()
+        } else {
+            std::net::Ipv4Addr::UNSPECIFIED.into()
+        };
+        let mut exposed = Vec::new();
+        let mut addr = |what: &'static str, given: Option<SocketAddr>, port: u16| match given {
+            Some(addr) => {
+                if a.dev && !addr.ip().is_loopback() {
+                    exposed.push((what, addr));
+                }
+                addr
+            }
+            None => SocketAddr::new(host, port),
+        };
+        let api_addr = addr("api", a.api_addr, 9080);
+        let quic_addr = addr("quic", a.quic_addr, 9443);
+        let ops_addr = addr("ops", a.ops_addr, 9091);
         if a.store != StoreSpec::Redb
             && a.advertise_addr.is_none()
-            && a.api_addr.ip().is_unspecified()
+            && api_addr.ip().is_unspecified()
         {
-            return Err(ConfigError::NoAdvertise(a.api_addr));
+            return Err(ConfigError::NoAdvertise(api_addr));
         }
         for (flag, path) in [
             ("tls-cert", &a.tls_cert),
             ("tls-key", &a.tls_key),
             ("client-ca", &a.client_ca),
+            ("api-tls-cert", &a.api_tls_cert),
+            ("api-tls-key", &a.api_tls_key),
             ("etcd-ca-file", &a.etcd_ca_file),
             ("etcd-cert", &a.etcd_cert),
             ("etcd-key", &a.etcd_key),
@@ -365,9 +442,9 @@ impl Config {
             return Err(ConfigError::DataDir(a.data_dir.display().to_string()));
         }
         Ok(Config {
-            api_addr: a.api_addr,
-            quic_addr: a.quic_addr,
-            ops_addr: a.ops_addr,
+            api_addr,
+            quic_addr,
+            ops_addr,
             write_token: token(&a.write_token_file)?,
             read_token: token(&a.read_token_file)?,
             agent_token_file: {
@@ -381,9 +458,19 @@ impl Config {
             tls_cert: a.tls_cert,
             tls_key: a.tls_key,
             client_ca: a.client_ca,
+            allow_any_zone_cert: a.allow_any_zone_cert,
             dev: a.dev,
+            allow_anonymous_writes: a.allow_anonymous_writes,
+            exposed,
             max_body: a.max_body as usize,
+            api_tls_cert: a.api_tls_cert,
+            api_tls_key: a.api_tls_key,
+            api_request_timeout: a.api_request_timeout,
+            api_max_concurrency: a.api_max_concurrency as usize,
             max_message: usize::try_from(a.max_message).map_err(|_| ConfigError::MaxMessage)?,
+            max_upstream_clusters: a.max_upstream_clusters as usize,
+            max_upstream_hosts: a.max_upstream_hosts as usize,
+            max_instances_per_credential: a.max_instances_per_credential as usize,
             edge_refresh: a.edge_refresh,
             command_timeout: a.command_timeout,
             prometheus_url: a.prometheus_url,
@@ -492,7 +579,7 @@ mod tests {
     #[test]
     fn serve_is_optional() {
         let a = parse(&["--api-addr", "127.0.0.1:1"]).unwrap();
-        assert_eq!(a.api_addr.port(), 1);
+        assert_eq!(a.api_addr.map(|a| a.port()), Some(1));
         let b = parse(&[
             "serve",
             "--api-addr",
@@ -501,7 +588,7 @@ mod tests {
             "500ms",
         ])
         .unwrap();
-        assert_eq!(b.api_addr.port(), 2);
+        assert_eq!(b.api_addr.map(|a| a.port()), Some(2));
         assert_eq!(b.instance_ttl, Duration::from_millis(500));
     }
 
@@ -550,6 +637,26 @@ mod tests {
             Config::from_args(a),
             Err(ConfigError::EtcdTlsWithoutEtcd)
         ));
+    }
+
+    #[test]
+    fn dev_binds_loopback_unless_told() {
+        let c = Config::from_args(parse(&["--dev"]).unwrap()).unwrap();
+        for a in [c.api_addr, c.quic_addr, c.ops_addr] {
+            assert!(a.ip().is_loopback(), "{a}");
+        }
+        assert_eq!(
+            (c.api_addr.port(), c.quic_addr.port(), c.ops_addr.port()),
+            (9080, 9443, 9091)
+        );
+        assert!(c.exposed.is_empty());
+        let c = Config::from_args(parse(&["--dev", "--api-addr", "0.0.0.0:1"]).unwrap()).unwrap();
+        assert_eq!(c.api_addr, "0.0.0.0:1".parse().unwrap());
+        assert_eq!(c.exposed, vec![("api", c.api_addr)]);
+        assert!(c.ops_addr.ip().is_loopback());
+        let c = Config::from_args(parse(&[]).unwrap()).unwrap();
+        assert!(c.api_addr.ip().is_unspecified() && c.quic_addr.ip().is_unspecified());
+        assert!(!c.allow_anonymous_writes);
     }
 
     #[test]

@@ -24,9 +24,22 @@ pub use metrics::IngestMetrics;
 
 /// Most instances one report may carry.
 pub const DEFAULT_MAX_INSTANCES: usize = 1000;
+/// Most upstream clusters one instance may report.
+pub const DEFAULT_MAX_UPSTREAM_CLUSTERS: usize = 4096;
+/// Most upstream hosts one instance may report, over all its clusters.
+pub const DEFAULT_MAX_UPSTREAM_HOSTS: usize = 32_768;
+/// Most distinct instances the live connections of one credential may report, so
+/// one zone's credential cannot use up the store's global bound.
+pub const DEFAULT_MAX_CREDENTIAL_INSTANCES: usize = 10_000;
 /// Most agent connections served at once; more are refused at the handshake.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 20_000;
-/// Time an agent has to open its control stream and say hello.
+/// Most connections not yet authenticated (handshake and hello in progress); more are
+/// refused before any TLS work.
+pub const DEFAULT_MAX_PENDING_CONNECTIONS: usize = 1024;
+/// Largest frame read before authentication: the hello.
+pub const MAX_HELLO: usize = 4 << 10;
+/// Time an agent has from its first packet to the end of its hello (handshake
+/// included).
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Where accepted reports go (the catalog store implements it). The sink owns which
@@ -60,9 +73,17 @@ pub struct IngestConfig {
     pub max_message: usize,
     /// Most instances in one report.
     pub max_instances: usize,
-    /// Most concurrent agent connections.
+    /// Most upstream clusters per instance.
+    pub max_upstream_clusters: usize,
+    /// Most upstream hosts per instance.
+    pub max_upstream_hosts: usize,
+    /// Most instances reported by the live connections of one credential.
+    pub max_credential_instances: usize,
+    /// Most concurrent authenticated agent connections.
     pub max_connections: usize,
-    /// Time allowed between connection and hello.
+    /// Most connections not yet authenticated.
+    pub max_pending: usize,
+    /// Time allowed between the first packet and the end of the hello.
     pub hello_timeout: Duration,
 }
 
@@ -74,7 +95,11 @@ impl IngestConfig {
             auth,
             max_message: DEFAULT_MAX_MESSAGE,
             max_instances: DEFAULT_MAX_INSTANCES,
+            max_upstream_clusters: DEFAULT_MAX_UPSTREAM_CLUSTERS,
+            max_upstream_hosts: DEFAULT_MAX_UPSTREAM_HOSTS,
+            max_credential_instances: DEFAULT_MAX_CREDENTIAL_INSTANCES,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_pending: DEFAULT_MAX_PENDING_CONNECTIONS,
             hello_timeout: HELLO_TIMEOUT,
         }
     }
@@ -85,25 +110,34 @@ struct Shared {
     auth: AgentAuth,
     max_message: usize,
     max_instances: usize,
+    max_upstream_clusters: usize,
+    max_upstream_hosts: usize,
+    max_credential_instances: usize,
+    /// Instances reported by the live connections of each credential.
+    by_credential: dashmap::DashMap<connection::Credential, usize>,
     hello_timeout: Duration,
     sink: Arc<dyn ReportSink>,
     agents: Agents,
     metrics: IngestMetrics,
-    /// Connections being served, held below `max_connections`.
+    /// Authenticated connections being served, held below `max_connections`.
     open: AtomicUsize,
+    max_connections: usize,
+    /// Connections not yet authenticated, held below `max_pending`.
+    pending: AtomicUsize,
 }
 
 /// The ingest server, ready to run on a socket.
 pub struct Ingest {
     server: quinn::ServerConfig,
-    max_connections: usize,
+    max_pending: usize,
     shared: Arc<Shared>,
 }
 
 impl std::fmt::Debug for Ingest {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Ingest")
-            .field("max_connections", &self.max_connections)
+            .field("max_connections", &self.shared.max_connections)
+            .field("max_pending", &self.max_pending)
             .field("max_message", &self.shared.max_message)
             .field("max_instances", &self.shared.max_instances)
             .finish_non_exhaustive()
@@ -122,15 +156,21 @@ impl Ingest {
             auth: config.auth,
             max_message: config.max_message,
             max_instances: config.max_instances,
+            max_upstream_clusters: config.max_upstream_clusters,
+            max_upstream_hosts: config.max_upstream_hosts,
+            max_credential_instances: config.max_credential_instances,
+            by_credential: dashmap::DashMap::new(),
             hello_timeout: config.hello_timeout,
             sink: sink.clone(),
             agents: Agents::new(metrics.clone(), sink.clone()),
             metrics,
             open: AtomicUsize::new(0),
+            max_connections: config.max_connections,
+            pending: AtomicUsize::new(0),
         });
         Ok(Ingest {
             server: config.server,
-            max_connections: config.max_connections,
+            max_pending: config.max_pending,
             shared,
         })
     }
@@ -149,7 +189,7 @@ impl Ingest {
     ) -> Result<(), IngestError> {
         let Ingest {
             server,
-            max_connections,
+            max_pending,
             shared,
         } = self;
         let endpoint = quinn::Endpoint::new(
@@ -164,18 +204,22 @@ impl Ingest {
             tokio::select! {
                 incoming = endpoint.accept() => {
                     let Some(incoming) = incoming else { break };
-                    if shared.open.load(Ordering::Relaxed) >= max_connections {
-                        warn!(remote = %incoming.remote_address(), max_connections, "Connection refused: too many agents.");
-                        shared.metrics.rejected("too_many_connections");
+                    // Address validation: a peer must prove it receives at its source
+                    // address (a stateless retry) before the server keeps any state
+                    // or does any TLS work for it.
+                    if !incoming.remote_address_validated() && incoming.may_retry() {
+                        let _ = incoming.retry();
+                        continue;
+                    }
+                    if shared.pending.load(Ordering::Relaxed) >= max_pending {
+                        warn!(remote = %incoming.remote_address(), max_pending, "Connection refused: too many connections awaiting authentication.");
+                        shared.metrics.rejected("too_many_pending");
                         incoming.refuse();
                         continue;
                     }
-                    shared.open.fetch_add(1, Ordering::Relaxed);
+                    shared.pending.fetch_add(1, Ordering::Relaxed);
                     let shared = shared.clone();
-                    tokio::spawn(async move {
-                        connection::serve(incoming, shared.clone()).await;
-                        shared.open.fetch_sub(1, Ordering::Relaxed);
-                    });
+                    tokio::spawn(connection::serve(incoming, shared));
                 }
                 () = &mut shutdown => break,
             }

@@ -160,12 +160,16 @@ fn prepare_ingest(agg: &Aggregator) -> Result<Option<IngestParts>, RunError> {
         agent_token_file: c.agent_token_file.clone(),
         dev: c.dev,
         data_dir: c.data_dir.clone(),
+        allow_any_zone_cert: c.allow_any_zone_cert,
     };
     let (server, auth) = security
         .load()
         .map_err(|e| RunError::Ingest(e.to_string()))?;
     let mut config = IngestConfig::new(server, auth);
     config.max_message = c.max_message;
+    config.max_upstream_clusters = c.max_upstream_clusters;
+    config.max_upstream_hosts = c.max_upstream_hosts;
+    config.max_credential_instances = c.max_instances_per_credential;
     let sink: Arc<dyn ingest::ReportSink> = agg.store.clone();
     let ingest = Ingest::new(config, sink, &agg.telemetry.registry)
         .map_err(|e| RunError::Ingest(e.to_string()))?;
@@ -220,6 +224,7 @@ async fn serve_with(
         tokens: Tokens {
             read: agg.config.read_token.clone(),
             write: agg.config.write_token.clone(),
+            anonymous_writes: agg.config.dev || agg.config.allow_anonymous_writes,
         },
         metrics: agg.telemetry.api.clone(),
         agents: agents.clone(),
@@ -233,12 +238,26 @@ async fn serve_with(
     });
     let api_addr = api.local_addr()?;
     let ops_addr = ops.local_addr()?;
-    let api_app = api::app(app_state, agg.config.max_body);
-    let api_task = tokio::spawn(
-        axum::serve(api, api_app)
-            .with_graceful_shutdown(stopped(stop_rx.clone()))
-            .into_future(),
-    );
+    let limits = Arc::new(api::limits::Limits::new(
+        agg.config.api_request_timeout,
+        agg.config.api_max_concurrency,
+    ));
+    let api_app = api::app_with_limits(app_state, agg.config.max_body, limits);
+    let api_tls = match (&agg.config.api_tls_cert, &agg.config.api_tls_key) {
+        (Some(cert), Some(key)) => Some(
+            api::tls::server_config(cert, key)
+                .map_err(|e| RunError::Serve(std::io::Error::other(format!("API TLS: {e}"))))?,
+        ),
+        _ => None,
+    };
+    let api_task = match api_tls {
+        Some(tls) => tokio::spawn(api::tls::serve(api, tls, api_app, stop_rx.clone())),
+        None => tokio::spawn(
+            axum::serve(api, api_app)
+                .with_graceful_shutdown(stopped(stop_rx.clone()))
+                .into_future(),
+        ),
+    };
     let ops_task = tokio::spawn(
         axum::serve(ops, ops::app(ops_state.clone()))
             .with_graceful_shutdown(stopped(stop_rx.clone()))
@@ -275,17 +294,33 @@ async fn serve_with(
             stop_rx.clone(),
         ))
     });
-    // Ready before the addresses are logged: whoever reads them may probe at once.
-    // With etcd, /readyz also waits for the catalog to be loaded.
-    ops_state.ready.store(true, Ordering::Release);
-    info!(api = %api_addr, "Catalog API listening.");
-    info!(ops = %ops_addr, "Ops endpoints listening.");
+    // Warnings first: whoever waits for the addresses has read them by then.
     if agg.config.dev {
         warn!(
             quic = %agg.config.quic_addr,
             "DEVELOPMENT MODE: self-signed certificates, not for production."
         );
+        if agg.config.write_token.is_none() {
+            warn!("DEVELOPMENT MODE: no write token, anyone who reaches the API may write.");
+        }
+        for (what, addr) in &agg.config.exposed {
+            warn!(listener = what, %addr, "DEVELOPMENT MODE: the {what} listener is open beyond this machine.");
+        }
+    } else if agg.config.write_token.is_none() {
+        if agg.config.allow_anonymous_writes {
+            warn!(
+                "--allow-anonymous-writes: anyone who reaches the API may change the catalog and sidecars."
+            );
+        } else {
+            info!("No write token: writes answer 403 writes_disabled.");
+        }
     }
+
+    // Ready before the addresses are logged: whoever reads them may probe at once.
+    // With etcd, /readyz also waits for the catalog to be loaded.
+    ops_state.ready.store(true, Ordering::Release);
+    info!(api = %api_addr, tls = agg.config.api_tls_cert.is_some(), "Catalog API listening.");
+    info!(ops = %ops_addr, "Ops endpoints listening.");
 
     shutdown.await;
     ops_state.ready.store(false, Ordering::Release);

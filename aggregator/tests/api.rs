@@ -234,6 +234,42 @@ async fn zone_validation() {
         )
         .await;
     assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY);
+    // Only regular files up to 1 MiB are read; whatever else, one message that does
+    // not tell which paths exist. A FIFO or /dev/zero must not hang or fill memory.
+    let fifo = dir.path().join("fifo");
+    assert!(
+        std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let big = dir.path().join("big.pem");
+    let mut text = pem.as_bytes().to_vec();
+    text.resize((1 << 20) + 1, b'A');
+    std::fs::write(&big, text).unwrap();
+    let mut messages = Vec::new();
+    for ca in [
+        fifo.display().to_string(),
+        "/dev/zero".to_owned(),
+        big.display().to_string(),
+        dir.path().display().to_string(),
+        "/nonexistent/ca.pem".to_owned(),
+        not_pem.display().to_string(),
+    ] {
+        let (s, v) = api
+            .post(
+                "/zones",
+                json!({"zoneName": "t", "serverAddress": "10.0.0.1:443", "useTls": true,
+                "caPath": ca, "certPath": paths[1], "keyPath": paths[2]}),
+            )
+            .await;
+        assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{ca}: {v}");
+        assert!(!v["error"].as_str().unwrap().contains(&ca), "{v}");
+        messages.push(v["error"].clone());
+    }
+    messages.dedup();
+    assert_eq!(messages.len(), 1, "{messages:?}");
     let (s, v) = api
         .post(
             "/zones",
@@ -745,6 +781,28 @@ async fn tokens() {
     assert_eq!(
         api.get("/summary").await.1["zones"]["z"]["clusters"]["c"]["instances"][0]["name"],
         "i"
+    );
+
+    // A debug window changes sidecars: the read token is not enough, and the check
+    // comes before the query is validated.
+    for q in [
+        "zoneName=z&symptom=no_healthy_upstream&debugSeconds=30",
+        "zoneName=z&debugSeconds=oops",
+    ] {
+        let (s, v) = api.get(&format!("/diagnose/c?{q}")).await;
+        assert_eq!(
+            (s, v["code"].as_str()),
+            (StatusCode::UNAUTHORIZED, Some("unauthorized")),
+            "{q}"
+        );
+    }
+    // The write token grants what the read token grants.
+    api.token = Some("w-secret".into());
+    assert_eq!(api.get("/metrics/c/i").await.0, StatusCode::OK);
+    let (s, v) = api.get("/diagnose/c?zoneName=z&debugSeconds=oops").await;
+    assert_eq!(
+        (s, v["code"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("invalid_query"))
     );
 }
 

@@ -533,3 +533,279 @@ async fn a_reconnecting_agent_replaces_its_old_connection_without_agent_gone() {
     assert!(!server.sink.is_gone("same"));
     server.stop().await;
 }
+
+#[tokio::test]
+async fn an_agent_id_held_by_other_credentials_is_refused_and_the_holder_keeps_going() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = dev(dir.path());
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, "tok-a zone-a\ntok-b zone-b\n").unwrap();
+    let auth = AgentAuth::default().with_token_file(&tokens).unwrap();
+    let server_tls =
+        tls::server_config(&files.server_cert, &files.server_key, &ClientAuth::None).unwrap();
+    let server = Server::start(IngestConfig::new(server_tls, auth)).await;
+
+    let mut holder = connect(server.addr, &files.ca, None).await.unwrap();
+    holder.hello("pod", Some("tok-a")).await.unwrap();
+    assert!(accepted(
+        &holder
+            .report(vec![instance("zone-a", "web", "web-1")])
+            .await
+    ));
+    let mut intruder = connect(server.addr, &files.ca, None).await.unwrap();
+    let reason = intruder.hello("pod", Some("tok-b")).await.unwrap_err();
+    assert!(reason.contains("agent_id_in_use"), "{reason}");
+    assert_eq!(
+        server.metric(
+            "meshcat_reports_rejected_total",
+            Some(("reason", "agent_id_in_use"))
+        ),
+        1.0
+    );
+    // The holder keeps its session and its instances.
+    assert!(holder.conn.close_reason().is_none());
+    assert!(accepted(
+        &holder
+            .report(vec![instance("zone-a", "web", "web-1")])
+            .await
+    ));
+    assert!(!server.sink.is_gone("pod"));
+    assert_eq!(server.metric("meshcat_agents_connected", None), 1.0);
+
+    // The same credential may take its id over (a reconnecting agent).
+    let mut again = connect(server.addr, &files.ca, None).await.unwrap();
+    again.hello("pod", Some("tok-a")).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), holder.conn.closed())
+        .await
+        .expect("the older connection of the same credential is closed");
+    // Once the holder is gone, another credential may use the id.
+    again.goodbye().await;
+    tokio::time::timeout(Duration::from_secs(5), again.conn.closed())
+        .await
+        .expect("goodbye closes the connection");
+    eventually("the id released", || {
+        server.metric("meshcat_agents_connected", None) == 0.0
+    })
+    .await;
+    let mut next = connect(server.addr, &files.ca, None).await.unwrap();
+    next.hello("pod", Some("tok-b")).await.unwrap();
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn certificates_without_an_exact_zone_uri_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = dev(dir.path());
+    for (i, (uris, allow_any, ok)) in [
+        (&[][..], false, false),
+        (&["meshcat:zones:east"][..], false, false),
+        (&["Meshcat:zone:east"][..], false, false),
+        (&["https://example.com/meshcat:zone:east"][..], false, false),
+        (&[][..], true, true),
+        (&["meshcat:zone:east"][..], false, true),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let sub = dir.path().join(i.to_string());
+        std::fs::create_dir(&sub).unwrap();
+        let (ca, cert, key) = operator_ca(&sub, uris);
+        let mut config = mtls_config(&files, &ca);
+        config.auth.any_zone_cert = allow_any;
+        let server = Server::start(config).await;
+        let mut agent = connect(server.addr, &files.ca, Some((&cert, &key)))
+            .await
+            .unwrap();
+        let hello = agent.hello("a", None).await;
+        assert_eq!(
+            hello.is_ok(),
+            ok,
+            "{uris:?} allow_any={allow_any}: {hello:?}"
+        );
+        if ok {
+            assert!(accepted(
+                &agent.report(vec![instance("east", "web", "web-1")]).await
+            ));
+        } else {
+            assert_eq!(
+                server.metric("meshcat_reports_rejected_total", Some(("reason", "auth"))),
+                1.0
+            );
+        }
+        server.stop().await;
+    }
+}
+
+fn upstream(clusters: usize, hosts_each: usize) -> Vec<wire::UpstreamCluster> {
+    (0..clusters)
+        .map(|c| wire::UpstreamCluster {
+            name: format!("up-{c}"),
+            added_via_api: false,
+            hosts: (0..hosts_each)
+                .map(|h| wire::UpstreamHost {
+                    address: format!("10.0.{c}.{h}:80"),
+                    cx_active: 0,
+                    cx_connect_fail: 0,
+                    cx_total: 0,
+                    rq_active: 0,
+                    rq_error: 0,
+                    rq_total: 0,
+                    health_flags: "healthy".into(),
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn upstream_and_per_credential_bounds_refuse_reports_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = dev(dir.path());
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, "tok-a zone-a\ntok-b zone-b\n").unwrap();
+    let auth = AgentAuth::default().with_token_file(&tokens).unwrap();
+    let server_tls =
+        tls::server_config(&files.server_cert, &files.server_key, &ClientAuth::None).unwrap();
+    let mut config = IngestConfig::new(server_tls, auth);
+    config.max_upstream_clusters = 3;
+    config.max_upstream_hosts = 4;
+    config.max_credential_instances = 2;
+    let server = Server::start(config).await;
+    let rejected =
+        |reason| server.metric("meshcat_reports_rejected_total", Some(("reason", reason)));
+
+    let mut a1 = connect(server.addr, &files.ca, None).await.unwrap();
+    a1.hello("a-1", Some("tok-a")).await.unwrap();
+    let mut wide = instance("zone-a", "web", "web-1");
+    wide.clusters = upstream(4, 1);
+    assert!(!accepted(&a1.report(vec![wide]).await));
+    assert_eq!(rejected("too_many_upstream_clusters"), 1.0);
+    let mut crowded = instance("zone-a", "web", "web-1");
+    crowded.clusters = upstream(2, 3);
+    assert!(!accepted(&a1.report(vec![crowded]).await));
+    assert_eq!(rejected("too_many_upstream_hosts"), 1.0);
+    let mut fine = instance("zone-a", "web", "web-1");
+    fine.clusters = upstream(2, 2);
+    assert!(accepted(&a1.report(vec![fine]).await));
+    assert_eq!(server.sink.reports_of("a-1"), 1);
+
+    // Two instances per credential, over all its connections; reporting the same
+    // instance again costs nothing.
+    let mut a2 = connect(server.addr, &files.ca, None).await.unwrap();
+    a2.hello("a-2", Some("tok-a")).await.unwrap();
+    assert!(accepted(
+        &a2.report(vec![instance("zone-a", "web", "web-2")]).await
+    ));
+    assert!(accepted(
+        &a2.report(vec![instance("zone-a", "web", "web-2")]).await
+    ));
+    let answer = a2
+        .report(vec![
+            instance("zone-a", "web", "web-2"),
+            instance("zone-a", "web", "web-3"),
+        ])
+        .await;
+    assert!(
+        matches!(&answer, ServerMessage::Rejected { reason } if reason.contains("limit")),
+        "{answer:?}"
+    );
+    assert_eq!(rejected("too_many_credential_instances"), 1.0);
+    assert_eq!(server.sink.reports_of("a-2"), 2);
+    // Another credential (zone) has its own bound.
+    let mut b = connect(server.addr, &files.ca, None).await.unwrap();
+    b.hello("b-1", Some("tok-b")).await.unwrap();
+    assert!(accepted(
+        &b.report(vec![
+            instance("zone-b", "web", "web-1"),
+            instance("zone-b", "web", "web-2")
+        ])
+        .await
+    ));
+    // A connection that ends gives its instances back.
+    a1.goodbye().await;
+    tokio::time::timeout(Duration::from_secs(5), a1.conn.closed())
+        .await
+        .expect("goodbye closes the connection");
+    eventually("a-1 gone", || server.sink.is_gone("a-1")).await;
+    eventually("the bound released", || {
+        server.metric("meshcat_agents_connected", None) == 2.0
+    })
+    .await;
+    assert!(accepted(
+        &a2.report(vec![instance("zone-a", "web", "web-3")]).await
+    ));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn before_authentication_a_peer_gets_a_small_hello_and_a_bounded_slot() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = dev(dir.path());
+    let certs = Some((files.agent_cert.as_path(), files.agent_key.as_path()));
+    let mut config = mtls_config(&files, &files.ca);
+    config.max_pending = 1;
+    config.max_connections = 1;
+    let server = Server::start(config).await;
+    let rejected =
+        |reason| server.metric("meshcat_reports_rejected_total", Some(("reason", reason)));
+
+    // A hello over 4 KiB is refused, though far below --max-message.
+    let mut big = connect(server.addr, &files.ca, certs).await.unwrap();
+    let reason = big.hello("big", Some(&"x".repeat(5000))).await.unwrap_err();
+    assert!(
+        reason.contains("limit") || reason.contains("large"),
+        "{reason}"
+    );
+    assert_eq!(rejected("too_large"), 1.0);
+    tokio::time::timeout(Duration::from_secs(5), big.conn.closed())
+        .await
+        .expect("the refused connection is closed");
+    eventually("the refused connection no longer pending", || {
+        server.metric("meshcat_ingest_pending_connections", None) == 0.0
+    })
+    .await;
+
+    // One connection awaiting its hello holds the only pending slot: another is
+    // refused before its handshake completes.
+    let mut first = connect(server.addr, &files.ca, certs).await.unwrap();
+    assert_eq!(
+        server.metric("meshcat_ingest_pending_connections", None),
+        1.0
+    );
+    assert!(connect(server.addr, &files.ca, certs).await.is_err());
+    assert_eq!(rejected("too_many_pending"), 1.0);
+    // Authenticated, it frees the slot and takes the one connection.
+    first.hello("first", None).await.unwrap();
+    let mut second = connect(server.addr, &files.ca, certs).await.unwrap();
+    let reason = second.hello("second", None).await.unwrap_err();
+    assert!(reason.contains("too many"), "{reason}");
+    assert_eq!(rejected("too_many_connections"), 1.0);
+    assert!(accepted(&first.report(vec![instance("z", "c", "i")]).await));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_peer_that_never_says_hello_is_closed_by_the_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = dev(dir.path());
+    let certs = Some((files.agent_cert.as_path(), files.agent_key.as_path()));
+    let mut config = mtls_config(&files, &files.ca);
+    config.hello_timeout = Duration::from_millis(300);
+    config.max_pending = 1;
+    let server = Server::start(config).await;
+    let silent = connect(server.addr, &files.ca, certs).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), silent.conn.closed())
+        .await
+        .expect("the server closes a connection without hello");
+    eventually("hello_timeout counted", || {
+        server.metric(
+            "meshcat_reports_rejected_total",
+            Some(("reason", "hello_timeout")),
+        ) == 1.0
+    })
+    .await;
+    // Its pending slot is free again.
+    let mut next = connect(server.addr, &files.ca, certs).await.unwrap();
+    next.hello("next", None).await.unwrap();
+    server.stop().await;
+}

@@ -30,26 +30,35 @@ impl Drop for Proc {
 }
 
 fn command(data_dir: &Path) -> Command {
+    let mut c = strict_command(data_dir);
+    // These tests write without a token; the default refuses that.
+    c.arg("--allow-anonymous-writes");
+    c
+}
+
+/// The command line with the production defaults for writes.
+fn strict_command(data_dir: &Path) -> Command {
+    command_at(data_dir, "127.0.0.1:0")
+}
+
+/// The command line with the API on `api`.
+fn command_at(data_dir: &Path, api: &str) -> Command {
     let mut c = Command::new(BIN);
-    c.args([
-        "serve",
-        "--api-addr",
-        "127.0.0.1:0",
-        "--ops-addr",
-        "127.0.0.1:0",
-    ])
-    .args([
-        "--quic-addr",
-        "127.0.0.1:0",
-        "--log-format",
-        "json",
-        "--data-dir",
-    ])
-    .arg(data_dir)
-    .env_remove("RUST_LOG")
-    .stdin(Stdio::null())
-    .stdout(Stdio::null())
-    .stderr(Stdio::piped());
+    c.args(["serve", "--api-addr", api, "--ops-addr", "127.0.0.1:0"])
+        .args([
+            "--quic-addr",
+            "127.0.0.1:0",
+            "--log-format",
+            "json",
+            "--data-dir",
+        ])
+        .arg(data_dir)
+        .env_remove("RUST_LOG")
+        .env_remove("MESHCAT_ALLOW_ANONYMOUS_WRITES")
+        .env_remove("MESHCAT_DEV")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
     c
 }
 
@@ -59,7 +68,13 @@ fn spawn(data_dir: &Path) -> Proc {
 }
 
 fn spawn_with(data_dir: &Path, extra: &[&str]) -> Proc {
-    let mut child = command(data_dir).args(extra).spawn().unwrap();
+    spawn_logged(command(data_dir), extra).0
+}
+
+/// Starts `cmd` with `extra` flags; answers the process and the log lines from the
+/// first one.
+fn spawn_logged(mut cmd: Command, extra: &[&str]) -> (Proc, Vec<Value>) {
+    let mut child = cmd.args(extra).spawn().unwrap();
     let stderr = child.stderr.take().unwrap();
     let (tx, rx) = mpsc::channel::<Value>();
     std::thread::spawn(move || {
@@ -73,12 +88,14 @@ fn spawn_with(data_dir: &Path, extra: &[&str]) -> Proc {
         }
     });
     let (mut api, mut ops) = (None, None);
+    let mut lines = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(20);
     while api.is_none() || ops.is_none() {
         let left = deadline.saturating_duration_since(Instant::now());
         let v = rx
             .recv_timeout(left)
             .expect("aggregator did not log its addresses");
+        lines.push(v.clone());
         if let Some(a) = v["api"].as_str() {
             api = a.parse().ok();
         }
@@ -86,11 +103,14 @@ fn spawn_with(data_dir: &Path, extra: &[&str]) -> Proc {
             ops = o.parse().ok();
         }
     }
-    Proc {
-        child,
-        api: api.unwrap(),
-        ops: ops.unwrap(),
-    }
+    (
+        Proc {
+            child,
+            api: api.unwrap(),
+            ops: ops.unwrap(),
+        },
+        lines,
+    )
 }
 
 #[test]
@@ -364,4 +384,205 @@ async fn token_files_are_read_and_trimmed() {
     assert_eq!(v[0]["authorized"], false);
     let v: Value = list(Some("r-token")).await.unwrap().json().await.unwrap();
     assert_eq!(v[0]["authorized"], true);
+}
+
+fn warned(lines: &[Value], needle: &str) -> bool {
+    lines
+        .iter()
+        .any(|l| l["level"] == "WARN" && l["message"].as_str().is_some_and(|m| m.contains(needle)))
+}
+
+#[tokio::test]
+async fn without_a_write_token_writes_are_disabled() {
+    let dir = tempfile::tempdir().unwrap();
+    let (p, lines) = spawn_logged(strict_command(&dir.path().join("data")), &[]);
+    assert!(!warned(&lines, "anonymous"), "{lines:?}");
+    let http = reqwest::Client::new();
+    let api = format!("http://{}", p.api);
+    let writes = [
+        http.post(format!("{api}/zones"))
+            .json(&json!({"zoneName": "z", "serverAddress": "cp:1"})),
+        http.post(format!("{api}/clusters"))
+            .json(&json!({"clusterName": "c", "zoneName": "z", "name": "C"})),
+        http.delete(format!("{api}/zones/z")),
+        http.put(format!("{api}/zones/z/clusters/c/logging"))
+            .json(&json!({"level": "debug"})),
+        http.post(format!("{api}/zones/z/clusters/c/debug-window"))
+            .json(&json!({"seconds": 30})),
+        http.get(format!(
+            "{api}/diagnose/c?zoneName=z&symptom=no_healthy_upstream&debugSeconds=30"
+        )),
+    ];
+    for req in writes {
+        let res = req.send().await.unwrap();
+        assert_eq!(res.status(), StatusCode::FORBIDDEN);
+        let v: Value = res.json().await.unwrap();
+        assert_eq!(v["code"], "writes_disabled", "{v}");
+    }
+    // Reads stay open.
+    let res = http.get(format!("{api}/zones")).send().await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    drop(p);
+
+    let (p, lines) = spawn_logged(
+        strict_command(&dir.path().join("data")),
+        &["--allow-anonymous-writes"],
+    );
+    assert!(warned(&lines, "--allow-anonymous-writes"), "{lines:?}");
+    let res = http
+        .post(format!("http://{}/zones", p.api))
+        .json(&json!({"zoneName": "z", "serverAddress": "cp:1"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+}
+
+#[tokio::test]
+async fn dev_warns_about_a_listener_open_beyond_loopback() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let (p, lines) = spawn_logged(strict_command(&data), &["--dev"]);
+    assert!(!warned(&lines, "open beyond this machine"), "{lines:?}");
+    // --dev keeps writes open for the quick start.
+    let res = reqwest::Client::new()
+        .post(format!("http://{}/zones", p.api))
+        .json(&json!({"zoneName": "z", "serverAddress": "cp:1"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    drop(p);
+    let (_p, lines) = spawn_logged(command_at(&data, "0.0.0.0:0"), &["--dev"]);
+    assert!(
+        lines.iter().any(|l| l["level"] == "WARN"
+            && l["listener"] == "api"
+            && l["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("open beyond this machine"))),
+        "{lines:?}"
+    );
+}
+
+#[test]
+fn dev_listeners_default_to_loopback_in_help() {
+    let out = Command::new(BIN).arg("--help").output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.contains("127.0.0.1:9080 with --dev"), "{help}");
+}
+
+/// Sends `head` (and nothing more) on a new connection to `addr`.
+async fn half_request(addr: SocketAddr, head: &str) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    tcp
+}
+
+/// Reads an HTTP/1.1 answer until the server closes; answers (status, body).
+async fn read_answer(tcp: &mut (impl tokio::io::AsyncRead + Unpin)) -> (u16, String) {
+    use tokio::io::AsyncReadExt;
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), tcp.read_to_end(&mut out))
+        .await
+        .expect("an answer")
+        .unwrap();
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let status = text
+        .get(9..12)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP answer: {text:?}"));
+    let body = text.split("\r\n\r\n").nth(1).unwrap_or("").to_owned();
+    (status, body)
+}
+
+const SLOW_POST: &str = "POST /zones HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\nConnection: close\r\n\r\n{\"zoneName";
+
+#[tokio::test]
+async fn a_request_past_its_time_limit_answers_503_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = spawn_with(
+        &dir.path().join("data"),
+        &["--api-request-timeout", "300ms"],
+    );
+    // A body that never completes holds the request until the time limit.
+    let mut tcp = half_request(p.api, SLOW_POST).await;
+    let (status, body) = read_answer(&mut tcp).await;
+    assert_eq!(status, 503, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["code"], "timeout");
+}
+
+#[tokio::test]
+async fn requests_over_the_concurrency_limit_answer_503_overloaded() {
+    use futures::future::{Either, select};
+    use tokio::io::AsyncWriteExt;
+    let dir = tempfile::tempdir().unwrap();
+    let p = spawn_with(&dir.path().join("data"), &["--api-max-concurrency", "1"]);
+    // Two requests whose bodies do not complete: whichever arrives first holds the
+    // only permit until its body ends, so the other is answered 503 at once.
+    let (ra, mut wa) = half_request(p.api, SLOW_POST).await.into_split();
+    let (rb, mut wb) = half_request(p.api, SLOW_POST).await.into_split();
+    let answer = |mut r: tokio::net::tcp::OwnedReadHalf| async move { read_answer(&mut r).await };
+    let (refused, holder, holder_write) =
+        match select(Box::pin(answer(ra)), Box::pin(answer(rb))).await {
+            Either::Left((a, b)) => (a, b, &mut wb),
+            Either::Right((b, a)) => (b, a, &mut wa),
+        };
+    assert_eq!(refused.0, 503, "{refused:?}");
+    let v: Value = serde_json::from_str(&refused.1).unwrap();
+    assert_eq!(v["code"], "overloaded");
+    // Finished, the holder is served and gives the permit back.
+    let rest = format!("{:<90}", "\":\"z\",\"serverAddress\":\"cp:1\"}");
+    holder_write.write_all(rest.as_bytes()).await.unwrap();
+    let (status, body) = holder.await;
+    assert_eq!(status, 201, "{body}");
+    let res = reqwest::get(format!("http://{}/zones", p.api))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn the_api_is_served_over_tls_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = meshcat_common::tls::dev_setup(&dir.path().join("certs")).unwrap();
+    let p = spawn_with(
+        &dir.path().join("data"),
+        &[
+            "--api-tls-cert",
+            files.server_cert.to_str().unwrap(),
+            "--api-tls-key",
+            files.server_key.to_str().unwrap(),
+        ],
+    );
+    meshcat_common::tls::install_crypto_provider();
+    let mut roots = rustls::RootCertStore::empty();
+    for c in meshcat_common::tls::load_certs(&files.ca).unwrap() {
+        roots.add(c).unwrap();
+    }
+    let config = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(p.api).await.unwrap();
+    let mut tls = connector
+        .connect("localhost".try_into().unwrap(), tcp)
+        .await
+        .unwrap();
+    {
+        use tokio::io::AsyncWriteExt;
+        tls.write_all(b"GET /zones HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+    }
+    let (status, body) = read_answer(&mut tls).await;
+    assert_eq!((status, body.as_str()), (200, "[]"));
+    // Plain HTTP on the TLS port gets no answer.
+    let plain = reqwest::Client::new()
+        .get(format!("http://{}/zones", p.api))
+        .timeout(Duration::from_secs(15))
+        .send()
+        .await;
+    assert!(plain.is_err() || !plain.unwrap().status().is_success());
 }

@@ -195,7 +195,13 @@ pub fn zone(z: &ZoneRecord) -> Result<(), Invalid> {
     Ok(())
 }
 
-/// With `useTls`, caPath, certPath and keyPath must name readable PEM files.
+/// Largest zone TLS file read (contract section 10).
+pub const MAX_ZONE_FILE: u64 = 1 << 20;
+
+/// With `useTls`, caPath, certPath and keyPath must name readable PEM files: regular
+/// files up to [`MAX_ZONE_FILE`]. A FIFO or a device is never read (opened without
+/// blocking, then refused by its type), a large file is never read whole, and every
+/// failure gives the same message, so a caller cannot learn which paths exist.
 pub fn zone_files(z: &ZoneRecord) -> Result<(), Invalid> {
     if !z.use_tls {
         return Ok(());
@@ -208,18 +214,82 @@ pub fn zone_files(z: &ZoneRecord) -> Result<(), Invalid> {
         if path.is_empty() {
             return Err(invalid(format!("{field} is required when useTls is true.")));
         }
-        let text = std::fs::read(path)
-            .map_err(|e| invalid(format!("{field} {path:?} cannot be read: {e}.")))?;
-        if !text.windows(11).any(|w| w == b"-----BEGIN ") {
-            return Err(invalid(format!("{field} {path:?} is not a PEM file.")));
+        let pem = read_regular(std::path::Path::new(path), MAX_ZONE_FILE)
+            .is_some_and(|text| text.windows(11).any(|w| w == b"-----BEGIN "));
+        if !pem {
+            return Err(invalid(format!(
+                "{field} must name a readable PEM file (a regular file of at most 1 MiB)."
+            )));
         }
     }
     Ok(())
 }
 
+/// The contents of `path` if it is a regular file of at most `limit` bytes.
+pub fn read_regular(path: &std::path::Path, limit: u64) -> Option<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    // O_NONBLOCK: opening a FIFO with no writer must not wait for one.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .ok()?;
+    let meta = file.metadata().ok()?;
+    if !meta.file_type().is_file() || meta.len() > limit {
+        return None;
+    }
+    let mut out = Vec::with_capacity(meta.len() as usize);
+    // The file may grow after the check: read one byte past the limit at most.
+    file.take(limit + 1).read_to_end(&mut out).ok()?;
+    (out.len() as u64 <= limit).then_some(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn zone_files_are_regular_bounded_pem_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let pem = dir.path().join("ok.pem");
+        std::fs::write(&pem, "-----BEGIN CERTIFICATE-----\n").unwrap();
+        let big = dir.path().join("big.pem");
+        let mut text = b"-----BEGIN CERTIFICATE-----\n".to_vec();
+        text.resize(MAX_ZONE_FILE as usize + 1, b'A');
+        std::fs::write(&big, text).unwrap();
+        let fifo = dir.path().join("fifo");
+        assert!(
+            std::process::Command::new("mkfifo")
+                .arg(&fifo)
+                .status()
+                .unwrap()
+                .success()
+        );
+        let zone = |path: &std::path::Path| ZoneRecord {
+            zone_name: "z".into(),
+            server_address: "cp:1".into(),
+            use_tls: true,
+            ca_path: path.display().to_string(),
+            cert_path: pem.display().to_string(),
+            key_path: pem.display().to_string(),
+            request_cluster: String::new(),
+        };
+        assert!(zone_files(&zone(&pem)).is_ok());
+        let mut messages = Vec::new();
+        for bad in [
+            big.as_path(),
+            fifo.as_path(),
+            std::path::Path::new("/dev/zero"),
+            std::path::Path::new("/nonexistent/ca.pem"),
+            dir.path(),
+        ] {
+            messages.push(zone_files(&zone(bad)).unwrap_err().0);
+        }
+        // One message whatever the reason: it tells nothing about the path.
+        messages.dedup();
+        assert_eq!(messages.len(), 1, "{messages:?}");
+    }
 
     #[test]
     fn names() {

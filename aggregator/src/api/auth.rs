@@ -1,5 +1,9 @@
 //! Bearer tokens: the read token decides `authorized` (who sees live data), the write
-//! token guards POST, PUT and DELETE. Compared in constant time; never logged.
+//! token guards every route that changes the catalog or a sidecar (contract section
+//! 10). Without a write token, writes are refused with `writes_disabled` unless the
+//! operator opened them (`--dev`, `--allow-anonymous-writes`). Tokens are compared as
+//! SHA-256 digests in constant time, so neither their bytes nor their length leak
+//! through timing; they are never logged.
 
 use std::sync::Arc;
 
@@ -18,6 +22,9 @@ pub struct Tokens {
     pub read: Option<String>,
     /// With a write token, only callers presenting it may change registrations.
     pub write: Option<String>,
+    /// Without a write token, whether writes are open to anyone (`--dev` or
+    /// `--allow-anonymous-writes`) rather than refused.
+    pub anonymous_writes: bool,
 }
 
 impl std::fmt::Debug for Tokens {
@@ -25,6 +32,7 @@ impl std::fmt::Debug for Tokens {
         f.debug_struct("Tokens")
             .field("read", &self.read.is_some())
             .field("write", &self.write.is_some())
+            .field("anonymous_writes", &self.anonymous_writes)
             .finish()
     }
 }
@@ -37,10 +45,40 @@ fn bearer(parts: &Parts) -> Option<&[u8]> {
         .then(|| token.trim_ascii())
 }
 
+/// Whether `got` is `want`, in time independent of both: digests have a fixed length,
+/// and comparing them in constant time tells nothing of the token's length or bytes.
+pub fn token_eq(got: &[u8], want: &[u8]) -> bool {
+    use ring::digest::{SHA256, digest};
+    bool::from(
+        digest(&SHA256, got)
+            .as_ref()
+            .ct_eq(digest(&SHA256, want).as_ref()),
+    )
+}
+
 fn matches(expected: Option<&String>, parts: &Parts) -> bool {
     match expected {
         None => true,
-        Some(want) => bearer(parts).is_some_and(|got| bool::from(got.ct_eq(want.as_bytes()))),
+        Some(want) => bearer(parts).is_some_and(|got| token_eq(got, want.as_bytes())),
+    }
+}
+
+impl Tokens {
+    /// Whether a request with these headers may write: `Err` is the answer otherwise.
+    pub fn check_write(&self, parts: &Parts) -> Result<(), ApiError> {
+        match &self.write {
+            Some(_) if matches(self.write.as_ref(), parts) => Ok(()),
+            Some(_) => Err(ApiError::unauthorized()),
+            None if self.anonymous_writes => Ok(()),
+            None => Err(ApiError::writes_disabled()),
+        }
+    }
+
+    /// Whether the caller may see live data: the write token grants what the read
+    /// token grants.
+    fn reads(&self, parts: &Parts) -> bool {
+        matches(self.read.as_ref(), parts)
+            || (self.write.is_some() && matches(self.write.as_ref(), parts))
     }
 }
 
@@ -58,7 +96,7 @@ impl FromRequestParts<Arc<AppState>> for Caller {
         state: &Arc<AppState>,
     ) -> Result<Self, ApiError> {
         Ok(Caller {
-            authorized: matches(state.tokens.read.as_ref(), parts),
+            authorized: state.tokens.reads(parts),
         })
     }
 }
@@ -74,10 +112,19 @@ impl FromRequestParts<Arc<AppState>> for Writer {
         parts: &mut Parts,
         state: &Arc<AppState>,
     ) -> Result<Self, ApiError> {
-        if matches(state.tokens.write.as_ref(), parts) {
-            Ok(Writer)
-        } else {
-            Err(ApiError::unauthorized())
-        }
+        state.tokens.check_write(parts).map(|()| Writer)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::token_eq;
+
+    #[test]
+    fn tokens_compare_by_content_whatever_their_length() {
+        assert!(token_eq(b"secret", b"secret"));
+        assert!(!token_eq(b"secret", b"secret2"));
+        assert!(!token_eq(b"", b"secret"));
+        assert!(!token_eq(b"secreT", b"secret"));
     }
 }

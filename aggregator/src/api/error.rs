@@ -64,6 +64,34 @@ impl ApiError {
         )
     }
 
+    /// Writes without a configured write token, outside `--dev` and without
+    /// `--allow-anonymous-writes`.
+    pub fn writes_disabled() -> ApiError {
+        ApiError::new(
+            StatusCode::FORBIDDEN,
+            "writes_disabled",
+            "Writes are disabled: the aggregator has no write token (--write-token-file).",
+        )
+    }
+
+    /// Over the API's concurrency limit (`--api-max-concurrency`).
+    pub fn overloaded() -> ApiError {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "overloaded",
+            "Too many requests in progress; try again shortly.",
+        )
+    }
+
+    /// Past the API's time limit (`--api-request-timeout`).
+    pub fn timeout() -> ApiError {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "timeout",
+            "The request did not complete within the time limit.",
+        )
+    }
+
     pub fn forbidden() -> ApiError {
         ApiError::new(
             StatusCode::FORBIDDEN,

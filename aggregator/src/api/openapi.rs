@@ -248,7 +248,8 @@ pub fn document() -> Value {
                         "schema": {"type": "integer", "minimum": 1, "maximum": 300}}],
                 "responses": {"200": ok("The diagnosis report.", schema("DiagnosisReport")),
                     "400": err("Malformed query, unknown symptom, or zoneName missing."),
-                    "403": err("A read token is configured and the request lacks it."), "404": r404}}});
+                    "401": err("debugSeconds is given, a write token is configured and the request lacks it."),
+                    "403": err("A read token is configured and the request lacks it, or debugSeconds is given and writes are disabled."), "404": r404}}});
     let mut doc = json!({
         "openapi": "3.0.3",
         "info": {
@@ -318,6 +319,27 @@ pub fn document() -> Value {
         debug_window,
     );
     paths.insert("/diagnose/{clusterName}".into(), diagnose);
+    // Every write can be refused because no write token is configured.
+    for item in paths.values_mut() {
+        for op in item
+            .as_object_mut()
+            .into_iter()
+            .flat_map(|o| o.values_mut())
+        {
+            let Some(responses) = op["responses"].as_object_mut() else {
+                continue;
+            };
+            if responses.contains_key("401") {
+                responses.entry("403").or_insert_with(|| {
+                    err("No write token is configured and writes are disabled (writes_disabled).")
+                });
+            }
+            // Any request may meet the API's limits.
+            responses.entry("503").or_insert_with(|| {
+                err("Too many requests in progress (overloaded) or past the time limit (timeout).")
+            });
+        }
+    }
     doc
 }
 

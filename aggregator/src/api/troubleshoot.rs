@@ -928,9 +928,18 @@ pub async fn diagnose(
     State(s): Shared,
     caller: Caller,
     headers: axum::http::HeaderMap,
+    writer: Result<Writer, ApiError>,
     Params(cluster): Params<String>,
     RawQuery(q): RawQuery,
 ) -> Result<Json<DiagnosisReport>, ApiError> {
+    // A debug window changes sidecars: it needs the write credential, checked before
+    // anything else about the request.
+    let debug_window = q.as_deref().is_some_and(|raw| {
+        form_urlencoded::parse(raw.as_bytes()).any(|(k, _)| k == "debugSeconds")
+    });
+    if debug_window {
+        writer?;
+    }
     check_name("clusterName", &cluster)?;
     let q = diagnose_query(q.as_deref())?;
     if !caller.authorized {

@@ -57,6 +57,11 @@ type ReplySender = oneshot::Sender<Result<CommandOutput, String>>;
 #[derive(Debug)]
 pub(crate) struct Session {
     pub(crate) agent_id: String,
+    /// The credential that authenticated this connection.
+    pub(crate) credential: super::connection::Credential,
+    /// The instances this connection has reported (zone, cluster, instance), counted
+    /// against its credential's bound until the connection ends.
+    pub(crate) reported: Mutex<std::collections::HashSet<(String, String, String)>>,
     /// Distinguishes a reconnected agent's new connection from its old one.
     conn_id: u64,
     connection: quinn::Connection,
@@ -80,7 +85,7 @@ impl Session {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // A panic elsewhere cannot leave these maps half-updated, so poisoning is ignored.
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -148,31 +153,44 @@ impl Agents {
         self.session_of(zone, cluster, instance).is_some()
     }
 
-    /// Registers a new connection; an older connection of the same agent id is closed,
-    /// since the agent has evidently moved on from it.
+    /// Registers a new connection. An older live connection of the same agent id with
+    /// the same credential is closed, since the agent has evidently moved on from it;
+    /// one with another credential keeps the id, and `None` says so (`agent_id_in_use`).
     pub(crate) fn connect(
         &self,
         agent_id: &str,
+        credential: super::connection::Credential,
         connection: quinn::Connection,
         commands: mpsc::Sender<Box<CommandRequest>>,
-    ) -> Arc<Session> {
+    ) -> Option<Arc<Session>> {
         let session = Arc::new(Session {
             agent_id: agent_id.to_owned(),
+            credential,
+            reported: Mutex::new(std::collections::HashSet::new()),
             conn_id: self.inner.next_conn.fetch_add(1, Ordering::Relaxed),
             connection,
             commands,
             pending: Mutex::new(HashMap::new()),
             next_command: AtomicU64::new(1),
         });
-        let old = self
-            .inner
-            .by_agent
-            .insert(agent_id.to_owned(), session.clone());
+        let old = match self.inner.by_agent.entry(agent_id.to_owned()) {
+            dashmap::Entry::Occupied(mut held) => {
+                let live = held.get().connection.close_reason().is_none();
+                if live && held.get().credential != credential {
+                    return None;
+                }
+                Some(held.insert(session.clone()))
+            }
+            dashmap::Entry::Vacant(v) => {
+                v.insert(session.clone());
+                None
+            }
+        };
         if let Some(old) = old {
             old.connection
                 .close(code::REPLACED.into(), b"replaced by a newer connection");
         }
-        session
+        Some(session)
     }
 
     /// Forgets a closed connection. Returns whether it was the agent's current one

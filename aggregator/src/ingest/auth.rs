@@ -79,21 +79,34 @@ impl ZoneGrant {
 }
 
 /// The zone grant carried by an agent certificate: its SAN URIs `meshcat:zone:<name>`
-/// (`meshcat:zone:*` for all). A certificate the agent CA signed without any such URI
-/// may report for every zone. An unparsable certificate grants nothing.
-pub fn cert_grant(cert: &CertificateDer<'_>) -> Option<ZoneGrant> {
+/// (`meshcat:zone:*` for all), the scheme and prefix matched exactly. A certificate
+/// without any such URI (or with only misspelt ones) grants nothing, unless
+/// `allow_any` (`--allow-any-zone-cert`) lets it report for every zone. An unparsable
+/// certificate, or one naming an invalid zone, grants nothing.
+pub fn cert_grant(cert: &CertificateDer<'_>, allow_any: bool) -> Option<ZoneGrant> {
     let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
     let mut uris = Vec::new();
     if let Ok(Some(san)) = parsed.subject_alternative_name() {
         for name in &san.value.general_names {
-            if let GeneralName::URI(uri) = name {
-                if let Some(zone) = uri.strip_prefix(ZONE_URI_PREFIX) {
-                    uris.push(zone);
-                }
+            if let GeneralName::URI(uri) = name
+                && let Some(zone) = uri.strip_prefix(ZONE_URI_PREFIX)
+            {
+                uris.push(zone);
             }
         }
     }
+    if uris.is_empty() {
+        return allow_any.then_some(ZoneGrant::All);
+    }
     ZoneGrant::from_names(uris).ok()
+}
+
+/// SHA-256 of `bytes`: what credentials are compared and told apart by.
+pub fn digest(bytes: &[u8]) -> [u8; 32] {
+    let d = ring::digest::digest(&ring::digest::SHA256, bytes);
+    let mut out = [0; 32];
+    out.copy_from_slice(d.as_ref());
+    out
 }
 
 /// A token of the agent token file with the zones it grants.
@@ -119,6 +132,9 @@ pub struct AgentAuth {
     pub certificates: bool,
     /// Shared agent tokens accepted in the hello.
     tokens: Vec<TokenEntry>,
+    /// Whether a certificate without any `meshcat:zone:` URI may report for every
+    /// zone (`--allow-any-zone-cert`); otherwise it is refused.
+    pub any_zone_cert: bool,
 }
 
 impl AgentAuth {
@@ -127,6 +143,7 @@ impl AgentAuth {
         AgentAuth {
             certificates: true,
             tokens: Vec::new(),
+            any_zone_cert: false,
         }
     }
 
@@ -184,12 +201,14 @@ impl AgentAuth {
         !self.tokens.is_empty()
     }
 
-    /// The grant of a hello token. Every entry is compared, in constant time, so the
-    /// answer's timing says nothing about which token came close.
+    /// The grant of a hello token. Every entry is compared as a SHA-256 digest in
+    /// constant time, so the answer's timing says nothing about which token came close
+    /// nor how long the tokens are.
     pub fn token_grant(&self, token: &str) -> Option<ZoneGrant> {
+        let got = digest(token.as_bytes());
         let mut found = None;
         for entry in &self.tokens {
-            if bool::from(entry.token.as_slice().ct_eq(token.as_bytes())) && found.is_none() {
+            if bool::from(digest(&entry.token).as_slice().ct_eq(&got)) && found.is_none() {
                 found = Some(entry.grant.clone());
             }
         }
@@ -206,6 +225,8 @@ pub struct SecurityOptions {
     pub agent_token_file: Option<PathBuf>,
     pub dev: bool,
     pub data_dir: PathBuf,
+    /// `--allow-any-zone-cert`.
+    pub allow_any_zone_cert: bool,
 }
 
 impl SecurityOptions {
@@ -229,6 +250,7 @@ impl SecurityOptions {
         let mut auth = AgentAuth {
             certificates: client_ca.is_some(),
             tokens: Vec::new(),
+            any_zone_cert: self.allow_any_zone_cert,
         };
         if let Some(path) = &self.agent_token_file {
             auth = auth.with_token_file(path)?;
@@ -310,6 +332,6 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let files = tls::dev_setup(dir.path()).unwrap();
         let cert = tls::load_certs(&files.agent_cert).unwrap().remove(0);
-        assert_eq!(cert_grant(&cert), Some(ZoneGrant::All));
+        assert_eq!(cert_grant(&cert, false), Some(ZoneGrant::All));
     }
 }

@@ -3,6 +3,7 @@
 //! stream of its own, validated and handed to the sink.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use meshcat_common::transport::{TransportError, code, read_frame, write_frame};
@@ -12,14 +13,38 @@ use rustls_pki_types::CertificateDer;
 use tokio::sync::mpsc;
 use tracing::{Instrument, Span, debug, info, info_span, warn};
 
-use super::Shared;
-use super::agents::Session;
-use super::auth::{ZoneGrant, cert_grant};
+use super::agents::{Session, lock};
+use super::auth::{ZoneGrant, cert_grant, digest};
+use super::{MAX_HELLO, Shared};
+
+/// Which credential authenticated a connection: the SHA-256 of the agent certificate
+/// or of the hello token. An agent id belongs to the credential of its live connection.
+pub(super) type Credential = [u8; 32];
 
 /// Commands queued for one agent's control stream before callers wait.
 const COMMAND_QUEUE: usize = 16;
 
-/// Serves one incoming connection until it closes.
+/// Counts a connection as awaiting authentication until dropped.
+struct Pending<'a>(&'a Shared);
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        self.0.pending.fetch_sub(1, Ordering::Relaxed);
+        self.0.metrics.pending_connections.dec();
+    }
+}
+
+/// Counts a connection against `max_connections` until dropped.
+struct Open<'a>(&'a Shared);
+
+impl Drop for Open<'_> {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Serves one incoming connection until it closes. The caller has counted it as
+/// pending.
 pub(super) async fn serve(incoming: quinn::Incoming, shared: Arc<Shared>) {
     let span = info_span!(
         "connection",
@@ -29,23 +54,105 @@ pub(super) async fn serve(incoming: quinn::Incoming, shared: Arc<Shared>) {
     serve_inner(incoming, shared).instrument(span).await;
 }
 
-async fn serve_inner(incoming: quinn::Incoming, shared: Arc<Shared>) {
-    let conn = match incoming.await {
-        Ok(conn) => conn,
-        Err(e) => {
+/// The handshake and the hello, under one deadline; `None` when the connection was
+/// refused or ended.
+async fn authenticate_connection(
+    incoming: quinn::Incoming,
+    shared: &Shared,
+) -> Option<(
+    quinn::Connection,
+    Hello,
+    ZoneGrant,
+    Credential,
+    quinn::SendStream,
+    quinn::RecvStream,
+)> {
+    let deadline = tokio::time::Instant::now() + shared.hello_timeout;
+    let conn = match tokio::time::timeout_at(deadline, incoming).await {
+        Ok(Ok(conn)) => conn,
+        Ok(Err(e)) => {
             debug!(error = %e, "Handshake failed.");
             shared.metrics.rejected("handshake");
-            return;
+            return None;
+        }
+        Err(_) => {
+            shared.metrics.rejected("hello_timeout");
+            warn!(
+                reason = "hello_timeout",
+                "Agent refused: no handshake in time."
+            );
+            return None;
         }
     };
-    let Some((hello, grant, mut send, mut recv)) = greet(&conn, &shared).await else {
+    let (hello, grant, credential, send, recv) = greet(&conn, shared, deadline).await?;
+    Some((conn, hello, grant, credential, send, recv))
+}
+
+async fn serve_inner(incoming: quinn::Incoming, shared: Arc<Shared>) {
+    shared.metrics.pending_connections.inc();
+    let pending = Pending(&shared);
+    let Some((conn, hello, grant, credential, send, recv)) =
+        authenticate_connection(incoming, &shared).await
+    else {
         return;
     };
+    drop(pending);
+    // Only authenticated connections count against the connection limit.
+    if shared.open.fetch_add(1, Ordering::Relaxed) >= shared.max_connections {
+        shared.open.fetch_sub(1, Ordering::Relaxed);
+        shared.metrics.rejected("too_many_connections");
+        warn!(
+            max_connections = shared.max_connections,
+            "Agent refused: too many agents."
+        );
+        refuse_hello(&conn, send, &shared, "too many agents connected".to_owned()).await;
+        return;
+    }
+    let _open = Open(&shared);
+    serve_agent(conn, hello, grant, credential, send, recv, &shared).await;
+}
+
+async fn serve_agent(
+    conn: quinn::Connection,
+    hello: Hello,
+    grant: ZoneGrant,
+    credential: Credential,
+    mut send: quinn::SendStream,
+    mut recv: quinn::RecvStream,
+    shared: &Arc<Shared>,
+) {
     let agent_id = hello.agent_id;
     Span::current().record("agent", agent_id.as_str());
 
     let (commands_tx, mut commands_rx) = mpsc::channel(COMMAND_QUEUE);
-    let session = shared.agents.connect(&agent_id, conn.clone(), commands_tx);
+    let Some(session) = shared
+        .agents
+        .connect(&agent_id, credential, conn.clone(), commands_tx)
+    else {
+        shared.metrics.rejected("agent_id_in_use");
+        warn!(
+            reason = "agent_id_in_use",
+            "Agent refused: its id is held by a live connection with other credentials."
+        );
+        refuse_hello(
+            &conn,
+            send,
+            &shared,
+            format!("agent_id_in_use: agent id {agent_id:?} is held by a live connection with other credentials"),
+        )
+        .await;
+        return;
+    };
+    let welcome = ServerMessage::Welcome {
+        server_version: env!("CARGO_PKG_VERSION").to_owned(),
+    };
+    if let Err(e) = write_frame(&mut send, &welcome, shared.max_message).await {
+        debug!(error = %e, "Welcome not sent.");
+        if shared.agents.disconnect(&session) {
+            shared.sink.agent_gone(&agent_id);
+        }
+        return;
+    }
     shared.metrics.agents_connected.inc();
     info!(version = %hello.agent_version, "Agent connected.");
 
@@ -100,6 +207,9 @@ async fn serve_inner(incoming: quinn::Incoming, shared: Arc<Shared>) {
     }
     reports.abort();
     writer.abort();
+    // Released before the connection stops counting as connected, so whoever sees
+    // it gone sees its instances given back too.
+    release_instances(&shared, &session);
     shared.metrics.agents_connected.dec();
     if shared.agents.disconnect(&session) {
         shared.sink.agent_gone(&agent_id);
@@ -108,17 +218,24 @@ async fn serve_inner(incoming: quinn::Incoming, shared: Arc<Shared>) {
 }
 
 /// Takes the control stream and the hello, and authenticates the agent. Refusals are
-/// answered, counted and the connection closed.
+/// answered, counted and the connection closed; the welcome is the caller's to send.
 async fn greet(
     conn: &quinn::Connection,
     shared: &Shared,
-) -> Option<(Hello, ZoneGrant, quinn::SendStream, quinn::RecvStream)> {
+    deadline: tokio::time::Instant,
+) -> Option<(
+    Hello,
+    ZoneGrant,
+    Credential,
+    quinn::SendStream,
+    quinn::RecvStream,
+)> {
     let refuse = |reason: &'static str, why: &str| {
         shared.metrics.rejected(reason);
         warn!(reason, detail = why, "Agent refused.");
     };
-    let stream = tokio::time::timeout(shared.hello_timeout, conn.accept_bi()).await;
-    let (mut send, mut recv) = match stream {
+    let stream = tokio::time::timeout_at(deadline, conn.accept_bi()).await;
+    let (send, mut recv) = match stream {
         Ok(Ok(stream)) => stream,
         Ok(Err(e)) => {
             debug!(error = %e, "Connection closed before its hello.");
@@ -130,9 +247,10 @@ async fn greet(
             return None;
         }
     };
-    let first = tokio::time::timeout(
-        shared.hello_timeout,
-        read_frame::<AgentMessage>(&mut recv, shared.max_message),
+    // Before authentication a peer may send its hello and nothing bigger.
+    let first = tokio::time::timeout_at(
+        deadline,
+        read_frame::<AgentMessage>(&mut recv, MAX_HELLO.min(shared.max_message)),
     )
     .await;
     let rejection = match first {
@@ -142,15 +260,8 @@ async fn greet(
                 "agent id must be 1 to 253 characters of [A-Za-z0-9._-]".to_owned()
             } else {
                 match authenticate(conn, shared, &hello) {
-                    Some(grant) => {
-                        let welcome = ServerMessage::Welcome {
-                            server_version: env!("CARGO_PKG_VERSION").to_owned(),
-                        };
-                        if let Err(e) = write_frame(&mut send, &welcome, shared.max_message).await {
-                            debug!(error = %e, "Welcome not sent.");
-                            return None;
-                        }
-                        return Some((hello, grant, send, recv));
+                    Some((grant, credential)) => {
+                        return Some((hello, grant, credential, send, recv));
                     }
                     None => {
                         refuse("auth", "no valid agent certificate or token");
@@ -173,18 +284,32 @@ async fn greet(
             "no hello in time".to_owned()
         }
     };
-    let msg = ServerMessage::Rejected { reason: rejection };
+    refuse_hello(conn, send, shared, rejection).await;
+    None
+}
+
+/// Answers a hello with a refusal and closes the connection.
+async fn refuse_hello(
+    conn: &quinn::Connection,
+    mut send: quinn::SendStream,
+    shared: &Shared,
+    reason: String,
+) {
+    let msg = ServerMessage::Rejected { reason };
     let _ = write_frame(&mut send, &msg, shared.max_message).await;
     let _ = send.finish();
     // Give the refusal a moment to leave before the close overtakes it.
     let _ = tokio::time::timeout(std::time::Duration::from_millis(500), send.stopped()).await;
     conn.close(code::REFUSED.into(), b"refused");
-    None
 }
 
 /// A verified agent certificate authenticates on its own; otherwise the hello token must
-/// match one of the configured tokens.
-fn authenticate(conn: &quinn::Connection, shared: &Shared, hello: &Hello) -> Option<ZoneGrant> {
+/// match one of the configured tokens. Answers the grant and the credential.
+fn authenticate(
+    conn: &quinn::Connection,
+    shared: &Shared,
+    hello: &Hello,
+) -> Option<(ZoneGrant, Credential)> {
     if shared.auth.certificates {
         let cert = conn
             .peer_identity()
@@ -192,13 +317,15 @@ fn authenticate(conn: &quinn::Connection, shared: &Shared, hello: &Hello) -> Opt
             .and_then(|chain| chain.first().cloned());
         if let Some(cert) = cert {
             // rustls has verified the chain against the agent CA during the handshake.
-            return cert_grant(&cert);
+            return cert_grant(&cert, shared.auth.any_zone_cert)
+                .map(|grant| (grant, digest(cert.as_ref())));
         }
     }
-    hello
-        .token
-        .as_deref()
-        .and_then(|token| shared.auth.token_grant(token))
+    let token = hello.token.as_deref()?;
+    let grant = shared.auth.token_grant(token)?;
+    // Told apart from certificate digests by the prefix.
+    let credential = digest(&[b"token:".as_slice(), token.as_bytes()].concat());
+    Some((grant, credential))
 }
 
 async fn accept_reports(
@@ -275,6 +402,27 @@ fn accept(
         ));
     }
     for inst in &report.instances {
+        let hosts: usize = inst.clusters.iter().map(|c| c.hosts.len()).sum();
+        if inst.clusters.len() > shared.max_upstream_clusters {
+            return Err((
+                "too_many_upstream_clusters",
+                format!(
+                    "instance {:?} reports {} upstream clusters, over the limit of {}",
+                    inst.instance,
+                    inst.clusters.len(),
+                    shared.max_upstream_clusters
+                ),
+            ));
+        }
+        if hosts > shared.max_upstream_hosts {
+            return Err((
+                "too_many_upstream_hosts",
+                format!(
+                    "instance {:?} reports {hosts} upstream hosts, over the limit of {}",
+                    inst.instance, shared.max_upstream_hosts
+                ),
+            ));
+        }
         for (field, value, ok) in [
             ("zone", &inst.zone_name, is_valid_name(&inst.zone_name)),
             (
@@ -302,6 +450,7 @@ fn accept(
             ));
         }
     }
+    count_instances(&report, shared, session)?;
     let n = report.instances.len();
     shared
         .sink
@@ -309,6 +458,60 @@ fn accept(
     shared.metrics.reports_received.inc();
     shared.metrics.instances_reported.inc_by(n as u64);
     Ok(n as u32)
+}
+
+/// Counts the report's new instances against its credential's bound; refuses the
+/// report whole when they would go over it.
+fn count_instances(
+    report: &Report,
+    shared: &Shared,
+    session: &Session,
+) -> Result<(), (&'static str, String)> {
+    let mut reported = lock(&session.reported);
+    let fresh: std::collections::HashSet<(String, String, String)> = report
+        .instances
+        .iter()
+        .map(|i| {
+            (
+                i.zone_name.clone(),
+                i.cluster_name.clone(),
+                i.instance.clone(),
+            )
+        })
+        .filter(|k| !reported.contains(k))
+        .collect();
+    if fresh.is_empty() {
+        return Ok(());
+    }
+    let mut total = shared.by_credential.entry(session.credential).or_insert(0);
+    if *total + fresh.len() > shared.max_credential_instances {
+        return Err((
+            "too_many_credential_instances",
+            format!(
+                "this agent's credentials report {} instances; {} more is over the limit of {}",
+                *total,
+                fresh.len(),
+                shared.max_credential_instances
+            ),
+        ));
+    }
+    *total += fresh.len();
+    reported.extend(fresh);
+    Ok(())
+}
+
+/// Gives a finished connection's instances back to its credential's bound.
+fn release_instances(shared: &Shared, session: &Session) {
+    let n = std::mem::take(&mut *lock(&session.reported)).len();
+    if n == 0 {
+        return;
+    }
+    shared
+        .by_credential
+        .remove_if_mut(&session.credential, |_, total| {
+            *total = total.saturating_sub(n);
+            *total == 0
+        });
 }
 
 fn message_name(m: &AgentMessage) -> &'static str {

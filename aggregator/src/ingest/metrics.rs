@@ -4,7 +4,7 @@
 use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 
 /// Every `reason` label of `meshcat_reports_rejected_total` (see `docs/wire.md`).
-pub const REJECT_REASONS: [&str; 13] = [
+pub const REJECT_REASONS: [&str; 18] = [
     "too_large",
     "version",
     "decode",
@@ -18,6 +18,11 @@ pub const REJECT_REASONS: [&str; 13] = [
     "auth",
     "hello_timeout",
     "too_many_connections",
+    "too_many_pending",
+    "agent_id_in_use",
+    "too_many_upstream_clusters",
+    "too_many_upstream_hosts",
+    "too_many_credential_instances",
 ];
 
 /// Handles to the ingest metrics families; cheap to clone.
@@ -25,6 +30,8 @@ pub const REJECT_REASONS: [&str; 13] = [
 pub struct IngestMetrics {
     /// Agents with an authenticated, open connection.
     pub agents_connected: IntGauge,
+    /// Connections in their handshake or hello, not yet authenticated.
+    pub pending_connections: IntGauge,
     /// Reports accepted and handed to the catalog.
     pub reports_received: IntCounter,
     /// Messages refused, by low-cardinality reason.
@@ -42,6 +49,10 @@ impl IngestMetrics {
             agents_connected: IntGauge::new(
                 "meshcat_agents_connected",
                 "Agents with an authenticated QUIC connection.",
+            )?,
+            pending_connections: IntGauge::new(
+                "meshcat_ingest_pending_connections",
+                "QUIC connections in their handshake or hello, not yet authenticated.",
             )?,
             reports_received: IntCounter::new(
                 "meshcat_reports_received_total",
@@ -71,6 +82,7 @@ impl IngestMetrics {
             metrics.reports_rejected.with_label_values(&[reason]);
         }
         registry.register(Box::new(metrics.agents_connected.clone()))?;
+        registry.register(Box::new(metrics.pending_connections.clone()))?;
         registry.register(Box::new(metrics.reports_received.clone()))?;
         registry.register(Box::new(metrics.reports_rejected.clone()))?;
         registry.register(Box::new(metrics.instances_reported.clone()))?;

@@ -1,0 +1,113 @@
+//! The REST API's request time limit and concurrency limit (contract section 10).
+//!
+//! Both are one middleware so long-lived requests are told apart in one place: a
+//! `GET /events` stream and a blocking query (`index` or `wait` in the query) are
+//! exempt from both (they are bounded by their own rules), and a request that runs a
+//! debug window (`debugSeconds` on `GET /diagnose`, `seconds` on `POST .../debug-window`)
+//! gets the window's length on top of the time limit. Over the concurrency limit a
+//! request is answered 503 `overloaded` at once rather than queued, and one past its
+//! time limit 503 `timeout`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use tokio::sync::Semaphore;
+
+use super::error::ApiError;
+
+/// The limits every API request is held to.
+#[derive(Debug)]
+pub struct Limits {
+    /// Time limit of an ordinary request.
+    pub timeout: Duration,
+    /// Permits of requests in progress.
+    pub in_flight: Semaphore,
+}
+
+impl Limits {
+    pub fn new(timeout: Duration, max_concurrency: usize) -> Self {
+        Limits {
+            timeout,
+            in_flight: Semaphore::new(max_concurrency),
+        }
+    }
+}
+
+/// How a request is held to the limits.
+#[derive(Debug, PartialEq, Eq)]
+enum Kind {
+    /// A stream or a blocking query: neither limit applies.
+    LongLived,
+    /// Limited, with this much extra time.
+    Limited(Duration),
+}
+
+fn kind(path: &str, query: Option<&str>) -> Kind {
+    if path == "/events" {
+        return Kind::LongLived;
+    }
+    let mut extra = Duration::ZERO;
+    for (k, v) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
+        match &*k {
+            "index" | "wait" => return Kind::LongLived,
+            "debugSeconds" => extra = extra.max(seconds(&v)),
+            "seconds" if path.ends_with("/debug-window") => extra = extra.max(seconds(&v)),
+            _ => {}
+        }
+    }
+    Kind::Limited(extra)
+}
+
+/// A window length as the handlers accept it (1 to 300 s); anything else adds nothing,
+/// since the handler refuses it at once.
+fn seconds(v: &str) -> Duration {
+    v.parse::<u64>()
+        .ok()
+        .filter(|n| (1..=300).contains(n))
+        .map_or(Duration::ZERO, Duration::from_secs)
+}
+
+/// The middleware.
+pub async fn enforce(State(limits): State<Arc<Limits>>, req: Request, next: Next) -> Response {
+    let Kind::Limited(extra) = kind(req.uri().path(), req.uri().query()) else {
+        return next.run(req).await;
+    };
+    let Ok(_permit) = limits.in_flight.try_acquire() else {
+        return ApiError::overloaded().into_response();
+    };
+    match tokio::time::timeout(limits.timeout + extra, next.run(req)).await {
+        Ok(res) => res,
+        Err(_) => ApiError::timeout().into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_lived_requests_are_told_apart() {
+        assert_eq!(kind("/events", None), Kind::LongLived);
+        assert_eq!(kind("/clusters", Some("index=4&wait=30s")), Kind::LongLived);
+        assert_eq!(kind("/zones", Some("wait=5s")), Kind::LongLived);
+        assert_eq!(
+            kind("/clusters", Some("zoneName=z")),
+            Kind::Limited(Duration::ZERO)
+        );
+        assert_eq!(
+            kind("/diagnose/c", Some("zoneName=z&debugSeconds=120")),
+            Kind::Limited(Duration::from_secs(120))
+        );
+        assert_eq!(
+            kind("/zones/z/clusters/c/debug-window", Some("seconds=30")),
+            Kind::Limited(Duration::from_secs(30))
+        );
+        assert_eq!(
+            kind("/diagnose/c", Some("debugSeconds=100000")),
+            Kind::Limited(Duration::ZERO)
+        );
+    }
+}

@@ -1,0 +1,95 @@
+//! schemathesis (PyPI, installed into `.venv` by `scripts/test.sh`) against a real
+//! aggregator's `GET /openapi.json`, with the write token so every route is reached:
+//! no answer is a 5xx, and every answer's status, content type and body are true to
+//! the document. Under `CI=true` a missing schemathesis fails the test.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use meshcat_aggregator::config::Config;
+use serde_json::json;
+
+/// `MESHCAT_SCHEMATHESIS`, else `<workspace>/.venv/bin/schemathesis`.
+fn schemathesis() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("MESHCAT_SCHEMATHESIS").filter(|p| !p.is_empty()) {
+        return Some(PathBuf::from(p));
+    }
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/schemathesis");
+    p.is_file().then_some(p)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_is_true_to_its_openapi_document() {
+    let Some(st) = schemathesis() else {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "schemathesis is missing: scripts/test.sh installs it into .venv"
+        );
+        eprintln!("skipped: schemathesis not installed (scripts/test.sh installs it)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = Config::for_tests(dir.path());
+    config.dev = true;
+    config.write_token = Some("st-write".into());
+    config.read_token = Some("st-read".into());
+    let agg = meshcat_aggregator::start(config).await.unwrap();
+    let api = agg.api_url();
+    // Some registrations, so lookups find something as well as nothing.
+    let http = reqwest::Client::new();
+    for (path, body) in [
+        ("/zones", json!({"zoneName": "z", "serverAddress": "cp:1"})),
+        (
+            "/clusters",
+            json!({"clusterName": "c", "zoneName": "z", "name": "C"}),
+        ),
+    ] {
+        let res = http
+            .post(format!("{api}{path}"))
+            .bearer_auth("st-write")
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert!(res.status().is_success(), "{path}: {}", res.status());
+    }
+
+    let run = tokio::process::Command::new(&st)
+        .args([
+            "run",
+            &format!("{api}/openapi.json"),
+            "--header",
+            "Authorization: Bearer st-write",
+            "--checks",
+            "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance",
+            "--phases",
+            "examples,coverage,fuzzing",
+            "--max-examples",
+            "25",
+            // A fixed seed: the same cases every run, so a failure reproduces.
+            "--seed",
+            "20261122",
+            "--workers",
+            "1",
+            "--request-timeout",
+            "20",
+            "--no-color",
+        ])
+        .env("SCHEMATHESIS_HOOKS", "")
+        // Its cache of found failures goes with the test's directory, not the tree.
+        .current_dir(dir.path())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(600), run)
+        .await
+        .expect("schemathesis ends by itself")
+        .expect("schemathesis runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "schemathesis found problems:\n{text}");
+    assert!(text.contains("passed"), "{text}");
+    agg.stop().await.unwrap();
+}
