@@ -64,6 +64,10 @@ pub struct AgentConfig {
     /// Ops listener: GET /metrics, /healthz, GET and PUT /logging.
     #[arg(long, env = "MESHCAT_OPS_ADDR", default_value = "127.0.0.1:9092")]
     pub ops_addr: SocketAddr,
+    /// File holding the bearer token that PUT /logging on the ops port must carry.
+    /// Without it, PUT /logging answers 403 unless --ops-addr is a loopback address.
+    #[arg(long, env = "MESHCAT_OPS_TOKEN_FILE")]
+    pub ops_token_file: Option<PathBuf>,
     /// Log format.
     #[arg(long, env = "MESHCAT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,

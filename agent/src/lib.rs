@@ -187,6 +187,21 @@ pub async fn run(
     ops_listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    // Settings that can fail are read before any task starts.
+    let ops_addr = ops_listener.local_addr()?;
+    let ops_token = config
+        .ops_token_file
+        .as_deref()
+        .map(meshcat_common::config::read_token_file)
+        .transpose()
+        .map_err(anyhow::Error::msg)?;
+    let access = ops::OpsAccess::new(ops_addr, ops_token.as_deref());
+    if access.writes_disabled() {
+        warn!(
+            ops = %ops_addr,
+            "PUT /logging is refused with 403: the ops listener is not on loopback and no --ops-token-file is given."
+        );
+    }
     let agent = Agent::new(config.scrape_timeout);
     let source = match &config.targets_file {
         Some(path) => TargetSource::File(path.clone()),
@@ -201,7 +216,6 @@ pub async fn run(
         stop_rx.clone(),
     ));
 
-    let ops_addr = ops_listener.local_addr()?;
     let reporter = match reporter_config(&config, ops_addr.port())? {
         Some(rc) => {
             let reporter = report::Reporter::new(
@@ -225,7 +239,7 @@ pub async fn run(
 
     let mut ops_stop = stop_rx.clone();
     let ops = tokio::spawn(
-        axum::serve(ops_listener, ops::app(agent.clone()))
+        axum::serve(ops_listener, ops::app(agent.clone(), access))
             .with_graceful_shutdown(async move {
                 let _ = ops_stop.wait_for(|s| *s).await;
             })
