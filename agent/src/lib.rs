@@ -8,6 +8,7 @@ pub mod board;
 pub mod commands;
 pub mod config;
 pub mod debugwindow;
+pub mod discovery;
 pub mod envoy;
 pub mod logtail;
 pub mod metrics;
@@ -203,9 +204,13 @@ pub async fn run(
         );
     }
     let agent = Agent::new(config.scrape_timeout);
-    let source = match &config.targets_file {
-        Some(path) => TargetSource::File(path.clone()),
-        None => TargetSource::Fixed(config.flag_targets()),
+    let source = match (&config.targets_file, &config.pods_file) {
+        (Some(path), _) => TargetSource::File(path.clone()),
+        (None, Some(path)) => TargetSource::Pods {
+            file: path.clone(),
+            log_dir: config.pod_log_dir.clone(),
+        },
+        (None, None) => TargetSource::Fixed(config.flag_targets()),
     };
     let (stop_tx, stop_rx) = watch::channel(false);
 

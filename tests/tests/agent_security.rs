@@ -252,3 +252,61 @@ async fn the_admin_client_does_not_follow_redirects() {
     agent.stop().await;
     task.abort();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discovered_pods_report_in_their_namespace_zone_whatever_they_annotate() {
+    use meshcat_tests::mesh::instance_names;
+    use meshcat_tests::{Catalog, MeshAgent, Sidecar};
+
+    let catalog = Catalog::start(|_| {}).await.unwrap();
+    for zone in ["team-a", "team-b"] {
+        catalog.register_zone(zone, "edge").await.unwrap();
+        catalog
+            .register_cluster(zone, "orders", serde_json::json!({}))
+            .await
+            .unwrap();
+    }
+    let sidecar = Sidecar::start().await.unwrap();
+    let admin_port = sidecar.envoy.admin_addr().rsplit_once(':').unwrap().1.to_owned();
+
+    let dir = tempfile::tempdir().unwrap();
+    let logs = dir.path().join("pods");
+    std::fs::create_dir_all(logs.join("team-a_orders-1_u1/envoy")).unwrap();
+    let pods = dir.path().join("pods.json");
+    let pod = serde_json::json!({
+        "metadata": {"name": "orders-1", "namespace": "team-a", "uid": "u1",
+                     "labels": {"meshcat.io/scrape": "true"},
+                     "annotations": {"meshcat.io/zone": "team-b", "meshcat.io/cluster": "orders",
+                                     "meshcat.io/admin-port": admin_port}},
+        "spec": {"containers": [{"name": "app"}, {"name": "envoy"}]},
+        "status": {"phase": "Running", "podIP": "127.0.0.1"}
+    });
+    std::fs::write(
+        &pods,
+        serde_json::json!({"kind": "List", "items": [pod]}).to_string(),
+    )
+    .unwrap();
+
+    let mut args = catalog.agent_args();
+    args.extend(
+        [
+            "--pods-file",
+            pods.to_str().unwrap(),
+            "--pod-log-dir",
+            logs.to_str().unwrap(),
+            "--interval",
+            "200ms",
+        ]
+        .map(str::to_owned),
+    );
+    let agent = MeshAgent::start(&args).await.unwrap();
+    catalog
+        .wait_cluster("orders-1 in team-a", "team-a", "orders", DEADLINE, |c| {
+            instance_names(c) == ["orders-1"]
+        })
+        .await
+        .unwrap();
+    let b = catalog.cluster("team-b", "orders").await.unwrap();
+    assert!(instance_names(&b).is_empty(), "{b}");
+    agent.stop().await.unwrap();
+}
