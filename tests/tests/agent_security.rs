@@ -267,7 +267,13 @@ async fn discovered_pods_report_in_their_namespace_zone_whatever_they_annotate()
             .unwrap();
     }
     let sidecar = Sidecar::start().await.unwrap();
-    let admin_port = sidecar.envoy.admin_addr().rsplit_once(':').unwrap().1.to_owned();
+    let admin_port = sidecar
+        .envoy
+        .admin_addr()
+        .rsplit_once(':')
+        .unwrap()
+        .1
+        .to_owned();
 
     let dir = tempfile::tempdir().unwrap();
     let logs = dir.path().join("pods");
