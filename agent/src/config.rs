@@ -55,6 +55,17 @@ pub struct AgentConfig {
     /// when it changes; replaces the single-target flags.
     #[arg(long, env = "MESHCAT_TARGETS_FILE")]
     pub targets_file: Option<PathBuf>,
+    /// The node's pods as `kubectl get pods -o json` writes them (DaemonSet discovery),
+    /// re-read when it changes; replaces the single-target flags. Pods labelled
+    /// meshcat.io/scrape=true become targets: zone = namespace, admin = pod IP and
+    /// meshcat.io/admin-port, cluster = meshcat.io/cluster, log file of the container
+    /// meshcat.io/sidecar-container under --pod-log-dir.
+    #[arg(long, env = "MESHCAT_PODS_FILE", conflicts_with = "targets_file")]
+    pub pods_file: Option<PathBuf>,
+    /// Folder of the node's container logs (kubelet's /var/log/pods) for --pods-file;
+    /// a discovered log file must stay inside its own pod's folder there.
+    #[arg(long, env = "MESHCAT_POD_LOG_DIR", default_value = "/var/log/pods")]
+    pub pod_log_dir: PathBuf,
     /// Time between scrapes (and reports).
     #[arg(long, env = "MESHCAT_INTERVAL", default_value = "5s", value_parser = parse_positive_duration)]
     pub interval: Duration,
@@ -64,6 +75,10 @@ pub struct AgentConfig {
     /// Ops listener: GET /metrics, /healthz, GET and PUT /logging.
     #[arg(long, env = "MESHCAT_OPS_ADDR", default_value = "127.0.0.1:9092")]
     pub ops_addr: SocketAddr,
+    /// File holding the bearer token that PUT /logging on the ops port must carry.
+    /// Without it, PUT /logging answers 403 unless --ops-addr is a loopback address.
+    #[arg(long, env = "MESHCAT_OPS_TOKEN_FILE")]
+    pub ops_token_file: Option<PathBuf>,
     /// Log format.
     #[arg(long, env = "MESHCAT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,

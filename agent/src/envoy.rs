@@ -63,7 +63,11 @@ impl EnvoyAdmin {
         {
             return Err(EnvoyError::Address(addr.to_owned()));
         }
+        // An admin API never redirects; following one would let whoever answers on
+        // the admin address send the agent to any other host (and an admin address can
+        // come from a discovered pod).
         let client = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
             .timeout(timeout)
             .connect_timeout(timeout)
             .pool_max_idle_per_host(1)

@@ -8,6 +8,7 @@ pub mod board;
 pub mod commands;
 pub mod config;
 pub mod debugwindow;
+pub mod discovery;
 pub mod envoy;
 pub mod logtail;
 pub mod metrics;
@@ -187,10 +188,29 @@ pub async fn run(
     ops_listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    // Settings that can fail are read before any task starts.
+    let ops_addr = ops_listener.local_addr()?;
+    let ops_token = config
+        .ops_token_file
+        .as_deref()
+        .map(meshcat_common::config::read_token_file)
+        .transpose()
+        .map_err(anyhow::Error::msg)?;
+    let access = ops::OpsAccess::new(ops_addr, ops_token.as_deref());
+    if access.writes_disabled() {
+        warn!(
+            ops = %ops_addr,
+            "PUT /logging is refused with 403: the ops listener is not on loopback and no --ops-token-file is given."
+        );
+    }
     let agent = Agent::new(config.scrape_timeout);
-    let source = match &config.targets_file {
-        Some(path) => TargetSource::File(path.clone()),
-        None => TargetSource::Fixed(config.flag_targets()),
+    let source = match (&config.targets_file, &config.pods_file) {
+        (Some(path), _) => TargetSource::File(path.clone()),
+        (None, Some(path)) => TargetSource::Pods {
+            file: path.clone(),
+            log_dir: config.pod_log_dir.clone(),
+        },
+        (None, None) => TargetSource::Fixed(config.flag_targets()),
     };
     let (stop_tx, stop_rx) = watch::channel(false);
 
@@ -201,7 +221,6 @@ pub async fn run(
         stop_rx.clone(),
     ));
 
-    let ops_addr = ops_listener.local_addr()?;
     let reporter = match reporter_config(&config, ops_addr.port())? {
         Some(rc) => {
             let reporter = report::Reporter::new(
@@ -225,7 +244,7 @@ pub async fn run(
 
     let mut ops_stop = stop_rx.clone();
     let ops = tokio::spawn(
-        axum::serve(ops_listener, ops::app(agent.clone()))
+        axum::serve(ops_listener, ops::app(agent.clone(), access))
             .with_graceful_shutdown(async move {
                 let _ = ops_stop.wait_for(|s| *s).await;
             })

@@ -1,18 +1,23 @@
 //! The agent's ops port: its own Prometheus metrics (`GET /metrics`), liveness
 //! (`GET /healthz`) and seed 4.14's sidecar log level (`GET /logging`,
-//! `PUT /logging?level=`), translated to Envoy's `POST /logging`.
+//! `PUT /logging?level=`), translated to Envoy's `POST /logging`. Changing the
+//! sidecar's level is guarded by [`OpsAccess`]: the ops token when one is given,
+//! else only a loopback listener accepts it.
 
+use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{Query, State, rejection::QueryRejection};
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use prometheus::{
     HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
 };
 use serde::Deserialize;
+use subtle::ConstantTimeEq;
 
 use crate::Agent;
 use crate::envoy::{EnvoyError, seed_level};
@@ -168,17 +173,102 @@ pub struct LoggingQuery {
     instance: Option<String>,
 }
 
-/// The ops router.
-pub fn app(agent: Agent) -> Router {
+/// Who may change a sidecar through the ops port (contract section 10): with an ops
+/// token, only requests carrying it as a bearer token; without one, any caller of a
+/// loopback listener (the pod or host itself) and nobody on any other address.
+#[derive(Clone)]
+pub struct OpsAccess {
+    /// SHA-256 of the ops token. Comparing digests rather than the tokens keeps the
+    /// comparison's time independent of the token's length as well as its bytes.
+    token_digest: Option<[u8; 32]>,
+    /// Whether the ops listener is on a loopback address.
+    loopback: bool,
+}
+
+impl std::fmt::Debug for OpsAccess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpsAccess")
+            .field("token", &self.token_digest.is_some())
+            .field("loopback", &self.loopback)
+            .finish()
+    }
+}
+
+fn sha256(bytes: &[u8]) -> [u8; 32] {
+    let d = ring::digest::digest(&ring::digest::SHA256, bytes);
+    let mut out = [0u8; 32];
+    out.copy_from_slice(d.as_ref());
+    out
+}
+
+impl OpsAccess {
+    /// The rule for a listener on `addr`, with the ops token if one is configured.
+    pub fn new(addr: SocketAddr, token: Option<&str>) -> Self {
+        Self {
+            token_digest: token.map(|t| sha256(t.as_bytes())),
+            loopback: addr.ip().is_loopback(),
+        }
+    }
+
+    /// Whether changes are refused to every caller (no token, non-loopback listener).
+    pub fn writes_disabled(&self) -> bool {
+        self.token_digest.is_none() && !self.loopback
+    }
+
+    /// Admits or refuses a changing request by its headers.
+    fn check(&self, headers: &HeaderMap) -> Result<(), OpsError> {
+        match &self.token_digest {
+            Some(want) => {
+                if bearer(headers).is_some_and(|t| bool::from(sha256(t).ct_eq(want))) {
+                    Ok(())
+                } else {
+                    Err(OpsError::new(
+                        StatusCode::FORBIDDEN,
+                        "forbidden",
+                        "This route needs the agent's ops token as a bearer token.",
+                    ))
+                }
+            }
+            None if self.loopback => Ok(()),
+            None => Err(OpsError::new(
+                StatusCode::FORBIDDEN,
+                "writes_disabled",
+                "Changes are disabled: the ops listener is not on loopback and no ops token is configured.",
+            )),
+        }
+    }
+}
+
+/// The token of an `Authorization: Bearer <token>` header.
+fn bearer(headers: &HeaderMap) -> Option<&[u8]> {
+    let v = headers.get(header::AUTHORIZATION)?.as_bytes();
+    let (scheme, token) = v.split_at_checked(7)?;
+    scheme
+        .eq_ignore_ascii_case(b"bearer ")
+        .then(|| token.trim_ascii())
+}
+
+/// What the ops handlers share.
+#[derive(Debug, Clone)]
+struct OpsState {
+    agent: Agent,
+    access: Arc<OpsAccess>,
+}
+
+/// The ops router; `access` guards the routes that change a sidecar.
+pub fn app(agent: Agent, access: OpsAccess) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/logging", get(get_logging).put(put_logging))
         .fallback(|| async { OpsError::new(StatusCode::NOT_FOUND, "not_found", "No such path.") })
-        .with_state(agent)
+        .with_state(OpsState {
+            agent,
+            access: Arc::new(access),
+        })
 }
 
-async fn metrics(State(agent): State<Agent>) -> Response {
+async fn metrics(State(OpsState { agent, .. }): State<OpsState>) -> Response {
     (
         [(
             header::CONTENT_TYPE,
@@ -195,7 +285,7 @@ fn query(q: Result<Query<LoggingQuery>, QueryRejection>) -> Result<LoggingQuery,
 }
 
 async fn get_logging(
-    State(agent): State<Agent>,
+    State(OpsState { agent, .. }): State<OpsState>,
     q: Result<Query<LoggingQuery>, QueryRejection>,
 ) -> Result<String, OpsError> {
     let q = query(q)?;
@@ -207,9 +297,12 @@ async fn get_logging(
 }
 
 async fn put_logging(
-    State(agent): State<Agent>,
+    State(OpsState { agent, access }): State<OpsState>,
+    headers: HeaderMap,
     q: Result<Query<LoggingQuery>, QueryRejection>,
 ) -> Result<String, OpsError> {
+    // Authentication before anything about the request is looked at.
+    access.check(&headers)?;
     let q = query(q)?;
     let level = q.level.unwrap_or_default();
     if meshcat_common::level::envoy_name(&level).is_none() {
@@ -229,6 +322,39 @@ async fn put_logging(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn headers(auth: Option<&str>) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        if let Some(a) = auth {
+            h.insert(header::AUTHORIZATION, a.parse().unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn access_rules() {
+        let lo: SocketAddr = "127.0.0.1:9092".parse().unwrap();
+        let any: SocketAddr = "0.0.0.0:9092".parse().unwrap();
+        assert!(OpsAccess::new(lo, None).check(&headers(None)).is_ok());
+        let open = OpsAccess::new(any, None);
+        assert!(open.writes_disabled());
+        assert!(open.check(&headers(Some("Bearer x"))).is_err());
+        for addr in [lo, any] {
+            let a = OpsAccess::new(addr, Some("s3cret"));
+            assert!(!a.writes_disabled());
+            assert!(a.check(&headers(Some("Bearer s3cret"))).is_ok());
+            assert!(a.check(&headers(Some("bearer  s3cret "))).is_ok());
+            for bad in [
+                None,
+                Some("Bearer s3cre"),
+                Some("Bearer s3cret2"),
+                Some("Bearer "),
+                Some("s3cret"),
+            ] {
+                assert!(a.check(&headers(bad)).is_err(), "{bad:?} on {addr}");
+            }
+        }
+    }
 
     #[test]
     fn metrics_render_with_the_prefix() {

@@ -105,6 +105,8 @@ pub enum TargetSource {
     Fixed(Vec<Target>),
     /// A file polled every interval.
     File(PathBuf),
+    /// A pod list polled every interval, turned into targets by [`crate::discovery`].
+    Pods { file: PathBuf, log_dir: PathBuf },
 }
 
 fn now_ms() -> i64 {
@@ -329,6 +331,24 @@ pub async fn manage(
                         }
                         Err(e) => {
                             error!(error = %e, "Targets file refused; keeping the previous targets.");
+                        }
+                    }
+                }
+            }
+            TargetSource::Pods { file, log_dir } => {
+                let now = fingerprint(file);
+                if first || now != seen {
+                    seen = now;
+                    match crate::discovery::read_pods_file(file, log_dir) {
+                        Ok(found) => {
+                            for note in &found.notes {
+                                warn!(path = %file.display(), %note, "Pod discovery.");
+                            }
+                            info!(path = %file.display(), targets = found.targets.len(), "Pods file loaded.");
+                            scrapers.reconcile(&agent, &found.targets, interval, agent.board());
+                        }
+                        Err(e) => {
+                            error!(error = %e, "Pods file refused; keeping the previous targets.");
                         }
                     }
                 }

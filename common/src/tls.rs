@@ -252,6 +252,14 @@ pub fn dev_setup(data_dir: &Path) -> Result<DevFiles, TlsError> {
         path: dir.clone(),
         source,
     })?;
+    // Keys are written into this folder: a symbolic link planted in its place would
+    // send them elsewhere.
+    if fs::symlink_metadata(&dir).is_ok_and(|m| m.file_type().is_symlink()) {
+        return Err(TlsError::Write {
+            path: dir,
+            source: std::io::Error::other("is a symbolic link; refusing to write keys through it"),
+        });
+    }
     let generate = |e: rcgen::Error| TlsError::Generate(e.to_string());
 
     let ca_key = KeyPair::generate().map_err(generate)?;
@@ -306,14 +314,26 @@ fn write_file(path: &Path, contents: &str, secret: bool) -> Result<(), TlsError>
     };
     let mut options = fs::OpenOptions::new();
     options.write(true).create(true).truncate(true);
+    // O_NOFOLLOW: a symbolic link planted at a key's path (by anyone who can write the
+    // data directory) must not make the aggregator overwrite, or expose its key
+    // through, the file the link names; opening a link fails with ELOOP instead.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.custom_flags(libc::O_NOFOLLOW);
+        options.mode(if secret { 0o600 } else { 0o644 });
+    }
+    let mut file = options.open(path).map_err(err)?;
+    // The mode of `open` applies only to a new file; a key file left by an earlier,
+    // interrupted start is narrowed too (on the open descriptor, not the path).
     #[cfg(unix)]
     if secret {
-        use std::os::unix::fs::OpenOptionsExt;
-        options.mode(0o600);
+        use std::os::unix::fs::PermissionsExt;
+        file.set_permissions(fs::Permissions::from_mode(0o600))
+            .map_err(err)?;
     }
     #[cfg(not(unix))]
     let _ = secret;
-    let mut file = options.open(path).map_err(err)?;
     file.write_all(contents.as_bytes()).map_err(err)?;
     file.sync_all().map_err(err)
 }
@@ -344,6 +364,42 @@ mod tests {
         )
         .unwrap();
         client_config(&files.ca, Some((&files.agent_cert, &files.agent_key))).unwrap();
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn dev_files_are_not_written_through_symbolic_links() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim.txt");
+        fs::write(&victim, "precious\n").unwrap();
+        let dev = dir.path().join("data").join("dev");
+        fs::create_dir_all(&dev).unwrap();
+        std::os::unix::fs::symlink(&victim, dev.join("server-key.pem")).unwrap();
+        let err = dev_setup(&dir.path().join("data")).unwrap_err();
+        assert!(err.to_string().contains("server-key.pem"), "{err}");
+        assert_eq!(fs::read_to_string(&victim).unwrap(), "precious\n");
+
+        // A symbolic link in place of the dev folder is refused too.
+        let elsewhere = dir.path().join("elsewhere");
+        fs::create_dir_all(&elsewhere).unwrap();
+        let data2 = dir.path().join("data2");
+        fs::create_dir_all(&data2).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, data2.join("dev")).unwrap();
+        assert!(dev_setup(&data2).is_err());
+        assert_eq!(fs::read_dir(&elsewhere).unwrap().count(), 0);
+
+        // A key file left readable by an interrupted start is narrowed to 0600.
+        let data3 = dir.path().join("data3");
+        fs::create_dir_all(data3.join("dev")).unwrap();
+        let stale = data3.join("dev").join("agent-key.pem");
+        fs::write(&stale, "half").unwrap();
+        fs::set_permissions(&stale, fs::Permissions::from_mode(0o644)).unwrap();
+        dev_setup(&data3).unwrap();
+        assert_eq!(
+            fs::metadata(&stale).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
     }
 
     #[test]

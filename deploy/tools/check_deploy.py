@@ -15,7 +15,12 @@ PyYAML). It checks, and reports every problem before failing:
 4. contract: ports 9080/TCP, 9443/UDP, 9091/TCP (aggregator) and 9092/TCP (agent),
    probes on /healthz and /readyz, Prometheus annotations on /metrics;
 5. image: the Dockerfile's ENTRYPOINT and every container command name a binary of
-   the workspace.
+   the workspace;
+6. security (docs/security.md): the aggregator reads its write and read tokens, and
+   every key and token file, from Secret volumes; an agent whose ops port is not on
+   loopback has an ops token from a Secret; an agent's zone is its pod's namespace
+   (never a label or annotation the pod sets); no shipped manifest turns on
+   development mode or anonymous writes.
 """
 
 from __future__ import annotations
@@ -213,10 +218,10 @@ class Checker:
                     for e in c.get("env") or []:
                         env[e["name"]] = str(e.get("value", "<from>"))
                     args = list(cmd[1:]) + list(c.get("args") or [])
-                    yield where, binary, c, env, args, annotations
+                    yield where, binary, c, env, args, annotations, pod
 
     def command_lines(self, manifests, accepted: dict[str, tuple[set[str], set[str]]]) -> None:
-        for where, binary, c, env, args, _ in self.meshcat_containers(manifests):
+        for where, binary, c, env, args, _, _ in self.meshcat_containers(manifests):
             flags, envs = accepted[binary]
             for a in args:
                 if a.startswith("--"):
@@ -236,7 +241,7 @@ class Checker:
             for doc in docs:
                 if doc.get("kind") == "Service":
                     services[doc["metadata"]["name"]] = doc
-        for where, binary, c, env, args, annotations in self.meshcat_containers(manifests):
+        for where, binary, c, env, args, annotations, _ in self.meshcat_containers(manifests):
             eff = dict(DEFAULT_ADDRS[binary])
             eff.update({k: v for k, v in env.items() if k in eff})
             for a in args:
@@ -281,6 +286,65 @@ class Checker:
             for want in [(9080, "TCP"), (9443, "UDP"), (9091, "TCP")]:
                 if want not in got:
                     self.fail(f"Service/{AGGREGATOR}", f"port {want[0]}/{want[1]} missing")
+
+    # 6. security -------------------------------------------------------------
+    @staticmethod
+    def secret_backed(path: str, c: dict, pod: dict) -> bool:
+        """Whether `path` lies in a volume made only of Secrets."""
+        volumes = {v["name"]: v for v in pod.get("volumes") or []}
+        for m in c.get("volumeMounts") or []:
+            mp = m["mountPath"].rstrip("/")
+            if path != mp and not path.startswith(mp + "/"):
+                continue
+            v = volumes.get(m["name"]) or {}
+            if "secret" in v:
+                return True
+            sources = (v.get("projected") or {}).get("sources") or []
+            return bool(sources) and all("secret" in src for src in sources)
+        return False
+
+    def security(self, manifests) -> None:
+        required = {AGGREGATOR: ["MESHCAT_WRITE_TOKEN_FILE", "MESHCAT_READ_TOKEN_FILE"],
+                    AGENT: []}
+        secret_files = {AGGREGATOR: ["MESHCAT_TLS_KEY", "MESHCAT_AGENT_TOKEN_FILE",
+                                     "MESHCAT_ETCD_KEY"],
+                        AGENT: ["MESHCAT_KEY", "MESHCAT_TOKEN_FILE"]}
+        never_on = ["MESHCAT_DEV", "MESHCAT_ALLOW_ANONYMOUS_WRITES", "MESHCAT_ALLOW_ANY_ZONE_CERT"]
+        for where, binary, c, env, args, _, pod in self.meshcat_containers(manifests):
+            flags = {}
+            for a in args:
+                m = re.match(r"--([a-z-]+)(?:=(.*))?$", a)
+                if m:
+                    flags["MESHCAT_" + m.group(1).upper().replace("-", "_")] = m.group(2) or "true"
+            eff = {**env, **flags}
+            for var in never_on:
+                if eff.get(var, "false").lower() not in ("false", "0", ""):
+                    self.fail(where, f"{var} is on: shipped manifests must be secure by default")
+            wanted = list(required[binary])
+            if binary == AGENT:
+                host = eff.get("MESHCAT_OPS_ADDR", "127.0.0.1:9092").rpartition(":")[0]
+                if host not in ("127.0.0.1", "localhost", "[::1]"):
+                    wanted.append("MESHCAT_OPS_TOKEN_FILE")
+            for var in wanted:
+                if var not in eff:
+                    self.fail(where, f"{var} is not set (docs/security.md)")
+            for var in wanted + secret_files[binary]:
+                path = eff.get(var)
+                if path and not self.secret_backed(path, c, pod):
+                    self.fail(where, f"{var}={path} is not on a volume made of Secrets")
+            if binary == AGENT:
+                self.agent_zone(where, c, eff)
+
+    def agent_zone(self, where: str, c: dict, eff: dict) -> None:
+        """An agent's zone, when given, must be its pod's namespace."""
+        zone = eff.get("MESHCAT_ZONE")
+        if zone is None:
+            return
+        fields = {e["name"]: ((e.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath")
+                  for e in c.get("env") or []}
+        m = re.fullmatch(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", zone)
+        if not m or fields.get(m.group(1)) != "metadata.namespace":
+            self.fail(where, f"the zone ({zone}) is not the pod's namespace (fieldRef metadata.namespace)")
 
     # 5. image ----------------------------------------------------------------
     def workspace_bins(self) -> set[str]:
@@ -364,6 +428,7 @@ def main() -> int:
     ck.command_lines(manifests, accepted)
     ck.contract(manifests)
     ck.image(manifests)
+    ck.security(manifests)
 
     for n in ck.notes:
         print(f"note: {n}")
@@ -376,7 +441,8 @@ def main() -> int:
     print(f"check-deploy: OK: {c['files']} manifest files, {c['resources']} resources "
           f"({c['rendered']} rendered) valid for Kubernetes {a.kubernetes_version} (strict); "
           f"{c['flags']} flags and {c['envs']} MESHCAT_* settings known to the binaries "
-          f"(source: {source}); ports, probes and image consistent with the contract")
+          f"(source: {source}); ports, probes and image consistent with the contract; "
+          f"tokens and keys from Secrets, zones from namespaces")
     return 0
 
 

@@ -1,0 +1,465 @@
+//! Pod discovery for the DaemonSet: turns the node's pod list (as `kubectl get pods
+//! -o json` writes it, `--pods-file`) into scrape targets. Only facts Kubernetes itself
+//! vouches for choose where the agent goes and under which zone it reports: the zone
+//! is the pod's namespace, the admin address is the pod's own IP, the log file is a
+//! container log inside that pod's own folder under `--pod-log-dir`. Annotations, which
+//! whoever runs the pod writes, only pick the cluster, the admin port and which of the
+//! pod's own containers is the sidecar.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+
+use meshcat_common::validate::is_valid_name;
+use serde::Deserialize;
+
+use crate::scrape::{MAX_TARGETS, Target, TargetsError};
+
+/// Largest pods file read (a busy node's full pod objects fit easily).
+pub const MAX_PODS_FILE: u64 = 32 << 20;
+/// The label a pod opts in with.
+pub const SCRAPE_LABEL: &str = "meshcat.io/scrape";
+/// The annotation naming the pod's cluster (service).
+pub const CLUSTER_ANNOTATION: &str = "meshcat.io/cluster";
+/// The annotation naming the sidecar's admin port (default [`DEFAULT_ADMIN_PORT`]).
+pub const ADMIN_PORT_ANNOTATION: &str = "meshcat.io/admin-port";
+/// The annotation naming the sidecar container (default [`DEFAULT_SIDECAR`]).
+pub const SIDECAR_ANNOTATION: &str = "meshcat.io/sidecar-container";
+/// Formerly chose the zone; now ignored (the zone is the namespace).
+pub const ZONE_ANNOTATION: &str = "meshcat.io/zone";
+pub const DEFAULT_ADMIN_PORT: u16 = 9901;
+pub const DEFAULT_SIDECAR: &str = "envoy";
+
+/// A `kubectl get pods -o json` answer: a `List` of pods. Unknown fields are ignored:
+/// the file carries whole pod objects.
+#[derive(Debug, Default, Deserialize)]
+pub struct PodList {
+    #[serde(default)]
+    pub items: Vec<Pod>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct Pod {
+    #[serde(default)]
+    pub metadata: PodMeta,
+    #[serde(default)]
+    pub spec: PodSpec,
+    #[serde(default)]
+    pub status: PodStatus,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct PodMeta {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub namespace: String,
+    #[serde(default)]
+    pub uid: String,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub annotations: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodSpec {
+    #[serde(default)]
+    pub containers: Vec<Named>,
+    /// Native sidecars (restartPolicy: Always) are init containers.
+    #[serde(default)]
+    pub init_containers: Vec<Named>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct Named {
+    #[serde(default)]
+    pub name: String,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodStatus {
+    #[serde(default)]
+    pub phase: String,
+    #[serde(rename = "podIP", default)]
+    pub pod_ip: String,
+    #[serde(default)]
+    pub container_statuses: Vec<ContainerStatus>,
+    #[serde(default)]
+    pub init_container_statuses: Vec<ContainerStatus>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerStatus {
+    #[serde(default)]
+    pub name: String,
+    /// Kubelet names a container's log `<restartCount>.log`.
+    #[serde(default)]
+    pub restart_count: u32,
+}
+
+/// What discovery made of one pod list: the targets, and why pods (or their log
+/// files) were left out, for the log.
+#[derive(Debug, Default)]
+pub struct Discovered {
+    pub targets: Vec<Target>,
+    pub notes: Vec<String>,
+}
+
+/// Reads a pods file and derives the targets; see [`targets_from_pods`].
+pub fn read_pods_file(path: &Path, log_dir: &Path) -> Result<Discovered, TargetsError> {
+    let p = path.display().to_string();
+    let read = |e| TargetsError::Read {
+        path: p.clone(),
+        source: e,
+    };
+    let meta = std::fs::metadata(path).map_err(read)?;
+    if !meta.is_file() {
+        return Err(TargetsError::Invalid {
+            path: p,
+            reason: "not a regular file".into(),
+        });
+    }
+    if meta.len() > MAX_PODS_FILE {
+        return Err(TargetsError::Invalid {
+            path: p,
+            reason: format!("over the limit of {MAX_PODS_FILE} bytes"),
+        });
+    }
+    let text = std::fs::read(path).map_err(read)?;
+    let pods: PodList = serde_json::from_slice(&text).map_err(|e| TargetsError::Invalid {
+        path: p.clone(),
+        reason: e.to_string(),
+    })?;
+    let found = targets_from_pods(&pods, log_dir);
+    if found.targets.len() > MAX_TARGETS {
+        return Err(TargetsError::Invalid {
+            path: p,
+            reason: format!("{} targets, at most {MAX_TARGETS}", found.targets.len()),
+        });
+    }
+    Ok(found)
+}
+
+/// The targets of the running pods labelled `meshcat.io/scrape: "true"`:
+/// - zone: the pod's namespace (a `meshcat.io/zone` annotation is ignored);
+/// - cluster: `meshcat.io/cluster` (required);
+/// - admin: the pod's own IP and `meshcat.io/admin-port` (a port number, nothing else);
+/// - instance: the pod's name (a second pod of the same name is left out);
+/// - log file: `<log_dir>/<namespace>_<name>_<uid>/<container>/<restarts>.log` of the
+///   container `meshcat.io/sidecar-container` names, which must be one of the pod's own
+///   containers, and which must resolve inside the pod's own log folder (no link out).
+pub fn targets_from_pods(pods: &PodList, log_dir: &Path) -> Discovered {
+    let mut out = Discovered::default();
+    let mut seen = BTreeSet::new();
+    for pod in &pods.items {
+        let m = &pod.metadata;
+        if m.labels.get(SCRAPE_LABEL).map(String::as_str) != Some("true")
+            || pod.status.phase != "Running"
+        {
+            continue;
+        }
+        let who = format!("pod {}/{}", m.namespace, m.name);
+        match target_of(pod, log_dir) {
+            Ok((target, note)) => {
+                if let Some(n) = note {
+                    out.notes.push(format!("{who}: {n}"));
+                }
+                if !seen.insert(target.instance.clone()) {
+                    out.notes.push(format!(
+                        "{who}: another pod of this node has the same name; left out"
+                    ));
+                    continue;
+                }
+                out.targets.push(target);
+            }
+            Err(why) => out.notes.push(format!("{who}: {why}; left out")),
+        }
+    }
+    out
+}
+
+/// The target of one pod, with a note when its log file was left out.
+fn target_of(pod: &Pod, log_dir: &Path) -> Result<(Target, Option<String>), String> {
+    let m = &pod.metadata;
+    if !plain_component(&m.namespace) || !plain_component(&m.name) {
+        return Err("namespace or name is not a valid name".into());
+    }
+    let ip: IpAddr = pod
+        .status
+        .pod_ip
+        .parse()
+        .map_err(|_| format!("pod IP {:?} is not an IP address", pod.status.pod_ip))?;
+    let port = match m.annotations.get(ADMIN_PORT_ANNOTATION) {
+        None => DEFAULT_ADMIN_PORT,
+        Some(p) => p
+            .parse::<u16>()
+            .ok()
+            .filter(|p| *p > 0)
+            .ok_or_else(|| format!("{ADMIN_PORT_ANNOTATION} {p:?} is not a port number"))?,
+    };
+    let cluster = m
+        .annotations
+        .get(CLUSTER_ANNOTATION)
+        .ok_or_else(|| format!("no {CLUSTER_ANNOTATION} annotation"))?;
+    if !is_valid_name(cluster) {
+        return Err(format!(
+            "{CLUSTER_ANNOTATION} {cluster:?} is not a valid name"
+        ));
+    }
+    let mut note = None;
+    if let Some(z) = m
+        .annotations
+        .get(ZONE_ANNOTATION)
+        .filter(|z| **z != m.namespace)
+    {
+        note = Some(format!(
+            "{ZONE_ANNOTATION} {z:?} ignored: the zone is the namespace"
+        ));
+    }
+    let log_file = match log_file_of(pod, log_dir) {
+        Ok(f) => Some(f),
+        Err(why) => {
+            note = Some(format!("no log file: {why}"));
+            None
+        }
+    };
+    Ok((
+        Target {
+            admin: SocketAddr::new(ip, port).to_string(),
+            zone_name: m.namespace.clone(),
+            cluster_name: cluster.clone(),
+            instance: m.name.clone(),
+            log_file,
+        },
+        note,
+    ))
+}
+
+/// A path component Kubernetes could have produced: no separator, not `.` or `..`.
+fn plain_component(s: &str) -> bool {
+    is_valid_name(s) && s != "." && s != ".."
+}
+
+/// The sidecar container's current log file, checked to stay inside the pod's folder.
+fn log_file_of(pod: &Pod, log_dir: &Path) -> Result<PathBuf, String> {
+    let m = &pod.metadata;
+    let container = m
+        .annotations
+        .get(SIDECAR_ANNOTATION)
+        .map_or(DEFAULT_SIDECAR, String::as_str);
+    let own = pod
+        .spec
+        .containers
+        .iter()
+        .chain(&pod.spec.init_containers)
+        .any(|c| c.name == container);
+    if !own || !plain_component(container) {
+        return Err(format!(
+            "{SIDECAR_ANNOTATION} {container:?} is not a container of this pod"
+        ));
+    }
+    if !plain_component(&m.uid) {
+        return Err("the pod has no valid uid".into());
+    }
+    let restarts = pod
+        .status
+        .container_statuses
+        .iter()
+        .chain(&pod.status.init_container_statuses)
+        .find(|s| s.name == container)
+        .map_or(0, |s| s.restart_count);
+    let pod_dir = log_dir.join(format!("{}_{}_{}", m.namespace, m.name, m.uid));
+    let file = pod_dir.join(container).join(format!("{restarts}.log"));
+    check_inside(&file, &pod_dir, log_dir)?;
+    Ok(file)
+}
+
+/// Whether `file`, resolved through any symbolic links that exist now, stays inside
+/// `pod_dir`, itself inside `log_dir`. Parts that do not exist yet (a pod just started)
+/// are names built from checked components, so they cannot leave either folder.
+fn check_inside(file: &Path, pod_dir: &Path, log_dir: &Path) -> Result<(), String> {
+    let root = std::fs::canonicalize(log_dir)
+        .map_err(|e| format!("pod log folder {} unusable: {e}", log_dir.display()))?;
+    let Ok(pod_real) = std::fs::canonicalize(pod_dir) else {
+        return Ok(());
+    };
+    let escapes = || format!("{} leads outside the pod's log folder", file.display());
+    if !pod_real.starts_with(&root) || pod_real.parent() != Some(root.as_path()) {
+        return Err(escapes());
+    }
+    for part in [file.parent(), Some(file)].into_iter().flatten() {
+        if let Ok(real) = std::fs::canonicalize(part)
+            && !real.starts_with(&pod_real)
+        {
+            return Err(escapes());
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(ns: &str, name: &str, annotations: serde_json::Value) -> serde_json::Value {
+        json!({
+            "metadata": {"name": name, "namespace": ns, "uid": format!("uid-{name}"),
+                         "labels": {"meshcat.io/scrape": "true"}, "annotations": annotations},
+            "spec": {"containers": [{"name": "app"}, {"name": "envoy"}]},
+            "status": {"phase": "Running", "podIP": "10.1.2.3",
+                       "containerStatuses": [{"name": "envoy", "restartCount": 2}]}
+        })
+    }
+
+    fn discover(items: Vec<serde_json::Value>, log_dir: &Path) -> Discovered {
+        let list: PodList =
+            serde_json::from_value(json!({"kind": "List", "items": items})).unwrap();
+        targets_from_pods(&list, log_dir)
+    }
+
+    #[test]
+    fn the_zone_is_the_namespace_and_the_admin_the_pod_ip() {
+        let logs = tempfile::tempdir().unwrap();
+        let d = discover(
+            vec![pod(
+                "team-a",
+                "orders-1",
+                json!({"meshcat.io/zone": "team-b", "meshcat.io/cluster": "orders",
+                       "meshcat.io/admin-port": "15000"}),
+            )],
+            logs.path(),
+        );
+        let t = &d.targets[0];
+        assert_eq!(t.zone_name, "team-a");
+        assert_eq!(t.cluster_name, "orders");
+        assert_eq!(t.admin, "10.1.2.3:15000");
+        assert_eq!(t.instance, "orders-1");
+        assert_eq!(
+            t.log_file.as_deref(),
+            Some(
+                logs.path()
+                    .join("team-a_orders-1_uid-orders-1/envoy/2.log")
+                    .as_path()
+            )
+        );
+        assert!(d.notes[0].contains("ignored"), "{:?}", d.notes);
+    }
+
+    #[test]
+    fn annotations_cannot_choose_a_host() {
+        let logs = tempfile::tempdir().unwrap();
+        for port in [
+            "1@169.254.169.254:80",
+            "80/latest/meta-data",
+            "0",
+            "70000",
+            "9901 ",
+            "evil.example:80",
+        ] {
+            let d = discover(
+                vec![pod(
+                    "a",
+                    "p",
+                    json!({"meshcat.io/cluster": "c", "meshcat.io/admin-port": port}),
+                )],
+                logs.path(),
+            );
+            assert!(d.targets.is_empty(), "{port:?} gave {:?}", d.targets);
+        }
+        let mut bad_ip = pod("a", "p", json!({"meshcat.io/cluster": "c"}));
+        bad_ip["status"]["podIP"] = json!("metadata.google.internal");
+        assert!(discover(vec![bad_ip], logs.path()).targets.is_empty());
+        let d = discover(
+            vec![pod("a", "p", json!({"meshcat.io/cluster": "../x"}))],
+            logs.path(),
+        );
+        assert!(d.targets.is_empty());
+    }
+
+    #[test]
+    fn the_log_file_stays_in_the_pods_own_folder() {
+        let logs = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("2.log"), "secret\n").unwrap();
+        for container in [
+            "../../../etc",
+            "/etc/shadow",
+            "..",
+            "sidecar-of-someone-else",
+        ] {
+            let d = discover(
+                vec![pod(
+                    "a",
+                    "p",
+                    json!({"meshcat.io/cluster": "c", "meshcat.io/sidecar-container": container}),
+                )],
+                logs.path(),
+            );
+            assert_eq!(d.targets.len(), 1, "{container:?}");
+            assert_eq!(d.targets[0].log_file, None, "{container:?}");
+        }
+
+        // The named container's folder links out of the pod's folder.
+        let pod_dir = logs.path().join("a_p_uid-p");
+        std::fs::create_dir_all(&pod_dir).unwrap();
+        std::os::unix::fs::symlink(outside.path(), pod_dir.join("envoy")).unwrap();
+        let d = discover(
+            vec![pod("a", "p", json!({"meshcat.io/cluster": "c"}))],
+            logs.path(),
+        );
+        assert_eq!(d.targets[0].log_file, None);
+        assert!(
+            d.notes.iter().any(|n| n.contains("outside")),
+            "{:?}",
+            d.notes
+        );
+
+        // The log file itself links to another pod's folder.
+        let other = logs.path().join("b_q_uid-q/envoy");
+        std::fs::create_dir_all(&other).unwrap();
+        std::fs::write(other.join("0.log"), "theirs\n").unwrap();
+        std::fs::remove_file(pod_dir.join("envoy")).unwrap();
+        std::fs::create_dir_all(pod_dir.join("envoy")).unwrap();
+        std::os::unix::fs::symlink(other.join("0.log"), pod_dir.join("envoy/2.log")).unwrap();
+        let d = discover(
+            vec![pod("a", "p", json!({"meshcat.io/cluster": "c"}))],
+            logs.path(),
+        );
+        assert_eq!(d.targets[0].log_file, None);
+
+        // A real file of its own is kept.
+        std::fs::remove_file(pod_dir.join("envoy/2.log")).unwrap();
+        std::fs::write(pod_dir.join("envoy/2.log"), "mine\n").unwrap();
+        let d = discover(
+            vec![pod("a", "p", json!({"meshcat.io/cluster": "c"}))],
+            logs.path(),
+        );
+        assert_eq!(d.targets[0].log_file, Some(pod_dir.join("envoy/2.log")));
+    }
+
+    #[test]
+    fn only_running_labelled_pods_with_a_cluster_and_unique_names() {
+        let logs = tempfile::tempdir().unwrap();
+        let mut pending = pod("a", "p1", json!({"meshcat.io/cluster": "c"}));
+        pending["status"]["phase"] = json!("Pending");
+        let mut unlabelled = pod("a", "p2", json!({"meshcat.io/cluster": "c"}));
+        unlabelled["metadata"]["labels"] = json!({});
+        let d = discover(
+            vec![
+                pending,
+                unlabelled,
+                pod("a", "p3", json!({})),
+                pod("a", "p4", json!({"meshcat.io/cluster": "c"})),
+                pod("b", "p4", json!({"meshcat.io/cluster": "c"})),
+            ],
+            logs.path(),
+        );
+        assert_eq!(d.targets.len(), 1);
+        assert_eq!(d.targets[0].zone_name, "a");
+    }
+}
