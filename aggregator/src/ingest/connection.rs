@@ -137,7 +137,7 @@ async fn serve_agent(
         refuse_hello(
             &conn,
             send,
-            &shared,
+            shared,
             format!("agent_id_in_use: agent id {agent_id:?} is held by a live connection with other credentials"),
         )
         .await;
@@ -209,7 +209,7 @@ async fn serve_agent(
     writer.abort();
     // Released before the connection stops counting as connected, so whoever sees
     // it gone sees its instances given back too.
-    release_instances(&shared, &session);
+    release_instances(shared, &session);
     shared.metrics.agents_connected.dec();
     if shared.agents.disconnect(&session) {
         shared.sink.agent_gone(&agent_id);
