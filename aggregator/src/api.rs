@@ -3,7 +3,7 @@
 
 mod auth;
 mod error;
-mod forward;
+pub mod forward;
 mod handlers;
 pub mod limits;
 pub mod openapi;
@@ -74,6 +74,8 @@ pub struct AppState {
     pub command_timeout: Duration,
     /// Prometheus base URL, for the missing-metrics diagnosis.
     pub prometheus_url: Option<String>,
+    /// How forwarded requests reach the other replicas (etcd store).
+    pub peers: forward::Peers,
 }
 
 /// The API router over its state, with the default time and concurrency limits.

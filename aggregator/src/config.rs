@@ -103,6 +103,11 @@ pub struct ServeArgs {
     /// PEM private key of --api-tls-cert.
     #[arg(long, env = "MESHCAT_API_TLS_KEY", value_name = "FILE")]
     pub api_tls_key: Option<PathBuf>,
+    /// PEM CA certificates that sign the other replicas' API certificates. With
+    /// --store etcd:// and --api-tls-cert (then required), a replica forwards
+    /// per-instance requests to their owner over HTTPS, verified against these.
+    #[arg(long, env = "MESHCAT_PEER_CA_FILE", value_name = "FILE")]
+    pub peer_ca_file: Option<PathBuf>,
     /// Time limit of an API request; a request past it answers 503 timeout. Event
     /// streams and blocking queries are exempt, debug windows get their length on top.
     #[arg(long, env = "MESHCAT_API_REQUEST_TIMEOUT", default_value = "30s", value_parser = parse_positive_duration, value_name = "DURATION")]
@@ -261,6 +266,14 @@ pub enum ConfigError {
     EtcdTlsWithoutEtcd,
     #[error("--advertise-addr is needed with --store etcd:// when --api-addr is {0}")]
     NoAdvertise(SocketAddr),
+    #[error(
+        "--store etcd:// with --api-tls-cert needs --peer-ca-file: the CA that signed every replica's API certificate, so replicas can forward to each other over HTTPS"
+    )]
+    NoPeerCa,
+    #[error(
+        "--peer-ca-file needs --store etcd:// and --api-tls-cert: only replicas serving HTTPS forward over it"
+    )]
+    PeerCaUnused,
 }
 
 /// The validated configuration the aggregator runs with.
@@ -292,6 +305,8 @@ pub struct Config {
     pub max_body: usize,
     pub api_tls_cert: Option<PathBuf>,
     pub api_tls_key: Option<PathBuf>,
+    /// CA of the other replicas' API certificates (HTTPS forwarding).
+    pub peer_ca_file: Option<PathBuf>,
     pub api_request_timeout: Duration,
     pub api_max_concurrency: usize,
     pub max_message: usize,
@@ -334,6 +349,7 @@ impl std::fmt::Debug for Config {
             .field("max_message", &self.max_message)
             .field("api_tls_cert", &self.api_tls_cert)
             .field("api_tls_key", &self.api_tls_key)
+            .field("peer_ca_file", &self.peer_ca_file)
             .field("api_request_timeout", &self.api_request_timeout)
             .field("api_max_concurrency", &self.api_max_concurrency)
             .field("max_upstream_clusters", &self.max_upstream_clusters)
@@ -388,6 +404,12 @@ impl Config {
         if a.etcd_cert.is_some() != a.etcd_key.is_some() {
             return Err(ConfigError::HalfEtcdTls);
         }
+        let replicas_tls = a.store != StoreSpec::Redb && a.api_tls_cert.is_some();
+        match (replicas_tls, a.peer_ca_file.is_some()) {
+            (true, false) => return Err(ConfigError::NoPeerCa),
+            (false, true) => return Err(ConfigError::PeerCaUnused),
+            _ => {}
+        }
         let etcd_tls = a.etcd_ca_file.is_some() || a.etcd_cert.is_some();
         if etcd_tls && a.store == StoreSpec::Redb {
             return Err(ConfigError::EtcdTlsWithoutEtcd);
@@ -423,6 +445,7 @@ impl Config {
             ("client-ca", &a.client_ca),
             ("api-tls-cert", &a.api_tls_cert),
             ("api-tls-key", &a.api_tls_key),
+            ("peer-ca-file", &a.peer_ca_file),
             ("etcd-ca-file", &a.etcd_ca_file),
             ("etcd-cert", &a.etcd_cert),
             ("etcd-key", &a.etcd_key),
@@ -465,6 +488,7 @@ impl Config {
             max_body: a.max_body as usize,
             api_tls_cert: a.api_tls_cert,
             api_tls_key: a.api_tls_key,
+            peer_ca_file: a.peer_ca_file,
             api_request_timeout: a.api_request_timeout,
             api_max_concurrency: a.api_max_concurrency as usize,
             max_message: usize::try_from(a.max_message).map_err(|_| ConfigError::MaxMessage)?,
@@ -636,6 +660,29 @@ mod tests {
         assert!(matches!(
             Config::from_args(a),
             Err(ConfigError::EtcdTlsWithoutEtcd)
+        ));
+        // Replicas serving HTTPS forward over HTTPS: they need the peers' CA, and the
+        // CA alone means nothing.
+        let tls = [
+            "--store",
+            "etcd://127.0.0.1:2379",
+            "--advertise-addr",
+            "10.0.0.1:9080",
+            "--api-tls-cert",
+            "/etc/hostname",
+            "--api-tls-key",
+            "/etc/hostname",
+        ];
+        let a = parse(&tls).unwrap();
+        assert!(matches!(Config::from_args(a), Err(ConfigError::NoPeerCa)));
+        let mut with_ca = tls.to_vec();
+        with_ca.extend(["--peer-ca-file", "/etc/hostname"]);
+        let c = Config::from_args(parse(&with_ca).unwrap()).unwrap();
+        assert_eq!(c.peer_ca_file.as_deref(), Some(Path::new("/etc/hostname")));
+        let a = parse(&["--peer-ca-file", "/etc/hostname"]).unwrap();
+        assert!(matches!(
+            Config::from_args(a),
+            Err(ConfigError::PeerCaUnused)
         ));
     }
 

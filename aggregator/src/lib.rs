@@ -219,6 +219,11 @@ async fn serve_with(
         let _ = rx.wait_for(|s| *s).await;
     };
 
+    let peers = match &agg.config.peer_ca_file {
+        Some(ca) => api::forward::Peers::tls(ca)
+            .map_err(|e| RunError::Serve(std::io::Error::other(format!("--peer-ca-file: {e}"))))?,
+        None => api::forward::Peers::plain(),
+    };
     let app_state = Arc::new(AppState {
         store: agg.store.clone(),
         tokens: Tokens {
@@ -230,6 +235,7 @@ async fn serve_with(
         agents: agents.clone(),
         command_timeout: agg.config.command_timeout,
         prometheus_url: agg.config.prometheus_url.clone(),
+        peers,
     });
     let ops_state = Arc::new(OpsState {
         store: agg.store.clone(),
@@ -370,6 +376,8 @@ async fn expire_loop(store: Arc<Store>, mut stop: watch::Receiver<bool>) {
 #[derive(Debug)]
 pub struct RunningAggregator {
     pub api_addr: SocketAddr,
+    /// `https` when the API is served over TLS.
+    api_scheme: &'static str,
     pub ops_addr: SocketAddr,
     /// The agent ingest's UDP address, when agent credentials are configured.
     pub quic_addr: Option<SocketAddr>,
@@ -384,7 +392,7 @@ pub struct RunningAggregator {
 
 impl RunningAggregator {
     pub fn api_url(&self) -> String {
-        format!("http://{}", self.api_addr)
+        format!("{}://{}", self.api_scheme, self.api_addr)
     }
 
     pub fn ops_url(&self) -> String {
@@ -422,11 +430,17 @@ pub async fn start(config: Config) -> Result<RunningAggregator, RunError> {
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let store = agg.store.clone();
     let telemetry = agg.telemetry.clone();
+    let api_scheme = if agg.config.api_tls_cert.is_some() {
+        "https"
+    } else {
+        "http"
+    };
     let task = tokio::spawn(serve_with(agg, api, ops, ingest, async move {
         let _ = rx.await;
     }));
     Ok(RunningAggregator {
         api_addr,
+        api_scheme,
         ops_addr,
         quic_addr,
         agents,

@@ -4,13 +4,15 @@
 //! A replica can be killed with SIGKILL and started again; all are killed on drop.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::Context;
 use reqwest::StatusCode;
 use serde_json::Value;
+
+use meshcat_aggregator::api::forward::Peers;
 
 use crate::scenario::free_port;
 use crate::wait_for;
@@ -29,6 +31,8 @@ fn free_udp_port() -> anyhow::Result<u16> {
 #[derive(Debug)]
 pub struct Replica {
     pub api: SocketAddr,
+    /// `https` when the replicas serve their API over TLS.
+    scheme: &'static str,
     pub ops: SocketAddr,
     pub quic: SocketAddr,
     args: Vec<String>,
@@ -39,7 +43,7 @@ pub struct Replica {
 
 impl Replica {
     pub fn api_url(&self) -> String {
-        format!("http://{}", self.api)
+        format!("{}://{}", self.scheme, self.api)
     }
 
     pub fn ops_url(&self) -> String {
@@ -83,6 +87,9 @@ pub struct Replicas {
     /// The shared data directory (development certificates); removed on drop.
     dir: tempfile::TempDir,
     http: reqwest::Client,
+    scheme: &'static str,
+    /// The API client when the replicas serve HTTPS.
+    https: Option<Peers>,
 }
 
 impl Replicas {
@@ -94,9 +101,37 @@ impl Replicas {
         store: &str,
         extra: &[&str],
     ) -> anyhow::Result<Replicas> {
+        Self::start_with(binary, n, store, extra, None).await
+    }
+
+    /// Like [`Replicas::start`], with the API served over HTTPS: `extra` carries the
+    /// API TLS flags, and the test's client trusts the CA certificates in `api_ca`.
+    pub async fn start_https(
+        binary: &str,
+        n: usize,
+        store: &str,
+        extra: &[&str],
+        api_ca: &Path,
+    ) -> anyhow::Result<Replicas> {
+        Self::start_with(binary, n, store, extra, Some(api_ca)).await
+    }
+
+    async fn start_with(
+        binary: &str,
+        n: usize,
+        store: &str,
+        extra: &[&str],
+        api_ca: Option<&Path>,
+    ) -> anyhow::Result<Replicas> {
         let dir = tempfile::Builder::new()
             .prefix("meshcat-replicas-")
             .tempdir()?;
+        // HTTPS through the aggregator's own peer client: reqwest here is built
+        // without TLS, for the whole workspace.
+        let https = match api_ca {
+            Some(ca) => Some(Peers::tls(ca)?),
+            None => None,
+        };
         let mut set = Replicas {
             replicas: Vec::new(),
             binary: PathBuf::from(binary),
@@ -104,6 +139,8 @@ impl Replicas {
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(15))
                 .build()?,
+            scheme: if https.is_some() { "https" } else { "http" },
+            https,
         };
         for i in 0..n {
             set.add(store, extra)?;
@@ -146,6 +183,7 @@ impl Replicas {
         args.extend(extra.iter().map(|s| (*s).to_owned()));
         self.replicas.push(Replica {
             api,
+            scheme: self.scheme,
             ops,
             quic,
             args,
@@ -199,13 +237,7 @@ impl Replicas {
 
     /// `GET path` on replica `i`: status and JSON body (`Null` when not JSON).
     pub async fn get(&self, i: usize, path: &str) -> anyhow::Result<(StatusCode, Value)> {
-        let r = self
-            .http
-            .get(format!("{}{path}", self.replicas[i].api_url()))
-            .send()
-            .await?;
-        let status = r.status();
-        Ok((status, r.json().await.unwrap_or(Value::Null)))
+        self.send(i, reqwest::Method::GET, path, None).await
     }
 
     /// `method path` with a JSON body on replica `i`: status and JSON body.
@@ -216,6 +248,31 @@ impl Replicas {
         path: &str,
         body: Option<&Value>,
     ) -> anyhow::Result<(StatusCode, Value)> {
+        if let Some(https) = &self.https {
+            let mut headers = Vec::new();
+            let mut bytes = Vec::new();
+            if let Some(b) = body {
+                headers.push((
+                    reqwest::header::CONTENT_TYPE,
+                    reqwest::header::HeaderValue::from_static("application/json"),
+                ));
+                bytes = serde_json::to_vec(b)?;
+            }
+            let r = https
+                .send(
+                    method,
+                    &self.replicas[i].api.to_string(),
+                    path,
+                    &headers,
+                    bytes.into(),
+                    Duration::from_secs(15),
+                )
+                .await?;
+            return Ok((
+                r.status,
+                serde_json::from_slice(&r.body).unwrap_or(Value::Null),
+            ));
+        }
         let mut req = self
             .http
             .request(method, format!("{}{path}", self.replicas[i].api_url()));

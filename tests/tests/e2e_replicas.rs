@@ -511,27 +511,40 @@ async fn every_replica_shows_every_instance_and_a_killed_owner_hands_over() -> a
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn replicas_reach_etcd_over_tls_with_a_client_certificate() -> anyhow::Result<()> {
+async fn replicas_over_tls_reach_etcd_with_a_client_certificate_and_forward_over_https()
+-> anyhow::Result<()> {
     let etcd = EtcdCluster::start_tls(1).await?;
     let tls = etcd.tls().expect("a TLS cluster").clone();
     let ca = tls.ca_file.display().to_string();
     let cert = tls.client.cert_file.display().to_string();
     let key = tls.client.key_file.display().to_string();
     let store = etcd.store_url("/tls");
-    let mut set = Replicas::start(
-        BIN,
-        2,
-        &store,
-        &[
-            "--etcd-ca-file",
-            &ca,
-            "--etcd-cert",
-            &cert,
-            "--etcd-key",
-            &key,
-        ],
-    )
-    .await?;
+    // Every replica's API over HTTPS, with a certificate for its advertised address
+    // signed by a CA the others trust.
+    let certs_dir = tempfile::tempdir()?;
+    let api_ca = meshcat_tests::certs::MeshCerts::new(certs_dir.path(), "api")?;
+    let api_id = api_ca.identity("127.0.0.1")?;
+    let api_cert = api_id.cert_file.display().to_string();
+    let api_key = api_id.key_file.display().to_string();
+    let peer_ca = api_ca.ca_file.display().to_string();
+    let api_tls = [
+        "--api-tls-cert",
+        &api_cert,
+        "--api-tls-key",
+        &api_key,
+        "--peer-ca-file",
+        &peer_ca,
+    ];
+    let mut flags = vec![
+        "--etcd-ca-file",
+        &ca,
+        "--etcd-cert",
+        &cert,
+        "--etcd-key",
+        &key,
+    ];
+    flags.extend(api_tls);
+    let mut set = Replicas::start_https(BIN, 2, &store, &flags, &api_ca.ca_file).await?;
     // A write through one replica is committed over TLS and read by the other's watch.
     assert_eq!(
         set.post(0, "/zones", &zone("z")).await?.0,
@@ -541,9 +554,53 @@ async fn replicas_reach_etcd_over_tls_with_a_client_certificate() -> anyhow::Res
         (set.get(1, "/zones/z").await.ok()?.0 == StatusCode::OK).then_some(())
     })
     .await?;
+    // The API speaks only TLS.
+    let plain = reqwest::get(format!("http://{}/zones", set.replicas[0].api)).await;
+    assert!(
+        plain.is_err() || !plain.as_ref().is_ok_and(|r| r.status().is_success()),
+        "plain HTTP answered: {plain:?}"
+    );
+
+    // An instance reported to replica 0 is read through replica 1: forwarded to its
+    // owner over HTTPS, the owner's certificate verified against --peer-ca-file.
+    assert_eq!(
+        set.post(0, "/clusters", &cluster("z", "svc")).await?.0,
+        StatusCode::CREATED
+    );
+    let sidecar = meshcat_tests::Sidecar::start().await?;
+    let mut args = set.agent_args(&[0]);
+    args.extend(
+        [
+            "--sidecar-admin",
+            &sidecar.envoy.admin_addr(),
+            "--zone",
+            "z",
+            "--cluster",
+            "svc",
+            "--instance",
+            "i1",
+            "--interval",
+            "1s",
+        ]
+        .map(str::to_owned),
+    );
+    let agent = meshcat_tests::MeshAgent::start(&args).await?;
+    wait_for("i1 on replica 1", Duration::from_secs(20), || async {
+        shown(&set, 1, "z", "svc")
+            .await
+            .filter(|(_, n, _)| n == &["i1"])
+    })
+    .await?;
+    let (s, m) = set.get(1, "/metrics/svc/i1?zoneName=z").await?;
+    assert_eq!(s, StatusCode::OK, "{m}");
+    assert!(m.is_object(), "{m}");
+    agent.stop().await?;
+
     // Without a client certificate etcd refuses the replica: it answers on its API
     // but is never handed the catalog, and its writes are not acknowledged.
-    let bare = set.add(&store, &["--etcd-ca-file", &ca])?;
+    let mut bare_flags = vec!["--etcd-ca-file", &ca];
+    bare_flags.extend(api_tls);
+    let bare = set.add(&store, &bare_flags)?;
     let status = wait_for(
         "the replica without a certificate answers",
         Duration::from_secs(20),

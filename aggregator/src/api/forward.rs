@@ -3,16 +3,24 @@
 //! answers these routes by passing the request on to the owner's advertised API
 //! address, with the caller's headers and a header carrying the secret the
 //! replicas share through etcd. The owner serves a request bearing that header
-//! itself and never forwards it again; a wrong secret is refused.
+//! itself and never forwards it again; a wrong secret is refused. Replicas that
+//! serve their API over HTTPS forward over HTTPS, verifying the owner's certificate
+//! against `--peer-ca-file`, so neither the secret nor the caller's token crosses
+//! the network in clear.
 
-use std::sync::{Arc, OnceLock};
+use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{HeaderName, StatusCode, header};
+use axum::http::{HeaderName, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use hyper_util::rt::TokioIo;
+use meshcat_common::tls::TlsError;
 use subtle::ConstantTimeEq;
 use tracing::warn;
 
@@ -26,13 +34,174 @@ pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(15);
 /// Largest body forwarded: the per-instance routes take small JSON bodies.
 const MAX_FORWARDED_BODY: usize = 64 << 10;
 
-fn client() -> &'static reqwest::Client {
-    static CLIENT: OnceLock<reqwest::Client> = OnceLock::new();
-    CLIENT.get_or_init(|| {
-        reqwest::Client::builder()
-            .timeout(FORWARD_TIMEOUT)
-            .build()
-            .expect("an HTTP client without TLS builds")
+/// How this replica reaches its peers' APIs: one HTTP/1.1 exchange per forwarded
+/// request (they are rare: per-instance reads and commands), over TLS when the
+/// replicas serve HTTPS.
+#[derive(Clone)]
+pub struct Peers {
+    tls: Option<tokio_rustls::TlsConnector>,
+}
+
+impl std::fmt::Debug for Peers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Peers")
+            .field("tls", &self.tls.is_some())
+            .finish()
+    }
+}
+
+/// A peer's answer.
+#[derive(Debug)]
+pub struct PeerResponse {
+    pub status: StatusCode,
+    pub content_type: Option<header::HeaderValue>,
+    pub body: Bytes,
+}
+
+/// Why a peer gave no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum PeerError {
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    #[error("cannot connect: {0}")]
+    Connect(std::io::Error),
+    #[error("TLS: {0}")]
+    Tls(String),
+    #[error("HTTP: {0}")]
+    Http(String),
+    #[error("the answer is over {MAX_PEER_ANSWER} bytes")]
+    TooLarge,
+}
+
+/// Largest answer read from a peer (metrics of one instance, one sidecar's evidence).
+pub const MAX_PEER_ANSWER: usize = 16 << 20;
+
+/// Aborts the connection task when the exchange ends, whichever way.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl Peers {
+    /// Plain HTTP: the replicas serve their API without TLS.
+    pub fn plain() -> Peers {
+        Peers { tls: None }
+    }
+
+    /// HTTPS, trusting only the CA certificates in `ca_file` (`--peer-ca-file`); the
+    /// peer's certificate must name the host of its advertised address.
+    pub fn tls(ca_file: &Path) -> Result<Peers, TlsError> {
+        meshcat_common::tls::install_crypto_provider();
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in meshcat_common::tls::load_certs(ca_file)? {
+            roots
+                .add(cert)
+                .map_err(|e| TlsError::Config(format!("{}: {e}", ca_file.display())))?;
+        }
+        let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError::Config(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(Peers {
+            tls: Some(tokio_rustls::TlsConnector::from(Arc::new(tls))),
+        })
+    }
+
+    /// `http` or `https`.
+    pub fn scheme(&self) -> &'static str {
+        if self.tls.is_some() { "https" } else { "http" }
+    }
+
+    /// Sends one request to `addr` (`host:port`) and reads the whole answer, all
+    /// within `timeout`.
+    pub async fn send(
+        &self,
+        method: Method,
+        addr: &str,
+        path_and_query: &str,
+        headers: &[(HeaderName, header::HeaderValue)],
+        body: Bytes,
+        timeout: Duration,
+    ) -> Result<PeerResponse, PeerError> {
+        let mut req = Request::builder()
+            .method(method)
+            .uri(path_and_query)
+            .header(header::HOST, addr);
+        for (name, value) in headers {
+            req = req.header(name, value);
+        }
+        let req = req
+            .body(Full::new(body))
+            .map_err(|e| PeerError::Http(e.to_string()))?;
+        tokio::time::timeout(timeout, self.exchange(addr, req))
+            .await
+            .map_err(|_| PeerError::Timeout(timeout))?
+    }
+
+    async fn exchange(
+        &self,
+        addr: &str,
+        req: Request<Full<Bytes>>,
+    ) -> Result<PeerResponse, PeerError> {
+        let tcp = tokio::net::TcpStream::connect(addr)
+            .await
+            .map_err(PeerError::Connect)?;
+        let _ = tcp.set_nodelay(true);
+        match &self.tls {
+            None => round_trip(TokioIo::new(tcp), req).await,
+            Some(connector) => {
+                let name = server_name(addr)?;
+                let tls = connector
+                    .connect(name, tcp)
+                    .await
+                    .map_err(|e| PeerError::Tls(e.to_string()))?;
+                round_trip(TokioIo::new(tls), req).await
+            }
+        }
+    }
+}
+
+/// The name a peer's certificate must carry: the host of `host:port`.
+fn server_name(addr: &str) -> Result<rustls::pki_types::ServerName<'static>, PeerError> {
+    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    rustls::pki_types::ServerName::try_from(host.to_owned())
+        .map_err(|e| PeerError::Tls(format!("{host}: {e}")))
+}
+
+async fn round_trip<I>(io: I, req: Request<Full<Bytes>>) -> Result<PeerResponse, PeerError>
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let http = |e: hyper::Error| PeerError::Http(e.to_string());
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
+        .await
+        .map_err(http)?;
+    let _conn = AbortOnDrop(tokio::spawn(async move {
+        // Its error shows as the request's.
+        let _ = conn.await;
+    }));
+    let res = sender.send_request(req).await.map_err(http)?;
+    let (parts, body) = res.into_parts();
+    let body = Limited::new(body, MAX_PEER_ANSWER)
+        .collect()
+        .await
+        .map_err(|e| match e.downcast::<LengthLimitError>() {
+            Ok(_) => PeerError::TooLarge,
+            Err(e) => PeerError::Http(e.to_string()),
+        })?
+        .to_bytes();
+    Ok(PeerResponse {
+        status: parts.status,
+        content_type: parts.headers.get(header::CONTENT_TYPE).cloned(),
+        body,
     })
 }
 
@@ -85,12 +254,20 @@ fn instance_of(req: &Request) -> Option<Named> {
     }
 }
 
+/// The shared secret as a header value.
+fn secret_value(secret: &str) -> Result<header::HeaderValue, ApiError> {
+    header::HeaderValue::from_str(secret).map_err(|_| {
+        warn!("The replicas' forwarding secret is not a valid header value.");
+        ApiError::internal()
+    })
+}
+
 /// Sends one request to replica `owner` as a forwarded request (with the shared
 /// secret and the caller's authorization); its status and body text.
 pub async fn to_replica(
     state: &AppState,
     owner: &str,
-    method: reqwest::Method,
+    method: Method,
     path_and_query: &str,
     authorization: Option<&header::HeaderValue>,
     timeout: Duration,
@@ -106,19 +283,26 @@ pub async fn to_replica(
     let (Some(addr), Some(secret)) = (etcd.peer(owner), etcd.secret()) else {
         return Err(unreachable());
     };
-    let mut req = client()
-        .request(method, format!("http://{addr}{path_and_query}"))
-        .timeout(timeout)
-        .header(&FORWARDED, secret);
+    let mut headers = vec![(FORWARDED, secret_value(secret)?)];
     if let Some(a) = authorization {
-        req = req.header(header::AUTHORIZATION, a);
+        headers.push((header::AUTHORIZATION, a.clone()));
     }
-    let r = req.send().await.map_err(|e| {
-        warn!(%owner, %addr, error = %e, "Forwarding to the owning replica failed.");
-        unreachable()
-    })?;
-    let status = r.status();
-    Ok((status, r.text().await.unwrap_or_default()))
+    let r = state
+        .peers
+        .send(
+            method,
+            &addr,
+            path_and_query,
+            &headers,
+            Bytes::new(),
+            timeout,
+        )
+        .await
+        .map_err(|e| {
+            warn!(%owner, %addr, error = %e, "Forwarding to the owning replica failed.");
+            unreachable()
+        })?;
+    Ok((r.status, String::from_utf8_lossy(&r.body).into_owned()))
 }
 
 /// Passes per-instance requests on to the owning replica.
@@ -172,23 +356,32 @@ pub async fn to_owner(State(state): State<Arc<AppState>>, req: Request, next: Ne
         )
         .into_response();
     };
-    let mut out = client()
-        .request(parts.method.clone(), format!("http://{addr}{path}"))
-        .header(&FORWARDED, secret)
-        .body(body);
+    let mut headers = Vec::with_capacity(4);
+    match secret_value(secret) {
+        Ok(v) => headers.push((FORWARDED, v)),
+        Err(e) => return e.into_response(),
+    }
     for name in [header::AUTHORIZATION, header::CONTENT_TYPE, header::ACCEPT] {
         if let Some(v) = parts.headers.get(&name) {
-            out = out.header(name, v);
+            headers.push((name, v.clone()));
         }
     }
-    match out.send().await {
+    match state
+        .peers
+        .send(
+            parts.method.clone(),
+            &addr,
+            &path,
+            &headers,
+            body,
+            FORWARD_TIMEOUT,
+        )
+        .await
+    {
         Ok(r) => {
-            let status = r.status();
-            let content_type = r.headers().get(header::CONTENT_TYPE).cloned();
-            let bytes = r.bytes().await.unwrap_or_default();
-            let mut res = Response::new(Body::from(bytes));
-            *res.status_mut() = status;
-            if let Some(ct) = content_type {
+            let mut res = Response::new(Body::from(r.body));
+            *res.status_mut() = r.status;
+            if let Some(ct) = r.content_type {
                 res.headers_mut().insert(header::CONTENT_TYPE, ct);
             }
             res

@@ -35,6 +35,7 @@ fn router(dir: &std::path::Path) -> Router {
         agents: None,
         command_timeout: std::time::Duration::from_secs(5),
         prometheus_url: None,
+        peers: super::forward::Peers::plain(),
     });
     app(state, 1 << 20)
 }
