@@ -11,6 +11,7 @@ pub mod ops;
 pub mod status;
 pub mod store;
 pub mod telemetry;
+pub mod ui;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -233,7 +234,8 @@ async fn serve_with(
     });
     let api_addr = api.local_addr()?;
     let ops_addr = ops.local_addr()?;
-    let api_app = api::app(app_state, agg.config.max_body);
+    // The dashboard beside the API, outside its layers: its files need no token.
+    let api_app = api::app(app_state, agg.config.max_body).merge(ui::router());
     let api_task = tokio::spawn(
         axum::serve(api, api_app)
             .with_graceful_shutdown(stopped(stop_rx.clone()))
