@@ -423,6 +423,8 @@ class ClusterPage {
             h("span", {}, "started ", st.started), h("span", {}, "age ", st.age)),
           st.metrics, st.level);
         this.instances.set(i.name, st);
+        // Shows the sidecar's level now rather than the first choice of the list.
+        if (c.authorized !== false) st.level.readLevel(false);
       }
       st.startTime = i.startTime;
       st.started.textContent = fmtTime(i.startTime);
@@ -468,14 +470,16 @@ class ClusterPage {
     const select = h("select", { id }, ...LEVELS.map((l) => h("option", { value: l }, l)));
     const out = h("span", { class: "muted", "aria-live": "polite" });
     const base = `/zones/${enc(this.zone)}/clusters/${enc(this.cluster)}/instances/${enc(instance)}/logging`;
-    const read = h("button", { type: "button", on: { click: async () => {
+    const readLevel = async (ask) => {
       try {
-        const { body } = await withToken(() => call(base, { text: true }), "Reading the level needs the read token.");
+        const get = () => call(base, { text: true });
+        const { body } = await (ask ? withToken(get, "Reading the level needs the read token.") : get());
         const lvl = body.trim();
         if (LEVELS.includes(lvl)) select.value = lvl;
         out.textContent = `Sidecar log level: ${lvl}`;
       } catch (e) { out.textContent = e.message; }
-    } } }, "Read level");
+    };
+    const read = h("button", { type: "button", on: { click: () => readLevel(true) } }, "Read level");
     const set = h("button", { type: "button", class: "primary", on: { click: async () => {
       try {
         const { body } = await withToken(() => call(`${base}?level=${enc(select.value)}`, { method: "PUT", text: true }),
@@ -483,8 +487,10 @@ class ClusterPage {
         out.textContent = `Sidecar log level now ${body.trim()}`;
       } catch (e) { out.textContent = e.message; }
     } } }, "Set level");
-    return h("div", { class: "level" },
+    const el = h("div", { class: "level" },
       h("label", { class: "field", for: id }, h("span", {}, "Sidecar log level"), select), set, read, out);
+    el.readLevel = readLevel;
+    return el;
   }
 
   clusterLevel() {
