@@ -303,7 +303,7 @@ def main():
         check({"stable", "warning", "down"} <= statuses, f"status badges carry the word ({statuses})")
         bad = page.evaluate(UNLABELLED_JS)
         check(not bad, f"every control of the overview has a label or name {bad}")
-        shot(page, "dashboard.png")
+        shot(page, "overview-after-stop.png")
 
         # ---- phone width: no sideways scrolling, on the overview and the cluster view.
         page.set_viewport_size({"width": 390, "height": 844})

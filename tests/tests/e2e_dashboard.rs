@@ -3,7 +3,8 @@
 //! write tokens, real agents and real Envoy sidecars. The script checks the page
 //! against the API; this side builds the mesh, stops an agent when the script asks,
 //! and keeps the screenshots in `target/e2e-dashboard/` (with
-//! `MESHCAT_UPDATE_SCREENSHOT=1`, the overview also becomes `docs/dashboard.png`).
+//! `MESHCAT_UPDATE_SCREENSHOT=1`, the overview also becomes `docs/dashboard.png`,
+//! the README's picture).
 
 use std::time::Duration;
 
@@ -181,13 +182,13 @@ async fn dashboard_in_a_real_browser() {
         "token-dialog.png",
         "phone-overview.png",
         "phone-cluster.png",
-        "dashboard.png",
+        "overview-after-stop.png",
     ] {
         let len = std::fs::metadata(out.join(view)).map_or(0, |m| m.len());
         assert!(len > 1000, "screenshot {view} saved ({len} bytes)");
     }
     if std::env::var_os("MESHCAT_UPDATE_SCREENSHOT").is_some_and(|v| v == "1") {
         let docs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/dashboard.png");
-        std::fs::copy(out.join("dashboard.png"), docs).unwrap();
+        std::fs::copy(out.join("overview.png"), docs).unwrap();
     }
 }
