@@ -49,7 +49,7 @@ export async function call(path, { method = "GET", text = false, signal } = {}) 
     throw new ApiError(res.status, code, message);
   }
   const index = res.headers.get("X-Meshcat-Index");
-  return { body: text ? raw : JSON.parse(raw), index: index === null ? null : index };
+  return { body: text ? raw : JSON.parse(raw), raw, index: index === null ? null : index };
 }
 
 export const enc = encodeURIComponent;
@@ -126,11 +126,21 @@ export class Catalog {
   /** Reads the clusters, zones and counts; answers the catalog index (or null). */
   async snapshot() {
     const [clusters, zones] = await Promise.all([call("/clusters"), call("/zones")]);
-    this.clusters = new Map(clusters.body.map((c) => [clusterKey(c.zoneName, c.clusterName), c]));
+    // Polling reads the same answers again and again: redraw only what moved.
+    const moved = [];
+    if (clusters.raw !== this.rawClusters) {
+      this.rawClusters = clusters.raw;
+      this.clusters = new Map(clusters.body.map((c) => [clusterKey(c.zoneName, c.clusterName), c]));
+      moved.push("clusters");
+    }
     this.zones = new Map(zones.body.map((z) => [z.zoneName, z]));
+    const before = JSON.stringify([zones.raw, [...this.zoneCounts], this.totals]);
     await this.loadCounts();
+    if (JSON.stringify([zones.raw, [...this.zoneCounts], this.totals]) !== before) moved.push("zones", "summary");
     this.lastError = null;
-    this.emit(["clusters", "zones", "summary"]);
+    if (!this.loaded) moved.push("clusters", "zones", "summary");
+    this.loaded = true;
+    this.emit(moved.length ? moved : ["mode"]);
     return clusters.index;
   }
 
@@ -242,6 +252,7 @@ export class Catalog {
   /** Applies one event to the catalog. */
   apply(kind, data) {
     if (kind === "reset") return "reset";
+    this.rawClusters = null;
     let d;
     try { d = JSON.parse(data); } catch { return "ignored"; }
     switch (kind) {
