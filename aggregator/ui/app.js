@@ -648,6 +648,7 @@ const catalog = new Catalog((what) => {
   renderLive();
   if (page && (what.has("clusters") || what.has("zones"))) page.render();
 });
+catalog.askToken = askToken;
 /** A token change: read again so `authorized` and instances follow it. */
 catalog.refresh = () => {
   catalog.snapshot().catch(() => {});

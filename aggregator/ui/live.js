@@ -111,6 +111,9 @@ export class Catalog {
       } catch (e) {
         this.lastError = e;
         this.setMode("offline");
+        // An API that wants a token for reads: ask rather than retry in vain.
+        if (e instanceof ApiError && e.needsToken && this.askToken &&
+            (await this.askToken(`${e.message} Reading the catalog needs a token.`))) continue;
         await sleep(backoff);
         backoff = Math.min(backoff * 2, 15000);
         continue;
@@ -193,6 +196,10 @@ export class Catalog {
         continue;
       }
       if (res.status === 404) return "absent";
+      if ((res.status === 401 || res.status === 403) && this.askToken) {
+        this.setMode("offline");
+        if (await this.askToken("The event stream needs a token.")) continue;
+      }
       if (!res.ok || !res.body) {
         this.setMode("offline");
         await sleep(backoff);
