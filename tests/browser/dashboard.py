@@ -30,8 +30,11 @@ def log(*a):
     print("dashboard.py:", *a, file=sys.stderr, flush=True)
 
 
-def api(path, method="GET", token=True):
-    req = urllib.request.Request(API + path, method=method)
+def api(path, method="GET", token=True, body=None):
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(API + path, method=method, data=data)
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
     if token:
         req.add_header("Authorization", "Bearer " + TOKEN)
     with urllib.request.urlopen(req, timeout=30) as r:
@@ -294,6 +297,14 @@ def main():
             arg=before_down + 1, timeout=WAIT_MS,
         )
         check(True, "the summary counts one more down cluster")
+
+        # ---- registrations show and leave without a reload too.
+        api("/clusters", "POST", body={"zoneName": ZONE, "clusterName": "newcomer", "name": "Newcomer", "owner": "team-new"})
+        page.wait_for_selector("[data-testid=cluster-row][data-cluster=newcomer][data-status=down]", timeout=WAIT_MS)
+        check(True, "a cluster registered through the API appears")
+        api(f"/clusters/newcomer?zoneName={ZONE}", "DELETE")
+        page.wait_for_selector("[data-testid=cluster-row][data-cluster=newcomer]", state="detached", timeout=WAIT_MS)
+        check(page.evaluate("() => window.__sameDocument === true"), "a deleted cluster leaves, still without a reload")
 
         # ---- contrast of the status words and of the text.
         ratios = page.evaluate(CONTRAST_JS, ".badge, .row.head span, .muted, body, .live")
