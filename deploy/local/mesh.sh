@@ -302,6 +302,7 @@ meshcat local mesh is up (state and logs in .local-mesh/).
 TXT
   if [ "$1" = full ]; then
     cat <<TXT
+  dashboard           $API/ui/
   catalog API         $API/summary   $API/services   $API/openapi.json
   aggregator metrics  http://127.0.0.1:$OPS_PORT/metrics
 

@@ -5,9 +5,10 @@
 //! runs a whole meshcat (aggregator, agents, sidecars) on one machine ([`mesh`]), and
 //! runs the real failure scenarios of `diagnose/scenarios/` ([`scenario`]), and runs
 //! a real three-member etcd cluster ([`etcd`]) with aggregator replicas as processes
-//! on it ([`replicas`]).
+//! on it ([`replicas`]), and drives the dashboard in a real browser ([`browser`]).
 
 pub mod bootstrap;
+pub mod browser;
 pub mod certs;
 pub mod envoy;
 pub mod etcd;

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Benchmark of the dashboard (see docs/benchmarks.md): builds the release aggregator,
+# starts it on free ports with a temporary data directory, registers CLUSTERS clusters
+# in ZONES zones (meshcat-bench-writes), then loads /ui/ RUNS times in Debian's
+# Chromium through Playwright (bench/dashboard.py) and reports the bytes the page and
+# its data cost, first contentful paint, the time to the first table rows, one search
+# keystroke over every cluster and the page's JavaScript heap.
+#
+# Needs what scripts/test.sh installs: chromium and Playwright in .venv.
+# Environment: CLUSTERS (10000), ZONES (20), RUNS (5), MESHCAT_CHROMIUM (chromium),
+# CARGO_TARGET_DIR (./target).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+
+CLUSTERS=${CLUSTERS:-10000}
+ZONES=${ZONES:-20}
+RUNS=${RUNS:-5}
+target=${CARGO_TARGET_DIR:-$root/target}
+chromium=${MESHCAT_CHROMIUM:-$(command -v chromium || echo /usr/bin/chromium)}
+
+echo "==> building release"
+cargo build --release -p meshcat-aggregator -p meshcat-bench
+bin="$target/release/meshcat-aggregator"
+
+work=$(mktemp -d)
+pid=""
+cleanup() {
+    [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+echo "==> starting the aggregator"
+RUST_LOG=warn,meshcat_aggregator=info "$bin" serve \
+    --api-addr 127.0.0.1:0 --ops-addr 127.0.0.1:0 --quic-addr 127.0.0.1:0 \
+    --data-dir "$work/data" --log-format json 2>"$work/log" &
+pid=$!
+api=""
+for _ in $(seq 1 200); do
+    api=$(grep -o '"api":"[^"]*"' "$work/log" | head -1 | cut -d'"' -f4 || true)
+    [ -n "$api" ] && break
+    sleep 0.05
+done
+[ -n "$api" ] || { echo "aggregator did not start"; cat "$work/log"; exit 1; }
+echo "api: http://$api (pid $pid)"
+
+echo "==> registering $CLUSTERS clusters in $ZONES zones"
+"$target/release/meshcat-bench-writes" --api "http://$api" --writers 8 --bulk 500 \
+    --clusters "$CLUSTERS" --zones "$ZONES" --prefix svc
+
+echo "==> loading the dashboard $RUNS times in $("$chromium" --version 2>/dev/null | head -1)"
+.venv/bin/python bench/dashboard.py "http://$api" "$chromium" "$RUNS"
+echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')"
