@@ -103,9 +103,9 @@ pub struct ServeArgs {
     /// PEM private key of --api-tls-cert.
     #[arg(long, env = "MESHCAT_API_TLS_KEY", value_name = "FILE")]
     pub api_tls_key: Option<PathBuf>,
-    /// PEM CA certificates that sign the other replicas' API certificates. With
-    /// --store etcd:// and --api-tls-cert (then required), a replica forwards
-    /// per-instance requests to their owner over HTTPS, verified against these.
+    /// PEM CA certificates that sign the other replicas' API certificates (default:
+    /// the system's CA store). With --store etcd:// and --api-tls-cert, a replica
+    /// forwards per-instance requests to their owner over HTTPS, verified against them.
     #[arg(long, env = "MESHCAT_PEER_CA_FILE", value_name = "FILE")]
     pub peer_ca_file: Option<PathBuf>,
     /// Time limit of an API request; a request past it answers 503 timeout. Event
@@ -267,10 +267,6 @@ pub enum ConfigError {
     #[error("--advertise-addr is needed with --store etcd:// when --api-addr is {0}")]
     NoAdvertise(SocketAddr),
     #[error(
-        "--store etcd:// with --api-tls-cert needs --peer-ca-file: the CA that signed every replica's API certificate, so replicas can forward to each other over HTTPS"
-    )]
-    NoPeerCa,
-    #[error(
         "--peer-ca-file needs --store etcd:// and --api-tls-cert: only replicas serving HTTPS forward over it"
     )]
     PeerCaUnused,
@@ -405,10 +401,8 @@ impl Config {
             return Err(ConfigError::HalfEtcdTls);
         }
         let replicas_tls = a.store != StoreSpec::Redb && a.api_tls_cert.is_some();
-        match (replicas_tls, a.peer_ca_file.is_some()) {
-            (true, false) => return Err(ConfigError::NoPeerCa),
-            (false, true) => return Err(ConfigError::PeerCaUnused),
-            _ => {}
+        if a.peer_ca_file.is_some() && !replicas_tls {
+            return Err(ConfigError::PeerCaUnused);
         }
         let etcd_tls = a.etcd_ca_file.is_some() || a.etcd_cert.is_some();
         if etcd_tls && a.store == StoreSpec::Redb {
@@ -661,8 +655,8 @@ mod tests {
             Config::from_args(a),
             Err(ConfigError::EtcdTlsWithoutEtcd)
         ));
-        // Replicas serving HTTPS forward over HTTPS: they need the peers' CA, and the
-        // CA alone means nothing.
+        // Replicas serving HTTPS forward over HTTPS, trusting the system's CA store
+        // or the peers' CA; the CA alone means nothing.
         let tls = [
             "--store",
             "etcd://127.0.0.1:2379",
@@ -673,8 +667,8 @@ mod tests {
             "--api-tls-key",
             "/etc/hostname",
         ];
-        let a = parse(&tls).unwrap();
-        assert!(matches!(Config::from_args(a), Err(ConfigError::NoPeerCa)));
+        let c = Config::from_args(parse(&tls).unwrap()).unwrap();
+        assert_eq!(c.peer_ca_file, None);
         let mut with_ca = tls.to_vec();
         with_ca.extend(["--peer-ca-file", "/etc/hostname"]);
         let c = Config::from_args(parse(&with_ca).unwrap()).unwrap();

@@ -220,10 +220,13 @@ async fn serve_with(
         let _ = rx.wait_for(|s| *s).await;
     };
 
-    let peers = match &agg.config.peer_ca_file {
-        Some(ca) => api::forward::Peers::tls(ca)
-            .map_err(|e| RunError::Serve(std::io::Error::other(format!("--peer-ca-file: {e}"))))?,
-        None => api::forward::Peers::plain(),
+    // Replicas that serve HTTPS reach each other over HTTPS.
+    let peers = if agg.store.etcd().is_some() && agg.config.api_tls_cert.is_some() {
+        api::forward::Peers::tls(agg.config.peer_ca_file.as_deref()).map_err(|e| {
+            RunError::Serve(std::io::Error::other(format!("peer replicas' TLS: {e}")))
+        })?
+    } else {
+        api::forward::Peers::plain()
     };
     let app_state = Arc::new(AppState {
         store: agg.store.clone(),

@@ -129,7 +129,7 @@ impl Replicas {
         // HTTPS through the aggregator's own peer client: reqwest here is built
         // without TLS, for the whole workspace.
         let https = match api_ca {
-            Some(ca) => Some(Peers::tls(ca)?),
+            Some(ca) => Some(Peers::tls(Some(ca))?),
             None => None,
         };
         let mut set = Replicas {

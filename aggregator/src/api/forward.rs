@@ -91,15 +91,34 @@ impl Peers {
         Peers { tls: None }
     }
 
-    /// HTTPS, trusting only the CA certificates in `ca_file` (`--peer-ca-file`); the
-    /// peer's certificate must name the host of its advertised address.
-    pub fn tls(ca_file: &Path) -> Result<Peers, TlsError> {
+    /// HTTPS, trusting only the CA certificates in `ca_file` (`--peer-ca-file`), or
+    /// without it the system's CA store; the peer's certificate must name the host of
+    /// its advertised address.
+    pub fn tls(ca_file: Option<&Path>) -> Result<Peers, TlsError> {
         meshcat_common::tls::install_crypto_provider();
         let mut roots = rustls::RootCertStore::empty();
-        for cert in meshcat_common::tls::load_certs(ca_file)? {
-            roots
-                .add(cert)
-                .map_err(|e| TlsError::Config(format!("{}: {e}", ca_file.display())))?;
+        match ca_file {
+            Some(ca_file) => {
+                for cert in meshcat_common::tls::load_certs(ca_file)? {
+                    roots
+                        .add(cert)
+                        .map_err(|e| TlsError::Config(format!("{}: {e}", ca_file.display())))?;
+                }
+            }
+            None => {
+                let system = rustls_native_certs::load_native_certs();
+                // Unparsable entries of a system store are skipped, as TLS clients do.
+                let (added, _) = roots.add_parsable_certificates(system.certs);
+                if added == 0 {
+                    let why = system
+                        .errors
+                        .first()
+                        .map_or_else(|| "it holds no certificate".to_owned(), |e| e.to_string());
+                    return Err(TlsError::Config(format!(
+                        "the system's CA store cannot be used for peer replicas ({why}): give --peer-ca-file"
+                    )));
+                }
+            }
         }
         let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(
             rustls::crypto::ring::default_provider(),
