@@ -295,6 +295,112 @@ async fn quorum_loss_refuses_writes_keeps_reads_and_readiness() -> anyhow::Resul
     Ok(())
 }
 
+/// etcd's current revision, through member `endpoint`'s JSON gateway.
+async fn etcd_revision(endpoint: &str) -> anyhow::Result<i64> {
+    let r: Value = reqwest::Client::new()
+        .post(format!("http://{endpoint}/v3/kv/range"))
+        .json(&json!({"key": "AA==", "limit": 1}))
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?;
+    r["header"]["revision"]
+        .as_str()
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("no revision in {r}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_cut_off_while_history_is_compacted_shows_exactly_etcd_again()
+-> anyhow::Result<()> {
+    let mut etcd = EtcdCluster::start().await?;
+    let eps = etcd.endpoints();
+    // Replica 0 reaches members 0 and 1; replica 1 only member 2, so stopping that
+    // member cuts replica 1 off while the cluster keeps its quorum.
+    let mut set = Replicas::start(
+        BIN,
+        1,
+        &format!("etcd://{},{}/compact", eps[0], eps[1]),
+        &[],
+    )
+    .await?;
+    let cut = set.add(&format!("etcd://{}/compact", eps[2]), &[])?;
+    set.wait_ready(cut).await?;
+    assert_eq!(
+        set.post(0, "/zones", &zone("z")).await?.0,
+        StatusCode::CREATED
+    );
+    for name in ["kept", "gone"] {
+        assert_eq!(
+            set.post(0, "/clusters", &cluster("z", name)).await?.0,
+            StatusCode::CREATED
+        );
+    }
+    let before: BTreeSet<_> = [("z", "gone"), ("z", "kept")]
+        .map(|(z, c)| (z.to_owned(), c.to_owned()))
+        .into();
+    wait_for("both clusters on the cut replica", VISIBLE * 5, || async {
+        (registered(&set, cut).await.ok()? == before).then_some(())
+    })
+    .await?;
+
+    etcd.stop(2);
+    // Member 2 may have led: the others elect a leader before writes go on (a write
+    // during the election may time out, as with any lost leader).
+    etcd.wait_healthy_all().await?;
+    // While it is cut off: a delete, a create, a replace, and the history of all
+    // of them compacted away, so resuming its watch where it stopped is impossible.
+    let (s, body) = set
+        .send(0, Method::DELETE, "/clusters/gone?zoneName=z", None)
+        .await?;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    assert_eq!(
+        set.post(0, "/clusters", &cluster("z", "new")).await?.0,
+        StatusCode::CREATED
+    );
+    let mut kept = cluster("z", "kept");
+    kept["owner"] = json!("another-team");
+    let (s, body) = set
+        .send(0, Method::PUT, "/clusters/kept", Some(&kept))
+        .await?;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    let revision = etcd_revision(&eps[0]).await?;
+    reqwest::Client::new()
+        .post(format!("http://{}/v3/kv/compaction", eps[0]))
+        .json(&json!({"revision": revision.to_string(), "physical": true}))
+        .send()
+        .await?
+        .error_for_status()?;
+    // Nothing of it shows on the cut replica yet.
+    assert_eq!(registered(&set, cut).await?, before);
+
+    etcd.restart(2).await?;
+    etcd.wait_healthy_all().await?;
+    let after: BTreeSet<_> = [("z", "kept"), ("z", "new")]
+        .map(|(z, c)| (z.to_owned(), c.to_owned()))
+        .into();
+    wait_for(
+        "the cut replica lists etcd again",
+        Duration::from_secs(20),
+        || async { (registered(&set, cut).await.ok()? == after).then_some(()) },
+    )
+    .await?;
+    let (s, c) = set.get(cut, "/clusters/kept").await?;
+    assert_eq!(s, StatusCode::OK, "{c}");
+    assert_eq!(c[0]["owner"], "another-team", "{c}");
+    // And it follows the watch again from there.
+    assert_eq!(
+        set.post(0, "/clusters", &cluster("z", "later")).await?.0,
+        StatusCode::CREATED
+    );
+    wait_for("a later write on the cut replica", VISIBLE * 5, || async {
+        (set.get(cut, "/clusters/later").await.ok()?.0 == StatusCode::OK).then_some(())
+    })
+    .await?;
+    Ok(())
+}
+
 /// Status and instance names of (zone, cluster) on replica `i`.
 async fn shown(
     set: &Replicas,
