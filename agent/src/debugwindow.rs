@@ -275,6 +275,19 @@ impl Inner {
         }
     }
 
+    /// Window `id` lasts its length from now, when the sidecar is at debug: the
+    /// time spent waiting for the level lock and reading the level moves its end
+    /// (joiners' extensions included) and its total bound later by as much.
+    fn count_from_now(&self, id: u64) {
+        let mut active = self.active();
+        if let Some(a) = active.as_mut().filter(|a| a.id == id) {
+            let now = Instant::now();
+            let waited = now.saturating_duration_since(a.started);
+            a.started = now;
+            a.end.send_modify(|e| *e += waited);
+        }
+    }
+
     /// Closes window `id` if its end has come; false when a joiner moved the end
     /// meanwhile. Checked under the lock joiners extend under, so none is lost.
     fn close_if_due(&self, id: u64, end: &watch::Receiver<Instant>) -> bool {
@@ -318,6 +331,7 @@ impl Inner {
             .await
             .map_err(DebugWindowError::SetLevel)?;
         info!(window = id, previous_level = %previous, "Sidecar log level raised to debug for a debug window.");
+        self.count_from_now(id);
 
         let mut tick = tokio::time::interval(SCAN_INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
