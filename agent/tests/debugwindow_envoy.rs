@@ -95,6 +95,11 @@ impl Envoy {
                 let _ = stop_rx.recv();
                 let _ = child.kill();
                 let _ = child.wait();
+                // A killed Envoy leaves its hot restart region (`base_id * 10`).
+                let _ = std::fs::remove_file(format!(
+                    "/dev/shm/envoy_shared_memory_{}",
+                    u32::from(base_id) * 10
+                ));
             }
             Err(e) => {
                 let _ = spawned_tx.send(Err(e));

@@ -56,6 +56,15 @@ pub(crate) fn next_base_id() -> u32 {
     (std::process::id() % 100_000) * 100 + NEXT.fetch_add(1, Ordering::Relaxed) % 100
 }
 
+/// The shared memory file an Envoy started with `--base-id base_id` creates (its hot
+/// restart region, `base_id * 10 + restart epoch`). A killed Envoy leaves it behind.
+pub(crate) fn shared_memory_file(base_id: u32) -> PathBuf {
+    PathBuf::from(format!(
+        "/dev/shm/envoy_shared_memory_{}",
+        u64::from(base_id) * 10
+    ))
+}
+
 /// The thread that owns a running Envoy process.
 #[derive(Debug)]
 pub(crate) struct Process {
@@ -68,7 +77,16 @@ pub(crate) struct Process {
 }
 
 impl Process {
-    pub(crate) fn spawn(mut cmd: Command) -> anyhow::Result<Self> {
+    pub(crate) fn spawn(cmd: Command) -> anyhow::Result<Self> {
+        Self::spawn_leaving(cmd, None)
+    }
+
+    /// Like [`Process::spawn`]; `leftover` (a file the process leaves when killed) is
+    /// removed once it has exited.
+    pub(crate) fn spawn_leaving(
+        mut cmd: Command,
+        leftover: Option<PathBuf>,
+    ) -> anyhow::Result<Self> {
         let (kill_tx, kill_rx) = mpsc::channel::<()>();
         let (ready_tx, ready_rx) = mpsc::channel::<Result<(), String>>();
         let (exit_tx, exit_rx) = mpsc::channel::<String>();
@@ -86,16 +104,19 @@ impl Process {
             loop {
                 if let Ok(Some(status)) = child.try_wait() {
                     let _ = exit_tx.send(status.to_string());
-                    return;
+                    break;
                 }
                 match kill_rx.recv_timeout(Duration::from_millis(50)) {
                     Err(mpsc::RecvTimeoutError::Timeout) => {}
                     _ => {
                         let _ = child.kill();
                         let _ = child.wait();
-                        return;
+                        break;
                     }
                 }
+            }
+            if let Some(f) = leftover {
+                let _ = std::fs::remove_file(f);
             }
         });
         match ready_rx.recv() {
@@ -210,10 +231,11 @@ impl Envoy {
         let json = self.bootstrap.render(&self.access_log_path());
         std::fs::write(&config, serde_json::to_vec_pretty(&json)?)?;
         let mut cmd = Command::new(bin);
+        let base_id = next_base_id();
         cmd.arg("-c")
             .arg(&config)
             .arg("--base-id")
-            .arg(next_base_id().to_string())
+            .arg(base_id.to_string())
             .arg("--admin-address-path")
             .arg(&admin_file)
             .arg("--log-path")
@@ -225,7 +247,10 @@ impl Envoy {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        self.process = Some(Process::spawn(cmd)?);
+        self.process = Some(Process::spawn_leaving(
+            cmd,
+            Some(shared_memory_file(base_id)),
+        )?);
         let deadline = Instant::now() + START_DEADLINE;
         let admin = loop {
             if let Some(status) = self.process.as_ref().and_then(Process::exit_status) {

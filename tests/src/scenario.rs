@@ -13,7 +13,7 @@ use anyhow::{Context, bail};
 use serde_json::Value;
 
 use crate::certs::MeshCerts;
-use crate::envoy::{Process, envoy_binary, next_base_id};
+use crate::envoy::{Process, envoy_binary, next_base_id, shared_memory_file};
 use crate::upstream::Upstream;
 use crate::wait_for;
 
@@ -367,10 +367,11 @@ fn spawn_as(
     // `POST /reopen_logs` then writes after Envoy's own lines, never over them.
     let log = std::fs::OpenOptions::new().append(true).open(&log_file)?;
     let mut cmd = Command::new(envoy_binary()?);
+    let base_id = next_base_id();
     cmd.arg("-c")
         .arg(&config)
         .arg("--base-id")
-        .arg(next_base_id().to_string());
+        .arg(base_id.to_string());
     if let Some(ms) = options.flush_interval_ms {
         cmd.arg("--file-flush-interval-msec").arg(ms.to_string());
     }
@@ -385,7 +386,7 @@ fn spawn_as(
         .stdin(Stdio::null())
         .stdout(Stdio::from(log.try_clone()?))
         .stderr(Stdio::from(log));
-    let process = Process::spawn(cmd)?;
+    let process = Process::spawn_leaving(cmd, Some(shared_memory_file(base_id)))?;
     Ok(Sidecar {
         process: Some(process),
         admin: SocketAddr::from(([127, 0, 0, 1], admin_port)),
