@@ -5,6 +5,7 @@ mod auth;
 mod error;
 mod forward;
 mod handlers;
+pub mod live;
 pub mod openapi;
 pub mod query;
 mod troubleshoot;
@@ -58,6 +59,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ),
     ("GET", "/diagnose/{clusterName}"),
     ("GET", "/openapi.json"),
+    ("GET", "/events"),
 ];
 
 /// What every handler shares.
@@ -72,6 +74,8 @@ pub struct AppState {
     pub command_timeout: Duration,
     /// Prometheus base URL, for the missing-metrics diagnosis.
     pub prometheus_url: Option<String>,
+    /// How often an idle `GET /events` stream sends a comment line.
+    pub event_heartbeat: Duration,
 }
 
 /// The API router over its state.
@@ -113,7 +117,9 @@ pub fn app(state: Arc<AppState>, max_body: usize) -> Router {
         )
         .route("/diagnose/{clusterName}", get(t::diagnose))
         .route("/openapi.json", get(h::openapi))
+        .route("/events", get(live::events))
         .fallback(no_route)
+        .layer(middleware::from_fn_with_state(state.clone(), live::indexed))
         .layer(middleware::from_fn(json_method_not_allowed))
         .layer(middleware::from_fn_with_state(
             state.clone(),

@@ -32,6 +32,7 @@ fn router(dir: &std::path::Path) -> Router {
         agents: None,
         command_timeout: std::time::Duration::from_secs(5),
         prometheus_url: None,
+        event_heartbeat: crate::api::live::HEARTBEAT,
     });
     app(state, 1 << 20)
 }
