@@ -5,7 +5,7 @@
 //! runs a whole meshcat (aggregator, agents, sidecars) on one machine ([`mesh`]), and
 //! runs the real failure scenarios of `diagnose/scenarios/` ([`scenario`]), and runs
 //! a real three-member etcd cluster ([`etcd`]) with aggregator replicas as processes
-//! on it ([`replicas`]).
+//! on it ([`replicas`]), and reads `GET /events` streams ([`sse`]).
 
 pub mod bootstrap;
 pub mod certs;
@@ -14,6 +14,7 @@ pub mod etcd;
 pub mod mesh;
 pub mod replicas;
 pub mod scenario;
+pub mod sse;
 pub mod upstream;
 
 pub use bootstrap::Bootstrap;

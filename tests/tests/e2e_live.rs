@@ -4,92 +4,34 @@
 
 use std::time::{Duration, Instant};
 
+use meshcat_tests::sse::{EventStream, Sse};
 use meshcat_tests::{Catalog, MeshAgent, Sidecar};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const DEADLINE: Duration = Duration::from_secs(20);
 const TOKEN: &str = "read-77a1";
+const WRITE_TOKEN: &str = "write-5c0e";
 
-/// One parsed server-sent event.
-#[derive(Debug, Clone)]
-struct Sse {
-    event: String,
-    id: Option<u64>,
-    data: Value,
-}
+/// A `GET /events` stream of the catalog; every wait has the test's deadline.
+struct Stream(EventStream);
 
-/// Parses complete events out of `buf`, leaving a partial one in it.
-fn parse_events(buf: &mut String) -> Vec<Sse> {
-    let mut out = Vec::new();
-    while let Some(end) = buf.find("\n\n") {
-        let block: String = buf.drain(..end + 2).collect();
-        let (mut event, mut id, mut data) = (String::from("message"), None, String::new());
-        let mut any = false;
-        for line in block.lines() {
-            if let Some(v) = line.strip_prefix("event:") {
-                event = v.trim().to_owned();
-                any = true;
-            } else if let Some(v) = line.strip_prefix("id:") {
-                id = v.trim().parse().ok();
-            } else if let Some(v) = line.strip_prefix("data:") {
-                data.push_str(v.strip_prefix(' ').unwrap_or(v));
-                any = true;
-            }
-        }
-        if any {
-            out.push(Sse {
-                event,
-                id,
-                data: serde_json::from_str(&data).unwrap_or(Value::Null),
-            });
-        }
+impl std::ops::Deref for Stream {
+    type Target = EventStream;
+    fn deref(&self) -> &EventStream {
+        &self.0
     }
-    out
-}
-
-/// A `GET /events` stream read with reqwest.
-struct Stream {
-    body: reqwest::Response,
-    buf: String,
-    seen: Vec<Sse>,
 }
 
 impl Stream {
     async fn open(catalog: &Catalog, query: &str, headers: &[(&str, &str)]) -> Stream {
-        let mut req = reqwest::Client::new().get(format!("{}/events{query}", catalog.api_url()));
-        for (k, v) in headers {
-            req = req.header(*k, *v);
-        }
-        let res = req.send().await.unwrap();
-        assert_eq!(res.status(), 200);
-        assert_eq!(
-            res.headers()["content-type"].to_str().unwrap(),
-            "text/event-stream"
-        );
-        Stream {
-            body: res,
-            buf: String::new(),
-            seen: Vec::new(),
-        }
+        let url = format!("{}/events{query}", catalog.api_url());
+        Stream(EventStream::open(&url, headers).await.unwrap())
     }
 
     /// Reads until an event satisfies `want`; returns it. `None` when the stream ends.
     async fn until(&mut self, want: impl Fn(&Sse) -> bool) -> Option<Sse> {
-        let deadline = Instant::now() + DEADLINE;
-        loop {
-            let chunk = tokio::time::timeout_at(deadline.into(), self.body.chunk())
-                .await
-                .expect("event within the deadline")
-                .ok()??;
-            self.buf.push_str(&String::from_utf8_lossy(&chunk));
-            for e in parse_events(&mut self.buf) {
-                self.seen.push(e.clone());
-                if want(&e) {
-                    return Some(e);
-                }
-            }
-        }
+        self.0.until(DEADLINE, want).await.unwrap()
     }
 }
 
@@ -411,17 +353,40 @@ async fn events_show_live_status_and_honour_the_read_token() {
     let catalog = Catalog::start(|c| {
         c.instance_ttl = Duration::from_millis(900);
         c.read_token = Some(TOKEN.to_owned());
+        c.write_token = Some(WRITE_TOKEN.to_owned());
     })
     .await
     .unwrap();
-    catalog.register_zone("zone-t", "").await.unwrap();
-    catalog
-        .register_cluster("zone-t", "ledger", json!({"owner": "team-l"}))
-        .await
-        .unwrap();
+    let client = reqwest::Client::new();
+    for (path, body) in [
+        (
+            "/zones",
+            json!({"zoneName": "zone-t", "serverAddress": "control.local:50000", "requestCluster": "edge"}),
+        ),
+        (
+            "/clusters",
+            json!({"zoneName": "zone-t", "clusterName": "ledger", "name": "ledger", "owner": "team-l"}),
+        ),
+    ] {
+        let r = client
+            .post(format!("{}{path}", catalog.api_url()))
+            .bearer_auth(WRITE_TOKEN)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201, "POST {path}");
+    }
     let auth = format!("Bearer {TOKEN}");
     let mut with = Stream::open(&catalog, "?clusterName=ledger", &[("authorization", &auth)]).await;
     let mut without = Stream::open(&catalog, "?clusterName=ledger", &[]).await;
+    // A wrong token is no token.
+    let mut wrong = Stream::open(
+        &catalog,
+        "?clusterName=ledger",
+        &[("authorization", "Bearer not-the-token")],
+    )
+    .await;
     let sidecar = Sidecar::start().await.unwrap();
     let agent = MeshAgent::for_sidecar(&catalog, &sidecar, "zone-t", "ledger", "ledger-1", "300ms")
         .await
@@ -440,6 +405,11 @@ async fn events_show_live_status_and_honour_the_read_token() {
     assert_eq!(hidden.data["authorized"], false);
     assert_eq!(hidden.data["instances"], json!([]));
     assert_eq!(hidden.id, up.id);
+    let wrong_view = wrong
+        .until(|e| is_cluster(e, "ledger") && e.data["status"] == "stable")
+        .await
+        .unwrap();
+    assert_eq!(wrong_view.data, hidden.data);
 
     // The agent goes: the status change is an event.
     agent.stop().await.unwrap();
@@ -454,4 +424,36 @@ async fn events_show_live_status_and_honour_the_read_token() {
         .await
         .unwrap();
     assert_eq!(down.data, now[0]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_stream_gets_comment_lines() {
+    let catalog = Catalog::start(|c| c.event_heartbeat = Duration::from_millis(200))
+        .await
+        .unwrap();
+    let mut res = reqwest::get(format!("{}/events", catalog.api_url()))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    // Nothing changes, so the only thing that can arrive is the keep-alive comment.
+    let mut text = String::new();
+    let deadline = Instant::now() + DEADLINE;
+    let comments = loop {
+        let chunk = tokio::time::timeout_at(deadline.into(), res.chunk())
+            .await
+            .expect("a comment within the deadline")
+            .unwrap()
+            .expect("the stream stays open");
+        text.push_str(&String::from_utf8_lossy(&chunk));
+        let comments = text.lines().filter(|l| l.starts_with(':')).count();
+        if comments >= 2 {
+            break comments;
+        }
+    };
+    assert!(comments >= 2);
+    // Comments only: no event was made up.
+    assert!(
+        text.lines().all(|l| l.is_empty() || l.starts_with(':')),
+        "{text}"
+    );
 }
