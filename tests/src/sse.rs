@@ -55,6 +55,8 @@ pub fn parse_events(buf: &mut String) -> Vec<Sse> {
 pub struct EventStream {
     body: reqwest::Response,
     buf: String,
+    /// Events parsed but not yet looked at: one chunk may carry several.
+    pending: std::collections::VecDeque<Sse>,
     /// Every event read so far, in order.
     pub seen: Vec<Sse>,
 }
@@ -78,6 +80,7 @@ impl EventStream {
         Ok(EventStream {
             body: res,
             buf: String::new(),
+            pending: Default::default(),
             seen: Vec::new(),
         })
     }
@@ -91,6 +94,12 @@ impl EventStream {
     ) -> anyhow::Result<Option<Sse>> {
         let end = Instant::now() + deadline;
         loop {
+            while let Some(e) = self.pending.pop_front() {
+                self.seen.push(e.clone());
+                if want(&e) {
+                    return Ok(Some(e));
+                }
+            }
             let Ok(chunk) = tokio::time::timeout_at(end.into(), self.body.chunk()).await else {
                 anyhow::bail!(
                     "no matching event within {deadline:?}; seen {:?}",
@@ -101,12 +110,7 @@ impl EventStream {
                 return Ok(None);
             };
             self.buf.push_str(&String::from_utf8_lossy(&chunk));
-            for e in parse_events(&mut self.buf) {
-                self.seen.push(e.clone());
-                if want(&e) {
-                    return Ok(Some(e));
-                }
-            }
+            self.pending.extend(parse_events(&mut self.buf));
         }
     }
 }
