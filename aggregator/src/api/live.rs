@@ -6,11 +6,12 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::body::Body;
 use axum::extract::{MatchedPath, RawQuery, Request, State};
-use axum::http::{HeaderMap, HeaderValue, Method, Uri};
+use axum::http::{HeaderMap, HeaderValue, Method, Uri, header};
 use axum::middleware::Next;
-use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
+use bytes::{Bytes, BytesMut};
 use futures::Stream;
 use meshcat_common::validate::is_valid_name;
 use tokio::sync::broadcast::error::RecvError;
@@ -160,27 +161,31 @@ impl Filter {
     }
 }
 
-fn render(change: &Change, filter: &Filter, authorized: bool) -> Vec<Event> {
-    change
-        .events
-        .iter()
-        .filter(|e| filter.admits(e))
-        .map(|e| {
-            let data = match (&e.data_unauthorized, authorized) {
-                (Some(d), false) => d,
-                _ => &e.data,
-            };
-            Event::default()
-                .event(e.kind)
-                .id(change.index.to_string())
-                .data(String::from_utf8_lossy(data))
-        })
-        .collect()
+/// What one change shows a stream: its admitted events' frames, joined (one write).
+fn render(change: &Change, filter: &Filter, authorized: bool) -> Option<Bytes> {
+    let mut frames = change.events.iter().filter(|e| filter.admits(e)).map(|e| {
+        match (&e.frame_unauthorized, authorized) {
+            (Some(f), false) => f,
+            _ => &e.frame,
+        }
+    });
+    let first = frames.next()?;
+    let Some(second) = frames.next() else {
+        // The common case: the shared frame itself, no copy.
+        return Some(first.clone());
+    };
+    let mut out = BytesMut::from(&first[..]);
+    out.extend_from_slice(second);
+    for f in frames {
+        out.extend_from_slice(f);
+    }
+    Some(out.freeze())
 }
 
-fn reset() -> Event {
-    Event::default().event("reset").data("{}")
-}
+/// Tells the client to refetch; the stream ends after it.
+const RESET: &[u8] = b"event: reset\ndata: {}\n\n";
+/// The keep-alive comment line of an idle stream.
+const COMMENT: &[u8] = b":\n\n";
 
 /// `GET /events`.
 pub async fn events(
@@ -188,7 +193,7 @@ pub async fn events(
     caller: Caller,
     headers: HeaderMap,
     RawQuery(q): RawQuery,
-) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+) -> Result<Response, ApiError> {
     let mut filter = Filter::default();
     let mut since = None;
     for (k, v) in query::parse(q.as_deref(), &["zoneName", "clusterName", "since"])? {
@@ -220,54 +225,75 @@ pub async fn events(
             since = since.or(Some(n));
         }
     }
-    let store = s.store.clone();
-    let sub = store.changes().subscribe(since);
-    let authorized = caller.authorized;
-    let stream = async_stream(sub, filter, authorized);
-    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(s.event_heartbeat).text("")))
+    let sub = s.store.changes().subscribe(since);
+    let stream = event_stream(sub, filter, caller.authorized, s.event_heartbeat);
+    Ok((
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        Body::from_stream(stream),
+    )
+        .into_response())
 }
 
-fn async_stream(
+/// The body of one stream: the replay (or `reset`), then each change's frames as
+/// one chunk, a comment line after `heartbeat` without a write, and `reset` then
+/// the end when the stream fell behind the bounded feed.
+fn event_stream(
     sub: crate::store::changes::Subscription,
     filter: Filter,
     authorized: bool,
-) -> impl Stream<Item = Result<Event, Infallible>> {
+    heartbeat: Duration,
+) -> impl Stream<Item = Result<Bytes, Infallible>> {
     enum St {
-        Replay(std::vec::IntoIter<Event>),
+        Replay(std::vec::IntoIter<Bytes>),
         Live,
         Done,
     }
-    let first: Vec<Event> = match &sub.replay {
+    let first: Vec<Bytes> = match &sub.replay {
         Some(changes) => changes
             .iter()
-            .flat_map(|c| render(c, &filter, authorized))
+            .filter_map(|c| render(c, &filter, authorized))
             .collect(),
-        None => vec![reset()],
+        None => vec![Bytes::from_static(RESET)],
     };
     let live = sub.replay.is_some();
     let state = (St::Replay(first.into_iter()), sub.feed, filter, live);
     futures::stream::unfold(state, move |(st, mut feed, filter, live)| async move {
         let mut st = st;
+        // The comment is due `heartbeat` after the last write, whatever changes the
+        // filter left out meanwhile.
+        let due = tokio::time::Instant::now() + heartbeat;
         loop {
             match st {
                 St::Replay(mut it) => match it.next() {
-                    Some(e) => return Some((Ok(e), (St::Replay(it), feed, filter, live))),
+                    Some(b) => return Some((Ok(b), (St::Replay(it), feed, filter, live))),
                     None if live => st = St::Live,
                     None => return None,
                 },
-                St::Live => match feed.recv().await {
-                    Ok(change) => {
-                        let events = render(&change, &filter, authorized);
-                        if !events.is_empty() {
-                            st = St::Replay(events.into_iter());
+                // Receiving is cancel-safe: a change is never lost to the timeout.
+                St::Live => match tokio::time::timeout_at(due, feed.recv()).await {
+                    Err(_) => {
+                        return Some((
+                            Ok(Bytes::from_static(COMMENT)),
+                            (St::Live, feed, filter, live),
+                        ));
+                    }
+                    Ok(Ok(change)) => {
+                        if let Some(b) = render(&change, &filter, authorized) {
+                            return Some((Ok(b), (St::Live, feed, filter, live)));
                         }
                     }
                     // Fallen behind the bounded feed: tell the client to refetch, then
                     // close, so nothing piles up for it.
-                    Err(RecvError::Lagged(_)) => {
-                        return Some((Ok(reset()), (St::Done, feed, filter, live)));
+                    Ok(Err(RecvError::Lagged(_))) => {
+                        return Some((
+                            Ok(Bytes::from_static(RESET)),
+                            (St::Done, feed, filter, live),
+                        ));
                     }
-                    Err(RecvError::Closed) => return None,
+                    Ok(Err(RecvError::Closed)) => return None,
                 },
                 St::Done => return None,
             }

@@ -69,10 +69,43 @@ pub struct Event {
     pub zone: String,
     /// Cluster it concerns, for `?clusterName=`.
     pub cluster: Option<String>,
-    /// The data line for a caller holding the read token.
-    pub data: Bytes,
-    /// The data line for other callers, when it differs (`authorized`, `instances`).
-    pub data_unauthorized: Option<Bytes>,
+    /// The whole event as the stream sends it (`event`, `id`, `data` lines), for a
+    /// caller holding the read token: rendered once, shared by every stream.
+    pub frame: Bytes,
+    /// The same for other callers, when it differs (`authorized`, `instances`).
+    pub frame_unauthorized: Option<Bytes>,
+}
+
+/// One rendered event: `data` is compact JSON, one line.
+fn frame(kind: &str, index: u64, data: &[u8]) -> Bytes {
+    let mut out = Vec::with_capacity(data.len() + kind.len() + 40);
+    out.extend_from_slice(b"event: ");
+    out.extend_from_slice(kind.as_bytes());
+    out.extend_from_slice(b"\nid: ");
+    out.extend_from_slice(index.to_string().as_bytes());
+    out.extend_from_slice(b"\ndata: ");
+    out.extend_from_slice(data);
+    out.extend_from_slice(b"\n\n");
+    Bytes::from(out)
+}
+
+impl Event {
+    fn new(
+        kind: &'static str,
+        zone: &str,
+        cluster: Option<&str>,
+        index: u64,
+        data: &[u8],
+        unauthorized: Option<&[u8]>,
+    ) -> Event {
+        Event {
+            kind,
+            zone: zone.to_owned(),
+            cluster: cluster.map(str::to_owned),
+            frame: frame(kind, index, data),
+            frame_unauthorized: unauthorized.map(|d| frame(kind, index, d)),
+        }
+    }
 }
 
 /// One change: its index and its events, in order.
@@ -179,8 +212,8 @@ impl Feed {
     }
 }
 
-fn kind_json(v: &impl serde::Serialize) -> Bytes {
-    Bytes::from(serde_json::to_vec(v).expect("events serialise"))
+fn kind_json(v: &impl serde::Serialize) -> Vec<u8> {
+    serde_json::to_vec(v).expect("events serialise")
 }
 
 impl Store {
@@ -204,17 +237,11 @@ impl Store {
         f.last = index;
         let mut events = Vec::with_capacity(touched.len() + 1);
         for t in touched {
-            events.push(self.event(t));
+            events.push(self.event(t, index));
         }
         let summary = serde_json::to_vec(&self.overall()).expect("summaries serialise");
         if summary != f.last_summary {
-            events.push(Event {
-                kind: "summary",
-                zone: String::new(),
-                cluster: None,
-                data: Bytes::from(summary.clone()),
-                data_unauthorized: None,
-            });
+            events.push(Event::new("summary", "", None, index, &summary, None));
             f.last_summary = summary;
         }
         // A change no event shows (only `GET /services` moved) needs no place in the
@@ -244,24 +271,19 @@ impl Store {
         self.changes.index.send_replace(index);
     }
 
-    /// The event `t` shows now.
-    fn event(&self, t: &Touch) -> Event {
+    /// The event `t` shows now, as change `index`.
+    fn event(&self, t: &Touch, index: u64) -> Event {
         match t {
             Touch::Zone(zone) => match self.zones.get(zone) {
-                Some(z) => Event {
-                    kind: "zone",
-                    zone: zone.clone(),
-                    cluster: None,
-                    data: kind_json(&*z.record),
-                    data_unauthorized: None,
-                },
-                None => Event {
-                    kind: "zone-deleted",
-                    zone: zone.clone(),
-                    cluster: None,
-                    data: kind_json(&serde_json::json!({ "zoneName": zone })),
-                    data_unauthorized: None,
-                },
+                Some(z) => Event::new("zone", zone, None, index, &kind_json(&*z.record), None),
+                None => Event::new(
+                    "zone-deleted",
+                    zone,
+                    None,
+                    index,
+                    &kind_json(&serde_json::json!({ "zoneName": zone })),
+                    None,
+                ),
             },
             Touch::Cluster(zone, cluster) => {
                 let rendered = self.clusters.get(cluster).and_then(|m| {
@@ -270,27 +292,24 @@ impl Store {
                         render::write_view(&mut auth, &e.record_json, e, true);
                         let mut unauth = Vec::with_capacity(e.record_json.len() + 64);
                         render::write_view(&mut unauth, &e.record_json, e, false);
-                        (Bytes::from(auth), Bytes::from(unauth))
+                        (auth, unauth)
                     })
                 });
                 match rendered {
-                    Some((data, unauth)) => Event {
-                        kind: "cluster",
-                        zone: zone.clone(),
-                        cluster: Some(cluster.clone()),
-                        data,
-                        data_unauthorized: Some(unauth),
-                    },
-                    None => Event {
-                        kind: "cluster-deleted",
-                        zone: zone.clone(),
-                        cluster: Some(cluster.clone()),
-                        data: kind_json(&serde_json::json!({
+                    Some((data, unauth)) => {
+                        Event::new("cluster", zone, Some(cluster), index, &data, Some(&unauth))
+                    }
+                    None => Event::new(
+                        "cluster-deleted",
+                        zone,
+                        Some(cluster),
+                        index,
+                        &kind_json(&serde_json::json!({
                             "clusterName": cluster,
                             "zoneName": zone,
                         })),
-                        data_unauthorized: None,
-                    },
+                        None,
+                    ),
                 }
             }
         }
