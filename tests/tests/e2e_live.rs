@@ -457,3 +457,60 @@ async fn an_idle_stream_gets_comment_lines() {
         "{text}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_filtered_stream_gets_comment_lines_while_other_clusters_change() {
+    let catalog = Catalog::start(|c| c.event_heartbeat = Duration::from_millis(300))
+        .await
+        .unwrap();
+    catalog.register_zone("zone-h", "").await.unwrap();
+    catalog
+        .register_cluster("zone-h", "busy", json!({}))
+        .await
+        .unwrap();
+    let mut res = reqwest::get(format!("{}/events?clusterName=quiet", catalog.api_url()))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    // Another cluster changes more often than the heartbeat, all along: the filter
+    // leaves every change out, and the comment must come anyway.
+    let (stop, mut stopped) = tokio::sync::watch::channel(false);
+    let writer = {
+        let url = format!("{}/clusters/busy?zoneName=zone-h", catalog.api_url());
+        tokio::spawn(async move {
+            let client = reqwest::Client::new();
+            let mut tick = tokio::time::interval(Duration::from_millis(50));
+            let mut n = 0u64;
+            loop {
+                tokio::select! {
+                    _ = stopped.wait_for(|s| *s) => return n,
+                    _ = tick.tick() => {}
+                }
+                n += 1;
+                let body = json!({"zoneName": "zone-h", "clusterName": "busy", "name": "busy", "version": n.to_string()});
+                let r = client.put(&url).json(&body).send().await.unwrap();
+                assert_eq!(r.status(), 200);
+            }
+        })
+    };
+    let mut text = String::new();
+    let deadline = Instant::now() + DEADLINE;
+    while !text.lines().any(|l| l.starts_with(':')) {
+        let chunk = tokio::time::timeout_at(deadline.into(), res.chunk())
+            .await
+            .expect("a comment within the deadline")
+            .unwrap()
+            .expect("the stream stays open");
+        text.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    stop.send(true).unwrap();
+    let writes = writer.await.unwrap();
+    assert!(
+        writes >= 2,
+        "the other cluster changed meanwhile ({writes} writes)"
+    );
+    assert!(
+        text.lines().all(|l| l.is_empty() || l.starts_with(':')),
+        "{text}"
+    );
+}
