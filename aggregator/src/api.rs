@@ -6,6 +6,7 @@ mod error;
 pub mod forward;
 mod handlers;
 pub mod limits;
+pub mod live;
 pub mod openapi;
 pub mod query;
 pub mod tls;
@@ -60,6 +61,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ),
     ("GET", "/diagnose/{clusterName}"),
     ("GET", "/openapi.json"),
+    ("GET", "/events"),
 ];
 
 /// What every handler shares.
@@ -76,6 +78,8 @@ pub struct AppState {
     pub prometheus_url: Option<String>,
     /// How forwarded requests reach the other replicas (etcd store).
     pub peers: forward::Peers,
+    /// How often an idle `GET /events` stream sends a comment line.
+    pub event_heartbeat: Duration,
 }
 
 /// The API router over its state, with the default time and concurrency limits.
@@ -139,7 +143,9 @@ pub fn app_with_limits(
         .route("/diagnose/{clusterName}", get(t::diagnose))
         .route("/openapi.json", get(h::openapi))
         .route(t::PEER_EVIDENCE, get(t::peer_evidence))
+        .route("/events", get(live::events))
         .fallback(no_route)
+        .layer(middleware::from_fn_with_state(state.clone(), live::indexed))
         .layer(middleware::from_fn(json_method_not_allowed))
         .layer(middleware::from_fn_with_state(
             state.clone(),

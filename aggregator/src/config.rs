@@ -144,6 +144,14 @@ pub struct ServeArgs {
     /// Deadline of each command sent to an agent (log level, config dump, evidence).
     #[arg(long, env = "MESHCAT_COMMAND_TIMEOUT", default_value = "5s", value_parser = parse_positive_duration, value_name = "DURATION")]
     pub command_timeout: Duration,
+    /// Changes a GET /events stream may fall behind before it gets `reset` and is
+    /// closed (1 to 65536); bounds the memory a slow reader can hold.
+    #[arg(long, env = "MESHCAT_EVENT_BUFFER", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=65536), value_name = "CHANGES")]
+    pub event_buffer: u32,
+    /// How often an idle GET /events stream sends a comment line, so proxies and
+    /// clients keep it open (> 0).
+    #[arg(long, env = "MESHCAT_EVENT_HEARTBEAT", default_value = "15s", value_parser = parse_positive_duration, value_name = "DURATION")]
+    pub event_heartbeat: Duration,
     /// Prometheus base URL (http://host:port); when set, the missing-metrics
     /// diagnosis asks it whether `up{job="<prometheusJob>"}` has a series.
     #[arg(long, env = "MESHCAT_PROMETHEUS_URL", value_parser = parse_http_url, value_name = "URL")]
@@ -311,6 +319,8 @@ pub struct Config {
     pub max_instances_per_credential: usize,
     pub edge_refresh: Duration,
     pub command_timeout: Duration,
+    pub event_buffer: usize,
+    pub event_heartbeat: Duration,
     /// Prometheus base URL for the missing-metrics diagnosis.
     pub prometheus_url: Option<String>,
     pub store: StoreSpec,
@@ -356,6 +366,8 @@ impl std::fmt::Debug for Config {
             )
             .field("edge_refresh", &self.edge_refresh)
             .field("command_timeout", &self.command_timeout)
+            .field("event_buffer", &self.event_buffer)
+            .field("event_heartbeat", &self.event_heartbeat)
             .field("prometheus_url", &self.prometheus_url)
             .field("store", &self.store)
             .field("etcd_ca_file", &self.etcd_ca_file)
@@ -491,6 +503,8 @@ impl Config {
             max_instances_per_credential: a.max_instances_per_credential as usize,
             edge_refresh: a.edge_refresh,
             command_timeout: a.command_timeout,
+            event_buffer: a.event_buffer as usize,
+            event_heartbeat: a.event_heartbeat,
             prometheus_url: a.prometheus_url,
             store: a.store,
             etcd_ca_file: a.etcd_ca_file,

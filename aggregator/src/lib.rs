@@ -31,7 +31,7 @@ use crate::config::{Config, StoreSpec};
 use crate::ingest::{Ingest, IngestConfig, SecurityOptions};
 use crate::ops::OpsState;
 use crate::store::persist::PersistError;
-use crate::store::{Rules, Store};
+use crate::store::{Rules, Store, changes};
 use crate::telemetry::Telemetry;
 
 /// How often instances past their TTL are dropped.
@@ -98,6 +98,10 @@ impl Aggregator {
                 Store::with_etcd(etcd, rules)
             }
         };
+        store.changes().configure(
+            config.event_buffer,
+            config.event_buffer.max(changes::DEFAULT_RETAINED),
+        );
         let telemetry = Telemetry::new()?;
         Ok(Aggregator {
             config,
@@ -240,6 +244,7 @@ async fn serve_with(
         command_timeout: agg.config.command_timeout,
         prometheus_url: agg.config.prometheus_url.clone(),
         peers,
+        event_heartbeat: agg.config.event_heartbeat,
     });
     let ops_state = Arc::new(OpsState {
         store: agg.store.clone(),

@@ -1,7 +1,7 @@
 //! The catalog's in-memory index and its shape: every known (zone, cluster) with its
 //! registration and reported instances, the registered zones with their counters, and
-//! the change generation that keys read caches. Three modules own the facts kept in
-//! it, each behind its own seam:
+//! the catalog index (the change generation that keys read caches and numbers the
+//! change feed). Three modules own the facts kept in it, each behind its own seam:
 //!
 //! - [`registrations`]: zone and cluster records, durable behind the
 //!   [`Registrations`] trait (redb in [`persist`]), shown in memory only after the
@@ -10,10 +10,14 @@
 //!   fact), expiry, and the [`Membership`] seam where a replica publishes them;
 //! - [`read`]: answers, rendered from the index ([`render`]), cached per generation.
 //!
+//! Each of the three moves the catalog index at the one point where a fact a reader
+//! can see changed, through [`changes`], which also renders that change's events.
+//!
 //! This file keeps what the three share: the index types and each entry's status,
 //! recomputed from its registration and its live instances.
 
 mod aggregate;
+pub mod changes;
 pub mod etcd;
 mod live;
 pub mod persist;
@@ -33,6 +37,7 @@ use meshcat_common::model::{ClusterRecord, Status, ZoneRecord};
 use tracing::warn;
 
 pub use aggregate::{ZoneAggregate, status_index};
+use changes::Changes;
 use live::Live;
 pub use live::{LiveInstance, MAX_INSTANCES, Member, Membership, REMOTE, RemoteInstance};
 pub use persist::{PersistError, RedbRegistrations};
@@ -151,11 +156,14 @@ pub struct Store {
     /// counters of their own entry under that entry's map guard, registrations move
     /// many at once.
     state: RwLock<()>,
-    /// Bumped after every change a read answer could show; keys the read cache.
+    /// The catalog index: moved after every change a read answer could show (by
+    /// [`Store::publish`]); keys the read cache.
     generation: AtomicU64,
     /// Large answers by generation.
     cache: ReadCache,
     rules: Rules,
+    /// The change feed: events, replay window, index watch.
+    changes: Changes,
 }
 
 // The guarded value is `()`: a panic elsewhere leaves nothing inconsistent to see.
@@ -191,7 +199,8 @@ impl Store {
                 warn!(zone = %c.zone_name, cluster = %c.cluster_name, "Stored cluster has no zone, skipped.");
             }
         }
-        store.apply_changes(&changes);
+        // Loading is not a change anyone could have seen: it moves no index.
+        store.apply_changes_quietly(&changes);
         Ok(store)
     }
 
@@ -211,6 +220,7 @@ impl Store {
         etcd: Option<Arc<etcd::EtcdRegistrations>>,
         rules: Rules,
     ) -> Store {
+        let start = changes::start_index();
         Store {
             zones: DashMap::new(),
             clusters: DashMap::new(),
@@ -221,9 +231,10 @@ impl Store {
             etcd,
             sequencer: Sequencer::default(),
             state: RwLock::new(()),
-            generation: AtomicU64::new(0),
+            generation: AtomicU64::new(start),
             cache: ReadCache::default(),
             rules,
+            changes: Changes::new(start),
         }
     }
 
@@ -245,10 +256,6 @@ impl Store {
     /// Current change generation.
     pub fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
-    }
-
-    fn bump(&self) {
-        self.generation.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Recomputes an entry's status from its live sums (no scan); keeps the global

@@ -5,7 +5,8 @@
 //! runs a whole meshcat (aggregator, agents, sidecars) on one machine ([`mesh`]), and
 //! runs the real failure scenarios of `diagnose/scenarios/` ([`scenario`]), and runs
 //! a real three-member etcd cluster ([`etcd`]) with aggregator replicas as processes
-//! on it ([`replicas`]), and drives the dashboard in a real browser ([`browser`]).
+//! on it ([`replicas`]), reads `GET /events` streams ([`sse`]), and drives the
+//! dashboard in a real browser ([`browser`]).
 
 pub mod bootstrap;
 pub mod browser;
@@ -15,6 +16,7 @@ pub mod etcd;
 pub mod mesh;
 pub mod replicas;
 pub mod scenario;
+pub mod sse;
 pub mod upstream;
 
 pub use bootstrap::Bootstrap;

@@ -3,13 +3,15 @@
 //! on the others within 1 s, create conflicts answer 409 from any replica, nothing
 //! acknowledged is lost when a replica is killed, quorum loss turns writes into 503
 //! while reads and readiness stay, and a replica started while etcd is down is not
-//! ready until it has loaded the catalog.
+//! ready until it has loaded the catalog. A `GET /events` stream on one replica
+//! follows registrations and instances that arrive through another.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
 use meshcat_tests::etcd::EtcdCluster;
 use meshcat_tests::replicas::Replicas;
+use meshcat_tests::sse::EventStream;
 use meshcat_tests::wait_for;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
@@ -718,5 +720,88 @@ async fn replicas_over_tls_reach_etcd_with_a_client_certificate_and_forward_over
     assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{body}");
     assert_eq!(body["code"], "store_unavailable", "{body}");
     assert_eq!(set.get(0, "/zones/y").await?.0, StatusCode::NOT_FOUND);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_on_one_replica_follows_changes_made_through_another() -> anyhow::Result<()> {
+    // Generous for a real sidecar and agent on a loaded machine; the stream waits on
+    // the event itself, never on time.
+    const EVENT: Duration = Duration::from_secs(20);
+    let etcd = EtcdCluster::start_n(1).await?;
+    let set = Replicas::start(BIN, 2, &etcd.store_url("/events"), &[]).await?;
+    assert_eq!(
+        set.post(0, "/zones", &zone("z")).await?.0,
+        StatusCode::CREATED
+    );
+    wait_for("zone on replica 1", VISIBLE, || async {
+        (set.get(1, "/zones/z").await.ok()?.0 == StatusCode::OK).then_some(())
+    })
+    .await?;
+    // The stream is on replica 1; every write and the agent go through replica 0.
+    let url = format!("{}/events?zoneName=z", set.replicas[1].api_url());
+    let mut b = EventStream::open(&url, &[]).await?;
+
+    let mut svc = cluster("z", "svc");
+    svc["minInstances"] = json!(1);
+    assert_eq!(set.post(0, "/clusters", &svc).await?.0, StatusCode::CREATED);
+    let created = b
+        .until(EVENT, |e| e.is_cluster("svc"))
+        .await?
+        .expect("cluster event");
+    assert_eq!(created.data["zoneName"], "z");
+    assert_eq!(created.data["owner"], "team");
+    assert_eq!(created.data["status"], "down");
+    assert_eq!(created.data["instances"], json!([]));
+
+    // An agent reporting to replica 0 only: replica 1's stream shows its instance
+    // and the status it makes.
+    let sidecar = meshcat_tests::Sidecar::start().await?;
+    let mut args = set.agent_args(&[0]);
+    args.extend(
+        [
+            "--sidecar-admin",
+            &sidecar.envoy.admin_addr(),
+            "--zone",
+            "z",
+            "--cluster",
+            "svc",
+            "--instance",
+            "i1",
+            "--interval",
+            "500ms",
+        ]
+        .map(str::to_owned),
+    );
+    let agent = meshcat_tests::MeshAgent::start(&args).await?;
+    let up = b
+        .until(EVENT, |e| {
+            e.is_cluster("svc")
+                && e.data["status"] == "stable"
+                && e.data["instances"][0]["name"] == "i1"
+        })
+        .await?
+        .expect("instance event");
+    let start = up.data["instances"][0]["startTime"]
+        .as_i64()
+        .expect("start time");
+    assert!(sidecar.started_at(start), "start time {start}");
+    assert!(up.id > created.id, "{:?} after {:?}", up.id, created.id);
+    // The event matches what replica 1 answers now.
+    let (_, now) = set.get(1, "/clusters/svc?zoneName=z").await?;
+    assert_eq!(up.data, now[0]);
+
+    // Deleted through replica 0: replica 1's stream says so.
+    let (s, body) = set
+        .send(0, Method::DELETE, "/clusters/svc?zoneName=z", None)
+        .await?;
+    assert!(s.is_success(), "DELETE: {s} {body}");
+    let gone = b
+        .until(EVENT, |e| e.event == "cluster-deleted")
+        .await?
+        .expect("cluster-deleted event");
+    assert_eq!(gone.data, json!({"clusterName": "svc", "zoneName": "z"}));
+    assert!(gone.id > up.id);
+    agent.stop().await?;
     Ok(())
 }

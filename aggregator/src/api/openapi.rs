@@ -319,6 +319,28 @@ pub fn document() -> Value {
         debug_window,
     );
     paths.insert("/diagnose/{clusterName}".into(), diagnose);
+    paths.insert("/events".into(), events());
+    // The read routes of the live catalog: the index header and blocking queries.
+    for route in super::live::INDEXED {
+        let get = &mut paths[*route]["get"];
+        let params = get
+            .as_object_mut()
+            .expect("operation")
+            .entry("parameters")
+            .or_insert_with(|| json!([]));
+        params
+            .as_array_mut()
+            .expect("array")
+            .extend(blocking_params());
+        if let Some(ok) = get["responses"]["200"].as_object_mut() {
+            ok.insert(
+                "headers".into(),
+                json!({"X-Meshcat-Index": {
+                "description": "The catalog index the answer was read at.",
+                "schema": {"type": "integer", "minimum": 0}}}),
+            );
+        }
+    }
     // Every write can be refused because no write token is configured.
     for item in paths.values_mut() {
         for op in item
@@ -341,6 +363,35 @@ pub fn document() -> Value {
         }
     }
     doc
+}
+
+fn blocking_params() -> [Value; 2] {
+    [
+        json!({"name": "index", "in": "query", "required": false,
+            "description": "Blocking query: answer once the catalog index exceeds this (or after wait).",
+            "schema": {"type": "integer", "minimum": 0}}),
+        json!({"name": "wait", "in": "query", "required": false,
+            "description": "Longest wait of a blocking query, such as 500ms, 5s or 2m (default 5m, at most 10m).",
+            "schema": {"type": "string", "pattern": "^[0-9]{1,12}(ms|s|m|h)?$"}}),
+    ]
+}
+
+fn events() -> Value {
+    let name = |n: &str| json!({"name": n, "in": "query", "required": false, "schema": {"type": "string"}});
+    json!({"get": {
+        "summary": "Server-Sent Events stream of catalog changes: cluster, cluster-deleted, zone, zone-deleted, summary and reset events, each with the change's index as id.",
+        "parameters": [
+            name("zoneName"), name("clusterName"),
+            {"name": "since", "in": "query", "required": false,
+                "description": "Replay the changes after this index (like Last-Event-ID).",
+                "schema": {"type": "integer", "minimum": 0}},
+            {"name": "Last-Event-ID", "in": "header", "required": false, "schema": {"type": "string"}}
+        ],
+        "responses": {
+            "200": {"description": "The event stream.", "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+            "400": err("Malformed query.")
+        }
+    }})
 }
 
 /// The document, serialized once.

@@ -15,6 +15,7 @@ use meshcat_common::validate::is_valid_name;
 use meshcat_common::wire::InstanceReport;
 use tracing::{debug, warn};
 
+use super::changes::Touch;
 use super::read::MetricsLookup;
 use super::{Entry, MAX_EDGE_CLUSTERS, Store, shared};
 
@@ -191,6 +192,7 @@ impl Store {
     pub fn apply_reports(&self, agent_id: &str, reports: Vec<InstanceReport>, now: Instant) {
         let _st = shared(&self.state);
         let mut visible = false;
+        let mut touched: Vec<Touch> = Vec::new();
         let mut mine: Vec<InstanceKey> = Vec::with_capacity(reports.len());
         let mut moved: Vec<(String, InstanceKey)> = Vec::new();
         let mut reports = reports.into_iter().peekable();
@@ -200,13 +202,14 @@ impl Store {
             let mut by_zone = self.clusters.entry(cluster.clone()).or_default();
             let e = by_zone.entry(zone.clone()).or_insert_with(Entry::new);
             let before = (e.status, e.live);
+            let mut shown_here = false;
             let mut report = Some(first);
             while let Some(r) = report.take() {
                 let key = (zone.clone(), cluster.clone(), r.instance.clone());
                 match self.put_instance(e, agent_id, r, now) {
                     Put::Dropped => {}
                     Put::Done { shown, previous } => {
-                        visible |= shown;
+                        shown_here |= shown;
                         if let Some(p) = previous {
                             moved.push((p, key.clone()));
                         }
@@ -216,9 +219,13 @@ impl Store {
                 report = reports.next_if(|n| n.zone_name == zone && n.cluster_name == cluster);
             }
             self.refresh(e, before);
-            visible |= before.0 != e.status;
+            shown_here |= before.0 != e.status;
+            visible |= shown_here;
             if e.record.is_some() {
                 self.count_change(&zone, before, (e.status, e.live));
+                if shown_here {
+                    touched.push(Touch::Cluster(zone, cluster));
+                }
             }
         }
         for (other, key) in moved {
@@ -234,8 +241,10 @@ impl Store {
                 .extend(mine);
             self.live.due(agent_id, now);
         }
+        // Reports for clusters nobody registered move only `GET /services`: the
+        // index, no event.
         if visible {
-            self.bump();
+            self.publish(&touched);
         }
     }
 
@@ -305,7 +314,7 @@ impl Store {
     /// truth: its latest publication replaces whatever this replica had.
     pub fn put_remote(&self, r: RemoteInstance) {
         let _st = shared(&self.state);
-        {
+        let touched = {
             let mut by_zone = self.clusters.entry(r.cluster.clone()).or_default();
             let e = by_zone.entry(r.zone.clone()).or_insert_with(Entry::new);
             if !e.instances.contains_key(&r.instance) && !self.live.admit() {
@@ -336,15 +345,31 @@ impl Store {
                 }),
             };
             e.count(&fresh, true);
-            if let Some(old) = e.instances.insert(r.instance.clone(), fresh) {
-                e.count(&old, false);
-            }
+            // What a reader sees of an instance: that it is live, and its start
+            // time; its window counts show only through the status.
+            let shown = match e.instances.insert(r.instance.clone(), fresh) {
+                Some(old) => {
+                    e.count(&old, false);
+                    old.report.reachable != r.reachable
+                        || old.report.start_time_ms != r.start_time_ms
+                }
+                None => r.reachable,
+            };
             self.refresh(e, before);
+            let shown = shown || before.0 != e.status;
             if e.record.is_some() {
                 self.count_change(&r.zone, before, (e.status, e.live));
             }
+            shown.then(|| {
+                e.record
+                    .is_some()
+                    .then(|| Touch::Cluster(r.zone.clone(), r.cluster.clone()))
+            })
+        };
+        // Metrics alone move nothing a reader sees: no index, no event.
+        if let Some(touched) = touched {
+            self.publish(touched.as_slice());
         }
-        self.bump();
     }
 
     /// Drops an instance another replica owned (its publication is gone).
@@ -352,7 +377,7 @@ impl Store {
         let _st = shared(&self.state);
         let key = (zone.to_owned(), cluster.to_owned(), instance.to_owned());
         if self.drop_instance(&key, LiveInstance::is_remote) {
-            self.bump();
+            self.publish(self.touch_if_registered(&key).as_slice());
         }
     }
 
@@ -379,11 +404,15 @@ impl Store {
             return;
         };
         let mut changed = false;
+        let mut touched = Vec::new();
         for key in keys {
-            changed |= self.drop_instance(&key, |i| i.agent_id == agent_id);
+            if self.drop_instance(&key, |i| i.agent_id == agent_id) {
+                changed = true;
+                touched.extend(self.touch_if_registered(&key));
+            }
         }
         if changed {
-            self.bump();
+            self.publish(&touched);
         }
     }
 
@@ -397,6 +426,7 @@ impl Store {
         }
         let _st = shared(&self.state);
         let mut changed = false;
+        let mut touched = Vec::new();
         for agent in due {
             let keys: Vec<InstanceKey> = match self.live.agents.get(&agent) {
                 Some(keys) => keys.iter().cloned().collect(),
@@ -410,6 +440,7 @@ impl Store {
                 if self.drop_instance(&key, stale) {
                     debug!(%agent, zone = %key.0, cluster = %key.1, instance = %key.2, "Instance expired.");
                     changed = true;
+                    touched.extend(self.touch_if_registered(&key));
                     if let Some(mut keys) = self.live.agents.get_mut(&agent) {
                         keys.remove(&key);
                     }
@@ -420,8 +451,15 @@ impl Store {
                 .remove_if(&agent, |_, keys| keys.is_empty());
         }
         if changed {
-            self.bump();
+            self.publish(&touched);
         }
+    }
+
+    /// The cluster event an instance's departure makes, when its cluster is
+    /// registered (an unregistered one shows only in `GET /services`).
+    fn touch_if_registered(&self, key: &InstanceKey) -> Option<Touch> {
+        self.is_registered(&key.0, &key.1)
+            .then(|| Touch::Cluster(key.0.clone(), key.1.clone()))
     }
 
     /// Removes one instance when `cond` holds; refreshes status and counters.
@@ -555,7 +593,8 @@ impl Store {
             } else {
                 self.edge.insert(zone.to_owned(), clusters);
             }
-            self.bump();
+            // Only `GET /services` shows it: the index moves, no event.
+            self.publish(&[]);
         }
     }
 

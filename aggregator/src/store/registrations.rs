@@ -12,6 +12,7 @@ use bytes::Bytes;
 use meshcat_common::model::{ClusterRecord, ZoneRecord};
 use tracing::warn;
 
+use super::changes::Touch;
 use super::persist::PersistError;
 use super::{Entry, Store, StoreError, ZoneAggregate, ZoneState, exclusive, render};
 
@@ -242,27 +243,62 @@ impl Store {
 
     /// Shows committed changes in memory: this process's own writes after their
     /// commit, or changes that arrive from elsewhere (another replica's writes seen
-    /// through the backend), in their commit order.
+    /// through the backend), in their commit order. This is the one point where
+    /// registrations change, so it publishes them on the change feed: on every
+    /// replica, whichever wrote them.
     pub fn apply_changes(&self, changes: &[Change]) {
+        // Until the first listing from a shared backend is in, nobody reads the
+        // catalog: the listing is a load, not a change.
+        self.apply(changes, self.is_loaded());
+    }
+
+    /// Shows changes without publishing their events (loading at start).
+    pub(super) fn apply_changes_quietly(&self, changes: &[Change]) {
+        self.apply(changes, false);
+    }
+
+    fn apply(&self, changes: &[Change], publish: bool) {
         let _st = exclusive(&self.state);
+        let mut touched = Vec::new();
         for change in changes {
             match change {
-                Change::PutZone(z) => self.put_zone_in_memory(z.clone()),
+                Change::PutZone(z) => {
+                    // A listing after a lost watch puts every record again: only what
+                    // differs is a change.
+                    if self
+                        .zones
+                        .get(&z.zone_name)
+                        .is_none_or(|old| *old.record != *z)
+                    {
+                        touched.push(Touch::Zone(z.zone_name.clone()));
+                    }
+                    self.put_zone_in_memory(z.clone());
+                }
                 Change::DeleteZone(z) => {
                     if let Some((_, zone)) = self.zones.remove(&z.zone_name) {
                         for cluster in &zone.clusters {
                             self.unregister_in_memory(&z.zone_name, cluster);
                         }
+                        touched.extend(Touch::zone_and_clusters(&z.zone_name, &zone.clusters));
                     }
                 }
                 Change::PutCluster(c) => {
                     if self.zones.contains_key(&c.zone_name) {
+                        if self
+                            .record(&c.zone_name, &c.cluster_name)
+                            .is_none_or(|old| *old != *c)
+                        {
+                            touched.push(Touch::cluster(&c.zone_name, &c.cluster_name));
+                        }
                         self.put_cluster_in_memory(c.clone());
                     } else {
                         warn!(zone = %c.zone_name, cluster = %c.cluster_name, "Cluster of an unknown zone not shown.");
                     }
                 }
                 Change::DeleteCluster(c) => {
+                    if self.is_registered(&c.zone_name, &c.cluster_name) {
+                        touched.push(Touch::cluster(&c.zone_name, &c.cluster_name));
+                    }
                     self.unregister_in_memory(&c.zone_name, &c.cluster_name);
                     if let Some(mut z) = self.zones.get_mut(&c.zone_name) {
                         z.clusters.remove(&c.cluster_name);
@@ -270,8 +306,13 @@ impl Store {
                 }
             }
         }
-        if !changes.is_empty() {
-            self.bump();
+        if touched.is_empty() {
+            return;
+        }
+        if publish {
+            self.publish(&touched);
+        } else {
+            self.advance();
         }
     }
 

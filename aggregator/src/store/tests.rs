@@ -339,3 +339,97 @@ fn an_instance_left_out_of_later_reports_expires_on_time() {
     s.expire(t0 + Duration::from_secs(16));
     assert_eq!(s.totals().live_instances, 0);
 }
+
+/// The kinds and (zone, cluster) of the events of the changes after `since`, with
+/// the number of changes.
+fn events_after(s: &Store, since: u64) -> (usize, Vec<(String, String)>) {
+    let changes = s.changes().subscribe(Some(since)).replay.expect("retained");
+    let events = changes
+        .iter()
+        .flat_map(|c| c.events.iter())
+        .map(|e| (e.kind.to_owned(), e.cluster.clone().unwrap_or_default()))
+        .collect();
+    (changes.len(), events)
+}
+
+fn remote(instance: &str, reachable: bool, requests: u64) -> RemoteInstance {
+    RemoteInstance {
+        owner: "@peer".into(),
+        zone: "z".into(),
+        cluster: "a".into(),
+        instance: instance.into(),
+        start_time_ms: 1_700_000_000_000,
+        reachable,
+        window_requests: requests,
+        window_errors: 0,
+    }
+}
+
+#[test]
+fn every_visible_change_moves_the_index_and_metrics_alone_do_not() {
+    let (_d, s) = open();
+    s.create_zone(zone("z")).unwrap();
+    s.create_cluster(ClusterRecord::new("z", "a", "A")).unwrap();
+    let now = Instant::now();
+    let ev = |kind: &str| (kind.to_owned(), "a".to_owned());
+
+    // A new instance: its cluster turns stable, the summary moves.
+    let i = s.index();
+    s.apply_report("agent", report("z", "a", "i1", 0, 0), now);
+    let (n, events) = events_after(&s, i);
+    assert_eq!(n, 1);
+    assert_eq!(events, [ev("cluster"), ("summary".into(), String::new())]);
+
+    // New counters, same status: nothing a reader sees, no index.
+    let i = s.index();
+    s.apply_report("agent", report("z", "a", "i1", 50, 0), now);
+    assert_eq!(s.index(), i);
+    // A new start time (the sidecar restarted) is a change.
+    let mut restarted = report("z", "a", "i1", 60, 0);
+    restarted.start_time_ms += 1;
+    s.apply_report("agent", restarted, now);
+    assert_eq!(events_after(&s, i), (1, vec![ev("cluster")]));
+
+    // Another replica's instance: shown, then its metrics alone move nothing, then
+    // its departure is a change.
+    let i = s.index();
+    s.put_remote(remote("r1", true, 0));
+    assert_eq!(events_after(&s, i).1[0], ev("cluster"));
+    let i = s.index();
+    s.put_remote(remote("r1", true, 30));
+    assert_eq!(s.index(), i);
+    s.drop_remote("z", "a", "r1");
+    assert_eq!(events_after(&s, i).1[0], ev("cluster"));
+
+    // The same record again (a listing after a lost watch) is no change.
+    let i = s.index();
+    s.apply_changes(&[Change::PutCluster(ClusterRecord::new("z", "a", "A"))]);
+    assert_eq!(s.index(), i);
+
+    // The agent goes: its cluster turns down.
+    let i = s.index();
+    s.agent_gone("agent");
+    let (n, events) = events_after(&s, i);
+    assert_eq!(n, 1);
+    assert_eq!(events[0], ev("cluster"));
+
+    // Expiry, then deletion of the zone with its cluster.
+    s.apply_report("agent", report("z", "a", "i2", 0, 0), now);
+    let i = s.index();
+    s.expire(now + Duration::from_secs(60));
+    assert_eq!(events_after(&s, i).1[0], ev("cluster"));
+    let i = s.index();
+    s.delete_zone("z").unwrap();
+    let (n, events) = events_after(&s, i);
+    assert_eq!(n, 1, "one change, one index");
+    assert_eq!(
+        &events[..2],
+        [
+            ev("cluster-deleted"),
+            ("zone-deleted".into(), String::new())
+        ]
+    );
+
+    // An id this process never issued answers reset (no replay).
+    assert!(s.changes().subscribe(Some(s.index() + 1)).replay.is_none());
+}

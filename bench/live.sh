@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Benchmark of live updates (see docs/benchmarks.md): builds the release binaries,
+# starts the aggregator on free ports with a temporary data directory, opens STREAMS
+# `GET /events` streams, and makes RATE catalog changes a second (PUT of registered
+# clusters) for DURATION seconds. meshcat-bench-live reports the aggregator's CPU
+# over that window (utime + stime from /proc), its memory (VmRSS, VmHWM), and the
+# latency from each change being applied (the write answered) to each stream
+# receiving its event (p50, p99, max).
+#
+# Environment: STREAMS (1000), RATE (100), DURATION (30), CLUSTERS (100),
+# CARGO_TARGET_DIR (./target).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+
+STREAMS=${STREAMS:-1000}
+RATE=${RATE:-100}
+DURATION=${DURATION:-30}
+CLUSTERS=${CLUSTERS:-100}
+target=${CARGO_TARGET_DIR:-$root/target}
+
+echo "==> building release"
+cargo build --release -p meshcat-aggregator -p meshcat-bench
+
+# Every stream is a socket on both sides.
+ulimit -n "$(ulimit -Hn)"
+
+work=$(mktemp -d)
+pid=""
+cleanup() {
+    [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+echo "==> starting the aggregator"
+RUST_LOG=warn,meshcat_aggregator=info "$target/release/meshcat-aggregator" serve --dev \
+    --api-addr 127.0.0.1:0 --ops-addr 127.0.0.1:0 --quic-addr 127.0.0.1:0 \
+    --data-dir "$work/data" --log-format json 2>"$work/log" &
+pid=$!
+api=""
+for _ in $(seq 1 200); do
+    api=$(grep -o '"api":"[^"]*"' "$work/log" | head -1 | cut -d'"' -f4 || true)
+    [ -n "$api" ] && break
+    sleep 0.05
+done
+[ -n "$api" ] || { echo "aggregator did not start"; cat "$work/log"; exit 1; }
+echo "api: http://$api (pid $pid)"
+
+live() {
+    "$target/release/meshcat-bench-live" --api "http://$api" --pid "$pid" --rate "$RATE" \
+        --duration "$DURATION" --clusters "$CLUSTERS" --clk-tck "$(getconf CLK_TCK)" "$@"
+}
+# The same writes without streams first: what the streams add is the difference.
+echo "==> baseline: no stream, $RATE changes/s for ${DURATION}s"
+live --streams 0 --prefix base
+echo
+echo "==> $STREAMS streams, $RATE changes/s for ${DURATION}s"
+live --streams "$STREAMS" --prefix live
+echo
+echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')"
+echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
