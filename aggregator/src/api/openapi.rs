@@ -388,7 +388,16 @@ fn events() -> Value {
             {"name": "Last-Event-ID", "in": "header", "required": false, "schema": {"type": "string"}}
         ],
         "responses": {
-            "200": {"description": "The event stream.", "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+            "200": {"description": "The event stream. Each event (described by the schema) has a name, a JSON data line and, except `reset`, the index of its change as id; comment lines keep an idle stream open.",
+                "content": {"text/event-stream": {"schema": {
+                    "type": "object",
+                    "required": ["event", "data"],
+                    "properties": {
+                        "event": {"type": "string", "enum": ["cluster", "cluster-deleted", "zone", "zone-deleted", "summary", "reset"]},
+                        "data": {"type": "string", "description": "JSON: a cluster as in GET /clusters, {clusterName, zoneName}, a zone record, {zoneName}, the summary's metadata, or {} for reset."},
+                        "id": {"type": "string", "pattern": "^[0-9]+$"}
+                    }
+                }}}},
             "400": err("Malformed query.")
         }
     }})
