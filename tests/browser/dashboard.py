@@ -13,7 +13,6 @@ import os
 import re
 import sys
 import time
-import urllib.error
 import urllib.request
 
 from playwright.sync_api import sync_playwright
@@ -41,14 +40,6 @@ def api(path, method="GET", token=True, body=None):
         body = r.read()
         ctype = r.headers.get("Content-Type", "")
         return json.loads(body) if "json" in ctype else body.decode()
-
-
-def has_event_stream():
-    try:
-        with urllib.request.urlopen(API + "/events", timeout=10) as r:
-            return r.status == 200
-    except urllib.error.HTTPError as e:
-        return e.code != 404
 
 
 def check(cond, what):
@@ -100,8 +91,6 @@ UNLABELLED_JS = """
 
 def main():
     os.makedirs(OUT, exist_ok=True)
-    live_api = has_event_stream()
-    log("API event stream:", live_api)
     problems = []  # console errors, page errors, failed asset loads
     allowed_401 = [False]
 
@@ -283,8 +272,10 @@ def main():
         page.wait_for_selector("[data-testid=cluster-row]", timeout=WAIT_MS)
         page.evaluate("() => { window.__sameDocument = true; }")
         victim = SPEC["stop"]
+        # The page follows GET /events (contract section 12), it does not poll.
+        page.wait_for_selector("[data-testid=live-status][data-state=live]", timeout=WAIT_MS)
         mode = page.get_attribute("[data-testid=live-status]", "data-state")
-        check(mode == ("live" if live_api else "polling"), f"live-status is {mode}")
+        check(mode == "live", f"live-status is {mode}")
         before_down = int(page.get_attribute("[data-testid=summary]", "data-down"))
         print(f"STOP {victim}", flush=True)
         line = sys.stdin.readline().strip()
