@@ -250,8 +250,7 @@ async fn serve_with(
         agg.config.api_max_concurrency,
     ));
     // The dashboard beside the API, outside its layers: its files need no token.
-    let api_app =
-        api::app_with_limits(app_state, agg.config.max_body, limits).merge(ui::router());
+    let api_app = api::app_with_limits(app_state, agg.config.max_body, limits).merge(ui::router());
     let api_tls = match (&agg.config.api_tls_cert, &agg.config.api_tls_key) {
         (Some(cert), Some(key)) => Some(
             api::tls::server_config(cert, key)

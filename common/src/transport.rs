@@ -84,9 +84,7 @@ pub async fn read_frame<M: DeserializeOwned>(
             Err(e) => return Err(e.into()),
         };
         if body.capacity() - body.len() < chunk.len() {
-            let want = (body.capacity() * 2)
-                .max(body.len() + chunk.len())
-                .min(len);
+            let want = (body.capacity() * 2).max(body.len() + chunk.len()).min(len);
             body.reserve_exact(want - body.len());
         }
         body.extend_from_slice(&chunk);
