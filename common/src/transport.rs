@@ -1,5 +1,6 @@
 //! Moving [`crate::wire`] frames over quinn streams: the length prefix is read and
-//! checked against the limit before a single byte of the body is read, and a stream
+//! checked against the limit before a single byte of the body is read, the body's
+//! buffer grows only as its bytes arrive, and a stream
 //! or connection that ends cleanly between frames is not an error.
 
 use quinn::{ConnectionError, ReadError, ReadExactError, RecvStream, SendStream, WriteError};
@@ -73,11 +74,20 @@ pub async fn read_frame<M: DeserializeOwned>(
         Err(ReadExactError::ReadError(e)) => return Err(e.into()),
     }
     let len = wire::frame_len(prefix, limit)?;
-    let mut body = vec![0u8; len];
-    match recv.read_exact(&mut body).await {
-        Ok(()) => {}
-        Err(ReadExactError::FinishedEarly(_)) => return Err(TransportError::Truncated),
-        Err(ReadExactError::ReadError(e)) => return Err(e.into()),
+    // The body grows as its bytes arrive, never ahead of them: a peer that announces a
+    // large frame and stalls holds no more memory than it sent (at most twice that).
+    let mut body: Vec<u8> = Vec::new();
+    while body.len() < len {
+        let chunk = match recv.read_chunk(len - body.len(), true).await {
+            Ok(Some(chunk)) => chunk.bytes,
+            Ok(None) => return Err(TransportError::Truncated),
+            Err(e) => return Err(e.into()),
+        };
+        if body.capacity() - body.len() < chunk.len() {
+            let want = (body.capacity() * 2).max(body.len() + chunk.len()).min(len);
+            body.reserve_exact(want - body.len());
+        }
+        body.extend_from_slice(&chunk);
     }
     Ok(Some(wire::decode(&body)?))
 }

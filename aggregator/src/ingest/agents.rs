@@ -59,9 +59,14 @@ pub(crate) struct Session {
     pub(crate) agent_id: String,
     /// The credential that authenticated this connection.
     pub(crate) credential: super::connection::Credential,
-    /// The instances this connection has reported (zone, cluster, instance), counted
-    /// against its credential's bound until the connection ends.
-    pub(crate) reported: Mutex<std::collections::HashSet<(String, String, String)>>,
+    /// The instances this connection has reported, counted against its credential's
+    /// bound until the connection ends: a keyed 64-bit hash of (zone, cluster,
+    /// instance) each, not the names, which the store already keeps once (with 10
+    /// instances an agent the names cost more than the rest of the session).
+    pub(crate) reported: Mutex<std::collections::HashSet<u64>>,
+    /// The key of those hashes, random per connection so no one can aim at a collision
+    /// (which would only let one instance go uncounted).
+    pub(crate) reported_keys: std::hash::RandomState,
     /// Distinguishes a reconnected agent's new connection from its old one.
     conn_id: u64,
     connection: quinn::Connection,
@@ -167,6 +172,7 @@ impl Agents {
             agent_id: agent_id.to_owned(),
             credential,
             reported: Mutex::new(std::collections::HashSet::new()),
+            reported_keys: std::hash::RandomState::new(),
             conn_id: self.inner.next_conn.fetch_add(1, Ordering::Relaxed),
             connection,
             commands,

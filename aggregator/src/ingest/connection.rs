@@ -91,8 +91,11 @@ async fn authenticate_connection(
 async fn serve_inner(incoming: quinn::Incoming, shared: Arc<Shared>) {
     shared.metrics.pending_connections.inc();
     let pending = Pending(&shared);
+    // Boxed, here and for the refusals below: a task's memory is its largest state,
+    // and the handshake's (TLS, hello deadline) would otherwise be kept for the whole
+    // life of every connection.
     let Some((conn, hello, grant, credential, send, recv)) =
-        authenticate_connection(incoming, &shared).await
+        Box::pin(authenticate_connection(incoming, &shared)).await
     else {
         return;
     };
@@ -105,7 +108,13 @@ async fn serve_inner(incoming: quinn::Incoming, shared: Arc<Shared>) {
             max_connections = shared.max_connections,
             "Agent refused: too many agents."
         );
-        refuse_hello(&conn, send, &shared, "too many agents connected".to_owned()).await;
+        Box::pin(refuse_hello(
+            &conn,
+            send,
+            &shared,
+            "too many agents connected".to_owned(),
+        ))
+        .await;
         return;
     }
     let _open = Open(&shared);
@@ -134,19 +143,19 @@ async fn serve_agent(
             reason = "agent_id_in_use",
             "Agent refused: its id is held by a live connection with other credentials."
         );
-        refuse_hello(
+        Box::pin(refuse_hello(
             &conn,
             send,
             shared,
             format!("agent_id_in_use: agent id {agent_id:?} is held by a live connection with other credentials"),
-        )
+        ))
         .await;
         return;
     };
     let welcome = ServerMessage::Welcome {
         server_version: env!("CARGO_PKG_VERSION").to_owned(),
     };
-    if let Err(e) = write_frame(&mut send, &welcome, shared.max_message).await {
+    if let Err(e) = Box::pin(write_frame(&mut send, &welcome, shared.max_message)).await {
         debug!(error = %e, "Welcome not sent.");
         if shared.agents.disconnect(&session) {
             shared.sink.agent_gone(&agent_id);
@@ -467,16 +476,17 @@ fn count_instances(
     shared: &Shared,
     session: &Session,
 ) -> Result<(), (&'static str, String)> {
+    use std::hash::BuildHasher;
     let mut reported = lock(&session.reported);
-    let fresh: std::collections::HashSet<(String, String, String)> = report
+    let fresh: std::collections::HashSet<u64> = report
         .instances
         .iter()
         .map(|i| {
-            (
-                i.zone_name.clone(),
-                i.cluster_name.clone(),
-                i.instance.clone(),
-            )
+            session.reported_keys.hash_one((
+                i.zone_name.as_str(),
+                i.cluster_name.as_str(),
+                i.instance.as_str(),
+            ))
         })
         .filter(|k| !reported.contains(k))
         .collect();

@@ -26,7 +26,11 @@ pub const MAX_INSTANCES: u64 = 200_000;
 /// Identifies one reported instance: (zone, cluster, instance).
 pub(super) type InstanceKey = (String, String, String);
 
-/// One instance as its agent last reported it.
+/// One instance as its agent last reported it. The fields the store reads on every
+/// report are kept apart; the rest of the report (metrics, upstream clusters, admin
+/// address) is kept packed, as MessagePack, and unpacked only when read: decoded, a
+/// report's strings and vectors cost several times its encoded size, and a fleet's
+/// instances are read far less often than they are reported.
 #[derive(Debug, Clone)]
 pub struct LiveInstance {
     /// The agent that reports it; `agent_gone` drops only that agent's instances.
@@ -37,14 +41,43 @@ pub struct LiveInstance {
     pub window_requests: u64,
     /// 5xx answers in the same window.
     pub window_errors: u64,
-    /// The last report itself (metrics, upstream clusters, admin address).
-    pub report: Arc<InstanceReport>,
+    /// Whether the agent reached the sidecar's admin interface.
+    pub reachable: bool,
+    /// When the sidecar started (ms since the epoch).
+    pub start_time_ms: i64,
+    /// The sidecar's request and 5xx counters, for the next report's window.
+    requests_total: u64,
+    errors_5xx_total: u64,
+    /// The whole last report, packed.
+    packed: Box<[u8]>,
 }
 
 impl LiveInstance {
+    fn new(agent_id: String, now: Instant, window: (u64, u64), report: &InstanceReport) -> Self {
+        LiveInstance {
+            agent_id,
+            last_seen: now,
+            window_requests: window.0,
+            window_errors: window.1,
+            reachable: report.reachable,
+            start_time_ms: report.start_time_ms,
+            requests_total: report.requests_total,
+            errors_5xx_total: report.errors_5xx_total,
+            // Positional MessagePack, as on the wire: a decoded report always encodes.
+            packed: rmp_serde::to_vec(report)
+                .expect("an instance report encodes")
+                .into_boxed_slice(),
+        }
+    }
+
+    /// The last report, unpacked.
+    pub fn report(&self) -> InstanceReport {
+        rmp_serde::from_slice(&self.packed).expect("the store packed this report itself")
+    }
+
     /// Live: reported within the TTL (expiry removes the others) and reachable.
     pub fn is_live(&self) -> bool {
-        self.report.reachable
+        self.reachable
     }
 
     /// Owned by another replica (shown from what it published): its metrics and
@@ -263,11 +296,9 @@ impl Store {
             return Put::Dropped;
         }
         let (window_requests, window_errors) = match prev {
-            Some(p) if report.requests_total >= p.report.requests_total => (
-                report.requests_total - p.report.requests_total,
-                report
-                    .errors_5xx_total
-                    .saturating_sub(p.report.errors_5xx_total),
+            Some(p) if report.requests_total >= p.requests_total => (
+                report.requests_total - p.requests_total,
+                report.errors_5xx_total.saturating_sub(p.errors_5xx_total),
             ),
             // A restarted sidecar counts from zero again: all it counted is new.
             Some(_) => (report.requests_total, report.errors_5xx_total),
@@ -275,10 +306,7 @@ impl Store {
         };
         let shown = match prev {
             None => report.reachable,
-            Some(p) => {
-                p.report.reachable != report.reachable
-                    || p.report.start_time_ms != report.start_time_ms
-            }
+            Some(p) => p.reachable != report.reachable || p.start_time_ms != report.start_time_ms,
         };
         let previous = prev
             .filter(|p| p.agent_id != agent_id)
@@ -295,14 +323,13 @@ impl Store {
                 window_errors,
             });
         }
-        let name = report.instance.clone();
-        let fresh = LiveInstance {
-            agent_id: agent_id.to_owned(),
-            last_seen: now,
-            window_requests,
-            window_errors,
-            report: Arc::new(report),
-        };
+        let fresh = LiveInstance::new(
+            agent_id.to_owned(),
+            now,
+            (window_requests, window_errors),
+            &report,
+        );
+        let name = report.instance;
         e.count(&fresh, true);
         if let Some(old) = e.instances.insert(name, fresh) {
             e.count(&old, false);
@@ -322,12 +349,11 @@ impl Store {
                 return;
             }
             let before = (e.status, e.live);
-            let fresh = LiveInstance {
-                agent_id: format!("{REMOTE}{}", r.owner),
-                last_seen: Instant::now(),
-                window_requests: r.window_requests,
-                window_errors: r.window_errors,
-                report: Arc::new(InstanceReport {
+            let fresh = LiveInstance::new(
+                format!("{REMOTE}{}", r.owner),
+                Instant::now(),
+                (r.window_requests, r.window_errors),
+                &InstanceReport {
                     zone_name: r.zone.clone(),
                     cluster_name: r.cluster.clone(),
                     instance: r.instance.clone(),
@@ -342,16 +368,16 @@ impl Store {
                     errors_5xx_total: 0,
                     metrics: InstanceMetrics::default(),
                     clusters: Vec::new(),
-                }),
-            };
+                },
+            );
             e.count(&fresh, true);
             // What a reader sees of an instance: that it is live, and its start
             // time; its window counts show only through the status.
             let shown = match e.instances.insert(r.instance.clone(), fresh) {
                 Some(old) => {
                     e.count(&old, false);
-                    old.report.reachable != r.reachable
-                        || old.report.start_time_ms != r.start_time_ms
+                    old.reachable != r.reachable
+                        || old.start_time_ms != r.start_time_ms
                 }
                 None => r.reachable,
             };
@@ -672,7 +698,7 @@ impl Store {
                     e.instances
                         .values()
                         .filter(|i| i.is_live() && !i.is_remote())
-                        .map(|i| i.report.clone())
+                        .map(|i| Arc::new(i.report()))
                         .collect::<Vec<_>>()
                 })
             })
@@ -690,11 +716,11 @@ impl Store {
             m.get(zone)
                 .and_then(|e| e.instances.get(instance))
                 .filter(|i| i.is_live() && !i.is_remote())
-                .map(|i| i.report.clone())
+                .map(|i| Arc::new(i.report()))
         })
     }
 }
 
 fn metrics_of(i: &LiveInstance) -> InstanceMetrics {
-    i.report.metrics.clone()
+    i.report().metrics
 }

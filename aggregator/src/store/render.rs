@@ -35,7 +35,7 @@ pub fn write_view(out: &mut Vec<u8>, record_json: &[u8], e: &Entry, authorized: 
             first = false;
             out.extend_from_slice(b"{\"name\":");
             serde_json::to_writer(&mut *out, name).expect("strings serialise");
-            let _ = write!(out, ",\"startTime\":{}}}", i.report.start_time_ms);
+            let _ = write!(out, ",\"startTime\":{}}}", i.start_time_ms);
         }
     }
     out.extend_from_slice(b"],\"status\":\"");
@@ -52,7 +52,7 @@ pub fn view(record: &ClusterRecord, e: &Entry, authorized: bool) -> ClusterView 
             .filter(|(_, i)| i.is_live())
             .map(|(name, i)| Instance {
                 name: name.clone(),
-                start_time: i.report.start_time_ms,
+                start_time: i.start_time_ms,
             })
             .collect()
     } else {

@@ -433,3 +433,58 @@ fn every_visible_change_moves_the_index_and_metrics_alone_do_not() {
     // An id this process never issued answers reset (no replay).
     assert!(s.changes().subscribe(Some(s.index() + 1)).replay.is_none());
 }
+
+#[test]
+fn a_stored_report_reads_back_whole() {
+    let (_d, s) = open();
+    let mut r = report("z", "a", "i1", 1200, 7);
+    r.error = Some("admin slow".into());
+    r.log_level = Some("debug".into());
+    r.metrics = InstanceMetrics {
+        mesh_metrics_version: "1".into(),
+        total_requests: 1200,
+        latency_avg: 4.25,
+        latency_p99: 40,
+        os: "linux".into(),
+        memory_used_percent: 50.5,
+        ..InstanceMetrics::default()
+    };
+    r.clusters = vec![meshcat_common::wire::UpstreamCluster {
+        name: "auth".into(),
+        added_via_api: true,
+        hosts: vec![meshcat_common::wire::UpstreamHost {
+            address: "10.0.0.1:8080".into(),
+            cx_active: 3,
+            cx_connect_fail: 1,
+            cx_total: 120,
+            rq_active: 2,
+            rq_error: 5,
+            rq_total: 4000,
+            health_flags: "healthy".into(),
+        }],
+    }];
+    s.apply_report("agent", r.clone(), Instant::now());
+    assert_eq!(s.live_instance("z", "a", "i1").as_deref(), Some(&r));
+    assert_eq!(
+        s.live_instances("z", "a")
+            .iter()
+            .map(|i| (**i).clone())
+            .collect::<Vec<_>>(),
+        vec![r.clone()]
+    );
+    match s.instance_metrics("a", Some("z"), "i1") {
+        MetricsLookup::Found(m) => assert_eq!(*m, r.metrics),
+        _ => panic!("the instance's metrics are not found"),
+    }
+    // The window comes from the counters kept beside the packed report.
+    s.apply_report("agent", report("z", "a", "i1", 1500, 10), Instant::now());
+    let window = {
+        let by_zone = s.clusters.get("a").unwrap();
+        let i = &by_zone.get("z").unwrap().instances["i1"];
+        (i.window_requests, i.window_errors)
+    };
+    assert_eq!(window, (300, 3));
+    let i = s.live_instance("z", "a", "i1").unwrap();
+    assert_eq!((i.requests_total, i.errors_5xx_total), (1500, 10));
+    assert_eq!(i.clusters, Vec::new());
+}

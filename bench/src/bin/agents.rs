@@ -3,7 +3,8 @@
 //! report of real-shaped instances every interval. Measures connections established,
 //! reports accepted and rejected, report-to-acknowledgement latency (the ingest server
 //! acknowledges after the sink applied the report, so this is report-to-visible) and
-//! the ingest process's CPU from /proc/<pid>/stat.
+//! the ingest process's CPU from /proc/<pid>/stat and its resident memory (now and
+//! peak) from /proc/<pid>/status.
 
 // The figures on standard output are this program's whole purpose.
 #![allow(clippy::print_stdout)]
@@ -209,6 +210,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
         pct(0.5),
         pct(0.99),
         pct(1.0)
+    );
+    let (rss, hwm) = memory_kib(pid)?;
+    println!(
+        "ingest memory: resident {:.0} MiB, peak {:.0} MiB",
+        rss as f64 / 1024.0,
+        hwm as f64 / 1024.0
     );
 
     stop.notify_waiters();
@@ -420,6 +427,19 @@ fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
     let utime: u64 = rest.get(11).context("utime")?.parse()?;
     let stime: u64 = rest.get(12).context("stime")?.parse()?;
     Ok(utime + stime)
+}
+
+/// Resident set size now and at its peak (VmRSS, VmHWM) of a process, in KiB.
+fn memory_kib(pid: u32) -> anyhow::Result<(u64, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let field = |name: &str| -> anyhow::Result<u64> {
+        let line = status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .with_context(|| format!("{name} in /proc status"))?;
+        Ok(line.trim().trim_end_matches("kB").trim().parse()?)
+    };
+    Ok((field("VmRSS:")?, field("VmHWM:")?))
 }
 
 /// Clock ticks per second (`getconf CLK_TCK`), 100 when it cannot be asked.
