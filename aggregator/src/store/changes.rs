@@ -21,7 +21,7 @@ pub const DEFAULT_RETAINED: usize = 4096;
 pub const DEFAULT_BUFFER: usize = 1024;
 
 /// What a change touched; the events are rendered from the state after it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Touch {
     /// A registered cluster, created, replaced, deleted, or whose live part moved.
     Cluster(String, String),
@@ -230,14 +230,18 @@ impl Store {
     /// Moves the index and publishes what `touched` shows now. Numbering, rendering
     /// and sending happen under the feed's lock, so changes are numbered and sent in
     /// one order and each event shows the state after its change (or later). The
-    /// caller holds no map guard of the catalog.
+    /// caller holds no map guard of the catalog. A cluster or zone touched more than
+    /// once (an agent gone with many instances of one cluster) gets one event.
     pub(super) fn publish(&self, touched: &[Touch]) {
         let mut f = self.feed_lock();
         let index = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
         f.last = index;
         let mut events = Vec::with_capacity(touched.len() + 1);
+        let mut seen = std::collections::HashSet::with_capacity(touched.len());
         for t in touched {
-            events.push(self.event(t, index));
+            if seen.insert(t) {
+                events.push(self.event(t, index));
+            }
         }
         let summary = serde_json::to_vec(&self.overall()).expect("summaries serialise");
         if summary != f.last_summary {
@@ -255,7 +259,7 @@ impl Store {
             // No subscriber is not an error: the change is retained for later ones.
             let _ = f.tx.send(change);
         }
-        drop(f);
+        // Under the lock too: the watch never moves backwards.
         self.changes.index.send_replace(index);
     }
 
@@ -267,7 +271,6 @@ impl Store {
         // Nothing before the load can be replayed.
         f.floor = index;
         f.last_summary = serde_json::to_vec(&self.overall()).expect("summaries serialise");
-        drop(f);
         self.changes.index.send_replace(index);
     }
 

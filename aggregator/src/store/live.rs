@@ -376,8 +376,7 @@ impl Store {
             let shown = match e.instances.insert(r.instance.clone(), fresh) {
                 Some(old) => {
                     e.count(&old, false);
-                    old.reachable != r.reachable
-                        || old.start_time_ms != r.start_time_ms
+                    old.reachable != r.reachable || old.start_time_ms != r.start_time_ms
                 }
                 None => r.reachable,
             };

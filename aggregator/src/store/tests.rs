@@ -366,6 +366,36 @@ fn remote(instance: &str, reachable: bool, requests: u64) -> RemoteInstance {
 }
 
 #[test]
+fn a_cluster_touched_by_many_instances_at_once_gets_one_event() {
+    let (_d, s) = open();
+    s.create_zone(zone("z")).unwrap();
+    s.create_cluster(ClusterRecord::new("z", "a", "A")).unwrap();
+    let now = Instant::now();
+    let batch = |agent: &str, names: &[&str]| {
+        let reports = names.iter().map(|i| report("z", "a", i, 0, 0)).collect();
+        s.apply_reports(agent, reports, now);
+    };
+    batch("agent", &["i1", "i2", "i3"]);
+    batch("other", &["j1", "j2"]);
+
+    // The agent goes with three instances of one cluster: one cluster event.
+    let i = s.index();
+    s.agent_gone("agent");
+    let (n, events) = events_after(&s, i);
+    assert_eq!(n, 1);
+    let clusters = events.iter().filter(|(k, _)| k == "cluster").count();
+    assert_eq!(clusters, 1, "{events:?}");
+
+    // Both of the other agent's instances expire in one pass: one cluster event.
+    let i = s.index();
+    s.expire(now + Duration::from_secs(60));
+    let (_, events) = events_after(&s, i);
+    let clusters = events.iter().filter(|(k, _)| k == "cluster").count();
+    assert_eq!(clusters, 1, "{events:?}");
+    assert_eq!(s.totals().live_instances, 0);
+}
+
+#[test]
 fn every_visible_change_moves_the_index_and_metrics_alone_do_not() {
     let (_d, s) = open();
     s.create_zone(zone("z")).unwrap();
