@@ -320,9 +320,7 @@ pub async fn put_cluster_logging(
         let (s, zone, cluster) = (&s, &zone, &cluster);
         let auth = headers.get(axum::http::header::AUTHORIZATION);
         async move {
-            let path = format!(
-                "/zones/{zone}/clusters/{cluster}/instances/{instance}/logging?level={level}"
-            );
+            let path = instance_logging_path(zone, cluster, instance, level);
             let sent = super::forward::to_replica(
                 s,
                 owner,
@@ -355,6 +353,45 @@ pub async fn put_cluster_logging(
     let answer = ClusterOutcome::new(zone, cluster, outcomes);
     info!(zone = %answer.zone_name, cluster = %answer.cluster_name, level, succeeded = answer.succeeded, failed = answer.failed, "Cluster log level set through the API.");
     Ok(Json(answer))
+}
+
+/// What a path segment may hold unescaped: RFC 3986 unreserved characters.
+const SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+fn segment(v: &str) -> percent_encoding::PercentEncode<'_> {
+    percent_encoding::utf8_percent_encode(v, SEGMENT)
+}
+
+/// The per-instance logging route of one instance, as forwarded to its owner. An
+/// instance name may hold `?`, `#`, `&` or `%` (pod and host names are wide), so
+/// every part is escaped.
+fn instance_logging_path(zone: &str, cluster: &str, instance: &str, level: &str) -> String {
+    let query = form_urlencoded::Serializer::new(String::new())
+        .append_pair("level", level)
+        .finish();
+    format!(
+        "/zones/{}/clusters/{}/instances/{}/logging?{query}",
+        segment(zone),
+        segment(cluster),
+        segment(instance)
+    )
+}
+
+/// The debug-window route for one instance, as forwarded to its owner.
+fn debug_window_path(zone: &str, cluster: &str, instance: &str, seconds: u32) -> String {
+    let query = form_urlencoded::Serializer::new(String::new())
+        .append_pair("seconds", &seconds.to_string())
+        .append_pair("instance", instance)
+        .finish();
+    format!(
+        "/zones/{}/clusters/{}/debug-window?{query}",
+        segment(zone),
+        segment(cluster)
+    )
 }
 
 fn seconds_value(name: &str, v: &str) -> Result<u32, ApiError> {
@@ -423,9 +460,7 @@ pub async fn post_debug_window(
         async move {
             // Another replica's instance: the same request for it alone, on its owner.
             if let Some((_, owner)) = remote.iter().find(|(i, _)| i == instance) {
-                let path = format!(
-                    "/zones/{zone}/clusters/{cluster}/debug-window?seconds={seconds}&instance={instance}"
-                );
+                let path = debug_window_path(zone, cluster, instance, seconds);
                 let sent = super::forward::to_replica(
                     s,
                     owner,
@@ -436,8 +471,7 @@ pub async fn post_debug_window(
                 );
                 return match sent.await {
                     Ok((status, body)) => {
-                        let v: serde_json::Value =
-                            serde_json::from_str(&body).unwrap_or_default();
+                        let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
                         let part = &v["instances"][0];
                         match serde_json::from_value::<DebugWindowOutput>(
                             part["debugWindow"].clone(),
@@ -1144,6 +1178,62 @@ async fn collect_edge(
 mod tests {
     use super::*;
     use meshcat_diagnose::StepName;
+
+    /// A forwarded path reads back, through the real routes, as the names it was
+    /// built from, whatever an instance name holds.
+    #[tokio::test]
+    async fn forwarded_paths_carry_any_instance_name() {
+        use axum::extract::{Path, RawQuery};
+        use axum::routing::{post, put};
+        use tower::ServiceExt;
+        let echo = |Path(p): Path<Vec<String>>, RawQuery(q): RawQuery| async move {
+            let mut parts = p;
+            for (k, v) in form_urlencoded::parse(q.unwrap_or_default().as_bytes()) {
+                parts.push(format!("{k}={v}"));
+            }
+            parts.join("|")
+        };
+        let app = axum::Router::new()
+            .route(
+                "/zones/{zoneName}/clusters/{clusterName}/instances/{instanceId}/logging",
+                put(echo),
+            )
+            .route(
+                "/zones/{zoneName}/clusters/{clusterName}/debug-window",
+                post(echo),
+            );
+        let call = |method: &str, uri: String| {
+            let req = axum::http::Request::builder()
+                .method(method)
+                .uri(uri)
+                .body(axum::body::Body::empty())
+                .unwrap();
+            let app = app.clone();
+            async move {
+                let res = app.oneshot(req).await.unwrap();
+                assert_eq!(res.status(), StatusCode::OK);
+                let body = axum::body::to_bytes(res.into_body(), 1 << 16)
+                    .await
+                    .unwrap();
+                String::from_utf8(body.to_vec()).unwrap()
+            }
+        };
+        for instance in [
+            "pod-1",
+            "h:9901",
+            "p?level=off",
+            "a&seconds=300",
+            "x#y",
+            "50%25",
+            "~!$'()*+,;=@",
+        ] {
+            assert!(meshcat_common::validate::is_valid_instance(instance));
+            let got = call("PUT", instance_logging_path("z", "c", instance, "debug")).await;
+            assert_eq!(got, format!("z|c|{instance}|level=debug"));
+            let got = call("POST", debug_window_path("z", "c", instance, 30)).await;
+            assert_eq!(got, format!("z|c|seconds=30|instance={instance}"));
+        }
+    }
 
     #[test]
     fn levels_are_the_seeds_four() {
