@@ -511,6 +511,20 @@ async fn a_request_past_its_time_limit_answers_503_timeout() {
     assert_eq!(status, 503, "{body}");
     let v: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["code"], "timeout");
+
+    // A blocking query is bounded by its own wait, not by the time limit: it answers
+    // 200 with the unchanged index after a wait longer than the limit.
+    let zones = format!("http://{}/zones", p.api);
+    let res = reqwest::get(&zones).await.unwrap();
+    let index = res.headers()["x-meshcat-index"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let res = reqwest::get(format!("{zones}?index={index}&wait=1s"))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(res.headers()["x-meshcat-index"].to_str().unwrap(), index);
 }
 
 #[tokio::test]

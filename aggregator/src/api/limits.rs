@@ -1,8 +1,9 @@
 //! The REST API's request time limit and concurrency limit (contract section 10).
 //!
 //! Both are one middleware so long-lived requests are told apart in one place: a
-//! `GET /events` stream and a blocking query (`index` or `wait` in the query) are
-//! exempt from both (they are bounded by their own rules), and a request that runs a
+//! `GET /events` stream and a blocking query (`GET` of an indexed read route with
+//! `index` in the query) are exempt from both (they are bounded by their own rules);
+//! `index` on any other route or method buys nothing. A request that runs a
 //! debug window (`debugSeconds` on `GET /diagnose`, `seconds` on `POST .../debug-window`)
 //! gets the window's length on top of the time limit. Over the concurrency limit a
 //! request is answered 503 `overloaded` at once rather than queued, and one past its
@@ -11,12 +12,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{Request, State};
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::Method;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use tokio::sync::Semaphore;
 
 use super::error::ApiError;
+use super::live::INDEXED;
 
 /// The limits every API request is held to.
 #[derive(Debug)]
@@ -45,14 +48,16 @@ enum Kind {
     Limited(Duration),
 }
 
-fn kind(path: &str, query: Option<&str>) -> Kind {
-    if path == "/events" {
+fn kind(method: &Method, route: Option<&str>, path: &str, query: Option<&str>) -> Kind {
+    let get = method == Method::GET;
+    if get && route == Some("/events") {
         return Kind::LongLived;
     }
+    let indexed = get && route.is_some_and(|r| INDEXED.contains(&r));
     let mut extra = Duration::ZERO;
     for (k, v) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
         match &*k {
-            "index" | "wait" => return Kind::LongLived,
+            "index" if indexed => return Kind::LongLived,
             "debugSeconds" => extra = extra.max(seconds(&v)),
             "seconds" if path.ends_with("/debug-window") => extra = extra.max(seconds(&v)),
             _ => {}
@@ -72,7 +77,12 @@ fn seconds(v: &str) -> Duration {
 
 /// The middleware.
 pub async fn enforce(State(limits): State<Arc<Limits>>, req: Request, next: Next) -> Response {
-    let Kind::Limited(extra) = kind(req.uri().path(), req.uri().query()) else {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(MatchedPath::as_str);
+    let Kind::Limited(extra) = kind(req.method(), route, req.uri().path(), req.uri().query())
+    else {
         return next.run(req).await;
     };
     let Ok(_permit) = limits.in_flight.try_acquire() else {
@@ -90,24 +100,71 @@ mod tests {
 
     #[test]
     fn long_lived_requests_are_told_apart() {
-        assert_eq!(kind("/events", None), Kind::LongLived);
-        assert_eq!(kind("/clusters", Some("index=4&wait=30s")), Kind::LongLived);
-        assert_eq!(kind("/zones", Some("wait=5s")), Kind::LongLived);
+        let get = |route: &str, query: Option<&str>| kind(&Method::GET, Some(route), route, query);
+        assert_eq!(get("/events", None), Kind::LongLived);
+        assert_eq!(get("/clusters", Some("index=4&wait=30s")), Kind::LongLived);
+        assert_eq!(get("/zones", Some("index=4")), Kind::LongLived);
         assert_eq!(
-            kind("/clusters", Some("zoneName=z")),
+            get("/clusters", Some("zoneName=z")),
+            Kind::Limited(Duration::ZERO)
+        );
+        // `wait` alone is refused by the route; it buys no exemption.
+        assert_eq!(
+            get("/zones", Some("wait=5s")),
             Kind::Limited(Duration::ZERO)
         );
         assert_eq!(
-            kind("/diagnose/c", Some("zoneName=z&debugSeconds=120")),
+            get(
+                "/diagnose/{clusterName}",
+                Some("zoneName=z&debugSeconds=120")
+            ),
             Kind::Limited(Duration::from_secs(120))
         );
         assert_eq!(
-            kind("/zones/z/clusters/c/debug-window", Some("seconds=30")),
+            kind(
+                &Method::POST,
+                Some("/zones/{zoneName}/clusters/{clusterName}/debug-window"),
+                "/zones/z/clusters/c/debug-window",
+                Some("seconds=30")
+            ),
             Kind::Limited(Duration::from_secs(30))
         );
         assert_eq!(
-            kind("/diagnose/c", Some("debugSeconds=100000")),
+            get("/diagnose/{clusterName}", Some("debugSeconds=100000")),
             Kind::Limited(Duration::ZERO)
+        );
+    }
+
+    #[test]
+    fn index_exempts_only_blocking_reads() {
+        let limited = Kind::Limited(Duration::ZERO);
+        // A write, a route without blocking queries, an unknown path, another method.
+        assert_eq!(
+            kind(
+                &Method::POST,
+                Some("/clusters"),
+                "/clusters",
+                Some("index=1")
+            ),
+            limited
+        );
+        let diag = "/diagnose/{clusterName}";
+        assert_eq!(
+            kind(&Method::GET, Some(diag), "/diagnose/c", Some("index=1")),
+            limited
+        );
+        assert_eq!(
+            kind(&Method::GET, None, "/nowhere", Some("index=1")),
+            limited
+        );
+        assert_eq!(
+            kind(&Method::POST, Some("/events"), "/events", None),
+            limited
+        );
+        let metrics = "/metrics/{clusterName}/{instanceId}";
+        assert_eq!(
+            kind(&Method::GET, Some(metrics), "/metrics/c/i", Some("wait=1m")),
+            limited
         );
     }
 }
