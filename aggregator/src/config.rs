@@ -131,9 +131,9 @@ pub struct ServeArgs {
     /// more is refused whole (too_many_upstream_hosts).
     #[arg(long, env = "MESHCAT_MAX_UPSTREAM_HOSTS", default_value = "32768", value_parser = clap::value_parser!(u32).range(1..), value_name = "N")]
     pub max_upstream_hosts: u32,
-    /// Most distinct instances the live connections of one agent credential
-    /// (certificate or token) may report; a report that would go over is refused whole
-    /// (too_many_credential_instances).
+    /// Most instances the live connections of one agent credential (certificate or
+    /// token) may report, each connection counting its last report's; a report that
+    /// would go over is refused whole (too_many_credential_instances).
     #[arg(long, env = "MESHCAT_MAX_INSTANCES_PER_CREDENTIAL", default_value = "10000", value_parser = clap::value_parser!(u32).range(1..), value_name = "N")]
     pub max_instances_per_credential: u32,
     /// How often the configuration of each zone's edge sidecar (its requestCluster)

@@ -4,6 +4,7 @@
 //! connections so they can misbehave on purpose.
 
 use std::path::{Path, PathBuf};
+
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -178,7 +179,17 @@ async fn connect(
 impl Client {
     /// Says hello; the answer's reason on refusal.
     async fn hello(&mut self, agent_id: &str, token: Option<&str>) -> Result<(), String> {
-        let (mut send, mut recv) = self.conn.open_bi().await.map_err(|e| e.to_string())?;
+        let control = self.conn.open_bi().await.map_err(|e| e.to_string())?;
+        self.hello_on(control, agent_id, token).await
+    }
+
+    /// Says hello on a control stream already opened.
+    async fn hello_on(
+        &mut self,
+        (mut send, mut recv): (quinn::SendStream, quinn::RecvStream),
+        agent_id: &str,
+        token: Option<&str>,
+    ) -> Result<(), String> {
         let hello = AgentMessage::Hello(Hello {
             agent_id: agent_id.into(),
             agent_version: "test".into(),
@@ -711,6 +722,15 @@ async fn upstream_and_per_credential_bounds_refuse_reports_whole() {
     );
     assert_eq!(rejected("too_many_credential_instances"), 1.0);
     assert_eq!(server.sink.reports_of("a-2"), 2);
+    // Each report is the agent's whole snapshot: pods that come and go on a node
+    // never add up, the last report's instances are what counts.
+    for pod in ["web-4", "web-5", "web-6"] {
+        assert!(accepted(
+            &a2.report(vec![instance("zone-a", "web", pod)]).await
+        ));
+    }
+    assert_eq!(rejected("too_many_credential_instances"), 1.0);
+    assert_eq!(server.sink.reports_of("a-2"), 5);
     // Another credential (zone) has its own bound.
     let mut b = connect(server.addr, &files.ca, None).await.unwrap();
     b.hello("b-1", Some("tok-b")).await.unwrap();
@@ -732,7 +752,11 @@ async fn upstream_and_per_credential_bounds_refuse_reports_whole() {
     })
     .await;
     assert!(accepted(
-        &a2.report(vec![instance("zone-a", "web", "web-3")]).await
+        &a2.report(vec![
+            instance("zone-a", "web", "web-2"),
+            instance("zone-a", "web", "web-3")
+        ])
+        .await
     ));
     server.stop().await;
 }
@@ -749,9 +773,13 @@ async fn before_authentication_a_peer_gets_a_small_hello_and_a_bounded_slot() {
     let rejected =
         |reason| server.metric("meshcat_reports_rejected_total", Some(("reason", reason)));
 
-    // A hello over 4 KiB is refused, though far below --max-message.
     let mut big = connect(server.addr, &files.ca, certs).await.unwrap();
-    let reason = big.hello("big", Some(&"x".repeat(5000))).await.unwrap_err();
+    let control = big.conn.open_bi().await.unwrap();
+    // A hello over 4 KiB is refused, though far below --max-message.
+    let reason = big
+        .hello_on(control, "big", Some(&"x".repeat(5000)))
+        .await
+        .unwrap_err();
     assert!(
         reason.contains("limit") || reason.contains("large"),
         "{reason}"

@@ -53,17 +53,30 @@ impl CommandError {
 
 type ReplySender = oneshot::Sender<Result<CommandOutput, String>>;
 
+/// What one connection counts against its credential's bound.
+#[derive(Debug, Default)]
+pub(crate) struct Reported {
+    /// The instances of the last accepted report (every report is the agent's whole
+    /// snapshot, so an instance it no longer reports stops counting): a keyed 64-bit
+    /// hash of (zone, cluster, instance) each, not the names, which the store already
+    /// keeps once (with 10 instances an agent the names cost more than the rest of the
+    /// session).
+    pub(crate) keys: std::collections::HashSet<u64>,
+    /// Set when the connection ends, under the same lock a report is applied under:
+    /// a report still in flight then is not applied after the connection's instances
+    /// were dropped.
+    pub(crate) closed: bool,
+}
+
 /// One authenticated agent connection.
 #[derive(Debug)]
 pub(crate) struct Session {
     pub(crate) agent_id: String,
     /// The credential that authenticated this connection.
     pub(crate) credential: super::connection::Credential,
-    /// The instances this connection has reported, counted against its credential's
-    /// bound until the connection ends: a keyed 64-bit hash of (zone, cluster,
-    /// instance) each, not the names, which the store already keeps once (with 10
-    /// instances an agent the names cost more than the rest of the session).
-    pub(crate) reported: Mutex<std::collections::HashSet<u64>>,
+    /// The instances of this connection's last accepted report, counted against its
+    /// credential's bound, and whether the connection has ended.
+    pub(crate) reported: Mutex<Reported>,
     /// The key of those hashes, random per connection so no one can aim at a collision
     /// (which would only let one instance go uncounted).
     pub(crate) reported_keys: std::hash::RandomState,
@@ -171,7 +184,7 @@ impl Agents {
         let session = Arc::new(Session {
             agent_id: agent_id.to_owned(),
             credential,
-            reported: Mutex::new(std::collections::HashSet::new()),
+            reported: Mutex::new(Reported::default()),
             reported_keys: std::hash::RandomState::new(),
             conn_id: self.inner.next_conn.fetch_add(1, Ordering::Relaxed),
             connection,

@@ -459,26 +459,29 @@ fn accept(
             ));
         }
     }
-    count_instances(&report, shared, session)?;
     let n = report.instances.len();
-    shared
-        .sink
-        .apply_report(&session.agent_id, report.instances, Instant::now());
+    admit_and_apply(report, shared, session)?;
     shared.metrics.reports_received.inc();
     shared.metrics.instances_reported.inc_by(n as u64);
     Ok(n as u32)
 }
 
-/// Counts the report's new instances against its credential's bound; refuses the
-/// report whole when they would go over it.
-fn count_instances(
-    report: &Report,
+/// Counts the report's instances against its credential's bound in place of the
+/// connection's previous report (each report is the agent's whole snapshot), and
+/// applies it; refuses it whole when the credential would go over the bound. Runs
+/// under the connection's count lock, so a report is never applied after the
+/// connection ended and its instances were given back.
+fn admit_and_apply(
+    report: Report,
     shared: &Shared,
     session: &Session,
 ) -> Result<(), (&'static str, String)> {
     use std::hash::BuildHasher;
     let mut reported = lock(&session.reported);
-    let fresh: std::collections::HashSet<u64> = report
+    if reported.closed {
+        return Err(("closed", "the connection has ended".to_owned()));
+    }
+    let keys: std::collections::HashSet<u64> = report
         .instances
         .iter()
         .map(|i| {
@@ -488,31 +491,45 @@ fn count_instances(
                 i.instance.as_str(),
             ))
         })
-        .filter(|k| !reported.contains(k))
         .collect();
-    if fresh.is_empty() {
-        return Ok(());
+    let fresh = keys.difference(&reported.keys).count();
+    let gone = reported.keys.difference(&keys).count();
+    if fresh > gone {
+        let mut total = shared.by_credential.entry(session.credential).or_insert(0);
+        let others = total.saturating_sub(reported.keys.len());
+        if others + keys.len() > shared.max_credential_instances {
+            return Err((
+                "too_many_credential_instances",
+                format!(
+                    "this agent's credentials report {} instances; {} more is over the limit of {}",
+                    *total,
+                    fresh - gone,
+                    shared.max_credential_instances
+                ),
+            ));
+        }
+        *total += fresh - gone;
+    } else if gone > fresh {
+        shared
+            .by_credential
+            .remove_if_mut(&session.credential, |_, total| {
+                *total = total.saturating_sub(gone - fresh);
+                *total == 0
+            });
     }
-    let mut total = shared.by_credential.entry(session.credential).or_insert(0);
-    if *total + fresh.len() > shared.max_credential_instances {
-        return Err((
-            "too_many_credential_instances",
-            format!(
-                "this agent's credentials report {} instances; {} more is over the limit of {}",
-                *total,
-                fresh.len(),
-                shared.max_credential_instances
-            ),
-        ));
-    }
-    *total += fresh.len();
-    reported.extend(fresh);
+    reported.keys = keys;
+    shared
+        .sink
+        .apply_report(&session.agent_id, report.instances, Instant::now());
     Ok(())
 }
 
-/// Gives a finished connection's instances back to its credential's bound.
+/// Gives a finished connection's instances back to its credential's bound, and
+/// closes it to reports still in flight.
 fn release_instances(shared: &Shared, session: &Session) {
-    let n = std::mem::take(&mut *lock(&session.reported)).len();
+    let mut reported = lock(&session.reported);
+    reported.closed = true;
+    let n = std::mem::take(&mut reported.keys).len();
     if n == 0 {
         return;
     }

@@ -4,7 +4,7 @@
 use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 
 /// Every `reason` label of `meshcat_reports_rejected_total` (see `docs/wire.md`).
-pub const REJECT_REASONS: [&str; 18] = [
+pub const REJECT_REASONS: [&str; 19] = [
     "too_large",
     "version",
     "decode",
@@ -23,6 +23,7 @@ pub const REJECT_REASONS: [&str; 18] = [
     "too_many_upstream_clusters",
     "too_many_upstream_hosts",
     "too_many_credential_instances",
+    "closed",
 ];
 
 /// Handles to the ingest metrics families; cheap to clone.
