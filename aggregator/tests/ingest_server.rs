@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
+use futures::FutureExt;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -773,8 +774,19 @@ async fn before_authentication_a_peer_gets_a_small_hello_and_a_bounded_slot() {
     let rejected =
         |reason| server.metric("meshcat_reports_rejected_total", Some(("reason", reason)));
 
+    // Before its hello a peer has the control stream alone: a second stream waits
+    // for credit the server gives only once the agent is authenticated.
     let mut big = connect(server.addr, &files.ca, certs).await.unwrap();
-    let control = big.conn.open_bi().await.unwrap();
+    let control = big
+        .conn
+        .open_bi()
+        .now_or_never()
+        .expect("the control stream opens at once")
+        .unwrap();
+    assert!(
+        big.conn.open_bi().now_or_never().is_none(),
+        "a second stream opened before the hello"
+    );
     // A hello over 4 KiB is refused, though far below --max-message.
     let reason = big
         .hello_on(control, "big", Some(&"x".repeat(5000)))

@@ -31,6 +31,17 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// aggregator's idle timeout.
 pub const KEEP_ALIVE: Duration = Duration::from_secs(10);
 
+/// What a server connection accepts before its agent is authenticated: the control
+/// stream alone, and this many bytes of data in flight over the whole connection
+/// (the hello is at most 4 KiB). Quinn's defaults (8 streams of 1.25 MB each) would let
+/// an unauthenticated peer make the server buffer 10 MB.
+pub const PRE_AUTH_STREAMS: u32 = 1;
+/// See [`PRE_AUTH_STREAMS`].
+pub const PRE_AUTH_RECEIVE_WINDOW: u32 = 16 << 10;
+/// Streams an authenticated agent may have open at once: the control stream plus a
+/// few reports in flight; agents never need more.
+pub const AGENT_STREAMS: u32 = 8;
+
 /// Why a TLS configuration could not be built.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
@@ -154,8 +165,10 @@ pub fn server_config(
         .max_idle_timeout(Some(
             IDLE_TIMEOUT.try_into().expect("idle timeout fits a VarInt"),
         ))
-        // The control stream plus a few reports in flight; agents never need more.
-        .max_concurrent_bidi_streams(8u32.into())
+        // Until the hello authenticates the agent (then the ingest raises both with
+        // `Connection::set_max_concurrent_bi_streams` and `set_receive_window`).
+        .max_concurrent_bidi_streams(PRE_AUTH_STREAMS.into())
+        .receive_window(PRE_AUTH_RECEIVE_WINDOW.into())
         .max_concurrent_uni_streams(0u32.into())
         // Per-connection memory, which a fleet of agents multiplies: no unreliable
         // datagrams (unused), no batched sends (each connection would keep a send

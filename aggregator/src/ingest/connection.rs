@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
+use meshcat_common::tls;
 use meshcat_common::transport::{TransportError, code, read_frame, write_frame};
 use meshcat_common::validate::{is_valid_instance, is_valid_name};
 use meshcat_common::wire::{AgentMessage, Hello, Report, ServerMessage, WireError};
@@ -152,6 +153,9 @@ async fn serve_agent(
         .await;
         return;
     };
+    // Authenticated: the agent may now send reports (see `tls::PRE_AUTH_STREAMS`).
+    conn.set_receive_window(quinn::VarInt::MAX);
+    conn.set_max_concurrent_bi_streams(tls::AGENT_STREAMS.into());
     let welcome = ServerMessage::Welcome {
         server_version: env!("CARGO_PKG_VERSION").to_owned(),
     };
