@@ -48,16 +48,23 @@ impl Touch {
     }
 }
 
-/// The first index of a process: microseconds since the epoch. An id from before a
-/// restart is then older than every id after it (at fewer than a million changes a
-/// second on average), and ids of two replicas started apart fall in disjoint ranges
-/// (until one has made as many changes as microseconds passed between the starts),
-/// so a replay from an id this process did not issue answers `reset`. It stays below
-/// 2^53 for centuries, so a browser reads it as a number exactly.
+/// Microseconds since the epoch: the index a change takes unless the previous one is
+/// already there or later ([`next_index`]).
 pub fn start_index() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_micros() as u64)
+}
+
+/// The index of the change after `last`: the current microsecond since the epoch, or
+/// `last + 1` when that is later. Indexes so follow the clock: an index from before a
+/// restart is older than every one after it, and two replicas issue indexes of the
+/// same moments rather than overlapping runs of small numbers, so an id a process did
+/// not issue is almost never one it did (each process checks, see
+/// [`Changes::subscribe`]). It stays below 2^53 for centuries, so a browser reads it
+/// as a number exactly.
+fn next_index(last: u64) -> u64 {
+    (last + 1).max(start_index())
 }
 
 /// One event of a change, as the stream sends it.
@@ -181,7 +188,10 @@ impl Changes {
     }
 
     /// Subscribes to the changes after `since` (replaying them from the window) or
-    /// to the changes from now on.
+    /// to the changes from now on. `since` must be an index this process issued and
+    /// still holds (a change in the window, or the oldest it can replay from);
+    /// anything else (an id from before a restart, from another replica, or older
+    /// than the window) has no replay: the caller must read everything again.
     pub fn subscribe(&self, since: Option<u64>) -> Subscription {
         let f = self.feed();
         // Subscribing under the same lock that publishes: nothing falls between the
@@ -189,22 +199,27 @@ impl Changes {
         let feed = f.tx.subscribe();
         let replay = match since {
             None => Some(Vec::new()),
-            // An id this process did not issue (from before a restart, or from
-            // another replica): nothing to trust.
-            Some(since) if since > f.last || since < f.floor => None,
-            Some(since) => Some(
+            Some(since) if since == f.floor || f.issued(since) => Some(
                 f.window
                     .iter()
-                    .filter(|c| c.index > since)
+                    .filter(|c| c.index > since && !c.events.is_empty())
                     .cloned()
                     .collect(),
             ),
+            Some(_) => None,
         };
         Subscription { replay, feed }
     }
 }
 
 impl Feed {
+    /// Whether `index` is a change in the window (the window is in index order).
+    fn issued(&self, index: u64) -> bool {
+        self.window
+            .binary_search_by_key(&index, |c| c.index)
+            .is_ok()
+    }
+
     fn evict(&mut self) {
         if let Some(old) = self.window.pop_front() {
             self.floor = old.index;
@@ -234,7 +249,8 @@ impl Store {
     /// once (an agent gone with many instances of one cluster) gets one event.
     pub(super) fn publish(&self, touched: &[Touch]) {
         let mut f = self.feed_lock();
-        let index = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
+        let index = next_index(f.last);
+        self.generation.store(index, Ordering::Release);
         f.last = index;
         let mut events = Vec::with_capacity(touched.len() + 1);
         let mut seen = std::collections::HashSet::with_capacity(touched.len());
@@ -248,14 +264,14 @@ impl Store {
             events.push(Event::new("summary", "", None, index, &summary, None));
             f.last_summary = summary;
         }
-        // A change no event shows (only `GET /services` moved) needs no place in the
-        // window: the index alone tells blocking queries.
-        if !events.is_empty() {
-            let change = Arc::new(Change { index, events });
-            if f.window.len() >= f.retained {
-                f.evict();
-            }
-            f.window.push_back(change.clone());
+        // A change no event shows (only `GET /services` moved) is kept too, without
+        // events: its index may come back as a `since` (a reader's last index).
+        let change = Arc::new(Change { index, events });
+        if f.window.len() >= f.retained {
+            f.evict();
+        }
+        f.window.push_back(change.clone());
+        if !change.events.is_empty() {
             // No subscriber is not an error: the change is retained for later ones.
             let _ = f.tx.send(change);
         }
@@ -266,7 +282,8 @@ impl Store {
     /// Moves the index without events (loading, which nobody could have watched).
     pub(super) fn advance(&self) {
         let mut f = self.feed_lock();
-        let index = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
+        let index = next_index(f.last);
+        self.generation.store(index, Ordering::Release);
         f.last = index;
         // Nothing before the load can be replayed.
         f.floor = index;

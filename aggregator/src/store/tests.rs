@@ -343,7 +343,14 @@ fn an_instance_left_out_of_later_reports_expires_on_time() {
 /// The kinds and (zone, cluster) of the events of the changes after `since`, with
 /// the number of changes.
 fn events_after(s: &Store, since: u64) -> (usize, Vec<(String, String)>) {
-    let changes = s.changes().subscribe(Some(since)).replay.expect("retained");
+    let changes: Vec<_> = s
+        .changes()
+        .subscribe(Some(since))
+        .replay
+        .expect("retained")
+        .into_iter()
+        .filter(|c| !c.events.is_empty())
+        .collect();
     let events = changes
         .iter()
         .flat_map(|c| c.events.iter())
@@ -363,6 +370,44 @@ fn remote(instance: &str, reachable: bool, requests: u64) -> RemoteInstance {
         window_requests: requests,
         window_errors: 0,
     }
+}
+
+#[test]
+fn a_replay_starts_only_from_an_index_this_store_issued() {
+    let (_d, s) = open();
+    let loaded = s.index();
+    s.create_zone(zone("z")).unwrap();
+    let first = s.index();
+    // Indexes follow the clock: wait for it to pass first + 1, so the next change
+    // leaves a gap.
+    while super::changes::start_index() <= first + 1 {
+        std::hint::spin_loop();
+    }
+    s.create_cluster(ClusterRecord::new("z", "a", "A")).unwrap();
+    let second = s.index();
+    assert!(second > first + 1, "{first} {second}");
+    // A change only `GET /services` shows has an index, and a reader may resume
+    // from it.
+    s.set_edge_clusters("z", vec!["a".into()]);
+    let services = s.index();
+    assert!(services > second);
+    s.delete_cluster("z", "a").unwrap();
+
+    let replay = |since: u64| {
+        s.changes()
+            .subscribe(Some(since))
+            .replay
+            .map(|r| r.iter().filter(|c| !c.events.is_empty()).count())
+    };
+    assert_eq!(replay(loaded), Some(3));
+    assert_eq!(replay(first), Some(2));
+    assert_eq!(replay(second), Some(1));
+    assert_eq!(replay(services), Some(1));
+    // Inside the range of this store's indexes, but not one it issued (another
+    // replica's, say): no replay, the reader must read everything again.
+    assert_eq!(replay(first + 1), None);
+    assert_eq!(replay(loaded - 1), None);
+    assert_eq!(replay(s.index() + 1), None);
 }
 
 #[test]
