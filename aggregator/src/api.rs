@@ -80,6 +80,8 @@ pub struct AppState {
     pub peers: forward::Peers,
     /// How often an idle `GET /events` stream sends a comment line.
     pub event_heartbeat: Duration,
+    /// How long an event stream gathers changes after a write (`--event-coalesce`).
+    pub event_coalesce: Duration,
 }
 
 /// The API router over its state, with the default time and concurrency limits.

@@ -245,6 +245,7 @@ async fn serve_with(
         prometheus_url: agg.config.prometheus_url.clone(),
         peers,
         event_heartbeat: agg.config.event_heartbeat,
+        event_coalesce: agg.config.event_coalesce,
     });
     let ops_state = Arc::new(OpsState {
         store: agg.store.clone(),

@@ -37,6 +37,7 @@ fn router(dir: &std::path::Path) -> Router {
         prometheus_url: None,
         peers: super::forward::Peers::plain(),
         event_heartbeat: crate::api::live::HEARTBEAT,
+        event_coalesce: crate::api::live::COALESCE,
     });
     app(state, 1 << 20)
 }
