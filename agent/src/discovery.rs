@@ -70,6 +70,9 @@ pub struct PodSpec {
     /// Native sidecars (restartPolicy: Always) are init containers.
     #[serde(default)]
     pub init_containers: Vec<Named>,
+    /// A pod on the node's network has the node's IP as its own.
+    #[serde(default)]
+    pub host_network: bool,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -148,6 +151,7 @@ pub fn read_pods_file(path: &Path, log_dir: &Path) -> Result<Discovered, Targets
 /// - zone: the pod's namespace (a `meshcat.io/zone` annotation is ignored);
 /// - cluster: `meshcat.io/cluster` (required);
 /// - admin: the pod's own IP and `meshcat.io/admin-port` (a port number, nothing else);
+///   a pod on the node's network (`hostNetwork`) is left out, since its IP is the node's;
 /// - instance: the pod's name (a second pod of the same name is left out);
 /// - log file: `<log_dir>/<namespace>_<name>_<uid>/<container>/<restarts>.log` of the
 ///   container `meshcat.io/sidecar-container` names, which must be one of the pod's own
@@ -187,6 +191,11 @@ fn target_of(pod: &Pod, log_dir: &Path) -> Result<(Target, Option<String>), Stri
     let m = &pod.metadata;
     if !plain_component(&m.namespace) || !plain_component(&m.name) {
         return Err("namespace or name is not a valid name".into());
+    }
+    // Its "own" IP would be the node's, where the admin-port annotation could point
+    // the agent at any program listening on the node.
+    if pod.spec.host_network {
+        return Err("it uses the node's network (hostNetwork), so its IP is the node's".into());
     }
     let ip: IpAddr = pod
         .status
@@ -371,6 +380,12 @@ mod tests {
             );
             assert!(d.targets.is_empty(), "{port:?} gave {:?}", d.targets);
         }
+        // A pod on the node's network would aim the agent at the node itself.
+        let mut host = pod("a", "p", json!({"meshcat.io/cluster": "c"}));
+        host["spec"]["hostNetwork"] = json!(true);
+        let d = discover(vec![host], logs.path());
+        assert!(d.targets.is_empty(), "{:?}", d.targets);
+        assert!(d.notes[0].contains("hostNetwork"), "{:?}", d.notes);
         let mut bad_ip = pod("a", "p", json!({"meshcat.io/cluster": "c"}));
         bad_ip["status"]["podIP"] = json!("metadata.google.internal");
         assert!(discover(vec![bad_ip], logs.path()).targets.is_empty());
