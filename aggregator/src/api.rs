@@ -78,10 +78,13 @@ pub struct AppState {
     pub prometheus_url: Option<String>,
     /// How forwarded requests reach the other replicas (etcd store).
     pub peers: forward::Peers,
-    /// How often an idle `GET /events` stream sends a comment line.
+    /// How often a `GET /events` stream sends a comment line.
     pub event_heartbeat: Duration,
     /// How long an event stream gathers changes after a write (`--event-coalesce`).
     pub event_coalesce: Duration,
+    /// Turns true when the process stops: event streams end then, instead of holding
+    /// the graceful shutdown until its drain timeout. A closed channel never stops them.
+    pub stopping: tokio::sync::watch::Receiver<bool>,
 }
 
 /// The API router over its state, with the default time and concurrency limits.

@@ -246,6 +246,7 @@ async fn serve_with(
         peers,
         event_heartbeat: agg.config.event_heartbeat,
         event_coalesce: agg.config.event_coalesce,
+        stopping: stop_rx.clone(),
     });
     let ops_state = Arc::new(OpsState {
         store: agg.store.clone(),

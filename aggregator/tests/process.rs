@@ -73,7 +73,13 @@ fn spawn_with(data_dir: &Path, extra: &[&str]) -> Proc {
 
 /// Starts `cmd` with `extra` flags; answers the process and the log lines from the
 /// first one.
-fn spawn_logged(mut cmd: Command, extra: &[&str]) -> (Proc, Vec<Value>) {
+fn spawn_logged(cmd: Command, extra: &[&str]) -> (Proc, Vec<Value>) {
+    let (p, lines, _) = spawn_watched(cmd, extra);
+    (p, lines)
+}
+
+/// Like [`spawn_logged`], with the log lines that follow.
+fn spawn_watched(mut cmd: Command, extra: &[&str]) -> (Proc, Vec<Value>, mpsc::Receiver<Value>) {
     let mut child = cmd.args(extra).spawn().unwrap();
     let stderr = child.stderr.take().unwrap();
     let (tx, rx) = mpsc::channel::<Value>();
@@ -110,6 +116,7 @@ fn spawn_logged(mut cmd: Command, extra: &[&str]) -> (Proc, Vec<Value>) {
             ops: ops.unwrap(),
         },
         lines,
+        rx,
     )
 }
 
@@ -180,7 +187,7 @@ fn help_documents_every_flag_with_its_environment_twin() {
 #[tokio::test]
 async fn sigterm_stops_cleanly() {
     let dir = tempfile::tempdir().unwrap();
-    let mut p = spawn(dir.path());
+    let (mut p, _, log) = spawn_watched(command(dir.path()), &[]);
     let http = reqwest::Client::new();
     let ready = http
         .get(format!("http://{}/readyz", p.ops))
@@ -188,6 +195,13 @@ async fn sigterm_stops_cleanly() {
         .await
         .unwrap();
     assert_eq!(ready.status(), StatusCode::OK);
+    // An open event stream ends with the process; it does not hold the drain.
+    let mut events = http
+        .get(format!("http://{}/events", p.api))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(events.status(), StatusCode::OK);
     let ok = Command::new("kill")
         .args(["-TERM", &p.child.id().to_string()])
         .status()
@@ -202,6 +216,19 @@ async fn sigterm_stops_cleanly() {
         assert!(Instant::now() < deadline, "still running 5 s after SIGTERM");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // The stream ended cleanly (no error, no keep-alive comment in the meantime) ...
+    assert_eq!(events.chunk().await.unwrap(), None);
+    // ... and every request finished within the drain. The process has exited, so
+    // its log ends: this reads every line to the end.
+    let late: Vec<Value> = log
+        .iter()
+        .filter(|v| {
+            v["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("did not finish in time"))
+        })
+        .collect();
+    assert!(late.is_empty(), "{late:?}");
 }
 
 /// What happened to one write of the burst.

@@ -265,6 +265,7 @@ pub async fn events(
         caller.authorized,
         s.event_heartbeat,
         s.event_coalesce,
+        s.stopping.clone(),
     );
     Ok((
         [
@@ -291,6 +292,7 @@ fn event_stream(
     authorized: bool,
     heartbeat: Duration,
     coalesce: Duration,
+    mut stopping: tokio::sync::watch::Receiver<bool>,
 ) -> impl Stream<Item = Result<Bytes, Infallible>> {
     use tokio::sync::broadcast::error::TryRecvError;
     use tokio::time::Instant;
@@ -301,6 +303,8 @@ fn event_stream(
         /// a timeout per change (a stream takes one timer registration per
         /// heartbeat, not one per change it waits for).
         beat: tokio::time::Interval,
+        /// Resolves when the process stops.
+        stop: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
         last_write: Instant,
         done: bool,
     }
@@ -316,10 +320,17 @@ fn event_stream(
     };
     let mut beat = tokio::time::interval_at(Instant::now() + heartbeat, heartbeat);
     beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let stop = Box::pin(async move {
+        if stopping.wait_for(|s| *s).await.is_err() {
+            // Nobody can stop it any more: never.
+            std::future::pending::<()>().await;
+        }
+    });
     let live = Live {
         feed: sub.feed,
         filter,
         beat,
+        stop,
         // Long enough ago that the first change goes out at once.
         last_write: Instant::now() - coalesce,
         done: sub.replay.is_none(),
@@ -345,6 +356,9 @@ fn event_stream(
                     Err(RecvError::Closed) => return None,
                 },
                 _ = l.beat.tick() => return Some((Ok(Bytes::from_static(COMMENT)), l)),
+                // The process stops: end the stream (the client reconnects, to
+                // another replica or to this one once it is back).
+                () = &mut l.stop => return None,
             }
             if out.is_empty() {
                 // Nothing this stream shows: wait on.
@@ -413,7 +427,8 @@ mod tests {
             replay: Some(Vec::new()),
             feed,
         };
-        (tx, event_stream(sub, filter, true, BEAT, GATHER))
+        let stopping = tokio::sync::watch::channel(false).1;
+        (tx, event_stream(sub, filter, true, BEAT, GATHER, stopping))
     }
 
     fn text(b: Option<Result<Bytes, Infallible>>) -> String {
@@ -471,6 +486,28 @@ mod tests {
         assert!(text(s.next().await).contains("id: 2\n"));
         assert_eq!(text(s.next().await), ":\n\n");
         assert_eq!(Instant::now(), t0 + BEAT * 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_ends_when_the_process_stops() {
+        let (tx, feed) = broadcast::channel(4);
+        let (stop, stopping) = tokio::sync::watch::channel(false);
+        let sub = Subscription {
+            replay: Some(Vec::new()),
+            feed,
+        };
+        let s = event_stream(sub, Filter::default(), true, BEAT, GATHER, stopping);
+        let mut s = std::pin::pin!(s);
+        tx.send(change(1, "a")).unwrap();
+        assert!(text(s.next().await).contains("id: 1\n"));
+        let t0 = Instant::now();
+        stop.send(true).unwrap();
+        assert!(s.next().await.is_none());
+        assert_eq!(
+            Instant::now(),
+            t0,
+            "ended at once, not at the next heartbeat"
+        );
     }
 
     #[tokio::test(start_paused = true)]

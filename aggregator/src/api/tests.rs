@@ -38,6 +38,7 @@ fn router(dir: &std::path::Path) -> Router {
         peers: super::forward::Peers::plain(),
         event_heartbeat: crate::api::live::HEARTBEAT,
         event_coalesce: crate::api::live::COALESCE,
+        stopping: tokio::sync::watch::channel(false).1,
     });
     app(state, 1 << 20)
 }
