@@ -28,7 +28,7 @@ pub const INDEX_HEADER: &str = "x-meshcat-index";
 pub const DEFAULT_WAIT: Duration = Duration::from_secs(5 * 60);
 /// The longest wait; longer ones are cut to it.
 pub const MAX_WAIT: Duration = Duration::from_secs(10 * 60);
-/// How often an idle event stream sends a comment line, by default.
+/// How often an event stream sends a comment line, by default.
 pub const HEARTBEAT: Duration = Duration::from_secs(15);
 /// How long an event stream gathers changes after a write, by default: at 1,000
 /// streams and 100 changes/s it halves the aggregator's CPU (see
@@ -277,9 +277,9 @@ pub async fn events(
         .into_response())
 }
 
-/// The body of one stream: the replay (or `reset`), then the changes' frames, a
-/// comment line after `heartbeat` without a write, and `reset` then the end when the
-/// stream fell behind the bounded feed.
+/// The body of one stream: the replay (or `reset`) in one chunk, then the changes'
+/// frames, a comment line every `heartbeat`, `reset` then the end when the stream
+/// fell behind the bounded feed, and the end when the process stops.
 ///
 /// Writes are coalesced: a change that arrives `coalesce` or more after the stream's
 /// last write is written at once; one that arrives sooner waits until `coalesce`
