@@ -90,6 +90,8 @@ pub struct Replicas {
     scheme: &'static str,
     /// The API client when the replicas serve HTTPS.
     https: Option<Peers>,
+    /// A bearer token sent with every API request, when set.
+    pub token: Option<String>,
 }
 
 impl Replicas {
@@ -141,6 +143,7 @@ impl Replicas {
                 .build()?,
             scheme: if https.is_some() { "https" } else { "http" },
             https,
+            token: None,
         };
         for i in 0..n {
             set.add(store, extra)?;
@@ -248,8 +251,17 @@ impl Replicas {
         path: &str,
         body: Option<&Value>,
     ) -> anyhow::Result<(StatusCode, Value)> {
+        let bearer = match &self.token {
+            Some(t) => Some(reqwest::header::HeaderValue::from_str(&format!(
+                "Bearer {t}"
+            ))?),
+            None => None,
+        };
         if let Some(https) = &self.https {
             let mut headers = Vec::new();
+            if let Some(b) = &bearer {
+                headers.push((reqwest::header::AUTHORIZATION, b.clone()));
+            }
             let mut bytes = Vec::new();
             if let Some(b) = body {
                 headers.push((
@@ -278,6 +290,9 @@ impl Replicas {
             .request(method, format!("{}{path}", self.replicas[i].api_url()));
         if let Some(b) = body {
             req = req.json(b);
+        }
+        if let Some(b) = bearer {
+            req = req.header(reqwest::header::AUTHORIZATION, b);
         }
         let r = req.send().await?;
         let status = r.status();

@@ -635,6 +635,16 @@ async fn replicas_over_tls_reach_etcd_with_a_client_certificate_and_forward_over
     let api_cert = api_id.cert_file.display().to_string();
     let api_key = api_id.key_file.display().to_string();
     let peer_ca = api_ca.ca_file.display().to_string();
+    // API tokens: a forwarded request carries the caller's, and a non-owner refuses
+    // a caller the owner would refuse without forwarding it.
+    let read_token = certs_dir.path().join("read-token");
+    let write_token = certs_dir.path().join("write-token");
+    std::fs::write(&read_token, "replica-read-token\n")?;
+    std::fs::write(&write_token, "replica-write-token\n")?;
+    let (read_token, write_token) = (
+        read_token.display().to_string(),
+        write_token.display().to_string(),
+    );
     let api_tls = [
         "--api-tls-cert",
         &api_cert,
@@ -642,6 +652,10 @@ async fn replicas_over_tls_reach_etcd_with_a_client_certificate_and_forward_over
         &api_key,
         "--peer-ca-file",
         &peer_ca,
+        "--read-token-file",
+        &read_token,
+        "--write-token-file",
+        &write_token,
     ];
     let mut flags = vec![
         "--etcd-ca-file",
@@ -653,6 +667,7 @@ async fn replicas_over_tls_reach_etcd_with_a_client_certificate_and_forward_over
     ];
     flags.extend(api_tls);
     let mut set = Replicas::start_https(BIN, 2, &store, &flags, &api_ca.ca_file).await?;
+    set.token = Some("replica-write-token".into());
     // A write through one replica is committed over TLS and read by the other's watch.
     assert_eq!(
         set.post(0, "/zones", &zone("z")).await?.0,
@@ -702,6 +717,50 @@ async fn replicas_over_tls_reach_etcd_with_a_client_certificate_and_forward_over
     let (s, m) = set.get(1, "/metrics/svc/i1?zoneName=z").await?;
     assert_eq!(s, StatusCode::OK, "{m}");
     assert!(m.is_object(), "{m}");
+    // The read token is enough to read it through the non-owner.
+    set.token = Some("replica-read-token".into());
+    let (s, m) = set.get(1, "/metrics/svc/i1?zoneName=z").await?;
+    assert_eq!(s, StatusCode::OK, "{m}");
+    // Without a token, or with the read token for a change, the non-owner answers
+    // as the owner would, and the owner (replica 0) never sees the request.
+    let owner_metrics = format!("{}/metrics", set.replicas[0].ops_url());
+    let owner_refusals = || async {
+        let text = reqwest::get(&owner_metrics).await?.text().await?;
+        anyhow::Ok(
+            text.lines()
+                .filter(|l| {
+                    l.starts_with("meshcat_api_requests_total")
+                        && (l.contains("code=\"401\"") || l.contains("code=\"403\""))
+                })
+                .map(|l| {
+                    l.rsplit(' ')
+                        .next()
+                        .unwrap_or("0")
+                        .parse::<f64>()
+                        .unwrap_or(0.0)
+                })
+                .sum::<f64>(),
+        )
+    };
+    let before = owner_refusals().await?;
+    let (s, body) = set
+        .send(
+            1,
+            Method::PUT,
+            "/zones/z/clusters/svc/instances/i1/logging?level=debug",
+            None,
+        )
+        .await?;
+    assert_eq!(s, StatusCode::UNAUTHORIZED, "{body}");
+    set.token = None;
+    let (s, body) = set.get(1, "/metrics/svc/i1?zoneName=z").await?;
+    assert_eq!(s, StatusCode::FORBIDDEN, "{body}");
+    assert_eq!(
+        owner_refusals().await?,
+        before,
+        "a refused request was forwarded"
+    );
+    set.token = Some("replica-write-token".into());
     agent.stop().await?;
 
     // Without a client certificate etcd refuses the replica: it answers on its API

@@ -76,7 +76,7 @@ impl Tokens {
 
     /// Whether the caller may see live data: the write token grants what the read
     /// token grants.
-    fn reads(&self, parts: &Parts) -> bool {
+    pub(super) fn reads(&self, parts: &Parts) -> bool {
         matches(self.read.as_ref(), parts)
             || (self.write.is_some() && matches(self.write.as_ref(), parts))
     }

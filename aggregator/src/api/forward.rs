@@ -353,6 +353,19 @@ pub async fn to_owner(State(state): State<Arc<AppState>>, req: Request, next: Ne
     let Some((owner, instance)) = owned else {
         return next.run(req).await;
     };
+    // The caller's credentials first, as the owner would check them: a request the
+    // owner would refuse is refused here, neither forwarded nor telling whether the
+    // instance exists.
+    let (parts, body) = req.into_parts();
+    let allowed = match parts.method {
+        Method::GET if !state.tokens.reads(&parts) => Err(ApiError::forbidden()),
+        Method::PUT => state.tokens.check_write(&parts),
+        _ => Ok(()),
+    };
+    if let Err(e) = allowed {
+        return e.into_response();
+    }
+    let req = Request::from_parts(parts, body);
     let (Some(addr), Some(secret)) = (etcd.peer(&owner), etcd.secret()) else {
         return ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
