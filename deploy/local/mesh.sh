@@ -108,6 +108,8 @@ spawn_envoy() {
   record $! "meshcat-envoy-$name"
   wait_for "envoy $name pid" 10 test -s "$pidfile"
   record "$(cat "$pidfile")" "$ENVOY"
+  # A stopped Envoy leaves its hot restart region in /dev/shm; stop removes it.
+  echo "$base_id" >"$state/envoy-$name.base"
 }
 
 # Bootstrap of one Envoy: an HTTP listener whose routes map path prefixes to clusters,
@@ -331,6 +333,11 @@ cmd_stop() {
     echo "still running after SIGTERM, sending SIGKILL: $(echo "$left" | tr '\n' ' ')"
     while read -r pid name; do kill -KILL "$pid" 2>/dev/null || true; done <<<"$left"
   fi
+  local f
+  for f in "$state"/envoy-*.base; do
+    [ -f "$f" ] || continue
+    rm -f "/dev/shm/envoy_shared_memory_$(($(cat "$f") * 10))" "$f"
+  done
   rm -f "$pids" "$state"/envoy-*.pid
   echo "local mesh stopped"
 }

@@ -103,6 +103,7 @@ def capture(envoy, scenario_dir, out_dir):
     spec = json.load(open(os.path.join(scenario_dir, "scenario.json")))
     work = tempfile.mkdtemp(prefix=f"meshcat-{name}-")
     procs = []
+    base_ids = []
     try:
         certs = os.path.join(work, "certs")
         os.mkdir(certs)
@@ -128,8 +129,9 @@ def capture(envoy, scenario_dir, out_dir):
             log = open(logs[side], "wb")
             # A session of its own: Envoy's parent-death signal must not reach it when
             # an intermediate process ends, and stopping it must not touch us.
+            base_ids.append(ports[side.upper() + "_ADMIN_PORT"])
             procs.append(subprocess.Popen(
-                [envoy, "-c", cfg, "--base-id", str(ports[side.upper() + "_ADMIN_PORT"]),
+                [envoy, "-c", cfg, "--base-id", str(base_ids[-1]),
                  "--file-flush-interval-msec", "200", "-l", "info",
                  "--service-cluster", side, "--service-node", f"{side}-0"],
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
@@ -201,6 +203,13 @@ def capture(envoy, scenario_dir, out_dir):
                 p.wait(10)
             except subprocess.TimeoutExpired:
                 p.kill()
+                p.wait()
+        # A stopped Envoy leaves its hot restart region (base id * 10) in /dev/shm.
+        for base_id in base_ids:
+            try:
+                os.remove(f"/dev/shm/envoy_shared_memory_{base_id * 10}")
+            except FileNotFoundError:
+                pass
         shutil.rmtree(work, ignore_errors=True)
 
 
