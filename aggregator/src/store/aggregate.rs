@@ -2,9 +2,9 @@
 //! registration change and status change adjusts them, so summaries never rescan the
 //! zone's clusters.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use meshcat_common::model::{ClusterRecord, Status, ZoneSummary};
+use meshcat_common::model::{ClusterRecord, OverallSummary, Status, ZoneSummary};
 
 /// The counters of one zone over its registered clusters.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -123,5 +123,37 @@ mod tests {
         agg.remove(&a, Status::Warning, 1);
         agg.remove(&b, Status::Stable, 2);
         assert_eq!(agg, ZoneAggregate::default());
+    }
+}
+
+/// The summary's `metadata` over all zones, summed from their counters.
+#[derive(Debug, Default)]
+pub struct OverallTotals {
+    sum: OverallSummary,
+    owners: BTreeSet<String>,
+    capabilities: BTreeSet<String>,
+}
+
+impl OverallTotals {
+    /// Counts one zone in.
+    pub fn add(&mut self, agg: &ZoneAggregate) {
+        let s = &mut self.sum;
+        s.zone_count += 1;
+        s.cluster_count += agg.clusters;
+        s.cluster_stable_count += agg.by_status[0];
+        s.cluster_warning_count += agg.by_status[1];
+        s.cluster_down_count += agg.by_status[2];
+        s.instance_count += agg.instances;
+        self.owners.extend(agg.owners().cloned());
+        self.capabilities.extend(agg.capabilities().cloned());
+    }
+
+    /// The summed metadata, owners and capabilities in order.
+    pub fn finish(self) -> OverallSummary {
+        OverallSummary {
+            owners: self.owners.into_iter().collect(),
+            capabilities: self.capabilities.into_iter().collect(),
+            ..self.sum
+        }
     }
 }

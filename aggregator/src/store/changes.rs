@@ -341,22 +341,10 @@ impl Store {
 
     /// The summary's `metadata`, from the per-zone counters only.
     pub fn overall(&self) -> OverallSummary {
-        let mut overall = OverallSummary::default();
-        let mut owners = std::collections::BTreeSet::new();
-        let mut capabilities = std::collections::BTreeSet::new();
+        let mut totals = super::aggregate::OverallTotals::default();
         for z in self.zones.iter() {
-            let agg = &z.agg;
-            overall.zone_count += 1;
-            overall.cluster_count += agg.clusters;
-            overall.cluster_stable_count += agg.by_status[0];
-            overall.cluster_warning_count += agg.by_status[1];
-            overall.cluster_down_count += agg.by_status[2];
-            overall.instance_count += agg.instances;
-            owners.extend(agg.owners().cloned());
-            capabilities.extend(agg.capabilities().cloned());
+            totals.add(&z.agg);
         }
-        overall.owners = owners.into_iter().collect();
-        overall.capabilities = capabilities.into_iter().collect();
-        overall
+        totals.finish()
     }
 }

@@ -4,13 +4,13 @@
 //! large ones. Readers never take the catalog's write lock. The serde views kept
 //! under `#[cfg(test)]` are the oracle the rendered bytes are checked against.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use meshcat_common::model::{
-    ClusterRecord, ClusterView, InstanceMetrics, OverallSummary, Status, ZoneRecord, ZoneSummary,
+    ClusterRecord, ClusterView, InstanceMetrics, Status, ZoneRecord, ZoneSummary,
 };
 
 use super::{Store, ZoneAggregate, render};
@@ -249,20 +249,11 @@ impl Store {
             })
             .collect();
         zones.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        let mut overall = OverallSummary::default();
-        let mut owners = BTreeSet::new();
-        let mut capabilities = BTreeSet::new();
+        let mut totals = super::aggregate::OverallTotals::default();
         let mut body = Vec::with_capacity(1 << 16);
         body.push(b'{');
         for (n, (zone, agg, names)) in zones.iter().enumerate() {
-            overall.zone_count += 1;
-            overall.cluster_count += agg.clusters;
-            overall.cluster_stable_count += agg.by_status[0];
-            overall.cluster_warning_count += agg.by_status[1];
-            overall.cluster_down_count += agg.by_status[2];
-            overall.instance_count += agg.instances;
-            owners.extend(agg.owners().cloned());
-            capabilities.extend(agg.capabilities().cloned());
+            totals.add(agg);
             if n > 0 {
                 body.push(b',');
             }
@@ -288,8 +279,7 @@ impl Store {
             body.push(b'}');
         }
         body.push(b'}');
-        overall.owners = owners.into_iter().collect();
-        overall.capabilities = capabilities.into_iter().collect();
+        let overall = totals.finish();
         let mut out = Vec::with_capacity(body.len() * 2 + 512);
         out.extend_from_slice(b"{\"zones\":");
         out.extend_from_slice(&body);
@@ -397,19 +387,10 @@ impl Store {
                 )
             })
             .collect();
-        let mut overall = OverallSummary::default();
-        let mut owners = BTreeSet::new();
-        let mut capabilities = BTreeSet::new();
+        let mut totals = super::aggregate::OverallTotals::default();
         let mut out = BTreeMap::new();
         for (zone, agg, names) in zones {
-            overall.zone_count += 1;
-            overall.cluster_count += agg.clusters;
-            overall.cluster_stable_count += agg.by_status[0];
-            overall.cluster_warning_count += agg.by_status[1];
-            overall.cluster_down_count += agg.by_status[2];
-            overall.instance_count += agg.instances;
-            owners.extend(agg.owners().cloned());
-            capabilities.extend(agg.capabilities().cloned());
+            totals.add(&agg);
             let mut clusters = BTreeMap::new();
             for name in names {
                 if let Some(by_zone) = self.clusters.get(&name)
@@ -422,12 +403,10 @@ impl Store {
             let metadata = agg.summary(&zone);
             out.insert(zone, ZoneEntry { clusters, metadata });
         }
-        overall.owners = owners.into_iter().collect();
-        overall.capabilities = capabilities.into_iter().collect();
         Summary {
             meshes: out.clone(),
             zones: out,
-            metadata: overall,
+            metadata: totals.finish(),
         }
     }
 }
