@@ -31,6 +31,33 @@ fn cluster(zone: &str, name: &str) -> Value {
 }
 
 /// The (zone, cluster) names registered on replica `i`.
+/// An agent for `sidecar` as instance i1 of cluster svc in zone z, reporting to the
+/// replicas `order` every `interval`, with `extra` flags.
+async fn svc_agent(
+    set: &Replicas,
+    order: &[usize],
+    sidecar: &meshcat_tests::Sidecar,
+    interval: &str,
+    extra: &[&str],
+) -> anyhow::Result<meshcat_tests::MeshAgent> {
+    let mut args = set.agent_args(order);
+    let admin = sidecar.envoy.admin_addr();
+    let flags = [
+        "--sidecar-admin",
+        admin.as_str(),
+        "--zone",
+        "z",
+        "--cluster",
+        "svc",
+        "--instance",
+        "i1",
+        "--interval",
+        interval,
+    ];
+    args.extend(flags.iter().chain(extra).map(|f| (*f).to_owned()));
+    meshcat_tests::MeshAgent::start(&args).await
+}
+
 async fn registered(set: &Replicas, i: usize) -> anyhow::Result<BTreeSet<(String, String)>> {
     let (status, body) = set.get(i, "/clusters").await?;
     anyhow::ensure!(status == StatusCode::OK, "GET /clusters: {status} {body}");
@@ -446,25 +473,14 @@ async fn every_replica_shows_every_instance_and_a_killed_owner_hands_over() -> a
 
     // One real sidecar, its agent reporting to replica 2 first, then 0, then 1.
     let sidecar = meshcat_tests::Sidecar::start().await?;
-    let mut args = set.agent_args(&[2, 0, 1]);
-    args.extend(
-        [
-            "--sidecar-admin",
-            &sidecar.envoy.admin_addr(),
-            "--zone",
-            "z",
-            "--cluster",
-            "svc",
-            "--instance",
-            "i1",
-            "--interval",
-            INTERVAL,
-            "--scrape-timeout",
-            "1s",
-        ]
-        .map(str::to_owned),
-    );
-    let agent = meshcat_tests::MeshAgent::start(&args).await?;
+    let agent = svc_agent(
+        &set,
+        &[2, 0, 1],
+        &sidecar,
+        INTERVAL,
+        &["--scrape-timeout", "1s"],
+    )
+    .await?;
 
     // Every replica shows the instance with the same status and start time.
     let mut seen = Vec::new();
@@ -691,23 +707,7 @@ async fn replicas_over_tls_reach_etcd_with_a_client_certificate_and_forward_over
         StatusCode::CREATED
     );
     let sidecar = meshcat_tests::Sidecar::start().await?;
-    let mut args = set.agent_args(&[0]);
-    args.extend(
-        [
-            "--sidecar-admin",
-            &sidecar.envoy.admin_addr(),
-            "--zone",
-            "z",
-            "--cluster",
-            "svc",
-            "--instance",
-            "i1",
-            "--interval",
-            "1s",
-        ]
-        .map(str::to_owned),
-    );
-    let agent = meshcat_tests::MeshAgent::start(&args).await?;
+    let agent = svc_agent(&set, &[0], &sidecar, "1s", &[]).await?;
     wait_for("i1 on replica 1", Duration::from_secs(20), || async {
         shown(&set, 1, "z", "svc")
             .await
@@ -816,23 +816,7 @@ async fn a_stream_on_one_replica_follows_changes_made_through_another() -> anyho
     // An agent reporting to replica 0 only: replica 1's stream shows its instance
     // and the status it makes.
     let sidecar = meshcat_tests::Sidecar::start().await?;
-    let mut args = set.agent_args(&[0]);
-    args.extend(
-        [
-            "--sidecar-admin",
-            &sidecar.envoy.admin_addr(),
-            "--zone",
-            "z",
-            "--cluster",
-            "svc",
-            "--instance",
-            "i1",
-            "--interval",
-            "500ms",
-        ]
-        .map(str::to_owned),
-    );
-    let agent = meshcat_tests::MeshAgent::start(&args).await?;
+    let agent = svc_agent(&set, &[0], &sidecar, "500ms", &[]).await?;
     let up = b
         .until(EVENT, |e| {
             e.is_cluster("svc")
