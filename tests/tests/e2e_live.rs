@@ -439,6 +439,22 @@ async fn events_show_live_status_and_honour_the_read_token() {
     assert_eq!(down.data, now[0]);
 }
 
+/// Reads a raw event stream until `done` holds for all it read, within [`DEADLINE`];
+/// answers the text.
+async fn read_until(res: &mut reqwest::Response, done: impl Fn(&str) -> bool) -> String {
+    let mut text = String::new();
+    let deadline = Instant::now() + DEADLINE;
+    while !done(&text) {
+        let chunk = tokio::time::timeout_at(deadline.into(), res.chunk())
+            .await
+            .expect("a comment within the deadline")
+            .unwrap()
+            .expect("the stream stays open");
+        text.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    text
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_stream_gets_comment_lines() {
     let catalog = Catalog::start(|c| c.event_heartbeat = Duration::from_millis(200))
@@ -449,21 +465,9 @@ async fn an_idle_stream_gets_comment_lines() {
         .unwrap();
     assert_eq!(res.status(), 200);
     // Nothing changes, so the only thing that can arrive is the keep-alive comment.
-    let mut text = String::new();
-    let deadline = Instant::now() + DEADLINE;
-    let comments = loop {
-        let chunk = tokio::time::timeout_at(deadline.into(), res.chunk())
-            .await
-            .expect("a comment within the deadline")
-            .unwrap()
-            .expect("the stream stays open");
-        text.push_str(&String::from_utf8_lossy(&chunk));
-        let comments = text.lines().filter(|l| l.starts_with(':')).count();
-        if comments >= 2 {
-            break comments;
-        }
-    };
-    assert!(comments >= 2);
+    let comments = |text: &str| text.lines().filter(|l| l.starts_with(':')).count();
+    let text = read_until(&mut res, |text| comments(text) >= 2).await;
+    assert!(comments(&text) >= 2);
     // Comments only: no event was made up.
     assert!(
         text.lines().all(|l| l.is_empty() || l.starts_with(':')),
@@ -506,16 +510,7 @@ async fn a_filtered_stream_gets_comment_lines_while_other_clusters_change() {
             }
         })
     };
-    let mut text = String::new();
-    let deadline = Instant::now() + DEADLINE;
-    while !text.lines().any(|l| l.starts_with(':')) {
-        let chunk = tokio::time::timeout_at(deadline.into(), res.chunk())
-            .await
-            .expect("a comment within the deadline")
-            .unwrap()
-            .expect("the stream stays open");
-        text.push_str(&String::from_utf8_lossy(&chunk));
-    }
+    let text = read_until(&mut res, |text| text.lines().any(|l| l.starts_with(':'))).await;
     stop.send(true).unwrap();
     let writes = writer.await.unwrap();
     assert!(
