@@ -14,6 +14,8 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
 
 CLUSTERS=${CLUSTERS:-10000}
 ZONES=${ZONES:-20}
@@ -45,18 +47,7 @@ cleanup() {
 trap cleanup EXIT
 
 echo "==> starting the aggregator"
-RUST_LOG=warn,meshcat_aggregator=info "$bin" serve \
-    --api-addr 127.0.0.1:0 --ops-addr 127.0.0.1:0 --quic-addr 127.0.0.1:0 \
-    --data-dir "$work/data" --log-format json 2>"$work/log" &
-pid=$!
-api=""
-for _ in $(seq 1 200); do
-    api=$(grep -o '"api":"[^"]*"' "$work/log" | head -1 | cut -d'"' -f4 || true)
-    [ -n "$api" ] && break
-    sleep 0.05
-done
-[ -n "$api" ] || { echo "aggregator did not start"; cat "$work/log"; exit 1; }
-echo "api: http://$api (pid $pid)"
+start_aggregator "$bin"
 
 echo "==> registering $CLUSTERS clusters in $ZONES zones with $WRITERS concurrent writers"
 "$target/release/meshcat-bench-writes" --api "http://$api" --writers "$WRITERS" \

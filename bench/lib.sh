@@ -1,0 +1,21 @@
+# Shared by the bench scripts (sourced, not run).
+
+# start_aggregator BINARY [FLAGS...]: starts `BINARY serve FLAGS` on free loopback
+# ports with its data in $work/data and its JSON log in $work/log, and waits until it
+# logs its API address. Sets pid and api; exits with the log when it does not start.
+start_aggregator() {
+    local binary=$1
+    shift
+    RUST_LOG=warn,meshcat_aggregator=info "$binary" serve "$@" \
+        --api-addr 127.0.0.1:0 --ops-addr 127.0.0.1:0 --quic-addr 127.0.0.1:0 \
+        --data-dir "$work/data" --log-format json 2>"$work/log" &
+    pid=$!
+    api=""
+    for _ in $(seq 1 200); do
+        api=$(grep -o '"api":"[^"]*"' "$work/log" | head -1 | cut -d'"' -f4 || true)
+        [ -n "$api" ] && break
+        sleep 0.05
+    done
+    [ -n "$api" ] || { echo "aggregator did not start"; cat "$work/log"; exit 1; }
+    echo "api: http://$api (pid $pid)"
+}
