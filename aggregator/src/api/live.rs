@@ -62,6 +62,21 @@ pub fn parse_wait(v: &str) -> Option<Duration> {
     Some(d.min(MAX_WAIT))
 }
 
+/// Sets `slot` from query parameter `name`: one unsigned integer, given once.
+fn set_once_u64(name: &str, v: &str, slot: &mut Option<u64>) -> Result<(), ApiError> {
+    let n = v
+        .parse::<u64>()
+        .ok()
+        .filter(|_| slot.is_none())
+        .ok_or_else(|| {
+            ApiError::bad_query(format!(
+                "Query parameter {name} must be one unsigned integer."
+            ))
+        })?;
+    *slot = Some(n);
+    Ok(())
+}
+
 /// Takes `index` and `wait` out of a query; returns them and what is left.
 #[allow(clippy::type_complexity)]
 fn split_blocking(raw: &str) -> Result<(Option<u64>, Option<Duration>, String), ApiError> {
@@ -70,16 +85,7 @@ fn split_blocking(raw: &str) -> Result<(Option<u64>, Option<Duration>, String), 
     let mut rest = form_urlencoded::Serializer::new(String::new());
     for (k, v) in form_urlencoded::parse(raw.as_bytes()) {
         match k.as_ref() {
-            "index" => {
-                let n = v
-                    .parse::<u64>()
-                    .ok()
-                    .filter(|_| index.is_none())
-                    .ok_or_else(|| {
-                        ApiError::bad_query("Query parameter index must be one unsigned integer.")
-                    })?;
-                index = Some(n);
-            }
+            "index" => set_once_u64("index", &v, &mut index)?,
             "wait" => {
                 let d = parse_wait(&v).filter(|_| wait.is_none()).ok_or_else(|| {
                     ApiError::bad_query(
@@ -234,14 +240,7 @@ pub async fn events(
             "zoneName" => &mut filter.zone,
             "clusterName" => &mut filter.cluster,
             _ => {
-                let n = v
-                    .parse::<u64>()
-                    .ok()
-                    .filter(|_| since.is_none())
-                    .ok_or_else(|| {
-                        ApiError::bad_query("Query parameter since must be one unsigned integer.")
-                    })?;
-                since = Some(n);
+                set_once_u64("since", &v, &mut since)?;
                 continue;
             }
         };
