@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 
 use crate::envoy::Process;
-use crate::scenario::free_port;
+use crate::ports::free_port;
 use crate::wait_for;
 
 /// How long a member (or the cluster) gets to answer `/health`.
@@ -189,19 +189,34 @@ impl EtcdCluster {
         Ok(())
     }
 
+    /// Waits until member `i` answers `/health` with `true`. A member that exits
+    /// (a port taken, a bad flag) fails at once; either failure quotes its log.
     async fn wait_healthy(&self, i: usize) -> anyhow::Result<()> {
-        let url = format!("http://127.0.0.1:{}/health", self.members[i].metrics_port);
-        let log = &self.members[i].log_file;
-        wait_for(
-            &format!("etcd member {i} healthy (log {})", log.display()),
+        let m = &self.members[i];
+        let url = format!("http://127.0.0.1:{}/health", m.metrics_port);
+        let waited = wait_for(
+            &format!("etcd member {i} healthy"),
             HEALTH_DEADLINE,
             || async {
+                if let Some(status) = m.process.as_ref().and_then(|p| p.exit_status()) {
+                    return Some(Err(status));
+                }
                 let r = self.http.get(&url).send().await.ok()?;
                 let v: serde_json::Value = r.json().await.ok()?;
-                (v["health"] == "true").then_some(())
+                (v["health"] == "true").then_some(Ok(()))
             },
         )
-        .await
+        .await;
+        let failure = match waited {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(status)) => format!("etcd member {i} exited ({status})"),
+            Err(timeout) => timeout.to_string(),
+        };
+        bail!(
+            "{failure}; the end of its log {}:\n{}",
+            m.log_file.display(),
+            log_tail(&m.log_file)
+        )
     }
 
     /// `host:port` of every member's client URL.
@@ -248,4 +263,11 @@ impl EtcdCluster {
         }
         Ok(())
     }
+}
+
+/// The last lines of a log, for an error message.
+fn log_tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(15)..].join("\n")
 }

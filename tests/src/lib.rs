@@ -6,7 +6,8 @@
 //! runs the real failure scenarios of `diagnose/scenarios/` ([`scenario`]), and runs
 //! a real three-member etcd cluster ([`etcd`]) with aggregator replicas as processes
 //! on it ([`replicas`]), reads `GET /events` streams ([`sse`]), and drives the
-//! dashboard in a real browser ([`browser`]).
+//! dashboard in a real browser ([`browser`]). Processes told their ports up front
+//! take them from [`ports`].
 
 pub mod bootstrap;
 pub mod browser;
@@ -14,6 +15,7 @@ pub mod certs;
 pub mod envoy;
 pub mod etcd;
 pub mod mesh;
+pub mod ports;
 pub mod replicas;
 pub mod scenario;
 pub mod sse;

@@ -14,18 +14,11 @@ use serde_json::Value;
 
 use meshcat_aggregator::api::forward::Peers;
 
-use crate::scenario::free_port;
+use crate::ports::free_port;
 use crate::wait_for;
 
 /// How long a replica gets to become ready (it loads the catalog from etcd first).
 pub const READY_DEADLINE: Duration = Duration::from_secs(30);
-
-/// A UDP port free now on 127.0.0.1.
-fn free_udp_port() -> anyhow::Result<u16> {
-    Ok(std::net::UdpSocket::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
 
 /// One replica process.
 #[derive(Debug)]
@@ -164,7 +157,7 @@ impl Replicas {
         let i = self.replicas.len();
         let api = SocketAddr::from(([127, 0, 0, 1], free_port()?));
         let ops = SocketAddr::from(([127, 0, 0, 1], free_port()?));
-        let quic = SocketAddr::from(([127, 0, 0, 1], free_udp_port()?));
+        let quic = SocketAddr::from(([127, 0, 0, 1], free_port()?));
         let mut args: Vec<String> = vec![
             "serve".into(),
             "--dev".into(),

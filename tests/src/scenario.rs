@@ -14,6 +14,7 @@ use serde_json::Value;
 
 use crate::certs::MeshCerts;
 use crate::envoy::{Process, envoy_binary, next_base_id, shared_memory_file};
+use crate::ports::free_port;
 use crate::upstream::Upstream;
 use crate::wait_for;
 
@@ -43,13 +44,6 @@ pub fn scenarios_dir() -> PathBuf {
 /// `tests/scenarios/`: scenarios run live only, without captured fixtures.
 pub fn live_scenarios_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios")
-}
-
-/// A port free now on 127.0.0.1 (bound to port 0, then released).
-pub fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
 }
 
 /// One running sidecar of a scenario.

@@ -9,7 +9,8 @@ mod e2e_diagnose_support;
 use std::time::{Duration, Instant};
 
 use e2e_diagnose_support::*;
-use meshcat_tests::scenario::{Scenario, free_port};
+use meshcat_tests::ports::free_port;
+use meshcat_tests::scenario::Scenario;
 use serde_json::{Value, json};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use meshcat_tests::scenario::free_port;
+use meshcat_tests::ports::free_port;
 use meshcat_tests::{Catalog, MeshAgent, Sidecar, wait_for};
 use serde_json::{Value, json};
 
