@@ -32,8 +32,24 @@ pub fn status_index(s: Status) -> usize {
 }
 
 fn count_in(map: &mut BTreeMap<String, u64>, key: &str) {
-    if !key.is_empty() {
-        *map.entry(key.to_owned()).or_default() += 1;
+    if key.is_empty() {
+        return;
+    }
+    // The name is copied only the first time it is counted.
+    match map.get_mut(key) {
+        Some(n) => *n += 1,
+        None => {
+            map.insert(key.to_owned(), 1);
+        }
+    }
+}
+
+/// Adds names to a set, copying only those it does not hold yet.
+fn union_into<'a>(set: &mut BTreeSet<String>, names: impl Iterator<Item = &'a String>) {
+    for name in names {
+        if !set.contains(name.as_str()) {
+            set.insert(name.clone());
+        }
     }
 }
 
@@ -144,8 +160,8 @@ impl OverallTotals {
         s.cluster_warning_count += agg.by_status[1];
         s.cluster_down_count += agg.by_status[2];
         s.instance_count += agg.instances;
-        self.owners.extend(agg.owners().cloned());
-        self.capabilities.extend(agg.capabilities().cloned());
+        union_into(&mut self.owners, agg.owners());
+        union_into(&mut self.capabilities, agg.capabilities());
     }
 
     /// The summed metadata, owners and capabilities in order.

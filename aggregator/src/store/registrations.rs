@@ -123,39 +123,98 @@ impl Refusal {
 
 /// Shows committed batches in memory in their commit order, whichever caller thread
 /// wakes first: two writes of one record committed together must not show swapped.
-#[derive(Debug, Default)]
-pub(super) struct Sequencer {
-    /// The last commit sequence number shown.
-    shown: Mutex<u64>,
+///
+/// Flat combining: a caller leaves its batch waiting under its sequence number, and
+/// whichever caller finds the next number waiting shows every consecutive batch
+/// waiting, then wakes the others once. The callers of one group commit (up to
+/// 64 batches answered together) therefore wake about once each, instead of once for
+/// every commit shown before theirs.
+#[derive(Debug)]
+pub(super) struct Sequencer<T = Arc<Vec<Change>>> {
+    state: Mutex<SequencerState<T>>,
     turn: Condvar,
+}
+
+#[derive(Debug)]
+struct SequencerState<T> {
+    /// The last commit sequence number shown.
+    shown: u64,
+    /// Batches committed and not shown yet, by sequence number.
+    waiting: std::collections::BTreeMap<u64, T>,
+    /// A caller is showing waiting batches (outside the lock).
+    showing: bool,
+}
+
+impl<T> Default for Sequencer<T> {
+    fn default() -> Self {
+        Sequencer {
+            state: Mutex::new(SequencerState {
+                shown: 0,
+                waiting: Default::default(),
+                showing: false,
+            }),
+            turn: Condvar::new(),
+        }
+    }
 }
 
 /// Marks a sequence number shown even when showing it panicked, so later commits are
 /// never stuck behind it.
-struct Shown<'a> {
-    seq: &'a Sequencer,
+struct Shown<'a, T> {
+    seq: &'a Sequencer<T>,
     n: u64,
 }
 
-impl Drop for Shown<'_> {
+impl<T> Drop for Shown<'_, T> {
     fn drop(&mut self) {
-        let mut shown = self.seq.shown.lock().unwrap_or_else(|p| p.into_inner());
-        *shown = (*shown).max(self.n);
-        drop(shown);
+        let mut st = self.seq.lock();
+        st.shown = st.shown.max(self.n);
+    }
+}
+
+/// Ends a caller's showing run, also when showing panicked, and wakes the waiters.
+struct Showing<'a, T> {
+    seq: &'a Sequencer<T>,
+}
+
+impl<T> Drop for Showing<'_, T> {
+    fn drop(&mut self) {
+        self.seq.lock().showing = false;
         self.seq.turn.notify_all();
     }
 }
 
-impl Sequencer {
-    /// Runs `f` once every commit before `n` was shown.
-    fn in_turn<T>(&self, n: u64, f: impl FnOnce() -> T) -> T {
-        let mut shown = self.shown.lock().unwrap_or_else(|p| p.into_inner());
-        while *shown + 1 < n {
-            shown = self.turn.wait(shown).unwrap_or_else(|p| p.into_inner());
+impl<T> Sequencer<T> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, SequencerState<T>> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Shows batch `n` with `show` after every batch before it, and returns once it is
+    /// shown (by this caller or another).
+    fn show_in_turn(&self, n: u64, batch: T, show: impl Fn(&T)) {
+        let mut st = self.lock();
+        st.waiting.insert(n, batch);
+        while st.shown < n {
+            if st.showing || !st.waiting.contains_key(&(st.shown + 1)) {
+                st = self.turn.wait(st).unwrap_or_else(|p| p.into_inner());
+                continue;
+            }
+            st.showing = true;
+            drop(st);
+            let run = Showing { seq: self };
+            loop {
+                let mut locked = self.lock();
+                let next = locked.shown + 1;
+                let Some(batch) = locked.waiting.remove(&next) else {
+                    break;
+                };
+                drop(locked);
+                let _shown = Shown { seq: self, n: next };
+                show(&batch);
+            }
+            drop(run);
+            st = self.lock();
         }
-        drop(shown);
-        let _done = Shown { seq: self, n };
-        f()
     }
 }
 
@@ -169,8 +228,11 @@ impl Store {
             Ok(Outcome::Refused { index, error }) => Err((index, error.into())),
             Ok(Outcome::Committed { changes, .. }) if self.registrations.followed() => Ok(changes),
             Ok(Outcome::Committed { seq, changes }) => {
-                self.sequencer.in_turn(seq, || self.apply_changes(&changes));
-                Ok(changes)
+                let changes = Arc::new(changes);
+                self.sequencer
+                    .show_in_turn(seq, changes.clone(), |c| self.apply_changes(c));
+                // Whoever showed the batch has dropped its copy by now.
+                Ok(Arc::try_unwrap(changes).unwrap_or_else(|shared| (*shared).clone()))
             }
         }
     }
@@ -390,18 +452,42 @@ mod tests {
 
     #[test]
     fn the_sequencer_shows_commits_in_order() {
-        let seq = Arc::new(Sequencer::default());
-        let order = Arc::new(Mutex::new(Vec::new()));
-        let threads: Vec<_> = (1..=8u64)
-            .rev()
-            .map(|n| {
-                let (seq, order) = (seq.clone(), order.clone());
-                std::thread::spawn(move || seq.in_turn(n, || order.lock().unwrap().push(n)))
-            })
-            .collect();
-        for t in threads {
-            t.join().unwrap();
+        for _ in 0..50 {
+            let seq = Arc::new(Sequencer::<u64>::default());
+            let order = Arc::new(Mutex::new(Vec::new()));
+            let threads: Vec<_> = (1..=64u64)
+                .rev()
+                .map(|n| {
+                    let (seq, order) = (seq.clone(), order.clone());
+                    std::thread::spawn(move || {
+                        seq.show_in_turn(n, n, |b| order.lock().unwrap().push(*b));
+                        // Returned: its own batch is shown.
+                        assert!(order.lock().unwrap().contains(&n));
+                    })
+                })
+                .collect();
+            for t in threads {
+                t.join().unwrap();
+            }
+            assert_eq!(*order.lock().unwrap(), (1..=64).collect::<Vec<_>>());
         }
-        assert_eq!(*order.lock().unwrap(), (1..=8).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_batch_whose_showing_panicked_does_not_stop_the_next() {
+        let seq = Arc::new(Sequencer::<u64>::default());
+        let shown = Arc::new(Mutex::new(Vec::new()));
+        let first = {
+            let (seq, shown) = (seq.clone(), shown.clone());
+            std::thread::spawn(move || {
+                seq.show_in_turn(1, 1, |b| {
+                    shown.lock().unwrap().push(*b);
+                    panic!("showing failed");
+                })
+            })
+        };
+        assert!(first.join().is_err());
+        seq.show_in_turn(2, 2, |b| shown.lock().unwrap().push(*b));
+        assert_eq!(*shown.lock().unwrap(), vec![1, 2]);
     }
 }
