@@ -19,7 +19,7 @@ use super::AppState;
 use super::auth::{Caller, Writer};
 use super::error::ApiError;
 use super::query::{self, ClusterFilter};
-use crate::store::{Cached, CachedKind, MetricsLookup, Store, StoreError};
+use crate::store::{Cached, CachedKind, Change, MetricsLookup, Store, StoreError, Write};
 
 type Shared = State<Arc<AppState>>;
 
@@ -99,6 +99,16 @@ async fn blocking<T: Send + 'static>(
             Err(ApiError::internal())
         }
     }
+}
+
+/// Commits one registration write; the task waits for the durable commit without
+/// holding a thread.
+async fn write_one(store: &Arc<Store>, w: Write) -> Result<Change, ApiError> {
+    let mut changes = store
+        .commit_async(vec![w])
+        .await
+        .map_err(|(_, e)| ApiError::from(e))?;
+    Ok(changes.swap_remove(0))
 }
 
 fn json_bytes(body: bytes::Bytes) -> Response {
@@ -201,7 +211,9 @@ pub async fn create_cluster(
         let r: ClusterRecord = serde_json::from_value(body)
             .map_err(|e| ApiError::invalid(format!("The body does not fit the record: {e}.")))?;
         check_cluster(&r)?;
-        let stored = blocking(&s.store, move |st| st.create_cluster(r)).await?;
+        let stored = write_one(&s.store, Write::CreateCluster(r))
+            .await?
+            .into_cluster();
         info!(zone = %stored.zone_name, cluster = %stored.cluster_name, "Cluster registered.");
         return Ok((StatusCode::CREATED, Json(stored)).into_response());
     };
@@ -218,13 +230,11 @@ pub async fn create_cluster(
         validate::cluster(&r).map_err(|e| ApiError::invalid(format!("Record {i}: {}", e.0)))?;
         records.push(r);
     }
-    let store = s.store.clone();
-    let stored = tokio::task::spawn_blocking(move || store.create_clusters(records))
+    let batch = records.into_iter().map(Write::CreateCluster).collect();
+    let stored: Vec<ClusterRecord> = s
+        .store
+        .commit_async(batch)
         .await
-        .map_err(|e| {
-            error!(error = %e, "Registration task failed.");
-            ApiError::internal()
-        })?
         .map_err(|(i, e)| {
             let mut e = ApiError::from(e);
             if !matches!(
@@ -234,7 +244,10 @@ pub async fn create_cluster(
                 e.message = format!("Record {i}: {}", e.message);
             }
             e
-        })?;
+        })?
+        .into_iter()
+        .map(Change::into_cluster)
+        .collect();
     info!(clusters = stored.len(), "Clusters registered in bulk.");
     Ok((StatusCode::CREATED, Json(stored)).into_response())
 }
@@ -281,7 +294,9 @@ pub async fn replace_cluster(
             r.zone_name
         )));
     }
-    let stored = blocking(&s.store, move |st| st.replace_cluster(r)).await?;
+    let stored = write_one(&s.store, Write::ReplaceCluster(r))
+        .await?
+        .into_cluster();
     info!(zone = %stored.zone_name, cluster = %stored.cluster_name, "Cluster replaced.");
     Ok(Json(stored))
 }
@@ -298,7 +313,11 @@ pub async fn delete_cluster(
             "Query parameter zoneName is required to delete a cluster.",
         ));
     };
-    let deleted = blocking(&s.store, move |st| st.delete_cluster(&zone, &name)).await?;
+    let w = Write::DeleteCluster {
+        zone,
+        cluster: name,
+    };
+    let deleted = write_one(&s.store, w).await?.into_cluster();
     info!(zone = %deleted.zone_name, cluster = %deleted.cluster_name, "Cluster deleted.");
     Ok(Json(deleted))
 }
@@ -415,7 +434,9 @@ pub async fn delete_zone(
 ) -> Result<Json<ZoneRecord>, ApiError> {
     check_path_name("zoneName", &name)?;
     no_query(q.as_deref())?;
-    let deleted = blocking(&s.store, move |st| st.delete_zone(&name)).await?;
+    let deleted = write_one(&s.store, Write::DeleteZone(name))
+        .await?
+        .into_zone();
     info!(zone = %deleted.zone_name, "Zone deleted with its clusters.");
     Ok(Json(deleted))
 }

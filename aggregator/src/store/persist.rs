@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, mpsc};
 use meshcat_common::model::{ClusterRecord, ZoneRecord};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
-use super::registrations::{Change, Loaded, Outcome, Refusal, Registrations, Write};
+use super::registrations::{Change, Done, Loaded, Outcome, Refusal, Registrations, Write};
 
 /// Zones by zoneName; values are the JSON of the record.
 const ZONES: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("zones");
@@ -78,7 +78,7 @@ impl Drop for RedbRegistrations {
 }
 
 /// One writer's batch and where its outcome goes.
-type Job = (Vec<Write>, mpsc::SyncSender<Result<Outcome, PersistError>>);
+type Job = (Vec<Write>, Done);
 
 /// Most batches committed in one transaction.
 const MAX_GROUP: usize = 4096;
@@ -149,13 +149,13 @@ fn commit_loop(db: &Database, jobs: &mpsc::Receiver<Job>) {
                         }
                         Err((index, error)) => Outcome::Refused { index, error },
                     };
-                    let _ = reply.send(Ok(outcome));
+                    reply(Ok(outcome));
                 }
             }
             Err(e) => {
                 let why = e.to_string();
                 for (_, reply) in group {
-                    let _ = reply.send(Err(PersistError::Group(why.clone())));
+                    reply(Err(PersistError::Group(why.clone())));
                 }
             }
         }
@@ -271,6 +271,10 @@ fn apply_batch(
     Ok(Ok(changes))
 }
 
+fn stopped() -> PersistError {
+    PersistError::Group("the committer has stopped".into())
+}
+
 impl Registrations for RedbRegistrations {
     fn load(&self) -> Result<Loaded, PersistError> {
         let tx = self.db.begin_read().map_err(redb::Error::from)?;
@@ -288,15 +292,20 @@ impl Registrations for RedbRegistrations {
 
     fn commit(&self, batch: Vec<Write>) -> Result<Outcome, PersistError> {
         let (reply, outcome) = mpsc::sync_channel(1);
-        let stopped = || PersistError::Group("the committer has stopped".into());
-        let sent = match &*self.queue.lock().unwrap_or_else(|p| p.into_inner()) {
-            Some(queue) => queue.send((batch, reply)).is_ok(),
-            None => false,
-        };
-        if !sent {
-            return Err(stopped());
-        }
+        let done: Done = Box::new(move |r| {
+            let _ = reply.send(r);
+        });
+        self.submit(batch, done).map_err(|_| stopped())?;
         outcome.recv().map_err(|_| stopped())?
+    }
+
+    fn submit(&self, batch: Vec<Write>, done: Done) -> Result<(), (Vec<Write>, Done)> {
+        match &*self.queue.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(queue) => queue
+                .send((batch, done))
+                .map_err(|mpsc::SendError(job)| job),
+            None => Err((batch, done)),
+        }
     }
 }
 

@@ -44,6 +44,24 @@ pub enum Change {
     DeleteCluster(ClusterRecord),
 }
 
+impl Change {
+    /// The record a cluster write committed (created, replaced or deleted).
+    pub fn into_cluster(self) -> ClusterRecord {
+        match self {
+            Change::PutCluster(c) | Change::DeleteCluster(c) => c,
+            other => unreachable!("a cluster write committed {other:?}"),
+        }
+    }
+
+    /// The record a zone write committed (created or deleted).
+    pub fn into_zone(self) -> ZoneRecord {
+        match self {
+            Change::PutZone(z) | Change::DeleteZone(z) => z,
+            other => unreachable!("a zone write committed {other:?}"),
+        }
+    }
+}
+
 /// What a backend did with one batch.
 #[derive(Debug)]
 pub enum Outcome {
@@ -75,6 +93,9 @@ impl From<Refusal> for StoreError {
     }
 }
 
+/// Where a submitted batch's outcome goes; called once, on the backend's committer.
+pub type Done = Box<dyn FnOnce(Result<Outcome, PersistError>) + Send>;
+
 /// Everything stored, as read at start.
 #[derive(Debug, Default)]
 pub struct Loaded {
@@ -92,6 +113,13 @@ pub trait Registrations: Send + Sync + fmt::Debug {
     /// Checks and commits `batch` all or nothing. A backend may commit several
     /// callers' batches in one transaction, each still all or nothing.
     fn commit(&self, batch: Vec<Write>) -> Result<Outcome, PersistError>;
+
+    /// Starts committing `batch` like [`Self::commit`] without blocking the caller:
+    /// `done` gets the outcome when the commit is over. A backend that cannot do this
+    /// gives both back, and the caller commits on a thread that may block.
+    fn submit(&self, batch: Vec<Write>, done: Done) -> Result<(), (Vec<Write>, Done)> {
+        Err((batch, done))
+    }
 
     /// Whether committed changes reach memory through the backend's own follower (a
     /// watch shared by every replica, applied in the backend's order) rather than
@@ -132,7 +160,10 @@ impl Refusal {
 #[derive(Debug)]
 pub(super) struct Sequencer<T = Arc<Vec<Change>>> {
     state: Mutex<SequencerState<T>>,
+    /// Wakes blocked callers when a showing run ends.
     turn: Condvar,
+    /// Wakes waiting tasks when a showing run ends (its value counts the runs).
+    runs: tokio::sync::watch::Sender<u64>,
 }
 
 #[derive(Debug)]
@@ -154,6 +185,7 @@ impl<T> Default for Sequencer<T> {
                 showing: false,
             }),
             turn: Condvar::new(),
+            runs: tokio::sync::watch::Sender::new(0),
         }
     }
 }
@@ -181,6 +213,7 @@ impl<T> Drop for Showing<'_, T> {
     fn drop(&mut self) {
         self.seq.lock().showing = false;
         self.seq.turn.notify_all();
+        self.seq.runs.send_modify(|n| *n = n.wrapping_add(1));
     }
 }
 
@@ -201,39 +234,141 @@ impl<T> Sequencer<T> {
             }
             st.showing = true;
             drop(st);
-            let run = Showing { seq: self };
-            loop {
-                let mut locked = self.lock();
-                let next = locked.shown + 1;
-                let Some(batch) = locked.waiting.remove(&next) else {
-                    break;
-                };
-                drop(locked);
-                let _shown = Shown { seq: self, n: next };
-                show(&batch);
-            }
-            drop(run);
+            self.show_run(&show);
             st = self.lock();
         }
     }
+
+    /// [`Self::show_in_turn`] for a task: it waits without blocking its thread (a
+    /// run it shows itself runs on its thread).
+    async fn show_in_turn_async(&self, n: u64, batch: T, show: impl Fn(&T)) {
+        self.lock().waiting.insert(n, batch);
+        loop {
+            // Subscribed before the check, so a run ending after it wakes this task.
+            let mut runs = self.runs.subscribe();
+            {
+                let mut st = self.lock();
+                if st.shown >= n {
+                    return;
+                }
+                if !st.showing && st.waiting.contains_key(&(st.shown + 1)) {
+                    st.showing = true;
+                    drop(st);
+                    self.show_run(&show);
+                    continue;
+                }
+            }
+            // The sender lives in `self`: `changed` cannot fail while it is borrowed.
+            let _ = runs.changed().await;
+        }
+    }
+
+    /// Shows every consecutive waiting batch; the caller has set `showing`.
+    fn show_run(&self, show: &impl Fn(&T)) {
+        let _run = Showing { seq: self };
+        loop {
+            let mut locked = self.lock();
+            let next = locked.shown + 1;
+            let Some(batch) = locked.waiting.remove(&next) else {
+                break;
+            };
+            drop(locked);
+            let _shown = Shown { seq: self, n: next };
+            show(&batch);
+        }
+    }
+}
+
+/// A committed batch: shown already, or to be shown in its turn.
+enum Settled {
+    Shown(Vec<Change>),
+    InTurn(u64, Arc<Vec<Change>>),
+}
+
+/// The changes of a shown batch: whoever showed it has dropped its copy by then.
+fn unshare(changes: Arc<Vec<Change>>) -> Vec<Change> {
+    Arc::try_unwrap(changes).unwrap_or_else(|shared| (*shared).clone())
 }
 
 impl Store {
     /// Commits a batch durably, then shows it in memory in commit order. Blocks on
     /// the commit. A refusal carries the index of the refused write.
     pub fn commit(&self, batch: Vec<Write>) -> Result<Vec<Change>, (usize, StoreError)> {
-        match self.registrations.commit(batch) {
+        match self.settle(self.registrations.commit(batch))? {
+            Settled::Shown(changes) => Ok(changes),
+            Settled::InTurn(seq, changes) => {
+                self.sequencer
+                    .show_in_turn(seq, changes.clone(), |c| self.apply_changes(c));
+                Ok(unshare(changes))
+            }
+        }
+    }
+
+    /// [`Self::commit`] for a request task: with a backend that takes batches without
+    /// blocking (redb), the task waits for the commit and its turn without holding a
+    /// thread; otherwise the commit runs on the blocking pool. The commit and its
+    /// showing run in a task of their own, so a caller that goes away (a client
+    /// hanging up) cannot leave a committed batch unshown and the later ones waiting
+    /// behind it.
+    pub async fn commit_async(
+        self: &Arc<Self>,
+        batch: Vec<Write>,
+    ) -> Result<Vec<Change>, (usize, StoreError)> {
+        let store = Arc::clone(self);
+        tokio::spawn(async move { store.commit_in_task(batch).await })
+            .await
+            .unwrap_or_else(|e| {
+                let why = format!("registration task failed: {e}");
+                Err((0, StoreError::Storage(PersistError::Group(why))))
+            })
+    }
+
+    async fn commit_in_task(
+        self: Arc<Self>,
+        batch: Vec<Write>,
+    ) -> Result<Vec<Change>, (usize, StoreError)> {
+        let (reply, outcome) = tokio::sync::oneshot::channel();
+        let done: Done = Box::new(move |r| {
+            let _ = reply.send(r);
+        });
+        let outcome = match self.registrations.submit(batch, done) {
+            Ok(()) => outcome
+                .await
+                .unwrap_or_else(|_| Err(PersistError::Group("the committer has stopped".into()))),
+            Err((batch, _)) => {
+                return tokio::task::spawn_blocking(move || self.commit(batch))
+                    .await
+                    .unwrap_or_else(|e| {
+                        let why = format!("registration task failed: {e}");
+                        Err((0, StoreError::Storage(PersistError::Group(why))))
+                    });
+            }
+        };
+        match self.settle(outcome)? {
+            Settled::Shown(changes) => Ok(changes),
+            Settled::InTurn(seq, changes) => {
+                self.sequencer
+                    .show_in_turn_async(seq, changes.clone(), |c| self.apply_changes(c))
+                    .await;
+                Ok(unshare(changes))
+            }
+        }
+    }
+
+    /// What a backend's outcome leaves to do: nothing (refused, or shown by the
+    /// backend's follower), or showing the batch in its turn.
+    fn settle(
+        &self,
+        outcome: Result<Outcome, PersistError>,
+    ) -> Result<Settled, (usize, StoreError)> {
+        match outcome {
             Err(PersistError::Unavailable(m)) => Err((0, StoreError::Unavailable(m))),
             Err(e) => Err((0, StoreError::Storage(e))),
             Ok(Outcome::Refused { index, error }) => Err((index, error.into())),
-            Ok(Outcome::Committed { changes, .. }) if self.registrations.followed() => Ok(changes),
-            Ok(Outcome::Committed { seq, changes }) => {
-                let changes = Arc::new(changes);
-                self.sequencer
-                    .show_in_turn(seq, changes.clone(), |c| self.apply_changes(c));
-                // Whoever showed the batch has dropped its copy by now.
-                Ok(Arc::try_unwrap(changes).unwrap_or_else(|shared| (*shared).clone()))
+            Ok(Outcome::Committed { changes, .. }) if self.registrations.followed() => {
+                Ok(Settled::Shown(changes))
             }
+            Ok(Outcome::Committed { seq, changes }) => Ok(Settled::InTurn(seq, Arc::new(changes))),
         }
     }
 
@@ -244,23 +379,19 @@ impl Store {
 
     /// Registers a zone. Blocks on the durable commit.
     pub fn create_zone(&self, z: ZoneRecord) -> Result<ZoneRecord, StoreError> {
-        match self.commit_one(Write::CreateZone(z))? {
-            Change::PutZone(z) => Ok(z),
-            other => unreachable!("a zone creation committed {other:?}"),
-        }
+        Ok(self.commit_one(Write::CreateZone(z))?.into_zone())
     }
 
     /// Deletes a zone and its clusters. Blocks on the durable commit.
     pub fn delete_zone(&self, name: &str) -> Result<ZoneRecord, StoreError> {
-        match self.commit_one(Write::DeleteZone(name.to_owned()))? {
-            Change::DeleteZone(z) => Ok(z),
-            other => unreachable!("a zone deletion committed {other:?}"),
-        }
+        Ok(self
+            .commit_one(Write::DeleteZone(name.to_owned()))?
+            .into_zone())
     }
 
     /// Registers a cluster. Blocks on the durable commit.
     pub fn create_cluster(&self, c: ClusterRecord) -> Result<ClusterRecord, StoreError> {
-        Self::put(self.commit_one(Write::CreateCluster(c))?)
+        Ok(self.commit_one(Write::CreateCluster(c))?.into_cluster())
     }
 
     /// Registers clusters all or nothing, in one durable commit. A refusal carries the
@@ -270,25 +401,12 @@ impl Store {
         cs: Vec<ClusterRecord>,
     ) -> Result<Vec<ClusterRecord>, (usize, StoreError)> {
         let changes = self.commit(cs.into_iter().map(Write::CreateCluster).collect())?;
-        Ok(changes
-            .into_iter()
-            .filter_map(|c| match c {
-                Change::PutCluster(c) => Some(c),
-                _ => None,
-            })
-            .collect())
+        Ok(changes.into_iter().map(Change::into_cluster).collect())
     }
 
     /// Replaces a registered cluster. Blocks on the durable commit.
     pub fn replace_cluster(&self, c: ClusterRecord) -> Result<ClusterRecord, StoreError> {
-        Self::put(self.commit_one(Write::ReplaceCluster(c))?)
-    }
-
-    fn put(change: Change) -> Result<ClusterRecord, StoreError> {
-        match change {
-            Change::PutCluster(c) => Ok(c),
-            other => unreachable!("a cluster write committed {other:?}"),
-        }
+        Ok(self.commit_one(Write::ReplaceCluster(c))?.into_cluster())
     }
 
     /// Deletes a registered cluster. Blocks on the durable commit.
@@ -297,10 +415,7 @@ impl Store {
             zone: zone.to_owned(),
             cluster: cluster.to_owned(),
         };
-        match self.commit_one(w)? {
-            Change::DeleteCluster(c) => Ok(c),
-            other => unreachable!("a cluster deletion committed {other:?}"),
-        }
+        Ok(self.commit_one(w)?.into_cluster())
     }
 
     /// Shows committed changes in memory: this process's own writes after their

@@ -563,3 +563,66 @@ fn a_stored_report_reads_back_whole() {
     assert_eq!((i.requests_total, i.errors_5xx_total), (1500, 10));
     assert_eq!(i.clusters, Vec::new());
 }
+
+#[tokio::test]
+async fn a_write_whose_caller_goes_away_is_shown_and_later_writes_go_on() {
+    let (_d, s) = open();
+    let s = Arc::new(s);
+    s.create_zone(zone("z")).unwrap();
+    // The caller is dropped after the first poll, which hands the batch to the
+    // committer: a request whose client hung up mid-write.
+    let mut first = Box::pin(s.commit_async(vec![Write::CreateCluster(ClusterRecord::new(
+        "z", "a", "A",
+    ))]));
+    let polled = std::future::poll_fn(|cx| std::task::Poll::Ready(first.as_mut().poll(cx))).await;
+    assert!(
+        polled.is_pending(),
+        "a durable commit is not over at its first poll"
+    );
+    drop(first);
+    // The next write is shown after the abandoned one, so it can only finish once
+    // the abandoned one was shown.
+    let second = s.commit_async(vec![Write::CreateCluster(ClusterRecord::new(
+        "z", "b", "B",
+    ))]);
+    let changes = tokio::time::timeout(Duration::from_secs(30), second)
+        .await
+        .expect("a write after an abandoned one finishes")
+        .unwrap();
+    assert_eq!(changes.len(), 1);
+    assert!(s.record("z", "a").is_some(), "the abandoned write is shown");
+    assert!(s.record("z", "b").is_some());
+}
+
+#[tokio::test]
+async fn writes_from_tasks_and_threads_are_shown_in_commit_order() {
+    let (_d, s) = open();
+    let s = Arc::new(s);
+    s.create_zone(zone("z")).unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..64 {
+        let s = s.clone();
+        let c = ClusterRecord::new("z", &format!("c{i:02}"), "C");
+        if i % 2 == 0 {
+            tasks.push(tokio::spawn(async move {
+                s.commit_async(vec![Write::CreateCluster(c)]).await.unwrap();
+            }));
+        } else {
+            tasks.push(tokio::task::spawn_blocking(move || {
+                s.create_cluster(c).unwrap();
+            }));
+        }
+    }
+    for t in tasks {
+        tokio::time::timeout(Duration::from_secs(30), t)
+            .await
+            .expect("every write finishes")
+            .unwrap();
+    }
+    for i in 0..64 {
+        assert!(
+            s.record("z", &format!("c{i:02}")).is_some(),
+            "c{i:02} shown"
+        );
+    }
+}
