@@ -3,6 +3,7 @@
 //! instance budget, expiry past the TTL, the edge clusters reported per zone, and the
 //! [`Membership`] seam where a replica publishes the instances it owns.
 
+use std::cell::RefCell;
 use std::collections::{HashSet, VecDeque};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,7 +35,8 @@ pub(super) type InstanceKey = (String, String, String);
 #[derive(Debug, Clone)]
 pub struct LiveInstance {
     /// The agent that reports it; `agent_gone` drops only that agent's instances.
-    pub agent_id: String,
+    /// Shared by the instances of one report.
+    pub agent_id: Arc<str>,
     /// When the last report arrived, for the TTL.
     pub last_seen: Instant,
     /// Requests in the window between the last two reports.
@@ -53,7 +55,25 @@ pub struct LiveInstance {
 }
 
 impl LiveInstance {
-    fn new(agent_id: String, now: Instant, window: (u64, u64), report: &InstanceReport) -> Self {
+    /// The report is encoded into this thread's scratch buffer and copied out in one
+    /// allocation of its exact size: growing a fresh vector would reallocate it
+    /// several times per instance, and glibc malloc serves every request of 1 KiB or
+    /// more only after merging its freed small chunks.
+    fn new(agent_id: Arc<str>, now: Instant, window: (u64, u64), report: &InstanceReport) -> Self {
+        thread_local! {
+            static SCRATCH: RefCell<Vec<u8>> = RefCell::new(Vec::with_capacity(PACK_SCRATCH));
+        }
+        let packed = SCRATCH.with_borrow_mut(|scratch| {
+            scratch.clear();
+            // Positional MessagePack, as on the wire: a decoded report always encodes.
+            rmp_serde::encode::write(scratch, report).expect("an instance report encodes");
+            let packed = Box::from(scratch.as_slice());
+            // An outsized report does not keep its buffer.
+            if scratch.capacity() > 4 * PACK_SCRATCH {
+                *scratch = Vec::with_capacity(PACK_SCRATCH);
+            }
+            packed
+        });
         LiveInstance {
             agent_id,
             last_seen: now,
@@ -63,10 +83,7 @@ impl LiveInstance {
             start_time_ms: report.start_time_ms,
             requests_total: report.requests_total,
             errors_5xx_total: report.errors_5xx_total,
-            // Positional MessagePack, as on the wire: a decoded report always encodes.
-            packed: rmp_serde::to_vec(report)
-                .expect("an instance report encodes")
-                .into_boxed_slice(),
+            packed,
         }
     }
 
@@ -146,7 +163,7 @@ pub(super) struct Live {
 struct Bucket {
     first: Instant,
     last: Instant,
-    agents: Vec<String>,
+    agents: Vec<Arc<str>>,
 }
 
 /// How much time one bucket of the wheel spans: expiry is that much late at most.
@@ -156,13 +173,20 @@ const BUCKET_SPAN: Duration = Duration::from_millis(250);
 enum Put {
     /// Over the instance budget.
     Dropped,
-    /// Stored; `shown` when a reader sees the change, `previous` the agent that
-    /// reported the instance before, when another.
-    Done {
-        shown: bool,
-        previous: Option<String>,
-    },
+    /// Stored; `shown` when a reader sees the change.
+    Done { shown: bool, joined: Option<Joined> },
 }
+
+/// An instance the reporting agent did not report before: its name, and the agent
+/// that reported it until now, if any.
+struct Joined {
+    instance: String,
+    previous: Option<Arc<str>>,
+}
+
+/// Room for one packed instance report (about 500 bytes for a real-shaped one) in
+/// each thread's scratch buffer.
+const PACK_SCRATCH: usize = 2048;
 
 impl Live {
     /// Takes one more instance into the budget, or says it is full.
@@ -175,23 +199,23 @@ impl Live {
     }
 
     /// Notes that `agent` reported at `now`.
-    fn due(&self, agent: &str, now: Instant) {
+    fn due(&self, agent: &Arc<str>, now: Instant) {
         let mut wheel = self.wheel.lock().unwrap_or_else(|p| p.into_inner());
         match wheel.back_mut() {
             Some(b) if now.saturating_duration_since(b.first) < BUCKET_SPAN => {
                 b.last = b.last.max(now);
-                b.agents.push(agent.to_owned());
+                b.agents.push(agent.clone());
             }
             _ => wheel.push_back(Bucket {
                 first: now,
                 last: now,
-                agents: vec![agent.to_owned()],
+                agents: vec![agent.clone()],
             }),
         }
     }
 
     /// The agents of every bucket whose last report is older than `ttl`, once each.
-    fn take_due(&self, now: Instant, ttl: Duration) -> Vec<String> {
+    fn take_due(&self, now: Instant, ttl: Duration) -> Vec<Arc<str>> {
         let mut out = Vec::new();
         let mut wheel = self.wheel.lock().unwrap_or_else(|p| p.into_inner());
         while wheel
@@ -224,10 +248,15 @@ impl Store {
     /// run of snapshots that name it, and its status is recomputed from running sums.
     pub fn apply_reports(&self, agent_id: &str, reports: Vec<InstanceReport>, now: Instant) {
         let _st = shared(&self.state);
+        let agent: Arc<str> = Arc::from(agent_id);
         let mut visible = false;
+        let mut stored = false;
         let mut touched: Vec<Touch> = Vec::new();
-        let mut mine: Vec<InstanceKey> = Vec::with_capacity(reports.len());
-        let mut moved: Vec<(String, InstanceKey)> = Vec::new();
+        // Only instances new to this agent go into its set: the set already holds
+        // every instance whose stored agent is this one, so a steady report
+        // allocates no keys.
+        let mut joined: Vec<InstanceKey> = Vec::new();
+        let mut moved: Vec<(Arc<str>, InstanceKey)> = Vec::new();
         let mut reports = reports.into_iter().peekable();
         while let Some(first) = reports.next() {
             let zone = first.zone_name.clone();
@@ -238,15 +267,18 @@ impl Store {
             let mut shown_here = false;
             let mut report = Some(first);
             while let Some(r) = report.take() {
-                let key = (zone.clone(), cluster.clone(), r.instance.clone());
-                match self.put_instance(e, agent_id, r, now) {
+                match self.put_instance(e, &agent, r, now) {
                     Put::Dropped => {}
-                    Put::Done { shown, previous } => {
+                    Put::Done { shown, joined: j } => {
+                        stored = true;
                         shown_here |= shown;
-                        if let Some(p) = previous {
-                            moved.push((p, key.clone()));
+                        if let Some(j) = j {
+                            let key = (zone.clone(), cluster.clone(), j.instance);
+                            if let Some(p) = j.previous {
+                                moved.push((p, key.clone()));
+                            }
+                            joined.push(key);
                         }
-                        mine.push(key);
                     }
                 }
                 report = reports.next_if(|n| n.zone_name == zone && n.cluster_name == cluster);
@@ -262,17 +294,19 @@ impl Store {
             }
         }
         for (other, key) in moved {
-            if let Some(mut keys) = self.live.agents.get_mut(&other) {
+            if let Some(mut keys) = self.live.agents.get_mut(&*other) {
                 keys.remove(&key);
             }
         }
-        if !mine.is_empty() {
+        if !joined.is_empty() {
             self.live
                 .agents
                 .entry(agent_id.to_owned())
                 .or_default()
-                .extend(mine);
-            self.live.due(agent_id, now);
+                .extend(joined);
+        }
+        if stored {
+            self.live.due(&agent, now);
         }
         // Reports for clusters nobody registered move only `GET /services`: the
         // index, no event.
@@ -286,13 +320,13 @@ impl Store {
     fn put_instance(
         &self,
         e: &mut Entry,
-        agent_id: &str,
+        agent: &Arc<str>,
         report: InstanceReport,
         now: Instant,
     ) -> Put {
         let prev = e.instances.get(&report.instance);
         if prev.is_none() && !self.live.admit() {
-            warn!(%agent_id, zone = %report.zone_name, cluster = %report.cluster_name, instance = %report.instance, limit = MAX_INSTANCES, "Instance report dropped: too many instances.");
+            warn!(agent_id = %agent, zone = %report.zone_name, cluster = %report.cluster_name, instance = %report.instance, limit = MAX_INSTANCES, "Instance report dropped: too many instances.");
             return Put::Dropped;
         }
         let (window_requests, window_errors) = match prev {
@@ -308,15 +342,19 @@ impl Store {
             None => report.reachable,
             Some(p) => p.reachable != report.reachable || p.start_time_ms != report.start_time_ms,
         };
-        let previous = prev
-            .filter(|p| p.agent_id != agent_id)
-            .map(|p| p.agent_id.clone());
+        let joined = match prev {
+            Some(p) if p.agent_id == *agent => None,
+            _ => Some(Joined {
+                instance: report.instance.clone(),
+                previous: prev.map(|p| p.agent_id.clone()),
+            }),
+        };
         if let Some(m) = self.live.membership.get() {
             m.publish(Member {
                 zone: &report.zone_name,
                 cluster: &report.cluster_name,
                 instance: &report.instance,
-                agent_id,
+                agent_id: agent,
                 start_time_ms: report.start_time_ms,
                 reachable: report.reachable,
                 window_requests,
@@ -324,7 +362,7 @@ impl Store {
             });
         }
         let fresh = LiveInstance::new(
-            agent_id.to_owned(),
+            agent.clone(),
             now,
             (window_requests, window_errors),
             &report,
@@ -334,7 +372,7 @@ impl Store {
         if let Some(old) = e.instances.insert(name, fresh) {
             e.count(&old, false);
         }
-        Put::Done { shown, previous }
+        Put::Done { shown, joined }
     }
 
     /// Shows (or updates) an instance another replica owns. The shared store is the
@@ -350,7 +388,7 @@ impl Store {
             }
             let before = (e.status, e.live);
             let fresh = LiveInstance::new(
-                format!("{REMOTE}{}", r.owner),
+                Arc::from(format!("{REMOTE}{}", r.owner)),
                 Instant::now(),
                 (r.window_requests, r.window_errors),
                 &InstanceReport {
@@ -431,7 +469,7 @@ impl Store {
         let mut changed = false;
         let mut touched = Vec::new();
         for key in keys {
-            if self.drop_instance(&key, |i| i.agent_id == agent_id) {
+            if self.drop_instance(&key, |i| &*i.agent_id == agent_id) {
                 changed = true;
                 touched.extend(self.touch_if_registered(&key));
             }
@@ -442,7 +480,8 @@ impl Store {
     }
 
     /// Drops instances not reported within the TTL. Visits only the instances of the
-    /// agents whose reports fell due, never the whole catalog.
+    /// agents whose reports fell due, never the whole catalog, and copies the keys
+    /// of the stale ones only.
     pub fn expire(&self, now: Instant) {
         let ttl = self.rules.instance_ttl;
         let due = self.live.take_due(now, ttl);
@@ -450,30 +489,35 @@ impl Store {
             return;
         }
         let _st = shared(&self.state);
+        // Another replica's instances leave when its publication does.
+        let stale =
+            |i: &LiveInstance| !i.is_remote() && now.saturating_duration_since(i.last_seen) > ttl;
         let mut changed = false;
         let mut touched = Vec::new();
         for agent in due {
-            let keys: Vec<InstanceKey> = match self.live.agents.get(&agent) {
-                Some(keys) => keys.iter().cloned().collect(),
+            // Lock order: an agent's set, then the clusters map. No path holds a
+            // cluster entry while it waits for an agent's set.
+            let keys: Vec<InstanceKey> = match self.live.agents.get(&*agent) {
+                Some(keys) => keys
+                    .iter()
+                    .filter(|k| self.instance_is(k, stale))
+                    .cloned()
+                    .collect(),
                 None => continue,
             };
             for key in keys {
-                // Another replica's instances leave when its publication does.
-                let stale = |i: &LiveInstance| {
-                    !i.is_remote() && now.saturating_duration_since(i.last_seen) > ttl
-                };
                 if self.drop_instance(&key, stale) {
                     debug!(%agent, zone = %key.0, cluster = %key.1, instance = %key.2, "Instance expired.");
                     changed = true;
                     touched.extend(self.touch_if_registered(&key));
-                    if let Some(mut keys) = self.live.agents.get_mut(&agent) {
+                    if let Some(mut keys) = self.live.agents.get_mut(&*agent) {
                         keys.remove(&key);
                     }
                 }
             }
             self.live
                 .agents
-                .remove_if(&agent, |_, keys| keys.is_empty());
+                .remove_if(&*agent, |_, keys| keys.is_empty());
         }
         if changed {
             self.publish(&touched);
@@ -485,6 +529,16 @@ impl Store {
     fn touch_if_registered(&self, key: &InstanceKey) -> Option<Touch> {
         self.is_registered(&key.0, &key.1)
             .then(|| Touch::Cluster(key.0.clone(), key.1.clone()))
+    }
+
+    /// Whether the instance is stored and `cond` holds for it (read only).
+    fn instance_is(&self, key: &InstanceKey, cond: impl Fn(&LiveInstance) -> bool) -> bool {
+        self.clusters.get(&key.1).is_some_and(|by_zone| {
+            by_zone
+                .get(&key.0)
+                .and_then(|e| e.instances.get(&key.2))
+                .is_some_and(cond)
+        })
     }
 
     /// Removes one instance when `cond` holds; refreshes status and counters.
@@ -600,7 +654,7 @@ impl Store {
         self.clusters.get(cluster).and_then(|m| {
             m.get(zone)
                 .and_then(|e| e.instances.get(instance))
-                .map(|i| i.agent_id.clone())
+                .map(|i| i.agent_id.to_string())
         })
     }
 

@@ -270,6 +270,54 @@ fn the_reporter_of_an_instance_has_one_owner() {
     assert_eq!(s.totals().live_instances, 0);
 }
 
+/// A steady report adds nothing to its agent's set of instances; moves, expiry and
+/// reports after expiry must still leave every instance in the set of the agent
+/// that reports it, or it would never expire and outlive its agent.
+#[test]
+fn each_instance_stays_in_its_reporters_set_through_moves_and_expiry() {
+    let (_d, s) = open();
+    let t0 = Instant::now();
+    let at = |secs: u64| t0 + Duration::from_secs(secs);
+    s.apply_reports("a", vec![report("z", "c", "i", 0, 0)], at(0));
+    s.apply_reports("b", vec![report("z", "c", "i", 0, 0)], at(1));
+    // Back to the first agent, which reports it steadily for a while.
+    s.apply_reports("a", vec![report("z", "c", "i", 0, 0)], at(2));
+    s.apply_reports("a", vec![report("z", "c", "i", 0, 0)], at(3));
+    s.agent_gone("b");
+    assert_eq!(s.reporter("z", "c", "i").as_deref(), Some("a"));
+    // "a" goes on with "j" only: "i" expires from the agent's set.
+    for n in 1..=4 {
+        s.apply_reports("a", vec![report("z", "c", "j", 0, 0)], at(5 * n));
+        s.expire(at(5 * n));
+    }
+    assert_eq!(s.reporter("z", "c", "i"), None);
+    assert_eq!(s.totals().live_instances, 1);
+    // Reported again after it expired: the agent's departure takes it again.
+    s.apply_reports("a", vec![report("z", "c", "i", 0, 0)], at(21));
+    s.apply_reports("a", vec![report("z", "c", "i", 0, 0)], at(22));
+    assert_eq!(s.totals().live_instances, 2);
+    s.agent_gone("a");
+    assert_eq!(s.totals().live_instances, 0);
+    // And expiry takes it again when it is reported after expiring.
+    s.apply_reports("a", vec![report("z", "c", "k", 0, 0)], at(30));
+    s.expire(at(46));
+    assert_eq!(s.totals().live_instances, 0);
+    s.apply_reports("a", vec![report("z", "c", "k", 0, 0)], at(47));
+    s.apply_reports("a", vec![report("z", "c", "k", 0, 0)], at(48));
+    s.expire(at(62));
+    assert_eq!(s.totals().live_instances, 1, "reported within the TTL");
+    s.expire(at(64));
+    assert_eq!(s.totals().live_instances, 0);
+    // Moved for good: the new agent's departure takes it, the old one's does not.
+    s.apply_reports("a", vec![report("z", "c", "m", 0, 0)], at(70));
+    s.apply_reports("b", vec![report("z", "c", "m", 0, 0)], at(71));
+    s.apply_reports("b", vec![report("z", "c", "m", 0, 0)], at(72));
+    s.agent_gone("a");
+    assert_eq!(s.reporter("z", "c", "m").as_deref(), Some("b"));
+    s.agent_gone("b");
+    assert_eq!(s.totals().live_instances, 0);
+}
+
 #[test]
 fn remote_changes_show_like_local_ones() {
     let (_d, s) = open();
