@@ -214,12 +214,17 @@ pub async fn run(
     };
     let (stop_tx, stop_rx) = watch::channel(false);
 
+    let (loaded_tx, loaded) = tokio::sync::oneshot::channel();
     let scrapers = tokio::spawn(scrape::manage(
         agent.clone(),
         source,
         config.interval,
         stop_rx.clone(),
+        loaded_tx,
     ));
+    // The ops port and the reporter start with the first targets known: a command
+    // that arrives at once must not find "no sidecar" while the targets file loads.
+    let _ = loaded.await;
 
     let reporter = match reporter_config(&config, ops_addr.port())? {
         Some(rc) => {

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use meshcat_common::model::InstanceMetrics;
 use meshcat_common::wire::InstanceReport;
 use serde::Deserialize;
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tracing::{debug, error, info, warn};
 
@@ -304,13 +304,16 @@ fn fingerprint(path: &Path) -> Option<(SystemTime, u64)> {
 }
 
 /// Runs the scrapers of `source` until `stop` turns true, following the targets
-/// file when there is one.
+/// file when there is one. `loaded` fires once the first targets are set (or their
+/// file was refused), so that nothing is served before the agent knows its sidecars.
 pub async fn manage(
     agent: Agent,
     source: TargetSource,
     interval: Duration,
     mut stop: watch::Receiver<bool>,
+    loaded: oneshot::Sender<()>,
 ) {
+    let mut loaded = Some(loaded);
     let mut scrapers = Scrapers::default();
     let mut seen: Option<(SystemTime, u64)> = None;
     let mut first = true;
@@ -355,6 +358,9 @@ pub async fn manage(
             }
         }
         first = false;
+        if let Some(l) = loaded.take() {
+            let _ = l.send(());
+        }
         tokio::select! {
             _ = tokio::time::sleep(interval) => {}
             _ = stop.wait_for(|s| *s) => break,
