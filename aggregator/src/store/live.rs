@@ -56,9 +56,8 @@ pub struct LiveInstance {
 
 impl LiveInstance {
     /// The report is encoded into this thread's scratch buffer and copied out in one
-    /// allocation of its exact size: growing a fresh vector would reallocate it
-    /// several times per instance, and glibc malloc serves every request of 1 KiB or
-    /// more only after merging its freed small chunks.
+    /// allocation of its exact size, where growing a fresh vector would reallocate it
+    /// several times per instance.
     fn new(agent_id: Arc<str>, now: Instant, window: (u64, u64), report: &InstanceReport) -> Self {
         thread_local! {
             static SCRATCH: RefCell<Vec<u8>> = RefCell::new(Vec::with_capacity(PACK_SCRATCH));
