@@ -37,6 +37,13 @@ pub enum PersistError {
     Unavailable(String),
 }
 
+impl PersistError {
+    /// The committer is gone (the store is closing): the batch was not committed.
+    pub fn committer_stopped() -> Self {
+        PersistError::Group("the committer has stopped".into())
+    }
+}
+
 macro_rules! db_err {
     ($($t:ty),*) => {$(
         impl From<$t> for PersistError {
@@ -271,10 +278,6 @@ fn apply_batch(
     Ok(Ok(changes))
 }
 
-fn stopped() -> PersistError {
-    PersistError::Group("the committer has stopped".into())
-}
-
 impl Registrations for RedbRegistrations {
     fn load(&self) -> Result<Loaded, PersistError> {
         let tx = self.db.begin_read().map_err(redb::Error::from)?;
@@ -295,17 +298,24 @@ impl Registrations for RedbRegistrations {
         let done: Done = Box::new(move |r| {
             let _ = reply.send(r);
         });
-        self.submit(batch, done).map_err(|_| stopped())?;
-        outcome.recv().map_err(|_| stopped())?
+        self.submit(batch, done)
+            .map_err(|_| PersistError::committer_stopped())?;
+        outcome
+            .recv()
+            .map_err(|_| PersistError::committer_stopped())?
     }
 
+    /// Always takes the batch: with the committer gone, `done` hears so at once
+    /// (a blocking retry could only fail the same way).
     fn submit(&self, batch: Vec<Write>, done: Done) -> Result<(), (Vec<Write>, Done)> {
-        match &*self.queue.lock().unwrap_or_else(|p| p.into_inner()) {
-            Some(queue) => queue
-                .send((batch, done))
-                .map_err(|mpsc::SendError(job)| job),
-            None => Err((batch, done)),
+        let unsent = match &*self.queue.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(queue) => queue.send((batch, done)).err().map(|e| e.0.1),
+            None => Some(done),
+        };
+        if let Some(done) = unsent {
+            done(Err(PersistError::committer_stopped()));
         }
+        Ok(())
     }
 }
 

@@ -285,6 +285,12 @@ enum Settled {
     InTurn(u64, Arc<Vec<Change>>),
 }
 
+/// The answer of a registration whose task panicked or was cancelled.
+fn task_failed<T>(e: tokio::task::JoinError) -> Result<T, (usize, StoreError)> {
+    let why = format!("registration task failed: {e}");
+    Err((0, StoreError::Storage(PersistError::Group(why))))
+}
+
 /// The changes of a shown batch: whoever showed it has dropped its copy by then.
 fn unshare(changes: Arc<Vec<Change>>) -> Vec<Change> {
     Arc::try_unwrap(changes).unwrap_or_else(|shared| (*shared).clone())
@@ -317,10 +323,7 @@ impl Store {
         let store = Arc::clone(self);
         tokio::spawn(async move { store.commit_in_task(batch).await })
             .await
-            .unwrap_or_else(|e| {
-                let why = format!("registration task failed: {e}");
-                Err((0, StoreError::Storage(PersistError::Group(why))))
-            })
+            .unwrap_or_else(task_failed)
     }
 
     async fn commit_in_task(
@@ -334,14 +337,11 @@ impl Store {
         let outcome = match self.registrations.submit(batch, done) {
             Ok(()) => outcome
                 .await
-                .unwrap_or_else(|_| Err(PersistError::Group("the committer has stopped".into()))),
+                .unwrap_or_else(|_| Err(PersistError::committer_stopped())),
             Err((batch, _)) => {
                 return tokio::task::spawn_blocking(move || self.commit(batch))
                     .await
-                    .unwrap_or_else(|e| {
-                        let why = format!("registration task failed: {e}");
-                        Err((0, StoreError::Storage(PersistError::Group(why))))
-                    });
+                    .unwrap_or_else(task_failed);
             }
         };
         match self.settle(outcome)? {
