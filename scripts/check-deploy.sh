@@ -2,7 +2,12 @@
 # Checks deploy/kubernetes: schema validation (kubernetes-validate, strict, pinned
 # Kubernetes version), kustomize rendering when kubectl is present, every --flag and
 # MESHCAT_* setting against what the binaries accept, contract ports and probe paths,
-# and the Dockerfile's binaries. Prints one summary line; exits non-zero on any problem.
+# the Dockerfile's binaries, and the security defaults of contract section 10: tokens
+# and keys from Secrets, etcd on TLS with client certificates for clients and peers
+# (the HA overlay's aggregator with --etcd-ca-file, --etcd-cert, --etcd-key), and the
+# NetworkPolicies of the aggregator, the agent and etcd. Those last checks first run
+# on broken copies of the HA overlay (a self-test) and fail if one is not caught.
+# Prints one summary line; exits non-zero on any problem.
 #
 # Flags and settings are read from `--help` of the built debug binaries
 # (${CARGO_TARGET_DIR:-target}/debug/meshcat-{aggregator,agent}); when they are not

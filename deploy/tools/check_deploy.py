@@ -20,12 +20,26 @@ PyYAML). It checks, and reports every problem before failing:
    every key and token file, from Secret volumes; an agent whose ops port is not on
    loopback has an ops token from a Secret; an agent's zone is its pod's namespace
    (never a label or annotation the pod sets); no shipped manifest turns on
-   development mode or anonymous writes.
+   development mode or anonymous writes;
+7. etcd and NetworkPolicies (contract section 10), on every rendered kustomization:
+   an aggregator with `--store etcd://` has --etcd-ca-file, --etcd-cert and --etcd-key
+   from Secret volumes; every etcd container listens on https only (a plain-HTTP
+   --listen-metrics-urls for probes excepted), demands client certificates from
+   clients and peers (--client-cert-auth, --peer-client-cert-auth, both CA files,
+   keys from Secrets) and is not probed on its client port; overlays/ha runs the
+   aggregator on etcd; every kustomization that runs the aggregator, the agent
+   DaemonSet or etcd ships a NetworkPolicy selecting those pods: etcd's client port
+   admitted only from aggregator pods and its peer port only from etcd pods, the
+   aggregator's and the agent's pods admitting only their own ports, and the Envoy
+   admin template admitting the admin port only from agent pods. A self-test first
+   runs these checks on broken copies of the rendered HA overlay and fails when one
+   is not caught.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import re
 import subprocess
@@ -55,6 +69,18 @@ PROBES = {AGGREGATOR: {"readinessProbe": "/readyz", "livenessProbe": "/healthz"}
           AGENT: {"livenessProbe": "/healthz"}}
 OPS_PORT = {AGGREGATOR: 9091, AGENT: 9092}
 
+NAME_LABEL = "app.kubernetes.io/name"
+ETCD = "meshcat-etcd"
+# Ports each component's pods may admit through their NetworkPolicy.
+POLICY_PORTS = {AGGREGATOR: {(9080, "TCP"), (9443, "UDP"), (9091, "TCP")},
+                AGENT: {(9092, "TCP")}}
+ETCD_TLS_FLAGS = ["trusted-ca-file", "cert-file", "key-file",
+                  "peer-trusted-ca-file", "peer-cert-file", "peer-key-file"]
+ETCD_HTTPS_FLAGS = ["listen-client-urls", "advertise-client-urls", "listen-peer-urls",
+                    "initial-advertise-peer-urls"]
+ENVOY_ADMIN_PORT = 9901
+SCRAPE_LABEL = "meshcat.io/scrape"
+
 FLAG_RE = re.compile(r"(?<![\w-])--([a-z][a-z0-9-]*)")
 ENV_RE = re.compile(r"\bMESHCAT_[A-Z0-9_]+\b")
 
@@ -72,7 +98,8 @@ class Checker:
         self.problems.append(f"{where}: {msg}")
 
     def rel(self, p: Path) -> str:
-        return str(p.relative_to(self.root))
+        # Rendered kustomizations are keyed as <dir>/(rendered).
+        return str(p.relative_to(self.root)).replace("/(rendered)", " (rendered)")
 
     # 1. layout ---------------------------------------------------------------
     def layout(self) -> tuple[dict[Path, list[dict]], set[Path], list[Path]]:
@@ -165,20 +192,59 @@ class Checker:
                 self.counts["resources"] += 1
                 self.validate_doc(self.rel(f), doc, optional_ok=f not in default_reach)
 
-    def render(self, kdirs: list[Path], kubectl: str | None) -> None:
+    def render(self, kdirs: list[Path], kubectl: str | None) -> dict[Path, list[dict]]:
+        """Renders every kustomization; returns the documents of each. Without kubectl
+        a minimal renderer (resources and inline patches) feeds the checks of section
+        7, and schema validation of rendered output is skipped."""
+        rendered: dict[Path, list[dict]] = {}
         if not kubectl:
-            self.notes.append("kustomize render skipped (no kubectl)")
-            return
+            self.notes.append("kustomize render skipped (no kubectl); etcd and NetworkPolicy "
+                              "checks use resources and inline patches only")
+            for d in kdirs:
+                try:
+                    rendered[d] = self.render_minimal(d)
+                except (OSError, yaml.YAMLError, KeyError, TypeError) as e:
+                    self.fail(self.rel(d), f"cannot assemble the kustomization: {e}")
+            return rendered
         for d in kdirs:
             out = subprocess.run([kubectl, "kustomize", str(d)], capture_output=True, text=True)
             if out.returncode != 0:
                 self.fail(self.rel(d), f"kubectl kustomize failed: {out.stderr.strip()}")
                 continue
             optional_ok = d.resolve() != self.kroot.resolve()
-            for doc in yaml.safe_load_all(out.stdout):
-                if doc:
-                    self.counts["rendered"] += 1
-                    self.validate_doc(f"{self.rel(d)} (rendered)", doc, optional_ok)
+            docs = [doc for doc in yaml.safe_load_all(out.stdout) if doc]
+            rendered[d] = docs
+            for doc in docs:
+                self.counts["rendered"] += 1
+                self.validate_doc(f"{self.rel(d)} (rendered)", doc, optional_ok)
+        return rendered
+
+    def render_minimal(self, d: Path) -> list[dict]:
+        """A kustomization's resources with its inline strategic-merge patches applied
+        (no generators, name prefixes or transformers): enough for section 7."""
+        data = yaml.safe_load((d / "kustomization.yaml").read_text()) or {}
+        docs: list[dict] = []
+        for entry in data.get("resources", []) or []:
+            t = (d / entry).resolve()
+            if t.is_dir():
+                docs += self.render_minimal(t)
+            else:
+                docs += [x for x in yaml.safe_load_all(t.read_text()) if x]
+        for gen in data.get("configMapGenerator") or []:
+            docs.append({"apiVersion": "v1", "kind": "ConfigMap",
+                         "metadata": {"name": gen["name"]}, "data": {}})
+        for p in data.get("patches") or []:
+            text = p["patch"] if "patch" in p else (d / p["path"]).read_text()
+            for patch in [x for x in yaml.safe_load_all(text) if x]:
+                target = p.get("target") or {}
+                kind = target.get("kind", patch.get("kind"))
+                name = target.get("name", (patch.get("metadata") or {}).get("name"))
+                for doc in docs:
+                    if doc.get("kind") == kind and doc["metadata"].get("name") == name:
+                        merged = strategic_merge(doc, patch)
+                        doc.clear()
+                        doc.update(merged)
+        return docs
 
     # 3 and 4. command lines and contract ports --------------------------------
     def meshcat_containers(self, manifests: dict[Path, list[dict]]):
@@ -328,6 +394,13 @@ class Checker:
             for var in wanted:
                 if var not in eff:
                     self.fail(where, f"{var} is not set (docs/security.md)")
+            if binary == AGGREGATOR and eff.get("MESHCAT_STORE", "redb").startswith("etcd://"):
+                for var in ["MESHCAT_ETCD_CA_FILE", "MESHCAT_ETCD_CERT", "MESHCAT_ETCD_KEY"]:
+                    if var not in eff:
+                        self.fail(where, f"MESHCAT_STORE is etcd but {var} is not set: replicas "
+                                         "reach etcd only over TLS with a client certificate")
+                    elif var not in wanted + secret_files[binary]:
+                        wanted.append(var)
             for var in wanted + secret_files[binary]:
                 path = eff.get(var)
                 if path and not self.secret_backed(path, c, pod):
@@ -345,6 +418,135 @@ class Checker:
         m = re.fullmatch(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", zone)
         if not m or fields.get(m.group(1)) != "metadata.namespace":
             self.fail(where, f"the zone ({zone}) is not the pod's namespace (fieldRef metadata.namespace)")
+
+    # 7. etcd and NetworkPolicies -------------------------------------------------
+    def store_and_policies(self, d: Path, docs: list[dict]) -> None:
+        """Section 7 on one rendered kustomization."""
+        label = f"{self.rel(d)} (rendered)"
+        pods = list(pod_templates(docs))
+        policies = [doc for doc in docs if doc.get("kind") == "NetworkPolicy"]
+        for kind, name, labels, pod in pods:
+            where = f"{label} {kind}/{name}"
+            for c in (pod.get("initContainers") or []) + (pod.get("containers") or []):
+                if is_etcd(c):
+                    self.etcd_server(f"{where} container {c['name']}", c, pod)
+            role = pod_role(labels, pod)
+            if role is None:
+                continue
+            selecting = [p for p in policies if policy_selects(p, labels)
+                         and "Ingress" in policy_types(p)]
+            if not selecting:
+                self.fail(where, f"no NetworkPolicy selects these {role} pods (contract section 10: "
+                                 "the manifests ship NetworkPolicies for the aggregator, the agent and etcd)")
+                continue
+            names = container_port_names(pod)
+            for pol in selecting:
+                pw = f"{label} NetworkPolicy/{pol['metadata']['name']}"
+                if role == ETCD:
+                    self.etcd_policy(pw, pol, names, etcd_ports(pod))
+                else:
+                    self.component_policy(pw, pol, names, role)
+            if role == ETCD:
+                client = etcd_ports(pod)[0]
+                if not any(admits_from(r, client, "TCP", names, AGGREGATOR)
+                           for p in selecting for r in ingress_rules(p)):
+                    self.fail(where, f"no NetworkPolicy admits the aggregator pods to etcd's client port {client}")
+            elif role == AGGREGATOR:
+                if not any(rule_admits(r, 9443, "UDP", names) and r.get("from")
+                           for p in selecting for r in ingress_rules(p)):
+                    self.fail(where, "no NetworkPolicy admits agents to the QUIC ingest port 9443/UDP")
+        for pol in policies:
+            if scrape_policy(pol):
+                self.envoy_admin_policy(f"{label} NetworkPolicy/{pol['metadata']['name']}", pol)
+        if d.resolve() != self.kroot.resolve() and d.is_relative_to(self.kroot / "overlays"):
+            self.security({d / "(rendered)": docs})
+        if d.resolve() == (self.kroot / "overlays" / "ha").resolve():
+            stores = [env.get("MESHCAT_STORE", "redb") for _, b, _, env, _, _, _
+                      in self.meshcat_containers({d / "(rendered)": docs}) if b == AGGREGATOR]
+            if not stores or not all(s.startswith("etcd://") for s in stores):
+                self.fail(label, "the HA overlay must run every aggregator on an etcd store (MESHCAT_STORE=etcd://...)")
+            self.counts["ha"] = 1
+
+    def etcd_server(self, where: str, c: dict, pod: dict) -> None:
+        flags = etcd_flags(c)
+        for f in ETCD_HTTPS_FLAGS + ["initial-cluster"]:
+            value = flags.get(f)
+            if value is None:
+                if f != "initial-cluster":
+                    self.fail(where, f"--{f} is not set: etcd would listen on plain http (its default)")
+                continue
+            urls = [u.split("=", 1)[-1] for u in value.split(",")] if f == "initial-cluster" \
+                else value.split(",")
+            for u in urls:
+                if not u.strip().startswith("https://"):
+                    self.fail(where, f"--{f} has {u.strip()}: etcd must not speak plain http to clients or peers")
+        for f in ["client-cert-auth", "peer-client-cert-auth"]:
+            if flags.get(f, "false").lower() not in ("true", "1"):
+                self.fail(where, f"--{f} is not on: etcd must demand a certificate of every "
+                                 f"{'client' if f.startswith('client') else 'peer'}")
+        for f in ["auto-tls", "peer-auto-tls"]:
+            if flags.get(f, "false").lower() not in ("false", "0"):
+                self.fail(where, f"--{f} is on: self-signed certificates that nobody verifies")
+        for f in ETCD_TLS_FLAGS:
+            if not flags.get(f):
+                self.fail(where, f"--{f} is not set")
+            elif f.endswith("key-file") and not self.secret_backed(flags[f], c, pod):
+                self.fail(where, f"--{f}={flags[f]} is not on a volume made of Secrets")
+        client = etcd_ports(pod)[0]
+        names = container_port_names(pod)
+        for probe in ["readinessProbe", "livenessProbe", "startupProbe"]:
+            get = (c.get(probe) or {}).get("httpGet")
+            if get and resolve_port(get.get("port"), names) == client:
+                self.fail(where, f"{probe} is an httpGet on the client port {client}, which demands a "
+                                 "client certificate: probe a plain-HTTP --listen-metrics-urls port")
+
+    def etcd_policy(self, where: str, pol: dict, names: dict, ports: tuple[int, int]) -> None:
+        client, peer = ports
+        for i, rule in enumerate(ingress_rules(pol)):
+            for port, who in [(client, AGGREGATOR), (peer, ETCD)]:
+                if not rule_admits(rule, port, "TCP", names):
+                    continue
+                peers = rule.get("from") or []
+                if not peers:
+                    self.fail(where, f"ingress rule {i} admits etcd port {port} from anywhere; only {who} pods may reach it")
+                for src in peers:
+                    if not only_pods_of(src, who):
+                        self.fail(where, f"ingress rule {i} admits etcd port {port} from {src}; "
+                                         f"only {who} pods of this namespace may reach it")
+
+    def component_policy(self, where: str, pol: dict, names: dict, role: str) -> None:
+        allowed = POLICY_PORTS[role]
+        for i, rule in enumerate(ingress_rules(pol)):
+            entries = rule.get("ports")
+            if not entries:
+                self.fail(where, f"ingress rule {i} admits every port of the {role} pods")
+                continue
+            for e in entries:
+                proto = e.get("protocol", "TCP")
+                port = resolve_port(e.get("port"), names)
+                if port is None or e.get("endPort") not in (None, port) or (port, proto) not in allowed:
+                    self.fail(where, f"ingress rule {i} admits {e.get('port', 'every port')}/{proto}, "
+                                     f"not one of the {role} ports {sorted(allowed)}")
+            if role == AGENT and not rule.get("from"):
+                self.fail(where, f"ingress rule {i} admits the agent's ops port from anywhere")
+
+    def envoy_admin_policy(self, where: str, pol: dict) -> None:
+        admits = False
+        for i, rule in enumerate(ingress_rules(pol)):
+            if not rule_admits(rule, ENVOY_ADMIN_PORT, "TCP", {}):
+                continue
+            peers = rule.get("from") or []
+            if not peers:
+                self.fail(where, f"ingress rule {i} admits the Envoy admin port {ENVOY_ADMIN_PORT} from anywhere")
+            for src in peers:
+                pod_sel = src.get("podSelector") or {}
+                if "ipBlock" in src or (pod_sel.get("matchLabels") or {}).get(NAME_LABEL) != AGENT \
+                        or pod_sel.get("matchExpressions"):
+                    self.fail(where, f"ingress rule {i} admits the Envoy admin port from {src}, not only agent pods")
+                else:
+                    admits = True
+        if not admits:
+            self.fail(where, f"admits the Envoy admin port {ENVOY_ADMIN_PORT} to no agent pod")
 
     # 5. image ----------------------------------------------------------------
     def workspace_bins(self) -> set[str]:
@@ -376,6 +578,257 @@ class Checker:
         for where, binary, *_ in self.meshcat_containers(manifests):
             if binary not in bins:
                 self.fail(where, f"command {binary} is not a binary of the workspace")
+
+
+def strategic_merge(base, patch):
+    """Kustomize's strategic merge for what the manifests use: maps merge, lists of
+    objects merge by name (mountPath for volumeMounts), other lists are replaced."""
+    if isinstance(base, dict) and isinstance(patch, dict):
+        out = dict(base)
+        for k, v in patch.items():
+            out[k] = strategic_merge(base[k], v) if k in base else copy.deepcopy(v)
+        return out
+    if isinstance(base, list) and isinstance(patch, list) and all(isinstance(x, dict) for x in base + patch):
+        key = next((k for k in ("name", "mountPath", "containerPort")
+                    if all(k in x for x in base + patch)), None)
+        if key:
+            out = [copy.deepcopy(x) for x in base]
+            for item in patch:
+                i = next((j for j, x in enumerate(out) if x[key] == item[key]), None)
+                if i is None:
+                    out.append(copy.deepcopy(item))
+                else:
+                    out[i] = strategic_merge(out[i], item)
+            return out
+    return copy.deepcopy(patch)
+
+
+def pod_templates(docs: list[dict]):
+    """(kind, name, labels, pod spec) of every workload."""
+    for doc in docs:
+        kind = doc.get("kind")
+        if kind not in WORKLOAD_KINDS:
+            continue
+        if kind == "Pod":
+            yield kind, doc["metadata"]["name"], doc["metadata"].get("labels") or {}, doc["spec"]
+        else:
+            tpl = doc["spec"].get("template") or {}
+            yield (kind, doc["metadata"]["name"], (tpl.get("metadata") or {}).get("labels") or {},
+                   tpl.get("spec") or {})
+
+
+def is_etcd(c: dict) -> bool:
+    cmd = c.get("command") or []
+    if cmd:
+        return os.path.basename(cmd[0]) == "etcd"
+    return "etcd" in c.get("image", "").split("/")[-1].split(":")[0]
+
+
+ETCD_BOOL_FLAGS = {"client-cert-auth", "peer-client-cert-auth", "auto-tls", "peer-auto-tls"}
+
+
+def etcd_flags(c: dict) -> dict[str, str]:
+    """etcd's settings from its ETCD_* variables and command line (the latter wins).
+    A boolean flag given bare is "true"; `--flag value` takes the next argument."""
+    flags = {}
+    for e in c.get("env") or []:
+        if e["name"].startswith("ETCD_") and "value" in e:
+            flags[e["name"][5:].lower().replace("_", "-")] = str(e["value"])
+    args = list((c.get("command") or [])[1:]) + list(c.get("args") or [])
+    for i, a in enumerate(args):
+        m = re.match(r"--?([a-z][a-z0-9-]*)(?:=(.*))?$", a)
+        if not m:
+            continue
+        name, value = m.group(1), m.group(2)
+        if value is None:
+            nxt = args[i + 1] if i + 1 < len(args) else ""
+            value = "true" if name in ETCD_BOOL_FLAGS or nxt.startswith("-") else nxt
+        flags[name] = value
+    return flags
+
+
+def etcd_ports(pod: dict) -> tuple[int, int]:
+    """The client and peer ports of the pod's etcd container (2379, 2380 by default)."""
+    for c in pod.get("containers") or []:
+        if is_etcd(c):
+            flags = etcd_flags(c)
+            ports = []
+            for f, default in [("listen-client-urls", 2379), ("listen-peer-urls", 2380)]:
+                m = re.search(r":(\d+)/?$", (flags.get(f) or "").split(",")[0])
+                ports.append(int(m.group(1)) if m else default)
+            return ports[0], ports[1]
+    return 2379, 2380
+
+
+def pod_role(labels: dict, pod: dict) -> str | None:
+    """Which component these pods are, for the NetworkPolicy they need."""
+    name = labels.get(NAME_LABEL)
+    if name in (AGGREGATOR, AGENT, ETCD):
+        return name
+    if any(is_etcd(c) for c in pod.get("containers") or []):
+        return ETCD
+    return None
+
+
+def container_port_names(pod: dict) -> dict[str, tuple[int, str]]:
+    return {p["name"]: (p["containerPort"], p.get("protocol", "TCP"))
+            for c in (pod.get("initContainers") or []) + (pod.get("containers") or [])
+            for p in c.get("ports") or [] if p.get("name")}
+
+
+def resolve_port(port, names: dict) -> int | None:
+    """A port number, or a container port's name resolved to its number."""
+    if isinstance(port, int):
+        return port
+    if isinstance(port, str):
+        if port.isdigit():
+            return int(port)
+        if port in names:
+            return names[port][0]
+    return None
+
+
+def selector_matches(sel: dict, labels: dict) -> bool:
+    for k, v in (sel.get("matchLabels") or {}).items():
+        if labels.get(k) != v:
+            return False
+    for e in sel.get("matchExpressions") or []:
+        k, op, vals = e["key"], e["operator"], e.get("values") or []
+        if op == "In" and labels.get(k) not in vals:
+            return False
+        if op == "NotIn" and labels.get(k) in vals:
+            return False
+        if op == "Exists" and k not in labels:
+            return False
+        if op == "DoesNotExist" and k in labels:
+            return False
+    return True
+
+
+def policy_selects(pol: dict, labels: dict) -> bool:
+    return selector_matches((pol.get("spec") or {}).get("podSelector") or {}, labels)
+
+
+def policy_types(pol: dict) -> list[str]:
+    spec = pol.get("spec") or {}
+    return spec.get("policyTypes") or (["Ingress"] + (["Egress"] if spec.get("egress") else []))
+
+
+def ingress_rules(pol: dict) -> list[dict]:
+    return (pol.get("spec") or {}).get("ingress") or []
+
+
+def rule_admits(rule: dict, port: int, proto: str, names: dict) -> bool:
+    """Whether an ingress rule admits traffic to port/proto (from someone)."""
+    entries = rule.get("ports")
+    if not entries:
+        return True
+    for e in entries:
+        if e.get("protocol", "TCP") != proto:
+            continue
+        if "port" not in e:
+            return True
+        if isinstance(e["port"], str) and not e["port"].isdigit():
+            if names.get(e["port"]) == (port, proto):
+                return True
+            continue
+        low = int(e["port"])
+        if low == port or (e.get("endPort") is not None and low <= port <= int(e["endPort"])):
+            return True
+    return False
+
+
+def only_pods_of(src: dict, name: str) -> bool:
+    """Whether a `from` entry names only pods labelled NAME_LABEL=name in the policy's
+    own namespace."""
+    sel = src.get("podSelector")
+    if "ipBlock" in src or "namespaceSelector" in src or sel is None:
+        return False
+    return (sel.get("matchLabels") or {}).get(NAME_LABEL) == name and not sel.get("matchExpressions")
+
+
+def admits_from(rule: dict, port: int, proto: str, names: dict, who: str) -> bool:
+    return rule_admits(rule, port, proto, names) and any(
+        only_pods_of(src, who) for src in rule.get("from") or [])
+
+
+def scrape_policy(pol: dict) -> bool:
+    """A policy for application pods the DaemonSet scrapes (the Envoy admin template)."""
+    sel = (pol.get("spec") or {}).get("podSelector") or {}
+    return SCRAPE_LABEL in (sel.get("matchLabels") or {})
+
+
+def self_test(root: Path, version: str, ha: Path, docs: list[dict]) -> tuple[list[str], int]:
+    """Runs section 7 on the rendered HA overlay and on broken copies of it; returns
+    what went wrong (a broken copy that passes, or a clean one that fails) and how
+    many broken copies were tried."""
+    def run(mutate) -> list[str]:
+        ck = Checker(root, version)
+        broken = copy.deepcopy(docs)
+        mutate(broken)
+        ck.store_and_policies(ha, broken)
+        return ck.problems
+
+    def containers(ds, pred):
+        for _, _, _, pod in pod_templates(ds):
+            for c in pod.get("containers") or []:
+                if pred(c):
+                    yield c
+
+    def etcd_args(ds, edit):
+        for c in containers(ds, is_etcd):
+            c["args"] = [x for x in (edit(a) for a in c.get("args") or []) if x is not None]
+
+    def drop_env(var):
+        def m(ds):
+            for c in containers(ds, lambda c: (c.get("command") or [""])[0] == AGGREGATOR):
+                c["env"] = [e for e in c.get("env") or [] if e["name"] != var]
+        return m
+
+    def drop_policy(name):
+        def m(ds):
+            ds[:] = [d for d in ds if not (d.get("kind") == "NetworkPolicy"
+                                           and d["metadata"]["name"] == name)]
+        return m
+
+    def open_etcd_client(ds):
+        for d in ds:
+            if d.get("kind") == "NetworkPolicy" and d["metadata"]["name"] == ETCD:
+                for r in ingress_rules(d):
+                    if rule_admits(r, 2379, "TCP", {}):
+                        r["from"] = [{"namespaceSelector": {}}]
+
+    cases = [
+        ("etcd clients on plain http", lambda ds: etcd_args(
+            ds, lambda a: a.replace("https://0.0.0.0:2379", "http://0.0.0.0:2379")), "plain http"),
+        ("etcd peers on plain http", lambda ds: etcd_args(
+            ds, lambda a: a.replace("https://", "http://") if a.startswith("--initial-cluster=") else a),
+         "plain http"),
+        ("etcd without --client-cert-auth", lambda ds: etcd_args(
+            ds, lambda a: None if a.startswith("--client-cert-auth") else a), "--client-cert-auth"),
+        ("etcd without --peer-client-cert-auth", lambda ds: etcd_args(
+            ds, lambda a: None if a.startswith("--peer-client-cert-auth") else a), "--peer-client-cert-auth"),
+        ("etcd without --trusted-ca-file", lambda ds: etcd_args(
+            ds, lambda a: None if a.startswith("--trusted-ca-file") else a), "--trusted-ca-file"),
+        ("aggregator on etcd without MESHCAT_ETCD_CA_FILE", drop_env("MESHCAT_ETCD_CA_FILE"),
+         "MESHCAT_ETCD_CA_FILE"),
+        ("aggregator on etcd without MESHCAT_ETCD_CERT", drop_env("MESHCAT_ETCD_CERT"), "MESHCAT_ETCD_CERT"),
+        ("aggregator on etcd without MESHCAT_ETCD_KEY", drop_env("MESHCAT_ETCD_KEY"), "MESHCAT_ETCD_KEY"),
+        ("no etcd NetworkPolicy", drop_policy(ETCD), "no NetworkPolicy selects these meshcat-etcd pods"),
+        ("no aggregator NetworkPolicy", drop_policy(AGGREGATOR),
+         "no NetworkPolicy selects these meshcat-aggregator pods"),
+        ("no agent NetworkPolicy", drop_policy(AGENT), "no NetworkPolicy selects these meshcat-agent pods"),
+        ("etcd client port open to every namespace", open_etcd_client, "only meshcat-aggregator pods"),
+    ]
+    if run(lambda ds: None):
+        # The overlay itself fails (reported by the check proper): nothing to compare.
+        return [], 0
+    failures = []
+    for what, mutate, expected in cases:
+        problems = run(mutate)
+        if not any(expected in p for p in problems):
+            failures.append(f"{what} is not caught (expected a problem naming {expected!r}; got {problems})")
+    return failures, len(cases)
 
 
 def accepted_from_help(text: str) -> tuple[set[str], set[str]]:
@@ -414,7 +867,7 @@ def main() -> int:
     ck = Checker(a.root.resolve(), a.kubernetes_version)
     manifests, default_reach, kdirs = ck.layout()
     ck.schema(manifests, default_reach)
-    ck.render(kdirs, a.kubectl)
+    rendered = ck.render(kdirs, a.kubectl)
     if a.aggregator_help and a.agent_help:
         accepted = {AGGREGATOR: accepted_from_help(a.aggregator_help.read_text()),
                     AGENT: accepted_from_help(a.agent_help.read_text())}
@@ -429,6 +882,22 @@ def main() -> int:
     ck.contract(manifests)
     ck.image(manifests)
     ck.security(manifests)
+    ha = ck.kroot / "overlays" / "ha"
+    if ha not in rendered:
+        ck.fail(ck.rel(ha), "the HA overlay is missing or does not render")
+    else:
+        failures, tried = self_test(ck.root, ck.version, ha, rendered[ha])
+        for f in failures:
+            ck.fail("check_deploy.py self-test", f)
+        if not tried:
+            ck.notes.append("self-test skipped: the HA overlay itself fails the etcd and NetworkPolicy checks")
+        ck.counts["selftest"] = tried - len(failures)
+    for d, docs in rendered.items():
+        ck.store_and_policies(d, docs)
+    if rendered and not any(scrape_policy(doc) for docs in rendered.values() for doc in docs
+                            if doc.get("kind") == "NetworkPolicy"):
+        ck.fail("deploy/kubernetes", "no NetworkPolicy template for the Envoy admin port of scraped "
+                                     f"pods ({SCRAPE_LABEL}=true; deploy/kubernetes/envoy-admin-policy)")
 
     for n in ck.notes:
         print(f"note: {n}")
@@ -442,7 +911,9 @@ def main() -> int:
           f"({c['rendered']} rendered) valid for Kubernetes {a.kubernetes_version} (strict); "
           f"{c['flags']} flags and {c['envs']} MESHCAT_* settings known to the binaries "
           f"(source: {source}); ports, probes and image consistent with the contract; "
-          f"tokens and keys from Secrets, zones from namespaces")
+          f"tokens and keys from Secrets, zones from namespaces; etcd on TLS with client "
+          f"certificates and NetworkPolicies for aggregator, agent and etcd "
+          f"(self-test: {c.get('selftest', 0)} broken variants caught)")
     return 0
 
 
