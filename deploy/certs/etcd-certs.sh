@@ -146,17 +146,18 @@ client_cmd=(kubectl -n "$namespace" create secret generic meshcat-etcd-client-tl
   --type=kubernetes.io/tls "--from-file=tls.crt=$out/client/aggregator.crt"
   "--from-file=tls.key=$out/client/aggregator.key" "--from-file=ca.crt=$out/ca.crt")
 
-if [ "$apply" = 1 ]; then
-  for name in server_cmd peer_cmd client_cmd; do
-    declare -n cmd=$name
-    # Create or replace: render the Secret and apply it.
-    "${cmd[@]}" --dry-run=client -o yaml | kubectl apply -f -
-    unset -n cmd
-  done
-  exit 0
-fi
+# secret CMD...: with --apply, creates or replaces the Secret (rendered by kubectl,
+# then applied); otherwise prints the command, one flag a line.
+secret() {
+  if [ "$apply" = 1 ]; then
+    "$@" --dry-run=client -o yaml | kubectl apply -f -
+  elif [ "$quiet" = 0 ]; then
+    printf '%q ' "$@" | sed -e 's/ $//' -e 's/ --/ \\\n    --/g'
+    echo
+  fi
+}
 
-if [ "$quiet" = 0 ]; then
+if [ "$apply" = 0 ] && [ "$quiet" = 0 ]; then
   echo "wrote to $out:"
   echo "  ca.crt, ca.key            client CA: signs the members' server certificates and the aggregator's"
   echo "  peer-ca.crt, peer-ca.key  peer CA: signs the members' peer certificates"
@@ -165,10 +166,7 @@ if [ "$quiet" = 0 ]; then
   echo "  client/aggregator.*       the aggregator replicas' client certificate and key"
   echo "Keep the CA keys offline; the Secrets need none of them. Create the Secrets with:"
   echo
-  for name in server_cmd peer_cmd client_cmd; do
-    declare -n cmd=$name
-    printf '%q ' "${cmd[@]}" | sed -e 's/ $//' -e 's/ --/ \\\n    --/g'
-    echo
-    unset -n cmd
-  done
 fi
+secret "${server_cmd[@]}"
+secret "${peer_cmd[@]}"
+secret "${client_cmd[@]}"
