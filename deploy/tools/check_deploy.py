@@ -465,7 +465,6 @@ class Checker:
                       in self.meshcat_containers({d / "(rendered)": docs}) if b == AGGREGATOR]
             if not stores or not all(s.startswith("etcd://") for s in stores):
                 self.fail(label, "the HA overlay must run every aggregator on an etcd store (MESHCAT_STORE=etcd://...)")
-            self.counts["ha"] = 1
 
     def etcd_server(self, where: str, c: dict, pod: dict) -> None:
         flags = etcd_flags(c)
