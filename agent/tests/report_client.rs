@@ -9,13 +9,18 @@ use std::time::{Duration, Instant};
 use futures::future::BoxFuture;
 use meshcat_agent::report::{CommandHandler, Reporter, ReporterConfig, SnapshotSource};
 use meshcat_aggregator::ingest::{
-    AgentAuth, Agents, CommandError, Ingest, IngestConfig, ReportSink,
+    AgentAuth, Agents, CommandError, Ingest, IngestConfig, RefusedInstance, ReportSink,
 };
 use meshcat_common::model::InstanceMetrics;
 use meshcat_common::tls::{self, ClientAuth, DevFiles};
 use meshcat_common::wire::{Command, CommandOutput, InstanceReport};
 use prometheus::Registry;
 use tokio::sync::oneshot;
+
+/// The agent id of a session key (`<credential tag>:<agent id>`).
+fn agent_of(key: &str) -> &str {
+    key.split_once(':').map_or(key, |(_, id)| id)
+}
 
 #[derive(Default)]
 struct TestSink {
@@ -24,12 +29,19 @@ struct TestSink {
 }
 
 impl ReportSink for TestSink {
-    fn apply_report(&self, agent_id: &str, instances: Vec<InstanceReport>, _now: Instant) {
+    fn apply_report(
+        &self,
+        key: &str,
+        instances: Vec<InstanceReport>,
+        _now: Instant,
+        _may_take: &dyn Fn(&str) -> bool,
+    ) -> Vec<RefusedInstance> {
         let mut reports = self.reports.lock().unwrap();
-        reports.extend(instances.into_iter().map(|r| (agent_id.to_owned(), r)));
+        reports.extend(instances.into_iter().map(|r| (key.to_owned(), r)));
+        Vec::new()
     }
-    fn agent_gone(&self, agent_id: &str) {
-        self.gone.lock().unwrap().push(agent_id.to_owned());
+    fn agent_gone(&self, key: &str) {
+        self.gone.lock().unwrap().push(key.to_owned());
     }
     fn reporter(&self, zone: &str, cluster: &str, instance: &str) -> Option<String> {
         // The agent of the latest report of that instance.
@@ -50,7 +62,11 @@ impl TestSink {
         self.reports.lock().unwrap().len()
     }
     fn is_gone(&self, agent: &str) -> bool {
-        self.gone.lock().unwrap().iter().any(|a| a == agent)
+        self.gone
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|a| agent_of(a) == agent)
     }
 }
 
@@ -244,7 +260,7 @@ async fn reports_reach_the_sink_and_commands_make_the_round_trip() {
 
     eventually("two reports", || server.sink.count() >= 2).await;
     let (agent_id, report) = server.sink.reports.lock().unwrap()[0].clone();
-    assert_eq!(agent_id, "agent-1");
+    assert_eq!(agent_of(&agent_id), "agent-1");
     assert_eq!(report, instance("east", "web", "web-1"));
     eventually("the reporter's metrics", || {
         agent.metric("meshcat_agent_reports_sent_total") >= 2.0

@@ -7,6 +7,7 @@ mod agents;
 mod auth;
 mod connection;
 mod metrics;
+mod warnlimit;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -42,14 +43,27 @@ pub const MAX_HELLO: usize = 4 << 10;
 /// included).
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// An instance of a report that was not applied: (zone, cluster, instance).
+pub type RefusedInstance = (String, String, String);
+
 /// Where accepted reports go (the catalog store implements it). The sink owns which
-/// agent reports which instance; commands are routed by asking it.
+/// session reports which instance; commands are routed by asking it. A session is
+/// named by its key: a tag of its credential, `:`, and the agent id.
 pub trait ReportSink: Send + Sync + 'static {
-    /// Applies the instance snapshots of one accepted report, taking them over.
-    fn apply_report(&self, agent_id: &str, instances: Vec<InstanceReport>, now: Instant);
-    /// The agent's connection ended: its instances go.
-    fn agent_gone(&self, agent_id: &str);
-    /// The agent that reports this instance now.
+    /// Applies the instance snapshots of one accepted report of session `key`, taking
+    /// them over. An instance whose current reporter is another session is taken over
+    /// only when `may_take(reporter)` says so (the check and the take are one step);
+    /// the others are left as they are and answered.
+    fn apply_report(
+        &self,
+        key: &str,
+        instances: Vec<InstanceReport>,
+        now: Instant,
+        may_take: &dyn Fn(&str) -> bool,
+    ) -> Vec<RefusedInstance>;
+    /// The session's connection ended: its instances go.
+    fn agent_gone(&self, key: &str);
+    /// The key of the session that reports this instance now.
     fn reporter(&self, zone: &str, cluster: &str, instance: &str) -> Option<String>;
 }
 
@@ -124,6 +138,8 @@ struct Shared {
     max_connections: usize,
     /// Connections not yet authenticated, held below `max_pending`.
     pending: AtomicUsize,
+    /// Bounds the warnings about refused peers and reports.
+    refusals: warnlimit::WarnLimit,
 }
 
 /// The ingest server, ready to run on a socket.
@@ -167,6 +183,7 @@ impl Ingest {
             open: AtomicUsize::new(0),
             max_connections: config.max_connections,
             pending: AtomicUsize::new(0),
+            refusals: warnlimit::WarnLimit::default(),
         });
         Ok(Ingest {
             server: config.server,
@@ -212,7 +229,10 @@ impl Ingest {
                         continue;
                     }
                     if shared.pending.load(Ordering::Relaxed) >= max_pending {
-                        warn!(remote = %incoming.remote_address(), max_pending, "Connection refused: too many connections awaiting authentication.");
+                        let remote = incoming.remote_address();
+                        shared.refusals.warn(|suppressed| {
+                            warn!(%remote, max_pending, suppressed, "Connection refused: too many connections awaiting authentication.");
+                        });
                         shared.metrics.rejected("too_many_pending");
                         incoming.refuse();
                         continue;

@@ -112,12 +112,18 @@ impl Aggregator {
 }
 
 impl ingest::ReportSink for Store {
-    fn apply_report(&self, agent_id: &str, instances: Vec<InstanceReport>, now: Instant) {
-        Store::apply_reports(self, agent_id, instances, now);
+    fn apply_report(
+        &self,
+        key: &str,
+        instances: Vec<InstanceReport>,
+        now: Instant,
+        may_take: &dyn Fn(&str) -> bool,
+    ) -> Vec<ingest::RefusedInstance> {
+        Store::apply_reports_guarded(self, key, instances, now, may_take)
     }
 
-    fn agent_gone(&self, agent_id: &str) {
-        Store::agent_gone(self, agent_id);
+    fn agent_gone(&self, key: &str) {
+        Store::agent_gone(self, key);
     }
 
     fn reporter(&self, zone: &str, cluster: &str, instance: &str) -> Option<String> {

@@ -9,7 +9,7 @@ use futures::FutureExt;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use meshcat_aggregator::ingest::{AgentAuth, Ingest, IngestConfig, ReportSink};
+use meshcat_aggregator::ingest::{AgentAuth, Ingest, IngestConfig, RefusedInstance, ReportSink};
 use meshcat_common::model::InstanceMetrics;
 use meshcat_common::tls::{self, ClientAuth, DevFiles};
 use meshcat_common::transport::{read_frame, write_frame};
@@ -20,6 +20,11 @@ use prometheus::Registry;
 use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, SanType};
 use tokio::sync::oneshot;
 
+/// The agent id of a session key (`<credential tag>:<agent id>`).
+fn agent_of(key: &str) -> &str {
+    key.split_once(':').map_or(key, |(_, id)| id)
+}
+
 #[derive(Default)]
 struct TestSink {
     reports: Mutex<Vec<(String, InstanceReport)>>,
@@ -27,12 +32,19 @@ struct TestSink {
 }
 
 impl ReportSink for TestSink {
-    fn apply_report(&self, agent_id: &str, instances: Vec<InstanceReport>, _now: Instant) {
+    fn apply_report(
+        &self,
+        key: &str,
+        instances: Vec<InstanceReport>,
+        _now: Instant,
+        _may_take: &dyn Fn(&str) -> bool,
+    ) -> Vec<RefusedInstance> {
         let mut reports = self.reports.lock().unwrap();
-        reports.extend(instances.into_iter().map(|r| (agent_id.to_owned(), r)));
+        reports.extend(instances.into_iter().map(|r| (key.to_owned(), r)));
+        Vec::new()
     }
-    fn agent_gone(&self, agent_id: &str) {
-        self.gone.lock().unwrap().push(agent_id.to_owned());
+    fn agent_gone(&self, key: &str) {
+        self.gone.lock().unwrap().push(key.to_owned());
     }
     fn reporter(&self, zone: &str, cluster: &str, instance: &str) -> Option<String> {
         // The agent of the latest report of that instance.
@@ -54,11 +66,15 @@ impl TestSink {
             .lock()
             .unwrap()
             .iter()
-            .filter(|(a, _)| a == agent)
+            .filter(|(a, _)| agent_of(a) == agent)
             .count()
     }
     fn is_gone(&self, agent: &str) -> bool {
-        self.gone.lock().unwrap().iter().any(|a| a == agent)
+        self.gone
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|a| agent_of(a) == agent)
     }
 }
 
@@ -72,11 +88,21 @@ struct Server {
 
 impl Server {
     async fn start(config: IngestConfig) -> Server {
+        let sink = Arc::new(TestSink::default());
+        Server::start_with(config, sink.clone(), sink).await
+    }
+
+    /// Serves reports into `catalog` (the real store, say); `sink` is kept for the
+    /// test's own helpers and sees nothing then.
+    async fn start_with(
+        config: IngestConfig,
+        sink: Arc<TestSink>,
+        catalog: Arc<dyn ReportSink>,
+    ) -> Server {
         let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         let addr = socket.local_addr().unwrap();
-        let sink = Arc::new(TestSink::default());
         let registry = Registry::new();
-        let ingest = Ingest::new(config, sink.clone(), &registry).unwrap();
+        let ingest = Ingest::new(config, catalog, &registry).unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             ingest
@@ -546,61 +572,117 @@ async fn a_reconnecting_agent_replaces_its_old_connection_without_agent_gone() {
     server.stop().await;
 }
 
+/// The credential tag of a session key (`<tag>:<agent id>`).
+fn tag_of(key: &str) -> &str {
+    key.split_once(':').map_or(key, |(tag, _)| tag)
+}
+
+/// Sessions are keyed by credential and agent id: an agent of another credential that
+/// gives a live agent's id neither keeps it out nor closes it, and the instances a live
+/// connection reports are not taken over by another credential (`instance_in_use`),
+/// while the rest of that report applies. Reports go into the real store, where the
+/// take-over is decided.
 #[tokio::test]
-async fn an_agent_id_held_by_other_credentials_is_refused_and_the_holder_keeps_going() {
+async fn another_credential_can_neither_shut_out_an_agent_nor_take_its_instances() {
     let dir = tempfile::tempdir().unwrap();
     let files = dev(dir.path());
     let tokens = dir.path().join("tokens");
-    std::fs::write(&tokens, "tok-a zone-a\ntok-b zone-b\n").unwrap();
+    std::fs::write(&tokens, "tok-a zone-a\ntok-b zone-a,zone-b\n").unwrap();
     let auth = AgentAuth::default().with_token_file(&tokens).unwrap();
     let server_tls =
         tls::server_config(&files.server_cert, &files.server_key, &ClientAuth::None).unwrap();
-    let server = Server::start(IngestConfig::new(server_tls, auth)).await;
+    let rules = meshcat_aggregator::store::Rules {
+        instance_ttl: Duration::from_secs(60),
+        error_ratio_warning: 0.05,
+    };
+    let store =
+        Arc::new(meshcat_aggregator::store::Store::open(&dir.path().join("data"), rules).unwrap());
+    let server = Server::start_with(
+        IngestConfig::new(server_tls, auth),
+        Arc::new(TestSink::default()),
+        store.clone(),
+    )
+    .await;
+    let in_use = |server: &Server| {
+        server.metric(
+            "meshcat_reports_rejected_total",
+            Some(("reason", "instance_in_use")),
+        )
+    };
 
     let mut holder = connect(server.addr, &files.ca, None).await.unwrap();
     holder.hello("pod", Some("tok-a")).await.unwrap();
-    assert!(accepted(
-        &holder
-            .report(vec![instance("zone-a", "web", "web-1")])
-            .await
-    ));
-    let mut intruder = connect(server.addr, &files.ca, None).await.unwrap();
-    let reason = intruder.hello("pod", Some("tok-b")).await.unwrap_err();
-    assert!(reason.contains("agent_id_in_use"), "{reason}");
-    assert_eq!(
-        server.metric(
-            "meshcat_reports_rejected_total",
-            Some(("reason", "agent_id_in_use"))
-        ),
-        1.0
-    );
-    // The holder keeps its session and its instances.
-    assert!(holder.conn.close_reason().is_none());
-    assert!(accepted(
-        &holder
-            .report(vec![instance("zone-a", "web", "web-1")])
-            .await
-    ));
-    assert!(!server.sink.is_gone("pod"));
-    assert_eq!(server.metric("meshcat_agents_connected", None), 1.0);
+    let web = || instance("zone-a", "web", "web-1");
+    assert!(accepted(&holder.report(vec![web()]).await));
+    let held_by = store.reporter("zone-a", "web", "web-1").unwrap();
 
-    // The same credential may take its id over (a reconnecting agent).
+    // Same id, other credential: welcomed, and the holder's connection stays open.
+    let mut other = connect(server.addr, &files.ca, None).await.unwrap();
+    other.hello("pod", Some("tok-b")).await.unwrap();
+    eventually("both connected", || {
+        server.metric("meshcat_agents_connected", None) == 2.0
+    })
+    .await;
+    assert!(holder.conn.close_reason().is_none());
+
+    // Its report names the holder's instance and one of its own: the first is
+    // refused, the second applies.
+    let answer = other
+        .report(vec![web(), instance("zone-b", "api", "api-1")])
+        .await;
+    assert!(
+        matches!(answer, ServerMessage::ReportAccepted { instances: 1 }),
+        "{answer:?}"
+    );
+    assert_eq!(in_use(&server), 1.0);
+    assert_eq!(
+        store.reporter("zone-a", "web", "web-1").as_deref(),
+        Some(held_by.as_str())
+    );
+    let other_key = store.reporter("zone-b", "api", "api-1").unwrap();
+    assert_ne!(tag_of(&other_key), tag_of(&held_by));
+    // The holder goes on reporting and answering, untouched.
+    assert!(matches!(
+        holder.report(vec![web()]).await,
+        ServerMessage::ReportAccepted { instances: 1 }
+    ));
+
+    // The other connection ends: only its own instance goes.
+    other.conn.close(0u32.into(), b"bye");
+    eventually("the other session's instance dropped", || {
+        store.reporter("zone-b", "api", "api-1").is_none()
+    })
+    .await;
+    assert_eq!(
+        store.reporter("zone-a", "web", "web-1").as_deref(),
+        Some(held_by.as_str())
+    );
+
+    // A reconnect of the holder's credential replaces its old connection and keeps
+    // the instance.
     let mut again = connect(server.addr, &files.ca, None).await.unwrap();
     again.hello("pod", Some("tok-a")).await.unwrap();
     tokio::time::timeout(Duration::from_secs(5), holder.conn.closed())
         .await
         .expect("the older connection of the same credential is closed");
-    // Once the holder is gone, another credential may use the id.
+    assert!(accepted(&again.report(vec![web()]).await));
+
+    // Once no live connection holds the instance, another credential may report it.
     again.goodbye().await;
     tokio::time::timeout(Duration::from_secs(5), again.conn.closed())
         .await
         .expect("goodbye closes the connection");
-    eventually("the id released", || {
-        server.metric("meshcat_agents_connected", None) == 0.0
+    eventually("the instance released", || {
+        store.reporter("zone-a", "web", "web-1").is_none()
     })
     .await;
     let mut next = connect(server.addr, &files.ca, None).await.unwrap();
     next.hello("pod", Some("tok-b")).await.unwrap();
+    assert!(matches!(
+        next.report(vec![web()]).await,
+        ServerMessage::ReportAccepted { instances: 1 }
+    ));
+    assert_eq!(in_use(&server), 1.0);
     server.stop().await;
 }
 

@@ -1,6 +1,11 @@
-//! The registry of connected agents: each agent id's current connection, and
-//! commands sent to an agent on its control stream with their replies matched by id
-//! under a deadline. Which agent reports an instance is the sink's to say.
+//! The registry of connected agents: the current connection of each session key
+//! (credential and agent id), and commands sent to an agent on its control stream
+//! with their replies matched by id under a deadline. Which session reports an
+//! instance is the sink's to say.
+//!
+//! Sessions are keyed by credential and agent id (contract section 10): agents with
+//! different credentials never collide, whatever ids they send, so no agent can keep
+//! another credential's agent out or close its connection.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -68,10 +73,35 @@ pub(crate) struct Reported {
     pub(crate) closed: bool,
 }
 
+/// The key of an agent session: a tag of its credential, `:`, and its agent id. Agent
+/// ids are names (`[A-Za-z0-9._-]`), so the first `:` ends the tag. The sink stores
+/// this key as the reporter of the session's instances.
+pub(crate) fn session_key(credential: &super::connection::Credential, agent_id: &str) -> String {
+    use std::fmt::Write;
+    let mut key = String::with_capacity(CREDENTIAL_TAG * 2 + 1 + agent_id.len());
+    for b in &credential[..CREDENTIAL_TAG] {
+        let _ = write!(key, "{b:02x}");
+    }
+    key.push(':');
+    key.push_str(agent_id);
+    key
+}
+
+/// Bytes of the credential's SHA-256 in a session key: 128 bits, so no one finds
+/// another credential with the same tag.
+const CREDENTIAL_TAG: usize = 16;
+
+/// The credential tag of a session key (the whole key when it has none, as the
+/// `@replica` owners of the store do not).
+fn credential_tag(key: &str) -> &str {
+    key.split_once(':').map_or(key, |(tag, _)| tag)
+}
+
 /// One authenticated agent connection.
 #[derive(Debug)]
 pub(crate) struct Session {
-    pub(crate) agent_id: String,
+    /// [`session_key`] of the credential and the agent id.
+    pub(crate) key: String,
     /// The credential that authenticated this connection.
     pub(crate) credential: super::connection::Credential,
     /// The instances of this connection's last accepted report, counted against its
@@ -135,7 +165,7 @@ impl std::fmt::Debug for Agents {
 }
 
 struct Inner {
-    /// The current connection of each agent id.
+    /// The current connection of each session key.
     by_agent: DashMap<String, Arc<Session>>,
     /// Says which agent reports an instance.
     sink: Arc<dyn ReportSink>,
@@ -171,18 +201,35 @@ impl Agents {
         self.session_of(zone, cluster, instance).is_some()
     }
 
-    /// Registers a new connection. An older live connection of the same agent id with
-    /// the same credential is closed, since the agent has evidently moved on from it;
-    /// one with another credential keeps the id, and `None` says so (`agent_id_in_use`).
+    /// Whether the session of this key has a live connection.
+    fn is_live(&self, key: &str) -> bool {
+        self.inner
+            .by_agent
+            .get(key)
+            .is_some_and(|s| s.connection.close_reason().is_none())
+    }
+
+    /// Whether a report of `session` may take over an instance whose stored reporter
+    /// is `holder`: the holder is of the same credential, or has no live connection.
+    /// An instance of a live connection of another credential is `instance_in_use`.
+    pub(crate) fn may_take(&self, session: &Session, holder: &str) -> bool {
+        credential_tag(holder) == credential_tag(&session.key) || !self.is_live(holder)
+    }
+
+    /// Registers a new connection. An older connection of the same credential and
+    /// agent id is closed, since the agent has evidently moved on from it (a
+    /// reconnect). Connections of other credentials are never touched, whatever id
+    /// they gave.
     pub(crate) fn connect(
         &self,
         agent_id: &str,
         credential: super::connection::Credential,
         connection: quinn::Connection,
         commands: mpsc::Sender<Box<CommandRequest>>,
-    ) -> Option<Arc<Session>> {
+    ) -> Arc<Session> {
+        let key = session_key(&credential, agent_id);
         let session = Arc::new(Session {
-            agent_id: agent_id.to_owned(),
+            key: key.clone(),
             credential,
             reported: Mutex::new(Reported::default()),
             reported_keys: std::hash::RandomState::new(),
@@ -192,24 +239,12 @@ impl Agents {
             pending: Mutex::new(HashMap::new()),
             next_command: AtomicU64::new(1),
         });
-        let old = match self.inner.by_agent.entry(agent_id.to_owned()) {
-            dashmap::Entry::Occupied(mut held) => {
-                let live = held.get().connection.close_reason().is_none();
-                if live && held.get().credential != credential {
-                    return None;
-                }
-                Some(held.insert(session.clone()))
-            }
-            dashmap::Entry::Vacant(v) => {
-                v.insert(session.clone());
-                None
-            }
-        };
+        let old = self.inner.by_agent.insert(key, session.clone());
         if let Some(old) = old {
             old.connection
                 .close(code::REPLACED.into(), b"replaced by a newer connection");
         }
-        Some(session)
+        session
     }
 
     /// Forgets a closed connection. Returns whether it was the agent's current one
@@ -218,7 +253,7 @@ impl Agents {
         let current = self
             .inner
             .by_agent
-            .remove_if(&session.agent_id, |_, s| s.conn_id == session.conn_id)
+            .remove_if(&session.key, |_, s| s.conn_id == session.conn_id)
             .is_some();
         // Dropping the senders wakes every waiting caller with AgentGone.
         lock(&session.pending).clear();
@@ -283,6 +318,8 @@ impl Agents {
             id,
             instance: instance.to_owned(),
             command: cmd,
+            zone_name: zone.to_owned(),
+            cluster_name: cluster.to_owned(),
         });
         let exchange = async {
             session

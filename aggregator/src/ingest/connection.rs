@@ -19,7 +19,7 @@ use super::auth::{ZoneGrant, cert_grant, digest};
 use super::{MAX_HELLO, Shared};
 
 /// Which credential authenticated a connection: the SHA-256 of the agent certificate
-/// or of the hello token. An agent id belongs to the credential of its live connection.
+/// or of the hello token. A session is keyed by its credential and agent id.
 pub(super) type Credential = [u8; 32];
 
 /// Commands queued for one agent's control stream before callers wait.
@@ -78,10 +78,12 @@ async fn authenticate_connection(
         }
         Err(_) => {
             shared.metrics.rejected("hello_timeout");
-            warn!(
-                reason = "hello_timeout",
-                "Agent refused: no handshake in time."
-            );
+            shared.refusals.warn(|suppressed| {
+                warn!(
+                    reason = "hello_timeout",
+                    suppressed, "Agent refused: no handshake in time."
+                );
+            });
             return None;
         }
     };
@@ -105,10 +107,12 @@ async fn serve_inner(incoming: quinn::Incoming, shared: Arc<Shared>) {
     if shared.open.fetch_add(1, Ordering::Relaxed) >= shared.max_connections {
         shared.open.fetch_sub(1, Ordering::Relaxed);
         shared.metrics.rejected("too_many_connections");
-        warn!(
-            max_connections = shared.max_connections,
-            "Agent refused: too many agents."
-        );
+        shared.refusals.warn(|suppressed| {
+            warn!(
+                max_connections = shared.max_connections,
+                suppressed, "Agent refused: too many agents."
+            );
+        });
         Box::pin(refuse_hello(
             &conn,
             send,
@@ -135,24 +139,9 @@ async fn serve_agent(
     Span::current().record("agent", agent_id.as_str());
 
     let (commands_tx, mut commands_rx) = mpsc::channel(COMMAND_QUEUE);
-    let Some(session) = shared
+    let session = shared
         .agents
-        .connect(&agent_id, credential, conn.clone(), commands_tx)
-    else {
-        shared.metrics.rejected("agent_id_in_use");
-        warn!(
-            reason = "agent_id_in_use",
-            "Agent refused: its id is held by a live connection with other credentials."
-        );
-        Box::pin(refuse_hello(
-            &conn,
-            send,
-            shared,
-            format!("agent_id_in_use: agent id {agent_id:?} is held by a live connection with other credentials"),
-        ))
-        .await;
-        return;
-    };
+        .connect(&agent_id, credential, conn.clone(), commands_tx);
     // Authenticated: the agent may now send reports (see `tls::PRE_AUTH_STREAMS`).
     conn.set_receive_window(quinn::VarInt::MAX);
     conn.set_max_concurrent_bi_streams(tls::AGENT_STREAMS.into());
@@ -162,7 +151,7 @@ async fn serve_agent(
     if let Err(e) = Box::pin(write_frame(&mut send, &welcome, shared.max_message)).await {
         debug!(error = %e, "Welcome not sent.");
         if shared.agents.disconnect(&session) {
-            shared.sink.agent_gone(&agent_id);
+            shared.sink.agent_gone(&session.key);
         }
         return;
     }
@@ -225,7 +214,7 @@ async fn serve_agent(
     release_instances(shared, &session);
     shared.metrics.agents_connected.dec();
     if shared.agents.disconnect(&session) {
-        shared.sink.agent_gone(&agent_id);
+        shared.sink.agent_gone(&session.key);
     }
     info!(goodbye, "Agent disconnected.");
 }
@@ -245,7 +234,9 @@ async fn greet(
 )> {
     let refuse = |reason: &'static str, why: &str| {
         shared.metrics.rejected(reason);
-        warn!(reason, detail = why, "Agent refused.");
+        shared.refusals.warn(|suppressed| {
+            warn!(reason, detail = why, suppressed, "Agent refused.");
+        });
     };
     let stream = tokio::time::timeout_at(deadline, conn.accept_bi()).await;
     let (send, mut recv) = match stream {
@@ -384,7 +375,9 @@ async fn handle_report(
         Ok(instances) => ServerMessage::ReportAccepted { instances },
         Err((reason, why)) => {
             shared.metrics.rejected(reason);
-            warn!(reason, error = %why, "Report rejected.");
+            shared.refusals.warn(|suppressed| {
+                warn!(reason, error = %why, suppressed, "Report rejected.");
+            });
             ServerMessage::Rejected { reason: why }
         }
     };
@@ -464,10 +457,13 @@ fn accept(
         }
     }
     let n = report.instances.len();
-    admit_and_apply(report, shared, session)?;
+    let refused = admit_and_apply(report, shared, session)?;
     shared.metrics.reports_received.inc();
-    shared.metrics.instances_reported.inc_by(n as u64);
-    Ok(n as u32)
+    shared
+        .metrics
+        .instances_reported
+        .inc_by((n - refused) as u64);
+    Ok((n - refused) as u32)
 }
 
 /// Counts the report's instances against its credential's bound in place of the
@@ -479,7 +475,7 @@ fn admit_and_apply(
     report: Report,
     shared: &Shared,
     session: &Session,
-) -> Result<(), (&'static str, String)> {
+) -> Result<usize, (&'static str, String)> {
     use std::hash::BuildHasher;
     let mut reported = lock(&session.reported);
     if reported.closed {
@@ -522,10 +518,46 @@ fn admit_and_apply(
             });
     }
     reported.keys = keys;
-    shared
-        .sink
-        .apply_report(&session.agent_id, report.instances, Instant::now());
-    Ok(())
+    let may_take = |holder: &str| shared.agents.may_take(session, holder);
+    let refused =
+        shared
+            .sink
+            .apply_report(&session.key, report.instances, Instant::now(), &may_take);
+    if !refused.is_empty() {
+        // Refused instances are not this connection's: they do not count against its
+        // credential, and the next report may claim them again once they are free.
+        let mut n = 0;
+        for (zone, cluster, instance) in &refused {
+            let key = session.reported_keys.hash_one((
+                zone.as_str(),
+                cluster.as_str(),
+                instance.as_str(),
+            ));
+            if reported.keys.remove(&key) {
+                n += 1;
+            }
+            shared.metrics.rejected("instance_in_use");
+        }
+        shared
+            .by_credential
+            .remove_if_mut(&session.credential, |_, total| {
+                *total = total.saturating_sub(n);
+                *total == 0
+            });
+        shared.refusals.warn(|suppressed| {
+            let (zone, cluster, instance) = &refused[0];
+            warn!(
+                reason = "instance_in_use",
+                refused = refused.len(),
+                zone = %zone,
+                cluster = %cluster,
+                instance = %instance,
+                suppressed,
+                "Instances refused: reported by a live connection with other credentials."
+            );
+        });
+    }
+    Ok(refused.len())
 }
 
 /// Gives a finished connection's instances back to its credential's bound, and

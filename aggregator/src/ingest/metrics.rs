@@ -19,7 +19,7 @@ pub const REJECT_REASONS: [&str; 19] = [
     "hello_timeout",
     "too_many_connections",
     "too_many_pending",
-    "agent_id_in_use",
+    "instance_in_use",
     "too_many_upstream_clusters",
     "too_many_upstream_hosts",
     "too_many_credential_instances",

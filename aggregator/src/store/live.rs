@@ -172,6 +172,9 @@ const BUCKET_SPAN: Duration = Duration::from_millis(250);
 enum Put {
     /// Over the instance budget.
     Dropped,
+    /// Held by another reporter that may not be displaced (`instance_in_use`); the
+    /// snapshot is given back.
+    Refused(InstanceReport),
     /// Stored; `shown` when a reader sees the change.
     Done { shown: bool, joined: Option<Joined> },
 }
@@ -241,12 +244,31 @@ impl Store {
         self.apply_reports(agent_id, vec![report], now);
     }
 
+    /// Records the instance snapshots of one report from an agent, taking over every
+    /// instance another reporter had.
+    pub fn apply_reports(&self, agent_id: &str, reports: Vec<InstanceReport>, now: Instant) {
+        self.apply_reports_guarded(agent_id, reports, now, &|_| true);
+    }
+
     /// Records the instance snapshots of one report from an agent; their names were
     /// validated by the ingest. Reports for clusters nobody registered are kept too:
     /// they show in `GET /services`. Each (zone, cluster) entry is locked once for the
     /// run of snapshots that name it, and its status is recomputed from running sums.
-    pub fn apply_reports(&self, agent_id: &str, reports: Vec<InstanceReport>, now: Instant) {
+    ///
+    /// An instance that another agent reports is taken over only when
+    /// `may_take(that agent)` allows it, decided under the entry's lock; the
+    /// instances refused are answered as (zone, cluster, instance), and the rest of
+    /// the report applies. Another replica's instance is always taken over (its
+    /// agent moved here).
+    pub fn apply_reports_guarded(
+        &self,
+        agent_id: &str,
+        reports: Vec<InstanceReport>,
+        now: Instant,
+        may_take: &dyn Fn(&str) -> bool,
+    ) -> Vec<(String, String, String)> {
         let _st = shared(&self.state);
+        let mut refused = Vec::new();
         let agent: Arc<str> = Arc::from(agent_id);
         let mut visible = false;
         let mut stored = false;
@@ -266,8 +288,11 @@ impl Store {
             let mut shown_here = false;
             let mut report = Some(first);
             while let Some(r) = report.take() {
-                match self.put_instance(e, &agent, r, now) {
+                match self.put_instance(e, &agent, r, now, may_take) {
                     Put::Dropped => {}
+                    Put::Refused(r) => {
+                        refused.push((r.zone_name, r.cluster_name, r.instance));
+                    }
                     Put::Done { shown, joined: j } => {
                         stored = true;
                         shown_here |= shown;
@@ -312,6 +337,7 @@ impl Store {
         if visible {
             self.publish(&touched);
         }
+        refused
     }
 
     /// Puts one snapshot into its entry, keeping the entry's live sums; the caller
@@ -322,8 +348,16 @@ impl Store {
         agent: &Arc<str>,
         report: InstanceReport,
         now: Instant,
+        may_take: &dyn Fn(&str) -> bool,
     ) -> Put {
         let prev = e.instances.get(&report.instance);
+        if let Some(p) = prev
+            && p.agent_id != *agent
+            && !p.is_remote()
+            && !may_take(&p.agent_id)
+        {
+            return Put::Refused(report);
+        }
         if prev.is_none() && !self.live.admit() {
             warn!(agent_id = %agent, zone = %report.zone_name, cluster = %report.cluster_name, instance = %report.instance, limit = MAX_INSTANCES, "Instance report dropped: too many instances.");
             return Put::Dropped;

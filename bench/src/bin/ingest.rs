@@ -40,15 +40,22 @@ struct CountingSink {
 }
 
 impl ReportSink for CountingSink {
-    fn apply_report(&self, _agent_id: &str, instances: Vec<InstanceReport>, _now: Instant) {
+    fn apply_report(
+        &self,
+        _key: &str,
+        instances: Vec<InstanceReport>,
+        _now: Instant,
+        _may_take: &dyn Fn(&str) -> bool,
+    ) -> Vec<meshcat_aggregator::ingest::RefusedInstance> {
         for report in &instances {
             // Touch the data as a store would, so the work is not optimised away.
             std::hint::black_box(report.metrics.total_requests);
         }
         self.instances
             .fetch_add(instances.len() as u64, Ordering::Relaxed);
+        Vec::new()
     }
-    fn agent_gone(&self, _agent_id: &str) {
+    fn agent_gone(&self, _key: &str) {
         self.gone.fetch_add(1, Ordering::Relaxed);
     }
     fn reporter(&self, _zone: &str, _cluster: &str, _instance: &str) -> Option<String> {
