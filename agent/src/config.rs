@@ -79,6 +79,9 @@ pub struct AgentConfig {
     /// Without it, PUT /logging answers 403 unless --ops-addr is a loopback address.
     #[arg(long, env = "MESHCAT_OPS_TOKEN_FILE")]
     pub ops_token_file: Option<PathBuf>,
+    /// Header timeout and connection bound of the ops listener.
+    #[command(flatten)]
+    pub http: meshcat_common::http::ServerLimitArgs,
     /// Log format.
     #[arg(long, env = "MESHCAT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,

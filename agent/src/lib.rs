@@ -247,14 +247,13 @@ pub async fn run(
         }
     };
 
-    let mut ops_stop = stop_rx.clone();
-    let ops = tokio::spawn(
-        axum::serve(ops_listener, ops::app(agent.clone(), access))
-            .with_graceful_shutdown(async move {
-                let _ = ops_stop.wait_for(|s| *s).await;
-            })
-            .into_future(),
-    );
+    let ops = tokio::spawn(meshcat_common::http::serve(
+        ops_listener,
+        ops::app(agent.clone(), access),
+        config.http.limits(),
+        None,
+        stop_rx.clone(),
+    ));
     info!(ops = %ops_addr, interval = ?config.interval, "Agent started.");
 
     shutdown.await;

@@ -119,6 +119,9 @@ pub struct ServeArgs {
     /// Largest accepted request body (like 1MiB, 512KiB, 1048576).
     #[arg(long, env = "MESHCAT_MAX_BODY", default_value = "1MiB", value_parser = parse_bytes, value_name = "SIZE")]
     pub max_body: u64,
+    /// Header timeout and connection bound of every HTTP listener (API and ops).
+    #[command(flatten)]
+    pub http: meshcat_common::http::ServerLimitArgs,
     /// Largest accepted agent message; a larger one is refused and counted, the
     /// agent's other messages are unaffected.
     #[arg(long, env = "MESHCAT_MAX_MESSAGE", default_value = "4MiB", value_parser = parse_bytes, value_name = "SIZE")]
@@ -321,6 +324,8 @@ pub struct Config {
     /// not on loopback: each is warned about at start.
     pub exposed: Vec<(&'static str, SocketAddr)>,
     pub max_body: usize,
+    /// Header timeout and connection bound of the API and ops listeners.
+    pub http_limits: meshcat_common::http::ServerLimits,
     pub api_tls_cert: Option<PathBuf>,
     pub api_tls_key: Option<PathBuf>,
     /// CA of the other replicas' API certificates (HTTPS forwarding).
@@ -367,6 +372,7 @@ impl std::fmt::Debug for Config {
             .field("dev", &self.dev)
             .field("allow_anonymous_writes", &self.allow_anonymous_writes)
             .field("max_body", &self.max_body)
+            .field("http_limits", &self.http_limits)
             .field("max_message", &self.max_message)
             .field("api_tls_cert", &self.api_tls_cert)
             .field("api_tls_key", &self.api_tls_key)
@@ -508,6 +514,7 @@ impl Config {
             allow_anonymous_writes: a.allow_anonymous_writes,
             exposed,
             max_body: a.max_body as usize,
+            http_limits: a.http.limits(),
             api_tls_cert: a.api_tls_cert,
             api_tls_key: a.api_tls_key,
             peer_ca_file: a.peer_ca_file,

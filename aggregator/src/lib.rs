@@ -274,19 +274,21 @@ async fn serve_with(
         ),
         _ => None,
     };
-    let api_task = match api_tls {
-        Some(tls) => tokio::spawn(api::tls::serve(api, tls, api_app, stop_rx.clone())),
-        None => tokio::spawn(
-            axum::serve(api, api_app)
-                .with_graceful_shutdown(stopped(stop_rx.clone()))
-                .into_future(),
-        ),
-    };
-    let ops_task = tokio::spawn(
-        axum::serve(ops, ops::app(ops_state.clone()))
-            .with_graceful_shutdown(stopped(stop_rx.clone()))
-            .into_future(),
-    );
+    let http_limits = agg.config.http_limits;
+    let api_task = tokio::spawn(meshcat_common::http::serve(
+        api,
+        api_app,
+        http_limits,
+        api_tls.map(tokio_rustls::TlsAcceptor::from),
+        stop_rx.clone(),
+    ));
+    let ops_task = tokio::spawn(meshcat_common::http::serve(
+        ops,
+        ops::app(ops_state.clone()),
+        http_limits,
+        None,
+        stop_rx.clone(),
+    ));
     let expiry_task = tokio::spawn(expire_loop(agg.store.clone(), stop_rx.clone()));
     let sync_task = tokio::spawn(store::etcd::sync(agg.store.clone(), stop_rx.clone()));
     // With etcd, the instances this replica's agents report are published for the

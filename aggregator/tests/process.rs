@@ -3,8 +3,8 @@
 //! acknowledged writes across SIGKILL.
 
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -168,6 +168,8 @@ fn help_documents_every_flag_with_its_environment_twin() {
         "agent-token-file",
         "dev",
         "max-body",
+        "header-timeout",
+        "max-connections",
         "log-format",
     ] {
         assert!(help.contains(&format!("--{flag}")), "--{flag} missing");
@@ -626,4 +628,181 @@ async fn the_api_is_served_over_tls_when_asked() {
         .send()
         .await;
     assert!(plain.is_err() || !plain.unwrap().status().is_success());
+}
+
+// ---- HTTP listeners: header timeout, connection bound, resource errors ------------
+
+/// Whether the peer closes `s` (end of stream or reset) before `deadline`; whatever
+/// it sends first is read and dropped.
+fn closed_by_peer(s: &mut TcpStream, deadline: Duration) -> bool {
+    let end = Instant::now() + deadline;
+    let mut buf = [0u8; 4096];
+    loop {
+        let left = end.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        s.set_read_timeout(Some(left)).unwrap();
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return false;
+            }
+            Err(_) => return true,
+        }
+    }
+}
+
+/// Sends one whole request on a new connection and reads the answer's status line.
+fn status_line(addr: SocketAddr, path: &str) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = String::new();
+    let _ = s.read_to_string(&mut answer);
+    answer.lines().next().unwrap_or_default().to_owned()
+}
+
+/// Over raw TCP: a connection that sends nothing, and one that sends half a request
+/// head, are both closed by the header timeout, on the API and on the ops port; a
+/// whole request is served as before.
+#[test]
+fn every_http_listener_closes_a_connection_without_a_whole_head_in_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = spawn_with(dir.path(), &["--header-timeout", "1s"]);
+    for (addr, path) in [(p.api, "/summary"), (p.ops, "/healthz")] {
+        let mut silent = TcpStream::connect(addr).unwrap();
+        let mut half = TcpStream::connect(addr).unwrap();
+        half.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+            .unwrap();
+        // The bound is the test's patience, far past the 1 s timeout.
+        assert!(
+            closed_by_peer(&mut silent, Duration::from_secs(20)),
+            "{addr}: a silent connection stayed open"
+        );
+        assert!(
+            closed_by_peer(&mut half, Duration::from_secs(20)),
+            "{addr}: a half-sent head stayed open"
+        );
+        assert_eq!(status_line(addr, path), "HTTP/1.1 200 OK", "{addr}");
+    }
+}
+
+/// With `--max-connections 2` and two connections held open, a third is not served
+/// until one of them ends; then it is, and the listener goes on.
+#[test]
+fn past_max_connections_a_new_connection_waits_until_one_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = spawn_with(
+        dir.path(),
+        &["--max-connections", "2", "--header-timeout", "60s"],
+    );
+    let first = TcpStream::connect(p.api).unwrap();
+    let second = TcpStream::connect(p.api).unwrap();
+    let mut third = TcpStream::connect(p.api).unwrap();
+    third
+        .write_all(b"GET /summary HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    third
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let mut buf = [0u8; 64];
+    let early = third.read(&mut buf);
+    assert!(
+        matches!(&early, Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)),
+        "the third connection was served past the bound: {early:?}"
+    );
+    drop(first);
+    third
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut answer = buf[..0].to_vec();
+    third.read_to_end(&mut answer).unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
+    drop(second);
+    assert_eq!(status_line(p.api, "/summary"), "HTTP/1.1 200 OK");
+}
+
+/// CPU time (user and system) the process has used.
+fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // The fields after the command name, which is in parentheses.
+    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    // Linux reports these in clock ticks of 1/100 s on every common configuration.
+    Duration::from_millis(ticks * 10)
+}
+
+/// Run under a descriptor limit of 64, the aggregator runs out of descriptors when
+/// many clients connect at once. Its accept loop then pauses instead of spinning on
+/// the error (it uses next to no CPU while the shortage lasts), says so once, and
+/// serves again once the connections are gone.
+#[test]
+fn a_listener_out_of_descriptors_pauses_and_serves_again_afterwards() {
+    let dir = tempfile::tempdir().unwrap();
+    let plain = command(dir.path());
+    let mut limited = Command::new("prlimit");
+    limited
+        .arg("--nofile=64:64")
+        .arg("--")
+        .arg(plain.get_program())
+        .args(plain.get_args())
+        .env_remove("RUST_LOG")
+        .env_remove("MESHCAT_ALLOW_ANONYMOUS_WRITES")
+        .env_remove("MESHCAT_DEV")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let (p, _, log) = spawn_watched(limited, &["--header-timeout", "60s"]);
+    let mut held: Vec<TcpStream> = (0..150)
+        .map(|_| TcpStream::connect(p.api).unwrap())
+        .collect();
+    // The shortage is logged once it happens.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = log
+            .recv_timeout(left)
+            .expect("no accept failure was logged");
+        if line["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("Accept failed"))
+        {
+            break;
+        }
+    }
+    let pid = p.child.id();
+    let before = cpu_time(pid);
+    let window = Instant::now();
+    // A measuring window, not a wait for anything: the shortage lasts throughout.
+    std::thread::sleep(Duration::from_secs(1));
+    let used = cpu_time(pid) - before;
+    let elapsed = window.elapsed();
+    assert!(
+        used < elapsed / 5,
+        "the accept loop used {used:?} of CPU in {elapsed:?} while out of descriptors"
+    );
+    held.clear();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let line = status_line(p.api, "/summary");
+        if line == "HTTP/1.1 200 OK" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the listener did not serve again: {line:?}"
+        );
+    }
 }

@@ -4,6 +4,7 @@
 //! transport over quinn streams.
 
 pub mod config;
+pub mod http;
 pub mod level;
 pub mod model;
 pub mod tls;
