@@ -423,6 +423,52 @@ async fn cluster_validation() {
         api.cluster(ok).await;
     }
     assert_eq!(api.names("").await.len(), 3);
+
+    // Link fields take web addresses (and, for the documentation fields, a path on
+    // the same site) only; the answer names the field, and nothing is stored.
+    for (field, value) in [
+        ("ownerURL", json!("javascript:alert(1)")),
+        ("apiEndpoint", json!("data:text/html,<script>x</script>")),
+        ("documentation", json!("//evil.example.com/docs")),
+        ("apiSpecEndpoint", json!("javascript:x")),
+        ("ownerURL", json!("/team")),
+    ] {
+        let mut body = json!({"clusterName": "links", "zoneName": "z", "name": "n"});
+        body[field] = value.clone();
+        let (s, v) = api.post("/clusters", body).await;
+        assert_eq!(
+            s,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{field}={value} -> {v}"
+        );
+        assert!(
+            v["error"]
+                .as_str()
+                .unwrap()
+                .starts_with(&format!("{field} ")),
+            "{v}"
+        );
+    }
+    let (s, v) = api
+        .post(
+            "/clusters",
+            json!({"clusterName": "links", "zoneName": "z", "name": "n",
+                   "externalLinks": [{"name": "x", "link": "javascript:alert(1)"}]}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("externalLinks[].link ")
+    );
+    assert_eq!(api.names("").await.len(), 3);
+    api.cluster(json!({"clusterName": "links", "zoneName": "z", "name": "n",
+        "ownerURL": "https://teams.example.com/web", "documentation": "/docs/web.md",
+        "apiEndpoint": "http://web.z.svc:8080", "apiSpecEndpoint": "https://web.example.com/openapi.json",
+        "externalLinks": [{"name": "runbook", "link": "https://runbooks.example.com/web"}]}))
+        .await;
 }
 
 #[tokio::test]

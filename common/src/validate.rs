@@ -132,7 +132,59 @@ pub fn cluster(r: &ClusterRecord) -> Result<(), Invalid> {
         check_text("externalLinks[].name", &l.name)?;
         check_text("externalLinks[].link", &l.link)?;
     }
+    // Readers of the API render these as links: only web addresses (and, for the
+    // documentation fields, a path on the same site) are stored, never `javascript:`,
+    // `data:` or a scheme-relative `//host`.
+    check_url("ownerURL", &r.owner_url, false)?;
+    check_url("apiEndpoint", &r.api_endpoint, false)?;
+    check_url("documentation", &r.documentation, true)?;
+    check_url("apiSpecEndpoint", &r.api_spec_endpoint, true)?;
+    for l in &r.external_links {
+        check_url("externalLinks[].link", &l.link, false)?;
+    }
     Ok(())
+}
+
+/// Whether `value` is an absolute `http` or `https` URL with a host.
+pub fn is_web_url(value: &str) -> bool {
+    // The parser would accept surrounding spaces and control characters (it strips
+    // them); a stored link is taken as written, so those are refused here.
+    if value.bytes().any(|b| b.is_ascii_control() || b == b' ' || b == b'\\') {
+        return false;
+    }
+    // Written out as `http://` or `https://`: the parser would also take forms that
+    // browsers repair, such as `http:/host` or `http:\\host`.
+    let lower = value.get(..8).unwrap_or(value).to_ascii_lowercase();
+    if !(lower.starts_with("http://") || lower.starts_with("https://")) {
+        return false;
+    }
+    url::Url::parse(value).is_ok_and(|u| {
+        matches!(u.scheme(), "http" | "https") && u.host_str().is_some_and(|h| !h.is_empty())
+    })
+}
+
+/// Checks a link field: empty, an absolute `http`/`https` URL, or (when `path_ok`) a
+/// path on the same site starting with one `/`.
+pub fn check_url(field: &str, value: &str, path_ok: bool) -> Result<(), Invalid> {
+    if value.is_empty() || is_web_url(value) {
+        return Ok(());
+    }
+    let is_path = value.starts_with('/')
+        && !value.starts_with("//")
+        && !value.starts_with("/\\")
+        && !value
+            .bytes()
+            .any(|b| b.is_ascii_control() || b == b' ' || b == b'\\');
+    if path_ok && is_path {
+        return Ok(());
+    }
+    Err(invalid(if path_ok {
+        format!(
+            "{field} must be empty, an absolute http or https URL, or a path starting with '/'."
+        )
+    } else {
+        format!("{field} must be empty or an absolute http or https URL.")
+    }))
 }
 
 /// Checks `host:port`, where host is a DNS name, an IPv4 address or a bracketed IPv6
@@ -289,6 +341,48 @@ mod tests {
         // One message whatever the reason: it tells nothing about the path.
         messages.dedup();
         assert_eq!(messages.len(), 1, "{messages:?}");
+    }
+
+    #[test]
+    fn link_fields_take_web_urls_and_paths_only() {
+        for ok in [
+            "https://docs.example.com/svc",
+            "http://10.0.0.1:8080/x?y=1#z",
+            "HTTPS://Example.COM",
+        ] {
+            assert!(check_url("ownerURL", ok, false).is_ok(), "{ok}");
+        }
+        for bad in [
+            "javascript:alert(1)",
+            "JavaScript:alert(1)",
+            "data:text/html,<script>alert(1)</script>",
+            "//evil.example.com/x",
+            "/docs/api",
+            "ftp://example.com/x",
+            "https://",
+            "http:/example.com",
+            "http:\\\\example.com",
+            "https://example.com\\@evil.example.com",
+            " https://example.com",
+            "https://exa mple.com",
+            "vbscript:x",
+            "mailto:team@example.com",
+        ] {
+            let e = check_url("ownerURL", bad, false).unwrap_err();
+            assert!(e.0.starts_with("ownerURL "), "{bad}: {e}");
+        }
+        assert!(check_url("documentation", "/docs/api.md", true).is_ok());
+        assert!(check_url("documentation", "", true).is_ok());
+        for bad in [
+            "//evil.example.com",
+            "/\\evil.example.com",
+            "docs/api",
+            "javascript:x",
+            "/a b",
+        ] {
+            let e = check_url("documentation", bad, true).unwrap_err();
+            assert!(e.0.starts_with("documentation "), "{bad}: {e}");
+        }
     }
 
     #[test]
