@@ -65,8 +65,12 @@ impl EnvoyAdmin {
         }
         // An admin API never redirects; following one would let whoever answers on
         // the admin address send the agent to any other host (and an admin address can
-        // come from a discovered pod).
+        // come from a discovered pod). Nor does the call go through a proxy that the
+        // environment names (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY and their lower-case
+        // forms): the admin API is the sidecar's own, on its pod's address, and a
+        // proxy would see (and could answer for) every sidecar the agent watches.
         let client = reqwest::Client::builder()
+            .no_proxy()
             .redirect(reqwest::redirect::Policy::none())
             .timeout(timeout)
             .connect_timeout(timeout)
