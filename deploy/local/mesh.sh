@@ -15,7 +15,10 @@
 # upstreams (no build, no meshcat). --ha starts three etcd members (Debian's etcd,
 # installed by scripts/deps.sh etcd when missing) and three aggregator replicas on
 # them instead of one aggregator; the agents are spread over the replicas, each
-# with the whole list so it moves on when its replica stops.
+# with the whole list so it moves on when its replica stops. etcd is never open,
+# not even here: clients and peers speak TLS and must present a certificate, made
+# by deploy/certs/etcd-certs.sh into .local-mesh/etcd-tls; the replicas get the
+# client certificate (--etcd-ca-file, --etcd-cert, --etcd-key).
 # State and logs live in .local-mesh/ at the repository root (logs in .local-mesh/logs).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -29,8 +32,10 @@ CATALOG_PORT=18010 CATALOG_ADMIN=18911 CATALOG_APP=18110
 REVIEWS_PORT=18020 REVIEWS_ADMIN=18921 REVIEWS_APP=18120
 API_PORT=18080 QUIC_PORT=18443 OPS_PORT=18091
 EDGE_AGENT_OPS=18092 CATALOG_AGENT_OPS=18093 REVIEWS_AGENT_OPS=18094
-# --ha: etcd members (client, peer) and the second and third replicas (api, quic, ops).
+# --ha: etcd members (client, peer), their plain-HTTP /health and /metrics, and the
+# second and third replicas (api, quic, ops).
 ETCD_PORTS=(18379 18380 18381 18382 18383 18384)
+ETCD_METRICS=(18385 18386 18387)
 HA_API=(18080 18081 18082) HA_QUIC=(18443 18444 18445) HA_OPS=(18091 18095 18096)
 HA=0
 ZONE=local
@@ -207,21 +212,42 @@ start_data_plane() {
   wait_for "reviews through the edge" 15 curl -fsS "http://127.0.0.1:$EDGE_PORT/reviews/health.json"
 }
 
+# Three members on 127.0.0.1 with TLS for clients and peers, each demanding a
+# certificate of its CA (--client-cert-auth, --peer-client-cert-auth); /health is
+# served in plain HTTP on a port of its own. Certificates: deploy/certs/etcd-certs.sh
+# (member N uses meshcat-etcd-N, which names 127.0.0.1).
 start_etcd() {
-  local etcd_bin cluster="" i
+  local etcd_bin cluster="" i tls="$state/etcd-tls"
   etcd_bin=$(command -v etcd || echo /usr/bin/etcd)
-  for i in 0 1 2; do cluster+="m$i=http://127.0.0.1:${ETCD_PORTS[$((2 * i + 1))]},"; done
-  say "etcd (three members)"
+  say "etcd certificates ($tls)"
+  "$root/deploy/certs/etcd-certs.sh" --out "$tls" --members 3 --quiet
+  for i in 0 1 2; do cluster+="m$i=https://127.0.0.1:${ETCD_PORTS[$((2 * i + 1))]},"; done
+  say "etcd (three members, TLS with client certificates)"
   for i in 0 1 2; do
-    local client=http://127.0.0.1:${ETCD_PORTS[$((2 * i))]} peer=http://127.0.0.1:${ETCD_PORTS[$((2 * i + 1))]}
+    local client=https://127.0.0.1:${ETCD_PORTS[$((2 * i))]} peer=https://127.0.0.1:${ETCD_PORTS[$((2 * i + 1))]}
     ETCD_UNSUPPORTED_ARCH=$(uname -m) spawn "etcd-$i" "$etcd_bin" --name "m$i" \
       --data-dir "$state/etcd/m$i" --listen-client-urls "$client" --advertise-client-urls "$client" \
       --listen-peer-urls "$peer" --initial-advertise-peer-urls "$peer" \
-      --initial-cluster "${cluster%,}" --initial-cluster-state new --max-txn-ops 4096
+      --listen-metrics-urls "http://127.0.0.1:${ETCD_METRICS[$i]}" \
+      --initial-cluster "${cluster%,}" --initial-cluster-state new --max-txn-ops 4096 \
+      --client-cert-auth --trusted-ca-file "$tls/ca.crt" \
+      --cert-file "$tls/server/meshcat-etcd-$i.crt" --key-file "$tls/server/meshcat-etcd-$i.key" \
+      --peer-client-cert-auth --peer-trusted-ca-file "$tls/peer-ca.crt" \
+      --peer-cert-file "$tls/peer/meshcat-etcd-$i.crt" --peer-key-file "$tls/peer/meshcat-etcd-$i.key"
   done
   for i in 0 1 2; do
-    wait_for "etcd member $i healthy" 30 curl -fsS "http://127.0.0.1:${ETCD_PORTS[$((2 * i))]}/health"
+    wait_for "etcd member $i healthy" 30 etcd_healthy "$i"
   done
+  # Without a client certificate a member must refuse the connection.
+  if curl -sS --max-time 3 -o /dev/null --cacert "$tls/ca.crt" \
+      "https://127.0.0.1:${ETCD_PORTS[0]}/version" 2>/dev/null; then
+    die "etcd member 0 answered a client without a certificate; check its flags in $logs/etcd-0.out"
+  fi
+}
+
+# True when member $1 reports itself healthy (needs a leader).
+etcd_healthy() {
+  curl -fsS --max-time 2 "http://127.0.0.1:${ETCD_METRICS[$1]}/health" | grep -q '"health":"true"'
 }
 
 start_meshcat() {
@@ -231,10 +257,13 @@ start_meshcat() {
   if [ "$HA" = 1 ]; then
     start_etcd
     local store="etcd://127.0.0.1:${ETCD_PORTS[0]},127.0.0.1:${ETCD_PORTS[2]},127.0.0.1:${ETCD_PORTS[4]}/meshcat-local" i
+    local tls="$state/etcd-tls"
     for i in 0 1 2; do
-      say "aggregator replica $i (--dev, --store etcd)"
+      say "aggregator replica $i (--dev, --store etcd over TLS)"
       spawn "aggregator-$i" "$bin/meshcat-aggregator" serve --dev --data-dir "$state/data" \
-        --store "$store" --api-addr "127.0.0.1:${HA_API[$i]}" --advertise-addr "127.0.0.1:${HA_API[$i]}" \
+        --store "$store" --etcd-ca-file "$tls/ca.crt" \
+        --etcd-cert "$tls/client/aggregator.crt" --etcd-key "$tls/client/aggregator.key" \
+        --api-addr "127.0.0.1:${HA_API[$i]}" --advertise-addr "127.0.0.1:${HA_API[$i]}" \
         --quic-addr "127.0.0.1:${HA_QUIC[$i]}" --ops-addr "127.0.0.1:${HA_OPS[$i]}"
       # The first replica writes the development certificates the others read.
       wait_for "replica $i /readyz" 30 curl -fsS "http://127.0.0.1:${HA_OPS[$i]}/readyz"
@@ -324,10 +353,19 @@ cmd_stop() {
   # Reverse start order: agents before the aggregator, Envoys before their upstreams.
   # An Envoy's wrapper sh is left alone: it reaps its Envoy and then exits by itself.
   while read -r pid name; do
-    case "$name" in meshcat-envoy-*) continue ;; esac
+    case "$name" in meshcat-envoy-* | etcd) continue ;; esac
     if is_ours "$pid" "$name"; then kill -TERM "$pid" 2>/dev/null || true; fi
   done < <(tac "$pids")
-  local end=$((SECONDS + 6))
+  # etcd members one at a time (--ha): stopped together, each leader hands its
+  # leadership to a member that is going away too and waits seconds for it.
+  local end
+  while read -r pid name; do
+    if [ "$name" != etcd ] || ! is_ours "$pid" "$name"; then continue; fi
+    kill -TERM "$pid" 2>/dev/null || true
+    end=$((SECONDS + 6))
+    while is_ours "$pid" "$name" && [ "$SECONDS" -lt "$end" ]; do sleep 0.1; done
+  done < <(tac "$pids")
+  end=$((SECONDS + 6))
   while left=$(live_pids) && [ -n "$left" ] && [ "$SECONDS" -lt "$end" ]; do sleep 0.2; done
   if [ -n "$left" ]; then
     echo "still running after SIGTERM, sending SIGKILL: $(echo "$left" | tr '\n' ' ')"
@@ -348,9 +386,21 @@ cmd_status() {
   while read -r pid name; do
     if is_ours "$pid" "$name"; then echo "running  $pid  $name"; else echo "stopped  $pid  $name"; fi
   done <"$pids"
-  for url in "http://127.0.0.1:$EDGE_PORT/catalog/" "http://127.0.0.1:$OPS_PORT/readyz"; do
+  local urls=("http://127.0.0.1:$EDGE_PORT/catalog/" "http://127.0.0.1:$OPS_PORT/readyz")
+  if grep -q ' etcd$' "$pids"; then
+    urls+=("http://127.0.0.1:${HA_OPS[1]}/readyz" "http://127.0.0.1:${HA_OPS[2]}/readyz")
+    urls+=("http://127.0.0.1:${ETCD_METRICS[0]}/health" "http://127.0.0.1:${ETCD_METRICS[1]}/health")
+    urls+=("http://127.0.0.1:${ETCD_METRICS[2]}/health")
+  fi
+  for url in "${urls[@]}"; do
     printf '%s  %s\n' "$(curl -s -o /dev/null -w '%{http_code}' "$url" || true)" "$url"
   done
+}
+
+# EXIT trap of `up`: stops what was started when `up` fails.
+stop_on_failure() {
+  local rc=$?
+  if [ "$rc" -ne 0 ]; then cmd_stop; fi
 }
 
 cmd_up() {
@@ -370,13 +420,13 @@ cmd_up() {
     "$REVIEWS_PORT" "$REVIEWS_ADMIN" "$REVIEWS_APP" "$API_PORT" "$OPS_PORT" \
     "$EDGE_AGENT_OPS" "$CATALOG_AGENT_OPS" "$REVIEWS_AGENT_OPS"
   if [ "$HA" = 1 ]; then
-    check_ports "${ETCD_PORTS[@]}" "${HA_API[@]:1}" "${HA_OPS[@]:1}"
+    check_ports "${ETCD_PORTS[@]}" "${ETCD_METRICS[@]}" "${HA_API[@]:1}" "${HA_OPS[@]:1}"
     "$root/scripts/deps.sh" etcd
     # Each `up --ha` starts a fresh etcd cluster.
     rm -rf "$state/etcd"
   fi
   # A failure half-way leaves nothing behind.
-  trap 'rc=$?; if [ $rc -ne 0 ]; then cmd_stop; fi' EXIT
+  trap stop_on_failure EXIT
   if [ "$foreground" = 1 ]; then
     trap 'echo; cmd_stop; trap - EXIT; exit 0' INT TERM
   fi
