@@ -7,11 +7,18 @@
 //! and needs no inotify. It survives the file not existing yet, appends, truncation in
 //! place (copytruncate) and rotation by rename (a new inode at the path), and waits for
 //! the newline of a partly written last line.
+//!
+//! The file is opened without following a symbolic link at its path and without
+//! blocking (`O_NOFOLLOW | O_NONBLOCK`), and read only when the opened handle is a
+//! regular file: whoever writes the sidecar's log folder (a compromised sidecar
+//! container sharing it) cannot make the agent read its own key or token through a
+//! link, nor hang it on a FIFO. This holds at the first open and at every reopen after
+//! a rotation.
 
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom};
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -176,10 +183,11 @@ impl LogTail {
     /// (a read stops only at the file's end or after 4 MiB), so this waits on a
     /// condition, never on a timer; a read that makes no progress ends the wait.
     pub async fn catch_up(&self, within: Duration) -> bool {
-        let target = match std::fs::metadata(self.path()) {
-            Ok(m) => (m.dev(), m.ino(), m.len()),
-            // Nothing to read: the file is not there (yet).
-            Err(_) => return true,
+        let target = match std::fs::symlink_metadata(self.path()) {
+            Ok(m) if m.is_file() => (m.dev(), m.ino(), m.len()),
+            // Nothing to read: the file is not there (yet), or is not a regular file
+            // (which the tail refuses to read).
+            _ => return true,
         };
         let end = tokio::time::Instant::now() + within;
         let mut last = None;
@@ -337,6 +345,9 @@ struct Follower {
     skip_to_newline: bool,
     /// Whether the path was missing at the last look, to say it once.
     missing: bool,
+    /// The kinds of refusal already logged since the last regular file was opened,
+    /// to say each once rather than at every tick.
+    refused: Vec<Refusal>,
     /// The last read error, to log each distinct failure once.
     last_error: Option<String>,
 }
@@ -355,7 +366,9 @@ impl Follower {
         let first_look = !self.looked;
         self.looked = true;
         if let Some(open) = self.file.as_mut() {
-            match std::fs::metadata(&config.path) {
+            // The path itself, not what a link there points to: a link put in place of
+            // the file is a rotation, and its reopen is refused below.
+            match std::fs::symlink_metadata(&config.path) {
                 Ok(m) if m.dev() == open.dev && m.ino() == open.ino => {
                     if m.len() < open.offset {
                         open.file.seek(SeekFrom::Start(0))?;
@@ -381,19 +394,27 @@ impl Follower {
                 Err(e) => return Err(e),
             }
         }
-        let file = match File::open(&config.path) {
-            Ok(f) => f,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+        let (file, meta) = match open_regular(&config.path) {
+            Ok(opened) => opened,
+            Err(Opened::Io(e)) if e.kind() == io::ErrorKind::NotFound => {
                 if !self.missing {
                     info!(path = %config.path.display(), "Sidecar log does not exist yet; waiting for it.");
                     self.missing = true;
                 }
                 return Ok(());
             }
-            Err(e) => return Err(e),
+            Err(Opened::Io(e)) => return Err(e),
+            Err(Opened::Refused(kind)) => {
+                self.missing = false;
+                if !self.refused.contains(&kind) {
+                    warn!(path = %config.path.display(), refused = kind.describe(), "Sidecar log refused: only a regular file is read, never through a symbolic link.");
+                    self.refused.push(kind);
+                }
+                return Ok(());
+            }
         };
         self.missing = false;
-        let meta = file.metadata()?;
+        self.refused.clear();
         let mut open = OpenFile {
             file,
             dev: meta.dev(),
@@ -488,6 +509,60 @@ impl Follower {
     }
 }
 
+/// Why a path was not read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refusal {
+    /// The path is a symbolic link.
+    Symlink,
+    /// The path is a FIFO.
+    Fifo,
+    /// The path is a directory, socket, device or anything else not a regular file.
+    NotRegular,
+}
+
+impl Refusal {
+    fn describe(self) -> &'static str {
+        match self {
+            Refusal::Symlink => "a symbolic link",
+            Refusal::Fifo => "a FIFO",
+            Refusal::NotRegular => "not a regular file",
+        }
+    }
+}
+
+/// Why [`open_regular`] gave no file.
+#[derive(Debug)]
+enum Opened {
+    Io(io::Error),
+    Refused(Refusal),
+}
+
+/// Opens `path` for reading without following a symbolic link there
+/// (`O_NOFOLLOW`) and without waiting for a writer (`O_NONBLOCK`: opening a FIFO
+/// would otherwise block), then checks the opened handle, not the path (which could
+/// change between a check and the open), is a regular file. Answers the file with
+/// its metadata.
+fn open_regular(path: &Path) -> Result<(File, std::fs::Metadata), Opened> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            // What O_NOFOLLOW answers for a link at the path.
+            Some(libc::ELOOP) => Opened::Refused(Refusal::Symlink),
+            _ => Opened::Io(e),
+        })?;
+    let meta = file.metadata().map_err(Opened::Io)?;
+    let kind = meta.file_type();
+    if kind.is_file() {
+        Ok((file, meta))
+    } else if kind.is_fifo() {
+        Err(Opened::Refused(Refusal::Fifo))
+    } else {
+        Err(Opened::Refused(Refusal::NotRegular))
+    }
+}
+
 /// Now, ms since the epoch.
 pub(crate) fn now_ms() -> i64 {
     SystemTime::now()
@@ -559,6 +634,34 @@ mod tests {
         let mut out = Vec::new();
         f.consume("abcdé\nxyz\r\n".as_bytes(), &config, &mut out);
         assert_eq!(out, [("abcd".to_owned(), true), ("xyz".to_owned(), false)]);
+    }
+
+    #[test]
+    fn each_kind_of_refusal_is_remembered_once_until_a_regular_file_opens() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sidecar.log");
+        let secret = dir.path().join("secret");
+        std::fs::write(&secret, "secret\n").unwrap();
+        std::os::unix::fs::symlink(&secret, &path).unwrap();
+        let config = TailConfig::new(&path);
+        let mut f = Follower::default();
+        let mut out = Vec::new();
+        for _ in 0..3 {
+            f.poll(&config, &mut out).unwrap();
+        }
+        assert_eq!(f.refused, [Refusal::Symlink]);
+        std::fs::remove_file(&path).unwrap();
+        std::fs::create_dir(&path).unwrap();
+        for _ in 0..3 {
+            f.poll(&config, &mut out).unwrap();
+        }
+        assert_eq!(f.refused, [Refusal::Symlink, Refusal::NotRegular]);
+        assert!(out.is_empty());
+        std::fs::remove_dir(&path).unwrap();
+        std::fs::write(&path, "mine\n").unwrap();
+        f.poll(&config, &mut out).unwrap();
+        assert!(f.refused.is_empty());
+        assert_eq!(out, [("mine".to_owned(), false)]);
     }
 
     #[tokio::test]
