@@ -28,7 +28,8 @@
 # deploy/local/mesh.sh up --ha uses this script too, for its members on 127.0.0.1.
 #
 # Options (defaults in brackets):
-#   --out DIR             where the files go [./meshcat-etcd-certs]
+#   --out DIR             where the files go [~/meshcat-etcd-certs]; keep them out
+#                         of the repository
 #   --namespace NS        namespace of the HA overlay [meshcat]
 #   --members N           etcd members [3]
 #   --cluster-domain D    the cluster's DNS domain [cluster.local]
@@ -39,7 +40,7 @@
 #   --quiet               print neither the file list nor the commands
 set -euo pipefail
 
-out=./meshcat-etcd-certs
+out=${HOME:-.}/meshcat-etcd-certs
 namespace=meshcat
 members=3
 domain=cluster.local
