@@ -8,6 +8,7 @@ pub mod edge;
 pub mod entry;
 pub mod ingest;
 pub mod ops;
+pub mod peer_signature;
 pub mod status;
 pub mod store;
 pub mod telemetry;

@@ -842,6 +842,40 @@ async fn tokens() {
             "{q}"
         );
     }
+    // Authentication comes first on every live-data route: without the read token
+    // the answer is 403 whatever else is wrong (a bad name, an unknown cluster or
+    // instance, a bad query), so it tells nothing about what exists.
+    api.token = None;
+    for path in [
+        "/metrics/nosuch/i",
+        "/metrics/c/nosuch?zoneName=z",
+        "/metrics/c/i?bogus=1",
+        "/metrics/N/1.0/i",
+        "/zones/z/clusters/c/instances/i/logging",
+        "/zones/z/clusters/c/instances/i/logging?bogus=1",
+        "/zones/bad%20zone/clusters/c/instances/i/logging",
+        "/zones/nosuch/clusters/c/instances/i/logging",
+        "/diagnose/c?zoneName=z",
+        "/diagnose/bad%20name?zoneName=z",
+        "/diagnose/c?zoneName=nosuch&symptom=nonsense",
+        "/diagnose/c",
+    ] {
+        let (s, v) = api.get(path).await;
+        assert_eq!(
+            (s, v["code"].as_str()),
+            (StatusCode::FORBIDDEN, Some("forbidden")),
+            "{path}"
+        );
+    }
+    // HEAD is a read like GET.
+    let head = api
+        .http
+        .head(format!("{}/metrics/nosuch/i", api.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(head.status(), StatusCode::FORBIDDEN);
+
     // The write token grants what the read token grants.
     api.token = Some("w-secret".into());
     assert_eq!(api.get("/metrics/c/i").await.0, StatusCode::OK);

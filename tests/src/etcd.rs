@@ -227,6 +227,44 @@ impl EtcdCluster {
             .collect()
     }
 
+    /// Runs Debian's `etcdctl` (v3 API) against the cluster, with the client
+    /// certificate when it speaks TLS, and answers what it printed. Tests use it to
+    /// read and write keys as someone who reached etcd would.
+    pub fn etcdctl(&self, args: &[&str]) -> anyhow::Result<String> {
+        let bin = etcd_binary()?.with_file_name("etcdctl");
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let endpoints = self
+            .endpoints()
+            .iter()
+            .map(|e| format!("{scheme}://{e}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut cmd = Command::new(&bin);
+        cmd.env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={endpoints}"))
+            .arg("--command-timeout=5s");
+        if let Some(t) = &self.tls {
+            cmd.arg("--cacert")
+                .arg(&t.ca_file)
+                .arg("--cert")
+                .arg(&t.client.cert_file)
+                .arg("--key")
+                .arg(&t.client.key_file);
+        }
+        let out = cmd
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .with_context(|| format!("running {}", bin.display()))?;
+        if !out.status.success() {
+            bail!(
+                "etcdctl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
     /// The TLS files, when the cluster was started with [`Self::start_tls`].
     pub fn tls(&self) -> Option<&EtcdTlsFiles> {
         self.tls.as_ref()

@@ -848,3 +848,213 @@ async fn a_stream_on_one_replica_follows_changes_made_through_another() -> anyho
     agent.stop().await?;
     Ok(())
 }
+
+/// The request head a stand-in for the owning replica received, and the answer it
+/// gave: an HTML page, which must never be served on the API's origin.
+async fn stand_in_owner(
+    listener: tokio::net::TcpListener,
+) -> anyhow::Result<(String, tokio::net::TcpStream)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (mut conn, _) = listener.accept().await?;
+    let mut head = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = conn.read(&mut buf).await?;
+        anyhow::ensure!(n > 0, "the request ended before its head");
+        head.extend_from_slice(&buf[..n]);
+    }
+    let page = "<html><script>alert(1)</script></html>";
+    let answer = format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{page}",
+        page.len()
+    );
+    conn.write_all(answer.as_bytes()).await?;
+    Ok((String::from_utf8_lossy(&head).into_owned(), conn))
+}
+
+/// Replicas on etcd with TLS and client certificates. A request passed on to the
+/// owning replica never carries the caller's token: it carries the access the front
+/// replica granted, signed with the replicas' secret, and a signature is good once.
+/// Whoever rewrites a replica's address in etcd gets no token, only a signed request;
+/// an address that is not `host:port` is ignored; an answer that is not JSON goes out
+/// as plain text. A HEAD without a token is refused by the front replica too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarded_requests_are_signed_never_carry_the_token_and_replay_fails() -> anyhow::Result<()>
+{
+    let etcd = EtcdCluster::start_tls(1).await?;
+    let tls = etcd.tls().expect("a TLS cluster").clone();
+    let (ca, cert, key) = (
+        tls.ca_file.display().to_string(),
+        tls.client.cert_file.display().to_string(),
+        tls.client.key_file.display().to_string(),
+    );
+    let tokens = tempfile::tempdir()?;
+    let read_token = tokens.path().join("read");
+    let write_token = tokens.path().join("write");
+    std::fs::write(&read_token, "sig-read-token\n")?;
+    std::fs::write(&write_token, "sig-write-token\n")?;
+    let (read_token, write_token) = (
+        read_token.display().to_string(),
+        write_token.display().to_string(),
+    );
+    let flags = [
+        "--etcd-ca-file",
+        &ca,
+        "--etcd-cert",
+        &cert,
+        "--etcd-key",
+        &key,
+        "--read-token-file",
+        &read_token,
+        "--write-token-file",
+        &write_token,
+    ];
+    let mut set = Replicas::start(BIN, 2, &etcd.store_url("/sig"), &flags).await?;
+    set.token = Some("sig-write-token".into());
+    assert_eq!(
+        set.post(0, "/zones", &zone("z")).await?.0,
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        set.post(0, "/clusters", &cluster("z", "svc")).await?.0,
+        StatusCode::CREATED
+    );
+    let sidecar = meshcat_tests::Sidecar::start().await?;
+    let agent = svc_agent(&set, &[0], &sidecar, "1s", &[]).await?;
+    wait_for("i1 on replica 1", Duration::from_secs(20), || async {
+        shown(&set, 1, "z", "svc")
+            .await
+            .filter(|(_, n, _)| n == &["i1"])
+    })
+    .await?;
+    let metrics = "/metrics/svc/i1?zoneName=z";
+
+    // Through the non-owner: a read with the read token, a change with the write
+    // token, each on the access it was granted.
+    set.token = Some("sig-read-token".into());
+    let (s, m) = set.get(1, metrics).await?;
+    assert_eq!(s, StatusCode::OK, "{m}");
+    let logging = "/zones/z/clusters/svc/instances/i1/logging";
+    let (s, body) = set
+        .send(1, Method::PUT, &format!("{logging}?level=debug"), None)
+        .await?;
+    assert_eq!(s, StatusCode::UNAUTHORIZED, "{body}");
+    set.token = Some("sig-write-token".into());
+    let (s, body) = set
+        .send(1, Method::PUT, &format!("{logging}?level=debug"), None)
+        .await?;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    assert_eq!(
+        sidecar.envoy.uniform_log_level().await?.as_deref(),
+        Some("debug"),
+        "the owner's sidecar got the level"
+    );
+
+    // A HEAD without a token is refused by the replica it reached; the owner never
+    // sees it.
+    let owner_refused = || async {
+        let text = reqwest::get(format!("{}/metrics", set.replicas[0].ops_url()))
+            .await?
+            .text()
+            .await?;
+        anyhow::Ok(
+            text.lines()
+                .filter(|l| {
+                    l.starts_with("meshcat_api_requests_total") && l.contains("code=\"403\"")
+                })
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum::<f64>(),
+        )
+    };
+    let before = owner_refused().await?;
+    let head = reqwest::Client::new()
+        .head(format!("{}{metrics}", set.replicas[1].api_url()))
+        .send()
+        .await?;
+    assert_eq!(head.status(), StatusCode::FORBIDDEN);
+    assert_eq!(owner_refused().await?, before, "a HEAD was forwarded");
+
+    // Someone who reached etcd points the owner's address at a host of theirs.
+    let listing = etcd.etcdctl(&["get", "--prefix", "/sig/replicas/"])?;
+    let lines: Vec<&str> = listing.lines().collect();
+    let owner_key = lines
+        .chunks(2)
+        .find(|kv| kv.get(1) == Some(&set.replicas[0].api.to_string().as_str()))
+        .map(|kv| kv[0].to_owned())
+        .ok_or_else(|| anyhow::anyhow!("replica 0 not registered: {listing}"))?;
+    let rogue = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let rogue_addr = rogue.local_addr()?.to_string();
+    etcd.etcdctl(&["put", &owner_key, &rogue_addr])?;
+    let caught = tokio::spawn(stand_in_owner(rogue));
+    set.token = Some("sig-read-token".into());
+    let answer = wait_for(
+        "the rewritten address in use",
+        Duration::from_secs(10),
+        || async {
+            let r = reqwest::Client::new()
+                .get(format!("{}{metrics}", set.replicas[1].api_url()))
+                .bearer_auth("sig-read-token")
+                .send()
+                .await
+                .ok()?;
+            (r.status() == StatusCode::OK
+                && r.headers()
+                    .get("content-type")
+                    .is_some_and(|t| t.as_bytes().starts_with(b"text/plain")))
+            .then_some(r)
+        },
+    )
+    .await?;
+    assert_eq!(
+        answer
+            .headers()
+            .get("x-content-type-options")
+            .map(|v| v.as_bytes()),
+        Some(&b"nosniff"[..])
+    );
+    let (head, _conn) = caught.await??;
+    let head_lower = head.to_ascii_lowercase();
+    assert!(
+        !head_lower.contains("authorization") && !head.contains("sig-read-token"),
+        "the caller's token travelled: {head}"
+    );
+    let signature = head
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .starts_with("x-meshcat-forwarded:")
+                .then(|| l.split_once(':').map(|(_, v)| v.trim().to_owned()))
+        })
+        .flatten()
+        .ok_or_else(|| anyhow::anyhow!("no signature: {head}"))?;
+    assert!(signature.starts_with("v1 read "), "{signature}");
+
+    // An address that is not host:port is not taken: nothing is forwarded.
+    etcd.etcdctl(&["put", &owner_key, "http://127.0.0.1:1/evil"])?;
+    wait_for(
+        "the bad address refused",
+        Duration::from_secs(10),
+        || async {
+            let (s, body) = set.get(1, metrics).await.ok()?;
+            (s == StatusCode::SERVICE_UNAVAILABLE && body["code"] == "owner_unreachable")
+                .then_some(())
+        },
+    )
+    .await?;
+    etcd.etcdctl(&["put", &owner_key, &set.replicas[0].api.to_string()])?;
+
+    // The owner takes the intercepted signature once, without any token, and never
+    // again; the bare shared secret, as older replicas sent it, is refused.
+    let direct = |value: &str| {
+        reqwest::Client::new()
+            .get(format!("{}{metrics}", set.replicas[0].api_url()))
+            .header("x-meshcat-forwarded", value)
+            .send()
+    };
+    assert_eq!(direct(&signature).await?.status(), StatusCode::OK);
+    assert_eq!(direct(&signature).await?.status(), StatusCode::FORBIDDEN);
+    let secret = etcd.etcdctl(&["get", "--print-value-only", "/sig/secret"])?;
+    assert_eq!(direct(secret.trim()).await?.status(), StatusCode::FORBIDDEN);
+    agent.stop().await?;
+    Ok(())
+}

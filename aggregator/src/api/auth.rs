@@ -14,6 +14,7 @@ use subtle::ConstantTimeEq;
 
 use super::AppState;
 use super::error::ApiError;
+use crate::peer_signature::Access;
 
 /// The configured tokens.
 #[derive(Clone, Default)]
@@ -63,9 +64,36 @@ fn matches(expected: Option<&String>, parts: &Parts) -> bool {
     }
 }
 
+/// The access a peer replica granted the caller of a request it forwarded here,
+/// from a verified signature (see [`crate::peer_signature`]). A request that carries
+/// it is judged by it alone: it has no token of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Granted(pub Access);
+
 impl Tokens {
+    /// What the caller of a request may do, to tell the owning replica when the
+    /// request is passed on.
+    pub fn access(&self, parts: &Parts) -> Access {
+        if self.check_write(parts).is_ok() {
+            Access::Write
+        } else if self.reads(parts) {
+            Access::Read
+        } else {
+            Access::None
+        }
+    }
+
     /// Whether a request with these headers may write: `Err` is the answer otherwise.
     pub fn check_write(&self, parts: &Parts) -> Result<(), ApiError> {
+        if let Some(Granted(access)) = parts.extensions.get::<Granted>() {
+            return match access {
+                Access::Write => Ok(()),
+                _ if self.write.is_none() && !self.anonymous_writes => {
+                    Err(ApiError::writes_disabled())
+                }
+                _ => Err(ApiError::unauthorized()),
+            };
+        }
         match &self.write {
             Some(_) if matches(self.write.as_ref(), parts) => Ok(()),
             Some(_) => Err(ApiError::unauthorized()),
@@ -77,6 +105,9 @@ impl Tokens {
     /// Whether the caller may see live data: the write token grants what the read
     /// token grants.
     pub(super) fn reads(&self, parts: &Parts) -> bool {
+        if let Some(Granted(access)) = parts.extensions.get::<Granted>() {
+            return *access >= Access::Read;
+        }
         matches(self.read.as_ref(), parts)
             || (self.write.is_some() && matches(self.write.as_ref(), parts))
     }
@@ -113,6 +144,52 @@ impl FromRequestParts<Arc<AppState>> for Writer {
         state: &Arc<AppState>,
     ) -> Result<Self, ApiError> {
         state.tokens.check_write(parts).map(|()| Writer)
+    }
+}
+
+/// Proof that the caller may see live data; extracting it answers 403 otherwise.
+/// Taken before anything else of a request, so a caller without the token learns
+/// nothing from the validation of the rest.
+#[derive(Debug, Clone, Copy)]
+pub struct Reader;
+
+impl FromRequestParts<Arc<AppState>> for Reader {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &Arc<AppState>,
+    ) -> Result<Self, ApiError> {
+        if state.tokens.reads(parts) {
+            Ok(Reader)
+        } else {
+            Err(ApiError::forbidden())
+        }
+    }
+}
+
+/// The caller of `GET /diagnose`: with `debugSeconds` in the query (the diagnosis
+/// then turns sidecars to debug) it must hold the write token, else the read token.
+/// Checked before the path and query are validated.
+#[derive(Debug, Clone, Copy)]
+pub struct DiagnoseCaller;
+
+impl FromRequestParts<Arc<AppState>> for DiagnoseCaller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &Arc<AppState>,
+    ) -> Result<Self, ApiError> {
+        let debug_window = parts.uri.query().is_some_and(|raw| {
+            form_urlencoded::parse(raw.as_bytes()).any(|(k, _)| k == "debugSeconds")
+        });
+        if debug_window {
+            state.tokens.check_write(parts)?;
+        } else if !state.tokens.reads(parts) {
+            return Err(ApiError::forbidden());
+        }
+        Ok(DiagnoseCaller)
     }
 }
 

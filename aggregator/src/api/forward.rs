@@ -1,12 +1,13 @@
 //! Forwarding to the owning replica (etcd store): an instance's metrics and its
 //! sidecar's logging live with the replica its agent reports to. Any replica
 //! answers these routes by passing the request on to the owner's advertised API
-//! address, with the caller's headers and a header carrying the secret the
-//! replicas share through etcd. The owner serves a request bearing that header
-//! itself and never forwards it again; a wrong secret is refused. Replicas that
-//! serve their API over HTTPS forward over HTTPS, verifying the owner's certificate
-//! against `--peer-ca-file`, so neither the secret nor the caller's token crosses
-//! the network in clear.
+//! address. The caller's token never travels: this replica authenticates the caller
+//! and signs, with the secret the replicas share through etcd, the request and the
+//! access it granted ([`crate::peer_signature`]). The owner serves a request with a
+//! valid signature itself, judged by that access alone, and never forwards it
+//! again; a bad, stale or replayed signature is refused. A peer's answer is passed
+//! on only as JSON or plain text. Replicas that serve their API over HTTPS forward
+//! over HTTPS, verifying the owner's certificate against `--peer-ca-file`.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -21,13 +22,14 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper_util::rt::TokioIo;
 use meshcat_common::tls::TlsError;
-use subtle::ConstantTimeEq;
-use tracing::warn;
+use tracing::{debug, warn};
 
 use super::AppState;
+use super::auth::Granted;
 use super::error::ApiError;
+use crate::peer_signature::{Access, Signed, Signer};
 
-/// Carries the replicas' shared secret on a forwarded request.
+/// Carries the signature of a forwarded request.
 pub const FORWARDED: HeaderName = HeaderName::from_static("x-meshcat-forwarded");
 /// Deadline of a forwarded request (the owner may run a command on a sidecar).
 pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(15);
@@ -273,22 +275,34 @@ fn instance_of(req: &Request) -> Option<Named> {
     }
 }
 
-/// The shared secret as a header value.
-fn secret_value(secret: &str) -> Result<header::HeaderValue, ApiError> {
-    header::HeaderValue::from_str(secret).map_err(|_| {
-        warn!("The replicas' forwarding secret is not a valid header value.");
-        ApiError::internal()
-    })
+/// Signs a request to a peer: the header that carries the signature.
+fn sign(
+    signer: &Signer,
+    method: &Method,
+    path_and_query: &str,
+    access: Access,
+) -> Result<(HeaderName, header::HeaderValue), ApiError> {
+    let (path, query) = path_and_query
+        .split_once('?')
+        .unwrap_or((path_and_query, ""));
+    let what = Signed {
+        method: method.as_str(),
+        path,
+        query,
+    };
+    let value = header::HeaderValue::from_str(&signer.sign(&what, access))
+        .map_err(|_| ApiError::internal())?;
+    Ok((FORWARDED, value))
 }
 
-/// Sends one request to replica `owner` as a forwarded request (with the shared
-/// secret and the caller's authorization); its status and body text.
+/// Sends one request to replica `owner` as a forwarded request, signed with the
+/// access the caller was granted here; its status and body text.
 pub async fn to_replica(
     state: &AppState,
     owner: &str,
     method: Method,
     path_and_query: &str,
-    authorization: Option<&header::HeaderValue>,
+    access: Access,
     timeout: Duration,
 ) -> Result<(StatusCode, String), ApiError> {
     let unreachable = || {
@@ -299,13 +313,10 @@ pub async fn to_replica(
         )
     };
     let etcd = state.store.etcd().ok_or_else(unreachable)?;
-    let (Some(addr), Some(secret)) = (etcd.peer(owner), etcd.secret()) else {
+    let (Some(addr), Some(signer)) = (etcd.peer(owner), etcd.signer()) else {
         return Err(unreachable());
     };
-    let mut headers = vec![(FORWARDED, secret_value(secret)?)];
-    if let Some(a) = authorization {
-        headers.push((header::AUTHORIZATION, a.clone()));
-    }
+    let headers = vec![sign(signer, &method, path_and_query, access)?];
     let r = state
         .peers
         .send(
@@ -324,19 +335,53 @@ pub async fn to_replica(
     Ok((r.status, String::from_utf8_lossy(&r.body).into_owned()))
 }
 
+/// Checks the signature of a request a peer forwarded; the access it grants.
+fn verify_forwarded(signer: &Signer, req: &Request, given: &header::HeaderValue) -> Option<Access> {
+    let what = Signed {
+        method: req.method().as_str(),
+        path: req.uri().path(),
+        query: req.uri().query().unwrap_or(""),
+    };
+    match signer.verify(given.as_bytes(), &what) {
+        Ok(access) => Some(access),
+        Err(e) => {
+            debug!(error = %e, path = %req.uri().path(), "Forwarded request refused.");
+            None
+        }
+    }
+}
+
+/// The content type a peer's answer is passed on with: JSON as JSON, anything else
+/// as plain text, so no answer of a peer is served as a page on the API's origin.
+fn passed_on_type(given: Option<&header::HeaderValue>) -> header::HeaderValue {
+    let json = given
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"));
+    header::HeaderValue::from_static(if json {
+        "application/json"
+    } else {
+        "text/plain; charset=utf-8"
+    })
+}
+
 /// Passes per-instance requests on to the owning replica.
 pub async fn to_owner(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     let Some(etcd) = state.store.etcd() else {
         return next.run(req).await;
     };
-    if let Some(given) = req.headers().get(&FORWARDED) {
-        // Forwarded by a peer: serve it here, never forward it again.
-        let ok = etcd
-            .secret()
-            .is_some_and(|s| bool::from(s.as_bytes().ct_eq(given.as_bytes())));
-        if !ok {
+    if let Some(given) = req.headers().get(&FORWARDED).cloned() {
+        // Forwarded by a peer: serve it here, judged by the access it was signed
+        // with and nothing else, and never forward it again.
+        let Some(access) = etcd
+            .signer()
+            .and_then(|signer| verify_forwarded(signer, &req, &given))
+        else {
             return ApiError::forbidden().into_response();
-        }
+        };
+        let mut req = req;
+        req.headers_mut().remove(header::AUTHORIZATION);
+        req.extensions_mut().insert(Granted(access));
         return next.run(req).await;
     }
     let owned = match instance_of(&req) {
@@ -356,17 +401,19 @@ pub async fn to_owner(State(state): State<Arc<AppState>>, req: Request, next: Ne
     // The caller's credentials first, as the owner would check them: a request the
     // owner would refuse is refused here, neither forwarded nor telling whether the
     // instance exists.
+    // Reads (GET, HEAD) need the read token, anything else the write token.
     let (parts, body) = req.into_parts();
+    let access = state.tokens.access(&parts);
     let allowed = match parts.method {
-        Method::GET if !state.tokens.reads(&parts) => Err(ApiError::forbidden()),
-        Method::PUT => state.tokens.check_write(&parts),
-        _ => Ok(()),
+        Method::GET | Method::HEAD if access < Access::Read => Err(ApiError::forbidden()),
+        Method::GET | Method::HEAD => Ok(()),
+        _ => state.tokens.check_write(&parts),
     };
     if let Err(e) = allowed {
         return e.into_response();
     }
     let req = Request::from_parts(parts, body);
-    let (Some(addr), Some(secret)) = (etcd.peer(&owner), etcd.secret()) else {
+    let (Some(addr), Some(signer)) = (etcd.peer(&owner), etcd.signer()) else {
         return ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "owner_unreachable",
@@ -388,12 +435,12 @@ pub async fn to_owner(State(state): State<Arc<AppState>>, req: Request, next: Ne
         )
         .into_response();
     };
-    let mut headers = Vec::with_capacity(4);
-    match secret_value(secret) {
-        Ok(v) => headers.push((FORWARDED, v)),
+    let mut headers = Vec::with_capacity(3);
+    match sign(signer, &parts.method, &path, access) {
+        Ok(h) => headers.push(h),
         Err(e) => return e.into_response(),
     }
-    for name in [header::AUTHORIZATION, header::CONTENT_TYPE, header::ACCEPT] {
+    for name in [header::CONTENT_TYPE, header::ACCEPT] {
         if let Some(v) = parts.headers.get(&name) {
             headers.push((name, v.clone()));
         }
@@ -413,9 +460,15 @@ pub async fn to_owner(State(state): State<Arc<AppState>>, req: Request, next: Ne
         Ok(r) => {
             let mut res = Response::new(Body::from(r.body));
             *res.status_mut() = r.status;
-            if let Some(ct) = r.content_type {
-                res.headers_mut().insert(header::CONTENT_TYPE, ct);
-            }
+            let headers = res.headers_mut();
+            headers.insert(
+                header::CONTENT_TYPE,
+                passed_on_type(r.content_type.as_ref()),
+            );
+            headers.insert(
+                header::X_CONTENT_TYPE_OPTIONS,
+                header::HeaderValue::from_static("nosniff"),
+            );
             res
         }
         Err(e) => {

@@ -26,11 +26,12 @@ use serde::Serialize;
 use tracing::{info, warn};
 
 use super::AppState;
-use super::auth::{Caller, Writer};
+use super::auth::{DiagnoseCaller, Granted, Reader, Writer};
 use super::error::ApiError;
 use super::handlers::Params;
 use super::query;
 use crate::ingest::{Agents, CommandError};
+use crate::peer_signature::Access;
 
 type Shared = State<Arc<AppState>>;
 
@@ -181,16 +182,13 @@ async fn run_level_command(
 /// `GET /zones/{zoneName}/clusters/{clusterName}/instances/{instanceId}/logging`.
 pub async fn get_instance_logging(
     State(s): Shared,
-    caller: Caller,
+    _r: Reader,
     Params((zone, cluster, instance)): Params<(String, String, String)>,
     RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
     check_name("zoneName", &zone)?;
     check_name("clusterName", &cluster)?;
     query::parse(q.as_deref(), &[])?;
-    if !caller.authorized {
-        return Err(ApiError::forbidden());
-    }
     zone_or_404(&s, &zone)?;
     let level = run_level_command(&s, &zone, &cluster, &instance, Command::GetLogLevel).await?;
     Ok(text(level))
@@ -287,7 +285,6 @@ impl ClusterOutcome {
 pub async fn put_cluster_logging(
     State(s): Shared,
     _w: Writer,
-    headers: axum::http::HeaderMap,
     Params((zone, cluster)): Params<(String, String)>,
     RawQuery(q): RawQuery,
 ) -> Result<Json<ClusterOutcome>, ApiError> {
@@ -318,7 +315,6 @@ pub async fn put_cluster_logging(
     let remote = s.store.remote_live(&zone, &cluster);
     let forwarded = remote.iter().map(|(instance, owner)| {
         let (s, zone, cluster) = (&s, &zone, &cluster);
-        let auth = headers.get(axum::http::header::AUTHORIZATION);
         async move {
             let path = instance_logging_path(zone, cluster, instance, level);
             let sent = super::forward::to_replica(
@@ -326,7 +322,7 @@ pub async fn put_cluster_logging(
                 owner,
                 reqwest::Method::PUT,
                 &path,
-                auth,
+                Access::Write,
                 super::forward::FORWARD_TIMEOUT,
             );
             match sent.await {
@@ -409,7 +405,6 @@ fn seconds_value(name: &str, v: &str) -> Result<u32, ApiError> {
 pub async fn post_debug_window(
     State(s): Shared,
     _w: Writer,
-    headers: axum::http::HeaderMap,
     Params((zone, cluster)): Params<(String, String)>,
     RawQuery(q): RawQuery,
 ) -> Result<Json<ClusterOutcome>, ApiError> {
@@ -456,7 +451,6 @@ pub async fn post_debug_window(
     info!(%zone, %cluster, seconds, instances = targets.len(), "Debug window asked through the API.");
     let runs = targets.iter().map(|instance| {
         let (s, agents, zone, cluster, remote) = (&s, &agents, &zone, &cluster, &remote);
-        let auth = headers.get(axum::http::header::AUTHORIZATION);
         async move {
             // Another replica's instance: the same request for it alone, on its owner.
             if let Some((_, owner)) = remote.iter().find(|(i, _)| i == instance) {
@@ -466,7 +460,7 @@ pub async fn post_debug_window(
                     owner,
                     reqwest::Method::POST,
                     &path,
-                    auth,
+                    Access::Write,
                     deadline + WINDOW_GRACE,
                 );
                 return match sent.await {
@@ -671,12 +665,19 @@ async fn collect_remote(
         q.finish()
     };
     let uri = format!("{PEER_EVIDENCE}?{query}");
+    // The caller was checked before the diagnosis began: the write token when it
+    // opens debug windows, else the read token.
+    let access = if debug_seconds.is_some() {
+        Access::Write
+    } else {
+        Access::Read
+    };
     let sent = super::forward::to_replica(
         s,
         owner,
         reqwest::Method::GET,
         &uri,
-        None,
+        access,
         deadline + WINDOW_GRACE,
     )
     .await
@@ -703,14 +704,15 @@ pub const PEER_EVIDENCE: &str = "/peer/evidence";
 /// secret); anything else is told there is no such route.
 pub async fn peer_evidence(
     State(s): Shared,
-    headers: axum::http::HeaderMap,
+    granted: Option<axum::Extension<Granted>>,
     RawQuery(q): RawQuery,
 ) -> Result<Json<EvidenceOutput>, ApiError> {
-    if s.store.etcd().is_none() || !headers.contains_key(&super::forward::FORWARDED) {
+    let Some(axum::Extension(Granted(access))) = granted.filter(|_| s.store.etcd().is_some())
+    else {
         return Err(ApiError::not_found(format!(
             "No resource at GET {PEER_EVIDENCE}."
         )));
-    }
+    };
     let mut zone = None;
     let mut cluster = None;
     let mut instance = None;
@@ -733,6 +735,15 @@ pub async fn peer_evidence(
             "path" => path = Some(v),
             _ => debug_seconds = Some(seconds_value("debugSeconds", &v)?),
         }
+    }
+    // Evidence is live data; a debug window changes the sidecar.
+    let needed = if debug_seconds.is_some() {
+        Access::Write
+    } else {
+        Access::Read
+    };
+    if access < needed {
+        return Err(ApiError::forbidden());
     }
     let (Some(zone), Some(cluster), Some(instance)) = (zone, cluster, instance) else {
         return Err(ApiError::bad_query(
@@ -839,7 +850,6 @@ async fn metrics_evidence(
     s: &AppState,
     zone: &str,
     cluster: &str,
-    auth: Option<&header::HeaderValue>,
     notes: &mut Vec<String>,
 ) -> Option<MetricsEvidence> {
     let record = s.store.record(zone, cluster)?;
@@ -872,7 +882,7 @@ async fn metrics_evidence(
             owner,
             reqwest::Method::GET,
             &path,
-            auth,
+            Access::Read,
             s.command_timeout,
         )
         .await;
@@ -960,25 +970,12 @@ fn add_notes(report: &mut DiagnosisReport, notes: &Notes) {
 /// `GET /diagnose/{clusterName}?zoneName=&symptom=&path=[&debugSeconds=N]`.
 pub async fn diagnose(
     State(s): Shared,
-    caller: Caller,
-    headers: axum::http::HeaderMap,
-    writer: Result<Writer, ApiError>,
+    _c: DiagnoseCaller,
     Params(cluster): Params<String>,
     RawQuery(q): RawQuery,
 ) -> Result<Json<DiagnosisReport>, ApiError> {
-    // A debug window changes sidecars: it needs the write credential, checked before
-    // anything else about the request.
-    let debug_window = q.as_deref().is_some_and(|raw| {
-        form_urlencoded::parse(raw.as_bytes()).any(|(k, _)| k == "debugSeconds")
-    });
-    if debug_window {
-        writer?;
-    }
     check_name("clusterName", &cluster)?;
     let q = diagnose_query(q.as_deref())?;
-    if !caller.authorized {
-        return Err(ApiError::forbidden());
-    }
     let zone = zone_or_404(&s, &q.zone)?;
     cluster_or_404(&s, &q.zone, &cluster)?;
     let mut notes = Notes::default();
@@ -990,8 +987,7 @@ pub async fn diagnose(
     if wants_sidecars {
         collect_sidecars(&s, &zone, &cluster, &q, &mut input, &mut notes).await;
     }
-    let auth = headers.get(header::AUTHORIZATION);
-    input.metrics = metrics_evidence(&s, &q.zone, &cluster, auth, &mut notes.metrics).await;
+    input.metrics = metrics_evidence(&s, &q.zone, &cluster, &mut notes.metrics).await;
     if input.metrics.is_none() {
         notes.metrics.push(format!(
             "cluster {cluster} is not registered in zone {}",

@@ -61,7 +61,7 @@ pub struct EtcdRegistrations {
     peers: std::sync::Mutex<std::collections::HashMap<String, String>>,
     /// The secret that authenticates requests forwarded between replicas, from
     /// `<prefix>/secret` (created by the first replica).
-    secret: std::sync::OnceLock<String>,
+    secret: std::sync::OnceLock<crate::peer_signature::Signer>,
 }
 
 impl std::fmt::Debug for EtcdRegistrations {
@@ -145,16 +145,29 @@ impl EtcdRegistrations {
             .cloned()
     }
 
-    /// The replicas' shared secret, once read from etcd.
-    pub fn secret(&self) -> Option<&str> {
-        self.secret.get().map(String::as_str)
+    /// Signs and verifies requests between replicas with their shared secret, once
+    /// it was read from etcd.
+    pub fn signer(&self) -> Option<&crate::peer_signature::Signer> {
+        self.secret.get()
     }
 
+    /// Records a replica's advertised address. Only `host:port` is taken: whoever
+    /// could write another value into etcd must not aim this replica's requests at a
+    /// URL of their choosing.
     fn peer_event(&self, id: &str, value: Option<&[u8]>) {
         let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
-        match value.and_then(|v| std::str::from_utf8(v).ok()) {
-            Some(addr) => {
+        let addr = value.map(|v| {
+            std::str::from_utf8(v)
+                .ok()
+                .filter(|a| meshcat_common::validate::check_server_address(a).is_ok())
+        });
+        match addr {
+            Some(Some(addr)) => {
                 peers.insert(id.to_owned(), addr.to_owned());
+            }
+            Some(None) => {
+                warn!(replica = %id, "A replica's advertised address is not host:port; it is ignored.");
+                peers.remove(id);
             }
             None => {
                 peers.remove(id);
@@ -190,7 +203,9 @@ impl EtcdRegistrations {
                 .map(str::to_owned)
                 .ok_or_else(|| etcd_client::Error::WatchError("secret unreadable".into()))?
         };
-        let _ = self.secret.set(secret);
+        let _ = self
+            .secret
+            .set(crate::peer_signature::Signer::new(secret.as_bytes()));
         Ok(())
     }
 
