@@ -133,3 +133,42 @@ async fn with_an_ops_token_file_only_its_token_passes() {
     );
     agent.stop().await;
 }
+
+/// Over raw TCP: the ops listener closes a connection that sends nothing and one that
+/// sends half a request head once `MESHCAT_HEADER_TIMEOUT` has passed, and serves a
+/// whole request as before.
+#[tokio::test]
+async fn the_ops_port_closes_connections_without_a_whole_head_in_time() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let agent = start(&[("MESHCAT_HEADER_TIMEOUT", "1s")]).await;
+    let addr = format!("127.0.0.1:{}", agent.port);
+    let mut silent = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let mut half = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    half.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        .await
+        .unwrap();
+    // The bound is the test's patience, far past the 1 s timeout; the connections
+    // end (EOF or reset) before it.
+    for (what, conn) in [("silent", &mut silent), ("half a head", &mut half)] {
+        let mut buf = [0u8; 1024];
+        let ended = tokio::time::timeout(Duration::from_secs(20), async {
+            loop {
+                match conn.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+            }
+        })
+        .await;
+        assert!(ended.is_ok(), "a {what} connection stayed open");
+    }
+    let mut whole = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    whole
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    whole.read_to_string(&mut answer).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
+    agent.stop().await;
+}
