@@ -1,4 +1,5 @@
-//! The board: the latest report of every scraped sidecar, keyed by instance name.
+//! The board: the latest report of every scraped sidecar, keyed by its zone, cluster
+//! and instance name.
 //! Scrapers write it; the QUIC reporter reads snapshots of it.
 //!
 //! Each scraper writes under a lease it got when its target was added. Removing a
@@ -12,6 +13,8 @@ use std::sync::Mutex;
 
 use meshcat_common::wire::InstanceReport;
 
+use crate::scrape::TargetKey;
+
 /// Latest [`InstanceReport`] per instance. Never held across `.await`.
 #[derive(Debug, Default)]
 pub struct Board {
@@ -20,10 +23,10 @@ pub struct Board {
 
 #[derive(Debug, Default)]
 struct State {
-    /// Reports by instance name; sorted so snapshots are stable.
-    reports: BTreeMap<String, InstanceReport>,
-    /// The lease of each current target, by instance name.
-    leases: BTreeMap<String, Lease>,
+    /// Reports by (zone, cluster, instance); sorted so snapshots are stable.
+    reports: BTreeMap<TargetKey, InstanceReport>,
+    /// The lease of each current target.
+    leases: BTreeMap<TargetKey, Lease>,
     /// The next lease handed out; never reused.
     next: u64,
 }
@@ -37,42 +40,43 @@ impl Board {
         Self::default()
     }
 
-    /// Makes `instance` current and answers the lease its scraper writes under; an
-    /// earlier lease of the same instance ends.
-    pub fn lease(&self, instance: &str) -> Lease {
+    /// Makes `target` current and answers the lease its scraper writes under; an
+    /// earlier lease of the same target ends.
+    pub fn lease(&self, target: &TargetKey) -> Lease {
         let mut s = self.lock();
         s.next += 1;
         let lease = Lease(s.next);
-        s.leases.insert(instance.to_owned(), lease);
+        s.leases.insert(target.clone(), lease);
         lease
     }
 
-    /// Replaces the report of `report.instance` if `lease` is still its lease, and
+    /// Replaces the report of the report's target if `lease` is still its lease, and
     /// then runs `also` under the same lock (so what it records cannot outlive a
     /// removal either). Answers whether the report was taken.
     pub fn put(&self, lease: Lease, report: InstanceReport, also: impl FnOnce()) -> bool {
+        let key = TargetKey::of_report(&report);
         let mut s = self.lock();
-        if s.leases.get(&report.instance) != Some(&lease) {
+        if s.leases.get(&key) != Some(&lease) {
             return false;
         }
-        s.reports.insert(report.instance.clone(), report);
+        s.reports.insert(key, report);
         also();
         true
     }
 
-    /// Forgets an instance (its target was removed) and ends its lease.
-    pub fn remove(&self, instance: &str) {
+    /// Forgets a target (it was removed) and ends its lease.
+    pub fn remove(&self, target: &TargetKey) {
         let mut s = self.lock();
-        s.reports.remove(instance);
-        s.leases.remove(instance);
+        s.reports.remove(target);
+        s.leases.remove(target);
     }
 
-    /// The report of one instance.
-    pub fn get(&self, instance: &str) -> Option<InstanceReport> {
-        self.lock().reports.get(instance).cloned()
+    /// The report of one target.
+    pub fn get(&self, target: &TargetKey) -> Option<InstanceReport> {
+        self.lock().reports.get(target).cloned()
     }
 
-    /// Every current report, sorted by instance name.
+    /// Every current report, sorted by zone, cluster and instance name.
     pub fn snapshot(&self) -> Vec<InstanceReport> {
         self.lock().reports.values().cloned().collect()
     }
@@ -110,18 +114,33 @@ mod tests {
     #[test]
     fn a_scrape_finishing_after_removal_is_dropped() {
         let board = Board::new();
-        let lease = board.lease("a");
+        let a = TargetKey::new("z", "c", "a");
+        let lease = board.lease(&a);
         let mut recorded = 0;
         assert!(board.put(lease, report("a"), || recorded += 1));
         // The target is removed while its scraper is between its scrape and its put.
-        board.remove("a");
+        board.remove(&a);
         assert!(!board.put(lease, report("a"), || recorded += 1));
         assert!(board.snapshot().is_empty());
         assert_eq!(recorded, 1, "metrics of a removed target are not recorded");
         // Re-added with other settings: only the new scraper's lease writes.
-        let new = board.lease("a");
+        let new = board.lease(&a);
         assert!(!board.put(lease, report("a"), || {}));
         assert!(board.put(new, report("a"), || {}));
         assert_eq!(board.snapshot().len(), 1);
+    }
+
+    #[test]
+    fn one_instance_name_in_two_zones_is_two_reports() {
+        let board = Board::new();
+        let mut other = report("a");
+        other.zone_name = "y".into();
+        let la = board.lease(&TargetKey::of_report(&report("a")));
+        let lb = board.lease(&TargetKey::of_report(&other));
+        assert!(board.put(la, report("a"), || {}));
+        assert!(board.put(lb, other.clone(), || {}));
+        assert_eq!(board.snapshot().len(), 2);
+        // Neither lease writes the other's report.
+        assert!(!board.put(la, other, || {}));
     }
 }

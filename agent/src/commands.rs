@@ -1,6 +1,8 @@
 //! Runs the aggregator's commands against this agent's sidecars, and feeds the
 //! reporter with the board's snapshots. Each command reaches the sidecar through the
-//! admin API client of the target it names; the diagnosis commands also read the
+//! admin API client of the target it names by zone, cluster and instance (a command of
+//! an older aggregator names only the instance, and then reaches a sidecar only when
+//! one alone has that name); the diagnosis commands also read the
 //! target's log tail and run its debug windows ([`crate::sidecars`]).
 
 use futures::FutureExt;
@@ -12,11 +14,11 @@ use meshcat_common::wire::{
 };
 use serde_json::Value;
 
-use crate::Agent;
 use crate::debugwindow::{DebugWindowReport, is_tls_line};
 use crate::envoy::{EnvoyAdmin, seed_level};
 use crate::logtail::LogTail;
 use crate::report::{CommandHandler, SnapshotSource};
+use crate::{Agent, TargetChoice, TargetKey};
 
 impl SnapshotSource for Agent {
     fn snapshot(&self) -> Vec<InstanceReport> {
@@ -27,16 +29,20 @@ impl SnapshotSource for Agent {
 impl CommandHandler for Agent {
     fn handle(
         &self,
-        instance: String,
+        target: TargetKey,
         cmd: Command,
     ) -> BoxFuture<'static, Result<CommandOutput, String>> {
         let agent = self.clone();
-        async move { run(&agent, &instance, cmd).await }.boxed()
+        async move { run(&agent, &target, cmd).await }.boxed()
     }
 }
 
-async fn run(agent: &Agent, instance: &str, cmd: Command) -> Result<CommandOutput, String> {
-    let admin = agent.admin(Some(instance)).map_err(|e| e.to_string())?;
+async fn run(agent: &Agent, named: &TargetKey, cmd: Command) -> Result<CommandOutput, String> {
+    let choice = TargetChoice::of_command(&named.zone_name, &named.cluster_name, &named.instance);
+    let target = agent.target(&choice).map_err(|e| e.to_string())?;
+    let key = target.key();
+    let admin =
+        EnvoyAdmin::new(&target.admin, agent.scrape_timeout()).map_err(|e| e.to_string())?;
     match cmd {
         Command::ConfigDump => admin
             .config_dump()
@@ -59,8 +65,8 @@ async fn run(agent: &Agent, instance: &str, cmd: Command) -> Result<CommandOutpu
         Command::DebugWindow { seconds } => {
             let diag = agent
                 .diagnostics()
-                .get(instance)
-                .ok_or_else(|| format!("no sidecar instance is named {instance:?}"))?;
+                .get(&key)
+                .ok_or_else(|| format!("no sidecar instance is {choice}"))?;
             let report = diag
                 .windows
                 .run(Duration::from_secs(u64::from(seconds)))
@@ -76,7 +82,7 @@ async fn run(agent: &Agent, instance: &str, cmd: Command) -> Result<CommandOutpu
             evidence(
                 agent,
                 &admin,
-                instance,
+                &key,
                 path.as_deref(),
                 max_lines,
                 debug_seconds,
@@ -113,13 +119,13 @@ fn window_output(r: &DebugWindowReport) -> DebugWindowOutput {
 async fn evidence(
     agent: &Agent,
     admin: &EnvoyAdmin,
-    instance: &str,
+    target: &TargetKey,
     path: Option<&str>,
     max_lines: u32,
     debug_seconds: Option<u32>,
 ) -> EvidenceOutput {
     let mut out = EvidenceOutput::default();
-    let diag = agent.diagnostics().get(instance);
+    let diag = agent.diagnostics().get(target);
     if let Some(seconds) = debug_seconds {
         match &diag {
             Some(d) => match d.windows.run(Duration::from_secs(u64::from(seconds))).await {

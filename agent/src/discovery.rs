@@ -152,10 +152,14 @@ pub fn read_pods_file(path: &Path, log_dir: &Path) -> Result<Discovered, Targets
 /// - cluster: `meshcat.io/cluster` (required);
 /// - admin: the pod's own IP and `meshcat.io/admin-port` (a port number, nothing else);
 ///   a pod on the node's network (`hostNetwork`) is left out, since its IP is the node's;
-/// - instance: the pod's name (a second pod of the same name is left out);
+/// - instance: the pod's name. Pods are told apart by namespace and name: pods of one
+///   name in two namespaces are two targets (two zones); a second pod of the same
+///   namespace and name is left out;
 /// - log file: `<log_dir>/<namespace>_<name>_<uid>/<container>/<restarts>.log` of the
 ///   container `meshcat.io/sidecar-container` names, which must be one of the pod's own
 ///   containers, and which must resolve inside the pod's own log folder (no link out).
+///   The target carries the resolved path (kubelet's links followed here, once and
+///   checked), which the log tail then opens without following any link.
 pub fn targets_from_pods(pods: &PodList, log_dir: &Path) -> Discovered {
     let mut out = Discovered::default();
     let mut seen = BTreeSet::new();
@@ -172,9 +176,9 @@ pub fn targets_from_pods(pods: &PodList, log_dir: &Path) -> Discovered {
                 if let Some(n) = note {
                     out.notes.push(format!("{who}: {n}"));
                 }
-                if !seen.insert(target.instance.clone()) {
+                if !seen.insert((target.zone_name.clone(), target.instance.clone())) {
                     out.notes.push(format!(
-                        "{who}: another pod of this node has the same name; left out"
+                        "{who}: another pod of this node has the same namespace and name; left out"
                     ));
                     continue;
                 }
@@ -253,7 +257,8 @@ fn plain_component(s: &str) -> bool {
     is_valid_name(s) && s != "." && s != ".."
 }
 
-/// The sidecar container's current log file, checked to stay inside the pod's folder.
+/// The sidecar container's current log file, checked to stay inside the pod's folder,
+/// with the links that exist now resolved.
 fn log_file_of(pod: &Pod, log_dir: &Path) -> Result<PathBuf, String> {
     let m = &pod.metadata;
     let container = m
@@ -283,31 +288,40 @@ fn log_file_of(pod: &Pod, log_dir: &Path) -> Result<PathBuf, String> {
         .map_or(0, |s| s.restart_count);
     let pod_dir = log_dir.join(format!("{}_{}_{}", m.namespace, m.name, m.uid));
     let file = pod_dir.join(container).join(format!("{restarts}.log"));
-    check_inside(&file, &pod_dir, log_dir)?;
-    Ok(file)
+    resolve_inside(&file, &pod_dir, log_dir)
 }
 
-/// Whether `file`, resolved through any symbolic links that exist now, stays inside
+/// `file` resolved through the symbolic links that exist now, checked to stay inside
 /// `pod_dir`, itself inside `log_dir`. Parts that do not exist yet (a pod just started)
-/// are names built from checked components, so they cannot leave either folder.
-fn check_inside(file: &Path, pod_dir: &Path, log_dir: &Path) -> Result<(), String> {
+/// are names built from checked components, so they cannot leave either folder; they
+/// are kept as named, under the deepest part that exists, resolved.
+fn resolve_inside(file: &Path, pod_dir: &Path, log_dir: &Path) -> Result<PathBuf, String> {
     let root = std::fs::canonicalize(log_dir)
         .map_err(|e| format!("pod log folder {} unusable: {e}", log_dir.display()))?;
     let Ok(pod_real) = std::fs::canonicalize(pod_dir) else {
-        return Ok(());
+        return Ok(file.to_owned());
     };
     let escapes = || format!("{} leads outside the pod's log folder", file.display());
     if !pod_real.starts_with(&root) || pod_real.parent() != Some(root.as_path()) {
         return Err(escapes());
     }
+    let mut resolved = None;
     for part in [file.parent(), Some(file)].into_iter().flatten() {
-        if let Ok(real) = std::fs::canonicalize(part)
-            && !real.starts_with(&pod_real)
-        {
-            return Err(escapes());
+        if let Ok(real) = std::fs::canonicalize(part) {
+            if !real.starts_with(&pod_real) {
+                return Err(escapes());
+            }
+            resolved = Some((part, real));
         }
     }
-    Ok(())
+    Ok(match resolved {
+        Some((part, real)) if part == file => real,
+        Some((_, real_parent)) => match file.file_name() {
+            Some(name) => real_parent.join(name),
+            None => file.to_owned(),
+        },
+        None => pod_real.join(file.strip_prefix(pod_dir).unwrap_or(file)),
+    })
 }
 
 #[cfg(test)]
@@ -454,7 +468,10 @@ mod tests {
             vec![pod("a", "p", json!({"meshcat.io/cluster": "c"}))],
             logs.path(),
         );
-        assert_eq!(d.targets[0].log_file, Some(pod_dir.join("envoy/2.log")));
+        assert_eq!(
+            d.targets[0].log_file,
+            Some(std::fs::canonicalize(pod_dir.join("envoy/2.log")).unwrap())
+        );
     }
 
     #[test]
@@ -470,11 +487,89 @@ mod tests {
                 unlabelled,
                 pod("a", "p3", json!({})),
                 pod("a", "p4", json!({"meshcat.io/cluster": "c"})),
-                pod("b", "p4", json!({"meshcat.io/cluster": "c"})),
+                pod("a", "p4", json!({"meshcat.io/cluster": "c"})),
             ],
             logs.path(),
         );
         assert_eq!(d.targets.len(), 1);
         assert_eq!(d.targets[0].zone_name, "a");
+        assert!(
+            d.notes
+                .iter()
+                .any(|n| n.contains("same namespace and name")),
+            "{:?}",
+            d.notes
+        );
+    }
+
+    #[test]
+    fn pods_of_one_name_in_two_namespaces_are_two_targets() {
+        let logs = tempfile::tempdir().unwrap();
+        let mut other = pod(
+            "team-b",
+            "orders-1",
+            json!({"meshcat.io/cluster": "orders", "meshcat.io/admin-port": "15001"}),
+        );
+        other["metadata"]["uid"] = json!("uid-other");
+        other["status"]["podIP"] = json!("10.1.2.4");
+        let d = discover(
+            vec![
+                pod(
+                    "team-a",
+                    "orders-1",
+                    json!({"meshcat.io/cluster": "orders", "meshcat.io/admin-port": "15000"}),
+                ),
+                other,
+            ],
+            logs.path(),
+        );
+        assert!(d.notes.is_empty(), "{:?}", d.notes);
+        let got: Vec<(&str, &str, &str)> = d
+            .targets
+            .iter()
+            .map(|t| (t.zone_name.as_str(), t.instance.as_str(), t.admin.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("team-a", "orders-1", "10.1.2.3:15000"),
+                ("team-b", "orders-1", "10.1.2.4:15001")
+            ]
+        );
+        assert_ne!(d.targets[0].key(), d.targets[1].key());
+        assert_ne!(d.targets[0].log_file, d.targets[1].log_file);
+    }
+
+    #[test]
+    fn a_link_inside_the_pods_folder_is_resolved_for_the_tail() {
+        let logs = tempfile::tempdir().unwrap();
+        let root = std::fs::canonicalize(logs.path()).unwrap();
+        let pod_dir = root.join("a_p_uid-p");
+        std::fs::create_dir_all(pod_dir.join("envoy")).unwrap();
+        // As some runtimes do: the numbered log is a link to the real file beside it.
+        std::fs::write(pod_dir.join("envoy/current.log"), "line\n").unwrap();
+        std::os::unix::fs::symlink(
+            pod_dir.join("envoy/current.log"),
+            pod_dir.join("envoy/2.log"),
+        )
+        .unwrap();
+        let d = discover(
+            vec![pod("a", "p", json!({"meshcat.io/cluster": "c"}))],
+            logs.path(),
+        );
+        assert_eq!(
+            d.targets[0].log_file.as_deref(),
+            Some(pod_dir.join("envoy/current.log").as_path())
+        );
+        // Not there yet: the named path under the resolved folder.
+        std::fs::remove_file(pod_dir.join("envoy/2.log")).unwrap();
+        let d = discover(
+            vec![pod("a", "p", json!({"meshcat.io/cluster": "c"}))],
+            logs.path(),
+        );
+        assert_eq!(
+            d.targets[0].log_file.as_deref(),
+            Some(pod_dir.join("envoy/2.log").as_path())
+        );
     }
 }

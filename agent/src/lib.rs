@@ -31,6 +31,7 @@ pub use config::AgentConfig;
 pub use envoy::EnvoyAdmin;
 use metrics::HostSampler;
 use ops::OpsMetrics;
+pub use scrape::TargetKey;
 use scrape::{Target, TargetSource};
 use sidecars::Diagnostics;
 
@@ -40,10 +41,14 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(4);
 /// Why a sidecar could not be chosen for a command.
 #[derive(Debug, thiserror::Error)]
 pub enum TargetError {
-    #[error("no sidecar instance is named {0:?}")]
+    #[error("no sidecar instance is {0}")]
     Unknown(String),
     #[error("the agent scrapes several sidecars; choose one with ?instance=")]
     Ambiguous,
+    #[error(
+        "several sidecars are named {0:?} (in other zones or clusters); choose one with ?zone= and ?cluster="
+    )]
+    SameName(String),
     #[error("the agent has no sidecar to talk to")]
     None,
     #[error(transparent)]
@@ -55,7 +60,7 @@ impl TargetError {
     pub fn status(&self) -> StatusCode {
         match self {
             TargetError::Unknown(_) | TargetError::None => StatusCode::NOT_FOUND,
-            TargetError::Ambiguous => StatusCode::BAD_REQUEST,
+            TargetError::Ambiguous | TargetError::SameName(_) => StatusCode::BAD_REQUEST,
             TargetError::Envoy(_) => StatusCode::BAD_GATEWAY,
         }
     }
@@ -65,6 +70,7 @@ impl TargetError {
         match self {
             TargetError::Unknown(_) | TargetError::None => "unknown_instance",
             TargetError::Ambiguous => "instance_required",
+            TargetError::SameName(_) => "zone_required",
             TargetError::Envoy(_) => "sidecar_unavailable",
         }
     }
@@ -81,7 +87,7 @@ pub struct Agent {
 struct Inner {
     /// Latest report per instance.
     board: Board,
-    /// Current targets, for choosing a sidecar by instance name.
+    /// Current targets, for choosing a sidecar by zone, cluster and instance name.
     targets: RwLock<Vec<Target>>,
     /// The agent's own metrics.
     ops_metrics: OpsMetrics,
@@ -157,27 +163,68 @@ impl Agent {
         *guard = targets;
     }
 
-    /// The target named `instance`; without a name, the only target.
-    pub fn target(&self, instance: Option<&str>) -> Result<Target, TargetError> {
-        let targets = self.targets();
-        match instance {
-            Some(name) => targets
-                .into_iter()
-                .find(|t| t.instance == name)
-                .ok_or_else(|| TargetError::Unknown(name.to_owned())),
-            None => match targets.len() {
-                0 => Err(TargetError::None),
-                1 => Ok(targets.into_iter().next().ok_or(TargetError::None)?),
-                _ => Err(TargetError::Ambiguous),
-            },
+    /// The one target whose zone, cluster and instance name match those given (a
+    /// name not given matches any); with none given, the only target. Sidecars of one
+    /// instance name in several zones or clusters are told apart by those.
+    pub fn target(&self, choice: &TargetChoice<'_>) -> Result<Target, TargetError> {
+        let mut found = self.targets().into_iter().filter(|t| choice.matches(t));
+        match (found.next(), found.next(), choice.instance) {
+            (Some(t), None, _) => Ok(t),
+            (None, _, None) if choice.zone.is_none() && choice.cluster.is_none() => {
+                Err(TargetError::None)
+            }
+            (None, _, _) => Err(TargetError::Unknown(choice.to_string())),
+            (Some(_), Some(_), Some(name)) => Err(TargetError::SameName(name.to_owned())),
+            (Some(_), Some(_), None) => Err(TargetError::Ambiguous),
         }
     }
 
-    /// An admin client for the sidecar named `instance` (or the only one), for
-    /// commands: log level, config dump, diagnosis.
-    pub fn admin(&self, instance: Option<&str>) -> Result<EnvoyAdmin, TargetError> {
-        let target = self.target(instance)?;
+    /// An admin client for the sidecar `choice` names, for commands: log level,
+    /// config dump, diagnosis.
+    pub fn admin(&self, choice: &TargetChoice<'_>) -> Result<EnvoyAdmin, TargetError> {
+        let target = self.target(choice)?;
         Ok(EnvoyAdmin::new(&target.admin, self.scrape_timeout())?)
+    }
+}
+
+/// Which sidecar a command is for: the names given must match, the others (`None`)
+/// match any.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TargetChoice<'a> {
+    pub zone: Option<&'a str>,
+    pub cluster: Option<&'a str>,
+    pub instance: Option<&'a str>,
+}
+
+impl<'a> TargetChoice<'a> {
+    /// The choice of a command from the aggregator: an empty zone or cluster (from an
+    /// aggregator older than those fields) matches any.
+    pub fn of_command(zone: &'a str, cluster: &'a str, instance: &'a str) -> Self {
+        TargetChoice {
+            zone: Some(zone).filter(|z| !z.is_empty()),
+            cluster: Some(cluster).filter(|c| !c.is_empty()),
+            instance: Some(instance),
+        }
+    }
+
+    /// Whether `target` is one this choice names.
+    pub fn matches(&self, target: &Target) -> bool {
+        self.zone.is_none_or(|z| target.zone_name == z)
+            && self.cluster.is_none_or(|c| target.cluster_name == c)
+            && self.instance.is_none_or(|i| target.instance == i)
+    }
+}
+
+impl std::fmt::Display for TargetChoice<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "named {:?}", self.instance.unwrap_or_default())?;
+        if let Some(z) = self.zone {
+            write!(f, " in zone {z:?}")?;
+        }
+        if let Some(c) = self.cluster {
+            write!(f, " of cluster {c:?}")?;
+        }
+        Ok(())
     }
 }
 

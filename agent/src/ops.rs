@@ -19,8 +19,8 @@ use prometheus::{
 use serde::Deserialize;
 use subtle::ConstantTimeEq;
 
-use crate::Agent;
 use crate::envoy::{EnvoyError, seed_level};
+use crate::{Agent, TargetChoice};
 
 /// The agent's own metrics, `meshcat_agent_` prefixed.
 #[derive(Debug, Clone)]
@@ -171,6 +171,20 @@ pub struct LoggingQuery {
     level: Option<String>,
     /// Which sidecar, when the agent has several.
     instance: Option<String>,
+    /// Its zone, when sidecars of that name run in several zones.
+    zone: Option<String>,
+    /// Its cluster, when sidecars of that name run in several clusters.
+    cluster: Option<String>,
+}
+
+impl LoggingQuery {
+    fn choice(&self) -> TargetChoice<'_> {
+        TargetChoice {
+            zone: self.zone.as_deref(),
+            cluster: self.cluster.as_deref(),
+            instance: self.instance.as_deref(),
+        }
+    }
 }
 
 /// Who may change a sidecar through the ops port (contract section 10): with an ops
@@ -290,7 +304,7 @@ async fn get_logging(
 ) -> Result<String, OpsError> {
     let q = query(q)?;
     let admin = agent
-        .admin(q.instance.as_deref())
+        .admin(&q.choice())
         .map_err(|e| OpsError::new(e.status(), e.code(), e.to_string()))?;
     let level = admin.log_level().await?;
     Ok(seed_level(&level).to_owned())
@@ -304,7 +318,7 @@ async fn put_logging(
     // Authentication before anything about the request is looked at.
     access.check(&headers)?;
     let q = query(q)?;
-    let level = q.level.unwrap_or_default();
+    let level = q.level.clone().unwrap_or_default();
     if meshcat_common::level::envoy_name(&level).is_none() {
         return Err(OpsError::new(
             StatusCode::BAD_REQUEST,
@@ -313,7 +327,7 @@ async fn put_logging(
         ));
     }
     let admin = agent
-        .admin(q.instance.as_deref())
+        .admin(&q.choice())
         .map_err(|e| OpsError::new(e.status(), e.code(), e.to_string()))?;
     admin.set_log_level(&level).await?;
     Ok(level)

@@ -24,6 +24,8 @@ use rand::Rng;
 use tokio::sync::{Semaphore, mpsc};
 use tracing::{Instrument, debug, info, info_span, warn};
 
+pub use crate::scrape::TargetKey;
+
 pub use metrics::ReporterMetrics;
 
 /// First reconnect delay; it doubles up to [`BACKOFF_MAX`].
@@ -43,9 +45,11 @@ pub trait SnapshotSource: Send + Sync + 'static {
 
 /// Runs the aggregator's commands against the agent's sidecars.
 pub trait CommandHandler: Send + Sync + 'static {
+    /// Runs `cmd` on the sidecar `target` names (its zone and cluster are empty in
+    /// a command of an aggregator older than those fields).
     fn handle(
         &self,
-        instance: String,
+        target: TargetKey,
         cmd: Command,
     ) -> BoxFuture<'static, Result<CommandOutput, String>>;
 }
@@ -469,7 +473,14 @@ async fn read_commands(
                 tokio::spawn(
                     async move {
                         let outcome = match permit {
-                            Ok(_permit) => handler.handle(req.instance, req.command).await,
+                            Ok(_permit) => {
+                                let target = TargetKey {
+                                    zone_name: req.zone_name,
+                                    cluster_name: req.cluster_name,
+                                    instance: req.instance,
+                                };
+                                handler.handle(target, req.command).await
+                            }
                             Err(_) => Err("the agent is busy with other commands".to_owned()),
                         };
                         if let Err(e) = &outcome {

@@ -37,12 +37,54 @@ pub struct Target {
     pub zone_name: String,
     #[serde(default)]
     pub cluster_name: String,
-    /// Instance name; unique among the agent's targets.
+    /// Instance name; (zone, cluster, instance) is unique among the agent's targets.
     #[serde(default)]
     pub instance: String,
     /// The sidecar's log file, tailed for diagnosis.
     #[serde(default)]
     pub log_file: Option<PathBuf>,
+}
+
+/// What a target reports under, and what tells two targets apart: sidecars of one
+/// instance name in two zones (pods of one name in two namespaces) are two targets.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TargetKey {
+    pub zone_name: String,
+    pub cluster_name: String,
+    pub instance: String,
+}
+
+impl TargetKey {
+    /// The key of `zone`, `cluster` and `instance`.
+    pub fn new(zone: &str, cluster: &str, instance: &str) -> Self {
+        TargetKey {
+            zone_name: zone.to_owned(),
+            cluster_name: cluster.to_owned(),
+            instance: instance.to_owned(),
+        }
+    }
+
+    /// The key a report is filed under.
+    pub fn of_report(r: &InstanceReport) -> Self {
+        TargetKey::new(&r.zone_name, &r.cluster_name, &r.instance)
+    }
+}
+
+impl std::fmt::Display for TargetKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}/{}/{}",
+            self.zone_name, self.cluster_name, self.instance
+        )
+    }
+}
+
+impl Target {
+    /// The (zone, cluster, instance) this target reports under.
+    pub fn key(&self) -> TargetKey {
+        TargetKey::new(&self.zone_name, &self.cluster_name, &self.instance)
+    }
 }
 
 /// Why a targets file was refused.
@@ -91,8 +133,11 @@ pub fn parse_targets(text: &str) -> Result<Vec<Target>, String> {
             let port = t.admin.rsplit_once(':').map_or("", |(_, p)| p);
             t.instance = format!("{}-{port}", crate::config::host_name());
         }
-        if !seen.insert(t.instance.clone()) {
-            return Err(format!("instance {:?} is listed twice", t.instance));
+        if !seen.insert(t.key()) {
+            return Err(format!(
+                "instance {:?} of zone {:?} and cluster {:?} is listed twice",
+                t.instance, t.zone_name, t.cluster_name
+            ));
         }
     }
     Ok(targets)
@@ -221,7 +266,7 @@ async fn scrape_loop(agent: Agent, target: Target, interval: Duration, lease: Le
     loop {
         ticker.tick().await;
         let started = Instant::now();
-        let previous = agent.board().get(&target.instance);
+        let previous = agent.board().get(&target.key());
         let report = scrape_once(&admin, &target, agent.host(), previous.as_ref()).await;
         let ok = report.reachable;
         let error = report.error.clone().unwrap_or_default();
@@ -244,11 +289,11 @@ async fn scrape_loop(agent: Agent, target: Target, interval: Duration, lease: Le
     }
 }
 
-/// The running scrapers, by instance name.
+/// The running scrapers, by (zone, cluster, instance).
 #[derive(Debug, Default)]
 struct Scrapers {
     /// Each running target with the task scraping it.
-    running: BTreeMap<String, (Target, JoinHandle<()>)>,
+    running: BTreeMap<TargetKey, (Target, JoinHandle<()>)>,
 }
 
 impl Scrapers {
@@ -262,28 +307,27 @@ impl Scrapers {
         board: &Board,
     ) -> Vec<JoinHandle<()>> {
         let mut stopped = Vec::new();
-        let wanted: BTreeMap<&str, &Target> =
-            desired.iter().map(|t| (t.instance.as_str(), t)).collect();
-        let stale: Vec<String> = self
+        let wanted: BTreeMap<TargetKey, &Target> = desired.iter().map(|t| (t.key(), t)).collect();
+        let stale: Vec<TargetKey> = self
             .running
             .iter()
-            .filter(|(name, (t, _))| wanted.get(name.as_str()) != Some(&t))
-            .map(|(name, _)| name.clone())
+            .filter(|(key, (t, _))| wanted.get(*key) != Some(&t))
+            .map(|(key, _)| key.clone())
             .collect();
-        for name in stale {
-            if let Some((t, task)) = self.running.remove(&name) {
+        for key in stale {
+            if let Some((t, task)) = self.running.remove(&key) {
                 task.abort();
-                board.remove(&name);
+                board.remove(&key);
                 stopped.push(task);
-                info!(instance = %name, admin = %t.admin, "Target removed.");
+                info!(instance = %t.instance, admin = %t.admin, zone = %t.zone_name, cluster = %t.cluster_name, "Target removed.");
             }
         }
-        for (name, t) in wanted {
-            if !self.running.contains_key(name) {
-                info!(instance = %name, admin = %t.admin, zone = %t.zone_name, cluster = %t.cluster_name, "Target added.");
-                let lease = board.lease(name);
+        for (key, t) in wanted {
+            if let std::collections::btree_map::Entry::Vacant(slot) = self.running.entry(key) {
+                info!(instance = %t.instance, admin = %t.admin, zone = %t.zone_name, cluster = %t.cluster_name, "Target added.");
+                let lease = board.lease(slot.key());
                 let task = tokio::spawn(scrape_loop(agent.clone(), t.clone(), interval, lease));
-                self.running.insert(name.to_owned(), (t.clone(), task));
+                slot.insert((t.clone(), task));
             }
         }
         agent.set_targets(desired.to_vec());
@@ -395,6 +439,13 @@ mod tests {
             .is_err()
         );
         assert!(parse_targets(r#"[{"admin":"127.0.0.1:1","zone":"typo"}]"#).is_err());
+        // One instance name in two zones: two targets.
+        let two = parse_targets(
+            r#"[{"admin":"127.0.0.1:1","zoneName":"a","clusterName":"c","instance":"x"},
+                {"admin":"127.0.0.1:2","zoneName":"b","clusterName":"c","instance":"x"}]"#,
+        )
+        .unwrap();
+        assert_ne!(two[0].key(), two[1].key());
     }
 
     /// Removals race scrapers that report as fast as they can (their sidecar refuses
@@ -423,7 +474,7 @@ mod tests {
                 agent.board(),
             );
             tokio::time::timeout(Duration::from_secs(10), async {
-                while agent.board().get("a").is_none() {
+                while agent.board().get(&target.key()).is_none() {
                     tokio::task::yield_now().await;
                 }
             })
@@ -433,7 +484,7 @@ mod tests {
                 let _ = task.await;
             }
             assert!(
-                agent.board().get("a").is_none(),
+                agent.board().get(&target.key()).is_none(),
                 "round {round}: report back"
             );
             let m = agent.ops_metrics().render();

@@ -17,7 +17,7 @@ use tracing::{info, warn};
 use crate::debugwindow::{DebugWindows, LevelControl};
 use crate::envoy::EnvoyAdmin;
 use crate::logtail::{LogTail, TailConfig};
-use crate::scrape::Target;
+use crate::scrape::{Target, TargetKey};
 
 /// A sidecar's log level, read and set through its admin API.
 struct AdminLevel(EnvoyAdmin);
@@ -56,13 +56,13 @@ pub struct SidecarDiag {
     cancel: CancellationToken,
 }
 
-/// Every target's [`SidecarDiag`], by instance name.
+/// Every target's [`SidecarDiag`], by (zone, cluster, instance).
 #[derive(Debug)]
 pub struct Diagnostics {
     /// The agent's shutdown: parent of every entry's token.
     root: CancellationToken,
-    /// Entries by instance name; locked briefly, never across `.await`.
-    by_instance: Mutex<BTreeMap<String, SidecarDiag>>,
+    /// Entries by target; locked briefly, never across `.await`.
+    by_target: Mutex<BTreeMap<TargetKey, SidecarDiag>>,
     /// Timeout of the windows' admin calls.
     admin_timeout: Duration,
 }
@@ -72,13 +72,13 @@ impl Diagnostics {
     pub fn new(admin_timeout: Duration) -> Self {
         Diagnostics {
             root: CancellationToken::new(),
-            by_instance: Mutex::new(BTreeMap::new()),
+            by_target: Mutex::new(BTreeMap::new()),
             admin_timeout,
         }
     }
 
-    fn map(&self) -> MutexGuard<'_, BTreeMap<String, SidecarDiag>> {
-        self.by_instance.lock().unwrap_or_else(|p| p.into_inner())
+    fn map(&self) -> MutexGuard<'_, BTreeMap<TargetKey, SidecarDiag>> {
+        self.by_target.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Makes the entries match `targets`. Needs a Tokio runtime (tails run as tasks).
@@ -87,17 +87,18 @@ impl Diagnostics {
             return;
         }
         let mut map = self.map();
-        map.retain(|name, d| {
+        map.retain(|key, d| {
             let keep = targets
                 .iter()
-                .any(|t| &t.instance == name && t.admin == d.admin && t.log_file == d.log_file);
+                .any(|t| t.key() == *key && t.admin == d.admin && t.log_file == d.log_file);
             if !keep {
                 d.cancel.cancel();
             }
             keep
         });
         for t in targets {
-            if map.contains_key(&t.instance) {
+            let key = t.key();
+            if map.contains_key(&key) {
                 continue;
             }
             let admin = match EnvoyAdmin::new(&t.admin, self.admin_timeout) {
@@ -118,7 +119,7 @@ impl Diagnostics {
             let windows =
                 DebugWindows::new(Arc::new(AdminLevel(admin)), tail.clone(), cancel.clone());
             map.insert(
-                t.instance.clone(),
+                key,
                 SidecarDiag {
                     admin: t.admin.clone(),
                     log_file: t.log_file.clone(),
@@ -130,9 +131,9 @@ impl Diagnostics {
         }
     }
 
-    /// The entry of `instance`.
-    pub fn get(&self, instance: &str) -> Option<SidecarDiag> {
-        self.map().get(instance).cloned()
+    /// The entry of `target`.
+    pub fn get(&self, target: &TargetKey) -> Option<SidecarDiag> {
+        self.map().get(target).cloned()
     }
 
     /// Ends every running window, restoring levels, and stops the tails; resolves
@@ -160,6 +161,10 @@ mod tests {
         }
     }
 
+    fn key(instance: &str) -> TargetKey {
+        TargetKey::new("z", "c", instance)
+    }
+
     #[tokio::test]
     async fn follows_target_changes() {
         let d = Diagnostics::new(Duration::from_secs(1));
@@ -167,12 +172,12 @@ mod tests {
             target("a", "127.0.0.1:9901", Some("/tmp/a.log")),
             target("b", "127.0.0.1:9902", None),
         ]);
-        let a = d.get("a").unwrap();
+        let a = d.get(&key("a")).unwrap();
         assert_eq!(
             a.tail.as_ref().map(|t| t.path().to_owned()),
             Some(PathBuf::from("/tmp/a.log"))
         );
-        assert!(d.get("b").unwrap().tail.is_none());
+        assert!(d.get(&key("b")).unwrap().tail.is_none());
 
         // Unchanged targets keep their entry; a changed log file gets a fresh one; a
         // removed target's tail and windows stop.
@@ -181,21 +186,21 @@ mod tests {
             target("b", "127.0.0.1:9902", None),
         ]);
         assert!(a.cancel.is_cancelled());
-        let a2 = d.get("a").unwrap();
+        let a2 = d.get(&key("a")).unwrap();
         assert_eq!(
             a2.tail.as_ref().map(|t| t.path().to_owned()),
             Some(PathBuf::from("/tmp/a2.log"))
         );
-        let b = d.get("b").unwrap();
+        let b = d.get(&key("b")).unwrap();
         d.reconcile(&[target("a", "127.0.0.1:9901", Some("/tmp/a2.log"))]);
         assert!(b.cancel.is_cancelled());
-        assert!(d.get("b").is_none());
+        assert!(d.get(&key("b")).is_none());
         assert!(!a2.cancel.is_cancelled());
 
         d.shutdown().await;
         assert!(a2.cancel.is_cancelled());
         // After shutdown no new entries start.
         d.reconcile(&[target("c", "127.0.0.1:9903", None)]);
-        assert!(d.get("c").is_none());
+        assert!(d.get(&key("c")).is_none());
     }
 }

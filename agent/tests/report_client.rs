@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
-use meshcat_agent::report::{CommandHandler, Reporter, ReporterConfig, SnapshotSource};
+use meshcat_agent::report::{CommandHandler, Reporter, ReporterConfig, SnapshotSource, TargetKey};
 use meshcat_aggregator::ingest::{
     AgentAuth, Agents, CommandError, Ingest, IngestConfig, RefusedInstance, ReportSink,
 };
@@ -87,10 +87,11 @@ struct Handler {
 impl CommandHandler for Handler {
     fn handle(
         &self,
-        instance: String,
+        target: TargetKey,
         cmd: Command,
     ) -> BoxFuture<'static, Result<CommandOutput, String>> {
         let levels_set = self.levels_set.clone();
+        let instance = target.instance;
         Box::pin(async move {
             if instance == "hung" {
                 futures::future::pending::<()>().await;

@@ -118,6 +118,9 @@ pub struct UpstreamHost {
     pub health_flags: String,
 }
 
+/// A command for one sidecar, named by its (zone, cluster, instance): one agent may
+/// watch sidecars of one instance name in several zones (pods of one name in several
+/// namespaces), and runs the command on the one whose three names all match.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CommandRequest {
     /// Correlates the reply; unique per connection.
@@ -125,6 +128,13 @@ pub struct CommandRequest {
     /// The instance whose sidecar runs the command.
     pub instance: String,
     pub command: Command,
+    /// The instance's zone. Added after `command`, so that the frame of an older
+    /// aggregator (without it) still decodes: empty there, meaning any zone.
+    #[serde(default)]
+    pub zone_name: String,
+    /// The instance's cluster; empty (any cluster) from an older aggregator.
+    #[serde(default)]
+    pub cluster_name: String,
 }
 
 /// What the aggregator can ask an agent to do against one sidecar.
@@ -339,6 +349,79 @@ mod tests {
         assert_eq!(len, frame.len() - 4);
         let back: AgentMessage = decode(&frame[4..]).unwrap();
         assert_eq!(back, msg);
+    }
+
+    /// A command as peers before zone and cluster were added wrote and read it.
+    #[derive(Debug, Serialize, Deserialize)]
+    enum OldServerMessage {
+        #[allow(dead_code)]
+        Welcome {
+            server_version: String,
+        },
+        #[allow(dead_code)]
+        Rejected {
+            reason: String,
+        },
+        Command(OldCommandRequest),
+    }
+
+    #[derive(Debug, Serialize, Deserialize)]
+    struct OldCommandRequest {
+        id: u64,
+        instance: String,
+        command: Command,
+    }
+
+    #[test]
+    fn a_command_names_zone_cluster_and_instance_and_old_frames_still_decode() {
+        let msg = ServerMessage::Command(CommandRequest {
+            id: 7,
+            instance: "orders-1".into(),
+            command: Command::SetLogLevel {
+                level: "debug".into(),
+            },
+            zone_name: "team-a".into(),
+            cluster_name: "orders".into(),
+        });
+        let frame = encode(&msg, DEFAULT_MAX_MESSAGE).unwrap();
+        assert_eq!(decode::<ServerMessage>(&frame[4..]).unwrap(), msg);
+
+        // An older aggregator's frame: `[id, instance, command]`. It decodes with an
+        // empty zone and cluster (the agent then matches on the instance alone).
+        let old = OldServerMessage::Command(OldCommandRequest {
+            id: 7,
+            instance: "orders-1".into(),
+            command: Command::GetLogLevel,
+        });
+        let frame = encode(&old, DEFAULT_MAX_MESSAGE).unwrap();
+        assert_eq!(
+            decode::<ServerMessage>(&frame[4..]).unwrap(),
+            ServerMessage::Command(CommandRequest {
+                id: 7,
+                instance: "orders-1".into(),
+                command: Command::GetLogLevel,
+                zone_name: String::new(),
+                cluster_name: String::new(),
+            })
+        );
+        // The compact form: the new fields come last, after the three old ones.
+        let body = rmp_serde::to_vec(&CommandRequest {
+            id: 1,
+            instance: "i".into(),
+            command: Command::GetLogLevel,
+            zone_name: "z".into(),
+            cluster_name: "c".into(),
+        })
+        .unwrap();
+        assert_eq!(body[0], 0x95, "an array of five fields");
+        // An older agent refuses the longer array (rmp-serde checks the length): it
+        // skips the command as one it does not understand, so aggregators are upgraded
+        // after their agents.
+        let frame = encode(&msg, DEFAULT_MAX_MESSAGE).unwrap();
+        assert!(matches!(
+            decode::<OldServerMessage>(&frame[4..]),
+            Err(WireError::Decode(_))
+        ));
     }
 
     #[test]

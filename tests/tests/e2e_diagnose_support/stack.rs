@@ -371,7 +371,7 @@ impl SnapshotSource for Hung {
 impl CommandHandler for Hung {
     fn handle(
         &self,
-        _instance: String,
+        _target: meshcat_agent::TargetKey,
         _cmd: Command,
     ) -> BoxFuture<'static, Result<CommandOutput, String>> {
         Box::pin(futures::future::pending())
