@@ -1,0 +1,273 @@
+//! The engine over hand-built evidence.
+
+use meshcat_common::wire::{UpstreamCluster, UpstreamHost};
+
+use super::*;
+use crate::evidence::MetricsEvidence;
+
+fn metrics_input(m: MetricsEvidence) -> DiagnosisInput {
+    let mut input = DiagnosisInput::new("catalog", "east");
+    input.symptom = Some(Symptom::MissingMetrics);
+    input.metrics = Some(m);
+    input
+}
+
+fn verdicts(r: &DiagnosisReport) -> Vec<(&str, Verdict)> {
+    r.steps
+        .iter()
+        .map(|s| (s.name.as_str(), s.verdict))
+        .collect()
+}
+
+#[test]
+fn missing_metrics_names_the_collector_namespace_list() {
+    let r = diagnose(&metrics_input(MetricsEvidence {
+        enable_instance_metrics: true,
+        prometheus_job: "catalog".into(),
+        live_instances: 2,
+        instances_with_metrics: 2,
+        silent_instances: Vec::new(),
+        prometheus_up: Some(false),
+    }));
+    assert_eq!(
+        verdicts(&r),
+        [
+            ("metrics_settings", Verdict::Pass),
+            ("metrics_reporting", Verdict::Pass),
+            ("metrics_collector", Verdict::Fail),
+        ]
+    );
+    let action = &r.step(StepName::MetricsCollector).unwrap().action;
+    assert!(action.contains("namespace list under the pod discovery setting"));
+    assert!(action.contains("restart the collector"));
+    assert!(r.conclusion.starts_with("metrics_collector failed: "));
+}
+
+#[test]
+fn missing_metrics_checks_settings_and_reporting_first() {
+    let r = diagnose(&metrics_input(MetricsEvidence {
+        enable_instance_metrics: false,
+        prometheus_job: String::new(),
+        live_instances: 3,
+        instances_with_metrics: 1,
+        silent_instances: vec!["catalog-1".into(), "catalog-2".into()],
+        prometheus_up: None,
+    }));
+    assert_eq!(
+        verdicts(&r),
+        [
+            ("metrics_settings", Verdict::Fail),
+            ("metrics_reporting", Verdict::Fail),
+            ("metrics_collector", Verdict::Skipped),
+        ]
+    );
+    let settings = r.step(StepName::MetricsSettings).unwrap();
+    assert!(
+        settings
+            .evidence
+            .contains(&"enableInstanceMetrics = false".to_owned())
+    );
+    let reporting = r.step(StepName::MetricsReporting).unwrap();
+    assert!(reporting.evidence[1].ends_with("= 1"));
+    assert!(reporting.evidence[2].contains("catalog-1, catalog-2"));
+    // Without Prometheus' answer the advice still names the namespace list.
+    assert!(
+        r.step(StepName::MetricsCollector)
+            .unwrap()
+            .action
+            .contains("namespaces.names")
+    );
+    let none_live = diagnose(&metrics_input(MetricsEvidence {
+        enable_instance_metrics: true,
+        prometheus_job: "catalog".into(),
+        ..MetricsEvidence::default()
+    }));
+    assert!(none_live.conclusion.contains("no live instance"));
+}
+
+#[test]
+fn without_evidence_every_check_is_skipped() {
+    let r = diagnose(&DiagnosisInput::new("catalog", "east"));
+    assert_eq!(r.steps.len(), 9);
+    assert!(r.steps.iter().all(|s| s.verdict == Verdict::Skipped));
+    assert!(r.conclusion.starts_with("No check failed; skipped"));
+    let json = serde_json::to_value(&r).unwrap();
+    assert_eq!(json["symptom"], serde_json::Value::Null);
+    assert_eq!(json["steps"][0]["verdict"], "skipped");
+}
+
+#[test]
+fn evidence_is_bounded() {
+    let mut edge = SidecarEvidence::new(Role::Edge, "edge-0");
+    let line = r#"[2026-11-21T23:58:15.589Z] "GET /catalog/items HTTP/1.1" 503 UH 0 19 0 - "-" "ua" "id" "h" "-""#;
+    edge.log_lines = Some(vec![line.to_owned(); 500]);
+    edge.debug_lines = Some(vec![format!("TLS_error: {}", "x".repeat(5000)); 200]);
+    edge.ssl_stats = Some(
+        (0..200)
+            .map(|i| (format!("listener.l{i}.ssl.connection_error"), 1))
+            .collect(),
+    );
+    let mut input = DiagnosisInput::new("catalog", "east");
+    input.edge = Some(edge);
+    let r = diagnose(&input);
+    for s in &r.steps {
+        assert!(
+            s.evidence.len() <= crate::report::MAX_EVIDENCE,
+            "{}",
+            s.name
+        );
+        assert!(
+            s.evidence
+                .iter()
+                .all(|e| e.len() <= crate::report::MAX_EVIDENCE_LEN)
+        );
+    }
+    assert!(
+        r.step(StepName::Mtls)
+            .unwrap()
+            .evidence
+            .last()
+            .unwrap()
+            .starts_with("... and ")
+    );
+}
+
+fn cluster(name: &str, hosts: &[&str]) -> UpstreamCluster {
+    UpstreamCluster {
+        name: name.into(),
+        added_via_api: false,
+        hosts: hosts
+            .iter()
+            .map(|a| UpstreamHost {
+                address: (*a).into(),
+                cx_active: 0,
+                cx_connect_fail: 0,
+                cx_total: 1,
+                rq_active: 0,
+                rq_error: 0,
+                rq_total: 1,
+                health_flags: "healthy".into(),
+            })
+            .collect(),
+    }
+}
+
+fn access(path: &str, code: u16, flags: &str, id: &str, host: &str) -> String {
+    format!(
+        r#"[2026-11-21T23:58:15.589Z] "GET {path} HTTP/1.1" {code} {flags} 0 19 0 - "-" "ua" "{id}" "edge" "{host}""#
+    )
+}
+
+/// An edge in front of catalog (through its sidecar at :2) and reviews (at :3),
+/// with interleaved traffic: catalog fails, reviews succeeds and is newest.
+fn two_services(diagnosed: &str) -> DiagnosisInput {
+    let mut edge = SidecarEvidence::new(Role::Edge, "edge-0");
+    edge.clusters = Some(vec![
+        cluster("catalog", &["127.0.0.1:2"]),
+        cluster("reviews", &["127.0.0.1:3"]),
+    ]);
+    edge.log_lines = Some(vec![
+        access("/catalog/a", 200, "-", "c-ok", "127.0.0.1:2"),
+        access("/catalog/a", 503, "URX", "c-bad", "127.0.0.1:2"),
+        access("/reviews/b", 200, "-", "r-1", "127.0.0.1:3"),
+        access("/catalog/a", 200, "-", "c-ok2", "127.0.0.1:2"),
+        access("/reviews/b", 200, "-", "r-2", "127.0.0.1:3"),
+    ]);
+    let mut service = SidecarEvidence::new(Role::Service, format!("{diagnosed}-0"));
+    service.log_lines = Some(vec![
+        access("/catalog/a", 200, "-", "c-ok", "127.0.0.1:7"),
+        access("/catalog/a", 503, "UF", "c-bad", "127.0.0.1:7"),
+        access("/catalog/a", 200, "-", "c-ok2", "127.0.0.1:7"),
+    ]);
+    let mut input = DiagnosisInput::new(diagnosed, "east");
+    input.symptom = Some(Symptom::UpstreamConnectError);
+    input.edge = Some(edge);
+    input.services = vec![service];
+    input
+}
+
+#[test]
+fn edge_evidence_belongs_to_the_diagnosed_cluster() {
+    let r = diagnose(&two_services("catalog"));
+    let edge = r.step(StepName::EdgeLogs).unwrap();
+    assert_eq!(edge.verdict, Verdict::Fail);
+    assert!(
+        edge.evidence.iter().all(|e| !e.contains("/reviews/")),
+        "{edge:#?}"
+    );
+    assert!(
+        edge.evidence
+            .iter()
+            .any(|e| e.contains("3 access lines for cluster catalog, 1 failing"))
+    );
+    // The newest failing line is followed, though a success came after it.
+    let svc = r.step(StepName::ServiceLogs).unwrap();
+    assert_eq!(svc.verdict, Verdict::Fail);
+    assert!(svc.evidence.iter().any(|e| e.contains("request id c-bad")));
+    assert!(
+        r.conclusion.starts_with(
+            "service_logs failed: the local service refuses connections at 127.0.0.1:7"
+        ),
+        "{}",
+        r.conclusion
+    );
+
+    // The healthy neighbour is not blamed for catalog's failure.
+    let mut reviews = two_services("reviews");
+    reviews.services.clear();
+    let r = diagnose(&reviews);
+    let edge = r.step(StepName::EdgeLogs).unwrap();
+    assert_eq!(edge.verdict, Verdict::Pass, "{edge:#?}");
+    assert!(edge.evidence.iter().all(|e| !e.contains("/catalog/")));
+
+    // A line that never reached a host belongs to the cluster its path routes to.
+    let mut routed = two_services("catalog");
+    let e = routed.edge.as_mut().unwrap();
+    e.routes = Some(vec![crate::evidence::RouteEntry {
+        route_config: "edge".into(),
+        virtual_host: "mesh".into(),
+        matcher: "prefix /catalog/".into(),
+        cluster: "catalog".into(),
+    }]);
+    e.log_lines
+        .as_mut()
+        .unwrap()
+        .push(access("/catalog/a", 503, "UH", "c-uh", "-"));
+    e.log_lines
+        .as_mut()
+        .unwrap()
+        .push(access("/other/a", 503, "UH", "o-uh", "-"));
+    let r = diagnose(&routed);
+    let edge = r.step(StepName::EdgeLogs).unwrap();
+    assert!(
+        edge.evidence
+            .iter()
+            .any(|e| e.contains("followed:") && e.contains("c-uh")),
+        "{edge:#?}"
+    );
+    assert!(edge.evidence.iter().all(|e| !e.contains("o-uh")));
+}
+
+#[test]
+fn without_the_edge_admin_no_line_is_taken_for_the_cluster() {
+    let mut input = two_services("catalog");
+    input.symptom = Some(Symptom::Ingress502503);
+    input.edge.as_mut().unwrap().clusters = None;
+    let r = diagnose(&input);
+    let edge = r.step(StepName::EdgeLogs).unwrap();
+    assert_eq!(edge.verdict, Verdict::Skipped, "{edge:#?}");
+    // With the path, the lines are the path's.
+    input.path = Some("/catalog/a".into());
+    let r = diagnose(&input);
+    assert_eq!(r.step(StepName::EdgeLogs).unwrap().verdict, Verdict::Fail);
+}
+
+#[test]
+fn mtls_without_counters_or_debug_window_is_skipped() {
+    let mut input = DiagnosisInput::new("catalog", "east");
+    let mut edge = SidecarEvidence::new(Role::Edge, "edge-0");
+    edge.log_lines = Some(vec!["[2026-11-21 23:58:20.695][1][info][main] up".into()]);
+    input.edge = Some(edge);
+    let r = diagnose(&input);
+    assert_eq!(r.step(StepName::Mtls).unwrap().verdict, Verdict::Skipped);
+}
