@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use meshcat_common::envoy_log::MAX_DEBUG_WINDOW_SECONDS;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -23,7 +24,7 @@ use crate::logtail::{LogTail, TailedLine, now_ms};
 /// Shortest window a request may ask for.
 pub const DEBUG_WINDOW_MIN: Duration = Duration::from_secs(1);
 /// Longest window a request may ask for (the `--debug-window-max` bound).
-pub const DEBUG_WINDOW_MAX: Duration = Duration::from_secs(300);
+pub const DEBUG_WINDOW_MAX: Duration = Duration::from_secs(MAX_DEBUG_WINDOW_SECONDS as u64);
 /// Longest a window may grow to, from its start, by requests joining it.
 pub const DEBUG_WINDOW_MAX_TOTAL: Duration = Duration::from_secs(600);
 /// Default wait after the restore for lines the sidecar logged during the window but
@@ -32,7 +33,7 @@ pub const DEFAULT_SETTLE: Duration = Duration::from_secs(1);
 /// Most TLS lines handed back; the count of all matches is reported beside them.
 pub const MAX_TLS_LINES: usize = 100;
 /// What marks a TLS failure in Envoy's debug log: both Envoy spellings and the seed's.
-pub const TLS_MARKERS: [&str; 3] = ["TLS_error", "TLS error", "OPENSSL"];
+pub use meshcat_common::envoy_log::TLS_MARKERS;
 /// Envoy's name of the level a window sets.
 pub const DEBUG_LEVEL: &str = "debug";
 /// Attempts at restoring the previous level before giving up.
@@ -55,7 +56,7 @@ pub trait LevelControl: Send + Sync + 'static {
 /// Why a debug window did not run.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
 pub enum DebugWindowError {
-    #[error("a debug window of {0} ms is outside 1 to 300 seconds")]
+    #[error("a debug window of {0} ms is outside 1 to {max} seconds", max = MAX_DEBUG_WINDOW_SECONDS)]
     Duration(u128),
     #[error("cannot read the sidecar's log level: {0}")]
     GetLevel(String),

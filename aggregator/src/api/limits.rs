@@ -71,7 +71,7 @@ fn kind(method: &Method, route: Option<&str>, path: &str, query: Option<&str>) -
 fn seconds(v: &str) -> Duration {
     v.parse::<u64>()
         .ok()
-        .filter(|n| (1..=300).contains(n))
+        .filter(|n| (1..=u64::from(super::troubleshoot::MAX_DEBUG_SECONDS)).contains(n))
         .map_or(Duration::ZERO, Duration::from_secs)
 }
 

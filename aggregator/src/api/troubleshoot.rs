@@ -36,7 +36,7 @@ use crate::peer_signature::Access;
 type Shared = State<Arc<AppState>>;
 
 /// Longest debug window one request may ask for, in seconds.
-pub const MAX_DEBUG_SECONDS: u32 = 300;
+pub const MAX_DEBUG_SECONDS: u32 = meshcat_common::envoy_log::MAX_DEBUG_WINDOW_SECONDS;
 /// Most service instances one diagnosis collects evidence from.
 pub const MAX_DIAGNOSED_INSTANCES: usize = 5;
 /// Log lines asked from each sidecar for the diagnosis.

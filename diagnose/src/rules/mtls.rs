@@ -2,6 +2,8 @@
 
 use std::collections::BTreeSet;
 
+use meshcat_common::envoy_log::TLS_MARKERS;
+
 use super::{
     IDENTITY_ACTION, MAX_QUOTED_LINES, Outcome, SECRETS_NOT_READY, message_of, outcome, skipped,
     who,
@@ -24,9 +26,6 @@ const SSL_CONTEXT: [&str; 3] = [
     "ssl.session_reused",
     "ssl_context_update_by_sds",
 ];
-/// Markers of TLS lines in Envoy's log (debug level); both Envoy spellings and the
-/// seed's `TLS error`.
-const TLS_MARKERS: [&str; 3] = ["TLS_error", "TLS error", "OPENSSL"];
 
 const TLS_CONFIG_ACTION: &str = "With the workload identity system, troubleshoot it; without it, check the SSL configuration (trusted CA, certificate, subject alternative names) of the service sidecar's domain and of the edge's cluster to the sidecar.";
 const SAN_ACTION: &str = "The client side expects a subject alternative name that the server's certificate does not carry: make the SAN matcher of the edge's cluster to the sidecar (match_typed_subject_alt_names) name the service certificate's SAN, or reissue the certificate with that SAN; with the workload identity system, check the identity it issues for the service.";

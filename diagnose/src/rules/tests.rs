@@ -269,5 +269,28 @@ fn mtls_without_counters_or_debug_window_is_skipped() {
     edge.log_lines = Some(vec!["[2026-11-21 23:58:20.695][1][info][main] up".into()]);
     input.edge = Some(edge);
     let r = diagnose(&input);
-    assert_eq!(r.step(StepName::Mtls).unwrap().verdict, Verdict::Skipped);
+    let mtls = r.step(StepName::Mtls).unwrap();
+    assert_eq!(mtls.verdict, Verdict::Skipped);
+    // The advice names every marker the TLS lines are searched for.
+    for m in meshcat_common::envoy_log::TLS_MARKERS {
+        assert!(mtls.action.contains(m), "{m}: {}", mtls.action);
+    }
+}
+
+#[test]
+fn every_tls_marker_marks_a_tls_line() {
+    for m in meshcat_common::envoy_log::TLS_MARKERS {
+        let mut edge = SidecarEvidence::new(Role::Edge, "edge-0");
+        edge.debug_lines = Some(vec![format!(
+            "[2026-11-21 23:58:20.695][1][debug][connection] {m}: handshake failed"
+        )]);
+        let mut input = DiagnosisInput::new("catalog", "east");
+        input.edge = Some(edge);
+        let r = diagnose(&input);
+        assert_eq!(
+            r.step(StepName::Mtls).unwrap().verdict,
+            Verdict::Fail,
+            "{m}"
+        );
+    }
 }
