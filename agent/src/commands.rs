@@ -312,6 +312,61 @@ fn trim_config_dump(text: String) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::TargetError;
+    use crate::scrape::Target;
+
+    fn target(zone: &str, instance: &str, port: u16) -> Target {
+        Target {
+            admin: format!("127.0.0.1:{port}"),
+            zone_name: zone.into(),
+            cluster_name: "c".into(),
+            instance: instance.into(),
+            log_file: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_command_reaches_the_sidecar_of_its_zone_cluster_and_instance() {
+        let agent = Agent::new(Duration::from_secs(1));
+        agent.set_targets(vec![
+            target("a", "orders-1", 1),
+            target("b", "orders-1", 2),
+            target("a", "other", 3),
+        ]);
+        let pick = |z: &str, c: &str, i: &str| {
+            agent
+                .target(&TargetChoice::of_command(z, c, i))
+                .map(|t| t.admin)
+        };
+        assert_eq!(pick("a", "c", "orders-1").unwrap(), "127.0.0.1:1");
+        assert_eq!(pick("b", "c", "orders-1").unwrap(), "127.0.0.1:2");
+        assert!(matches!(
+            pick("a", "d", "orders-1"),
+            Err(TargetError::Unknown(_))
+        ));
+        assert!(matches!(
+            pick("z", "c", "orders-1"),
+            Err(TargetError::Unknown(_))
+        ));
+        // An older aggregator's command names the instance only: it runs when one
+        // sidecar alone has that name, and is refused, never guessed, otherwise.
+        assert_eq!(pick("", "", "other").unwrap(), "127.0.0.1:3");
+        assert!(matches!(
+            pick("", "", "orders-1"),
+            Err(TargetError::SameName(_))
+        ));
+        // The ops port without a choice, with several targets.
+        assert!(matches!(
+            agent.target(&TargetChoice::default()),
+            Err(TargetError::Ambiguous)
+        ));
+        // The diagnostics of both sidecars of one name are kept apart.
+        let a = TargetKey::new("a", "c", "orders-1");
+        let b = TargetKey::new("b", "c", "orders-1");
+        assert!(agent.diagnostics().get(&a).is_some());
+        assert!(agent.diagnostics().get(&b).is_some());
+        agent.diagnostics().shutdown().await;
+    }
 
     #[test]
     fn trims_the_config_dump_to_listeners_routes_and_clusters() {
