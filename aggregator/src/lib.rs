@@ -9,6 +9,8 @@ pub mod entry;
 pub mod ingest;
 pub mod ops;
 pub mod peer_signature;
+pub mod replicas;
+pub mod sidecars;
 pub mod status;
 pub mod store;
 pub mod telemetry;

@@ -149,7 +149,10 @@ pub fn cluster(r: &ClusterRecord) -> Result<(), Invalid> {
 pub fn is_web_url(value: &str) -> bool {
     // The parser would accept surrounding spaces and control characters (it strips
     // them); a stored link is taken as written, so those are refused here.
-    if value.bytes().any(|b| b.is_ascii_control() || b == b' ' || b == b'\\') {
+    if value
+        .bytes()
+        .any(|b| b.is_ascii_control() || b == b' ' || b == b'\\')
+    {
         return false;
     }
     // Written out as `http://` or `https://`: the parser would also take forms that

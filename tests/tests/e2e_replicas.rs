@@ -40,6 +40,18 @@ async fn svc_agent(
     interval: &str,
     extra: &[&str],
 ) -> anyhow::Result<meshcat_tests::MeshAgent> {
+    agent_of(set, order, sidecar, "svc", interval, extra).await
+}
+
+/// An agent reporting `sidecar` as instance i1 of `cluster` in zone z.
+async fn agent_of(
+    set: &Replicas,
+    order: &[usize],
+    sidecar: &meshcat_tests::Sidecar,
+    cluster: &str,
+    interval: &str,
+    extra: &[&str],
+) -> anyhow::Result<meshcat_tests::MeshAgent> {
     let mut args = set.agent_args(order);
     let admin = sidecar.envoy.admin_addr();
     let flags = [
@@ -48,7 +60,7 @@ async fn svc_agent(
         "--zone",
         "z",
         "--cluster",
-        "svc",
+        cluster,
         "--instance",
         "i1",
         "--interval",
@@ -1055,6 +1067,74 @@ async fn forwarded_requests_are_signed_never_carry_the_token_and_replay_fails() 
     assert_eq!(direct(&signature).await?.status(), StatusCode::FORBIDDEN);
     let secret = etcd.etcdctl(&["get", "--print-value-only", "/sig/secret"])?;
     assert_eq!(direct(secret.trim()).await?.status(), StatusCode::FORBIDDEN);
+    agent.stop().await?;
+    Ok(())
+}
+
+/// A cluster nobody registered, whose only instance reports to replica 0, is known to
+/// every replica: through replicas 1 and 2 (which do not own the instance) the
+/// diagnosis reads its sidecar, and its log level and a debug window reach it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unregistered_cluster_owned_by_a_peer_is_reachable_through_every_replica()
+-> anyhow::Result<()> {
+    let etcd = EtcdCluster::start().await?;
+    let mut set = Replicas::start(BIN, 3, &etcd.store_url("/ghost"), &[]).await?;
+    set.token = None;
+    assert_eq!(
+        set.post(0, "/zones", &zone("z")).await?.0,
+        StatusCode::CREATED
+    );
+    let sidecar = meshcat_tests::Sidecar::start().await?;
+    let agent = agent_of(&set, &[0], &sidecar, "ghost", "1s", &[]).await?;
+    for i in [1, 2] {
+        wait_for(
+            "the unregistered cluster on a peer",
+            Duration::from_secs(20),
+            || async {
+                let (s, body) = set.get(i, "/services?zoneName=z").await.ok()?;
+                (s == StatusCode::OK
+                    && body
+                        .as_array()?
+                        .iter()
+                        .any(|c| c["clusterName"] == "ghost" && c["instances"][0]["name"] == "i1"))
+                .then_some(())
+            },
+        )
+        .await?;
+    }
+    for i in [1, 2] {
+        let (s, report) = set.get(i, "/diagnose/ghost?zoneName=z").await?;
+        assert_eq!(s, StatusCode::OK, "replica {i}: {report}");
+        assert!(
+            report.to_string().contains("i1"),
+            "replica {i}: the diagnosis did not read i1: {report}"
+        );
+        let (s, body) = set
+            .send(
+                i,
+                Method::PUT,
+                "/zones/z/clusters/ghost/logging?level=info",
+                None,
+            )
+            .await?;
+        assert_eq!(s, StatusCode::OK, "replica {i}: {body}");
+        assert_eq!(body["succeeded"], 1, "replica {i}: {body}");
+        assert_eq!(body["instances"][0]["instance"], "i1", "{body}");
+        let (s, body) = set
+            .send(
+                i,
+                Method::POST,
+                "/zones/z/clusters/ghost/debug-window?seconds=1",
+                None,
+            )
+            .await?;
+        assert_eq!(s, StatusCode::OK, "replica {i}: {body}");
+        assert_eq!(body["succeeded"], 1, "replica {i}: {body}");
+    }
+    assert_eq!(
+        sidecar.envoy.uniform_log_level().await?.as_deref(),
+        Some("info")
+    );
     agent.stop().await?;
     Ok(())
 }

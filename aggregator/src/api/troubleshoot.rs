@@ -15,9 +15,9 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use futures::future::join_all;
 use meshcat_common::level;
-use meshcat_common::model::{InstanceMetrics, ZoneRecord};
+use meshcat_common::model::ZoneRecord;
 use meshcat_common::validate::is_valid_name;
-use meshcat_common::wire::{Command, CommandOutput, DebugWindowOutput, EvidenceOutput};
+use meshcat_common::wire::{DebugWindowOutput, EvidenceOutput};
 use meshcat_diagnose::{
     DiagnosisInput, DiagnosisReport, MetricsEvidence, Reads, Role, SidecarEvidence, Symptom,
     Verdict, edge_weight, reports_metrics,
@@ -30,13 +30,15 @@ use super::auth::{DiagnoseCaller, Granted, Reader, Writer};
 use super::error::ApiError;
 use super::handlers::Params;
 use super::query;
-use crate::ingest::{Agents, CommandError};
+use crate::ingest::CommandError;
 use crate::peer_signature::Access;
+use crate::replicas::{PeerCallError, Replicas};
+use crate::sidecars::{Answer, Ask, Owner, SidecarError, Sidecars, Target};
 
 type Shared = State<Arc<AppState>>;
 
 /// Longest debug window one request may ask for, in seconds.
-pub const MAX_DEBUG_SECONDS: u32 = meshcat_common::envoy_log::MAX_DEBUG_WINDOW_SECONDS;
+pub const MAX_DEBUG_SECONDS: u32 = 300;
 /// Most service instances one diagnosis collects evidence from.
 pub const MAX_DIAGNOSED_INSTANCES: usize = 5;
 /// Log lines asked from each sidecar for the diagnosis.
@@ -48,6 +50,15 @@ pub const MAX_WINDOW_INSTANCES: usize = 64;
 /// Time beyond a window's length an agent gets to restore the level, wait for the
 /// sidecar's last lines (1 s) and answer.
 const WINDOW_GRACE: Duration = Duration::from_secs(5);
+
+/// The deadline of a command that runs a debug window of `seconds` (none: 0).
+fn window_deadline(command_timeout: Duration, seconds: u32) -> Duration {
+    if seconds == 0 {
+        command_timeout
+    } else {
+        command_timeout + Duration::from_secs(u64::from(seconds)) + WINDOW_GRACE
+    }
+}
 /// Deadline of the Prometheus query.
 const PROMETHEUS_TIMEOUT: Duration = Duration::from_secs(3);
 /// Most silent instances named in the metrics evidence.
@@ -67,14 +78,62 @@ fn check_name(what: &str, v: &str) -> Result<(), ApiError> {
     }
 }
 
-fn agents(s: &AppState) -> Result<&Agents, ApiError> {
-    s.agents.as_ref().ok_or_else(|| {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "ingest_off",
-            "Agent ingest is off on this aggregator, so no sidecar can be reached.",
-        )
-    })
+/// The sidecar layer over this replica's agents and its peers.
+fn sidecars(s: &AppState) -> Sidecars {
+    Sidecars::new(
+        s.store.clone(),
+        s.agents.clone(),
+        Replicas::new(s.store.clone(), s.peers.clone()),
+    )
+}
+
+fn ingest_off() -> ApiError {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "ingest_off",
+        "Agent ingest is off on this aggregator, so no sidecar can be reached.",
+    )
+}
+
+impl From<SidecarError> for ApiError {
+    fn from(e: SidecarError) -> ApiError {
+        match e {
+            SidecarError::IngestOff => ingest_off(),
+            SidecarError::NotLive {
+                zone,
+                cluster,
+                instance,
+            } => ApiError::not_found(format!(
+                "Instance {instance} of cluster {cluster} in zone {zone} is not live."
+            )),
+            SidecarError::Agent { instance, error } => command_error(&instance, &error),
+            SidecarError::Unexpected { instance } => unexpected(&instance),
+            SidecarError::Peer { instance, error } => match error {
+                PeerCallError::Unknown { .. } => ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "owner_unreachable",
+                    format!(
+                        "Instance {instance} is served by a replica whose address is not known yet."
+                    ),
+                ),
+                PeerCallError::Unreachable { owner } => ApiError::new(
+                    StatusCode::BAD_GATEWAY,
+                    "owner_unreachable",
+                    format!("The replica {owner} serving instance {instance} did not answer."),
+                ),
+                PeerCallError::Answered {
+                    status, message, ..
+                } => ApiError::new(status, "owner_failed", message),
+                PeerCallError::Unreadable { owner, why } => ApiError::new(
+                    StatusCode::BAD_GATEWAY,
+                    "owner_failed",
+                    format!(
+                        "The answer of replica {owner} for instance {instance} is not readable: {why}."
+                    ),
+                ),
+            },
+        }
+    }
 }
 
 /// The error answer of a command that produced no output.
@@ -126,9 +185,8 @@ fn zone_or_404(s: &AppState, zone: &str) -> Result<ZoneRecord, ApiError> {
 }
 
 /// A cluster is known in a zone when it is registered there or has live instances.
-fn cluster_or_404(s: &AppState, zone: &str, cluster: &str) -> Result<(), ApiError> {
-    let registered = s.store.is_registered(zone, cluster);
-    if registered || !s.store.live_instances(zone, cluster).is_empty() {
+fn cluster_or_404(sidecars: &Sidecars, zone: &str, cluster: &str) -> Result<(), ApiError> {
+    if sidecars.knows(zone, cluster) {
         Ok(())
     } else {
         Err(ApiError::not_found(format!(
@@ -143,7 +201,7 @@ fn level_query(raw: Option<&str>) -> Result<&'static str, ApiError> {
         if level.is_some() {
             return Err(ApiError::bad_query("Query parameter level is given twice."));
         }
-        level = Some(level::envoy_name(&v).ok_or_else(|| {
+        level = Some(level::envoy_name(&v).map(level::seed_name).ok_or_else(|| {
             ApiError::bad_query(format!(
                 "Query parameter level must be error, warn, info or debug, not {v:?}."
             ))
@@ -156,26 +214,20 @@ fn text(level: String) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], level).into_response()
 }
 
+/// Asks one instance's sidecar for its level, or sets it; the level it has now.
 async fn run_level_command(
     s: &AppState,
-    zone: &str,
-    cluster: &str,
-    instance: &str,
-    cmd: Command,
+    (zone, cluster, instance): (&str, &str, &str),
+    ask: Ask,
 ) -> Result<String, ApiError> {
-    let agents = agents(s)?;
-    if s.store.live_instance(zone, cluster, instance).is_none() {
-        return Err(ApiError::not_found(format!(
-            "Instance {instance} of cluster {cluster} in zone {zone} is not live."
-        )));
-    }
-    match agents
-        .command(zone, cluster, instance, cmd, s.command_timeout)
-        .await
+    let sidecars = sidecars(s);
+    let target = sidecars.target(zone, cluster, instance)?;
+    match sidecars
+        .run((zone, cluster), &target, ask, s.command_timeout)
+        .await?
     {
-        Ok(CommandOutput::LogLevel(l)) => Ok(level::seed_name(&l).to_owned()),
-        Ok(_) => Err(unexpected(instance)),
-        Err(e) => Err(command_error(instance, &e)),
+        Answer::Level(l) => Ok(l),
+        _ => Err(unexpected(instance)),
     }
 }
 
@@ -190,7 +242,7 @@ pub async fn get_instance_logging(
     check_name("clusterName", &cluster)?;
     query::parse(q.as_deref(), &[])?;
     zone_or_404(&s, &zone)?;
-    let level = run_level_command(&s, &zone, &cluster, &instance, Command::GetLogLevel).await?;
+    let level = run_level_command(&s, (&zone, &cluster, &instance), Ask::GetLevel).await?;
     Ok(text(level))
 }
 
@@ -205,10 +257,7 @@ pub async fn put_instance_logging(
     check_name("clusterName", &cluster)?;
     let level = level_query(q.as_deref())?;
     zone_or_404(&s, &zone)?;
-    let cmd = Command::SetLogLevel {
-        level: level.to_owned(),
-    };
-    let now = run_level_command(&s, &zone, &cluster, &instance, cmd).await?;
+    let now = run_level_command(&s, (&zone, &cluster, &instance), Ask::SetLevel(level)).await?;
     info!(%zone, %cluster, %instance, level = %now, "Sidecar log level set through the API.");
     Ok(text(now))
 }
@@ -292,102 +341,31 @@ pub async fn put_cluster_logging(
     check_name("clusterName", &cluster)?;
     let level = level_query(q.as_deref())?;
     zone_or_404(&s, &zone)?;
-    cluster_or_404(&s, &zone, &cluster)?;
-    let live = s.store.live_instances(&zone, &cluster);
-    let runs = live.iter().map(|i| {
-        let s = &s;
-        let (zone, cluster) = (&zone, &cluster);
+    let sidecars = sidecars(&s);
+    cluster_or_404(&sidecars, &zone, &cluster)?;
+    let targets = sidecars.targets(&zone, &cluster);
+    let deadline = s.command_timeout;
+    let runs = targets.iter().map(|t| {
+        let (sidecars, zone, cluster) = (&sidecars, zone.as_str(), cluster.as_str());
         async move {
-            let cmd = Command::SetLogLevel {
-                level: level.to_owned(),
-            };
-            match run_level_command(s, zone, cluster, &i.instance, cmd).await {
-                Ok(now) => InstanceOutcome {
+            match sidecars
+                .run((zone, cluster), t, Ask::SetLevel(level), deadline)
+                .await
+            {
+                Ok(Answer::Level(now)) => InstanceOutcome {
                     level: Some(now),
-                    ..InstanceOutcome::ok(&i.instance)
+                    ..InstanceOutcome::ok(&t.instance)
                 },
-                Err(e) => InstanceOutcome::failed(&i.instance, &e),
+                Ok(_) => InstanceOutcome::failed(&t.instance, &unexpected(&t.instance)),
+                Err(e) => InstanceOutcome::failed(&t.instance, &e.into()),
             }
         }
     });
     let mut outcomes = join_all(runs).await;
-    // Instances other replicas own: the per-instance route, forwarded to each owner.
-    let remote = s.store.remote_live(&zone, &cluster);
-    let forwarded = remote.iter().map(|(instance, owner)| {
-        let (s, zone, cluster) = (&s, &zone, &cluster);
-        async move {
-            let path = instance_logging_path(zone, cluster, instance, level);
-            let sent = super::forward::to_replica(
-                s,
-                owner,
-                reqwest::Method::PUT,
-                &path,
-                Access::Write,
-                super::forward::FORWARD_TIMEOUT,
-            );
-            match sent.await {
-                Ok((status, body)) if status.is_success() => InstanceOutcome {
-                    level: Some(body.trim().to_owned()),
-                    ..InstanceOutcome::ok(instance)
-                },
-                Ok((status, body)) => {
-                    let message = serde_json::from_str::<serde_json::Value>(&body)
-                        .ok()
-                        .and_then(|v| v["error"].as_str().map(str::to_owned))
-                        .unwrap_or(body);
-                    InstanceOutcome::failed(
-                        instance,
-                        &ApiError::new(status, "owner_failed", message),
-                    )
-                }
-                Err(e) => InstanceOutcome::failed(instance, &e),
-            }
-        }
-    });
-    outcomes.extend(join_all(forwarded).await);
     outcomes.sort_by(|a, b| a.instance.cmp(&b.instance));
     let answer = ClusterOutcome::new(zone, cluster, outcomes);
     info!(zone = %answer.zone_name, cluster = %answer.cluster_name, level, succeeded = answer.succeeded, failed = answer.failed, "Cluster log level set through the API.");
     Ok(Json(answer))
-}
-
-/// What a path segment may hold unescaped: RFC 3986 unreserved characters.
-const SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
-    .remove(b'-')
-    .remove(b'.')
-    .remove(b'_')
-    .remove(b'~');
-
-fn segment(v: &str) -> percent_encoding::PercentEncode<'_> {
-    percent_encoding::utf8_percent_encode(v, SEGMENT)
-}
-
-/// The per-instance logging route of one instance, as forwarded to its owner. An
-/// instance name may hold `?`, `#`, `&` or `%` (pod and host names are wide), so
-/// every part is escaped.
-fn instance_logging_path(zone: &str, cluster: &str, instance: &str, level: &str) -> String {
-    let query = form_urlencoded::Serializer::new(String::new())
-        .append_pair("level", level)
-        .finish();
-    format!(
-        "/zones/{}/clusters/{}/instances/{}/logging?{query}",
-        segment(zone),
-        segment(cluster),
-        segment(instance)
-    )
-}
-
-/// The debug-window route for one instance, as forwarded to its owner.
-fn debug_window_path(zone: &str, cluster: &str, instance: &str, seconds: u32) -> String {
-    let query = form_urlencoded::Serializer::new(String::new())
-        .append_pair("seconds", &seconds.to_string())
-        .append_pair("instance", instance)
-        .finish();
-    format!(
-        "/zones/{}/clusters/{}/debug-window?{query}",
-        segment(zone),
-        segment(cluster)
-    )
 }
 
 fn seconds_value(name: &str, v: &str) -> Result<u32, ApiError> {
@@ -430,94 +408,49 @@ pub async fn post_debug_window(
     }
     let seconds =
         seconds.ok_or_else(|| ApiError::bad_query("Query parameter seconds is required."))?;
-    let agents = agents(&s)?.clone();
     zone_or_404(&s, &zone)?;
-    cluster_or_404(&s, &zone, &cluster)?;
-    let remote = s.store.remote_live(&zone, &cluster);
-    let targets: Vec<String> = if wanted.is_empty() {
-        let mut all: Vec<String> = s
-            .store
-            .live_instances(&zone, &cluster)
-            .iter()
-            .map(|i| i.instance.clone())
-            .collect();
-        all.extend(remote.iter().map(|(i, _)| i.clone()));
-        all.sort();
-        all
+    let sidecars = sidecars(&s);
+    if !sidecars.ingest_on() {
+        return Err(ingest_off());
+    }
+    cluster_or_404(&sidecars, &zone, &cluster)?;
+    // Every live instance, or those named (one not live answers its own 404).
+    let targets: Vec<Result<Target, SidecarError>> = if wanted.is_empty() {
+        sidecars
+            .targets(&zone, &cluster)
+            .into_iter()
+            .map(Ok)
+            .collect()
     } else {
         wanted
+            .iter()
+            .map(|i| sidecars.target(&zone, &cluster, i))
+            .collect()
     };
-    let deadline = s.command_timeout + Duration::from_secs(u64::from(seconds)) + WINDOW_GRACE;
+    let deadline = window_deadline(s.command_timeout, seconds);
     info!(%zone, %cluster, seconds, instances = targets.len(), "Debug window asked through the API.");
-    let runs = targets.iter().map(|instance| {
-        let (s, agents, zone, cluster, remote) = (&s, &agents, &zone, &cluster, &remote);
+    let runs = targets.into_iter().zip(0..).map(|(t, n)| {
+        let (sidecars, zone, cluster) = (&sidecars, zone.as_str(), cluster.as_str());
+        let name = if wanted.is_empty() {
+            t.as_ref().map(|t| t.instance.clone()).unwrap_or_default()
+        } else {
+            wanted[n].clone()
+        };
         async move {
-            // Another replica's instance: the same request for it alone, on its owner.
-            if let Some((_, owner)) = remote.iter().find(|(i, _)| i == instance) {
-                let path = debug_window_path(zone, cluster, instance, seconds);
-                let sent = super::forward::to_replica(
-                    s,
-                    owner,
-                    reqwest::Method::POST,
-                    &path,
-                    Access::Write,
-                    deadline + WINDOW_GRACE,
-                );
-                return match sent.await {
-                    Ok((status, body)) => {
-                        let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
-                        let part = &v["instances"][0];
-                        match serde_json::from_value::<DebugWindowOutput>(
-                            part["debugWindow"].clone(),
-                        ) {
-                            Ok(w) if status.is_success() && part["status"] == 200 => {
-                                InstanceOutcome {
-                                    debug_window: Some(w),
-                                    ..InstanceOutcome::ok(instance)
-                                }
-                            }
-                            _ => {
-                                let message = part["error"]
-                                    .as_str()
-                                    .or(v["error"].as_str())
-                                    .unwrap_or("The owning replica's answer is not readable.")
-                                    .to_owned();
-                                let code = StatusCode::from_u16(
-                                    part["status"].as_u64().unwrap_or(502) as u16,
-                                )
-                                .unwrap_or(StatusCode::BAD_GATEWAY);
-                                InstanceOutcome::failed(
-                                    instance,
-                                    &ApiError::new(code, "owner_failed", message),
-                                )
-                            }
-                        }
-                    }
-                    Err(e) => InstanceOutcome::failed(instance, &e),
-                };
-            }
-            if s.store.live_instance(zone, cluster, instance).is_none() {
-                let e = ApiError::not_found(format!(
-                    "Instance {instance} of cluster {cluster} in zone {zone} is not live."
-                ));
-                return InstanceOutcome::failed(instance, &e);
-            }
-            match agents
-                .command(
-                    zone,
-                    cluster,
-                    instance,
-                    Command::DebugWindow { seconds },
-                    deadline,
-                )
+            let t = match t {
+                Ok(t) => t,
+                Err(e) => return InstanceOutcome::failed(&name, &e.into()),
+            };
+            match sidecars
+                .run((zone, cluster), &t, Ask::DebugWindow { seconds }, deadline)
                 .await
             {
-                Ok(CommandOutput::DebugWindow(w)) => InstanceOutcome {
+                Ok(Answer::DebugWindow(w)) => InstanceOutcome {
                     debug_window: Some(w),
-                    ..InstanceOutcome::ok(instance)
+                    ..InstanceOutcome::ok(&name)
                 },
-                Ok(_) => InstanceOutcome::failed(instance, &unexpected(instance)),
-                Err(e) => InstanceOutcome::failed(instance, &command_error(instance, &e)),
+                Ok(_) => InstanceOutcome::failed(&name, &unexpected(&name)),
+                Err(e) => InstanceOutcome::failed(&name, &e.into()),
             }
         }
     });
@@ -605,99 +538,30 @@ struct Notes {
     metrics: Vec<String>,
 }
 
-/// Asks one sidecar for its evidence: through this replica's agent connection, or
-/// (etcd store) through the replica that owns the instance ([`peer_evidence`]).
+/// Asks one sidecar for its evidence, wherever it is served.
 async fn collect(
-    s: &AppState,
+    sidecars: &Sidecars,
     zone: &str,
     cluster: &str,
     instance: &str,
-    cmd: Command,
+    ask: Ask,
     deadline: Duration,
 ) -> Result<EvidenceOutput, String> {
-    if let Some(owner) = s.store.remote_owner(Some(zone), cluster, instance) {
-        return collect_remote(s, &owner, zone, cluster, instance, &cmd, deadline).await;
-    }
-    let Some(agents) = s.agents.as_ref() else {
-        return Err(format!(
-            "{instance}: agent ingest is off on this aggregator"
-        ));
-    };
-    match agents.command(zone, cluster, instance, cmd, deadline).await {
-        Ok(CommandOutput::Evidence(e)) => Ok(e),
+    let target = sidecars
+        .target(zone, cluster, instance)
+        .map_err(|e| format!("{instance}: {e}"))?;
+    match sidecars.run((zone, cluster), &target, ask, deadline).await {
+        Ok(Answer::Evidence(e)) => Ok(*e),
         Ok(_) => Err(format!(
             "{instance}: the agent answered with an unexpected output"
         )),
-        Err(e) => Err(format!("{instance}: {e}")),
-    }
-}
-
-/// Asks the replica that owns `instance` for its evidence.
-async fn collect_remote(
-    s: &AppState,
-    owner: &str,
-    zone: &str,
-    cluster: &str,
-    instance: &str,
-    cmd: &Command,
-    deadline: Duration,
-) -> Result<EvidenceOutput, String> {
-    let Command::Evidence {
-        path,
-        debug_seconds,
-        ..
-    } = cmd
-    else {
-        return Err(format!("{instance}: not an evidence command"));
-    };
-    // The serializer is not `Send`: it must not live across the await below.
-    let query = {
-        let mut q = form_urlencoded::Serializer::new(String::new());
-        q.append_pair("zoneName", zone)
-            .append_pair("clusterName", cluster)
-            .append_pair("instance", instance);
-        if let Some(p) = path {
-            q.append_pair("path", p);
-        }
-        if let Some(n) = debug_seconds {
-            q.append_pair("debugSeconds", &n.to_string());
-        }
-        q.finish()
-    };
-    let uri = format!("{PEER_EVIDENCE}?{query}");
-    // The caller was checked before the diagnosis began: the write token when it
-    // opens debug windows, else the read token.
-    let access = if debug_seconds.is_some() {
-        Access::Write
-    } else {
-        Access::Read
-    };
-    let sent = super::forward::to_replica(
-        s,
-        owner,
-        reqwest::Method::GET,
-        &uri,
-        access,
-        deadline + WINDOW_GRACE,
-    )
-    .await
-    .map_err(|e| format!("{instance}: {}", e.message))?;
-    match sent {
-        (StatusCode::OK, body) => serde_json::from_str(&body)
-            .map_err(|e| format!("{instance}: the owning replica's evidence is not readable: {e}")),
-        (status, body) => {
-            let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
-            let why = v["error"].as_str().unwrap_or("no reason given").to_owned();
-            Err(format!(
-                "{instance}: the owning replica {owner} answered {status}: {why}"
-            ))
-        }
+        Err(e) => Err(e.to_string()),
     }
 }
 
 /// The replicas' own route for diagnosis evidence (etcd store only, never in the
 /// public API): a peer asks the owner of an instance for that sidecar's evidence.
-pub const PEER_EVIDENCE: &str = "/peer/evidence";
+pub const PEER_EVIDENCE: &str = crate::replicas::PEER_EVIDENCE;
 
 /// `GET /peer/evidence?zoneName=&clusterName=&instance=[&path=][&debugSeconds=]`:
 /// answers only requests forwarded by a peer (the forwarding layer has checked their
@@ -750,23 +614,23 @@ pub async fn peer_evidence(
             "Query parameters zoneName, clusterName and instance are required.",
         ));
     };
-    let agents = agents(&s)?;
-    let cmd = Command::Evidence {
+    // Served here, on this replica's agent: a peer asks only the owner.
+    let ask = Ask::Evidence {
         path,
         max_lines: EVIDENCE_LOG_LINES,
         debug_seconds,
     };
-    let deadline = s.command_timeout
-        + debug_seconds.map_or(Duration::ZERO, |n| {
-            Duration::from_secs(u64::from(n)) + WINDOW_GRACE
-        });
-    match agents
-        .command(&zone, &cluster, &instance, cmd, deadline)
-        .await
+    let deadline = window_deadline(s.command_timeout, debug_seconds.unwrap_or(0));
+    let here = Target {
+        instance: instance.clone(),
+        owner: Owner::Here,
+    };
+    match sidecars(&s)
+        .run((&zone, &cluster), &here, ask, deadline)
+        .await?
     {
-        Ok(CommandOutput::Evidence(e)) => Ok(Json(e)),
-        Ok(_) => Err(unexpected(&instance)),
-        Err(e) => Err(command_error(&instance, &e)),
+        Answer::Evidence(e) => Ok(Json(*e)),
+        _ => Err(unexpected(&instance)),
     }
 }
 
@@ -869,33 +733,15 @@ async fn metrics_evidence(
         ));
         remote.truncate(MAX_REMOTE_METRICS);
     }
-    let asked = join_all(remote.iter().map(|(instance, owner)| async move {
-        let mut u = reqwest::Url::parse("http://peer/").expect("a valid base URL");
-        u.path_segments_mut()
-            .expect("an http URL has path segments")
-            .pop_if_empty()
-            .extend(["metrics", cluster, instance.as_str()]);
-        u.query_pairs_mut().append_pair("zoneName", zone);
-        let path = format!("{}?{}", u.path(), u.query().unwrap_or_default());
-        let sent = super::forward::to_replica(
-            s,
-            owner,
-            reqwest::Method::GET,
-            &path,
-            Access::Read,
-            s.command_timeout,
-        )
-        .await;
-        match sent {
-            Ok((StatusCode::OK, body)) => serde_json::from_str::<InstanceMetrics>(&body)
+    let replicas = Replicas::new(s.store.clone(), s.peers.clone());
+    let asked = join_all(remote.iter().map(|(instance, owner)| {
+        let replicas = &replicas;
+        async move {
+            replicas
+                .metrics(owner, (zone, cluster, instance), s.command_timeout)
+                .await
                 .map(|m| reports_metrics(&m))
-                .map_err(|e| {
-                    format!("{instance}: the owning replica's metrics are not readable: {e}")
-                }),
-            Ok((status, _)) => Err(format!(
-                "{instance}: the owning replica {owner} answered {status} for its metrics"
-            )),
-            Err(e) => Err(format!("{instance}: {}", e.message)),
+                .map_err(|e| format!("{instance}: {e}"))
         }
     }))
     .await;
@@ -977,7 +823,8 @@ pub async fn diagnose(
     check_name("clusterName", &cluster)?;
     let q = diagnose_query(q.as_deref())?;
     let zone = zone_or_404(&s, &q.zone)?;
-    cluster_or_404(&s, &q.zone, &cluster)?;
+    let sidecars = sidecars(&s);
+    cluster_or_404(&sidecars, &q.zone, &cluster)?;
     let mut notes = Notes::default();
     let mut input = DiagnosisInput::new(&cluster, &q.zone);
     input.symptom = q.symptom;
@@ -985,7 +832,7 @@ pub async fn diagnose(
 
     let wants_sidecars = q.symptom != Some(Symptom::MissingMetrics);
     if wants_sidecars {
-        collect_sidecars(&s, &zone, &cluster, &q, &mut input, &mut notes).await;
+        collect_sidecars(&s, &sidecars, &zone, &cluster, &q, &mut input, &mut notes).await;
     }
     input.metrics = metrics_evidence(&s, &q.zone, &cluster, &mut notes.metrics).await;
     if input.metrics.is_none() {
@@ -1005,43 +852,31 @@ pub async fn diagnose(
     Ok(Json(report))
 }
 
-/// The live instances of (zone, cluster) by name: this replica's and, with the etcd
-/// store, those other replicas own.
-fn live_names(s: &AppState, zone: &str, cluster: &str) -> Vec<String> {
-    let mut names: Vec<String> = s
-        .store
-        .live_instances(zone, cluster)
-        .iter()
-        .map(|i| i.instance.clone())
-        .collect();
-    names.extend(
-        s.store
-            .remote_live(zone, cluster)
-            .into_iter()
-            .map(|(i, _)| i),
-    );
-    names.sort();
-    names
+/// The live instances of (zone, cluster) by name, this replica's and its peers'.
+fn live_names(sidecars: &Sidecars, zone: &str, cluster: &str) -> Vec<String> {
+    sidecars
+        .targets(zone, cluster)
+        .into_iter()
+        .map(|t| t.instance)
+        .collect()
 }
 
 /// Collects the edge's and the service instances' evidence, all at once.
 async fn collect_sidecars(
     s: &AppState,
+    sidecars: &Sidecars,
     zone: &ZoneRecord,
     cluster: &str,
     q: &DiagnoseQuery,
     input: &mut DiagnosisInput,
     notes: &mut Notes,
 ) {
-    let cmd = Command::Evidence {
+    let cmd = Ask::Evidence {
         path: q.path.clone(),
         max_lines: EVIDENCE_LOG_LINES,
         debug_seconds: q.debug_seconds,
     };
-    let deadline = s.command_timeout
-        + q.debug_seconds.map_or(Duration::ZERO, |n| {
-            Duration::from_secs(u64::from(n)) + WINDOW_GRACE
-        });
+    let deadline = window_deadline(s.command_timeout, q.debug_seconds.unwrap_or(0));
     let edges: Vec<String> = if zone.request_cluster.is_empty() {
         notes.edge.push(format!(
             "zone {} has no requestCluster, so no edge sidecar is known",
@@ -1049,7 +884,7 @@ async fn collect_sidecars(
         ));
         Vec::new()
     } else {
-        let live = live_names(s, &zone.zone_name, &zone.request_cluster);
+        let live = live_names(sidecars, &zone.zone_name, &zone.request_cluster);
         if live.is_empty() {
             notes.edge.push(format!(
                 "the edge cluster {} has no live instance reported by an agent",
@@ -1058,7 +893,7 @@ async fn collect_sidecars(
         }
         live.into_iter().take(MAX_EDGE_TRIES).collect()
     };
-    let mut services = live_names(s, &zone.zone_name, cluster);
+    let mut services = live_names(sidecars, &zone.zone_name, cluster);
     if services.is_empty() {
         notes.services.push(format!(
             "cluster {cluster} has no live instance reported by an agent"
@@ -1074,7 +909,7 @@ async fn collect_sidecars(
     }
     let mut edge_notes = Vec::new();
     let edge_run = collect_edge(
-        s,
+        sidecars,
         input,
         &zone.request_cluster,
         &edges,
@@ -1085,7 +920,7 @@ async fn collect_sidecars(
     let service_runs = join_all(
         services
             .iter()
-            .map(|i| collect(s, &zone.zone_name, cluster, i, cmd.clone(), deadline)),
+            .map(|i| collect(sidecars, &zone.zone_name, cluster, i, cmd.clone(), deadline)),
     );
     let ((edge_out, edge_failures), service_outs) = tokio::join!(edge_run, service_runs);
     notes.edge.extend(edge_notes);
@@ -1120,11 +955,11 @@ type EdgeWeight = Option<(bool, String)>;
 /// for the cluster): with several edges, only one may have seen the failure. Answers
 /// the chosen instance, its evidence, and why the others were not chosen.
 async fn collect_edge(
-    s: &AppState,
+    s: &Sidecars,
     input: &DiagnosisInput,
     edge_cluster: &str,
     edges: &[String],
-    cmd: &Command,
+    cmd: &Ask,
     deadline: Duration,
     notes: &mut Vec<String>,
 ) -> (Option<(String, SidecarEvidence)>, Vec<String>) {
@@ -1175,65 +1010,9 @@ mod tests {
     use super::*;
     use meshcat_diagnose::StepName;
 
-    /// A forwarded path reads back, through the real routes, as the names it was
-    /// built from, whatever an instance name holds.
-    #[tokio::test]
-    async fn forwarded_paths_carry_any_instance_name() {
-        use axum::extract::{Path, RawQuery};
-        use axum::routing::{post, put};
-        use tower::ServiceExt;
-        let echo = |Path(p): Path<Vec<String>>, RawQuery(q): RawQuery| async move {
-            let mut parts = p;
-            for (k, v) in form_urlencoded::parse(q.unwrap_or_default().as_bytes()) {
-                parts.push(format!("{k}={v}"));
-            }
-            parts.join("|")
-        };
-        let app = axum::Router::new()
-            .route(
-                "/zones/{zoneName}/clusters/{clusterName}/instances/{instanceId}/logging",
-                put(echo),
-            )
-            .route(
-                "/zones/{zoneName}/clusters/{clusterName}/debug-window",
-                post(echo),
-            );
-        let call = |method: &str, uri: String| {
-            let req = axum::http::Request::builder()
-                .method(method)
-                .uri(uri)
-                .body(axum::body::Body::empty())
-                .unwrap();
-            let app = app.clone();
-            async move {
-                let res = app.oneshot(req).await.unwrap();
-                assert_eq!(res.status(), StatusCode::OK);
-                let body = axum::body::to_bytes(res.into_body(), 1 << 16)
-                    .await
-                    .unwrap();
-                String::from_utf8(body.to_vec()).unwrap()
-            }
-        };
-        for instance in [
-            "pod-1",
-            "h:9901",
-            "p?level=off",
-            "a&seconds=300",
-            "x#y",
-            "50%25",
-            "~!$'()*+,;=@",
-        ] {
-            assert!(meshcat_common::validate::is_valid_instance(instance));
-            let got = call("PUT", instance_logging_path("z", "c", instance, "debug")).await;
-            assert_eq!(got, format!("z|c|{instance}|level=debug"));
-            let got = call("POST", debug_window_path("z", "c", instance, 30)).await;
-            assert_eq!(got, format!("z|c|seconds=30|instance={instance}"));
-        }
-    }
-
     #[test]
     fn levels_are_the_seeds_four() {
-        assert_eq!(level_query(Some("level=warn")).unwrap(), "warning");
+        assert_eq!(level_query(Some("level=warn")).unwrap(), "warn");
         assert_eq!(level_query(Some("level=debug")).unwrap(), "debug");
         for bad in [
             None,

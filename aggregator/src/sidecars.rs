@@ -1,0 +1,255 @@
+//! The one way to reach a sidecar. Each live instance of a (zone, cluster) is either
+//! served here (its agent is connected to this aggregator) or by a peer replica
+//! (etcd store); [`Sidecars::targets`] says which, and [`Sidecars::run`] is the only
+//! place that branches between the local agent and the owning replica. The log
+//! level, debug windows and diagnosis evidence all go through it, so every route and
+//! the diagnosis see the same instances, this replica's and its peers' alike.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use meshcat_common::level;
+use meshcat_common::wire::{Command, CommandOutput, DebugWindowOutput, EvidenceOutput};
+
+use crate::ingest::{Agents, CommandError};
+use crate::replicas::{PeerCallError, Replicas};
+use crate::store::Store;
+
+/// Time a peer replica gets beyond a command's own deadline to answer.
+pub const PEER_GRACE: Duration = Duration::from_secs(2);
+
+/// Where a live instance's sidecar is reached.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Owner {
+    /// Through the agent connected to this aggregator.
+    Here,
+    /// Through the replica of this id, whose agent reports it.
+    Replica(String),
+}
+
+/// A live instance and where its sidecar is reached.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    pub instance: String,
+    pub owner: Owner,
+}
+
+/// What the sidecar layer can ask of a sidecar.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ask {
+    /// Its log level (answered with the seed's name).
+    GetLevel,
+    /// Set its level (the seed's name: `error`, `warn`, `info`, `debug`).
+    SetLevel(&'static str),
+    /// A timed debug window.
+    DebugWindow { seconds: u32 },
+    /// The diagnosis's evidence, after a debug window of `debug_seconds` when given.
+    Evidence {
+        path: Option<String>,
+        max_lines: u32,
+        debug_seconds: Option<u32>,
+    },
+}
+
+/// What a sidecar answered.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Answer {
+    Level(String),
+    DebugWindow(DebugWindowOutput),
+    Evidence(Box<EvidenceOutput>),
+}
+
+/// Why a sidecar gave no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum SidecarError {
+    #[error("agent ingest is off on this aggregator, so no sidecar can be reached")]
+    IngestOff,
+    #[error("instance {instance} of cluster {cluster} in zone {zone} is not live")]
+    NotLive {
+        zone: String,
+        cluster: String,
+        instance: String,
+    },
+    #[error("{instance}: {error}")]
+    Agent {
+        instance: String,
+        error: CommandError,
+    },
+    #[error("{instance}: the agent answered with an unexpected output")]
+    Unexpected { instance: String },
+    #[error("{instance}: {error}")]
+    Peer {
+        instance: String,
+        error: PeerCallError,
+    },
+}
+
+/// The sidecars of the catalog's live instances; cheap to build and to clone.
+#[derive(Debug, Clone)]
+pub struct Sidecars {
+    store: Arc<Store>,
+    agents: Option<Agents>,
+    replicas: Replicas,
+}
+
+impl Sidecars {
+    pub fn new(store: Arc<Store>, agents: Option<Agents>, replicas: Replicas) -> Sidecars {
+        Sidecars {
+            store,
+            agents,
+            replicas,
+        }
+    }
+
+    /// Every live instance of (zone, cluster), by name, with where it is reached.
+    pub fn targets(&self, zone: &str, cluster: &str) -> Vec<Target> {
+        let mut all: Vec<Target> = self
+            .store
+            .live_instances(zone, cluster)
+            .iter()
+            .map(|i| Target {
+                instance: i.instance.clone(),
+                owner: Owner::Here,
+            })
+            .collect();
+        all.extend(
+            self.store
+                .remote_live(zone, cluster)
+                .into_iter()
+                .map(|(instance, owner)| Target {
+                    instance,
+                    owner: Owner::Replica(owner),
+                }),
+        );
+        all.sort_by(|a, b| a.instance.cmp(&b.instance));
+        all
+    }
+
+    /// One live instance of (zone, cluster) and where it is reached.
+    pub fn target(
+        &self,
+        zone: &str,
+        cluster: &str,
+        instance: &str,
+    ) -> Result<Target, SidecarError> {
+        let owner = if self.store.live_instance(zone, cluster, instance).is_some() {
+            Owner::Here
+        } else if let Some(owner) = self.store.remote_owner(Some(zone), cluster, instance) {
+            Owner::Replica(owner)
+        } else {
+            return Err(SidecarError::NotLive {
+                zone: zone.to_owned(),
+                cluster: cluster.to_owned(),
+                instance: instance.to_owned(),
+            });
+        };
+        Ok(Target {
+            instance: instance.to_owned(),
+            owner,
+        })
+    }
+
+    /// Whether (zone, cluster) is known: registered, or with a live instance here or
+    /// on a peer.
+    pub fn knows(&self, zone: &str, cluster: &str) -> bool {
+        self.store.is_registered(zone, cluster) || !self.targets(zone, cluster).is_empty()
+    }
+
+    /// Whether commands can reach any sidecar through this aggregator's agents.
+    pub fn ingest_on(&self) -> bool {
+        self.agents.is_some()
+    }
+
+    /// The replicas, for what is asked of peers beyond sidecars (instance metrics).
+    pub fn replicas(&self) -> &Replicas {
+        &self.replicas
+    }
+
+    /// Asks one sidecar, within `deadline`: through this aggregator's agent, or
+    /// through the replica that owns the instance.
+    pub async fn run(
+        &self,
+        (zone, cluster): (&str, &str),
+        target: &Target,
+        ask: Ask,
+        deadline: Duration,
+    ) -> Result<Answer, SidecarError> {
+        let instance = target.instance.as_str();
+        match &target.owner {
+            Owner::Here => {
+                self.run_here((zone, cluster, instance), ask, deadline)
+                    .await
+            }
+            Owner::Replica(owner) => {
+                let at = (zone, cluster, instance);
+                let r = &self.replicas;
+                // The owner runs the command under the same deadline; the answer
+                // still has to travel back.
+                let deadline = deadline + PEER_GRACE;
+                let answer = match ask {
+                    Ask::GetLevel => r.log_level(owner, at, deadline).await.map(Answer::Level),
+                    Ask::SetLevel(l) => r
+                        .set_log_level(owner, at, l, deadline)
+                        .await
+                        .map(Answer::Level),
+                    Ask::DebugWindow { seconds } => r
+                        .debug_window(owner, at, seconds, deadline)
+                        .await
+                        .map(Answer::DebugWindow),
+                    Ask::Evidence {
+                        path,
+                        debug_seconds,
+                        ..
+                    } => r
+                        .evidence(owner, at, path.as_deref(), debug_seconds, deadline)
+                        .await
+                        .map(|e| Answer::Evidence(Box::new(e))),
+                };
+                answer.map_err(|error| SidecarError::Peer {
+                    instance: instance.to_owned(),
+                    error,
+                })
+            }
+        }
+    }
+
+    async fn run_here(
+        &self,
+        (zone, cluster, instance): (&str, &str, &str),
+        ask: Ask,
+        deadline: Duration,
+    ) -> Result<Answer, SidecarError> {
+        let agents = self.agents.as_ref().ok_or(SidecarError::IngestOff)?;
+        let command = match ask {
+            Ask::GetLevel => Command::GetLogLevel,
+            Ask::SetLevel(seed) => Command::SetLogLevel {
+                level: level::envoy_name(seed).unwrap_or(seed).to_owned(),
+            },
+            Ask::DebugWindow { seconds } => Command::DebugWindow { seconds },
+            Ask::Evidence {
+                path,
+                max_lines,
+                debug_seconds,
+            } => Command::Evidence {
+                path,
+                max_lines,
+                debug_seconds,
+            },
+        };
+        let out = agents
+            .command(zone, cluster, instance, command, deadline)
+            .await
+            .map_err(|error| SidecarError::Agent {
+                instance: instance.to_owned(),
+                error,
+            })?;
+        match out {
+            CommandOutput::LogLevel(l) => Ok(Answer::Level(level::seed_name(&l).to_owned())),
+            CommandOutput::DebugWindow(w) => Ok(Answer::DebugWindow(w)),
+            CommandOutput::Evidence(e) => Ok(Answer::Evidence(Box::new(e))),
+            CommandOutput::ConfigDump(_) => Err(SidecarError::Unexpected {
+                instance: instance.to_owned(),
+            }),
+        }
+    }
+}
