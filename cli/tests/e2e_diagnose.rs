@@ -2,14 +2,11 @@
 //! and agents beside the live `healthy` scenario's Envoys. Checks the checklist text,
 //! `--output json`, and the exit codes (0 all passed, 1 a step failed, 2 API error).
 
-#[path = "../../tests/tests/e2e_diagnose_support/stack.rs"]
-mod support;
-
 use std::time::Duration;
 
+use meshcat_tests::diagnose_stack::*;
 use meshcat_tests::scenario::Scenario;
 use serde_json::{Value, json};
-use support::*;
 
 /// Runs the CLI; answers (exit code, stdout, stderr).
 async fn meshcat(args: &[&str]) -> (i32, String, String) {

@@ -1,14 +1,17 @@
 //! Runs the engine over evidence captured from real Envoy 1.40 failures
-//! (`diagnose/scenarios/`, captured by `capture.sh` into `tests/fixtures/`).
+//! (`diagnose/scenarios/`, captured by `capture.sh` into `tests/fixtures/`). The
+//! verdicts each scenario expects are its `scenario.json`'s `diagnosis`, which the
+//! live end-to-end tests (`tests/tests/e2e_diagnose_scenarios.rs`) assert too.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use meshcat_diagnose::{
-    DiagnosisInput, DiagnosisReport, Role, SidecarEvidence, Symptom, Verdict, classify_body,
-    classify_response, diagnose,
+    DiagnosisInput, DiagnosisReport, Role, SidecarEvidence, StepName, Symptom, Verdict,
+    classify_body, classify_response, diagnose,
 };
+use serde::Deserialize;
 
 /// What the capture saw at the edge.
 struct Response {
@@ -133,6 +136,51 @@ fn assert_steps(report: &DiagnosisReport, want: &[(&str, Verdict)]) {
     assert_eq!(verdicts(report), want, "{report:#?}");
 }
 
+/// What the diagnosis finds in a scenario: the `diagnosis` of its `scenario.json`.
+#[derive(Debug, Deserialize)]
+struct Expected {
+    /// The symptom diagnosed (`None`: every check).
+    symptom: Option<Symptom>,
+    /// The verdicts of the sidecar checks, in report order.
+    verdicts: Vec<(StepName, Verdict)>,
+}
+
+fn expected(scenario: &str) -> Expected {
+    let file = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("scenarios")
+        .join(scenario)
+        .join("scenario.json");
+    let spec: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(&file).unwrap()).unwrap();
+    serde_json::from_value(spec["diagnosis"].clone())
+        .unwrap_or_else(|e| panic!("{}: diagnosis: {e}", file.display()))
+}
+
+/// The metrics checks depend on the cluster's record, not on the sidecars: a
+/// scenario's expectation leaves them out.
+fn is_metrics(step: StepName) -> bool {
+    matches!(
+        step,
+        StepName::MetricsSettings | StepName::MetricsReporting | StepName::MetricsCollector
+    )
+}
+
+/// Diagnoses `scenario` (with its path) for the symptom its `scenario.json` names and
+/// checks the verdicts it expects.
+#[track_caller]
+fn run_expected(scenario: &str) -> DiagnosisReport {
+    let want = expected(scenario);
+    let r = run(scenario, want.symptom, true);
+    let got: Vec<(StepName, Verdict)> = r
+        .steps
+        .iter()
+        .filter(|s| !is_metrics(s.name))
+        .map(|s| (s.name, s.verdict))
+        .collect();
+    assert_eq!(got, want.verdicts, "{scenario}: {r:#?}");
+    r
+}
+
 use Verdict::{Fail, Pass, Skipped};
 
 /// Every scenario of `diagnose/scenarios/`.
@@ -162,6 +210,13 @@ fn every_scenario_has_fixtures() {
     let mut listed: Vec<&str> = SCENARIOS.to_vec();
     listed.sort_unstable();
     assert_eq!(on_disk, listed);
+}
+
+#[test]
+fn every_scenario_meets_its_expected_diagnosis() {
+    for s in SCENARIOS {
+        run_expected(s);
+    }
 }
 
 /// Drives every scenario through freshly started real Envoys (capture.sh into a
@@ -229,20 +284,15 @@ fn every_scenario_runs_without_symptom_and_without_path() {
 #[test]
 fn healthy_passes_every_check() {
     assert_eq!(symptom_of("healthy"), None);
-    let r = run("healthy", None, true);
-    assert_steps(
-        &r,
-        &[
-            ("edge_discovery", Pass),
-            ("service_discovery", Pass),
-            ("mtls", Pass),
-            ("edge_routes", Pass),
-            ("edge_logs", Pass),
-            ("service_logs", Pass),
+    let r = run_expected("healthy");
+    // Without the cluster's record the metrics checks lack their evidence.
+    assert_eq!(
+        verdicts(&r)[6..],
+        [
             ("metrics_settings", Skipped),
             ("metrics_reporting", Skipped),
             ("metrics_collector", Skipped),
-        ],
+        ]
     );
     assert_evidence(&r, "edge_discovery", "catalog::127.0.0.1:");
     assert_evidence(&r, "edge_discovery", "cx_total=1");
@@ -263,22 +313,7 @@ fn upstream_stopped_points_at_the_service_behind_its_sidecar() {
         symptom_of("upstream_stopped"),
         Some(Symptom::UpstreamConnectError)
     );
-    let r = run(
-        "upstream_stopped",
-        Some(Symptom::UpstreamConnectError),
-        true,
-    );
-    assert_steps(
-        &r,
-        &[
-            ("edge_discovery", Pass),
-            ("service_discovery", Pass),
-            ("mtls", Pass),
-            ("edge_routes", Pass),
-            ("edge_logs", Fail),
-            ("service_logs", Fail),
-        ],
-    );
+    let r = run_expected("upstream_stopped");
     assert_evidence(&r, "service_discovery", "cx_connect_fail=3");
     assert_evidence(&r, "service_discovery", "connections to it fail");
     // Rule 6: the edge's 503 with a populated upstream host (Envoy flags it URX only).
@@ -309,16 +344,7 @@ fn upstream_stopped_points_at_the_service_behind_its_sidecar() {
 #[test]
 fn no_endpoints_is_a_discovery_problem() {
     assert_eq!(symptom_of("no_endpoints"), Some(Symptom::NoHealthyUpstream));
-    let r = run("no_endpoints", Some(Symptom::NoHealthyUpstream), true);
-    assert_steps(
-        &r,
-        &[
-            ("edge_discovery", Fail),
-            ("service_discovery", Pass),
-            ("edge_logs", Fail),
-            ("service_logs", Skipped),
-        ],
-    );
+    let r = run_expected("no_endpoints");
     assert_evidence(&r, "edge_discovery", "lists catalog without any host line");
     assert!(
         step(&r, "edge_discovery")
@@ -341,12 +367,7 @@ fn route_to_missing_cluster_is_503_nc() {
         symptom_of("route_to_missing_cluster"),
         Some(Symptom::Ingress502503)
     );
-    let r = run(
-        "route_to_missing_cluster",
-        Some(Symptom::Ingress502503),
-        true,
-    );
-    assert_steps(&r, &[("edge_logs", Fail), ("service_logs", Skipped)]);
+    let r = run_expected("route_to_missing_cluster");
     assert_evidence(&r, "edge_logs", "\" 503 NC ");
     assert!(r.conclusion.contains("names a cluster that does not exist"));
     let all = run("route_to_missing_cluster", None, true);
@@ -367,13 +388,9 @@ fn cluster_not_routed_is_404_nr() {
         edge.routes_to("inventory")
             .any(|r| r.matcher == "prefix /inventory/")
     );
-    let r = run("cluster_not_routed", None, true);
-    assert_eq!(step(&r, "edge_discovery").verdict, Pass);
-    assert_eq!(step(&r, "edge_routes").verdict, Fail);
+    let r = run_expected("cluster_not_routed");
     assert_evidence(&r, "edge_routes", "names catalog");
-    assert_eq!(step(&r, "edge_logs").verdict, Fail);
     assert_evidence(&r, "edge_logs", "\" 404 NR ");
-    assert_eq!(step(&r, "service_logs").verdict, Skipped);
     assert!(
         r.conclusion
             .starts_with("edge_routes failed: no route of the edge names catalog"),
@@ -388,22 +405,7 @@ fn untrusted_client_cert_fails_mtls_and_leaves_no_trace_in_the_sidecar() {
         symptom_of("untrusted_client_cert"),
         Some(Symptom::UpstreamConnectError)
     );
-    let r = run(
-        "untrusted_client_cert",
-        Some(Symptom::UpstreamConnectError),
-        true,
-    );
-    assert_steps(
-        &r,
-        &[
-            ("edge_discovery", Pass),
-            ("service_discovery", Pass),
-            ("mtls", Fail),
-            ("edge_routes", Pass),
-            ("edge_logs", Fail),
-            ("service_logs", Fail),
-        ],
-    );
+    let r = run_expected("untrusted_client_cert");
     // Both sides' failure counters, named with their values.
     assert_evidence(
         &r,
@@ -439,8 +441,7 @@ fn untrusted_client_cert_fails_mtls_and_leaves_no_trace_in_the_sidecar() {
 #[test]
 fn sds_dead_blames_the_workload_identity_system() {
     assert_eq!(symptom_of("sds_dead"), Some(Symptom::UpstreamConnectError));
-    let r = run("sds_dead", Some(Symptom::UpstreamConnectError), true);
-    assert_eq!(step(&r, "mtls").verdict, Fail);
+    let r = run_expected("sds_dead");
     assert_evidence(
         &r,
         "mtls",
@@ -467,8 +468,7 @@ fn sds_dead_blames_the_workload_identity_system() {
 #[test]
 fn ext_authz_dead_is_a_token_filter_failure() {
     assert_eq!(symptom_of("ext_authz_dead"), Some(Symptom::Ingress502503));
-    let r = run("ext_authz_dead", Some(Symptom::Ingress502503), true);
-    assert_steps(&r, &[("edge_logs", Fail), ("service_logs", Skipped)]);
+    let r = run_expected("ext_authz_dead");
     assert_evidence(&r, "edge_logs", "\" 503 UAEX ");
     assert!(
         step(&r, "edge_logs")
@@ -487,8 +487,7 @@ fn wrong_local_port_is_a_loopback_503_in_the_service_sidecar() {
         symptom_of("wrong_local_port"),
         Some(Symptom::UpstreamConnectError)
     );
-    let r = run("wrong_local_port", Some(Symptom::Ingress502503), true);
-    assert_steps(&r, &[("edge_logs", Fail), ("service_logs", Fail)]);
+    let r = run_expected("wrong_local_port");
     assert_evidence(&r, "service_logs", "\" 503 UF ");
     assert!(
         step(&r, "service_logs")
@@ -511,20 +510,7 @@ fn local_cluster_unset_is_a_dash_503_in_the_service_sidecar() {
         symptom_of("local_cluster_unset"),
         Some(Symptom::NoHealthyUpstream)
     );
-    let r = run(
-        "local_cluster_unset",
-        Some(Symptom::NoHealthyUpstream),
-        true,
-    );
-    assert_steps(
-        &r,
-        &[
-            ("edge_discovery", Pass),
-            ("service_discovery", Fail),
-            ("edge_logs", Fail),
-            ("service_logs", Fail),
-        ],
-    );
+    let r = run_expected("local_cluster_unset");
     assert_evidence(
         &r,
         "service_discovery",

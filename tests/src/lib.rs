@@ -3,7 +3,8 @@
 //! their bootstraps for the mesh topologies the tests need ([`bootstrap`]), serves
 //! a small real upstream ([`upstream`]), generates mTLS certificates ([`certs`]),
 //! runs a whole meshcat (aggregator, agents, sidecars) on one machine ([`mesh`]), and
-//! runs the real failure scenarios of `diagnose/scenarios/` ([`scenario`]), and runs
+//! runs the real failure scenarios of `diagnose/scenarios/` ([`scenario`]) with a
+//! whole troubleshooting stack around them ([`diagnose_stack`]), and runs
 //! a real three-member etcd cluster ([`etcd`]) with aggregator replicas as processes
 //! on it ([`replicas`]), reads `GET /events` streams ([`sse`]), and drives the
 //! dashboard in a real browser ([`browser`]). Processes told their ports up front
@@ -12,6 +13,7 @@
 pub mod bootstrap;
 pub mod browser;
 pub mod certs;
+pub mod diagnose_stack;
 pub mod envoy;
 pub mod etcd;
 pub mod mesh;

@@ -121,6 +121,42 @@ impl Default for Options {
     }
 }
 
+/// What meshcat's diagnosis finds in a scenario: the `diagnosis` of its
+/// `scenario.json` (the fixture tests in `diagnose/tests/scenarios.rs` read the same
+/// field).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Diagnosis {
+    /// The symptom to diagnose, as `GET /diagnose` takes it; `None`: every check.
+    pub symptom: Option<String>,
+    /// `(step, verdict)` of the sidecar checks, in report order (the `metrics_*`
+    /// checks depend on the aggregator's record of the cluster and are left out).
+    pub verdicts: Vec<(String, String)>,
+}
+
+impl Diagnosis {
+    /// Reads the `diagnosis` of a `scenario.json`.
+    pub fn from_spec(spec: &Value) -> anyhow::Result<Diagnosis> {
+        let d = &spec["diagnosis"];
+        let symptom = match &d["symptom"] {
+            Value::Null => None,
+            Value::String(s) => Some(s.clone()),
+            v => bail!("diagnosis.symptom is {v}, not a symptom name or null"),
+        };
+        let verdicts = d["verdicts"]
+            .as_array()
+            .context("diagnosis.verdicts is not a list")?
+            .iter()
+            .map(|pair| match pair.as_array().map(Vec::as_slice) {
+                Some([Value::String(step), Value::String(verdict)]) => {
+                    Ok((step.clone(), verdict.clone()))
+                }
+                _ => bail!("diagnosis.verdicts holds {pair}, not a [step, verdict] pair"),
+            })
+            .collect::<anyhow::Result<_>>()?;
+        Ok(Diagnosis { symptom, verdicts })
+    }
+}
+
 /// A running scenario: its two sidecars, the upstream and what it expects.
 #[derive(Debug)]
 pub struct Scenario {
@@ -259,6 +295,11 @@ impl Scenario {
         self.spec["expect_code"]
             .as_u64()
             .and_then(|c| u16::try_from(c).ok())
+    }
+
+    /// What the diagnosis is expected to find (`diagnosis` in `scenario.json`).
+    pub fn diagnosis(&self) -> anyhow::Result<Diagnosis> {
+        Diagnosis::from_spec(&self.spec).with_context(|| format!("scenario {}", self.name))
     }
 
     /// A folder for the test's own files.

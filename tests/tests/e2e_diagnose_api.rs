@@ -3,12 +3,9 @@
 //! Prometheus that does not answer) reported as skipped steps saying why, and the
 //! missing-metrics symptom.
 
-#[path = "e2e_diagnose_support/stack.rs"]
-mod e2e_diagnose_support;
-
 use std::time::{Duration, Instant};
 
-use e2e_diagnose_support::*;
+use meshcat_tests::diagnose_stack::*;
 use meshcat_tests::ports::free_port;
 use meshcat_tests::scenario::Scenario;
 use serde_json::{Value, json};

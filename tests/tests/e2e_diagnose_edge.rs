@@ -3,12 +3,9 @@
 //! instance at once, so the real Envoy's agent answers within the request's deadline,
 //! and the edge checks say which instance answered.
 
-#[path = "e2e_diagnose_support/stack.rs"]
-mod e2e_diagnose_support;
-
 use std::time::{Duration, Instant};
 
-use e2e_diagnose_support::*;
+use meshcat_tests::diagnose_stack::*;
 use meshcat_tests::scenario::Scenario;
 use meshcat_tests::wait_for;
 

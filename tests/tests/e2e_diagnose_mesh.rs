@@ -5,10 +5,7 @@
 //! asked about every symptom. Each test asserts what the conclusion says: the
 //! address, flags or counter of the cause.
 
-#[path = "e2e_diagnose_support/stack.rs"]
-mod e2e_diagnose_support;
-
-use e2e_diagnose_support::*;
+use meshcat_tests::diagnose_stack::*;
 use meshcat_tests::scenario::{Options, Scenario};
 use serde_json::Value;
 

@@ -4,12 +4,9 @@
 //! a hung agent never blocks other requests; a debug window returns the TLS lines of
 //! an untrusted client certificate and restores the level.
 
-#[path = "e2e_diagnose_support/stack.rs"]
-mod e2e_diagnose_support;
-
 use std::time::{Duration, Instant};
 
-use e2e_diagnose_support::*;
+use meshcat_tests::diagnose_stack::*;
 use meshcat_tests::scenario::Scenario;
 use meshcat_tests::wait_for;
 use serde_json::Value;

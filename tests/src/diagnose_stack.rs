@@ -1,13 +1,14 @@
 //! A whole troubleshooting stack around a live scenario: an in-process aggregator
 //! (`--dev`, short edge refresh), one in-process agent per sidecar tailing its log,
-//! the zone (requestCluster = the edge) and the catalog cluster registered.
-
-#![allow(dead_code)]
+//! the zone (requestCluster = the edge) and the catalog cluster registered, with the
+//! helpers the diagnosis tests read its reports with.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::scenario::{Diagnosis, Scenario, Sidecar};
+use crate::wait_for;
 use futures::future::BoxFuture;
 use meshcat_agent::AgentConfig;
 use meshcat_agent::report::{CommandHandler, Reporter, ReporterConfig, SnapshotSource};
@@ -16,8 +17,6 @@ use meshcat_aggregator::config::Config;
 use meshcat_common::model::InstanceMetrics;
 use meshcat_common::tls;
 use meshcat_common::wire::{Command, CommandOutput, InstanceReport};
-use meshcat_tests::scenario::{Scenario, Sidecar};
-use meshcat_tests::wait_for;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
@@ -32,6 +31,7 @@ pub const SERVICE: &str = "catalog";
 pub static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// A running agent (`meshcat_agent::run`).
+#[derive(Debug)]
 pub struct Agent {
     stop: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<anyhow::Result<()>>,
@@ -101,6 +101,7 @@ impl Agent {
 }
 
 /// Aggregator, agents and registrations around a scenario.
+#[derive(Debug)]
 pub struct Stack {
     pub agg: RunningAggregator,
     pub data: tempfile::TempDir,
@@ -323,6 +324,22 @@ pub fn assert_verdicts(report: &Value, want: &[(&str, &str)]) {
         .map(|(a, b)| ((*a).to_owned(), (*b).to_owned()))
         .collect();
     assert_eq!(got, want, "{report:#}");
+}
+
+/// The (name, verdict) pairs of a report's sidecar checks: all but the `metrics_*`
+/// checks, which depend on the aggregator's record of the cluster rather than on the
+/// scenario.
+pub fn sidecar_verdicts(report: &Value) -> Vec<(String, String)> {
+    verdicts(report)
+        .into_iter()
+        .filter(|(name, _)| !name.starts_with("metrics_"))
+        .collect()
+}
+
+/// Asserts the verdicts a scenario's `scenario.json` expects of its diagnosis.
+#[track_caller]
+pub fn assert_diagnosis(report: &Value, want: &Diagnosis) {
+    assert_eq!(sidecar_verdicts(report), want.verdicts, "{report:#}");
 }
 
 /// Waits until both sidecars of `sc` run at `level`.
