@@ -345,30 +345,12 @@ pub fn assert_diagnosis(report: &Value, want: &Diagnosis) {
 /// Waits until both sidecars of `sc` run at `level`.
 pub async fn wait_level(sidecars: &[&Sidecar], level: &str) {
     for s in sidecars {
-        let admin = s.admin;
-        let level = level.to_owned();
         wait_for(
-            &format!("sidecar {admin} at level {level}"),
+            &format!("sidecar {} at level {level}", s.admin),
             Duration::from_secs(20),
-            || {
-                let level = level.clone();
-                async move {
-                    let text = reqwest::Client::new()
-                        .post(format!("http://{admin}/logging"))
-                        .send()
-                        .await
-                        .ok()?
-                        .text()
-                        .await
-                        .ok()?;
-                    let levels: std::collections::BTreeSet<&str> = text
-                        .lines()
-                        .skip_while(|l| l.trim() != "active loggers:")
-                        .skip(1)
-                        .filter_map(|l| l.trim().split_once(": ").map(|(_, lvl)| lvl))
-                        .collect();
-                    (levels.len() == 1 && levels.contains(level.as_str())).then_some(())
-                }
+            || async move {
+                let now = s.uniform_log_level().await.ok()??;
+                (now == level).then_some(())
             },
         )
         .await
