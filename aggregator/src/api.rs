@@ -2,9 +2,11 @@
 //! layers every route shares (body limit, request metrics, JSON 404 and 405).
 
 mod auth;
+mod diagnose;
 mod error;
 pub mod forward;
 mod handlers;
+mod logging;
 pub mod limits;
 pub mod live;
 pub mod openapi;
@@ -111,7 +113,8 @@ pub fn app_with_limits(
     limits: Arc<limits::Limits>,
 ) -> Router {
     use handlers as h;
-    use troubleshoot as t;
+    use diagnose as d;
+    use logging as l;
     Router::new()
         .route("/summary", get(h::summary))
         .route("/clusters", get(h::list_clusters).post(h::create_cluster))
@@ -135,19 +138,19 @@ pub fn app_with_limits(
         .route("/services", get(h::services))
         .route(
             "/zones/{zoneName}/clusters/{clusterName}/instances/{instanceId}/logging",
-            get(t::get_instance_logging).put(t::put_instance_logging),
+            get(l::get_instance_logging).put(l::put_instance_logging),
         )
         .route(
             "/zones/{zoneName}/clusters/{clusterName}/logging",
-            put(t::put_cluster_logging),
+            put(l::put_cluster_logging),
         )
         .route(
             "/zones/{zoneName}/clusters/{clusterName}/debug-window",
-            post(t::post_debug_window),
+            post(l::post_debug_window),
         )
-        .route("/diagnose/{clusterName}", get(t::diagnose))
+        .route("/diagnose/{clusterName}", get(d::diagnose))
         .route("/openapi.json", get(h::openapi))
-        .route(t::PEER_EVIDENCE, get(t::peer_evidence))
+        .route(d::PEER_EVIDENCE, get(d::peer_evidence))
         .route("/events", get(live::events))
         .fallback(no_route)
         .layer(middleware::from_fn_with_state(state.clone(), live::indexed))

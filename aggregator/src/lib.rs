@@ -4,6 +4,7 @@
 
 pub mod api;
 pub mod config;
+pub mod diagnosis;
 pub mod edge;
 pub mod entry;
 pub mod ingest;

@@ -337,6 +337,17 @@ fn evidence_path(
     format!("{PEER_EVIDENCE}?{}", q.finish())
 }
 
+/// One request to a peer, signed for the access the caller was granted.
+#[derive(Debug)]
+pub struct PeerRequest<'a> {
+    pub method: Method,
+    pub path_and_query: &'a str,
+    pub access: Access,
+    /// Headers beside the signature.
+    pub headers: &'a [(HeaderName, header::HeaderValue)],
+    pub body: Bytes,
+}
+
 /// Reaches the other replicas: their addresses and the secret come from the store's
 /// etcd connection, the transport from [`Peers`]. Cheap to clone.
 #[derive(Debug, Clone)]
@@ -380,13 +391,16 @@ impl Replicas {
     pub async fn send(
         &self,
         owner: &str,
-        method: Method,
-        path_and_query: &str,
-        access: Access,
-        headers: &[(HeaderName, header::HeaderValue)],
-        body: Bytes,
+        req: PeerRequest<'_>,
         timeout: Duration,
     ) -> Result<PeerResponse, PeerCallError> {
+        let PeerRequest {
+            method,
+            path_and_query,
+            access,
+            headers,
+            body,
+        } = req;
         let unknown = || PeerCallError::Unknown {
             owner: owner.to_owned(),
         };
@@ -418,17 +432,14 @@ impl Replicas {
         timeout: Duration,
         read: impl FnOnce(&Bytes) -> Result<T, String>,
     ) -> Result<T, PeerCallError> {
-        let r = self
-            .send(
-                owner,
-                method,
-                path_and_query,
-                access,
-                &[],
-                Bytes::new(),
-                timeout,
-            )
-            .await?;
+        let req = PeerRequest {
+            method,
+            path_and_query,
+            access,
+            headers: &[],
+            body: Bytes::new(),
+        };
+        let r = self.send(owner, req, timeout).await?;
         if !r.status.is_success() {
             return Err(match serde_json::from_slice::<ErrorBody>(&r.body) {
                 Ok(e) => PeerCallError::Answered {

@@ -15,6 +15,19 @@ use crate::ingest::{Agents, CommandError};
 use crate::replicas::{PeerCallError, Replicas};
 use crate::store::Store;
 
+/// Time beyond a debug window's length an agent gets to restore the level, wait for
+/// the sidecar's last lines (1 s) and answer.
+pub const WINDOW_GRACE: Duration = Duration::from_secs(5);
+
+/// The deadline of a command that runs a debug window of `seconds` (none: 0).
+pub fn window_deadline(command_timeout: Duration, seconds: u32) -> Duration {
+    if seconds == 0 {
+        command_timeout
+    } else {
+        command_timeout + Duration::from_secs(u64::from(seconds)) + WINDOW_GRACE
+    }
+}
+
 /// Time a peer replica gets beyond a command's own deadline to answer.
 pub const PEER_GRACE: Duration = Duration::from_secs(2);
 

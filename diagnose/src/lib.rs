@@ -7,6 +7,7 @@
 //! output of real Envoy failures.
 
 pub mod accesslog;
+pub mod collected;
 pub mod evidence;
 pub mod report;
 pub mod rules;
@@ -16,5 +17,6 @@ pub use evidence::{
     DiagnosisInput, EvidenceError, MetricsEvidence, Role, SidecarEvidence, reports_metrics,
 };
 pub use report::{DiagnosisReport, Reads, Step, StepName, StepNameError, Verdict};
+pub use collected::{EdgeChoice, choose_edge};
 pub use rules::{diagnose, edge_weight};
 pub use symptom::{Symptom, SymptomError, classify_body, classify_response};

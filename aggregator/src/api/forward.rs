@@ -23,7 +23,7 @@ use super::AppState;
 use super::auth::Granted;
 use super::error::ApiError;
 use crate::peer_signature::{Access, Signed, Signer};
-use crate::replicas::{PeerCallError, Replicas};
+use crate::replicas::{PeerCallError, PeerRequest, Replicas};
 
 pub use crate::replicas::{FORWARDED, Peers};
 /// Deadline of a forwarded request (the owner may run a command on a sidecar).
@@ -178,18 +178,14 @@ pub async fn to_owner(State(state): State<Arc<AppState>>, req: Request, next: Ne
         })
         .collect();
     let replicas = Replicas::new(state.store.clone(), state.peers.clone());
-    match replicas
-        .send(
-            &owner,
-            parts.method.clone(),
-            &path,
-            access,
-            &headers,
-            body,
-            FORWARD_TIMEOUT,
-        )
-        .await
-    {
+    let req = PeerRequest {
+        method: parts.method.clone(),
+        path_and_query: &path,
+        access,
+        headers: &headers,
+        body,
+    };
+    match replicas.send(&owner, req, FORWARD_TIMEOUT).await {
         Ok(r) => {
             let mut res = Response::new(Body::from(r.body));
             *res.status_mut() = r.status;

@@ -172,9 +172,9 @@ const BUCKET_SPAN: Duration = Duration::from_millis(250);
 enum Put {
     /// Over the instance budget.
     Dropped,
-    /// Held by another reporter that may not be displaced (`instance_in_use`); the
-    /// snapshot is given back.
-    Refused(InstanceReport),
+    /// Held by another reporter that may not be displaced (`instance_in_use`):
+    /// (zone, cluster, instance).
+    Refused(String, String, String),
     /// Stored; `shown` when a reader sees the change.
     Done { shown: bool, joined: Option<Joined> },
 }
@@ -290,8 +290,8 @@ impl Store {
             while let Some(r) = report.take() {
                 match self.put_instance(e, &agent, r, now, may_take) {
                     Put::Dropped => {}
-                    Put::Refused(r) => {
-                        refused.push((r.zone_name, r.cluster_name, r.instance));
+                    Put::Refused(zone, cluster, instance) => {
+                        refused.push((zone, cluster, instance));
                     }
                     Put::Done { shown, joined: j } => {
                         stored = true;
@@ -356,7 +356,7 @@ impl Store {
             && !p.is_remote()
             && !may_take(&p.agent_id)
         {
-            return Put::Refused(report);
+            return Put::Refused(report.zone_name, report.cluster_name, report.instance);
         }
         if prev.is_none() && !self.live.admit() {
             warn!(agent_id = %agent, zone = %report.zone_name, cluster = %report.cluster_name, instance = %report.instance, limit = MAX_INSTANCES, "Instance report dropped: too many instances.");

@@ -1,0 +1,237 @@
+//! `GET /diagnose/{clusterName}` (contract section 5): the query, checked after the
+//! caller, handed to the diagnosis service ([`crate::diagnosis`]); and the replicas'
+//! own evidence route, which a peer's diagnosis asks of the owner of an instance.
+
+use axum::Json;
+use axum::extract::{RawQuery, State};
+use meshcat_common::validate::is_valid_name;
+use meshcat_common::wire::EvidenceOutput;
+use meshcat_diagnose::{DiagnosisReport, Symptom};
+use tracing::warn;
+
+use super::auth::{DiagnoseCaller, Granted};
+use super::error::ApiError;
+use super::handlers::Params;
+use super::logging::seconds_value;
+use super::query;
+use super::troubleshoot::{Shared, check_name, cluster_or_404, sidecars, unexpected, zone_or_404};
+use crate::diagnosis::{Diagnosis, EVIDENCE_LOG_LINES, Request};
+use crate::peer_signature::Access;
+use crate::sidecars::{Answer, Ask, Owner, Target, window_deadline};
+
+/// Longest `path` accepted by the diagnosis.
+pub const MAX_PATH_LEN: usize = 2_048;
+
+/// The query of `GET /diagnose/{clusterName}`.
+#[derive(Debug)]
+struct DiagnoseQuery {
+    zone: String,
+    symptom: Option<Symptom>,
+    path: Option<String>,
+    debug_seconds: Option<u32>,
+}
+
+fn diagnose_query(raw: Option<&str>) -> Result<DiagnoseQuery, ApiError> {
+    let mut zone = None;
+    let mut symptom = None;
+    let mut path = None;
+    let mut debug_seconds = None;
+    for (k, v) in query::parse(raw, &["zoneName", "symptom", "path", "debugSeconds"])? {
+        let twice = || ApiError::bad_query(format!("Query parameter {k} is given twice."));
+        match k.as_str() {
+            "zoneName" => {
+                if zone.is_some() {
+                    return Err(twice());
+                }
+                if !is_valid_name(&v) {
+                    return Err(ApiError::bad_query(
+                        "Query parameter zoneName must be 1 to 253 characters of letters, digits, '.', '_' and '-'.",
+                    ));
+                }
+                zone = Some(v);
+            }
+            "symptom" => {
+                if symptom.is_some() {
+                    return Err(twice());
+                }
+                symptom =
+                    Some(Symptom::from_query(Some(&v)).map_err(|e| {
+                        ApiError::bad_query(format!("Query parameter symptom: {e}."))
+                    })?);
+            }
+            "path" => {
+                if path.is_some() {
+                    return Err(twice());
+                }
+                if !v.is_empty() {
+                    if !v.starts_with('/')
+                        || v.len() > MAX_PATH_LEN
+                        || v.contains(char::is_whitespace)
+                    {
+                        return Err(ApiError::bad_query(format!(
+                            "Query parameter path must start with '/', hold no spaces and be at most {MAX_PATH_LEN} bytes."
+                        )));
+                    }
+                    path = Some(v);
+                }
+            }
+            _ => {
+                if debug_seconds.is_some() {
+                    return Err(twice());
+                }
+                debug_seconds = Some(seconds_value("debugSeconds", &v)?);
+            }
+        }
+    }
+    Ok(DiagnoseQuery {
+        zone: zone.ok_or_else(|| ApiError::bad_query("Query parameter zoneName is required."))?,
+        symptom: symptom.flatten(),
+        path,
+        debug_seconds,
+    })
+}
+
+/// The replicas' own route for diagnosis evidence (etcd store only, never in the
+/// public API): a peer asks the owner of an instance for that sidecar's evidence.
+pub const PEER_EVIDENCE: &str = crate::replicas::PEER_EVIDENCE;
+
+/// `GET /peer/evidence?zoneName=&clusterName=&instance=[&path=][&debugSeconds=]`:
+/// answers only requests forwarded by a peer (the forwarding layer has checked their
+/// secret); anything else is told there is no such route.
+pub async fn peer_evidence(
+    State(s): Shared,
+    granted: Option<axum::Extension<Granted>>,
+    RawQuery(q): RawQuery,
+) -> Result<Json<EvidenceOutput>, ApiError> {
+    let Some(axum::Extension(Granted(access))) = granted.filter(|_| s.store.etcd().is_some())
+    else {
+        return Err(ApiError::not_found(format!(
+            "No resource at GET {PEER_EVIDENCE}."
+        )));
+    };
+    let mut zone = None;
+    let mut cluster = None;
+    let mut instance = None;
+    let mut path = None;
+    let mut debug_seconds = None;
+    for (k, v) in query::parse(
+        q.as_deref(),
+        &[
+            "zoneName",
+            "clusterName",
+            "instance",
+            "path",
+            "debugSeconds",
+        ],
+    )? {
+        match k.as_str() {
+            "zoneName" => zone = Some(v),
+            "clusterName" => cluster = Some(v),
+            "instance" => instance = Some(v),
+            "path" => path = Some(v),
+            _ => debug_seconds = Some(seconds_value("debugSeconds", &v)?),
+        }
+    }
+    // Evidence is live data; a debug window changes the sidecar.
+    let needed = if debug_seconds.is_some() {
+        Access::Write
+    } else {
+        Access::Read
+    };
+    if access < needed {
+        return Err(ApiError::forbidden());
+    }
+    let (Some(zone), Some(cluster), Some(instance)) = (zone, cluster, instance) else {
+        return Err(ApiError::bad_query(
+            "Query parameters zoneName, clusterName and instance are required.",
+        ));
+    };
+    // Served here, on this replica's agent: a peer asks only the owner.
+    let ask = Ask::Evidence {
+        path,
+        max_lines: EVIDENCE_LOG_LINES,
+        debug_seconds,
+    };
+    let deadline = window_deadline(s.command_timeout, debug_seconds.unwrap_or(0));
+    let here = Target {
+        instance: instance.clone(),
+        owner: Owner::Here,
+    };
+    match sidecars(&s)
+        .run((&zone, &cluster), &here, ask, deadline)
+        .await?
+    {
+        Answer::Evidence(e) => Ok(Json(*e)),
+        _ => Err(unexpected(&instance)),
+    }
+}
+
+/// `GET /diagnose/{clusterName}?zoneName=&symptom=&path=[&debugSeconds=N]`.
+pub async fn diagnose(
+    State(s): Shared,
+    _c: DiagnoseCaller,
+    Params(cluster): Params<String>,
+    RawQuery(q): RawQuery,
+) -> Result<Json<DiagnosisReport>, ApiError> {
+    check_name("clusterName", &cluster)?;
+    let q = diagnose_query(q.as_deref())?;
+    let zone = zone_or_404(&s, &q.zone)?;
+    let sidecars = sidecars(&s);
+    cluster_or_404(&sidecars, &q.zone, &cluster)?;
+    let diagnosis = Diagnosis {
+        sidecars,
+        store: s.store.clone(),
+        prometheus_url: s.prometheus_url.clone(),
+        command_timeout: s.command_timeout,
+    };
+    let request = Request {
+        symptom: q.symptom,
+        path: q.path,
+        debug_seconds: q.debug_seconds,
+    };
+    let report = diagnosis
+        .run(&zone, &cluster, &request)
+        .await
+        .map_err(|e| {
+            warn!(error = %e, "Diagnosis failed.");
+            ApiError::internal()
+        })?;
+    Ok(Json(report))
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::StatusCode;
+
+    use super::*;
+
+    #[test]
+    fn diagnose_query_bounds() {
+        let q = diagnose_query(Some(
+            "zoneName=east&symptom=no_healthy_upstream&path=%2Fcatalog%2Fitems&debugSeconds=300",
+        ))
+        .unwrap();
+        assert_eq!(q.zone, "east");
+        assert_eq!(q.symptom, Some(Symptom::NoHealthyUpstream));
+        assert_eq!(q.path.as_deref(), Some("/catalog/items"));
+        assert_eq!(q.debug_seconds, Some(300));
+        let all = diagnose_query(Some("zoneName=east&symptom=&path=")).unwrap();
+        assert_eq!((all.symptom, all.path), (None, None));
+        let e = diagnose_query(Some("zoneName=east&symptom=slow")).unwrap_err();
+        assert!(e.message.contains("\"slow\""), "{}", e.message);
+        for bad in [
+            "",
+            "symptom=ingress_502_503",
+            "zoneName=a%20b",
+            "zoneName=east&zoneName=west",
+            "zoneName=east&debugSeconds=0",
+            "zoneName=east&debugSeconds=301",
+            "zoneName=east&debugSeconds=1.5",
+            "zoneName=east&path=catalog",
+            "zoneName=east&other=1",
+        ] {
+            let e = diagnose_query(Some(bad)).err();
+            assert_eq!(e.map(|e| e.status), Some(StatusCode::BAD_REQUEST), "{bad}");
+        }
+    }
+}

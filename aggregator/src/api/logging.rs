@@ -1,0 +1,315 @@
+//! The sidecar log level per instance and per cluster, and timed debug windows
+//! (contract section 5), through the sidecar layer: every live instance, this
+//! replica's and its peers', is reached the same way.
+
+use axum::Json;
+use axum::extract::{RawQuery, State};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use futures::future::join_all;
+use meshcat_common::level;
+use meshcat_common::wire::DebugWindowOutput;
+use serde::Serialize;
+use tracing::info;
+
+use super::AppState;
+use super::auth::{Reader, Writer};
+use super::error::ApiError;
+use super::handlers::Params;
+use super::query;
+use super::troubleshoot::{
+    MAX_DEBUG_SECONDS, Shared, check_name, cluster_or_404, ingest_off, sidecars, unexpected,
+    zone_or_404,
+};
+use crate::sidecars::{Answer, Ask, SidecarError, Target, window_deadline};
+
+/// Most instances named in one debug-window request.
+pub const MAX_WINDOW_INSTANCES: usize = 64;
+
+fn level_query(raw: Option<&str>) -> Result<&'static str, ApiError> {
+    let mut level = None;
+    for (_, v) in query::parse(raw, &["level"])? {
+        if level.is_some() {
+            return Err(ApiError::bad_query("Query parameter level is given twice."));
+        }
+        level = Some(level::envoy_name(&v).map(level::seed_name).ok_or_else(|| {
+            ApiError::bad_query(format!(
+                "Query parameter level must be error, warn, info or debug, not {v:?}."
+            ))
+        })?);
+    }
+    level.ok_or_else(|| ApiError::bad_query("Query parameter level is required."))
+}
+
+fn text(level: String) -> Response {
+    ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], level).into_response()
+}
+
+/// Asks one instance's sidecar for its level, or sets it; the level it has now.
+async fn run_level_command(
+    s: &AppState,
+    (zone, cluster, instance): (&str, &str, &str),
+    ask: Ask,
+) -> Result<String, ApiError> {
+    let sidecars = sidecars(s);
+    let target = sidecars.target(zone, cluster, instance)?;
+    match sidecars
+        .run((zone, cluster), &target, ask, s.command_timeout)
+        .await?
+    {
+        Answer::Level(l) => Ok(l),
+        _ => Err(unexpected(instance)),
+    }
+}
+
+/// `GET /zones/{zoneName}/clusters/{clusterName}/instances/{instanceId}/logging`.
+pub async fn get_instance_logging(
+    State(s): Shared,
+    _r: Reader,
+    Params((zone, cluster, instance)): Params<(String, String, String)>,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
+    check_name("zoneName", &zone)?;
+    check_name("clusterName", &cluster)?;
+    query::parse(q.as_deref(), &[])?;
+    zone_or_404(&s, &zone)?;
+    let level = run_level_command(&s, (&zone, &cluster, &instance), Ask::GetLevel).await?;
+    Ok(text(level))
+}
+
+/// `PUT /zones/{zoneName}/clusters/{clusterName}/instances/{instanceId}/logging?level=`.
+pub async fn put_instance_logging(
+    State(s): Shared,
+    _w: Writer,
+    Params((zone, cluster, instance)): Params<(String, String, String)>,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
+    check_name("zoneName", &zone)?;
+    check_name("clusterName", &cluster)?;
+    let level = level_query(q.as_deref())?;
+    zone_or_404(&s, &zone)?;
+    let now = run_level_command(&s, (&zone, &cluster, &instance), Ask::SetLevel(level)).await?;
+    info!(%zone, %cluster, %instance, level = %now, "Sidecar log level set through the API.");
+    Ok(text(now))
+}
+
+/// One instance's outcome in a per-cluster answer.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceOutcome {
+    instance: String,
+    /// HTTP-like status of this instance's part: 200, or the error's status.
+    status: u16,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    level: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    debug_window: Option<DebugWindowOutput>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    code: Option<&'static str>,
+}
+
+impl InstanceOutcome {
+    fn failed(instance: &str, e: &ApiError) -> Self {
+        InstanceOutcome {
+            instance: instance.to_owned(),
+            status: e.status.as_u16(),
+            level: None,
+            debug_window: None,
+            error: Some(e.message.clone()),
+            code: Some(e.code),
+        }
+    }
+
+    fn ok(instance: &str) -> Self {
+        InstanceOutcome {
+            instance: instance.to_owned(),
+            status: 200,
+            level: None,
+            debug_window: None,
+            error: None,
+            code: None,
+        }
+    }
+}
+
+/// The answer of the per-cluster routes.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterOutcome {
+    zone_name: String,
+    cluster_name: String,
+    /// Instances whose part succeeded.
+    succeeded: usize,
+    /// Instances whose part failed.
+    failed: usize,
+    instances: Vec<InstanceOutcome>,
+}
+
+impl ClusterOutcome {
+    fn new(zone: String, cluster: String, instances: Vec<InstanceOutcome>) -> Self {
+        let succeeded = instances.iter().filter(|i| i.status == 200).count();
+        ClusterOutcome {
+            zone_name: zone,
+            cluster_name: cluster,
+            succeeded,
+            failed: instances.len() - succeeded,
+            instances,
+        }
+    }
+}
+
+/// `PUT /zones/{zoneName}/clusters/{clusterName}/logging?level=`: every live instance
+/// at once, each with its own deadline.
+pub async fn put_cluster_logging(
+    State(s): Shared,
+    _w: Writer,
+    Params((zone, cluster)): Params<(String, String)>,
+    RawQuery(q): RawQuery,
+) -> Result<Json<ClusterOutcome>, ApiError> {
+    check_name("zoneName", &zone)?;
+    check_name("clusterName", &cluster)?;
+    let level = level_query(q.as_deref())?;
+    zone_or_404(&s, &zone)?;
+    let sidecars = sidecars(&s);
+    cluster_or_404(&sidecars, &zone, &cluster)?;
+    let targets = sidecars.targets(&zone, &cluster);
+    let deadline = s.command_timeout;
+    let runs = targets.iter().map(|t| {
+        let (sidecars, zone, cluster) = (&sidecars, zone.as_str(), cluster.as_str());
+        async move {
+            match sidecars
+                .run((zone, cluster), t, Ask::SetLevel(level), deadline)
+                .await
+            {
+                Ok(Answer::Level(now)) => InstanceOutcome {
+                    level: Some(now),
+                    ..InstanceOutcome::ok(&t.instance)
+                },
+                Ok(_) => InstanceOutcome::failed(&t.instance, &unexpected(&t.instance)),
+                Err(e) => InstanceOutcome::failed(&t.instance, &e.into()),
+            }
+        }
+    });
+    let mut outcomes = join_all(runs).await;
+    outcomes.sort_by(|a, b| a.instance.cmp(&b.instance));
+    let answer = ClusterOutcome::new(zone, cluster, outcomes);
+    info!(zone = %answer.zone_name, cluster = %answer.cluster_name, level, succeeded = answer.succeeded, failed = answer.failed, "Cluster log level set through the API.");
+    Ok(Json(answer))
+}
+
+pub(super) fn seconds_value(name: &str, v: &str) -> Result<u32, ApiError> {
+    v.parse::<u32>()
+        .ok()
+        .filter(|n| (1..=MAX_DEBUG_SECONDS).contains(n))
+        .ok_or_else(|| {
+            ApiError::bad_query(format!(
+                "Query parameter {name} must be a whole number of seconds from 1 to {MAX_DEBUG_SECONDS}."
+            ))
+        })
+}
+
+/// `POST /zones/{zoneName}/clusters/{clusterName}/debug-window?seconds=N[&instance=I...]`.
+pub async fn post_debug_window(
+    State(s): Shared,
+    _w: Writer,
+    Params((zone, cluster)): Params<(String, String)>,
+    RawQuery(q): RawQuery,
+) -> Result<Json<ClusterOutcome>, ApiError> {
+    check_name("zoneName", &zone)?;
+    check_name("clusterName", &cluster)?;
+    let mut seconds = None;
+    let mut wanted: Vec<String> = Vec::new();
+    for (k, v) in query::parse(q.as_deref(), &["seconds", "instance"])? {
+        if k == "seconds" {
+            if seconds.is_some() {
+                return Err(ApiError::bad_query(
+                    "Query parameter seconds is given twice.",
+                ));
+            }
+            seconds = Some(seconds_value("seconds", &v)?);
+        } else if wanted.len() == MAX_WINDOW_INSTANCES {
+            return Err(ApiError::bad_query(format!(
+                "At most {MAX_WINDOW_INSTANCES} instances may be named."
+            )));
+        } else if !wanted.contains(&v) {
+            wanted.push(v);
+        }
+    }
+    let seconds =
+        seconds.ok_or_else(|| ApiError::bad_query("Query parameter seconds is required."))?;
+    zone_or_404(&s, &zone)?;
+    let sidecars = sidecars(&s);
+    if !sidecars.ingest_on() {
+        return Err(ingest_off());
+    }
+    cluster_or_404(&sidecars, &zone, &cluster)?;
+    // Every live instance, or those named (one not live answers its own 404).
+    let targets: Vec<Result<Target, SidecarError>> = if wanted.is_empty() {
+        sidecars
+            .targets(&zone, &cluster)
+            .into_iter()
+            .map(Ok)
+            .collect()
+    } else {
+        wanted
+            .iter()
+            .map(|i| sidecars.target(&zone, &cluster, i))
+            .collect()
+    };
+    let deadline = window_deadline(s.command_timeout, seconds);
+    info!(%zone, %cluster, seconds, instances = targets.len(), "Debug window asked through the API.");
+    let runs = targets.into_iter().zip(0..).map(|(t, n)| {
+        let (sidecars, zone, cluster) = (&sidecars, zone.as_str(), cluster.as_str());
+        let name = if wanted.is_empty() {
+            t.as_ref().map(|t| t.instance.clone()).unwrap_or_default()
+        } else {
+            wanted[n].clone()
+        };
+        async move {
+            let t = match t {
+                Ok(t) => t,
+                Err(e) => return InstanceOutcome::failed(&name, &e.into()),
+            };
+            match sidecars
+                .run((zone, cluster), &t, Ask::DebugWindow { seconds }, deadline)
+                .await
+            {
+                Ok(Answer::DebugWindow(w)) => InstanceOutcome {
+                    debug_window: Some(w),
+                    ..InstanceOutcome::ok(&name)
+                },
+                Ok(_) => InstanceOutcome::failed(&name, &unexpected(&name)),
+                Err(e) => InstanceOutcome::failed(&name, &e.into()),
+            }
+        }
+    });
+    let outcomes = join_all(runs).await;
+    Ok(Json(ClusterOutcome::new(zone, cluster, outcomes)))
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::StatusCode;
+
+    use super::*;
+
+    #[test]
+    fn levels_are_the_seeds_four() {
+        assert_eq!(level_query(Some("level=warn")).unwrap(), "warn");
+        assert_eq!(level_query(Some("level=debug")).unwrap(), "debug");
+        for bad in [
+            None,
+            Some(""),
+            Some("level="),
+            Some("level=warning"),
+            Some("level=INFO"),
+            Some("level=info&level=info"),
+            Some("lvl=info"),
+        ] {
+            let e = level_query(bad).unwrap_err();
+            assert_eq!(e.status, StatusCode::BAD_REQUEST, "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,444 @@
+//! The diagnosis as a service (contract section 5): collects the evidence of a
+//! cluster's sidecars and of its zone's edge through the sidecar layer
+//! ([`crate::sidecars`], this replica's agents and its peers alike), what the
+//! catalog and Prometheus know of its metrics, and runs the playbook of
+//! `meshcat-diagnose` over it. The HTTP route (`api::diagnose`) parses and
+//! authorizes the request and serializes the report; nothing here speaks HTTP but
+//! the Prometheus query.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::join_all;
+use meshcat_common::model::ZoneRecord;
+use meshcat_common::wire::EvidenceOutput;
+use meshcat_diagnose::{
+    DiagnosisInput, DiagnosisReport, MetricsEvidence, Reads, Role, SidecarEvidence, Symptom,
+    Verdict, choose_edge, reports_metrics,
+};
+use tracing::{info, warn};
+
+use crate::sidecars::{Answer, Ask, Sidecars, window_deadline};
+use crate::store::Store;
+
+/// Most service instances one diagnosis collects evidence from.
+pub const MAX_DIAGNOSED_INSTANCES: usize = 5;
+/// Log lines asked from each sidecar for the diagnosis.
+pub const EVIDENCE_LOG_LINES: u32 = 2_000;
+/// Most edge instances asked (at once) for the edge's evidence.
+pub const MAX_EDGE_TRIES: usize = 3;
+/// Deadline of the Prometheus query.
+const PROMETHEUS_TIMEOUT: Duration = Duration::from_secs(3);
+/// Most silent instances named in the metrics evidence.
+const MAX_NAMED_SILENT: usize = 10;
+/// Most instances owned by other replicas whose metrics one diagnosis asks for.
+const MAX_REMOTE_METRICS: usize = 256;
+
+/// What a diagnosis is asked.
+#[derive(Debug, Clone, Default)]
+pub struct Request {
+    /// Only the steps of this symptom (all without).
+    pub symptom: Option<Symptom>,
+    /// The request path the failing traffic takes, when known.
+    pub path: Option<String>,
+    /// A debug window of this many seconds on each sidecar before reading its logs.
+    pub debug_seconds: Option<u32>,
+}
+
+/// Why a diagnosis produced no report.
+#[derive(Debug, thiserror::Error)]
+#[error("the diagnosis task failed: {0}")]
+pub struct DiagnosisError(String);
+
+/// Runs diagnoses over the catalog, the sidecars and Prometheus.
+#[derive(Debug, Clone)]
+pub struct Diagnosis {
+    pub sidecars: Sidecars,
+    pub store: Arc<Store>,
+    /// Prometheus base URL, for the missing-metrics step.
+    pub prometheus_url: Option<String>,
+    /// Deadline of each command sent to a sidecar.
+    pub command_timeout: Duration,
+}
+
+impl Diagnosis {
+    /// Diagnoses `cluster` in `zone`: collects the evidence, runs the playbook and
+    /// adds to each skipped step why its evidence was not read.
+    pub async fn run(
+        &self,
+        zone: &ZoneRecord,
+        cluster: &str,
+        req: &Request,
+    ) -> Result<DiagnosisReport, DiagnosisError> {
+        let mut notes = Notes::default();
+        let mut input = DiagnosisInput::new(cluster, &zone.zone_name);
+        input.symptom = req.symptom;
+        input.path = req.path.clone();
+        if req.symptom != Some(Symptom::MissingMetrics) {
+            collect_sidecars(self, zone, cluster, req, &mut input, &mut notes).await;
+        }
+        input.metrics = metrics_evidence(self, &zone.zone_name, cluster, &mut notes.metrics).await;
+        if input.metrics.is_none() {
+            notes.metrics.push(format!(
+                "cluster {cluster} is not registered in zone {}",
+                zone.zone_name
+            ));
+        }
+        let mut report = tokio::task::spawn_blocking(move || meshcat_diagnose::diagnose(&input))
+            .await
+            .map_err(|e| DiagnosisError(e.to_string()))?;
+        add_notes(&mut report, &notes);
+        info!(zone = %zone.zone_name, %cluster, symptom = req.symptom.map_or("all", Symptom::as_str), conclusion = %report.conclusion, "Diagnosis run.");
+        Ok(report)
+    }
+}
+
+/// Notes on evidence that could not be collected, added to the skipped steps.
+#[derive(Default)]
+struct Notes {
+    /// Which edge instance's evidence the edge checks read, when one answered: the
+    /// edge cluster may have several instances and the first may have failed.
+    edge_source: Option<String>,
+    edge: Vec<String>,
+    services: Vec<String>,
+    metrics: Vec<String>,
+}
+
+/// Asks one sidecar for its evidence, wherever it is served.
+async fn collect(
+    sidecars: &Sidecars,
+    zone: &str,
+    cluster: &str,
+    instance: &str,
+    ask: Ask,
+    deadline: Duration,
+) -> Result<EvidenceOutput, String> {
+    let target = sidecars
+        .target(zone, cluster, instance)
+        .map_err(|e| format!("{instance}: {e}"))?;
+    match sidecars.run((zone, cluster), &target, ask, deadline).await {
+        Ok(Answer::Evidence(e)) => Ok(*e),
+        Ok(_) => Err(format!(
+            "{instance}: the agent answered with an unexpected output"
+        )),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// The Prometheus client, built once: it keeps its connection pool between diagnoses.
+fn prometheus_client() -> Result<&'static reqwest::Client, String> {
+    static CLIENT: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
+    if let Some(c) = CLIENT.get() {
+        return Ok(c);
+    }
+    let built = reqwest::Client::builder()
+        .timeout(PROMETHEUS_TIMEOUT)
+        .build()
+        .map_err(|e| format!("no HTTP client for Prometheus: {e}"))?;
+    Ok(CLIENT.get_or_init(|| built))
+}
+
+/// Whether Prometheus has an `up` series for `job`; `None` when it cannot be asked.
+async fn prometheus_up(base: &str, job: &str) -> Result<bool, String> {
+    let client = prometheus_client()?;
+    let escaped = job.replace('\\', "\\\\").replace('"', "\\\"");
+    let query = format!("up{{job=\"{escaped}\"}}");
+    let resp = client
+        .get(format!("{base}/api/v1/query"))
+        .query(&[("query", query.as_str())])
+        .send()
+        .await
+        .map_err(|e| format!("Prometheus at {base} did not answer: {e}"))?;
+    if !resp.status().is_success() {
+        return Err(format!("Prometheus at {base} answered {}", resp.status()));
+    }
+    let v: serde_json::Value = resp
+        .json()
+        .await
+        .map_err(|e| format!("Prometheus at {base} answered no JSON: {e}"))?;
+    v.pointer("/data/result")
+        .and_then(serde_json::Value::as_array)
+        .map(|r| !r.is_empty())
+        .ok_or_else(|| format!("Prometheus at {base} answered without data.result"))
+}
+
+/// What the catalog knows about the cluster's metrics; `None` when unregistered.
+async fn metrics_evidence(
+    d: &Diagnosis,
+    zone: &str,
+    cluster: &str,
+    notes: &mut Vec<String>,
+) -> Option<MetricsEvidence> {
+    let record = d.store.record(zone, cluster)?;
+    // (instance, whether it reports metrics): this replica's instances, then those
+    // other replicas own, whose metrics are asked from their owner.
+    let mut read: Vec<(String, bool)> = d
+        .store
+        .live_instances(zone, cluster)
+        .iter()
+        .map(|i| (i.instance.clone(), reports_metrics(&i.metrics)))
+        .collect();
+    let mut remote = d.store.remote_live(zone, cluster);
+    if remote.len() > MAX_REMOTE_METRICS {
+        notes.push(format!(
+            "{} instances owned by other replicas not read (the first {MAX_REMOTE_METRICS} by name were)",
+            remote.len() - MAX_REMOTE_METRICS
+        ));
+        remote.truncate(MAX_REMOTE_METRICS);
+    }
+    let replicas = d.sidecars.replicas();
+    let asked = join_all(remote.iter().map(|(instance, owner)| {
+        let replicas = &replicas;
+        async move {
+            replicas
+                .metrics(owner, (zone, cluster, instance), d.command_timeout)
+                .await
+                .map(|m| reports_metrics(&m))
+                .map_err(|e| format!("{instance}: {e}"))
+        }
+    }))
+    .await;
+    for ((instance, _), answer) in remote.iter().zip(asked) {
+        match answer {
+            Ok(reports) => read.push((instance.clone(), reports)),
+            Err(e) => notes.push(e),
+        }
+    }
+    read.sort();
+    let silent: Vec<&str> = read
+        .iter()
+        .filter(|(_, reports)| !reports)
+        .map(|(i, _)| i.as_str())
+        .collect();
+    let with_metrics = read.len() - silent.len();
+    let silent_instances = silent
+        .iter()
+        .take(MAX_NAMED_SILENT)
+        .map(|n| (*n).to_owned())
+        .collect();
+    let prometheus_up = match (&d.prometheus_url, record.prometheus_job.is_empty()) {
+        (Some(base), false) => match prometheus_up(base, &record.prometheus_job).await {
+            Ok(up) => Some(up),
+            Err(e) => {
+                notes.push(e);
+                None
+            }
+        },
+        (None, _) => {
+            notes.push("no --prometheus-url is set, so the collector was not asked".into());
+            None
+        }
+        (Some(_), true) => None,
+    };
+    Some(MetricsEvidence {
+        enable_instance_metrics: record.enable_instance_metrics,
+        prometheus_job: record.prometheus_job.clone(),
+        live_instances: read.len(),
+        instances_with_metrics: with_metrics,
+        silent_instances,
+        prometheus_up,
+    })
+}
+
+/// Appends the collection notes to the steps skipped for lack of that evidence, and
+/// puts first in the edge checks which edge instance answered.
+fn add_notes(report: &mut DiagnosisReport, notes: &Notes) {
+    for step in &mut report.steps {
+        let reads = step.name.reads();
+        if let Some(source) = &notes.edge_source
+            && matches!(reads, Reads::Edge | Reads::EdgeAndServices)
+        {
+            step.evidence.insert(0, source.clone());
+        }
+        if step.verdict != Verdict::Skipped {
+            continue;
+        }
+        let which: &[String] = match reads {
+            Reads::Edge => &notes.edge,
+            Reads::Services => &notes.services,
+            Reads::EdgeAndServices => {
+                step.evidence.extend(notes.edge.iter().cloned());
+                &notes.services
+            }
+            Reads::Metrics => &notes.metrics,
+        };
+        step.evidence.extend(which.iter().cloned());
+    }
+}
+
+/// The live instances of (zone, cluster) by name, this replica's and its peers'.
+fn live_names(sidecars: &Sidecars, zone: &str, cluster: &str) -> Vec<String> {
+    sidecars
+        .targets(zone, cluster)
+        .into_iter()
+        .map(|t| t.instance)
+        .collect()
+}
+
+/// Collects the edge's and the service instances' evidence, all at once.
+async fn collect_sidecars(
+    d: &Diagnosis,
+    zone: &ZoneRecord,
+    cluster: &str,
+    q: &Request,
+    input: &mut DiagnosisInput,
+    notes: &mut Notes,
+) {
+    let sidecars = &d.sidecars;
+    let cmd = Ask::Evidence {
+        path: q.path.clone(),
+        max_lines: EVIDENCE_LOG_LINES,
+        debug_seconds: q.debug_seconds,
+    };
+    let deadline = window_deadline(d.command_timeout, q.debug_seconds.unwrap_or(0));
+    let edges: Vec<String> = if zone.request_cluster.is_empty() {
+        notes.edge.push(format!(
+            "zone {} has no requestCluster, so no edge sidecar is known",
+            zone.zone_name
+        ));
+        Vec::new()
+    } else {
+        let live = live_names(sidecars, &zone.zone_name, &zone.request_cluster);
+        if live.is_empty() {
+            notes.edge.push(format!(
+                "the edge cluster {} has no live instance reported by an agent",
+                zone.request_cluster
+            ));
+        }
+        live.into_iter().take(MAX_EDGE_TRIES).collect()
+    };
+    let mut services = live_names(sidecars, &zone.zone_name, cluster);
+    if services.is_empty() {
+        notes.services.push(format!(
+            "cluster {cluster} has no live instance reported by an agent"
+        ));
+    }
+    if services.len() > MAX_DIAGNOSED_INSTANCES {
+        notes.services.push(format!(
+            "{} of {} instances read (the first by name)",
+            MAX_DIAGNOSED_INSTANCES,
+            services.len()
+        ));
+        services.truncate(MAX_DIAGNOSED_INSTANCES);
+    }
+    let mut edge_notes = Vec::new();
+    let edge_run = collect_edge(
+        sidecars,
+        input,
+        &zone.request_cluster,
+        &edges,
+        &cmd,
+        deadline,
+        &mut edge_notes,
+    );
+    let service_runs = join_all(
+        services
+            .iter()
+            .map(|i| collect(sidecars, &zone.zone_name, cluster, i, cmd.clone(), deadline)),
+    );
+    let ((edge_out, edge_failures), service_outs) = tokio::join!(edge_run, service_runs);
+    notes.edge.extend(edge_notes);
+    if let Some((i, e)) = edge_out {
+        let others = if edge_failures.is_empty() {
+            String::new()
+        } else {
+            format!(", not from {}", edge_failures.join("; "))
+        };
+        notes.edge_source = Some(format!("edge evidence from instance {i}{others}"));
+        input.edge = Some(e);
+    } else {
+        notes.edge.extend(edge_failures);
+    }
+    for (i, out) in services.iter().zip(service_outs) {
+        match out {
+            Ok(e) => input.services.push(SidecarEvidence::from_output(
+                Role::Service,
+                i,
+                &e,
+                &mut notes.services,
+            )),
+            Err(e) => notes.services.push(e),
+        }
+    }
+}
+
+/// Asks the edge instances all at once, each within `deadline`, and keeps the answer
+/// whose log speaks most for the diagnosis ([`choose_edge`]): with several edges,
+/// only one may have seen the failure. Answers the chosen instance, its evidence,
+/// and why the others were not chosen.
+async fn collect_edge(
+    s: &Sidecars,
+    input: &DiagnosisInput,
+    edge_cluster: &str,
+    edges: &[String],
+    cmd: &Ask,
+    deadline: Duration,
+    notes: &mut Vec<String>,
+) -> (Option<(String, SidecarEvidence)>, Vec<String>) {
+    let zone = input.zone.as_str();
+    let answers = join_all(
+        edges
+            .iter()
+            .map(|i| collect(s, zone, edge_cluster, i, cmd.clone(), deadline)),
+    )
+    .await;
+    let mut failures = Vec::new();
+    let mut answered = Vec::new();
+    for (instance, answer) in edges.iter().zip(answers) {
+        match answer {
+            Ok(out) => {
+                let ev = SidecarEvidence::from_output(Role::Edge, instance, &out, notes);
+                answered.push((instance.clone(), ev));
+            }
+            Err(e) => {
+                warn!(%zone, %instance, error = %e, "Edge evidence failed.");
+                failures.push(e);
+            }
+        }
+    }
+    let choice = choose_edge(input, answered);
+    failures.extend(choice.passed_over);
+    (choice.chosen, failures)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use meshcat_diagnose::StepName;
+
+    #[test]
+    fn notes_go_to_the_skipped_steps_only() {
+        let input = DiagnosisInput::new("catalog", "east");
+        let mut report = meshcat_diagnose::diagnose(&input);
+        let notes = Notes {
+            edge_source: Some("edge evidence from instance edge-1".into()),
+            edge: vec!["edge note".into()],
+            services: vec!["service note".into()],
+            metrics: vec!["metrics note".into()],
+        };
+        add_notes(&mut report, &notes);
+        let has = |step: StepName, note: &str| {
+            report
+                .step(step)
+                .unwrap()
+                .evidence
+                .iter()
+                .any(|e| e == note)
+        };
+        assert!(has(StepName::EdgeDiscovery, "edge note"));
+        assert!(has(StepName::ServiceDiscovery, "service note"));
+        assert!(has(StepName::Mtls, "edge note") && has(StepName::Mtls, "service note"));
+        assert!(has(StepName::MetricsCollector, "metrics note"));
+        assert!(!has(StepName::EdgeDiscovery, "service note"));
+        let first = |step: StepName| report.step(step).unwrap().evidence[0].clone();
+        assert_eq!(
+            first(StepName::EdgeDiscovery),
+            "edge evidence from instance edge-1"
+        );
+        assert_eq!(first(StepName::Mtls), "edge evidence from instance edge-1");
+        assert!(!has(
+            StepName::ServiceDiscovery,
+            "edge evidence from instance edge-1"
+        ));
+    }
+}
