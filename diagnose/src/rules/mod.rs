@@ -66,32 +66,25 @@ pub fn diagnose(input: &DiagnosisInput) -> DiagnosisReport {
     let logs_edge: Check = |i| vec![edge_logs::edge_logs(i)];
     let logs_service: Check = |i| vec![service_logs::service_logs(i)];
     let metric_checks: Check = metrics::metrics;
+    // The seed's steps first, in its order; the log rules then follow the request
+    // through both sidecars, which pinpoints what discovery alone cannot see (a dead
+    // service behind a discovered host).
+    let sidecar_checks = vec![
+        discovery_edge,
+        discovery_service,
+        mtls_check,
+        routes,
+        logs_edge,
+        logs_service,
+    ];
     let checks: Vec<Check> = match input.symptom {
-        // The seed's steps first, in its order; the log rules then follow the request
-        // through both sidecars, which pinpoints what discovery alone cannot see (a
-        // dead service behind a discovered host).
-        Some(Symptom::UpstreamConnectError) => vec![
-            discovery_edge,
-            discovery_service,
-            mtls_check,
-            routes,
-            logs_edge,
-            logs_service,
-        ],
+        Some(Symptom::UpstreamConnectError) => sidecar_checks,
         Some(Symptom::NoHealthyUpstream) => {
             vec![discovery_edge, discovery_service, logs_edge, logs_service]
         }
         Some(Symptom::Ingress502503) => vec![logs_edge, logs_service],
         Some(Symptom::MissingMetrics) => vec![metric_checks],
-        None => vec![
-            discovery_edge,
-            discovery_service,
-            mtls_check,
-            routes,
-            logs_edge,
-            logs_service,
-            metric_checks,
-        ],
+        None => [sidecar_checks, vec![metric_checks]].concat(),
     };
     let outcomes: Vec<Outcome> = checks.into_iter().flat_map(|c| c(input)).collect();
     let conclusion = conclude(&outcomes);
