@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand, ValueEnum};
 use meshcat_cli::{DiagnoseRequest, EXIT_ERROR, EXIT_FAIL, EXIT_PASS, fetch, render};
 use meshcat_common::config::{EXIT_USAGE, parse_positive_duration, read_token_file};
+use meshcat_common::envoy_log::MAX_DEBUG_WINDOW_SECONDS;
 
 /// meshcat: the service catalog and troubleshooting companion of an Envoy mesh.
 #[derive(Debug, Parser)]
@@ -50,7 +51,7 @@ enum Command {
         path: Option<String>,
         /// Raise the sidecars read to debug for that many seconds (1 to 300) before
         /// collecting, to catch TLS failures; replay the failing request meanwhile.
-        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=300))]
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_DEBUG_WINDOW_SECONDS)))]
         debug_seconds: Option<u32>,
         /// text: a checklist; json: the API's report as is.
         #[arg(long, value_enum, default_value = "text")]
