@@ -43,7 +43,12 @@ fn strict_command(data_dir: &Path) -> Command {
 
 /// The command line with the API on `api`.
 fn command_at(data_dir: &Path, api: &str) -> Command {
-    let mut c = Command::new(BIN);
+    command_in(Command::new(BIN), data_dir, api)
+}
+
+/// The aggregator's arguments and environment on `c`, which runs the binary (itself,
+/// or a program that runs it).
+fn command_in(mut c: Command, data_dir: &Path, api: &str) -> Command {
     c.args(["serve", "--api-addr", api, "--ops-addr", "127.0.0.1:0"])
         .args([
             "--quic-addr",
@@ -751,19 +756,9 @@ fn cpu_time(pid: u32) -> Duration {
 #[test]
 fn a_listener_out_of_descriptors_pauses_and_serves_again_afterwards() {
     let dir = tempfile::tempdir().unwrap();
-    let plain = command(dir.path());
-    let mut limited = Command::new("prlimit");
-    limited
-        .arg("--nofile=64:64")
-        .arg("--")
-        .arg(plain.get_program())
-        .args(plain.get_args())
-        .env_remove("RUST_LOG")
-        .env_remove("MESHCAT_ALLOW_ANONYMOUS_WRITES")
-        .env_remove("MESHCAT_DEV")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
+    let mut prlimit = Command::new("prlimit");
+    prlimit.args(["--nofile=64:64", "--", BIN]);
+    let limited = command_in(prlimit, dir.path(), "127.0.0.1:0");
     let (p, _, log) = spawn_watched(limited, &["--header-timeout", "60s"]);
     let mut held: Vec<TcpStream> = (0..150)
         .map(|_| TcpStream::connect(p.api).unwrap())

@@ -43,6 +43,45 @@ async fn svc_agent(
     agent_of(set, order, sidecar, "svc", interval, extra).await
 }
 
+/// Sets the level `info` on every instance of z/`cluster` through replica
+/// `level_via`, and opens a 1 s debug window on them through replica `window_via`:
+/// each reaches instance i1, the one live instance, and succeeds.
+async fn cluster_commands_reach_i1(
+    set: &Replicas,
+    (level_via, window_via): (usize, usize),
+    cluster: &str,
+) -> anyhow::Result<()> {
+    let level = format!("/zones/z/clusters/{cluster}/logging?level=info");
+    let (s, body) = set.send(level_via, Method::PUT, &level, None).await?;
+    assert_eq!(s, StatusCode::OK, "replica {level_via}: {body}");
+    assert_eq!(body["succeeded"], 1, "replica {level_via}: {body}");
+    assert_eq!(body["instances"][0]["instance"], "i1", "{body}");
+    assert_eq!(body["instances"][0]["level"], "info", "{body}");
+    let window = format!("/zones/z/clusters/{cluster}/debug-window?seconds=1");
+    let (s, body) = set.send(window_via, Method::POST, &window, None).await?;
+    assert_eq!(s, StatusCode::OK, "replica {window_via}: {body}");
+    assert_eq!(body["succeeded"], 1, "replica {window_via}: {body}");
+    assert!(body["instances"][0]["debugWindow"].is_object(), "{body}");
+    Ok(())
+}
+
+/// API requests replica `i` answered 401 or 403, from its ops metrics: a request
+/// refused by the replica it reached never reaches the owner and leaves this as it is.
+async fn refused_requests(set: &Replicas, i: usize) -> anyhow::Result<f64> {
+    let text = reqwest::get(format!("{}/metrics", set.replicas[i].ops_url()))
+        .await?
+        .text()
+        .await?;
+    Ok(text
+        .lines()
+        .filter(|l| {
+            l.starts_with("meshcat_api_requests_total")
+                && (l.contains("code=\"401\"") || l.contains("code=\"403\""))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum())
+}
+
 /// An agent reporting `sidecar` as instance i1 of `cluster` in zone z.
 async fn agent_of(
     set: &Replicas,
@@ -553,31 +592,9 @@ async fn every_replica_shows_every_instance_and_a_killed_owner_hands_over() -> a
         .text()
         .await?;
     assert!(envoy_levels.contains("debug"), "{envoy_levels}");
-    // The cluster-wide level change through a non-owner reaches the owner's instance.
-    let (s, body) = set
-        .send(
-            1,
-            Method::PUT,
-            "/zones/z/clusters/svc/logging?level=info",
-            None,
-        )
-        .await?;
-    assert_eq!(s, StatusCode::OK, "{body}");
-    assert_eq!(body["succeeded"], 1, "{body}");
-    assert_eq!(body["instances"][0]["instance"], "i1", "{body}");
-    assert_eq!(body["instances"][0]["level"], "info", "{body}");
-    // A debug window through a non-owner runs on the owner's agent.
-    let (s, body) = set
-        .send(
-            0,
-            Method::POST,
-            "/zones/z/clusters/svc/debug-window?seconds=1",
-            None,
-        )
-        .await?;
-    assert_eq!(s, StatusCode::OK, "{body}");
-    assert_eq!(body["succeeded"], 1, "{body}");
-    assert!(body["instances"][0]["debugWindow"].is_object(), "{body}");
+    // The cluster-wide level change through a non-owner reaches the owner's instance,
+    // and so does a debug window.
+    cluster_commands_reach_i1(&set, (1, 0), "svc").await?;
     // The diagnosis through a non-owner reads the owner's sidecar evidence: the
     // same verdicts as through the owner, and the instance named in its evidence.
     let mut verdicts = Vec::new();
@@ -736,25 +753,7 @@ async fn replicas_over_tls_reach_etcd_with_a_client_certificate_and_forward_over
     // Without a token, or with the read token for a change, the non-owner answers
     // as the owner would, and the owner (replica 0) never sees the request.
     let owner_metrics = format!("{}/metrics", set.replicas[0].ops_url());
-    let owner_refusals = || async {
-        let text = reqwest::get(&owner_metrics).await?.text().await?;
-        anyhow::Ok(
-            text.lines()
-                .filter(|l| {
-                    l.starts_with("meshcat_api_requests_total")
-                        && (l.contains("code=\"401\"") || l.contains("code=\"403\""))
-                })
-                .map(|l| {
-                    l.rsplit(' ')
-                        .next()
-                        .unwrap_or("0")
-                        .parse::<f64>()
-                        .unwrap_or(0.0)
-                })
-                .sum::<f64>(),
-        )
-    };
-    let before = owner_refusals().await?;
+    let before = refused_requests(&set, 0).await?;
     let (s, body) = set
         .send(
             1,
@@ -768,7 +767,7 @@ async fn replicas_over_tls_reach_etcd_with_a_client_certificate_and_forward_over
     let (s, body) = set.get(1, "/metrics/svc/i1?zoneName=z").await?;
     assert_eq!(s, StatusCode::FORBIDDEN, "{body}");
     assert_eq!(
-        owner_refusals().await?,
+        refused_requests(&set, 0).await?,
         before,
         "a refused request was forwarded"
     );
@@ -964,27 +963,17 @@ async fn forwarded_requests_are_signed_never_carry_the_token_and_replay_fails() 
 
     // A HEAD without a token is refused by the replica it reached; the owner never
     // sees it.
-    let owner_refused = || async {
-        let text = reqwest::get(format!("{}/metrics", set.replicas[0].ops_url()))
-            .await?
-            .text()
-            .await?;
-        anyhow::Ok(
-            text.lines()
-                .filter(|l| {
-                    l.starts_with("meshcat_api_requests_total") && l.contains("code=\"403\"")
-                })
-                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .sum::<f64>(),
-        )
-    };
-    let before = owner_refused().await?;
+    let before = refused_requests(&set, 0).await?;
     let head = reqwest::Client::new()
         .head(format!("{}{metrics}", set.replicas[1].api_url()))
         .send()
         .await?;
     assert_eq!(head.status(), StatusCode::FORBIDDEN);
-    assert_eq!(owner_refused().await?, before, "a HEAD was forwarded");
+    assert_eq!(
+        refused_requests(&set, 0).await?,
+        before,
+        "a HEAD was forwarded"
+    );
 
     // Someone who reached etcd points the owner's address at a host of theirs.
     let listing = etcd.etcdctl(&["get", "--prefix", "/sig/replicas/"])?;
@@ -1109,27 +1098,7 @@ async fn an_unregistered_cluster_owned_by_a_peer_is_reachable_through_every_repl
             report.to_string().contains("i1"),
             "replica {i}: the diagnosis did not read i1: {report}"
         );
-        let (s, body) = set
-            .send(
-                i,
-                Method::PUT,
-                "/zones/z/clusters/ghost/logging?level=info",
-                None,
-            )
-            .await?;
-        assert_eq!(s, StatusCode::OK, "replica {i}: {body}");
-        assert_eq!(body["succeeded"], 1, "replica {i}: {body}");
-        assert_eq!(body["instances"][0]["instance"], "i1", "{body}");
-        let (s, body) = set
-            .send(
-                i,
-                Method::POST,
-                "/zones/z/clusters/ghost/debug-window?seconds=1",
-                None,
-            )
-            .await?;
-        assert_eq!(s, StatusCode::OK, "replica {i}: {body}");
-        assert_eq!(body["succeeded"], 1, "replica {i}: {body}");
+        cluster_commands_reach_i1(&set, (i, i), "ghost").await?;
     }
     assert_eq!(
         sidecar.envoy.uniform_log_level().await?.as_deref(),
