@@ -84,6 +84,10 @@ pub struct AppState {
     pub event_heartbeat: Duration,
     /// How long an event stream gathers changes after a write (`--event-coalesce`).
     pub event_coalesce: Duration,
+    /// Bytes one event stream may queue (`--event-buffer`).
+    pub event_buffer: usize,
+    /// The open event streams, at most `--max-event-streams`.
+    pub event_streams: live::Streams,
     /// Turns true when the process stops: event streams end then, instead of holding
     /// the graceful shutdown until its drain timeout. A closed channel never stops them.
     pub stopping: tokio::sync::watch::Receiver<bool>,
@@ -159,7 +163,10 @@ pub fn app_with_limits(
             state.clone(),
             forward::to_owner,
         ))
-        .layer(middleware::from_fn_with_state(limits, limits::enforce))
+        .layer(middleware::from_fn_with_state(
+            (limits, state.store.clone()),
+            limits::enforce,
+        ))
         .layer(middleware::from_fn_with_state(state.clone(), track))
         .layer(DefaultBodyLimit::max(max_body))
         .with_state(state)

@@ -13,6 +13,8 @@ use meshcat_common::config::{
 
 /// Largest accepted `--max-body`: request bodies are buffered whole in memory.
 const MAX_BODY_CEILING: u64 = 64 << 20;
+/// Largest accepted `--event-buffer`: each stream may queue that much.
+const EVENT_BUFFER_CEILING: u64 = 64 << 20;
 
 /// The aggregator's command line.
 #[derive(Debug, Parser)]
@@ -147,10 +149,14 @@ pub struct ServeArgs {
     /// Deadline of each command sent to an agent (log level, config dump, evidence).
     #[arg(long, env = "MESHCAT_COMMAND_TIMEOUT", default_value = "5s", value_parser = parse_positive_duration, value_name = "DURATION")]
     pub command_timeout: Duration,
-    /// Changes a GET /events stream may fall behind before it gets `reset` and is
-    /// closed (1 to 65536); bounds the memory a slow reader can hold.
-    #[arg(long, env = "MESHCAT_EVENT_BUFFER", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=65536), value_name = "CHANGES")]
-    pub event_buffer: u32,
+    /// Most bytes one GET /events stream queues (like 256KiB, 1MiB; at most 64MiB): a
+    /// resume whose replay is larger gets `reset` instead, and live changes are
+    /// written in chunks of at most this size.
+    #[arg(long, env = "MESHCAT_EVENT_BUFFER", default_value = "256KiB", value_parser = parse_bytes, value_name = "SIZE")]
+    pub event_buffer: u64,
+    /// Most GET /events streams open at once; more answer 503 overloaded.
+    #[arg(long, env = "MESHCAT_MAX_EVENT_STREAMS", default_value = "1024", value_parser = clap::value_parser!(u32).range(1..=1_000_000), value_name = "N")]
+    pub max_event_streams: u32,
     /// How often a GET /events stream sends a comment line, so proxies and clients
     /// keep it open (> 0).
     #[arg(long, env = "MESHCAT_EVENT_HEARTBEAT", default_value = "15s", value_parser = parse_positive_duration, value_name = "DURATION")]
@@ -281,6 +287,8 @@ pub enum ConfigError {
     HalfApiTls,
     #[error("--max-body must be at most {MAX_BODY_CEILING} bytes")]
     MaxBody,
+    #[error("--event-buffer must be at most {EVENT_BUFFER_CEILING} bytes")]
+    EventBuffer,
     #[error("--max-message is too large for this machine")]
     MaxMessage,
     #[error("--data-dir {0} exists and is not a directory")]
@@ -338,7 +346,13 @@ pub struct Config {
     pub max_instances_per_credential: usize,
     pub edge_refresh: Duration,
     pub command_timeout: Duration,
+    /// Bytes one event stream may queue (`--event-buffer`).
     pub event_buffer: usize,
+    /// Changes an event stream may fall behind before it gets `reset` (not a flag:
+    /// the shared feed's length, lowered by tests).
+    pub event_lag: usize,
+    /// Most event streams open at once (`--max-event-streams`).
+    pub max_event_streams: usize,
     pub event_heartbeat: Duration,
     pub event_coalesce: Duration,
     /// Prometheus base URL for the missing-metrics diagnosis.
@@ -388,6 +402,8 @@ impl std::fmt::Debug for Config {
             .field("edge_refresh", &self.edge_refresh)
             .field("command_timeout", &self.command_timeout)
             .field("event_buffer", &self.event_buffer)
+            .field("event_lag", &self.event_lag)
+            .field("max_event_streams", &self.max_event_streams)
             .field("event_heartbeat", &self.event_heartbeat)
             .field("event_coalesce", &self.event_coalesce)
             .field("prometheus_url", &self.prometheus_url)
@@ -489,6 +505,9 @@ impl Config {
         if a.max_body > MAX_BODY_CEILING {
             return Err(ConfigError::MaxBody);
         }
+        if a.event_buffer > EVENT_BUFFER_CEILING {
+            return Err(ConfigError::EventBuffer);
+        }
         if a.data_dir.exists() && !a.data_dir.is_dir() {
             return Err(ConfigError::DataDir(a.data_dir.display().to_string()));
         }
@@ -527,6 +546,8 @@ impl Config {
             edge_refresh: a.edge_refresh,
             command_timeout: a.command_timeout,
             event_buffer: a.event_buffer as usize,
+            event_lag: crate::store::changes::DEFAULT_BUFFER,
+            max_event_streams: a.max_event_streams as usize,
             event_heartbeat: a.event_heartbeat,
             event_coalesce: a.event_coalesce,
             prometheus_url: a.prometheus_url,
@@ -633,6 +654,21 @@ mod tests {
     }
 
     #[test]
+    fn event_stream_bounds_are_sizes_and_counts() {
+        let d = Config::from_args(parse(&[]).unwrap()).unwrap();
+        assert_eq!(d.event_buffer, 256 << 10);
+        assert_eq!(d.max_event_streams, 1024);
+        let a = parse(&["--event-buffer", "1MiB", "--max-event-streams", "2"]).unwrap();
+        let c = Config::from_args(a).unwrap();
+        assert_eq!((c.event_buffer, c.max_event_streams), (1 << 20, 2));
+        let a = parse(&["--event-buffer", "65MiB"]).unwrap();
+        assert!(matches!(
+            Config::from_args(a),
+            Err(ConfigError::EventBuffer)
+        ));
+    }
+
+    #[test]
     fn serve_is_optional() {
         let a = parse(&["--api-addr", "127.0.0.1:1"]).unwrap();
         assert_eq!(a.api_addr.map(|a| a.port()), Some(1));
@@ -653,6 +689,9 @@ mod tests {
         assert!(parse(&["--instance-ttl", "soon"]).is_err());
         assert!(parse(&["--error-ratio-warning", "2"]).is_err());
         assert!(parse(&["--max-body", "0"]).is_err());
+        assert!(parse(&["--event-buffer", "0"]).is_err());
+        assert!(parse(&["--event-buffer", "lots"]).is_err());
+        assert!(parse(&["--max-event-streams", "0"]).is_err());
         assert!(parse(&["--api-addr", "nowhere"]).is_err());
     }
 

@@ -103,8 +103,8 @@ impl Aggregator {
             }
         };
         store.changes().configure(
-            config.event_buffer,
-            config.event_buffer.max(changes::DEFAULT_RETAINED),
+            config.event_lag,
+            config.event_lag.max(changes::DEFAULT_RETAINED),
         );
         let telemetry = Telemetry::new()?;
         Ok(Aggregator {
@@ -256,6 +256,8 @@ async fn serve_with(
         peers,
         event_heartbeat: agg.config.event_heartbeat,
         event_coalesce: agg.config.event_coalesce,
+        event_buffer: agg.config.event_buffer,
+        event_streams: api::live::Streams::new(agg.config.max_event_streams),
         stopping: stop_rx.clone(),
     });
     let ops_state = Arc::new(OpsState {

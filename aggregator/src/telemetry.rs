@@ -18,6 +18,8 @@ pub struct ApiMetrics {
     requests: IntCounterVec,
     /// Request durations by route template and method.
     duration: HistogramVec,
+    /// Open `GET /events` streams.
+    pub event_streams: IntGauge,
 }
 
 /// Methods the API knows; any other is labelled `other` to bound cardinality.
@@ -43,9 +45,18 @@ impl ApiMetrics {
             ]),
             &["route", "method"],
         )?;
+        let event_streams = IntGauge::new(
+            "meshcat_event_streams",
+            "Open GET /events streams (at most --max-event-streams).",
+        )?;
         registry.register(Box::new(requests.clone()))?;
         registry.register(Box::new(duration.clone()))?;
-        Ok(ApiMetrics { requests, duration })
+        registry.register(Box::new(event_streams.clone()))?;
+        Ok(ApiMetrics {
+            requests,
+            duration,
+            event_streams,
+        })
     }
 
     /// Records one answered request.

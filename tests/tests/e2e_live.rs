@@ -281,7 +281,7 @@ async fn events_follow_changes_with_filters_and_replay() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reader_that_falls_behind_gets_reset_and_is_closed() {
-    let catalog = Catalog::start(|c| c.event_buffer = 4).await.unwrap();
+    let catalog = Catalog::start(|c| c.event_lag = 4).await.unwrap();
     catalog.register_zone("zone-s", "").await.unwrap();
     // A raw client with a tiny receive window that reads nothing for a while.
     let sock = tokio::net::TcpSocket::new_v4().unwrap();

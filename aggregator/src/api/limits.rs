@@ -1,9 +1,11 @@
 //! The REST API's request time limit and concurrency limit (contract section 10).
 //!
 //! Both are one middleware so long-lived requests are told apart in one place: a
-//! `GET /events` stream and a blocking query (`GET` of an indexed read route with
-//! `index` in the query) are exempt from both (they are bounded by their own rules);
-//! `index` on any other route or method buys nothing. A request that runs a
+//! `GET /events` stream (bounded by `--max-event-streams`) and a blocking query that
+//! waits (`GET` of an indexed read route whose `index` is the current index) are
+//! exempt from both. Any other `index` (older, newer than this process issued, or
+//! malformed) answers at once and is held to both like any read, and `index` on any
+//! other route or method buys nothing. A request that runs a
 //! debug window (`debugSeconds` on `GET /diagnose`, `seconds` on `POST .../debug-window`)
 //! gets the window's length on top of the time limit. Over the concurrency limit a
 //! request is answered 503 `overloaded` at once rather than queued, and one past its
@@ -19,7 +21,8 @@ use axum::response::{IntoResponse, Response};
 use tokio::sync::Semaphore;
 
 use super::error::ApiError;
-use super::live::INDEXED;
+use super::live::{INDEXED, split_blocking, waits};
+use crate::store::Store;
 
 /// The limits every API request is held to.
 #[derive(Debug)]
@@ -48,16 +51,32 @@ enum Kind {
     Limited(Duration),
 }
 
-fn kind(method: &Method, route: Option<&str>, path: &str, query: Option<&str>) -> Kind {
+/// How a request with this method, matched route, path and query is held, the
+/// catalog index being `current`.
+fn kind(
+    method: &Method,
+    route: Option<&str>,
+    path: &str,
+    query: Option<&str>,
+    current: u64,
+) -> Kind {
     let get = method == Method::GET;
     if get && route == Some("/events") {
         return Kind::LongLived;
     }
-    let indexed = get && route.is_some_and(|r| INDEXED.contains(&r));
+    // Exempt only what `live::indexed` will wait on: the same parse, the same test.
+    // Anything it answers at once (an older or newer index, a malformed query) is an
+    // ordinary read.
+    if get
+        && route.is_some_and(|r| INDEXED.contains(&r))
+        && let Ok((Some(index), _, _)) = split_blocking(query.unwrap_or(""))
+        && waits(index, current)
+    {
+        return Kind::LongLived;
+    }
     let mut extra = Duration::ZERO;
     for (k, v) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
         match &*k {
-            "index" if indexed => return Kind::LongLived,
             "debugSeconds" => extra = extra.max(seconds(&v)),
             "seconds" if path.ends_with("/debug-window") => extra = extra.max(seconds(&v)),
             _ => {}
@@ -76,13 +95,22 @@ fn seconds(v: &str) -> Duration {
 }
 
 /// The middleware.
-pub async fn enforce(State(limits): State<Arc<Limits>>, req: Request, next: Next) -> Response {
+pub async fn enforce(
+    State((limits, store)): State<(Arc<Limits>, Arc<Store>)>,
+    req: Request,
+    next: Next,
+) -> Response {
     let route = req
         .extensions()
         .get::<MatchedPath>()
         .map(MatchedPath::as_str);
-    let Kind::Limited(extra) = kind(req.method(), route, req.uri().path(), req.uri().query())
-    else {
+    let Kind::Limited(extra) = kind(
+        req.method(),
+        route,
+        req.uri().path(),
+        req.uri().query(),
+        store.index(),
+    ) else {
         return next.run(req).await;
     };
     let Ok(_permit) = limits.in_flight.try_acquire() else {
@@ -98,12 +126,23 @@ pub async fn enforce(State(limits): State<Arc<Limits>>, req: Request, next: Next
 mod tests {
     use super::*;
 
+    /// The catalog index of these tests.
+    const NOW: u64 = 4;
+
+    fn kind(method: &Method, route: Option<&str>, path: &str, query: Option<&str>) -> Kind {
+        super::kind(method, route, path, query, NOW)
+    }
+
     #[test]
     fn long_lived_requests_are_told_apart() {
         let get = |route: &str, query: Option<&str>| kind(&Method::GET, Some(route), route, query);
         assert_eq!(get("/events", None), Kind::LongLived);
         assert_eq!(get("/clusters", Some("index=4&wait=30s")), Kind::LongLived);
         assert_eq!(get("/zones", Some("index=4")), Kind::LongLived);
+        assert_eq!(
+            get("/clusters/{clusterName}", Some("zoneName=z&index=4")),
+            Kind::LongLived
+        );
         assert_eq!(
             get("/clusters", Some("zoneName=z")),
             Kind::Limited(Duration::ZERO)
@@ -164,6 +203,52 @@ mod tests {
         let metrics = "/metrics/{clusterName}/{instanceId}";
         assert_eq!(
             kind(&Method::GET, Some(metrics), "/metrics/c/i", Some("wait=1m")),
+            limited
+        );
+    }
+
+    /// Only a query that will wait is exempt: any other `index` answers at once and
+    /// is an ordinary read, held to both limits.
+    #[test]
+    fn only_a_query_that_waits_is_exempt() {
+        let limited = Kind::Limited(Duration::ZERO);
+        let get = |query: &str| kind(&Method::GET, Some("/clusters"), "/clusters", Some(query));
+        assert_eq!(get("index=4"), Kind::LongLived);
+        assert_eq!(get("wait=1s&index=4"), Kind::LongLived);
+        for query in [
+            // Older: the data already moved past it.
+            "index=0",
+            "index=3&wait=10m",
+            // Newer than this process issued: answered at once.
+            "index=5",
+            "index=18446744073709551615",
+            // Malformed or repeated: 400 at once.
+            "index=",
+            "index=-1",
+            "index=4x",
+            "index=4&index=4",
+            "index=4&wait=forever",
+            "index=4&wait=1s&wait=2s",
+        ] {
+            assert_eq!(get(query), limited, "{query}");
+        }
+        // The same index on another route or method buys nothing.
+        assert_eq!(
+            kind(
+                &Method::GET,
+                Some("/openapi.json"),
+                "/openapi.json",
+                Some("index=4")
+            ),
+            limited
+        );
+        assert_eq!(
+            kind(
+                &Method::HEAD,
+                Some("/clusters"),
+                "/clusters",
+                Some("index=4")
+            ),
             limited
         );
     }

@@ -1,6 +1,7 @@
 //! Live reads (contract section 11): the `X-Meshcat-Index` header and blocking
 //! queries (`?index=&wait=`) on the catalog's read routes, and `GET /events`, the
-//! Server-Sent Events stream of catalog changes.
+//! Server-Sent Events stream of catalog changes, bounded in number
+//! (`--max-event-streams`) and in what each may queue (`--event-buffer`).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -11,16 +12,18 @@ use axum::extract::{MatchedPath, RawQuery, Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, Uri, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use futures::Stream;
 use meshcat_common::validate::is_valid_name;
+use prometheus::IntGauge;
 use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::AppState;
 use super::auth::Caller;
 use super::error::ApiError;
 use super::query;
-use crate::store::changes::Change;
+use crate::store::changes::{Change, Event};
 
 /// The index header of the read routes.
 pub const INDEX_HEADER: &str = "x-meshcat-index";
@@ -34,6 +37,10 @@ pub const HEARTBEAT: Duration = Duration::from_secs(15);
 /// streams and 100 changes/s it halves the aggregator's CPU (see
 /// `docs/benchmarks.md`) and keeps an event within the 100 ms the contract allows.
 pub const COALESCE: Duration = Duration::from_millis(50);
+/// Bytes one event stream may queue, by default (`--event-buffer`).
+pub const BUFFER: usize = 256 << 10;
+/// Event streams open at once, by default (`--max-event-streams`).
+pub const MAX_STREAMS: usize = 1024;
 
 /// Read routes that carry the index and accept blocking queries.
 pub const INDEXED: &[&str] = &[
@@ -79,7 +86,9 @@ fn set_once_u64(name: &str, v: &str, slot: &mut Option<u64>) -> Result<(), ApiEr
 
 /// Takes `index` and `wait` out of a query; returns them and what is left.
 #[allow(clippy::type_complexity)]
-fn split_blocking(raw: &str) -> Result<(Option<u64>, Option<Duration>, String), ApiError> {
+pub(super) fn split_blocking(
+    raw: &str,
+) -> Result<(Option<u64>, Option<Duration>, String), ApiError> {
     let mut index = None;
     let mut wait = None;
     let mut rest = form_urlencoded::Serializer::new(String::new());
@@ -102,6 +111,15 @@ fn split_blocking(raw: &str) -> Result<(Option<u64>, Option<Duration>, String), 
     Ok((index, wait, rest.finish()))
 }
 
+/// Whether a blocking query for `index` waits, the catalog index being `current`.
+/// Only the current index waits: the data has moved past an older one, and a newer
+/// one was not issued by this process (it comes from before a restart or from
+/// another replica), so waiting for it could last the whole wait while the catalog
+/// changes. Both answer at once. The limits middleware exempts exactly these.
+pub fn waits(index: u64, current: u64) -> bool {
+    index == current
+}
+
 /// Layer of the read routes: waits out a blocking query, then answers with the
 /// index the data was read at.
 pub async fn indexed(State(s): State<Arc<AppState>>, mut req: Request, next: Next) -> Response {
@@ -121,10 +139,8 @@ pub async fn indexed(State(s): State<Arc<AppState>>, mut req: Request, next: Nex
         if wait.is_some() && index.is_none() {
             return ApiError::bad_query("Query parameter wait needs index.").into_response();
         }
-        // An index above this process's own was not issued by it (it comes from
-        // before a restart or from another replica): waiting for it could last the
-        // whole wait while the catalog changes, so the answer is immediate.
-        if let Some(after) = index.filter(|after| *after <= s.store.index()) {
+        // Any other index answers at once (see `waits`).
+        if let Some(after) = index.filter(|after| waits(*after, s.store.index())) {
             let mut watch = s.store.changes().watch();
             let wait = wait.unwrap_or(DEFAULT_WAIT);
             // Timing out is an answer too: the unchanged index tells the client so.
@@ -150,8 +166,8 @@ pub async fn indexed(State(s): State<Arc<AppState>>, mut req: Request, next: Nex
 }
 
 /// What a stream shows: all events, or those of one zone and/or one cluster.
-#[derive(Debug, Default)]
-struct Filter {
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Filter {
     zone: Option<String>,
     cluster: Option<String>,
 }
@@ -171,41 +187,79 @@ impl Filter {
     }
 }
 
+/// The frame of `e` a caller sees: the read-token one or the anonymous one.
+fn frame_of(e: &Event, authorized: bool) -> &Bytes {
+    match (&e.frame_unauthorized, authorized) {
+        (Some(f), false) => f,
+        _ => &e.frame,
+    }
+}
+
 /// What a stream writes next: nothing, one shared frame (no copy, the common case),
-/// or several frames joined.
+/// or several frames joined, never more than the stream's buffer.
 #[derive(Debug, Default)]
 enum Chunk {
     #[default]
     Empty,
     One(Bytes),
-    Many(BytesMut),
+    Many(Vec<u8>),
 }
 
 impl Chunk {
-    fn push(&mut self, frame: &Bytes) {
+    fn len(&self) -> usize {
+        match self {
+            Chunk::Empty => 0,
+            Chunk::One(b) => b.len(),
+            Chunk::Many(m) => m.len(),
+        }
+    }
+
+    /// Adds `frame`; a joined chunk grows by doubling, but never past `limit` (or
+    /// what it holds, if more) in capacity.
+    fn push(&mut self, frame: &Bytes, limit: usize) {
         *self = match std::mem::take(self) {
             Chunk::Empty => Chunk::One(frame.clone()),
             Chunk::One(first) => {
-                let mut many = BytesMut::with_capacity(first.len() + frame.len());
+                let mut many = Vec::with_capacity(first.len() + frame.len());
                 many.extend_from_slice(&first);
                 many.extend_from_slice(frame);
                 Chunk::Many(many)
             }
             Chunk::Many(mut many) => {
+                let need = many.len() + frame.len();
+                if need > many.capacity() {
+                    let grown = (many.capacity() * 2).min(limit).max(need);
+                    many.reserve_exact(grown - many.len());
+                }
                 many.extend_from_slice(frame);
                 Chunk::Many(many)
             }
         }
     }
 
-    /// Appends what one change shows a stream: its admitted events' frames.
-    fn append(&mut self, change: &Change, filter: &Filter, authorized: bool) {
-        for e in change.events.iter().filter(|e| filter.admits(e)) {
-            self.push(match (&e.frame_unauthorized, authorized) {
-                (Some(f), false) => f,
-                _ => &e.frame,
-            });
+    /// Appends what one change shows a stream (its admitted events' frames) from
+    /// its event `from` on, while the chunk stays within `limit` bytes: answers the
+    /// first event left out, if any. A frame is always taken into an empty chunk
+    /// (alone it is shared, not copied), so every call makes progress.
+    fn append(
+        &mut self,
+        change: &Change,
+        from: usize,
+        filter: &Filter,
+        authorized: bool,
+        limit: usize,
+    ) -> Option<usize> {
+        for (i, e) in change.events.iter().enumerate().skip(from) {
+            if !filter.admits(e) {
+                continue;
+            }
+            let frame = frame_of(e, authorized);
+            if !self.is_empty() && self.len() + frame.len() > limit {
+                return Some(i);
+            }
+            self.push(frame, limit);
         }
+        None
     }
 
     fn is_empty(&self) -> bool {
@@ -216,9 +270,52 @@ impl Chunk {
         match self {
             Chunk::Empty => None,
             Chunk::One(b) => Some(b),
-            Chunk::Many(m) => Some(m.freeze()),
+            Chunk::Many(m) => Some(Bytes::from(m)),
         }
     }
+}
+
+/// A replay larger than the stream's buffer: the stream sends `reset` instead.
+#[derive(Debug, PartialEq, Eq)]
+struct TooLarge;
+
+/// The replay of `changes` for one stream: the frames it admits, joined (`None`
+/// when there are none), or [`TooLarge`] when they come to more than `limit` bytes.
+/// The size is summed first, stopping at the first frame past the limit, so nothing
+/// is copied for a replay that does not fit and a replay that fits is copied once.
+fn replay(
+    changes: &[Arc<Change>],
+    filter: &Filter,
+    authorized: bool,
+    limit: usize,
+) -> Result<Option<Bytes>, TooLarge> {
+    let frames = || {
+        changes
+            .iter()
+            .flat_map(|c| c.events.iter())
+            .filter(|e| filter.admits(e))
+            .map(|e| frame_of(e, authorized))
+    };
+    let (mut count, mut len) = (0usize, 0usize);
+    for f in frames() {
+        count += 1;
+        len += f.len();
+        if len > limit {
+            return Err(TooLarge);
+        }
+    }
+    Ok(match count {
+        0 => None,
+        // One frame: shared, not copied.
+        1 => frames().next().cloned(),
+        _ => {
+            let mut out = Vec::with_capacity(len);
+            for f in frames() {
+                out.extend_from_slice(f);
+            }
+            Some(Bytes::from(out))
+        }
+    })
 }
 
 /// Tells the client to refetch; the stream ends after it.
@@ -226,21 +323,91 @@ const RESET: &[u8] = b"event: reset\ndata: {}\n\n";
 /// The keep-alive comment line of an idle stream.
 const COMMENT: &[u8] = b":\n\n";
 
-/// `GET /events`.
-pub async fn events(
-    State(s): State<Arc<AppState>>,
-    caller: Caller,
-    headers: HeaderMap,
-    RawQuery(q): RawQuery,
-) -> Result<Response, ApiError> {
+/// The open event streams: at most `--max-event-streams`, counted in
+/// `meshcat_event_streams`.
+#[derive(Debug, Clone)]
+pub struct Streams {
+    permits: Arc<Semaphore>,
+}
+
+impl Streams {
+    pub fn new(max: usize) -> Streams {
+        Streams {
+            permits: Arc::new(Semaphore::new(max)),
+        }
+    }
+
+    /// A place for one more stream, or `None` when all are taken.
+    fn open(&self, gauge: &IntGauge) -> Option<Slot> {
+        let permit = self.permits.clone().try_acquire_owned().ok()?;
+        gauge.inc();
+        Some(Slot {
+            _permit: permit,
+            gauge: gauge.clone(),
+        })
+    }
+}
+
+/// One open stream's place: its body holds it, so it is given back when the stream
+/// ends or the client goes away (the body is dropped either way).
+#[derive(Debug)]
+struct Slot {
+    _permit: OwnedSemaphorePermit,
+    gauge: IntGauge,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.gauge.dec();
+    }
+}
+
+/// Over `--max-event-streams`.
+fn too_many_streams() -> ApiError {
+    ApiError::new(
+        axum::http::StatusCode::SERVICE_UNAVAILABLE,
+        "overloaded",
+        "Too many event streams are open; try again shortly.",
+    )
+}
+
+/// An event id as `?since=` or `Last-Event-ID` give it (the header trimmed of
+/// blanks first): one unsigned integer in ASCII digits. Anything else (longer than a
+/// u64 can be, a sign, other characters) is `None`; nothing is allocated.
+pub fn parse_event_id(v: &[u8]) -> Option<u64> {
+    if v.is_empty() || !v.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    // u64::MAX has 20 digits: past leading zeros, a longer value cannot be one.
+    let significant = &v[v.iter().position(|b| *b != b'0').unwrap_or(v.len())..];
+    if significant.len() > 20 {
+        return None;
+    }
+    significant.iter().try_fold(0u64, |n, d| {
+        n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
+    })
+}
+
+/// What a `GET /events` asks for: its filter and the id it resumes after, from its
+/// query and its `Last-Event-ID` header (`?since=` wins). A malformed query is an
+/// error; a malformed header is ignored (the client echoes back what it was sent).
+pub fn parse_request(
+    query: Option<&str>,
+    last_event_id: Option<&[u8]>,
+) -> Result<(Filter, Option<u64>), ApiError> {
     let mut filter = Filter::default();
     let mut since = None;
-    for (k, v) in query::parse(q.as_deref(), &["zoneName", "clusterName", "since"])? {
+    for (k, v) in query::parse(query, &["zoneName", "clusterName", "since"])? {
         let slot = match k.as_str() {
             "zoneName" => &mut filter.zone,
             "clusterName" => &mut filter.cluster,
             _ => {
-                set_once_u64("since", &v, &mut since)?;
+                let n = parse_event_id(v.as_bytes())
+                    .filter(|_| since.is_none())
+                    .ok_or_else(|| {
+                        ApiError::bad_query("Query parameter since must be one unsigned integer.")
+                    })?;
+                since = Some(n);
                 continue;
             }
         };
@@ -251,20 +418,37 @@ pub async fn events(
         }
         *slot = Some(v);
     }
-    if let Some(v) = headers.get("last-event-id") {
-        // A header the client echoes back: ignore one that is not ours rather than fail.
-        if let Some(n) = v.to_str().ok().and_then(|v| v.trim().parse::<u64>().ok()) {
-            since = since.or(Some(n));
-        }
+    if since.is_none() {
+        since = last_event_id.and_then(|v| parse_event_id(v.trim_ascii()));
     }
+    Ok((filter, since))
+}
+
+/// `GET /events`.
+pub async fn events(
+    State(s): State<Arc<AppState>>,
+    caller: Caller,
+    headers: HeaderMap,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
+    let last_event_id = headers.get("last-event-id").map(HeaderValue::as_bytes);
+    let (filter, since) = parse_request(q.as_deref(), last_event_id)?;
+    let slot = s
+        .event_streams
+        .open(&s.metrics.event_streams)
+        .ok_or_else(too_many_streams)?;
     let sub = s.store.changes().subscribe(since);
     let stream = event_stream(
         sub,
         filter,
         caller.authorized,
-        s.event_heartbeat,
-        s.event_coalesce,
+        Bounds {
+            heartbeat: s.event_heartbeat,
+            coalesce: s.event_coalesce,
+            buffer: s.event_buffer,
+        },
         s.stopping.clone(),
+        Some(slot),
     );
     Ok((
         [
@@ -276,25 +460,45 @@ pub async fn events(
         .into_response())
 }
 
+/// How a stream paces and bounds what it writes.
+#[derive(Debug, Clone, Copy)]
+struct Bounds {
+    /// A comment line after this long without a write.
+    heartbeat: Duration,
+    /// How long changes are gathered after a write.
+    coalesce: Duration,
+    /// The most bytes the stream queues: its replay, or one chunk of live changes.
+    buffer: usize,
+}
+
 /// The body of one stream: the replay (or `reset`) in one chunk, then the changes'
 /// frames, a comment line every `heartbeat`, `reset` then the end when the stream
-/// fell behind the bounded feed, and the end when the process stops.
+/// fell behind the bounded feed, and the end when the process stops. A replay
+/// larger than `buffer` is `reset` and the end.
 ///
 /// Writes are coalesced: a change that arrives `coalesce` or more after the stream's
 /// last write is written at once; one that arrives sooner waits until `coalesce`
 /// after that write, and goes out in one chunk with every change that arrived
 /// meanwhile. An isolated change is never delayed, and under a steady flow a stream
-/// costs one wake and one write per `coalesce`, not one per change.
+/// costs one wake and one write per `coalesce`, not one per change. A chunk never
+/// joins more than `buffer` bytes: what does not fit (the rest of a bulk write's
+/// change, the changes after it) is written next, as soon as the client takes the
+/// chunk, and stays meanwhile in the shared feed, not in the stream.
 fn event_stream(
     sub: crate::store::changes::Subscription,
     filter: Filter,
     authorized: bool,
-    heartbeat: Duration,
-    coalesce: Duration,
+    bounds: Bounds,
     mut stopping: tokio::sync::watch::Receiver<bool>,
+    slot: Option<Slot>,
 ) -> impl Stream<Item = Result<Bytes, Infallible>> {
     use tokio::sync::broadcast::error::TryRecvError;
     use tokio::time::Instant;
+    let Bounds {
+        heartbeat,
+        coalesce,
+        buffer,
+    } = bounds;
     struct Live {
         feed: tokio::sync::broadcast::Receiver<Arc<Change>>,
         filter: Filter,
@@ -305,18 +509,37 @@ fn event_stream(
         /// Resolves when the process stops.
         stop: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
         last_write: Instant,
+        /// A change whose events did not all fit in the last chunk, and the first
+        /// event left out: written first, at once.
+        carry: Option<(Arc<Change>, usize)>,
         done: bool,
+        /// The stream's place among `--max-event-streams`, given back with the body.
+        _slot: Option<Slot>,
     }
-    let first: Option<Bytes> = match &sub.replay {
-        Some(changes) => {
-            let mut out = Chunk::Empty;
-            for c in changes {
-                out.append(c, &filter, authorized);
+    impl Live {
+        /// Appends `change` from its event `from` to `out`, keeping what does not fit.
+        fn take(
+            &mut self,
+            out: &mut Chunk,
+            change: Arc<Change>,
+            from: usize,
+            authorized: bool,
+            buffer: usize,
+        ) {
+            if let Some(rest) = out.append(&change, from, &self.filter, authorized, buffer) {
+                self.carry = Some((change, rest));
             }
-            out.into_bytes()
         }
-        None => Some(Bytes::from_static(RESET)),
+    }
+    let (first, done) = match &sub.replay {
+        Some(changes) => match replay(changes, &filter, authorized, buffer) {
+            Ok(first) => (first, false),
+            Err(TooLarge) => (Some(Bytes::from_static(RESET)), true),
+        },
+        None => (Some(Bytes::from_static(RESET)), true),
     };
+    // The replayed changes are not held past this point.
+    drop(sub.replay);
     let mut beat = tokio::time::interval_at(Instant::now() + heartbeat, heartbeat);
     beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let stop = Box::pin(async move {
@@ -332,7 +555,9 @@ fn event_stream(
         stop,
         // Long enough ago that the first change goes out at once.
         last_write: Instant::now() - coalesce,
-        done: sub.replay.is_none(),
+        carry: None,
+        done,
+        _slot: slot,
     };
     let replay = futures::stream::iter(first.map(Ok));
     let follow = futures::stream::unfold(live, move |mut l| async move {
@@ -340,49 +565,55 @@ fn event_stream(
             return None;
         }
         let mut out = Chunk::Empty;
-        loop {
-            // Both are cancel-safe: a change is never lost to the heartbeat.
-            tokio::select! {
-                biased;
-                r = l.feed.recv() => match r {
-                    Ok(change) => out.append(&change, &l.filter, authorized),
-                    // Fallen behind the bounded feed: tell the client to refetch,
-                    // then close, so nothing piles up for it.
-                    Err(RecvError::Lagged(_)) => {
-                        l.done = true;
-                        return Some((Ok(Bytes::from_static(RESET)), l));
-                    }
-                    Err(RecvError::Closed) => return None,
-                },
-                _ = l.beat.tick() => return Some((Ok(Bytes::from_static(COMMENT)), l)),
-                // The process stops: end the stream (the client reconnects, to
-                // another replica or to this one once it is back).
-                () = &mut l.stop => return None,
-            }
-            if out.is_empty() {
+        if let Some((change, from)) = l.carry.take() {
+            // The rest of what was gathered: it was due with the last write.
+            l.take(&mut out, change, from, authorized, buffer);
+        } else {
+            loop {
+                // Both are cancel-safe: a change is never lost to the heartbeat.
+                tokio::select! {
+                    biased;
+                    r = l.feed.recv() => match r {
+                        Ok(change) => l.take(&mut out, change, 0, authorized, buffer),
+                        // Fallen behind the bounded feed: tell the client to refetch,
+                        // then close, so nothing piles up for it.
+                        Err(RecvError::Lagged(_)) => {
+                            l.done = true;
+                            return Some((Ok(Bytes::from_static(RESET)), l));
+                        }
+                        Err(RecvError::Closed) => return None,
+                    },
+                    _ = l.beat.tick() => return Some((Ok(Bytes::from_static(COMMENT)), l)),
+                    // The process stops: end the stream (the client reconnects, to
+                    // another replica or to this one once it is back).
+                    () = &mut l.stop => return None,
+                }
+                if !out.is_empty() {
+                    break;
+                }
                 // Nothing this stream shows: wait on.
-                continue;
             }
             // Gather what arrives until `coalesce` after the last write.
             let gather_until = l.last_write + coalesce;
-            if gather_until > Instant::now() {
+            if l.carry.is_none() && gather_until > Instant::now() {
                 tokio::time::sleep_until(gather_until).await;
             }
-            loop {
-                match l.feed.try_recv() {
-                    Ok(change) => out.append(&change, &l.filter, authorized),
-                    Err(TryRecvError::Empty | TryRecvError::Closed) => break,
-                    Err(TryRecvError::Lagged(_)) => {
-                        out.push(&Bytes::from_static(RESET));
-                        l.done = true;
-                        break;
-                    }
+        }
+        // Take what arrived meanwhile, while the chunk has room.
+        while l.carry.is_none() {
+            match l.feed.try_recv() {
+                Ok(change) => l.take(&mut out, change, 0, authorized, buffer),
+                Err(TryRecvError::Empty | TryRecvError::Closed) => break,
+                Err(TryRecvError::Lagged(_)) => {
+                    out.push(&Bytes::from_static(RESET), usize::MAX);
+                    l.done = true;
+                    break;
                 }
             }
-            l.last_write = Instant::now();
-            let chunk = out.into_bytes().expect("a change was gathered");
-            return Some((Ok(chunk), l));
         }
+        l.last_write = Instant::now();
+        let chunk = out.into_bytes().expect("a change was gathered");
+        Some((Ok(chunk), l))
     });
     futures::StreamExt::chain(replay, follow)
 }
@@ -398,6 +629,14 @@ mod tests {
 
     const BEAT: Duration = Duration::from_secs(15);
     const GATHER: Duration = Duration::from_millis(50);
+
+    fn bounds(buffer: usize) -> Bounds {
+        Bounds {
+            heartbeat: BEAT,
+            coalesce: GATHER,
+            buffer,
+        }
+    }
 
     fn change(index: u64, cluster: &str) -> Arc<Change> {
         let frame =
@@ -427,7 +666,10 @@ mod tests {
             feed,
         };
         let stopping = tokio::sync::watch::channel(false).1;
-        (tx, event_stream(sub, filter, true, BEAT, GATHER, stopping))
+        (
+            tx,
+            event_stream(sub, filter, true, bounds(BUFFER), stopping, None),
+        )
     }
 
     fn text(b: Option<Result<Bytes, Infallible>>) -> String {
@@ -495,7 +737,7 @@ mod tests {
             replay: Some(Vec::new()),
             feed,
         };
-        let s = event_stream(sub, Filter::default(), true, BEAT, GATHER, stopping);
+        let s = event_stream(sub, Filter::default(), true, bounds(BUFFER), stopping, None);
         let mut s = std::pin::pin!(s);
         tx.send(change(1, "a")).unwrap();
         assert!(text(s.next().await).contains("id: 1\n"));
@@ -527,5 +769,169 @@ mod tests {
         assert!(last.contains("id: 2\n"), "{last}");
         assert!(last.ends_with("event: reset\ndata: {}\n\n"), "{last}");
         assert!(s.next().await.is_none(), "closed after reset");
+    }
+
+    /// A change of `n` events (a bulk write), each frame `len` bytes long.
+    fn bulk(index: u64, n: usize, len: usize) -> Arc<Change> {
+        let events = (0..n)
+            .map(|i| {
+                let head = format!("event: cluster\nid: {index}\ndata: {{\"n\":{i},\"pad\":\"");
+                let pad = len - head.len() - "\"}\n\n".len();
+                Event {
+                    kind: "cluster",
+                    zone: "z".into(),
+                    cluster: Some(format!("c{i}")),
+                    frame: Bytes::from(format!("{head}{}\"}}\n\n", "x".repeat(pad))),
+                    frame_unauthorized: None,
+                }
+            })
+            .collect();
+        Arc::new(Change { index, events })
+    }
+
+    fn resumed(
+        replay: Vec<Arc<Change>>,
+        filter: Filter,
+        buffer: usize,
+    ) -> impl Stream<Item = Result<Bytes, Infallible>> {
+        let (_tx, feed) = broadcast::channel(4);
+        let sub = Subscription {
+            replay: Some(replay),
+            feed,
+        };
+        let stopping = tokio::sync::watch::channel(false).1;
+        event_stream(sub, filter, true, bounds(buffer), stopping, None)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_replay_within_the_buffer_is_one_chunk_and_a_larger_one_is_reset_and_the_end() {
+        let window = vec![bulk(1, 10, 100), bulk(2, 10, 100)];
+        let s = resumed(window.clone(), Filter::default(), 2000);
+        let mut s = std::pin::pin!(s);
+        let first = text(s.next().await);
+        assert_eq!(first.len(), 2000);
+        assert_eq!(first.matches("event: cluster").count(), 20);
+
+        let s = resumed(window.clone(), Filter::default(), 1999);
+        let mut s = std::pin::pin!(s);
+        assert_eq!(text(s.next().await), "event: reset\ndata: {}\n\n");
+        assert!(s.next().await.is_none(), "closed after reset");
+
+        // What counts is what the stream shows: its filter's events only.
+        let one = Filter {
+            zone: None,
+            cluster: Some("c3".into()),
+        };
+        let s = resumed(window, one, 200);
+        let mut s = std::pin::pin!(s);
+        let first = text(s.next().await);
+        assert_eq!(first.matches("event: cluster").count(), 2, "{first}");
+    }
+
+    #[test]
+    fn a_replay_stops_measuring_at_the_first_frame_past_the_buffer() {
+        let window = vec![bulk(1, 1000, 1000), bulk(2, 1000, 1000)];
+        assert_eq!(
+            replay(&window, &Filter::default(), true, 4096),
+            Err(TooLarge)
+        );
+        assert_eq!(replay(&[], &Filter::default(), true, 4096), Ok(None));
+        // A single frame is shared, not copied.
+        let one = bulk(3, 1, 100);
+        let got = replay(std::slice::from_ref(&one), &Filter::default(), true, 4096)
+            .unwrap()
+            .unwrap();
+        assert_eq!(got.as_ptr(), one.events[0].frame.as_ptr());
+    }
+
+    /// A bulk write larger than the buffer goes out in chunks within it, every event
+    /// in order, without `reset`; a lone frame larger than the buffer goes out alone.
+    #[tokio::test(start_paused = true)]
+    async fn live_changes_are_written_in_chunks_within_the_buffer() {
+        let (tx, feed) = broadcast::channel(16);
+        let sub = Subscription {
+            replay: Some(Vec::new()),
+            feed,
+        };
+        let stopping = tokio::sync::watch::channel(false).1;
+        let s = event_stream(sub, Filter::default(), true, bounds(350), stopping, None);
+        let mut s = std::pin::pin!(s);
+        tx.send(bulk(1, 10, 100)).unwrap();
+        tx.send(bulk(2, 5, 100)).unwrap();
+        tx.send(bulk(3, 1, 1000)).unwrap();
+        tx.send(bulk(4, 1, 100)).unwrap();
+        let mut chunks = Vec::new();
+        while chunks
+            .iter()
+            .map(|c: &String| c.matches("event: cluster").count())
+            .sum::<usize>()
+            < 17
+        {
+            chunks.push(text(s.next().await));
+        }
+        let sizes: Vec<usize> = chunks.iter().map(String::len).collect();
+        // 3 frames of 100 fit in 350: 10 + 5 events go 3, 3, 3, 3, 3; then the
+        // 1000-byte frame alone, then the last.
+        assert_eq!(sizes, [300, 300, 300, 300, 300, 1000, 100], "{chunks:?}");
+        let ids: Vec<u64> = chunks
+            .concat()
+            .lines()
+            .filter_map(|l| l.strip_prefix("id: "))
+            .map(|v| v.parse().unwrap())
+            .collect();
+        let mut sorted = ids.clone();
+        sorted.sort_unstable();
+        assert_eq!(ids, sorted, "in order");
+        assert!(!chunks.concat().contains("reset"));
+    }
+
+    #[tokio::test]
+    async fn streams_past_the_cap_are_refused_until_one_ends() {
+        let gauge = IntGauge::new("streams", "open").unwrap();
+        let streams = Streams::new(2);
+        let a = streams.open(&gauge).unwrap();
+        let b = streams.open(&gauge).unwrap();
+        assert!(streams.open(&gauge).is_none());
+        assert_eq!(gauge.get(), 2);
+        // The body holds the place: dropping it gives it back.
+        let (_tx, feed) = broadcast::channel(1);
+        let sub = Subscription {
+            replay: Some(Vec::new()),
+            feed,
+        };
+        let stopping = tokio::sync::watch::channel(false).1;
+        let body = event_stream(
+            sub,
+            Filter::default(),
+            true,
+            bounds(BUFFER),
+            stopping,
+            Some(a),
+        );
+        assert!(streams.open(&gauge).is_none());
+        drop(body);
+        assert_eq!(gauge.get(), 1);
+        let c = streams.open(&gauge).unwrap();
+        drop((b, c));
+        assert_eq!(gauge.get(), 0);
+    }
+
+    #[test]
+    fn resume_points_come_from_since_or_a_well_formed_header() {
+        let p = |q: Option<&str>, h: Option<&[u8]>| parse_request(q, h).map(|(_, s)| s);
+        assert_eq!(p(Some("since=7"), None), Ok(Some(7)));
+        assert_eq!(p(Some("since=7"), Some(b"9")), Ok(Some(7)));
+        assert_eq!(p(None, Some(b" 9 ")), Ok(Some(9)));
+        assert_eq!(p(None, Some(b"nine")), Ok(None));
+        assert_eq!(p(None, Some(b"18446744073709551616")), Ok(None));
+        for bad in [
+            "since=",
+            "since=-1",
+            "since=+1",
+            "since=1&since=1",
+            "since=%201",
+        ] {
+            assert!(p(Some(bad), None).is_err(), "{bad}");
+        }
     }
 }

@@ -38,6 +38,8 @@ fn router(dir: &std::path::Path) -> Router {
         peers: super::forward::Peers::plain(),
         event_heartbeat: crate::api::live::HEARTBEAT,
         event_coalesce: crate::api::live::COALESCE,
+        event_buffer: crate::api::live::BUFFER,
+        event_streams: crate::api::live::Streams::new(crate::api::live::MAX_STREAMS),
         stopping: tokio::sync::watch::channel(false).1,
     });
     app(state, 1 << 20)
