@@ -6,7 +6,7 @@
 //! - [`registrations`]: zone and cluster records, durable behind the
 //!   [`Registrations`] trait (redb in [`persist`]), shown in memory only after the
 //!   durable commit, in commit order;
-//! - [`live`]: reported instances and which agent reports each (the one owner of that
+//! - [`instances`]: reported instances and which agent reports each (the one owner of that
 //!   fact), expiry, and the [`Membership`] seam where a replica publishes them;
 //! - [`read`]: answers, rendered from the index ([`render`]), cached per generation.
 //!
@@ -19,7 +19,7 @@
 mod aggregate;
 pub mod changes;
 pub mod etcd;
-mod live;
+mod instances;
 pub mod persist;
 mod read;
 pub mod registrations;
@@ -38,8 +38,8 @@ use tracing::warn;
 
 pub use aggregate::{ZoneAggregate, status_index};
 use changes::Changes;
-use live::Live;
-pub use live::{LiveInstance, MAX_INSTANCES, Member, Membership, REMOTE, RemoteInstance};
+use instances::Live;
+pub use instances::{LiveInstance, MAX_INSTANCES, Member, Membership, REMOTE, RemoteInstance};
 pub use persist::{PersistError, RedbRegistrations};
 use read::ReadCache;
 pub use read::{Cached, CachedKind, MetricsLookup, Totals};
