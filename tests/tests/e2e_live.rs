@@ -309,6 +309,8 @@ async fn a_reader_that_falls_behind_gets_reset_and_is_closed() {
     ] {
         body[f] = json!(long);
     }
+    // A link field takes a URL or a path.
+    body["documentation"] = json!(format!("/{long}"));
     catalog.create("/clusters", body.clone()).await.unwrap();
     let client = reqwest::Client::new();
     for n in 0..400 {
