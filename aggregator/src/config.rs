@@ -111,11 +111,13 @@ pub struct ServeArgs {
     #[arg(long, env = "MESHCAT_PEER_CA_FILE", value_name = "FILE")]
     pub peer_ca_file: Option<PathBuf>,
     /// Time limit of an API request; a request past it answers 503 timeout. Event
-    /// streams and blocking queries are exempt, debug windows get their length on top.
+    /// streams and blocking queries that wait (index the current index) are exempt,
+    /// debug windows get their length on top.
     #[arg(long, env = "MESHCAT_API_REQUEST_TIMEOUT", default_value = "30s", value_parser = parse_positive_duration, value_name = "DURATION")]
     pub api_request_timeout: Duration,
     /// Most API requests in progress at once; more answer 503 overloaded at once.
-    /// Event streams and blocking queries are not counted.
+    /// Event streams and blocking queries that wait (index the current index) are not
+    /// counted.
     #[arg(long, env = "MESHCAT_API_MAX_CONCURRENCY", default_value = "1024", value_parser = clap::value_parser!(u32).range(1..=1_000_000), value_name = "N")]
     pub api_max_concurrency: u32,
     /// Largest accepted request body (like 1MiB, 512KiB, 1048576).
