@@ -44,7 +44,7 @@ pub use persist::{PersistError, RedbRegistrations};
 use read::ReadCache;
 pub use read::{Cached, CachedKind, MetricsLookup, Totals};
 use registrations::Sequencer;
-pub use registrations::{Change, Loaded, Refusal, Registrations, Write};
+pub use registrations::{Committed, Loaded, Refusal, Registrations, Write};
 
 use crate::status::{self, Inputs};
 
@@ -188,13 +188,14 @@ impl Store {
     ) -> Result<Store, PersistError> {
         let loaded = registrations.load()?;
         let store = Store::empty(registrations, None, rules);
-        let mut changes: Vec<Change> = loaded.zones.into_iter().map(Change::PutZone).collect();
+        let mut changes: Vec<Committed> =
+            loaded.zones.into_iter().map(Committed::PutZone).collect();
         for c in loaded.clusters {
             if changes
                 .iter()
-                .any(|z| matches!(z, Change::PutZone(z) if z.zone_name == c.zone_name))
+                .any(|z| matches!(z, Committed::PutZone(z) if z.zone_name == c.zone_name))
             {
-                changes.push(Change::PutCluster(c));
+                changes.push(Committed::PutCluster(c));
             } else {
                 warn!(zone = %c.zone_name, cluster = %c.cluster_name, "Stored cluster has no zone, skipped.");
             }

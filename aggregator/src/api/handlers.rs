@@ -19,7 +19,7 @@ use super::AppState;
 use super::auth::{Caller, Reader, Writer};
 use super::error::ApiError;
 use super::query::{self, ClusterFilter};
-use crate::store::{Cached, CachedKind, Change, MetricsLookup, Store, StoreError, Write};
+use crate::store::{Cached, CachedKind, Committed, MetricsLookup, Store, StoreError, Write};
 
 type Shared = State<Arc<AppState>>;
 
@@ -103,7 +103,7 @@ async fn blocking<T: Send + 'static>(
 
 /// Commits one registration write; the task waits for the durable commit without
 /// holding a thread.
-async fn write_one(store: &Arc<Store>, w: Write) -> Result<Change, ApiError> {
+async fn write_one(store: &Arc<Store>, w: Write) -> Result<Committed, ApiError> {
     let mut changes = store
         .commit_async(vec![w])
         .await
@@ -246,7 +246,7 @@ pub async fn create_cluster(
             e
         })?
         .into_iter()
-        .map(Change::into_cluster)
+        .map(Committed::into_cluster)
         .collect();
     info!(clusters = stored.len(), "Clusters registered in bulk.");
     Ok((StatusCode::CREATED, Json(stored)).into_response())

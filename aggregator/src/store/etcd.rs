@@ -25,7 +25,7 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use super::registrations::Outcome;
-use super::{Change, Loaded, PersistError, Refusal, Registrations, Store, Write};
+use super::{Committed, Loaded, PersistError, Refusal, Registrations, Store, Write};
 
 /// Longest wait for etcd to commit a write. etcd without quorum holds a request
 /// until its own timeout (7 s in 3.4); answering 503 sooner keeps the API's answer
@@ -339,10 +339,10 @@ impl EtcdRegistrations {
                     .ok_or_else(|| unavailable("a deleted record could not be read back"))
             };
             changes.push(match w {
-                Write::CreateZone(z) => Change::PutZone(z),
-                Write::CreateCluster(c) | Write::ReplaceCluster(c) => Change::PutCluster(c),
-                Write::DeleteZone(_) => Change::DeleteZone(from_json(&deleted()?)?),
-                Write::DeleteCluster { .. } => Change::DeleteCluster(from_json(&deleted()?)?),
+                Write::CreateZone(z) => Committed::PutZone(z),
+                Write::CreateCluster(c) | Write::ReplaceCluster(c) => Committed::PutCluster(c),
+                Write::DeleteZone(_) => Committed::DeleteZone(from_json(&deleted()?)?),
+                Write::DeleteCluster { .. } => Committed::DeleteCluster(from_json(&deleted()?)?),
             });
         }
         Ok(Outcome::Committed { seq: 0, changes })
@@ -438,12 +438,12 @@ fn zone_named(zone: &str) -> ZoneRecord {
 /// Decodes a key under the prefix (`rest` is the part after `<prefix>/`) into the
 /// change it makes; `None` for keys that are not registrations or values that do
 /// not decode.
-fn decode(rest: &str, value: Option<&[u8]>) -> Option<Change> {
+fn decode(rest: &str, value: Option<&[u8]>) -> Option<Committed> {
     if let Some(zone) = rest.strip_prefix("zones/") {
         return match value {
-            None => Some(Change::DeleteZone(zone_named(zone))),
+            None => Some(Committed::DeleteZone(zone_named(zone))),
             Some(v) => match serde_json::from_slice(v) {
-                Ok(z) => Some(Change::PutZone(z)),
+                Ok(z) => Some(Committed::PutZone(z)),
                 Err(e) => {
                     warn!(key = rest, error = %e, "Stored zone cannot be decoded, skipped.");
                     None
@@ -453,11 +453,11 @@ fn decode(rest: &str, value: Option<&[u8]>) -> Option<Change> {
     }
     let (zone, cluster) = rest.strip_prefix("clusters/")?.split_once('/')?;
     match value {
-        None => Some(Change::DeleteCluster(ClusterRecord::new(
+        None => Some(Committed::DeleteCluster(ClusterRecord::new(
             zone, cluster, cluster,
         ))),
         Some(v) => match serde_json::from_slice(v) {
-            Ok(c) => Some(Change::PutCluster(c)),
+            Ok(c) => Some(Committed::PutCluster(c)),
             Err(e) => {
                 warn!(key = rest, error = %e, "Stored cluster cannot be decoded, skipped.");
                 None
@@ -472,7 +472,7 @@ fn snapshot_changes(
     store: &Store,
     zones: Vec<ZoneRecord>,
     clusters: Vec<ClusterRecord>,
-) -> Vec<Change> {
+) -> Vec<Committed> {
     let keep_zones: std::collections::HashSet<&str> =
         zones.iter().map(|z| z.zone_name.as_str()).collect();
     let keep_clusters: std::collections::HashSet<(&str, &str)> = clusters
@@ -482,17 +482,17 @@ fn snapshot_changes(
     let mut changes = Vec::new();
     for z in store.zones.iter() {
         if !keep_zones.contains(z.key().as_str()) {
-            changes.push(Change::DeleteZone(zone_named(z.key())));
+            changes.push(Committed::DeleteZone(zone_named(z.key())));
             continue;
         }
         for c in &z.clusters {
             if !keep_clusters.contains(&(z.key().as_str(), c.as_str())) {
-                changes.push(Change::DeleteCluster(ClusterRecord::new(z.key(), c, c)));
+                changes.push(Committed::DeleteCluster(ClusterRecord::new(z.key(), c, c)));
             }
         }
     }
-    changes.extend(zones.into_iter().map(Change::PutZone));
-    changes.extend(clusters.into_iter().map(Change::PutCluster));
+    changes.extend(zones.into_iter().map(Committed::PutZone));
+    changes.extend(clusters.into_iter().map(Committed::PutCluster));
     changes
 }
 
@@ -549,8 +549,8 @@ async fn relist(store: &Store, e: &EtcdRegistrations) -> Result<i64, etcd_client
                 continue;
             }
             match decode(&key[root.len()..], Some(kv.value())) {
-                Some(Change::PutZone(z)) => zones.push(z),
-                Some(Change::PutCluster(c)) => clusters.push(c),
+                Some(Committed::PutZone(z)) => zones.push(z),
+                Some(Committed::PutCluster(c)) => clusters.push(c),
                 _ => {}
             }
         }

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, mpsc};
 use meshcat_common::model::{ClusterRecord, ZoneRecord};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
-use super::registrations::{Change, Done, Loaded, Outcome, Refusal, Registrations, Write};
+use super::registrations::{Committed, Done, Loaded, Outcome, Refusal, Registrations, Write};
 
 /// Zones by zoneName; values are the JSON of the record.
 const ZONES: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("zones");
@@ -169,7 +169,7 @@ fn commit_loop(db: &Database, jobs: &mpsc::Receiver<Job>) {
     }
 }
 
-type BatchResult = Result<Vec<Change>, (usize, Refusal)>;
+type BatchResult = Result<Vec<Committed>, (usize, Refusal)>;
 
 /// One transaction over the group: each batch checked against the state its
 /// predecessors left, applied or refused whole.
@@ -197,7 +197,7 @@ fn apply_batch(
     zones: &mut redb::Table<'_, &str, &[u8]>,
     clusters: &mut redb::Table<'_, &str, &[u8]>,
     batch: &[Write],
-) -> Result<Result<Vec<Change>, (usize, Refusal)>, PersistError> {
+) -> Result<Result<Vec<Committed>, (usize, Refusal)>, PersistError> {
     // Check every write first, against the stored state plus the batch's own earlier
     // writes, so a refusal leaves the transaction untouched.
     let mut made_zones: Vec<&str> = Vec::new();
@@ -246,7 +246,7 @@ fn apply_batch(
             Write::CreateZone(z) => {
                 let v = serde_json::to_vec(z).expect("records serialise");
                 zones.insert(z.zone_name.as_str(), v.as_slice())?;
-                changes.push(Change::PutZone(z.clone()));
+                changes.push(Committed::PutZone(z.clone()));
             }
             Write::DeleteZone(name) => {
                 let old = zones.remove(name.as_str())?;
@@ -257,13 +257,13 @@ fn apply_batch(
                 // `0` sorts right after `/`, closing the zone's key range.
                 let end = format!("{name}0");
                 clusters.retain_in(prefix.as_str()..end.as_str(), |_, _| false)?;
-                changes.push(Change::DeleteZone(z));
+                changes.push(Committed::DeleteZone(z));
             }
             Write::CreateCluster(c) | Write::ReplaceCluster(c) => {
                 let v = serde_json::to_vec(c).expect("records serialise");
                 let k = cluster_key(&c.zone_name, &c.cluster_name);
                 clusters.insert(k.as_str(), v.as_slice())?;
-                changes.push(Change::PutCluster(c.clone()));
+                changes.push(Committed::PutCluster(c.clone()));
             }
             Write::DeleteCluster { zone, cluster } => {
                 let k = cluster_key(zone, cluster);
@@ -271,7 +271,7 @@ fn apply_batch(
                 let Some(old) = old else { continue };
                 let c: ClusterRecord = decode(&k, old.value())?;
                 drop(old);
-                changes.push(Change::DeleteCluster(c));
+                changes.push(Committed::DeleteCluster(c));
             }
         }
     }
@@ -335,7 +335,7 @@ mod tests {
         }
     }
 
-    fn committed(o: Outcome) -> (u64, Vec<Change>) {
+    fn committed(o: Outcome) -> (u64, Vec<Committed>) {
         match o {
             Outcome::Committed { seq, changes } => (seq, changes),
             Outcome::Refused { index, error } => panic!("refused #{index}: {error:?}"),
@@ -368,7 +368,7 @@ mod tests {
             assert_eq!(seq, 2);
             assert_eq!(
                 changes,
-                vec![Change::DeleteCluster(ClusterRecord::new("z1", "b", "B"))]
+                vec![Committed::DeleteCluster(ClusterRecord::new("z1", "b", "B"))]
             );
         }
         let p = RedbRegistrations::open(dir.path()).unwrap();

@@ -33,7 +33,7 @@ pub enum Write {
 
 /// A committed change, as the in-memory index applies it.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Change {
+pub enum Committed {
     /// A zone was created or replaced.
     PutZone(ZoneRecord),
     /// A zone and every cluster in it are gone; carries the zone's last record.
@@ -44,11 +44,11 @@ pub enum Change {
     DeleteCluster(ClusterRecord),
 }
 
-impl Change {
+impl Committed {
     /// The record a cluster write committed (created, replaced or deleted).
     pub fn into_cluster(self) -> ClusterRecord {
         match self {
-            Change::PutCluster(c) | Change::DeleteCluster(c) => c,
+            Committed::PutCluster(c) | Committed::DeleteCluster(c) => c,
             other => unreachable!("a cluster write committed {other:?}"),
         }
     }
@@ -56,7 +56,7 @@ impl Change {
     /// The record a zone write committed (created or deleted).
     pub fn into_zone(self) -> ZoneRecord {
         match self {
-            Change::PutZone(z) | Change::DeleteZone(z) => z,
+            Committed::PutZone(z) | Committed::DeleteZone(z) => z,
             other => unreachable!("a zone write committed {other:?}"),
         }
     }
@@ -67,7 +67,7 @@ impl Change {
 pub enum Outcome {
     /// Durably committed. `seq` is the batch's place in this backend's commit order:
     /// 1, 2, 3, ... over every committed batch since it was opened.
-    Committed { seq: u64, changes: Vec<Change> },
+    Committed { seq: u64, changes: Vec<Committed> },
     /// Nothing was written: write number `index` of the batch was refused.
     Refused { index: usize, error: Refusal },
 }
@@ -158,7 +158,7 @@ impl Refusal {
 /// 64 batches answered together) therefore wake about once each, instead of once for
 /// every commit shown before theirs.
 #[derive(Debug)]
-pub(super) struct Sequencer<T = Arc<Vec<Change>>> {
+pub(super) struct Sequencer<T = Arc<Vec<Committed>>> {
     state: Mutex<SequencerState<T>>,
     /// Wakes blocked callers when a showing run ends.
     turn: Condvar,
@@ -281,8 +281,8 @@ impl<T> Sequencer<T> {
 
 /// A committed batch: shown already, or to be shown in its turn.
 enum Settled {
-    Shown(Vec<Change>),
-    InTurn(u64, Arc<Vec<Change>>),
+    Shown(Vec<Committed>),
+    InTurn(u64, Arc<Vec<Committed>>),
 }
 
 /// The answer of a registration whose task panicked or was cancelled.
@@ -292,14 +292,14 @@ fn task_failed<T>(e: tokio::task::JoinError) -> Result<T, (usize, StoreError)> {
 }
 
 /// The changes of a shown batch: whoever showed it has dropped its copy by then.
-fn unshare(changes: Arc<Vec<Change>>) -> Vec<Change> {
+fn unshare(changes: Arc<Vec<Committed>>) -> Vec<Committed> {
     Arc::try_unwrap(changes).unwrap_or_else(|shared| (*shared).clone())
 }
 
 impl Store {
     /// Commits a batch durably, then shows it in memory in commit order. Blocks on
     /// the commit. A refusal carries the index of the refused write.
-    pub fn commit(&self, batch: Vec<Write>) -> Result<Vec<Change>, (usize, StoreError)> {
+    pub fn commit(&self, batch: Vec<Write>) -> Result<Vec<Committed>, (usize, StoreError)> {
         match self.settle(self.registrations.commit(batch))? {
             Settled::Shown(changes) => Ok(changes),
             Settled::InTurn(seq, changes) => {
@@ -319,7 +319,7 @@ impl Store {
     pub async fn commit_async(
         self: &Arc<Self>,
         batch: Vec<Write>,
-    ) -> Result<Vec<Change>, (usize, StoreError)> {
+    ) -> Result<Vec<Committed>, (usize, StoreError)> {
         let store = Arc::clone(self);
         tokio::spawn(async move { store.commit_in_task(batch).await })
             .await
@@ -329,7 +329,7 @@ impl Store {
     async fn commit_in_task(
         self: Arc<Self>,
         batch: Vec<Write>,
-    ) -> Result<Vec<Change>, (usize, StoreError)> {
+    ) -> Result<Vec<Committed>, (usize, StoreError)> {
         let (reply, outcome) = tokio::sync::oneshot::channel();
         let done: Done = Box::new(move |r| {
             let _ = reply.send(r);
@@ -372,7 +372,7 @@ impl Store {
         }
     }
 
-    fn commit_one(&self, w: Write) -> Result<Change, StoreError> {
+    fn commit_one(&self, w: Write) -> Result<Committed, StoreError> {
         let mut changes = self.commit(vec![w]).map_err(|(_, e)| e)?;
         Ok(changes.swap_remove(0))
     }
@@ -401,7 +401,7 @@ impl Store {
         cs: Vec<ClusterRecord>,
     ) -> Result<Vec<ClusterRecord>, (usize, StoreError)> {
         let changes = self.commit(cs.into_iter().map(Write::CreateCluster).collect())?;
-        Ok(changes.into_iter().map(Change::into_cluster).collect())
+        Ok(changes.into_iter().map(Committed::into_cluster).collect())
     }
 
     /// Replaces a registered cluster. Blocks on the durable commit.
@@ -423,23 +423,23 @@ impl Store {
     /// through the backend), in their commit order. This is the one point where
     /// registrations change, so it publishes them on the change feed: on every
     /// replica, whichever wrote them.
-    pub fn apply_changes(&self, changes: &[Change]) {
+    pub fn apply_changes(&self, changes: &[Committed]) {
         // Until the first listing from a shared backend is in, nobody reads the
         // catalog: the listing is a load, not a change.
         self.apply(changes, self.is_loaded());
     }
 
     /// Shows changes without publishing their events (loading at start).
-    pub(super) fn apply_changes_quietly(&self, changes: &[Change]) {
+    pub(super) fn apply_changes_quietly(&self, changes: &[Committed]) {
         self.apply(changes, false);
     }
 
-    fn apply(&self, changes: &[Change], publish: bool) {
+    fn apply(&self, changes: &[Committed], publish: bool) {
         let _st = exclusive(&self.state);
         let mut touched = Vec::new();
         for change in changes {
             match change {
-                Change::PutZone(z) => {
+                Committed::PutZone(z) => {
                     // A listing after a lost watch puts every record again: only what
                     // differs is a change.
                     if self
@@ -451,7 +451,7 @@ impl Store {
                     }
                     self.put_zone_in_memory(z.clone());
                 }
-                Change::DeleteZone(z) => {
+                Committed::DeleteZone(z) => {
                     if let Some((_, zone)) = self.zones.remove(&z.zone_name) {
                         for cluster in &zone.clusters {
                             self.unregister_in_memory(&z.zone_name, cluster);
@@ -459,7 +459,7 @@ impl Store {
                         touched.extend(Touch::zone_and_clusters(&z.zone_name, &zone.clusters));
                     }
                 }
-                Change::PutCluster(c) => {
+                Committed::PutCluster(c) => {
                     if self.zones.contains_key(&c.zone_name) {
                         if self
                             .record(&c.zone_name, &c.cluster_name)
@@ -472,7 +472,7 @@ impl Store {
                         warn!(zone = %c.zone_name, cluster = %c.cluster_name, "Cluster of an unknown zone not shown.");
                     }
                 }
-                Change::DeleteCluster(c) => {
+                Committed::DeleteCluster(c) => {
                     if self.is_registered(&c.zone_name, &c.cluster_name) {
                         touched.push(Touch::cluster(&c.zone_name, &c.cluster_name));
                     }

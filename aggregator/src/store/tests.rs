@@ -322,14 +322,14 @@ fn each_instance_stays_in_its_reporters_set_through_moves_and_expiry() {
 fn remote_changes_show_like_local_ones() {
     let (_d, s) = open();
     s.apply_changes(&[
-        Change::PutZone(zone("z")),
-        Change::PutCluster(ClusterRecord::new("z", "a", "A")),
-        Change::PutCluster(ClusterRecord::new("nowhere", "b", "B")),
+        Committed::PutZone(zone("z")),
+        Committed::PutCluster(ClusterRecord::new("z", "a", "A")),
+        Committed::PutCluster(ClusterRecord::new("nowhere", "b", "B")),
     ]);
     assert!(s.is_registered("z", "a"));
     assert!(!s.is_registered("nowhere", "b"), "a cluster needs its zone");
     assert_eq!(summary(&s, "z").cluster_count, 1);
-    s.apply_changes(&[Change::DeleteZone(zone("z"))]);
+    s.apply_changes(&[Committed::DeleteZone(zone("z"))]);
     assert!(!s.is_registered("z", "a"));
     assert!(s.zone_summary("z").is_none());
 }
@@ -526,7 +526,7 @@ fn every_visible_change_moves_the_index_and_metrics_alone_do_not() {
 
     // The same record again (a listing after a lost watch) is no change.
     let i = s.index();
-    s.apply_changes(&[Change::PutCluster(ClusterRecord::new("z", "a", "A"))]);
+    s.apply_changes(&[Committed::PutCluster(ClusterRecord::new("z", "a", "A"))]);
     assert_eq!(s.index(), i);
 
     // The agent goes: its cluster turns down.
