@@ -130,7 +130,7 @@ fn serve(name: &str, headers: &HeaderMap) -> Response {
         .is_some_and(|v| v.as_bytes() == prep.etag.as_bytes())
     {
         StatusCode::NOT_MODIFIED.into_response()
-    } else if accepts_gzip(headers) {
+    } else if meshcat_common::http::accepts_gzip(headers) {
         let mut r = prep.gzip.clone().into_response();
         r.headers_mut()
             .insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
@@ -162,26 +162,6 @@ fn serve(name: &str, headers: &HeaderMap) -> Response {
         );
     }
     res
-}
-
-fn accepts_gzip(headers: &HeaderMap) -> bool {
-    headers
-        .get_all(header::ACCEPT_ENCODING)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|part| {
-            let mut it = part.split(';');
-            let coding = it.next().unwrap_or("").trim();
-            // `gzip;q=0` refuses it.
-            let refused = it.any(|p| {
-                p.trim()
-                    .strip_prefix("q=")
-                    .and_then(|q| q.trim().parse::<f32>().ok())
-                    == Some(0.0)
-            });
-            coding.eq_ignore_ascii_case("gzip") && !refused
-        })
 }
 
 #[cfg(test)]

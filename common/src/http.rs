@@ -190,7 +190,54 @@ async fn serve_connection<I>(
     }
 }
 
+/// Whether a request's `Accept-Encoding` accepts gzip: a `gzip` coding (any case)
+/// not refused with `q=0`.
+pub fn accepts_gzip(headers: &axum::http::HeaderMap) -> bool {
+    headers
+        .get_all(axum::http::header::ACCEPT_ENCODING)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|item| {
+            let mut parts = item.split(';').map(str::trim);
+            let coding = parts.next().unwrap_or("");
+            let refused = parts.any(|p| {
+                p.strip_prefix("q=")
+                    .and_then(|q| q.trim().parse::<f32>().ok())
+                    == Some(0.0)
+            });
+            coding.eq_ignore_ascii_case("gzip") && !refused
+        })
+}
+
 /// Resolves once the stop signal is true (or its sender is gone).
 async fn stopped(stop: &mut watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gzip_is_accepted_unless_absent_or_refused() {
+        let with = |values: &[&str]| {
+            let mut h = axum::http::HeaderMap::new();
+            for v in values {
+                h.append(
+                    axum::http::header::ACCEPT_ENCODING,
+                    axum::http::HeaderValue::from_str(v).unwrap(),
+                );
+            }
+            accepts_gzip(&h)
+        };
+        assert!(with(&["gzip"]));
+        assert!(with(&["br, GZIP;q=0.5"]));
+        assert!(with(&["identity", "deflate, gzip"]));
+        assert!(!with(&[]));
+        assert!(!with(&["br, deflate"]));
+        assert!(!with(&["gzip;q=0"]));
+        assert!(!with(&["gzip; q= 0.0"]));
+        assert!(!with(&["x-gzip"]));
+    }
 }

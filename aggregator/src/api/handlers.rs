@@ -127,24 +127,6 @@ pub async fn summary(
     Ok(cached(&s.store, CachedKind::Summary, caller, &headers).await)
 }
 
-/// Whether the client accepts a gzip-encoded answer (`gzip` listed, q not 0).
-fn accepts_gzip(headers: &HeaderMap) -> bool {
-    headers
-        .get_all(header::ACCEPT_ENCODING)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|item| {
-            let mut parts = item.split(';').map(str::trim);
-            let coding = parts.next().unwrap_or("");
-            let q_zero = parts.any(|p| {
-                p.strip_prefix("q=")
-                    .is_some_and(|q| q.parse::<f32>().is_ok_and(|q| q == 0.0))
-            });
-            coding.eq_ignore_ascii_case("gzip") && !q_zero
-        })
-}
-
 /// A large answer from the store's per-change cache, gzip-encoded when accepted.
 async fn cached(
     store: &Arc<Store>,
@@ -152,7 +134,7 @@ async fn cached(
     caller: Caller,
     headers: &HeaderMap,
 ) -> Response {
-    let gzip = accepts_gzip(headers);
+    let gzip = meshcat_common::http::accepts_gzip(headers);
     let body = store
         .cached_body_shared(Cached {
             kind,
