@@ -6,9 +6,9 @@ mod diagnose;
 mod error;
 pub mod forward;
 mod handlers;
-mod logging;
 pub mod limits;
 pub mod live;
+mod logging;
 pub mod openapi;
 pub mod query;
 pub mod tls;
@@ -116,8 +116,8 @@ pub fn app_with_limits(
     max_body: usize,
     limits: Arc<limits::Limits>,
 ) -> Router {
-    use handlers as h;
     use diagnose as d;
+    use handlers as h;
     use logging as l;
     Router::new()
         .route("/summary", get(h::summary))

@@ -13,10 +13,10 @@ pub mod report;
 pub mod rules;
 pub mod symptom;
 
+pub use collected::{EdgeChoice, choose_edge};
 pub use evidence::{
     DiagnosisInput, EvidenceError, MetricsEvidence, Role, SidecarEvidence, reports_metrics,
 };
 pub use report::{DiagnosisReport, Reads, Step, StepName, StepNameError, Verdict};
-pub use collected::{EdgeChoice, choose_edge};
 pub use rules::{diagnose, edge_weight};
 pub use symptom::{Symptom, SymptomError, classify_body, classify_response};
