@@ -752,7 +752,6 @@ async fn replicas_over_tls_reach_etcd_with_a_client_certificate_and_forward_over
     assert_eq!(s, StatusCode::OK, "{m}");
     // Without a token, or with the read token for a change, the non-owner answers
     // as the owner would, and the owner (replica 0) never sees the request.
-    let owner_metrics = format!("{}/metrics", set.replicas[0].ops_url());
     let before = refused_requests(&set, 0).await?;
     let (s, body) = set
         .send(
