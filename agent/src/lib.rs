@@ -154,8 +154,16 @@ impl Agent {
             .write()
             .unwrap_or_else(|p| p.into_inner());
         for old in guard.iter() {
-            if !targets.iter().any(|t| t.instance == old.instance) {
-                self.ops_metrics().forget_target(&old.instance);
+            let same = |t: &Target| {
+                (&t.zone_name, &t.cluster_name, &t.instance)
+                    == (&old.zone_name, &old.cluster_name, &old.instance)
+            };
+            if !targets.iter().any(same) {
+                self.ops_metrics().forget_target((
+                    &old.zone_name,
+                    &old.cluster_name,
+                    &old.instance,
+                ));
             }
         }
         self.ops_metrics().set_targets(targets.len());

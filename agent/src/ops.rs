@@ -47,9 +47,9 @@ impl OpsMetrics {
         let scrapes = IntCounterVec::new(
             Opts::new(
                 "meshcat_agent_scrapes_total",
-                "Sidecar admin scrapes by target and outcome.",
+                "Sidecar admin scrapes by target (zone, cluster, instance) and outcome.",
             ),
-            &["target", "outcome"],
+            &["zone", "cluster", "target", "outcome"],
         )
         .unwrap_or_else(|e| unreachable_metric(e));
         let scrape_duration = HistogramVec::new(
@@ -60,7 +60,7 @@ impl OpsMetrics {
             .buckets(vec![
                 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
             ]),
-            &["target"],
+            &["zone", "cluster", "target"],
         )
         .unwrap_or_else(|e| unreachable_metric(e));
         let targets = IntGauge::new("meshcat_agent_targets", "Sidecars the agent scrapes.")
@@ -82,12 +82,19 @@ impl OpsMetrics {
         }
     }
 
-    /// Records one scrape of `target`.
-    pub fn observe_scrape(&self, target: &str, ok: bool, took: Duration) {
+    /// Records one scrape of the sidecar (zone, cluster, instance).
+    pub fn observe_scrape(
+        &self,
+        (zone, cluster, instance): (&str, &str, &str),
+        ok: bool,
+        took: Duration,
+    ) {
         let outcome = if ok { "ok" } else { "error" };
-        self.scrapes.with_label_values(&[target, outcome]).inc();
+        self.scrapes
+            .with_label_values(&[zone, cluster, instance, outcome])
+            .inc();
         self.scrape_duration
-            .with_label_values(&[target])
+            .with_label_values(&[zone, cluster, instance])
             .observe(took.as_secs_f64());
     }
 
@@ -97,11 +104,15 @@ impl OpsMetrics {
     }
 
     /// Forgets the series of a removed target.
-    pub fn forget_target(&self, target: &str) {
+    pub fn forget_target(&self, (zone, cluster, instance): (&str, &str, &str)) {
         for outcome in ["ok", "error"] {
-            let _ = self.scrapes.remove_label_values(&[target, outcome]);
+            let _ = self
+                .scrapes
+                .remove_label_values(&[zone, cluster, instance, outcome]);
         }
-        let _ = self.scrape_duration.remove_label_values(&[target]);
+        let _ = self
+            .scrape_duration
+            .remove_label_values(&[zone, cluster, instance]);
     }
 
     /// The registry other parts of the agent (the reporter) register into.
@@ -373,14 +384,23 @@ mod tests {
     #[test]
     fn metrics_render_with_the_prefix() {
         let m = OpsMetrics::new();
-        m.observe_scrape("pod-a", true, Duration::from_millis(3));
-        m.observe_scrape("pod-a", false, Duration::from_millis(30));
+        m.observe_scrape(("z", "c", "pod-a"), true, Duration::from_millis(3));
+        m.observe_scrape(("z", "c", "pod-a"), false, Duration::from_millis(30));
+        // One instance name in another zone is a series of its own.
+        m.observe_scrape(("y", "c", "pod-a"), true, Duration::from_millis(3));
         m.set_targets(1);
         let text = m.render();
-        assert!(text.contains("meshcat_agent_scrapes_total{outcome=\"ok\",target=\"pod-a\"} 1"));
+        assert!(text.contains(
+            "meshcat_agent_scrapes_total{cluster=\"c\",outcome=\"ok\",target=\"pod-a\",zone=\"z\"} 1"
+        ));
+        assert!(text.contains(
+            "meshcat_agent_scrapes_total{cluster=\"c\",outcome=\"ok\",target=\"pod-a\",zone=\"y\"} 1"
+        ));
         assert!(text.contains("meshcat_agent_scrape_duration_seconds_bucket"));
         assert!(text.contains("meshcat_agent_targets 1"));
-        m.forget_target("pod-a");
-        assert!(!m.render().contains("pod-a"));
+        m.forget_target(("z", "c", "pod-a"));
+        let left = m.render();
+        assert!(!left.contains("zone=\"z\""), "{left}");
+        assert!(left.contains("target=\"pod-a\",zone=\"y\""), "{left}");
     }
 }

@@ -273,9 +273,11 @@ async fn scrape_loop(agent: Agent, target: Target, interval: Duration, lease: Le
         // Recorded only while the target is current: a removal between the scrape
         // and here would otherwise see the report and its series come back.
         let taken = agent.board().put(lease, report, || {
-            agent
-                .ops_metrics()
-                .observe_scrape(&target.instance, ok, started.elapsed());
+            agent.ops_metrics().observe_scrape(
+                (&target.zone_name, &target.cluster_name, &target.instance),
+                ok,
+                started.elapsed(),
+            );
         });
         if !taken {
             return;

@@ -244,7 +244,12 @@ async fn ops_logging_changes_the_real_envoy_level() {
 
     let text = wait_for("a successful scrape in /metrics", DEADLINE, || async {
         let m = agent.metrics().await;
-        m.contains("meshcat_agent_scrapes_total{outcome=\"ok\",target=\"pod-x\"}")
+        m.lines()
+            .any(|l| {
+                l.starts_with("meshcat_agent_scrapes_total{")
+                    && l.contains("outcome=\"ok\"")
+                    && l.contains("target=\"pod-x\"")
+            })
             .then_some(m)
     })
     .await
