@@ -4,10 +4,10 @@
 mod auth;
 mod diagnose;
 mod error;
+pub mod events;
 pub mod forward;
 mod handlers;
 pub mod limits;
-pub mod live;
 mod logging;
 pub mod openapi;
 pub mod query;
@@ -87,7 +87,7 @@ pub struct AppState {
     /// Bytes one event stream may queue (`--event-buffer`).
     pub event_buffer: usize,
     /// The open event streams, at most `--max-event-streams`.
-    pub event_streams: live::Streams,
+    pub event_streams: events::Streams,
     /// Turns true when the process stops: event streams end then, instead of holding
     /// the graceful shutdown until its drain timeout. A closed channel never stops them.
     pub stopping: tokio::sync::watch::Receiver<bool>,
@@ -155,9 +155,12 @@ pub fn app_with_limits(
         .route("/diagnose/{clusterName}", get(d::diagnose))
         .route("/openapi.json", get(h::openapi))
         .route(d::PEER_EVIDENCE, get(d::peer_evidence))
-        .route("/events", get(live::events))
+        .route("/events", get(events::events))
         .fallback(no_route)
-        .layer(middleware::from_fn_with_state(state.clone(), live::indexed))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            events::indexed,
+        ))
         .layer(middleware::from_fn(json_method_not_allowed))
         .layer(middleware::from_fn_with_state(
             state.clone(),

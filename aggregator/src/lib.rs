@@ -257,7 +257,7 @@ async fn serve_with(
         event_heartbeat: agg.config.event_heartbeat,
         event_coalesce: agg.config.event_coalesce,
         event_buffer: agg.config.event_buffer,
-        event_streams: api::live::Streams::new(agg.config.max_event_streams),
+        event_streams: api::events::Streams::new(agg.config.max_event_streams),
         stopping: stop_rx.clone(),
     });
     let ops_state = Arc::new(OpsState {

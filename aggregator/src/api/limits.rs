@@ -21,7 +21,7 @@ use axum::response::{IntoResponse, Response};
 use tokio::sync::Semaphore;
 
 use super::error::ApiError;
-use super::live::{INDEXED, split_blocking, waits};
+use super::events::{INDEXED, split_blocking, waits};
 use crate::store::Store;
 
 /// The limits every API request is held to.
@@ -64,7 +64,7 @@ fn kind(
     if get && route == Some("/events") {
         return Kind::LongLived;
     }
-    // Exempt only what `live::indexed` will wait on: the same parse, the same test.
+    // Exempt only what `events::indexed` will wait on: the same parse, the same test.
     // Anything it answers at once (an older or newer index, a malformed query) is an
     // ordinary read.
     if get

@@ -321,7 +321,7 @@ pub fn document() -> Value {
     paths.insert("/diagnose/{clusterName}".into(), diagnose);
     paths.insert("/events".into(), events());
     // The read routes of the live catalog: the index header and blocking queries.
-    for route in super::live::INDEXED {
+    for route in super::events::INDEXED {
         let get = &mut paths[*route]["get"];
         let params = get
             .as_object_mut()

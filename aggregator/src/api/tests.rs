@@ -36,10 +36,10 @@ fn router(dir: &std::path::Path) -> Router {
         command_timeout: std::time::Duration::from_secs(5),
         prometheus_url: None,
         peers: super::forward::Peers::plain(),
-        event_heartbeat: crate::api::live::HEARTBEAT,
-        event_coalesce: crate::api::live::COALESCE,
-        event_buffer: crate::api::live::BUFFER,
-        event_streams: crate::api::live::Streams::new(crate::api::live::MAX_STREAMS),
+        event_heartbeat: crate::api::events::HEARTBEAT,
+        event_coalesce: crate::api::events::COALESCE,
+        event_buffer: crate::api::events::BUFFER,
+        event_streams: crate::api::events::Streams::new(crate::api::events::MAX_STREAMS),
         stopping: tokio::sync::watch::channel(false).1,
     });
     app(state, 1 << 20)
