@@ -5,7 +5,7 @@
 //! goodbye on shutdown. Outbound data is bounded: only the latest snapshot is ever
 //! sent, nothing queues up while the aggregator is away.
 
-mod metrics;
+mod telemetry;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -26,7 +26,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 pub use crate::scrape::TargetKey;
 
-pub use metrics::ReporterMetrics;
+pub use telemetry::ReporterMetrics;
 
 /// First reconnect delay; it doubles up to [`BACKOFF_MAX`].
 pub const BACKOFF_MIN: Duration = Duration::from_millis(200);

@@ -17,7 +17,7 @@ use crate::Agent;
 use crate::board::{Board, Lease};
 use crate::config::parse_host_port;
 use crate::envoy::{EnvoyAdmin, EnvoyError, seed_level};
-use crate::metrics::{self, HostSampler};
+use crate::metrics_object::{self, HostSampler};
 
 /// Largest targets file read.
 pub const MAX_TARGETS_FILE: u64 = 1 << 20;
@@ -213,7 +213,7 @@ async fn scrape_fallible(
     let (info, clusters, stats) = (info?, clusters?, stats?);
     let uptime = info.uptime()?;
     let mut start_time_ms = now_ms() - uptime.as_millis() as i64;
-    let (mut metrics, totals) = metrics::compute(&stats, start_time_ms, &host.sample());
+    let (mut metrics, totals) = metrics_object::compute(&stats, start_time_ms, &host.sample());
     // Only a previous answer of the same process may lend its start time: a sidecar
     // that stopped answering, or whose counters went backwards, was restarted, maybe
     // within the jitter of its old start.

@@ -1,5 +1,5 @@
 //! `meshcat-aggregator`: the process entry point lives in the library
-//! ([`meshcat_aggregator::entry::main`]).
+//! ([`meshcat_aggregator::process::main`]).
 
 /// mimalloc rather than the system allocator: with 10,000 agents the ingest spends
 /// about a third less CPU (measured in docs/benchmarks.md, "Allocator").
@@ -7,5 +7,5 @@
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
-    meshcat_aggregator::entry::main()
+    meshcat_aggregator::process::main()
 }

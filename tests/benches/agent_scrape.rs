@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use meshcat_agent::envoy::EnvoyAdmin;
-use meshcat_agent::metrics::HostSampler;
+use meshcat_agent::metrics_object::HostSampler;
 use meshcat_agent::scrape::{Target, scrape_once};
 use meshcat_tests::bootstrap::Cluster;
 use meshcat_tests::{Bootstrap, Envoy, Upstream};

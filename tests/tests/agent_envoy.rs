@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use meshcat_agent::AgentConfig;
 use meshcat_agent::envoy::EnvoyAdmin;
-use meshcat_agent::metrics::{HostSampler, check_invariants};
+use meshcat_agent::metrics_object::{HostSampler, check_invariants};
 use meshcat_agent::scrape::{Target, scrape_once};
 use meshcat_tests::{Bootstrap, Envoy, Upstream, wait_for};
 use tokio::sync::oneshot;

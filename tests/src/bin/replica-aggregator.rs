@@ -3,5 +3,5 @@
 //! current code (Cargo gives integration tests only their own package's binaries).
 
 fn main() -> std::process::ExitCode {
-    meshcat_aggregator::entry::main()
+    meshcat_aggregator::process::main()
 }
