@@ -97,27 +97,27 @@ pub(super) fn command_error(instance: &str, e: &CommandError) -> ApiError {
     match e {
         CommandError::UnknownInstance { .. } => ApiError::new(
             StatusCode::NOT_FOUND,
-            "unknown_instance",
+            e.code(),
             format!("No connected agent reports instance {instance}."),
         ),
         CommandError::AgentGone => ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
-            "agent_gone",
+            e.code(),
             format!("The agent of instance {instance} disconnected before answering."),
         ),
         CommandError::Timeout(d) => ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
-            "agent_timeout",
+            e.code(),
             format!("The agent of instance {instance} did not answer within {d:?}."),
         ),
         CommandError::Busy => ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
-            "agent_busy",
+            e.code(),
             format!("The agent of instance {instance} has too many commands in progress."),
         ),
         CommandError::Failed(msg) => ApiError::new(
             StatusCode::BAD_GATEWAY,
-            "sidecar_error",
+            e.code(),
             format!(
                 "The sidecar of instance {instance} failed the command: {}.",
                 msg.trim_end_matches('.')
@@ -179,5 +179,22 @@ mod tests {
             }),
             StatusCode::NOT_FOUND
         );
+    }
+
+    /// The API's code and the metric's outcome are one name, pinned here.
+    #[test]
+    fn command_errors_answer_their_one_name() {
+        for (e, code) in [
+            (CommandError::AgentGone, "agent_gone"),
+            (
+                CommandError::Timeout(Duration::from_secs(1)),
+                "agent_timeout",
+            ),
+            (CommandError::Busy, "agent_busy"),
+            (CommandError::Failed("x".into()), "sidecar_error"),
+        ] {
+            assert_eq!(command_error("i-0", &e).code, code);
+            assert_eq!(e.code(), code);
+        }
     }
 }

@@ -44,14 +44,15 @@ pub enum CommandError {
 }
 
 impl CommandError {
-    /// Low-cardinality label for metrics.
-    pub fn outcome(&self) -> &'static str {
+    /// The one name of this error: the `outcome` label of
+    /// `meshcat_agent_commands_total` and the API's error `code`.
+    pub fn code(&self) -> &'static str {
         match self {
             CommandError::UnknownInstance { .. } => "unknown_instance",
             CommandError::AgentGone => "agent_gone",
-            CommandError::Timeout(_) => "timeout",
-            CommandError::Busy => "busy",
-            CommandError::Failed(_) => "failed",
+            CommandError::Timeout(_) => "agent_timeout",
+            CommandError::Busy => "agent_busy",
+            CommandError::Failed(_) => "sidecar_error",
         }
     }
 }
@@ -276,7 +277,7 @@ impl Agents {
             .await;
         let outcome = match &result {
             Ok(_) => "ok",
-            Err(e) => e.outcome(),
+            Err(e) => e.code(),
         };
         self.inner
             .metrics
