@@ -9,66 +9,13 @@ use std::time::{Duration, Instant};
 use futures::future::BoxFuture;
 use meshcat_agent::report::{CommandHandler, Reporter, ReporterConfig, SnapshotSource, TargetKey};
 use meshcat_aggregator::ingest::{
-    AgentAuth, Agents, CommandError, Ingest, IngestConfig, RefusedInstance, ReportSink,
+    AgentAuth, Agents, CommandError, Ingest, IngestConfig, RecordingSink,
 };
 use meshcat_common::model::InstanceMetrics;
 use meshcat_common::tls::{self, ClientAuth, DevFiles};
 use meshcat_common::wire::{Command, CommandOutput, InstanceReport};
 use prometheus::Registry;
 use tokio::sync::oneshot;
-
-/// The agent id of a session key (`<credential tag>:<agent id>`).
-fn agent_of(key: &str) -> &str {
-    key.split_once(':').map_or(key, |(_, id)| id)
-}
-
-#[derive(Default)]
-struct TestSink {
-    reports: Mutex<Vec<(String, InstanceReport)>>,
-    gone: Mutex<Vec<String>>,
-}
-
-impl ReportSink for TestSink {
-    fn apply_report(
-        &self,
-        key: &str,
-        instances: Vec<InstanceReport>,
-        _now: Instant,
-        _may_take: &dyn Fn(&str) -> bool,
-    ) -> Vec<RefusedInstance> {
-        let mut reports = self.reports.lock().unwrap();
-        reports.extend(instances.into_iter().map(|r| (key.to_owned(), r)));
-        Vec::new()
-    }
-    fn agent_gone(&self, key: &str) {
-        self.gone.lock().unwrap().push(key.to_owned());
-    }
-    fn reporter(&self, zone: &str, cluster: &str, instance: &str) -> Option<String> {
-        // The agent of the latest report of that instance.
-        self.reports
-            .lock()
-            .unwrap()
-            .iter()
-            .rev()
-            .find(|(_, r)| {
-                r.zone_name == zone && r.cluster_name == cluster && r.instance == instance
-            })
-            .map(|(a, _)| a.clone())
-    }
-}
-
-impl TestSink {
-    fn count(&self) -> usize {
-        self.reports.lock().unwrap().len()
-    }
-    fn is_gone(&self, agent: &str) -> bool {
-        self.gone
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|a| agent_of(a) == agent)
-    }
-}
 
 struct Source(Mutex<Vec<InstanceReport>>);
 
@@ -129,7 +76,7 @@ fn instance(zone: &str, cluster: &str, name: &str) -> InstanceReport {
 }
 
 struct Server {
-    sink: Arc<TestSink>,
+    sink: Arc<RecordingSink>,
     agents: Agents,
     stop: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<()>,
@@ -147,7 +94,7 @@ impl Server {
     }
 
     fn with_config(config: IngestConfig, socket: std::net::UdpSocket) -> Server {
-        let sink = Arc::new(TestSink::default());
+        let sink = Arc::new(RecordingSink::default());
         let ingest = Ingest::new(config, sink.clone(), &Registry::new()).unwrap();
         let agents = ingest.agents();
         let (stop, stopped) = oneshot::channel::<()>();
@@ -260,8 +207,8 @@ async fn reports_reach_the_sink_and_commands_make_the_round_trip() {
     let agent = Agent::start(&files, addr, vec![instance("east", "web", "web-1")]);
 
     eventually("two reports", || server.sink.count() >= 2).await;
-    let (agent_id, report) = server.sink.reports.lock().unwrap()[0].clone();
-    assert_eq!(agent_of(&agent_id), "agent-1");
+    let (agent_id, report) = server.sink.reports()[0].clone();
+    assert_eq!(meshcat_aggregator::ingest::agent_of(&agent_id), "agent-1");
     assert_eq!(report, instance("east", "web", "web-1"));
     eventually("the reporter's metrics", || {
         agent.metric("meshcat_agent_reports_sent_total") >= 2.0
@@ -390,10 +337,7 @@ async fn the_reporter_reconnects_after_a_restart_and_resends_its_state() {
         second.sink.count() >= 1
     })
     .await;
-    assert_eq!(
-        second.sink.reports.lock().unwrap()[0].1,
-        instance("east", "web", "web-1")
-    );
+    assert_eq!(second.sink.reports()[0].1, instance("east", "web", "web-1"));
     assert!(agent.metric("meshcat_agent_reconnects_total") >= 1.0);
     eventually("connected again", || {
         agent.metric("meshcat_agent_connected") == 1.0

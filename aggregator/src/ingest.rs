@@ -7,6 +7,7 @@ mod agents;
 mod auth;
 mod connection;
 mod metrics;
+mod recording;
 mod warnlimit;
 
 use std::future::Future;
@@ -22,6 +23,7 @@ use tracing::{info, warn};
 pub use agents::{Agents, CommandError, MAX_PENDING_COMMANDS};
 pub use auth::{AgentAuth, AuthError, SecurityOptions, ZoneGrant, cert_grant};
 pub use metrics::IngestMetrics;
+pub use recording::{RecordingSink, agent_of};
 
 /// Most instances one report may carry.
 pub const DEFAULT_MAX_INSTANCES: usize = 1000;

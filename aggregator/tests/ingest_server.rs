@@ -6,10 +6,10 @@
 use std::path::{Path, PathBuf};
 
 use futures::FutureExt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use meshcat_aggregator::ingest::{AgentAuth, Ingest, IngestConfig, RefusedInstance, ReportSink};
+use meshcat_aggregator::ingest::{AgentAuth, Ingest, IngestConfig, RecordingSink, ReportSink};
 use meshcat_common::model::InstanceMetrics;
 use meshcat_common::tls::{self, ClientAuth, DevFiles};
 use meshcat_common::transport::{read_frame, write_frame};
@@ -20,67 +20,9 @@ use prometheus::Registry;
 use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, SanType};
 use tokio::sync::oneshot;
 
-/// The agent id of a session key (`<credential tag>:<agent id>`).
-fn agent_of(key: &str) -> &str {
-    key.split_once(':').map_or(key, |(_, id)| id)
-}
-
-#[derive(Default)]
-struct TestSink {
-    reports: Mutex<Vec<(String, InstanceReport)>>,
-    gone: Mutex<Vec<String>>,
-}
-
-impl ReportSink for TestSink {
-    fn apply_report(
-        &self,
-        key: &str,
-        instances: Vec<InstanceReport>,
-        _now: Instant,
-        _may_take: &dyn Fn(&str) -> bool,
-    ) -> Vec<RefusedInstance> {
-        let mut reports = self.reports.lock().unwrap();
-        reports.extend(instances.into_iter().map(|r| (key.to_owned(), r)));
-        Vec::new()
-    }
-    fn agent_gone(&self, key: &str) {
-        self.gone.lock().unwrap().push(key.to_owned());
-    }
-    fn reporter(&self, zone: &str, cluster: &str, instance: &str) -> Option<String> {
-        // The agent of the latest report of that instance.
-        self.reports
-            .lock()
-            .unwrap()
-            .iter()
-            .rev()
-            .find(|(_, r)| {
-                r.zone_name == zone && r.cluster_name == cluster && r.instance == instance
-            })
-            .map(|(a, _)| a.clone())
-    }
-}
-
-impl TestSink {
-    fn reports_of(&self, agent: &str) -> usize {
-        self.reports
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|(a, _)| agent_of(a) == agent)
-            .count()
-    }
-    fn is_gone(&self, agent: &str) -> bool {
-        self.gone
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|a| agent_of(a) == agent)
-    }
-}
-
 struct Server {
     addr: std::net::SocketAddr,
-    sink: Arc<TestSink>,
+    sink: Arc<RecordingSink>,
     registry: Registry,
     stop: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<()>,
@@ -88,7 +30,7 @@ struct Server {
 
 impl Server {
     async fn start(config: IngestConfig) -> Server {
-        let sink = Arc::new(TestSink::default());
+        let sink = Arc::new(RecordingSink::default());
         Server::start_with(config, sink.clone(), sink).await
     }
 
@@ -96,7 +38,7 @@ impl Server {
     /// test's own helpers and sees nothing then.
     async fn start_with(
         config: IngestConfig,
-        sink: Arc<TestSink>,
+        sink: Arc<RecordingSink>,
         catalog: Arc<dyn ReportSink>,
     ) -> Server {
         let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -599,7 +541,7 @@ async fn another_credential_can_neither_shut_out_an_agent_nor_take_its_instances
         Arc::new(meshcat_aggregator::store::Store::open(&dir.path().join("data"), rules).unwrap());
     let server = Server::start_with(
         IngestConfig::new(server_tls, auth),
-        Arc::new(TestSink::default()),
+        Arc::new(RecordingSink::default()),
         store.clone(),
     )
     .await;
