@@ -27,6 +27,8 @@ use axum::routing::{get, post, put};
 pub use auth::Tokens;
 pub use error::ApiError;
 
+use crate::config::EventsConfig;
+use crate::diagnosis::DiagnosisTools;
 use crate::ingest::Agents;
 use crate::store::Store;
 use crate::telemetry::ApiMetrics;
@@ -72,25 +74,36 @@ pub struct AppState {
     pub store: Arc<Store>,
     pub tokens: Tokens,
     pub metrics: ApiMetrics,
-    /// Connected agents, for commands to sidecars; `None` when ingest is off.
-    pub agents: Option<Agents>,
-    /// Deadline of each command sent to an agent.
-    pub command_timeout: Duration,
-    /// Prometheus base URL, for the missing-metrics diagnosis.
-    pub prometheus_url: Option<String>,
     /// How forwarded requests reach the other replicas (etcd store).
     pub peers: forward::Peers,
-    /// How often a `GET /events` stream sends a comment line.
-    pub event_heartbeat: Duration,
-    /// How long an event stream gathers changes after a write (`--event-coalesce`).
-    pub event_coalesce: Duration,
-    /// Bytes one event stream may queue (`--event-buffer`).
-    pub event_buffer: usize,
+    /// Connected agents, for commands to sidecars; `None` when ingest is off.
+    pub agents: Option<Agents>,
+    /// The sidecar commands' deadline and the diagnosis's Prometheus client.
+    pub diagnosis: DiagnosisTools,
+    /// `GET /events`: the streams' bounds and the open streams.
+    pub events: EventStreams,
+}
+
+/// What `GET /events` streams share.
+#[derive(Debug)]
+pub struct EventStreams {
+    /// Heartbeat, coalescing and buffer of each stream.
+    pub config: EventsConfig,
     /// The open event streams, at most `--max-event-streams`.
-    pub event_streams: events::Streams,
+    pub open: events::Streams,
     /// Turns true when the process stops: event streams end then, instead of holding
     /// the graceful shutdown until its drain timeout. A closed channel never stops them.
     pub stopping: tokio::sync::watch::Receiver<bool>,
+}
+
+impl EventStreams {
+    pub fn new(config: EventsConfig, stopping: tokio::sync::watch::Receiver<bool>) -> Self {
+        EventStreams {
+            open: events::Streams::new(config.max_streams),
+            config,
+            stopping,
+        }
+    }
 }
 
 /// The API router over its state, with the default time and concurrency limits.

@@ -11,6 +11,10 @@ use meshcat_common::config::{
     LogFormat, parse_bytes, parse_positive_duration, parse_ratio, read_token_file,
 };
 
+use crate::api::Tokens;
+use crate::ingest::{IngestLimits, SecurityOptions};
+use crate::store::Rules;
+
 /// Largest accepted `--max-body`: request bodies are buffered whole in memory.
 const MAX_BODY_CEILING: u64 = 64 << 20;
 /// Largest accepted `--event-buffer`: each stream may queue that much.
@@ -307,115 +311,179 @@ pub enum ConfigError {
     PeerCaUnused,
 }
 
-/// The validated configuration the aggregator runs with.
-#[derive(Clone)]
+/// The validated configuration the aggregator runs with, one part per component;
+/// each part is handed to its component whole (the table in docs/architecture.md,
+/// "Configuration", says which flag lands where).
+#[derive(Debug, Clone)]
 pub struct Config {
-    pub api_addr: SocketAddr,
-    pub quic_addr: SocketAddr,
+    /// The catalog REST API.
+    pub api: ApiConfig,
+    /// Address of the ops endpoints (`--ops-addr`).
     pub ops_addr: SocketAddr,
-    pub data_dir: PathBuf,
-    /// Bearer token required by writes; never logged.
-    pub write_token: Option<String>,
-    /// Bearer token that makes live data visible; never logged.
-    pub read_token: Option<String>,
-    pub instance_ttl: Duration,
-    pub error_ratio_warning: f64,
-    pub tls_cert: Option<PathBuf>,
-    pub tls_key: Option<PathBuf>,
-    pub client_ca: Option<PathBuf>,
-    /// Token file of token-authenticated agents (`TOKEN [zone,...|*]` lines).
-    pub agent_token_file: Option<PathBuf>,
-    /// Whether an agent certificate without zone URIs grants every zone.
-    pub allow_any_zone_cert: bool,
+    /// The agent ingest (QUIC).
+    pub ingest: IngestSettings,
+    /// Where registrations live and the status rules.
+    pub store: StoreConfig,
+    /// How replicas sharing an etcd store reach each other.
+    pub replicas: ReplicaConfig,
+    /// Commands to sidecars and what is built on them: log levels, the diagnosis,
+    /// the edge refresh.
+    pub diagnosis: DiagnosisConfig,
+    /// `GET /events` streams and the change feed behind them.
+    pub events: EventsConfig,
+    /// Header timeout and connection bound of the API and ops listeners.
+    pub http: meshcat_common::http::ServerLimits,
+    /// The API's bearer tokens (never logged); writes are open without a write token
+    /// with `--dev` or `--allow-anonymous-writes`.
+    pub tokens: Tokens,
+    /// `--dev`: development certificates, loopback addresses by default.
     pub dev: bool,
-    /// Whether writes are open when no write token is configured.
-    pub allow_anonymous_writes: bool,
     /// Address flags given explicitly although `--dev` would bind loopback, and
     /// not on loopback: each is warned about at start.
     pub exposed: Vec<(&'static str, SocketAddr)>,
-    pub max_body: usize,
-    /// Header timeout and connection bound of the API and ops listeners.
-    pub http_limits: meshcat_common::http::ServerLimits,
-    pub api_tls_cert: Option<PathBuf>,
-    pub api_tls_key: Option<PathBuf>,
-    /// CA of the other replicas' API certificates (HTTPS forwarding).
-    pub peer_ca_file: Option<PathBuf>,
-    pub api_request_timeout: Duration,
-    pub api_max_concurrency: usize,
-    pub max_message: usize,
-    pub max_upstream_clusters: usize,
-    pub max_upstream_hosts: usize,
-    pub max_instances_per_credential: usize,
-    pub edge_refresh: Duration,
-    pub command_timeout: Duration,
-    /// Bytes one event stream may queue (`--event-buffer`).
-    pub event_buffer: usize,
-    /// Changes an event stream may fall behind before it gets `reset` (not a flag:
-    /// the shared feed's length, lowered by tests).
-    pub event_lag: usize,
-    /// Most event streams open at once (`--max-event-streams`).
-    pub max_event_streams: usize,
-    pub event_heartbeat: Duration,
-    pub event_coalesce: Duration,
-    /// Prometheus base URL for the missing-metrics diagnosis.
-    pub prometheus_url: Option<String>,
-    pub store: StoreSpec,
-    pub etcd_ca_file: Option<PathBuf>,
-    pub etcd_cert: Option<PathBuf>,
-    pub etcd_key: Option<PathBuf>,
-    /// The API address peers reach this replica at (etcd store only).
-    pub advertise_addr: Option<String>,
     pub log_format: LogFormat,
 }
 
-impl std::fmt::Debug for Config {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Tokens are secrets: only say whether they are set.
-        f.debug_struct("Config")
-            .field("api_addr", &self.api_addr)
-            .field("quic_addr", &self.quic_addr)
-            .field("ops_addr", &self.ops_addr)
-            .field("data_dir", &self.data_dir)
-            .field("write_token", &self.write_token.is_some())
-            .field("read_token", &self.read_token.is_some())
-            .field("instance_ttl", &self.instance_ttl)
-            .field("error_ratio_warning", &self.error_ratio_warning)
-            .field("tls_cert", &self.tls_cert)
-            .field("tls_key", &self.tls_key)
-            .field("client_ca", &self.client_ca)
-            .field("agent_token_file", &self.agent_token_file)
-            .field("allow_any_zone_cert", &self.allow_any_zone_cert)
-            .field("dev", &self.dev)
-            .field("allow_anonymous_writes", &self.allow_anonymous_writes)
-            .field("max_body", &self.max_body)
-            .field("http_limits", &self.http_limits)
-            .field("max_message", &self.max_message)
-            .field("api_tls_cert", &self.api_tls_cert)
-            .field("api_tls_key", &self.api_tls_key)
-            .field("peer_ca_file", &self.peer_ca_file)
-            .field("api_request_timeout", &self.api_request_timeout)
-            .field("api_max_concurrency", &self.api_max_concurrency)
-            .field("max_upstream_clusters", &self.max_upstream_clusters)
-            .field("max_upstream_hosts", &self.max_upstream_hosts)
-            .field(
-                "max_instances_per_credential",
-                &self.max_instances_per_credential,
-            )
-            .field("edge_refresh", &self.edge_refresh)
-            .field("command_timeout", &self.command_timeout)
-            .field("event_buffer", &self.event_buffer)
-            .field("event_lag", &self.event_lag)
-            .field("max_event_streams", &self.max_event_streams)
-            .field("event_heartbeat", &self.event_heartbeat)
-            .field("event_coalesce", &self.event_coalesce)
-            .field("prometheus_url", &self.prometheus_url)
-            .field("store", &self.store)
-            .field("etcd_ca_file", &self.etcd_ca_file)
-            .field("etcd_cert", &self.etcd_cert)
-            .field("etcd_key", &self.etcd_key)
-            .field("advertise_addr", &self.advertise_addr)
-            .field("log_format", &self.log_format)
-            .finish()
+/// A PEM certificate chain and its private key, given together.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+impl TlsFiles {
+    /// The pair, when both are given (a half pair is refused before).
+    fn pair(cert: Option<PathBuf>, key: Option<PathBuf>) -> Option<TlsFiles> {
+        cert.zip(key).map(|(cert, key)| TlsFiles { cert, key })
+    }
+}
+
+/// The catalog REST API.
+#[derive(Debug, Clone)]
+pub struct ApiConfig {
+    /// `--api-addr`.
+    pub addr: SocketAddr,
+    /// `--api-tls-cert` and `--api-tls-key`: the API is served over HTTPS only.
+    pub tls: Option<TlsFiles>,
+    /// `--api-request-timeout`.
+    pub request_timeout: Duration,
+    /// `--api-max-concurrency`.
+    pub max_concurrency: usize,
+    /// `--max-body`.
+    pub max_body: usize,
+}
+
+/// The agent ingest: its address, how agents authenticate, what a report may hold.
+#[derive(Debug, Clone)]
+pub struct IngestSettings {
+    /// `--quic-addr`.
+    pub addr: SocketAddr,
+    /// `--tls-cert` and `--tls-key`: the QUIC server's certificate.
+    pub tls: Option<TlsFiles>,
+    /// `--client-ca`: the CA of agent certificates.
+    pub client_ca: Option<PathBuf>,
+    /// `--agent-token-file`: token-authenticated agents (`TOKEN [zone,...|*]` lines).
+    pub agent_token_file: Option<PathBuf>,
+    /// `--allow-any-zone-cert`: an agent certificate without zone URIs grants every
+    /// zone.
+    pub allow_any_zone_cert: bool,
+    /// `--max-message`, `--max-upstream-clusters`, `--max-upstream-hosts`,
+    /// `--max-instances-per-credential`; the other limits at their defaults.
+    pub limits: IngestLimits,
+}
+
+impl IngestSettings {
+    /// Whether any agent credential is configured: without one (and without `--dev`)
+    /// no agent can connect and the ingest stays off.
+    pub fn has_credentials(&self) -> bool {
+        self.tls.is_some() || self.client_ca.is_some() || self.agent_token_file.is_some()
+    }
+
+    /// The ingest's certificate and authentication options; `--dev` generates what is
+    /// missing under `data_dir`.
+    pub fn security(&self, dev: bool, data_dir: &Path) -> SecurityOptions {
+        SecurityOptions {
+            tls_cert: self.tls.as_ref().map(|t| t.cert.clone()),
+            tls_key: self.tls.as_ref().map(|t| t.key.clone()),
+            client_ca: self.client_ca.clone(),
+            agent_token_file: self.agent_token_file.clone(),
+            dev,
+            data_dir: data_dir.to_owned(),
+            allow_any_zone_cert: self.allow_any_zone_cert,
+        }
+    }
+}
+
+/// Where registrations live, and the status rules the store applies.
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    /// `--store`.
+    pub spec: StoreSpec,
+    /// `--data-dir`: the redb database, and the development certificates.
+    pub data_dir: PathBuf,
+    /// `--etcd-ca-file`, `--etcd-cert`, `--etcd-key` (etcd store only).
+    pub etcd_tls: Option<EtcdTlsFiles>,
+    /// `--instance-ttl` and `--error-ratio-warning`.
+    pub rules: Rules,
+}
+
+/// TLS to etcd: the members' CA and this replica's client certificate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdTlsFiles {
+    /// `--etcd-ca-file`.
+    pub ca: Option<PathBuf>,
+    /// `--etcd-cert` and `--etcd-key`.
+    pub identity: Option<TlsFiles>,
+}
+
+/// How replicas sharing an etcd store reach each other.
+#[derive(Debug, Clone, Default)]
+pub struct ReplicaConfig {
+    /// `--advertise-addr`: this replica's API address as peers reach it (default:
+    /// the API's address).
+    pub advertise_addr: Option<String>,
+    /// `--peer-ca-file`: CA of the other replicas' API certificates (HTTPS
+    /// forwarding; default: the system's CA store).
+    pub peer_ca_file: Option<PathBuf>,
+}
+
+/// Commands to sidecars, the diagnosis built on them, and the edge refresh.
+#[derive(Debug, Clone)]
+pub struct DiagnosisConfig {
+    /// `--command-timeout`: deadline of each command sent to an agent.
+    pub command_timeout: Duration,
+    /// `--edge-refresh`: how often each zone's edge configuration is fetched.
+    pub edge_refresh: Duration,
+    /// `--prometheus-url`: asked by the missing-metrics step.
+    pub prometheus_url: Option<String>,
+}
+
+/// `GET /events` streams and the change feed behind them.
+#[derive(Debug, Clone)]
+pub struct EventsConfig {
+    /// `--event-heartbeat`: a comment line after this long without a write.
+    pub heartbeat: Duration,
+    /// `--event-coalesce`: how long a stream gathers changes after a write.
+    pub coalesce: Duration,
+    /// `--event-buffer`: bytes one stream may queue.
+    pub buffer: usize,
+    /// `--max-event-streams`: streams open at once.
+    pub max_streams: usize,
+    /// Changes a stream may fall behind before it gets `reset` (not a flag: the
+    /// shared feed's length, lowered by tests).
+    pub lag: usize,
+}
+
+impl Default for EventsConfig {
+    fn default() -> Self {
+        use crate::api::events;
+        EventsConfig {
+            heartbeat: events::HEARTBEAT,
+            coalesce: events::COALESCE,
+            buffer: events::BUFFER,
+            max_streams: events::MAX_STREAMS,
+            lag: crate::store::changes::DEFAULT_BUFFER,
+        }
     }
 }
 
@@ -427,11 +495,11 @@ impl Config {
         let args = ServeArgs::try_parse_from_defaults().expect("defaults parse");
         let mut c = Config::from_args(args).expect("defaults are valid");
         let lo = SocketAddr::from(([127, 0, 0, 1], 0));
-        c.api_addr = lo;
-        c.quic_addr = lo;
+        c.api.addr = lo;
+        c.ingest.addr = lo;
         c.ops_addr = lo;
-        c.data_dir = data_dir.to_owned();
-        c.allow_anonymous_writes = true;
+        c.store.data_dir = data_dir.to_owned();
+        c.tokens.anonymous_writes = true;
         c
     }
 
@@ -513,51 +581,73 @@ impl Config {
         if a.data_dir.exists() && !a.data_dir.is_dir() {
             return Err(ConfigError::DataDir(a.data_dir.display().to_string()));
         }
+        let tokens = Tokens {
+            write: token(&a.write_token_file)?,
+            read: token(&a.read_token_file)?,
+            anonymous_writes: a.dev || a.allow_anonymous_writes,
+        };
+        // Read now so a missing or empty file is a start-up error.
+        token(&a.agent_token_file)?;
+        let max_message = usize::try_from(a.max_message).map_err(|_| ConfigError::MaxMessage)?;
         Ok(Config {
-            api_addr,
-            quic_addr,
-            ops_addr,
-            write_token: token(&a.write_token_file)?,
-            read_token: token(&a.read_token_file)?,
-            agent_token_file: {
-                // Read now so a missing or empty file is a start-up error.
-                token(&a.agent_token_file)?;
-                a.agent_token_file
+            api: ApiConfig {
+                addr: api_addr,
+                tls: TlsFiles::pair(a.api_tls_cert, a.api_tls_key),
+                request_timeout: a.api_request_timeout,
+                max_concurrency: a.api_max_concurrency as usize,
+                max_body: a.max_body as usize,
             },
-            data_dir: a.data_dir,
-            instance_ttl: a.instance_ttl,
-            error_ratio_warning: a.error_ratio_warning,
-            tls_cert: a.tls_cert,
-            tls_key: a.tls_key,
-            client_ca: a.client_ca,
-            allow_any_zone_cert: a.allow_any_zone_cert,
+            ops_addr,
+            ingest: IngestSettings {
+                addr: quic_addr,
+                tls: TlsFiles::pair(a.tls_cert, a.tls_key),
+                client_ca: a.client_ca,
+                agent_token_file: a.agent_token_file,
+                allow_any_zone_cert: a.allow_any_zone_cert,
+                limits: IngestLimits {
+                    max_message,
+                    max_upstream_clusters: a.max_upstream_clusters as usize,
+                    max_upstream_hosts: a.max_upstream_hosts as usize,
+                    max_credential_instances: a.max_instances_per_credential as usize,
+                    ..IngestLimits::default()
+                },
+            },
+            store: StoreConfig {
+                spec: a.store,
+                data_dir: a.data_dir,
+                etcd_tls: if etcd_tls {
+                    Some(EtcdTlsFiles {
+                        ca: a.etcd_ca_file,
+                        identity: TlsFiles::pair(a.etcd_cert, a.etcd_key),
+                    })
+                } else {
+                    None
+                },
+                rules: Rules {
+                    instance_ttl: a.instance_ttl,
+                    error_ratio_warning: a.error_ratio_warning,
+                },
+            },
+            replicas: ReplicaConfig {
+                advertise_addr: a.advertise_addr,
+                peer_ca_file: a.peer_ca_file,
+            },
+            diagnosis: DiagnosisConfig {
+                command_timeout: a.command_timeout,
+                edge_refresh: a.edge_refresh,
+                prometheus_url: a.prometheus_url,
+            },
+            events: EventsConfig {
+                heartbeat: a.event_heartbeat,
+                coalesce: a.event_coalesce,
+                buffer: a.event_buffer as usize,
+                max_streams: a.max_event_streams as usize,
+                lag: crate::store::changes::DEFAULT_BUFFER,
+            },
+            http: a.http.limits(),
+            tokens,
             dev: a.dev,
-            allow_anonymous_writes: a.allow_anonymous_writes,
             exposed,
-            max_body: a.max_body as usize,
-            http_limits: a.http.limits(),
-            api_tls_cert: a.api_tls_cert,
-            api_tls_key: a.api_tls_key,
-            peer_ca_file: a.peer_ca_file,
-            api_request_timeout: a.api_request_timeout,
-            api_max_concurrency: a.api_max_concurrency as usize,
-            max_message: usize::try_from(a.max_message).map_err(|_| ConfigError::MaxMessage)?,
-            max_upstream_clusters: a.max_upstream_clusters as usize,
-            max_upstream_hosts: a.max_upstream_hosts as usize,
-            max_instances_per_credential: a.max_instances_per_credential as usize,
-            edge_refresh: a.edge_refresh,
-            command_timeout: a.command_timeout,
-            event_buffer: a.event_buffer as usize,
-            event_lag: crate::store::changes::DEFAULT_BUFFER,
-            max_event_streams: a.max_event_streams as usize,
-            event_heartbeat: a.event_heartbeat,
-            event_coalesce: a.event_coalesce,
-            prometheus_url: a.prometheus_url,
-            store: a.store,
-            etcd_ca_file: a.etcd_ca_file,
-            etcd_cert: a.etcd_cert,
-            etcd_key: a.etcd_key,
-            advertise_addr: a.advertise_addr,
             log_format: a.log_format,
         })
     }
@@ -658,11 +748,11 @@ mod tests {
     #[test]
     fn event_stream_bounds_are_sizes_and_counts() {
         let d = Config::from_args(parse(&[]).unwrap()).unwrap();
-        assert_eq!(d.event_buffer, 256 << 10);
-        assert_eq!(d.max_event_streams, 1024);
+        assert_eq!(d.events.buffer, 256 << 10);
+        assert_eq!(d.events.max_streams, 1024);
         let a = parse(&["--event-buffer", "1MiB", "--max-event-streams", "2"]).unwrap();
         let c = Config::from_args(a).unwrap();
-        assert_eq!((c.event_buffer, c.max_event_streams), (1 << 20, 2));
+        assert_eq!((c.events.buffer, c.events.max_streams), (1 << 20, 2));
         let a = parse(&["--event-buffer", "65MiB"]).unwrap();
         assert!(matches!(
             Config::from_args(a),
@@ -747,11 +837,14 @@ mod tests {
             "/etc/hostname",
         ];
         let c = Config::from_args(parse(&tls).unwrap()).unwrap();
-        assert_eq!(c.peer_ca_file, None);
+        assert_eq!(c.replicas.peer_ca_file, None);
         let mut with_ca = tls.to_vec();
         with_ca.extend(["--peer-ca-file", "/etc/hostname"]);
         let c = Config::from_args(parse(&with_ca).unwrap()).unwrap();
-        assert_eq!(c.peer_ca_file.as_deref(), Some(Path::new("/etc/hostname")));
+        assert_eq!(
+            c.replicas.peer_ca_file.as_deref(),
+            Some(Path::new("/etc/hostname"))
+        );
         let a = parse(&["--peer-ca-file", "/etc/hostname"]).unwrap();
         assert!(matches!(
             Config::from_args(a),
@@ -762,21 +855,21 @@ mod tests {
     #[test]
     fn dev_binds_loopback_unless_told() {
         let c = Config::from_args(parse(&["--dev"]).unwrap()).unwrap();
-        for a in [c.api_addr, c.quic_addr, c.ops_addr] {
+        for a in [c.api.addr, c.ingest.addr, c.ops_addr] {
             assert!(a.ip().is_loopback(), "{a}");
         }
         assert_eq!(
-            (c.api_addr.port(), c.quic_addr.port(), c.ops_addr.port()),
+            (c.api.addr.port(), c.ingest.addr.port(), c.ops_addr.port()),
             (9080, 9443, 9091)
         );
         assert!(c.exposed.is_empty());
         let c = Config::from_args(parse(&["--dev", "--api-addr", "0.0.0.0:1"]).unwrap()).unwrap();
-        assert_eq!(c.api_addr, "0.0.0.0:1".parse().unwrap());
-        assert_eq!(c.exposed, vec![("api", c.api_addr)]);
+        assert_eq!(c.api.addr, "0.0.0.0:1".parse().unwrap());
+        assert_eq!(c.exposed, vec![("api", c.api.addr)]);
         assert!(c.ops_addr.ip().is_loopback());
         let c = Config::from_args(parse(&[]).unwrap()).unwrap();
-        assert!(c.api_addr.ip().is_unspecified() && c.quic_addr.ip().is_unspecified());
-        assert!(!c.allow_anonymous_writes);
+        assert!(c.api.addr.ip().is_unspecified() && c.ingest.addr.ip().is_unspecified());
+        assert!(!c.tokens.anonymous_writes);
     }
 
     #[test]
@@ -797,7 +890,11 @@ mod tests {
         }
         let a = parse(&["--prometheus-url", "http://127.0.0.1:9090"]).unwrap();
         assert_eq!(
-            Config::from_args(a).unwrap().prometheus_url.as_deref(),
+            Config::from_args(a)
+                .unwrap()
+                .diagnosis
+                .prometheus_url
+                .as_deref(),
             Some("http://127.0.0.1:9090")
         );
     }

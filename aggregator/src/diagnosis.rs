@@ -18,6 +18,7 @@ use meshcat_diagnose::{
 };
 use tracing::{info, warn};
 
+use crate::config::DiagnosisConfig;
 use crate::sidecars::{Answer, Ask, Sidecars, window_deadline};
 use crate::store::Store;
 
@@ -55,10 +56,81 @@ pub struct DiagnosisError(String);
 pub struct Diagnosis {
     pub sidecars: Sidecars,
     pub store: Arc<Store>,
-    /// Prometheus base URL, for the missing-metrics step.
-    pub prometheus_url: Option<String>,
-    /// Deadline of each command sent to a sidecar.
+    /// The commands' deadline and the Prometheus client.
+    pub tools: DiagnosisTools,
+}
+
+/// What every diagnosis runs with besides the catalog and the sidecars, built once
+/// at start from the [`DiagnosisConfig`].
+#[derive(Debug, Clone)]
+pub struct DiagnosisTools {
+    /// Deadline of each command sent to a sidecar (`--command-timeout`).
     pub command_timeout: Duration,
+    /// The Prometheus the missing-metrics step asks (`--prometheus-url`).
+    pub prometheus: Option<Prometheus>,
+}
+
+impl DiagnosisTools {
+    /// Builds the Prometheus client, when a Prometheus URL is configured.
+    pub fn new(config: &DiagnosisConfig) -> Result<DiagnosisTools, String> {
+        Ok(DiagnosisTools {
+            command_timeout: config.command_timeout,
+            prometheus: config
+                .prometheus_url
+                .as_deref()
+                .map(Prometheus::new)
+                .transpose()?,
+        })
+    }
+}
+
+/// A Prometheus server and the client that asks it: one for the process, so it
+/// keeps its connection pool between diagnoses.
+#[derive(Debug, Clone)]
+pub struct Prometheus {
+    /// Base URL (`http://host:port`, no trailing `/`).
+    base: String,
+    client: reqwest::Client,
+}
+
+impl Prometheus {
+    /// A client of the Prometheus at `base`, each query held to a deadline.
+    pub fn new(base: &str) -> Result<Prometheus, String> {
+        let client = reqwest::Client::builder()
+            .timeout(PROMETHEUS_TIMEOUT)
+            .build()
+            .map_err(|e| format!("no HTTP client for Prometheus: {e}"))?;
+        Ok(Prometheus {
+            base: base.to_owned(),
+            client,
+        })
+    }
+
+    /// Whether Prometheus has an `up` series for `job`; an error when it cannot be
+    /// asked.
+    async fn up(&self, job: &str) -> Result<bool, String> {
+        let base = &self.base;
+        let escaped = job.replace('\\', "\\\\").replace('"', "\\\"");
+        let query = format!("up{{job=\"{escaped}\"}}");
+        let resp = self
+            .client
+            .get(format!("{base}/api/v1/query"))
+            .query(&[("query", query.as_str())])
+            .send()
+            .await
+            .map_err(|e| format!("Prometheus at {base} did not answer: {e}"))?;
+        if !resp.status().is_success() {
+            return Err(format!("Prometheus at {base} answered {}", resp.status()));
+        }
+        let v: serde_json::Value = resp
+            .json()
+            .await
+            .map_err(|e| format!("Prometheus at {base} answered no JSON: {e}"))?;
+        v.pointer("/data/result")
+            .and_then(serde_json::Value::as_array)
+            .map(|r| !r.is_empty())
+            .ok_or_else(|| format!("Prometheus at {base} answered without data.result"))
+    }
 }
 
 impl Diagnosis {
@@ -125,43 +197,6 @@ async fn collect(
     }
 }
 
-/// The Prometheus client, built once: it keeps its connection pool between diagnoses.
-fn prometheus_client() -> Result<&'static reqwest::Client, String> {
-    static CLIENT: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
-    if let Some(c) = CLIENT.get() {
-        return Ok(c);
-    }
-    let built = reqwest::Client::builder()
-        .timeout(PROMETHEUS_TIMEOUT)
-        .build()
-        .map_err(|e| format!("no HTTP client for Prometheus: {e}"))?;
-    Ok(CLIENT.get_or_init(|| built))
-}
-
-/// Whether Prometheus has an `up` series for `job`; `None` when it cannot be asked.
-async fn prometheus_up(base: &str, job: &str) -> Result<bool, String> {
-    let client = prometheus_client()?;
-    let escaped = job.replace('\\', "\\\\").replace('"', "\\\"");
-    let query = format!("up{{job=\"{escaped}\"}}");
-    let resp = client
-        .get(format!("{base}/api/v1/query"))
-        .query(&[("query", query.as_str())])
-        .send()
-        .await
-        .map_err(|e| format!("Prometheus at {base} did not answer: {e}"))?;
-    if !resp.status().is_success() {
-        return Err(format!("Prometheus at {base} answered {}", resp.status()));
-    }
-    let v: serde_json::Value = resp
-        .json()
-        .await
-        .map_err(|e| format!("Prometheus at {base} answered no JSON: {e}"))?;
-    v.pointer("/data/result")
-        .and_then(serde_json::Value::as_array)
-        .map(|r| !r.is_empty())
-        .ok_or_else(|| format!("Prometheus at {base} answered without data.result"))
-}
-
 /// What the catalog knows about the cluster's metrics; `None` when unregistered.
 async fn metrics_evidence(
     d: &Diagnosis,
@@ -191,7 +226,7 @@ async fn metrics_evidence(
         let replicas = &replicas;
         async move {
             replicas
-                .metrics(owner, (zone, cluster, instance), d.command_timeout)
+                .metrics(owner, (zone, cluster, instance), d.tools.command_timeout)
                 .await
                 .map(|m| reports_metrics(&m))
                 .map_err(|e| format!("{instance}: {e}"))
@@ -216,8 +251,8 @@ async fn metrics_evidence(
         .take(MAX_NAMED_SILENT)
         .map(|n| (*n).to_owned())
         .collect();
-    let prometheus_up = match (&d.prometheus_url, record.prometheus_job.is_empty()) {
-        (Some(base), false) => match prometheus_up(base, &record.prometheus_job).await {
+    let prometheus_up = match (&d.tools.prometheus, record.prometheus_job.is_empty()) {
+        (Some(prometheus), false) => match prometheus.up(&record.prometheus_job).await {
             Ok(up) => Some(up),
             Err(e) => {
                 notes.push(e);
@@ -290,7 +325,7 @@ async fn collect_sidecars(
         max_lines: EVIDENCE_LOG_LINES,
         debug_seconds: q.debug_seconds,
     };
-    let deadline = window_deadline(d.command_timeout, q.debug_seconds.unwrap_or(0));
+    let deadline = window_deadline(d.tools.command_timeout, q.debug_seconds.unwrap_or(0));
     let edges: Vec<String> = if zone.request_cluster.is_empty() {
         notes.edge.push(format!(
             "zone {} has no requestCluster, so no edge sidecar is known",

@@ -85,15 +85,34 @@ pub struct IngestConfig {
     pub server: quinn::ServerConfig,
     /// How agents authenticate and which zones they may report for.
     pub auth: AgentAuth,
+    /// What agents and their reports are held to.
+    pub limits: IngestLimits,
+}
+
+impl IngestConfig {
+    /// Default limits around the given TLS configuration and authentication.
+    pub fn new(server: quinn::ServerConfig, auth: AgentAuth) -> Self {
+        IngestConfig {
+            server,
+            auth,
+            limits: IngestLimits::default(),
+        }
+    }
+}
+
+/// What the ingest holds agents and their reports to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IngestLimits {
     /// Largest message body accepted (`--max-message`).
     pub max_message: usize,
     /// Most instances in one report.
     pub max_instances: usize,
-    /// Most upstream clusters per instance.
+    /// Most upstream clusters per instance (`--max-upstream-clusters`).
     pub max_upstream_clusters: usize,
-    /// Most upstream hosts per instance.
+    /// Most upstream hosts per instance (`--max-upstream-hosts`).
     pub max_upstream_hosts: usize,
-    /// Most instances reported by the live connections of one credential.
+    /// Most instances reported by the live connections of one credential
+    /// (`--max-instances-per-credential`).
     pub max_credential_instances: usize,
     /// Most concurrent authenticated agent connections.
     pub max_connections: usize,
@@ -103,12 +122,9 @@ pub struct IngestConfig {
     pub hello_timeout: Duration,
 }
 
-impl IngestConfig {
-    /// Default limits around the given TLS configuration and authentication.
-    pub fn new(server: quinn::ServerConfig, auth: AgentAuth) -> Self {
-        IngestConfig {
-            server,
-            auth,
+impl Default for IngestLimits {
+    fn default() -> Self {
+        IngestLimits {
             max_message: DEFAULT_MAX_MESSAGE,
             max_instances: DEFAULT_MAX_INSTANCES,
             max_upstream_clusters: DEFAULT_MAX_UPSTREAM_CLUSTERS,
@@ -170,26 +186,31 @@ impl Ingest {
         registry: &Registry,
     ) -> Result<Self, IngestError> {
         let metrics = IngestMetrics::register(registry)?;
+        let IngestConfig {
+            server,
+            auth,
+            limits,
+        } = config;
         let shared = Arc::new(Shared {
-            auth: config.auth,
-            max_message: config.max_message,
-            max_instances: config.max_instances,
-            max_upstream_clusters: config.max_upstream_clusters,
-            max_upstream_hosts: config.max_upstream_hosts,
-            max_credential_instances: config.max_credential_instances,
+            auth,
+            max_message: limits.max_message,
+            max_instances: limits.max_instances,
+            max_upstream_clusters: limits.max_upstream_clusters,
+            max_upstream_hosts: limits.max_upstream_hosts,
+            max_credential_instances: limits.max_credential_instances,
             by_credential: dashmap::DashMap::new(),
-            hello_timeout: config.hello_timeout,
+            hello_timeout: limits.hello_timeout,
             sink: sink.clone(),
             agents: Agents::new(metrics.clone(), sink.clone()),
             metrics,
             open: AtomicUsize::new(0),
-            max_connections: config.max_connections,
+            max_connections: limits.max_connections,
             pending: AtomicUsize::new(0),
             refusals: warnlimit::WarnLimit::default(),
         });
         Ok(Ingest {
-            server: config.server,
-            max_pending: config.max_pending,
+            server,
+            max_pending: limits.max_pending,
             shared,
         })
     }

@@ -30,12 +30,13 @@ use tracing::{info, warn};
 
 use meshcat_common::wire::InstanceReport;
 
-use crate::api::{AppState, Tokens};
-use crate::config::{Config, StoreSpec};
-use crate::ingest::{Ingest, IngestConfig, SecurityOptions};
+use crate::api::{AppState, EventStreams};
+use crate::config::{Config, EtcdTlsFiles, StoreConfig, StoreSpec, TlsFiles};
+use crate::diagnosis::DiagnosisTools;
+use crate::ingest::{Ingest, IngestConfig};
 use crate::ops::OpsState;
 use crate::store::persist::PersistError;
-use crate::store::{Rules, Store, changes};
+use crate::store::{Store, changes};
 use crate::telemetry::Telemetry;
 
 /// How often instances past their TTL are dropped.
@@ -78,34 +79,11 @@ impl Aggregator {
     /// catalog, and the replica is ready once it has. Call it within a runtime
     /// (on its blocking pool, as [`run`] does).
     pub fn open(config: Config) -> Result<Aggregator, RunError> {
-        let rules = Rules {
-            instance_ttl: config.instance_ttl,
-            error_ratio_warning: config.error_ratio_warning,
-        };
-        let store = match &config.store {
-            StoreSpec::Redb => {
-                let store = Store::open(&config.data_dir, rules)?;
-                let t = store.totals();
-                info!(data_dir = %config.data_dir.display(), zones = t.zones, clusters = t.clusters, "Registrations loaded.");
-                store
-            }
-            StoreSpec::Etcd { endpoints, prefix } => {
-                let tls = etcd_tls(&config)?;
-                let handle = tokio::runtime::Handle::try_current()
-                    .map_err(|e| RunError::Etcd(e.to_string()))?;
-                let etcd = handle
-                    .block_on(store::etcd::EtcdRegistrations::connect(
-                        endpoints, prefix, tls,
-                    ))
-                    .map_err(|e| RunError::Etcd(e.to_string()))?;
-                info!(endpoints = %endpoints.join(","), prefix = %prefix, "Registrations in etcd; loading.");
-                Store::with_etcd(etcd, rules)
-            }
-        };
-        store.changes().configure(
-            config.event_lag,
-            config.event_lag.max(changes::DEFAULT_RETAINED),
-        );
+        let store = open_store(&config.store)?;
+        let lag = config.events.lag;
+        store
+            .changes()
+            .configure(lag, lag.max(changes::DEFAULT_RETAINED));
         let telemetry = Telemetry::new()?;
         Ok(Aggregator {
             config,
@@ -113,6 +91,31 @@ impl Aggregator {
             telemetry,
         })
     }
+}
+
+/// Opens the registrations where the configuration says they live.
+fn open_store(config: &StoreConfig) -> Result<Store, RunError> {
+    let rules = config.rules;
+    Ok(match &config.spec {
+        StoreSpec::Redb => {
+            let store = Store::open(&config.data_dir, rules)?;
+            let t = store.totals();
+            info!(data_dir = %config.data_dir.display(), zones = t.zones, clusters = t.clusters, "Registrations loaded.");
+            store
+        }
+        StoreSpec::Etcd { endpoints, prefix } => {
+            let tls = config.etcd_tls.as_ref().map(etcd_tls).transpose()?;
+            let handle =
+                tokio::runtime::Handle::try_current().map_err(|e| RunError::Etcd(e.to_string()))?;
+            let etcd = handle
+                .block_on(store::etcd::EtcdRegistrations::connect(
+                    endpoints, prefix, tls,
+                ))
+                .map_err(|e| RunError::Etcd(e.to_string()))?;
+            info!(endpoints = %endpoints.join(","), prefix = %prefix, "Registrations in etcd; loading.");
+            Store::with_etcd(etcd, rules)
+        }
+    })
 }
 
 impl ingest::ReportSink for Store {
@@ -135,20 +138,17 @@ impl ingest::ReportSink for Store {
     }
 }
 
-/// Reads the etcd TLS files named by the configuration, if any.
-fn etcd_tls(c: &Config) -> Result<Option<store::etcd::EtcdTls>, RunError> {
-    if c.etcd_ca_file.is_none() && c.etcd_cert.is_none() {
-        return Ok(None);
-    }
+/// Reads the etcd TLS files named by the configuration.
+fn etcd_tls(files: &EtcdTlsFiles) -> Result<store::etcd::EtcdTls, RunError> {
     let read = |p: &std::path::Path| {
         std::fs::read(p).map_err(|e| RunError::Etcd(format!("{}: {e}", p.display())))
     };
-    let ca_pem = c.etcd_ca_file.as_deref().map(read).transpose()?;
-    let identity = match (&c.etcd_cert, &c.etcd_key) {
-        (Some(cert), Some(key)) => Some((read(cert)?, read(key)?)),
-        _ => None,
+    let ca_pem = files.ca.as_deref().map(read).transpose()?;
+    let identity = match &files.identity {
+        Some(TlsFiles { cert, key }) => Some((read(cert)?, read(key)?)),
+        None => None,
     };
-    Ok(Some(store::etcd::EtcdTls { ca_pem, identity }))
+    Ok(store::etcd::EtcdTls { ca_pem, identity })
 }
 
 /// The QUIC ingest, ready to run, with its bound socket.
@@ -161,36 +161,28 @@ struct IngestParts {
 /// (no `--dev`, certificates or agent tokens): the catalog API still serves, and the
 /// log says why no agent can connect.
 fn prepare_ingest(agg: &Aggregator) -> Result<Option<IngestParts>, RunError> {
-    let c = &agg.config;
-    if !c.dev && c.tls_cert.is_none() && c.client_ca.is_none() && c.agent_token_file.is_none() {
+    let c = &agg.config.ingest;
+    if !agg.config.dev && !c.has_credentials() {
         warn!(
             "Agent ingest is off: give --dev, or --tls-cert and --tls-key with --client-ca or --agent-token-file."
         );
         return Ok(None);
     }
-    let security = SecurityOptions {
-        tls_cert: c.tls_cert.clone(),
-        tls_key: c.tls_key.clone(),
-        client_ca: c.client_ca.clone(),
-        agent_token_file: c.agent_token_file.clone(),
-        dev: c.dev,
-        data_dir: c.data_dir.clone(),
-        allow_any_zone_cert: c.allow_any_zone_cert,
-    };
-    let (server, auth) = security
+    let (server, auth) = c
+        .security(agg.config.dev, &agg.config.store.data_dir)
         .load()
         .map_err(|e| RunError::Ingest(e.to_string()))?;
-    let mut config = IngestConfig::new(server, auth);
-    config.max_message = c.max_message;
-    config.max_upstream_clusters = c.max_upstream_clusters;
-    config.max_upstream_hosts = c.max_upstream_hosts;
-    config.max_credential_instances = c.max_instances_per_credential;
+    let config = IngestConfig {
+        server,
+        auth,
+        limits: c.limits,
+    };
     let sink: Arc<dyn ingest::ReportSink> = agg.store.clone();
     let ingest = Ingest::new(config, sink, &agg.telemetry.registry)
         .map_err(|e| RunError::Ingest(e.to_string()))?;
-    let socket = std::net::UdpSocket::bind(c.quic_addr).map_err(|error| RunError::Bind {
+    let socket = std::net::UdpSocket::bind(c.addr).map_err(|error| RunError::Bind {
         what: "quic",
-        addr: c.quic_addr,
+        addr: c.addr,
         error,
     })?;
     Ok(Some(IngestParts { ingest, socket }))
@@ -234,31 +226,25 @@ async fn serve_with(
         let _ = rx.wait_for(|s| *s).await;
     };
 
+    let c = &agg.config;
     // Replicas that serve HTTPS reach each other over HTTPS.
-    let peers = if agg.store.etcd().is_some() && agg.config.api_tls_cert.is_some() {
-        api::forward::Peers::tls(agg.config.peer_ca_file.as_deref()).map_err(|e| {
+    let peers = if agg.store.etcd().is_some() && c.api.tls.is_some() {
+        api::forward::Peers::tls(c.replicas.peer_ca_file.as_deref()).map_err(|e| {
             RunError::Serve(std::io::Error::other(format!("peer replicas' TLS: {e}")))
         })?
     } else {
         api::forward::Peers::plain()
     };
+    let diagnosis =
+        DiagnosisTools::new(&c.diagnosis).map_err(|e| RunError::Serve(std::io::Error::other(e)))?;
     let app_state = Arc::new(AppState {
         store: agg.store.clone(),
-        tokens: Tokens {
-            read: agg.config.read_token.clone(),
-            write: agg.config.write_token.clone(),
-            anonymous_writes: agg.config.dev || agg.config.allow_anonymous_writes,
-        },
+        tokens: c.tokens.clone(),
         metrics: agg.telemetry.api.clone(),
-        agents: agents.clone(),
-        command_timeout: agg.config.command_timeout,
-        prometheus_url: agg.config.prometheus_url.clone(),
         peers,
-        event_heartbeat: agg.config.event_heartbeat,
-        event_coalesce: agg.config.event_coalesce,
-        event_buffer: agg.config.event_buffer,
-        event_streams: api::events::Streams::new(agg.config.max_event_streams),
-        stopping: stop_rx.clone(),
+        agents: agents.clone(),
+        diagnosis,
+        events: EventStreams::new(c.events.clone(), stop_rx.clone()),
     });
     let ops_state = Arc::new(OpsState {
         store: agg.store.clone(),
@@ -268,19 +254,19 @@ async fn serve_with(
     let api_addr = api.local_addr()?;
     let ops_addr = ops.local_addr()?;
     let limits = Arc::new(api::limits::Limits::new(
-        agg.config.api_request_timeout,
-        agg.config.api_max_concurrency,
+        c.api.request_timeout,
+        c.api.max_concurrency,
     ));
     // The dashboard beside the API, outside its layers: its files need no token.
-    let api_app = api::app_with_limits(app_state, agg.config.max_body, limits).merge(ui::router());
-    let api_tls = match (&agg.config.api_tls_cert, &agg.config.api_tls_key) {
-        (Some(cert), Some(key)) => Some(
+    let api_app = api::app_with_limits(app_state, c.api.max_body, limits).merge(ui::router());
+    let api_tls = match &c.api.tls {
+        Some(TlsFiles { cert, key }) => Some(
             api::tls::server_config(cert, key)
                 .map_err(|e| RunError::Serve(std::io::Error::other(format!("API TLS: {e}"))))?,
         ),
-        _ => None,
+        None => None,
     };
-    let http_limits = agg.config.http_limits;
+    let http_limits = c.http;
     let api_task = tokio::spawn(meshcat_common::http::serve(
         api,
         api_app,
@@ -304,12 +290,11 @@ async fn serve_with(
             e.client(),
             e.prefix(),
             e.owner(),
-            &agg.config
+            &c.replicas
                 .advertise_addr
                 .clone()
                 .unwrap_or_else(|| api_addr.to_string()),
-            agg.config.instance_ttl,
-            agg.config.error_ratio_warning,
+            c.store.rules,
         );
         let _ = agg.store.set_membership(Arc::new(membership));
         tokio::spawn(publisher.run(stop_rx.clone()))
@@ -321,25 +306,25 @@ async fn serve_with(
         tokio::spawn(edge::refresh_loop(
             agg.store.clone(),
             agents,
-            agg.config.edge_refresh,
-            agg.config.command_timeout,
+            c.diagnosis.edge_refresh,
+            c.diagnosis.command_timeout,
             stop_rx.clone(),
         ))
     });
     // Warnings first: whoever waits for the addresses has read them by then.
-    if agg.config.dev {
+    if c.dev {
         warn!(
-            quic = %agg.config.quic_addr,
+            quic = %c.ingest.addr,
             "DEVELOPMENT MODE: self-signed certificates, not for production."
         );
-        if agg.config.write_token.is_none() {
+        if c.tokens.write.is_none() {
             warn!("DEVELOPMENT MODE: no write token, anyone who reaches the API may write.");
         }
-        for (what, addr) in &agg.config.exposed {
+        for (what, addr) in &c.exposed {
             warn!(listener = what, %addr, "DEVELOPMENT MODE: the {what} listener is open beyond this machine.");
         }
-    } else if agg.config.write_token.is_none() {
-        if agg.config.allow_anonymous_writes {
+    } else if c.tokens.write.is_none() {
+        if c.tokens.anonymous_writes {
             warn!(
                 "--allow-anonymous-writes: anyone who reaches the API may change the catalog and sidecars."
             );
@@ -351,7 +336,7 @@ async fn serve_with(
     // Ready before the addresses are logged: whoever reads them may probe at once.
     // With etcd, /readyz also waits for the catalog to be loaded.
     ops_state.ready.store(true, Ordering::Release);
-    info!(api = %api_addr, tls = agg.config.api_tls_cert.is_some(), "Catalog API listening.");
+    info!(api = %api_addr, tls = c.api.tls.is_some(), "Catalog API listening.");
     info!(ops = %ops_addr, "Ops endpoints listening.");
 
     shutdown.await;
@@ -443,7 +428,7 @@ pub async fn start(config: Config) -> Result<RunningAggregator, RunError> {
             .await
             .map_err(|error| RunError::Bind { what, addr, error })
     };
-    let api = bind("api", config.api_addr).await?;
+    let api = bind("api", config.api.addr).await?;
     let ops = bind("ops", config.ops_addr).await?;
     let api_addr = api.local_addr()?;
     let ops_addr = ops.local_addr()?;
@@ -456,7 +441,7 @@ pub async fn start(config: Config) -> Result<RunningAggregator, RunError> {
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let store = agg.store.clone();
     let telemetry = agg.telemetry.clone();
-    let api_scheme = if agg.config.api_tls_cert.is_some() {
+    let api_scheme = if agg.config.api.tls.is_some() {
         "https"
     } else {
         "http"

@@ -32,7 +32,7 @@ pub fn main() -> ExitCode {
                 .await
                 .map_err(|error| RunError::Bind { what, addr, error })
         };
-        let api = bind("api", config.api_addr).await?;
+        let api = bind("api", config.api.addr).await?;
         let ops = bind("ops", config.ops_addr).await?;
         run(*config, api, ops, shutdown).await
     });

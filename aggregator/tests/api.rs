@@ -473,7 +473,7 @@ async fn cluster_validation() {
 
 #[tokio::test]
 async fn http_errors() {
-    let api = start_with(|c, _| c.max_body = 1024).await;
+    let api = start_with(|c, _| c.api.max_body = 1024).await;
     api.zone("z").await;
     let url = format!("{}/clusters", api.base);
     let send = |body: &'static str, ct: Option<&'static str>| {
@@ -602,7 +602,7 @@ async fn every_filter() {
 
 #[tokio::test]
 async fn status_instances_metrics_and_summaries() {
-    let api = start_with(|c, _| c.instance_ttl = Duration::from_millis(600)).await;
+    let api = start_with(|c, _| c.store.rules.instance_ttl = Duration::from_millis(600)).await;
     api.zone("z").await;
     api.zone("empty").await;
     api.cluster(
@@ -762,8 +762,8 @@ async fn services_lists_unregistered_clusters() {
 #[tokio::test]
 async fn tokens() {
     let mut api = start_with(|c, _| {
-        c.write_token = Some("w-secret".into());
-        c.read_token = Some("r-secret".into());
+        c.tokens.write = Some("w-secret".into());
+        c.tokens.read = Some("r-secret".into());
     })
     .await;
     let zone = json!({"zoneName": "z", "serverAddress": "cp:1"});

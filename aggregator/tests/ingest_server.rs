@@ -391,8 +391,8 @@ async fn bad_messages_are_refused_without_harm_to_other_agents() {
     let dir = tempfile::tempdir().unwrap();
     let files = dev(dir.path());
     let mut config = mtls_config(&files, &files.ca);
-    config.max_message = 64 * 1024;
-    config.max_instances = 100;
+    config.limits.max_message = 64 * 1024;
+    config.limits.max_instances = 100;
     let server = Server::start(config).await;
     let certs = Some((files.agent_cert.as_path(), files.agent_key.as_path()));
     let mut good = connect(server.addr, &files.ca, certs).await.unwrap();
@@ -703,9 +703,9 @@ async fn upstream_and_per_credential_bounds_refuse_reports_whole() {
     let server_tls =
         tls::server_config(&files.server_cert, &files.server_key, &ClientAuth::None).unwrap();
     let mut config = IngestConfig::new(server_tls, auth);
-    config.max_upstream_clusters = 3;
-    config.max_upstream_hosts = 4;
-    config.max_credential_instances = 2;
+    config.limits.max_upstream_clusters = 3;
+    config.limits.max_upstream_hosts = 4;
+    config.limits.max_credential_instances = 2;
     let server = Server::start(config).await;
     let rejected =
         |reason| server.metric("meshcat_reports_rejected_total", Some(("reason", reason)));
@@ -792,8 +792,8 @@ async fn before_authentication_a_peer_gets_a_small_hello_and_a_bounded_slot() {
     let files = dev(dir.path());
     let certs = Some((files.agent_cert.as_path(), files.agent_key.as_path()));
     let mut config = mtls_config(&files, &files.ca);
-    config.max_pending = 1;
-    config.max_connections = 1;
+    config.limits.max_pending = 1;
+    config.limits.max_connections = 1;
     let server = Server::start(config).await;
     let rejected =
         |reason| server.metric("meshcat_reports_rejected_total", Some(("reason", reason)));
@@ -854,8 +854,8 @@ async fn a_peer_that_never_says_hello_is_closed_by_the_deadline() {
     let files = dev(dir.path());
     let certs = Some((files.agent_cert.as_path(), files.agent_key.as_path()));
     let mut config = mtls_config(&files, &files.ca);
-    config.hello_timeout = Duration::from_millis(300);
-    config.max_pending = 1;
+    config.limits.hello_timeout = Duration::from_millis(300);
+    config.limits.max_pending = 1;
     let server = Server::start(config).await;
     let silent = connect(server.addr, &files.ca, certs).await.unwrap();
     tokio::time::timeout(Duration::from_secs(5), silent.conn.closed())

@@ -123,8 +123,8 @@ impl Stack {
         let data = tempfile::tempdir().unwrap();
         let mut config = Config::for_tests(data.path());
         config.dev = true;
-        config.edge_refresh = Duration::from_millis(500);
-        config.command_timeout = Duration::from_secs(5);
+        config.diagnosis.edge_refresh = Duration::from_millis(500);
+        config.diagnosis.command_timeout = Duration::from_secs(5);
         tune(&mut config);
         let agg = meshcat_aggregator::start(config)
             .await

@@ -89,9 +89,9 @@ impl Catalog {
 
     async fn launch(&mut self) -> anyhow::Result<()> {
         let running = meshcat_aggregator::start(self.config.clone()).await?;
-        self.config.api_addr = running.api_addr;
+        self.config.api.addr = running.api_addr;
         self.config.ops_addr = running.ops_addr;
-        self.config.quic_addr = running.quic_addr.context("agent ingest is off")?;
+        self.config.ingest.addr = running.quic_addr.context("agent ingest is off")?;
         self.running = Some(running);
         Ok(())
     }
@@ -126,7 +126,7 @@ impl Catalog {
     }
 
     pub fn api_url(&self) -> String {
-        format!("http://{}", self.config.api_addr)
+        format!("http://{}", self.config.api.addr)
     }
 
     pub fn ops_url(&self) -> String {
@@ -134,16 +134,16 @@ impl Catalog {
     }
 
     pub fn data_dir(&self) -> &Path {
-        &self.config.data_dir
+        &self.config.store.data_dir
     }
 
     /// The agent flags that reach this aggregator with the development certificates.
     pub fn agent_args(&self) -> Vec<String> {
-        let dev = self.config.data_dir.join("dev");
+        let dev = self.config.store.data_dir.join("dev");
         let file = |n: &str| dev.join(n).display().to_string();
         vec![
             "--aggregator".into(),
-            self.config.quic_addr.to_string(),
+            self.config.ingest.addr.to_string(),
             "--ca-file".into(),
             file("ca.pem"),
             "--cert".into(),

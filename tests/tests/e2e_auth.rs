@@ -18,8 +18,8 @@ async fn instances_are_hidden_without_the_read_token() {
     // Read as the aggregator reads --read-token-file: surrounding whitespace trimmed.
     let read_token = meshcat_common::config::read_token_file(&token_file).unwrap();
     let catalog = Catalog::start(|c| {
-        c.instance_ttl = Duration::from_millis(900);
-        c.read_token = Some(read_token);
+        c.store.rules.instance_ttl = Duration::from_millis(900);
+        c.tokens.read = Some(read_token);
     })
     .await
     .unwrap();

@@ -51,9 +51,9 @@ async fn record(catalog: &Catalog, name: &str) -> Option<Value> {
 async fn dashboard_in_a_real_browser() {
     let tools = BrowserTools::find().await.unwrap();
     let catalog = Catalog::start(|c| {
-        c.instance_ttl = TTL;
-        c.read_token = Some(TOKEN.into());
-        c.write_token = Some(TOKEN.into());
+        c.store.rules.instance_ttl = TTL;
+        c.tokens.read = Some(TOKEN.into());
+        c.tokens.write = Some(TOKEN.into());
     })
     .await
     .unwrap();

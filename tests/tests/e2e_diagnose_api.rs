@@ -16,7 +16,7 @@ async fn diagnose_errors_missing_evidence_and_missing_metrics() {
     let mut sc = Scenario::start("healthy").await.unwrap();
     let dead = free_port().unwrap();
     let mut stack = Stack::start_with(&sc, |c| {
-        c.prometheus_url = Some(format!("http://127.0.0.1:{dead}"));
+        c.diagnosis.prometheus_url = Some(format!("http://127.0.0.1:{dead}"));
     })
     .await;
     sc.fail().await.unwrap();

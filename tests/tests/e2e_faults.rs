@@ -21,7 +21,9 @@ const DOWNTIME: Duration = Duration::from_millis(1500);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_aggregator_restart_loses_nothing() {
-    let mut catalog = Catalog::start(|c| c.instance_ttl = TTL).await.unwrap();
+    let mut catalog = Catalog::start(|c| c.store.rules.instance_ttl = TTL)
+        .await
+        .unwrap();
     catalog.register_zone("zone-r", "").await.unwrap();
     catalog
         .register_cluster(
@@ -47,8 +49,8 @@ async fn an_aggregator_restart_loses_nothing() {
         .unwrap();
 
     let ports = (
-        catalog.config.api_addr,
-        catalog.config.quic_addr,
+        catalog.config.api.addr,
+        catalog.config.ingest.addr,
         catalog.config.ops_addr,
     );
     catalog.stop().await.unwrap();
@@ -58,8 +60,8 @@ async fn an_aggregator_restart_loses_nothing() {
     let back = Instant::now();
     assert_eq!(
         (
-            catalog.config.api_addr,
-            catalog.config.quic_addr,
+            catalog.config.api.addr,
+            catalog.config.ingest.addr,
             catalog.config.ops_addr
         ),
         ports
@@ -111,7 +113,7 @@ impl RawAgent {
             tls::client_config(&dev.join("ca.pem"), Some((Path::new(&cert), &key))).unwrap(),
         );
         let conn = endpoint
-            .connect(catalog.config.quic_addr, "localhost")
+            .connect(catalog.config.ingest.addr, "localhost")
             .unwrap()
             .await
             .unwrap();
@@ -160,8 +162,8 @@ fn frame(body: &[u8]) -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_messages_are_refused_and_counted_while_a_real_agent_reports() {
     let catalog = Catalog::start(|c| {
-        c.instance_ttl = TTL;
-        c.max_message = 64 * 1024;
+        c.store.rules.instance_ttl = TTL;
+        c.ingest.limits.max_message = 64 * 1024;
     })
     .await
     .unwrap();

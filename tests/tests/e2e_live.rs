@@ -281,12 +281,12 @@ async fn events_follow_changes_with_filters_and_replay() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reader_that_falls_behind_gets_reset_and_is_closed() {
-    let catalog = Catalog::start(|c| c.event_lag = 4).await.unwrap();
+    let catalog = Catalog::start(|c| c.events.lag = 4).await.unwrap();
     catalog.register_zone("zone-s", "").await.unwrap();
     // A raw client with a tiny receive window that reads nothing for a while.
     let sock = tokio::net::TcpSocket::new_v4().unwrap();
     sock.set_recv_buffer_size(4096).unwrap();
-    let mut conn = sock.connect(catalog.config.api_addr).await.unwrap();
+    let mut conn = sock.connect(catalog.config.api.addr).await.unwrap();
     conn.write_all(b"GET /events HTTP/1.1\r\nHost: meshcat\r\n\r\n")
         .await
         .unwrap();
@@ -353,9 +353,9 @@ async fn a_reader_that_falls_behind_gets_reset_and_is_closed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_show_live_status_and_honour_the_read_token() {
     let catalog = Catalog::start(|c| {
-        c.instance_ttl = Duration::from_millis(900);
-        c.read_token = Some(TOKEN.to_owned());
-        c.write_token = Some(WRITE_TOKEN.to_owned());
+        c.store.rules.instance_ttl = Duration::from_millis(900);
+        c.tokens.read = Some(TOKEN.to_owned());
+        c.tokens.write = Some(WRITE_TOKEN.to_owned());
     })
     .await
     .unwrap();
@@ -459,7 +459,7 @@ async fn read_until(res: &mut reqwest::Response, done: impl Fn(&str) -> bool) ->
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_stream_gets_comment_lines() {
-    let catalog = Catalog::start(|c| c.event_heartbeat = Duration::from_millis(200))
+    let catalog = Catalog::start(|c| c.events.heartbeat = Duration::from_millis(200))
         .await
         .unwrap();
     let mut res = reqwest::get(format!("{}/events", catalog.api_url()))
@@ -479,7 +479,7 @@ async fn an_idle_stream_gets_comment_lines() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_filtered_stream_gets_comment_lines_while_other_clusters_change() {
-    let catalog = Catalog::start(|c| c.event_heartbeat = Duration::from_millis(300))
+    let catalog = Catalog::start(|c| c.events.heartbeat = Duration::from_millis(300))
         .await
         .unwrap();
     catalog.register_zone("zone-h", "").await.unwrap();

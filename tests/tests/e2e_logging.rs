@@ -131,7 +131,10 @@ fn stack_agent(stack: &Stack) -> String {
 async fn a_hung_agent_costs_only_its_own_deadline() {
     let _turn = SERIAL.lock().await;
     let sc = Scenario::start("healthy").await.unwrap();
-    let stack = Stack::start_with(&sc, |c| c.command_timeout = Duration::from_secs(2)).await;
+    let stack = Stack::start_with(&sc, |c| {
+        c.diagnosis.command_timeout = Duration::from_secs(2)
+    })
+    .await;
     let (stop_hung, hung_task) = hung_agent(&stack, SERVICE, "catalog-hung", "hung-agent");
     let store = stack.agg.store.clone();
     wait_for(

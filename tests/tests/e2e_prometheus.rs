@@ -48,10 +48,10 @@ struct Mesh {
 
 async fn mesh() -> Mesh {
     let catalog = Catalog::start(|c| {
-        c.instance_ttl = Duration::from_millis(900);
+        c.store.rules.instance_ttl = Duration::from_millis(900);
         // The shop is also the zone's edge: its configuration is fetched with a
         // command, so the command family shows too.
-        c.edge_refresh = Duration::from_millis(300);
+        c.diagnosis.edge_refresh = Duration::from_millis(300);
     })
     .await
     .unwrap();
@@ -326,8 +326,8 @@ async fn missing_metrics_asks_a_real_prometheus_whether_it_scrapes_the_job() {
     // know the aggregator's ops address: the port is chosen first.
     let prometheus_port = free_port().unwrap();
     let catalog = Catalog::start(|c| {
-        c.instance_ttl = Duration::from_millis(900);
-        c.prometheus_url = Some(format!("http://127.0.0.1:{prometheus_port}"));
+        c.store.rules.instance_ttl = Duration::from_millis(900);
+        c.diagnosis.prometheus_url = Some(format!("http://127.0.0.1:{prometheus_port}"));
     })
     .await
     .unwrap();

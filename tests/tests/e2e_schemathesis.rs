@@ -31,8 +31,8 @@ async fn the_api_is_true_to_its_openapi_document() {
     let dir = tempfile::tempdir().unwrap();
     let mut config = Config::for_tests(dir.path());
     config.dev = true;
-    config.write_token = Some("st-write".into());
-    config.read_token = Some("st-read".into());
+    config.tokens.write = Some("st-write".into());
+    config.tokens.read = Some("st-read".into());
     let agg = meshcat_aggregator::start(config).await.unwrap();
     let api = agg.api_url();
     // Some registrations, so lookups find something as well as nothing.

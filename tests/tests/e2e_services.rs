@@ -29,8 +29,8 @@ fn assert_unregistered(c: &Value) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn services_lists_reported_and_edge_clusters_nobody_registered() {
     let catalog = Catalog::start(|c| {
-        c.instance_ttl = Duration::from_millis(900);
-        c.edge_refresh = Duration::from_millis(300);
+        c.store.rules.instance_ttl = Duration::from_millis(900);
+        c.diagnosis.edge_refresh = Duration::from_millis(300);
     })
     .await
     .unwrap();

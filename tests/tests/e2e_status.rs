@@ -52,7 +52,9 @@ fn check_metrics(m: &Value, requests: i64, errors: i64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn instances_metrics_and_every_status_transition() {
-    let catalog = Catalog::start(|c| c.instance_ttl = TTL).await.unwrap();
+    let catalog = Catalog::start(|c| c.store.rules.instance_ttl = TTL)
+        .await
+        .unwrap();
     catalog.register_zone("zone-a", "").await.unwrap();
     catalog
         .register_cluster(

@@ -152,7 +152,7 @@ pub async fn peer_evidence(
         max_lines: EVIDENCE_LOG_LINES,
         debug_seconds,
     };
-    let deadline = window_deadline(s.command_timeout, debug_seconds.unwrap_or(0));
+    let deadline = window_deadline(s.diagnosis.command_timeout, debug_seconds.unwrap_or(0));
     let here = Target {
         instance: instance.clone(),
         owner: Owner::Here,
@@ -181,8 +181,7 @@ pub async fn diagnose(
     let diagnosis = Diagnosis {
         sidecars,
         store: s.store.clone(),
-        prometheus_url: s.prometheus_url.clone(),
-        command_timeout: s.command_timeout,
+        tools: s.diagnosis.clone(),
     };
     let request = Request {
         symptom: q.symptom,

@@ -434,7 +434,8 @@ pub async fn events(
     let last_event_id = headers.get("last-event-id").map(HeaderValue::as_bytes);
     let (filter, since) = parse_request(q.as_deref(), last_event_id)?;
     let slot = s
-        .event_streams
+        .events
+        .open
         .open(&s.metrics.event_streams)
         .ok_or_else(too_many_streams)?;
     let sub = s.store.changes().subscribe(since);
@@ -443,11 +444,11 @@ pub async fn events(
         filter,
         caller.authorized,
         Bounds {
-            heartbeat: s.event_heartbeat,
-            coalesce: s.event_coalesce,
-            buffer: s.event_buffer,
+            heartbeat: s.events.config.heartbeat,
+            coalesce: s.events.config.coalesce,
+            buffer: s.events.config.buffer,
         },
-        s.stopping.clone(),
+        s.events.stopping.clone(),
         Some(slot),
     );
     Ok((

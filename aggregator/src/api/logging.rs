@@ -54,7 +54,7 @@ async fn run_level_command(
     let sidecars = sidecars(s);
     let target = sidecars.target(zone, cluster, instance)?;
     match sidecars
-        .run((zone, cluster), &target, ask, s.command_timeout)
+        .run((zone, cluster), &target, ask, s.diagnosis.command_timeout)
         .await?
     {
         Answer::Level(l) => Ok(l),
@@ -175,7 +175,7 @@ pub async fn put_cluster_logging(
     let sidecars = sidecars(&s);
     cluster_or_404(&sidecars, &zone, &cluster)?;
     let targets = sidecars.targets(&zone, &cluster);
-    let deadline = s.command_timeout;
+    let deadline = s.diagnosis.command_timeout;
     let runs = targets.iter().map(|t| {
         let (sidecars, zone, cluster) = (&sidecars, zone.as_str(), cluster.as_str());
         async move {
@@ -258,7 +258,7 @@ pub async fn post_debug_window(
             .map(|i| sidecars.target(&zone, &cluster, i))
             .collect()
     };
-    let deadline = window_deadline(s.command_timeout, seconds);
+    let deadline = window_deadline(s.diagnosis.command_timeout, seconds);
     info!(%zone, %cluster, seconds, instances = targets.len(), "Debug window asked through the API.");
     let runs = targets.into_iter().zip(0..).map(|(t, n)| {
         let (sidecars, zone, cluster) = (&sidecars, zone.as_str(), cluster.as_str());

@@ -33,14 +33,15 @@ fn router(dir: &std::path::Path) -> Router {
         },
         metrics: Telemetry::new().unwrap().api,
         agents: None,
-        command_timeout: std::time::Duration::from_secs(5),
-        prometheus_url: None,
         peers: super::forward::Peers::plain(),
-        event_heartbeat: crate::api::events::HEARTBEAT,
-        event_coalesce: crate::api::events::COALESCE,
-        event_buffer: crate::api::events::BUFFER,
-        event_streams: crate::api::events::Streams::new(crate::api::events::MAX_STREAMS),
-        stopping: tokio::sync::watch::channel(false).1,
+        diagnosis: crate::diagnosis::DiagnosisTools {
+            command_timeout: std::time::Duration::from_secs(5),
+            prometheus: None,
+        },
+        events: EventStreams::new(
+            crate::config::EventsConfig::default(),
+            tokio::sync::watch::channel(false).1,
+        ),
     });
     app(state, 1 << 20)
 }

@@ -81,9 +81,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
     };
     let (server, auth) = security.load()?;
     let mut config = IngestConfig::new(server, auth);
-    config.max_connections = args.max_connections;
+    config.limits.max_connections = args.max_connections;
     // The benchmark connects its whole fleet at once.
-    config.max_pending = args.max_connections;
+    config.limits.max_pending = args.max_connections;
     let sink = Arc::new(CountingSink::default());
     let registry = prometheus::Registry::new();
     let ingest = Ingest::new(config, sink.clone(), &registry)?;

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, warn};
 
-use crate::store::{Member, Membership, RemoteInstance};
+use crate::store::{Member, Membership, RemoteInstance, Rules};
 
 /// A publication, as stored in etcd.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -149,8 +149,7 @@ pub fn membership(
     prefix: &str,
     owner: &str,
     advertise: &str,
-    ttl: Duration,
-    warning: f64,
+    rules: Rules,
 ) -> (EtcdMembership, Publisher) {
     let (tx, rx) = mpsc::unbounded_channel();
     (
@@ -164,8 +163,8 @@ pub fn membership(
             prefix: prefix.to_owned(),
             owner: owner.to_owned(),
             advertise: advertise.to_owned(),
-            ttl,
-            warning,
+            ttl: rules.instance_ttl,
+            warning: rules.error_ratio_warning,
             rx,
             published: HashMap::new(),
             dirty: false,
