@@ -21,6 +21,7 @@ where
 }
 
 /// A link shown beside a cluster (runbooks, dashboards, repositories).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct ExternalLink {
     #[serde(default, deserialize_with = "null_as_default")]
@@ -35,6 +36,13 @@ pub struct ExternalLink {
 /// every other field defaults (strings to "", integers to 0, booleans to false, arrays
 /// to []). Integers are `i64` on the wire so that out-of-range values reach
 /// [`crate::validate`] and get a sentence naming the field instead of a serde error.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(
+    feature = "openapi",
+    schema(
+        description = "A registered service cluster, identified by (zoneName, clusterName). Only those two and name are required; every other field defaults (strings to \"\", integers to 0, booleans to false, arrays to [])."
+    )
+)]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ClusterRecord {
@@ -57,15 +65,18 @@ pub struct ClusterRecord {
     pub description: String,
     #[serde(default, deserialize_with = "null_as_default")]
     pub prometheus_job: String,
+    #[cfg_attr(feature = "openapi", schema(minimum = 0))]
     #[serde(default, deserialize_with = "null_as_default")]
     pub min_instances: i64,
     /// 0 means no upper bound.
+    #[cfg_attr(feature = "openapi", schema(minimum = 0))]
     #[serde(default, deserialize_with = "null_as_default")]
     pub max_instances: i64,
     #[serde(default, deserialize_with = "null_as_default")]
     pub enable_instance_metrics: bool,
     #[serde(default, deserialize_with = "null_as_default")]
     pub enable_historical_metrics: bool,
+    #[cfg_attr(feature = "openapi", schema(minimum = 0, maximum = 65535))]
     #[serde(default, deserialize_with = "null_as_default")]
     pub metrics_port: i64,
     #[serde(default, deserialize_with = "null_as_default")]
@@ -121,6 +132,7 @@ impl ClusterRecord {
 }
 
 /// A running instance of a cluster, as read answers list it.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Instance {
@@ -130,6 +142,7 @@ pub struct Instance {
 }
 
 /// Health of a cluster, derived from its live instances (see `docs/status.md`).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Status {
@@ -168,6 +181,7 @@ impl fmt::Display for Status {
 
 /// A cluster as read answers show it: the record plus what the caller may see of
 /// its live state.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ClusterView {
@@ -181,6 +195,7 @@ pub struct ClusterView {
 }
 
 /// A zone (mesh), registered by the address of the control server that manages it.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ZoneRecord {
@@ -200,6 +215,7 @@ pub struct ZoneRecord {
 }
 
 /// Seed 2.4: the answer of `GET /zones/{zoneName}/metadata`.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct ZoneMetadata {
@@ -214,6 +230,7 @@ pub struct ZoneMetadata {
 }
 
 /// Seed 2.5: the per-zone summary inside `zones` and `meshes` of `GET /summary`.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct ZoneSummary {
@@ -243,6 +260,7 @@ impl From<&ZoneSummary> for ZoneMetadata {
 }
 
 /// Seed 2.5: the overall `metadata` of `GET /summary`.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct OverallSummary {
@@ -257,6 +275,7 @@ pub struct OverallSummary {
 }
 
 /// One zone's entry in `zones` (and `meshes`) of `GET /summary`.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 pub struct ZoneEntry {
     /// Keyed by clusterName.
@@ -266,6 +285,7 @@ pub struct ZoneEntry {
 
 /// Seed 2.5: the answer of `GET /summary`. `meshes` is the seed's other name for
 /// `zones` and holds the same objects.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 pub struct Summary {
     pub zones: BTreeMap<String, ZoneEntry>,
@@ -275,6 +295,7 @@ pub struct Summary {
 
 /// Seed 2.6: the instance metrics object, a flat JSON object whose keys carry
 /// slashes and dots. `docs/metrics-object.md` maps every key to its Envoy source.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 pub struct InstanceMetrics {
     #[serde(rename = "mesh-metrics-version")]

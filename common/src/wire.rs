@@ -189,6 +189,7 @@ pub enum CommandOutput {
 }
 
 /// What a debug window saw, as the aggregator hands it on.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DebugWindowOutput {
     /// The level before the window (Envoy's name), restored afterwards.

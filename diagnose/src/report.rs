@@ -10,6 +10,7 @@ use crate::symptom::Symptom;
 
 /// The checks of the playbook. The name is the type, so the aggregator and the CLI
 /// refer to a check by this enum, never by a string that a rename would silently break.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StepName {
@@ -133,6 +134,7 @@ pub const MAX_EVIDENCE: usize = 30;
 pub const MAX_EVIDENCE_LEN: usize = 1024;
 
 /// The outcome of one check.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Verdict {
@@ -143,6 +145,7 @@ pub enum Verdict {
 }
 
 /// One check of the playbook, with what it read and what to do next.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Step {
     /// Which check this is; serialised as its stable name (`edge_discovery`, ...).
@@ -180,6 +183,7 @@ impl Step {
 }
 
 /// The answer of `GET /diagnose/{clusterName}`.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DiagnosisReport {
     pub cluster: String,

@@ -14,6 +14,7 @@ const CONNECT_ERROR_PREFIX: &str = "upstream connect error or disconnect/reset b
 const NO_HEALTHY_UPSTREAM: &str = "no healthy upstream";
 
 /// A failure as the operator sees it; it selects which checks run and in which order.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Symptom {

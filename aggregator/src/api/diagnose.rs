@@ -8,9 +8,10 @@ use meshcat_common::validate::is_valid_name;
 use meshcat_common::wire::EvidenceOutput;
 use meshcat_diagnose::{DiagnosisReport, Symptom};
 use tracing::warn;
+use utoipa::IntoParams;
 
 use super::auth::{DiagnoseCaller, Granted};
-use super::error::ApiError;
+use super::error::{ApiError, ErrorBody};
 use super::handlers::Params;
 use super::logging::seconds_value;
 use super::query;
@@ -23,11 +24,19 @@ use crate::sidecars::{Answer, Ask, Owner, Target, window_deadline};
 pub const MAX_PATH_LEN: usize = 2_048;
 
 /// The query of `GET /diagnose/{clusterName}`.
-#[derive(Debug)]
+#[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Query, rename_all = "camelCase")]
 struct DiagnoseQuery {
+    /// The zone of the cluster.
+    #[param(rename = "zoneName")]
     zone: String,
+    /// The failure as the operator sees it; without it every check runs.
     symptom: Option<Symptom>,
+    /// Path of the failing request; access lines are filtered on it.
     path: Option<String>,
+    /// Run a debug window of that many seconds on every sidecar read before
+    /// collecting.
+    #[param(minimum = 1, maximum = 300)]
     debug_seconds: Option<u32>,
 }
 
@@ -167,6 +176,22 @@ pub async fn peer_evidence(
 }
 
 /// `GET /diagnose/{clusterName}?zoneName=&symptom=&path=[&debugSeconds=N]`.
+#[utoipa::path(
+    get,
+    path = "/diagnose/{clusterName}",
+    summary = "Run the mesh troubleshooting playbook for a cluster (contract section 5).",
+    params(
+        ("clusterName" = String, Path, description = "The cluster's clusterName."),
+        DiagnoseQuery,
+    ),
+    responses(
+        (status = 200, description = "The diagnosis report.", body = DiagnosisReport),
+        (status = 400, description = "Malformed query, unknown symptom, or zoneName missing.", body = ErrorBody),
+        (status = 401, description = "debugSeconds is given, a write token is configured and the request lacks it.", body = ErrorBody),
+        (status = 403, description = "A read token is configured and the request lacks it, or debugSeconds is given and writes are disabled.", body = ErrorBody),
+        (status = 404, description = "Unknown resource.", body = ErrorBody),
+    ),
+)]
 pub async fn diagnose(
     State(s): Shared,
     _c: DiagnoseCaller,

@@ -21,11 +21,18 @@ pub struct ApiError {
     pub message: String,
 }
 
-#[derive(Serialize)]
-struct Body<'a> {
+/// The body of every error answer, named `Error` in the OpenAPI document.
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = Error)]
+pub struct Body<'a> {
+    /// One sentence for a human.
     error: &'a str,
+    /// Stable machine-readable code, snake_case.
     code: &'a str,
 }
+
+/// [`Body`] as the OpenAPI annotations name it.
+pub type ErrorBody = Body<'static>;
 
 impl ApiError {
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {

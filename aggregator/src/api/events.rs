@@ -18,10 +18,11 @@ use meshcat_common::validate::is_valid_name;
 use prometheus::IntGauge;
 use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use utoipa::{IntoParams, ToSchema};
 
 use super::AppState;
 use super::auth::Caller;
-use super::error::ApiError;
+use super::error::{ApiError, ErrorBody};
 use super::query;
 use crate::store::changes::{Change, Event};
 
@@ -84,11 +85,20 @@ fn set_once_u64(name: &str, v: &str, slot: &mut Option<u64>) -> Result<(), ApiEr
     Ok(())
 }
 
+/// The blocking-query parameters of the read routes in [`INDEXED`].
+#[derive(Debug, Default, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct BlockingQuery {
+    /// Blocking query: answer once the catalog index exceeds this (or after wait).
+    pub index: Option<u64>,
+    /// Longest wait of a blocking query, such as 500ms, 5s or 2m (default 5m, at most
+    /// 10m).
+    #[param(value_type = Option<String>, pattern = "^[0-9]{1,12}(ms|s|m|h)?$")]
+    pub wait: Option<Duration>,
+}
+
 /// Takes `index` and `wait` out of a query; returns them and what is left.
-#[allow(clippy::type_complexity)]
-pub(super) fn split_blocking(
-    raw: &str,
-) -> Result<(Option<u64>, Option<Duration>, String), ApiError> {
+pub(super) fn split_blocking(raw: &str) -> Result<(BlockingQuery, String), ApiError> {
     let mut index = None;
     let mut wait = None;
     let mut rest = form_urlencoded::Serializer::new(String::new());
@@ -108,7 +118,7 @@ pub(super) fn split_blocking(
             }
         }
     }
-    Ok((index, wait, rest.finish()))
+    Ok((BlockingQuery { index, wait }, rest.finish()))
 }
 
 /// Whether a blocking query for `index` waits, the catalog index being `current`.
@@ -132,7 +142,7 @@ pub async fn indexed(State(s): State<Arc<AppState>>, mut req: Request, next: Nex
         return next.run(req).await;
     }
     if let Some(raw) = req.uri().query().map(str::to_owned) {
-        let (index, wait, rest) = match split_blocking(&raw) {
+        let (BlockingQuery { index, wait }, rest) = match split_blocking(&raw) {
             Ok(v) => v,
             Err(e) => return e.into_response(),
         };
@@ -395,36 +405,101 @@ pub fn parse_request(
     query: Option<&str>,
     last_event_id: Option<&[u8]>,
 ) -> Result<(Filter, Option<u64>), ApiError> {
-    let mut filter = Filter::default();
-    let mut since = None;
-    for (k, v) in query::parse(query, &["zoneName", "clusterName", "since"])? {
-        let slot = match k.as_str() {
-            "zoneName" => &mut filter.zone,
-            "clusterName" => &mut filter.cluster,
-            _ => {
-                let n = parse_event_id(v.as_bytes())
-                    .filter(|_| since.is_none())
-                    .ok_or_else(|| {
-                        ApiError::bad_query("Query parameter since must be one unsigned integer.")
-                    })?;
-                since = Some(n);
-                continue;
-            }
-        };
-        if slot.is_some() || !is_valid_name(&v) {
-            return Err(ApiError::bad_query(format!(
-                "Query parameter {k} must be given once, 1 to 253 characters of letters, digits, '.', '_' and '-'."
-            )));
-        }
-        *slot = Some(v);
-    }
-    if since.is_none() {
-        since = last_event_id.and_then(|v| parse_event_id(v.trim_ascii()));
-    }
+    let q = EventsQuery::parse(query)?;
+    let filter = Filter {
+        zone: q.zone_name,
+        cluster: q.cluster_name,
+    };
+    let since = q
+        .since
+        .or_else(|| last_event_id.and_then(|v| parse_event_id(v.trim_ascii())));
     Ok((filter, since))
 }
 
+/// The query of `GET /events`.
+#[derive(Debug, Default, IntoParams)]
+#[into_params(parameter_in = Query, rename_all = "camelCase")]
+pub struct EventsQuery {
+    /// Only the events of this zone.
+    pub zone_name: Option<String>,
+    /// Only the events of this cluster.
+    pub cluster_name: Option<String>,
+    /// Replay the changes after this index (like Last-Event-ID).
+    pub since: Option<u64>,
+}
+
+impl EventsQuery {
+    /// Parses the query alone; a malformed one is an error naming the parameter.
+    pub fn parse(query: Option<&str>) -> Result<EventsQuery, ApiError> {
+        let mut q = EventsQuery::default();
+        let since = &mut q.since;
+        for (k, v) in query::parse(query, &["zoneName", "clusterName", "since"])? {
+            let slot = match k.as_str() {
+                "zoneName" => &mut q.zone_name,
+                "clusterName" => &mut q.cluster_name,
+                _ => {
+                    let n = parse_event_id(v.as_bytes())
+                        .filter(|_| since.is_none())
+                        .ok_or_else(|| {
+                            ApiError::bad_query(
+                                "Query parameter since must be one unsigned integer.",
+                            )
+                        })?;
+                    *since = Some(n);
+                    continue;
+                }
+            };
+            if slot.is_some() || !is_valid_name(&v) {
+                return Err(ApiError::bad_query(format!(
+                    "Query parameter {k} must be given once, 1 to 253 characters of letters, digits, '.', '_' and '-'."
+                )));
+            }
+            *slot = Some(v);
+        }
+        Ok(q)
+    }
+}
+
+/// One event of the stream as the document describes it: an `event:` line, a `data:`
+/// line and, except `reset`, the index of its change as `id:`.
+#[derive(Debug, ToSchema)]
+pub struct StreamEvent {
+    #[schema(inline)]
+    pub event: StreamEventName,
+    /// JSON: a cluster as in GET /clusters, {clusterName, zoneName}, a zone record,
+    /// {zoneName}, the summary's metadata, or {} for reset.
+    pub data: String,
+    #[schema(pattern = "^[0-9]+$")]
+    pub id: Option<String>,
+}
+
+/// The names of the stream's events.
+#[derive(Debug, ToSchema)]
+#[schema(rename_all = "kebab-case")]
+pub enum StreamEventName {
+    Cluster,
+    ClusterDeleted,
+    Zone,
+    ZoneDeleted,
+    Summary,
+    Reset,
+}
+
 /// `GET /events`.
+#[utoipa::path(
+    get,
+    path = "/events",
+    summary = "Server-Sent Events stream of catalog changes: cluster, cluster-deleted, zone, zone-deleted, summary and reset events, each with the change's index as id.",
+    params(
+        EventsQuery,
+        ("Last-Event-ID" = Option<String>, Header, description = "Resume after this index (`since` wins)."),
+    ),
+    responses(
+        (status = 200, description = "The event stream; comment lines keep an idle stream open.", body = StreamEvent, content_type = "text/event-stream"),
+        (status = 400, description = "Malformed query.", body = ErrorBody),
+        (status = 503, description = "Too many event streams open (--max-event-streams).", body = ErrorBody),
+    )
+)]
 pub async fn events(
     State(s): State<Arc<AppState>>,
     caller: Caller,

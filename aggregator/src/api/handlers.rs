@@ -10,15 +10,22 @@ use axum::extract::{FromRequest, FromRequestParts, Path, RawQuery, Request, Stat
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use meshcat_common::model::{ClusterRecord, ClusterView, InstanceMetrics, ZoneRecord};
+use meshcat_common::model::{
+    ClusterRecord, ClusterView, InstanceMetrics, Summary, ZoneMetadata, ZoneRecord,
+};
 use meshcat_common::validate::{self, MAX_TEXT_LEN, is_valid_name};
+use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tracing::{error, info};
+use utoipa::openapi::schema::{ArrayBuilder, OneOfBuilder, Schema};
+use utoipa::openapi::{Ref, RefOr};
+use utoipa::{PartialSchema, ToSchema};
 
 use super::AppState;
 use super::auth::{Caller, Reader, Writer};
-use super::error::ApiError;
-use super::query::{self, ClusterFilter};
+use super::error::{ApiError, ErrorBody};
+use super::events::BlockingQuery;
+use super::query::{self, ClusterFilter, RequiredZoneQuery, ZoneQuery};
 use crate::store::{Cached, CachedKind, Committed, MetricsLookup, Store, StoreError, Write};
 
 type Shared = State<Arc<AppState>>;
@@ -117,6 +124,13 @@ fn json_bytes(body: bytes::Bytes) -> Response {
 
 // ---- summary ----------------------------------------------------------------
 
+#[utoipa::path(
+    get,
+    path = "/summary",
+    summary = "Summary of every zone (seed 2.5).",
+    params(BlockingQuery),
+    responses((status = 200, description = "The summary.", body = Summary, headers(("X-Meshcat-Index" = u64, description = "The catalog index the answer was read at.")))),
+)]
 pub async fn summary(
     State(s): Shared,
     caller: Caller,
@@ -154,6 +168,13 @@ async fn cached(
 
 // ---- clusters ---------------------------------------------------------------
 
+#[utoipa::path(
+    get,
+    path = "/clusters",
+    summary = "List registered clusters.",
+    params(ClusterFilter, BlockingQuery),
+    responses((status = 200, description = "Matching clusters sorted by (zoneName, clusterName).", body = Vec<ClusterView>, headers(("X-Meshcat-Index" = u64, description = "The catalog index the answer was read at.")))),
+)]
 pub async fn list_clusters(
     State(s): Shared,
     caller: Caller,
@@ -181,7 +202,53 @@ fn check_cluster(r: &ClusterRecord) -> Result<(), ApiError> {
 /// Most records in one bulk `POST /clusters`.
 pub const MAX_BULK_CLUSTERS: usize = 1000;
 
+/// The body of `POST /clusters` and its answer: one record, or 1 to
+/// [`MAX_BULK_CLUSTERS`] records registered all or nothing. The handler reads the
+/// body as JSON first, so that a refusal names the record's index.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub enum Registration {
+    One(Box<ClusterRecord>),
+    Many(Vec<ClusterRecord>),
+}
+
+impl utoipa::PartialSchema for Registration {
+    fn schema() -> RefOr<Schema> {
+        let record = || Ref::from_schema_name(ClusterRecord::name());
+        OneOfBuilder::new()
+            .item(record())
+            .item(
+                ArrayBuilder::new()
+                    .items(record())
+                    .min_items(Some(1))
+                    .max_items(Some(MAX_BULK_CLUSTERS)),
+            )
+            .into()
+    }
+}
+
+impl ToSchema for Registration {
+    fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
+        schemas.push((ClusterRecord::name().into(), ClusterRecord::schema()));
+        ClusterRecord::schemas(schemas);
+    }
+}
+
 /// `POST /clusters`: one record, or an array of records registered all or nothing.
+#[utoipa::path(
+    post,
+    path = "/clusters",
+    summary = "Register a cluster, or an array of 1 to 1000 clusters all or nothing (one durable commit; a refusal names the record's index and stores nothing).",
+    request_body = Registration,
+    responses(
+        (status = 201, description = "The stored record, or the stored records in the order sent.", body = Registration),
+        (status = 401, description = "A write token is configured and the request lacks it.", body = ErrorBody),
+        (status = 409, description = "The cluster exists in that zone (or twice in the array).", body = ErrorBody),
+        (status = 413, description = "The body is over --max-body.", body = ErrorBody),
+        (status = 415, description = "The body is not JSON.", body = ErrorBody),
+        (status = 422, description = "Well-formed but invalid.", body = ErrorBody),
+    ),
+)]
 pub async fn create_cluster(
     State(s): Shared,
     _w: Writer,
@@ -197,7 +264,11 @@ pub async fn create_cluster(
             .await?
             .into_cluster();
         info!(zone = %stored.zone_name, cluster = %stored.cluster_name, "Cluster registered.");
-        return Ok((StatusCode::CREATED, Json(stored)).into_response());
+        return Ok((
+            StatusCode::CREATED,
+            Json(Registration::One(Box::new(stored))),
+        )
+            .into_response());
     };
     if items.is_empty() || items.len() > MAX_BULK_CLUSTERS {
         return Err(ApiError::invalid(format!(
@@ -231,9 +302,19 @@ pub async fn create_cluster(
         .map(Committed::into_cluster)
         .collect();
     info!(clusters = stored.len(), "Clusters registered in bulk.");
-    Ok((StatusCode::CREATED, Json(stored)).into_response())
+    Ok((StatusCode::CREATED, Json(Registration::Many(stored))).into_response())
 }
 
+#[utoipa::path(
+    get,
+    path = "/clusters/{clusterName}",
+    summary = "A cluster, one record per zone that has it.",
+    params(("clusterName" = String, Path, description = "The cluster's clusterName."), ZoneQuery, BlockingQuery),
+    responses(
+        (status = 200, description = "The records.", body = Vec<ClusterView>, headers(("X-Meshcat-Index" = u64, description = "The catalog index the answer was read at."))),
+        (status = 404, description = "Unknown resource.", body = ErrorBody),
+    ),
+)]
 pub async fn get_cluster(
     State(s): Shared,
     caller: Caller,
@@ -254,6 +335,21 @@ pub async fn get_cluster(
     }
 }
 
+#[utoipa::path(
+    put,
+    path = "/clusters/{clusterName}",
+    summary = "Replace a cluster; the zone is the body's zoneName.",
+    params(("clusterName" = String, Path, description = "The cluster's clusterName."), ZoneQuery),
+    request_body = ClusterRecord,
+    responses(
+        (status = 200, description = "The stored record.", body = ClusterRecord),
+        (status = 401, description = "A write token is configured and the request lacks it.", body = ErrorBody),
+        (status = 404, description = "Unknown resource.", body = ErrorBody),
+        (status = 413, description = "The body is over --max-body.", body = ErrorBody),
+        (status = 415, description = "The body is not JSON.", body = ErrorBody),
+        (status = 422, description = "Well-formed but invalid.", body = ErrorBody),
+    ),
+)]
 pub async fn replace_cluster(
     State(s): Shared,
     _w: Writer,
@@ -283,6 +379,20 @@ pub async fn replace_cluster(
     Ok(Json(stored))
 }
 
+#[utoipa::path(
+    delete,
+    path = "/clusters/{clusterName}",
+    summary = "Delete a cluster from a zone.",
+    params(("clusterName" = String, Path, description = "The cluster's clusterName."), RequiredZoneQuery),
+    responses(
+        (status = 200, description = "The deleted record.", body = ClusterRecord),
+        (status = 401, description = "A write token is configured and the request lacks it.", body = ErrorBody),
+        (status = 404, description = "Unknown resource.", body = ErrorBody),
+        (status = 413, description = "The body is over --max-body.", body = ErrorBody),
+        (status = 415, description = "The body is not JSON.", body = ErrorBody),
+        (status = 422, description = "Well-formed but invalid.", body = ErrorBody),
+    ),
+)]
 pub async fn delete_cluster(
     State(s): Shared,
     _w: Writer,
@@ -290,11 +400,10 @@ pub async fn delete_cluster(
     RawQuery(q): RawQuery,
 ) -> Result<Json<ClusterRecord>, ApiError> {
     check_path_name("clusterName", &name)?;
-    let Some(zone) = query::zone_name(q.as_deref())? else {
-        return Err(ApiError::bad_query(
-            "Query parameter zoneName is required to delete a cluster.",
-        ));
-    };
+    let RequiredZoneQuery { zone_name: zone } = RequiredZoneQuery::parse(
+        q.as_deref(),
+        "Query parameter zoneName is required to delete a cluster.",
+    )?;
     let w = Write::DeleteCluster {
         zone,
         cluster: name,
@@ -322,6 +431,17 @@ fn metrics_answer(
     }
 }
 
+#[utoipa::path(
+    get,
+    path = "/metrics/{clusterName}/{instanceId}",
+    summary = "Latest metrics of a live instance.",
+    params(("clusterName" = String, Path, description = "The cluster's clusterName."), ("instanceId" = String, Path, description = "The instance name."), ZoneQuery),
+    responses(
+        (status = 200, description = "The instance's latest metrics (seed 2.6).", body = InstanceMetrics),
+        (status = 403, description = "A read token is configured and the request lacks it.", body = ErrorBody),
+        (status = 404, description = "Unknown resource.", body = ErrorBody),
+    ),
+)]
 pub async fn metrics_by_cluster(
     State(s): Shared,
     _r: Reader,
@@ -345,6 +465,21 @@ pub async fn metrics_by_cluster(
     )
 }
 
+#[utoipa::path(
+    get,
+    path = "/metrics/{name}/{version}/{instanceId}",
+    summary = "Latest metrics of a live instance of the cluster with that name and version.",
+    params(
+        ("name" = String, Path, description = "The cluster's name field."),
+        ("version" = String, Path, description = "The cluster's version field."),
+        ("instanceId" = String, Path, description = "The instance name."),
+    ),
+    responses(
+        (status = 200, description = "The instance's latest metrics (seed 2.6).", body = InstanceMetrics),
+        (status = 403, description = "A read token is configured and the request lacks it.", body = ErrorBody),
+        (status = 404, description = "Unknown resource.", body = ErrorBody),
+    ),
+)]
 pub async fn metrics_by_version(
     State(s): Shared,
     _r: Reader,
@@ -367,6 +502,13 @@ pub async fn metrics_by_version(
 
 // ---- zones --------------------------------------------------------------------
 
+#[utoipa::path(
+    get,
+    path = "/zones",
+    summary = "List zones.",
+    params(BlockingQuery),
+    responses((status = 200, description = "Zones sorted by zoneName.", body = Vec<ZoneRecord>, headers(("X-Meshcat-Index" = u64, description = "The catalog index the answer was read at.")))),
+)]
 pub async fn list_zones(
     State(s): Shared,
     RawQuery(q): RawQuery,
@@ -375,6 +517,20 @@ pub async fn list_zones(
     Ok(Json(s.store.zones()))
 }
 
+#[utoipa::path(
+    post,
+    path = "/zones",
+    summary = "Register a zone.",
+    request_body = ZoneRecord,
+    responses(
+        (status = 201, description = "The stored zone.", body = ZoneRecord),
+        (status = 401, description = "A write token is configured and the request lacks it.", body = ErrorBody),
+        (status = 409, description = "The zone exists.", body = ErrorBody),
+        (status = 413, description = "The body is over --max-body.", body = ErrorBody),
+        (status = 415, description = "The body is not JSON.", body = ErrorBody),
+        (status = 422, description = "Well-formed but invalid.", body = ErrorBody),
+    ),
+)]
 pub async fn create_zone(
     State(s): Shared,
     _w: Writer,
@@ -392,6 +548,16 @@ pub async fn create_zone(
     Ok((StatusCode::CREATED, Json(stored)))
 }
 
+#[utoipa::path(
+    get,
+    path = "/zones/{zoneName}",
+    summary = "A zone.",
+    params(("zoneName" = String, Path, description = "The zone's zoneName.")),
+    responses(
+        (status = 200, description = "The zone.", body = ZoneRecord),
+        (status = 404, description = "Unknown resource.", body = ErrorBody),
+    ),
+)]
 pub async fn get_zone(
     State(s): Shared,
     Params(name): Params<String>,
@@ -405,6 +571,20 @@ pub async fn get_zone(
         .ok_or_else(|| ApiError::not_found(format!("Zone {name} does not exist.")))
 }
 
+#[utoipa::path(
+    delete,
+    path = "/zones/{zoneName}",
+    summary = "Delete a zone and its clusters.",
+    params(("zoneName" = String, Path, description = "The zone's zoneName.")),
+    responses(
+        (status = 200, description = "The deleted zone.", body = ZoneRecord),
+        (status = 401, description = "A write token is configured and the request lacks it.", body = ErrorBody),
+        (status = 404, description = "Unknown resource.", body = ErrorBody),
+        (status = 413, description = "The body is over --max-body.", body = ErrorBody),
+        (status = 415, description = "The body is not JSON.", body = ErrorBody),
+        (status = 422, description = "Well-formed but invalid.", body = ErrorBody),
+    ),
+)]
 pub async fn delete_zone(
     State(s): Shared,
     _w: Writer,
@@ -420,11 +600,21 @@ pub async fn delete_zone(
     Ok(Json(deleted))
 }
 
+#[utoipa::path(
+    get,
+    path = "/zones/{zoneName}/metadata",
+    summary = "Counts over the zone's clusters (seed 2.4).",
+    params(("zoneName" = String, Path, description = "The zone's zoneName.")),
+    responses(
+        (status = 200, description = "The zone metadata.", body = ZoneMetadata),
+        (status = 404, description = "Unknown resource.", body = ErrorBody),
+    ),
+)]
 pub async fn zone_metadata(
     State(s): Shared,
     Params(name): Params<String>,
     RawQuery(q): RawQuery,
-) -> Result<Json<meshcat_common::model::ZoneMetadata>, ApiError> {
+) -> Result<Json<ZoneMetadata>, ApiError> {
     check_path_name("zoneName", &name)?;
     no_query(q.as_deref())?;
     s.store
@@ -435,6 +625,13 @@ pub async fn zone_metadata(
 
 // ---- services and the document ----------------------------------------------------
 
+#[utoipa::path(
+    get,
+    path = "/services",
+    summary = "Every cluster that should be in the mesh, registered or only seen by agents and edge sidecars.",
+    params(ZoneQuery, BlockingQuery),
+    responses((status = 200, description = "Clusters sorted by (zoneName, clusterName).", body = Vec<ClusterView>, headers(("X-Meshcat-Index" = u64, description = "The catalog index the answer was read at.")))),
+)]
 pub async fn services(
     State(s): Shared,
     caller: Caller,
@@ -444,6 +641,12 @@ pub async fn services(
     Ok(Json(s.store.services(zone.as_deref(), caller.authorized)))
 }
 
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    summary = "This document.",
+    responses((status = 200, description = "OpenAPI 3 document.", content_type = "application/json")),
+)]
 pub async fn openapi(RawQuery(q): RawQuery) -> Result<Response, ApiError> {
     no_query(q.as_deref())?;
     Ok(json_bytes(super::openapi::document_bytes()))

@@ -11,10 +11,12 @@ use meshcat_common::level;
 use meshcat_common::wire::DebugWindowOutput;
 use serde::Serialize;
 use tracing::info;
+use utoipa::openapi::schema::{Object, ObjectBuilder, Type};
+use utoipa::{IntoParams, ToSchema};
 
 use super::AppState;
 use super::auth::{Reader, Writer};
-use super::error::ApiError;
+use super::error::{ApiError, ErrorBody};
 use super::handlers::Params;
 use super::query;
 use super::troubleshoot::{
@@ -26,7 +28,23 @@ use crate::sidecars::{Answer, Ask, SidecarError, Target, window_deadline};
 /// Most instances named in one debug-window request.
 pub const MAX_WINDOW_INSTANCES: usize = 64;
 
-fn level_query(raw: Option<&str>) -> Result<&'static str, ApiError> {
+/// The query of the routes that set a log level.
+#[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct LevelQuery {
+    /// The level to set, one of the seed's four.
+    #[param(schema_with = seed_levels, required = true)]
+    pub level: &'static str,
+}
+
+fn seed_levels() -> Object {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .enum_values(Some(level::SEED_LEVELS))
+        .build()
+}
+
+fn level_query(raw: Option<&str>) -> Result<LevelQuery, ApiError> {
     let mut level = None;
     for (_, v) in query::parse(raw, &["level"])? {
         if level.is_some() {
@@ -38,7 +56,49 @@ fn level_query(raw: Option<&str>) -> Result<&'static str, ApiError> {
             ))
         })?);
     }
-    level.ok_or_else(|| ApiError::bad_query("Query parameter level is required."))
+    let level = level.ok_or_else(|| ApiError::bad_query("Query parameter level is required."))?;
+    Ok(LevelQuery { level })
+}
+
+/// The query of `POST .../debug-window`.
+#[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct DebugWindowQuery {
+    /// How long the sidecars log at debug.
+    #[param(minimum = 1, maximum = 300)]
+    pub seconds: u32,
+    /// Limit to these instances (repeatable); default every live instance.
+    #[param(required = false)]
+    pub instance: Vec<String>,
+}
+
+impl DebugWindowQuery {
+    fn parse(raw: Option<&str>) -> Result<DebugWindowQuery, ApiError> {
+        let mut seconds = None;
+        let mut wanted: Vec<String> = Vec::new();
+        for (k, v) in query::parse(raw, &["seconds", "instance"])? {
+            if k == "seconds" {
+                if seconds.is_some() {
+                    return Err(ApiError::bad_query(
+                        "Query parameter seconds is given twice.",
+                    ));
+                }
+                seconds = Some(seconds_value("seconds", &v)?);
+            } else if wanted.len() == MAX_WINDOW_INSTANCES {
+                return Err(ApiError::bad_query(format!(
+                    "At most {MAX_WINDOW_INSTANCES} instances may be named."
+                )));
+            } else if !wanted.contains(&v) {
+                wanted.push(v);
+            }
+        }
+        let seconds =
+            seconds.ok_or_else(|| ApiError::bad_query("Query parameter seconds is required."))?;
+        Ok(DebugWindowQuery {
+            seconds,
+            instance: wanted,
+        })
+    }
 }
 
 fn text(level: String) -> Response {
@@ -63,6 +123,23 @@ async fn run_level_command(
 }
 
 /// `GET /zones/{zoneName}/clusters/{clusterName}/instances/{instanceId}/logging`.
+#[utoipa::path(
+    get,
+    path = "/zones/{zoneName}/clusters/{clusterName}/instances/{instanceId}/logging",
+    summary = "The sidecar log level of one instance, through its agent.",
+    params(
+        ("zoneName" = String, Path, description = "The zone's zoneName."),
+        ("clusterName" = String, Path, description = "The cluster's clusterName."),
+        ("instanceId" = String, Path, description = "The instance name."),
+    ),
+    responses(
+        (status = 200, description = "The level as text: error, warn, info, debug (or Envoy's trace, critical, off).", body = String, content_type = "text/plain"),
+        (status = 403, description = "A read token is configured and the request lacks it.", body = ErrorBody),
+        (status = 404, description = "Unknown zone or no live instance of that name.", body = ErrorBody),
+        (status = 502, description = "The sidecar failed the command.", body = ErrorBody),
+        (status = 503, description = "The instance's agent is gone, hung past the deadline, busy, or ingest is off.", body = ErrorBody),
+    ),
+)]
 pub async fn get_instance_logging(
     State(s): Shared,
     _r: Reader,
@@ -78,6 +155,25 @@ pub async fn get_instance_logging(
 }
 
 /// `PUT /zones/{zoneName}/clusters/{clusterName}/instances/{instanceId}/logging?level=`.
+#[utoipa::path(
+    put,
+    path = "/zones/{zoneName}/clusters/{clusterName}/instances/{instanceId}/logging",
+    summary = "Set the sidecar log level of one instance (warn is sent to Envoy as warning).",
+    params(
+        ("zoneName" = String, Path, description = "The zone's zoneName."),
+        ("clusterName" = String, Path, description = "The cluster's clusterName."),
+        ("instanceId" = String, Path, description = "The instance name."),
+        LevelQuery,
+    ),
+    responses(
+        (status = 200, description = "The level now, as text.", body = String, content_type = "text/plain"),
+        (status = 400, description = "Missing or bad level.", body = ErrorBody),
+        (status = 401, description = "A write token is configured and the request lacks it.", body = ErrorBody),
+        (status = 404, description = "Unknown zone or no live instance of that name.", body = ErrorBody),
+        (status = 502, description = "The sidecar failed the command.", body = ErrorBody),
+        (status = 503, description = "The instance's agent is gone, hung past the deadline, busy, or ingest is off.", body = ErrorBody),
+    ),
+)]
 pub async fn put_instance_logging(
     State(s): Shared,
     _w: Writer,
@@ -86,7 +182,7 @@ pub async fn put_instance_logging(
 ) -> Result<Response, ApiError> {
     check_name("zoneName", &zone)?;
     check_name("clusterName", &cluster)?;
-    let level = level_query(q.as_deref())?;
+    let LevelQuery { level } = level_query(q.as_deref())?;
     zone_or_404(&s, &zone)?;
     let now = run_level_command(&s, (&zone, &cluster, &instance), Ask::SetLevel(level)).await?;
     info!(%zone, %cluster, %instance, level = %now, "Sidecar log level set through the API.");
@@ -94,7 +190,7 @@ pub async fn put_instance_logging(
 }
 
 /// One instance's outcome in a per-cluster answer.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct InstanceOutcome {
     instance: String,
@@ -107,6 +203,7 @@ pub struct InstanceOutcome {
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
     code: Option<&'static str>,
 }
 
@@ -135,7 +232,7 @@ impl InstanceOutcome {
 }
 
 /// The answer of the per-cluster routes.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ClusterOutcome {
     zone_name: String,
@@ -162,6 +259,22 @@ impl ClusterOutcome {
 
 /// `PUT /zones/{zoneName}/clusters/{clusterName}/logging?level=`: every live instance
 /// at once, each with its own deadline.
+#[utoipa::path(
+    put,
+    path = "/zones/{zoneName}/clusters/{clusterName}/logging",
+    summary = "Set the sidecar log level of every live instance of a cluster at once.",
+    params(
+        ("zoneName" = String, Path, description = "The zone's zoneName."),
+        ("clusterName" = String, Path, description = "The cluster's clusterName."),
+        LevelQuery,
+    ),
+    responses(
+        (status = 200, description = "Per instance, the outcome (each instance has its own deadline).", body = ClusterOutcome),
+        (status = 400, description = "Missing or bad level.", body = ErrorBody),
+        (status = 401, description = "A write token is configured and the request lacks it.", body = ErrorBody),
+        (status = 404, description = "Unknown resource.", body = ErrorBody),
+    ),
+)]
 pub async fn put_cluster_logging(
     State(s): Shared,
     _w: Writer,
@@ -170,7 +283,7 @@ pub async fn put_cluster_logging(
 ) -> Result<Json<ClusterOutcome>, ApiError> {
     check_name("zoneName", &zone)?;
     check_name("clusterName", &cluster)?;
-    let level = level_query(q.as_deref())?;
+    let LevelQuery { level } = level_query(q.as_deref())?;
     zone_or_404(&s, &zone)?;
     let sidecars = sidecars(&s);
     cluster_or_404(&sidecars, &zone, &cluster)?;
@@ -211,6 +324,23 @@ pub(super) fn seconds_value(name: &str, v: &str) -> Result<u32, ApiError> {
 }
 
 /// `POST /zones/{zoneName}/clusters/{clusterName}/debug-window?seconds=N[&instance=I...]`.
+#[utoipa::path(
+    post,
+    path = "/zones/{zoneName}/clusters/{clusterName}/debug-window",
+    summary = "Run a timed debug window on the cluster's sidecars: debug for N seconds, then the previous level; answers the window's TLS lines.",
+    params(
+        ("zoneName" = String, Path, description = "The zone's zoneName."),
+        ("clusterName" = String, Path, description = "The cluster's clusterName."),
+        DebugWindowQuery,
+    ),
+    responses(
+        (status = 200, description = "Per instance, the outcome and the window's report.", body = ClusterOutcome),
+        (status = 400, description = "Missing or bad seconds.", body = ErrorBody),
+        (status = 401, description = "A write token is configured and the request lacks it.", body = ErrorBody),
+        (status = 404, description = "Unknown resource.", body = ErrorBody),
+        (status = 503, description = "Agent ingest is off.", body = ErrorBody),
+    ),
+)]
 pub async fn post_debug_window(
     State(s): Shared,
     _w: Writer,
@@ -219,26 +349,10 @@ pub async fn post_debug_window(
 ) -> Result<Json<ClusterOutcome>, ApiError> {
     check_name("zoneName", &zone)?;
     check_name("clusterName", &cluster)?;
-    let mut seconds = None;
-    let mut wanted: Vec<String> = Vec::new();
-    for (k, v) in query::parse(q.as_deref(), &["seconds", "instance"])? {
-        if k == "seconds" {
-            if seconds.is_some() {
-                return Err(ApiError::bad_query(
-                    "Query parameter seconds is given twice.",
-                ));
-            }
-            seconds = Some(seconds_value("seconds", &v)?);
-        } else if wanted.len() == MAX_WINDOW_INSTANCES {
-            return Err(ApiError::bad_query(format!(
-                "At most {MAX_WINDOW_INSTANCES} instances may be named."
-            )));
-        } else if !wanted.contains(&v) {
-            wanted.push(v);
-        }
-    }
-    let seconds =
-        seconds.ok_or_else(|| ApiError::bad_query("Query parameter seconds is required."))?;
+    let DebugWindowQuery {
+        seconds,
+        instance: wanted,
+    } = DebugWindowQuery::parse(q.as_deref())?;
     zone_or_404(&s, &zone)?;
     let sidecars = sidecars(&s);
     if !sidecars.ingest_on() {
@@ -297,8 +411,8 @@ mod tests {
 
     #[test]
     fn levels_are_the_seeds_four() {
-        assert_eq!(level_query(Some("level=warn")).unwrap(), "warn");
-        assert_eq!(level_query(Some("level=debug")).unwrap(), "debug");
+        assert_eq!(level_query(Some("level=warn")).unwrap().level, "warn");
+        assert_eq!(level_query(Some("level=debug")).unwrap().level, "debug");
         for bad in [
             None,
             Some(""),

@@ -3,6 +3,7 @@
 
 use meshcat_common::model::{ClusterRecord, Status};
 use meshcat_common::validate::{MAX_TEXT_LEN, is_valid_name};
+use utoipa::IntoParams;
 
 use super::error::ApiError;
 
@@ -34,23 +35,56 @@ pub fn parse(raw: Option<&str>, allowed: &[&str]) -> Result<Vec<(String, String)
     Ok(out)
 }
 
+/// The query of the routes that take an optional `zoneName`.
+#[derive(Debug, Default, IntoParams)]
+#[into_params(parameter_in = Query, rename_all = "camelCase")]
+pub struct ZoneQuery {
+    /// Only this zone.
+    pub zone_name: Option<String>,
+}
+
+impl ZoneQuery {
+    /// Parses a query of at most one valid `zoneName`, refusing anything else.
+    pub fn parse(raw: Option<&str>) -> Result<ZoneQuery, ApiError> {
+        let mut zone = None;
+        for (_, v) in parse(raw, &["zoneName"])? {
+            if zone.is_some() {
+                return Err(ApiError::bad_query(
+                    "Query parameter zoneName is given twice.",
+                ));
+            }
+            if !is_valid_name(&v) {
+                return Err(ApiError::bad_query(
+                    "Query parameter zoneName must be 1 to 253 characters of letters, digits, '.', '_' and '-'.",
+                ));
+            }
+            zone = Some(v);
+        }
+        Ok(ZoneQuery { zone_name: zone })
+    }
+}
+
 /// The single optional `zoneName` parameter of several paths.
 pub fn zone_name(raw: Option<&str>) -> Result<Option<String>, ApiError> {
-    let mut zone = None;
-    for (_, v) in parse(raw, &["zoneName"])? {
-        if zone.is_some() {
-            return Err(ApiError::bad_query(
-                "Query parameter zoneName is given twice.",
-            ));
+    ZoneQuery::parse(raw).map(|q| q.zone_name)
+}
+
+/// The query of `DELETE /clusters/{clusterName}`: the zone is required.
+#[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Query, rename_all = "camelCase")]
+pub struct RequiredZoneQuery {
+    /// The zone to delete the cluster from.
+    pub zone_name: String,
+}
+
+impl RequiredZoneQuery {
+    /// Parses like [`ZoneQuery`]; a missing `zoneName` is refused with `missing`.
+    pub fn parse(raw: Option<&str>, missing: &str) -> Result<RequiredZoneQuery, ApiError> {
+        match ZoneQuery::parse(raw)?.zone_name {
+            Some(zone_name) => Ok(RequiredZoneQuery { zone_name }),
+            None => Err(ApiError::bad_query(missing)),
         }
-        if !is_valid_name(&v) {
-            return Err(ApiError::bad_query(
-                "Query parameter zoneName must be 1 to 253 characters of letters, digits, '.', '_' and '-'.",
-            ));
-        }
-        zone = Some(v);
     }
-    Ok(zone)
 }
 
 /// The filter names of `GET /clusters`, exactly as the seed spells them.
@@ -70,21 +104,39 @@ pub const CLUSTER_FILTERS: &[&str] = &[
     "protocols",
 ];
 
-/// Parsed filters; an empty list means "any".
-#[derive(Debug, Clone, Default, PartialEq)]
+/// Parsed filters; an empty list means "any". Each is exact and case-sensitive, and
+/// a parameter given several times matches any of its values.
+#[derive(Debug, Clone, Default, PartialEq, IntoParams)]
+#[into_params(parameter_in = Query, rename_all = "camelCase")]
 pub struct ClusterFilter {
+    /// The cluster's status.
+    #[param(required = false)]
     pub status: Vec<Status>,
+    #[param(required = false)]
     pub cluster_name: Vec<String>,
+    #[param(required = false)]
     pub zone_name: Vec<String>,
+    #[param(required = false)]
     pub name: Vec<String>,
+    #[param(required = false)]
     pub version: Vec<String>,
+    #[param(required = false)]
     pub owner: Vec<String>,
+    #[param(required = false)]
     pub capability: Vec<String>,
+    #[param(required = false)]
     pub prometheus_job: Vec<String>,
+    /// Whether the caller may see the cluster's live data.
+    #[param(required = false)]
     pub authorized: Vec<bool>,
+    #[param(required = false)]
     pub enable_instance_metrics: Vec<bool>,
+    #[param(required = false)]
     pub enable_historical_metrics: Vec<bool>,
+    #[param(required = false)]
     pub business_impact: Vec<String>,
+    /// Matches clusters whose protocols contain the value.
+    #[param(required = false)]
     pub protocols: Vec<String>,
 }
 
@@ -180,6 +232,16 @@ mod tests {
         r.protocols = vec!["http".into(), "h2".into()];
         assert!(f.matches(&r, Status::Down));
         assert!(!f.matches(&r, Status::Stable));
+    }
+
+    #[test]
+    fn the_documented_filters_are_the_parsed_ones() {
+        use utoipa::IntoParams;
+        let documented: Vec<String> = ClusterFilter::into_params(|| None)
+            .into_iter()
+            .map(|p| p.name)
+            .collect();
+        assert_eq!(documented, CLUSTER_FILTERS);
     }
 
     #[test]

@@ -140,6 +140,41 @@ fn openapi_document_matches_the_route_table() {
         .map(|(m, p)| ((*m).to_owned(), (*p).to_owned()))
         .collect();
     assert_eq!(documented, served);
+    // The blocking-query parameters and the index header are on exactly the routes
+    // the `indexed` layer serves.
+    for (method, path) in &served {
+        let op = &doc["paths"][path.as_str()][method.to_lowercase()];
+        let params: BTreeSet<&str> = op["parameters"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|p| p["name"].as_str())
+            .collect();
+        let indexed = method == "GET" && events::INDEXED.contains(&path.as_str());
+        assert_eq!(
+            params.contains("index") && params.contains("wait"),
+            indexed,
+            "{method} {path}: {params:?}"
+        );
+        assert_eq!(
+            op["responses"]["200"]["headers"]
+                .get("X-Meshcat-Index")
+                .is_some(),
+            indexed,
+            "{method} {path}"
+        );
+        // The debug-window bounds are the handlers' own.
+        for p in op["parameters"].as_array().into_iter().flatten() {
+            if matches!(p["name"].as_str(), Some("seconds" | "debugSeconds")) {
+                assert_eq!(p["schema"]["minimum"], json!(1), "{method} {path}");
+                assert_eq!(
+                    p["schema"]["maximum"],
+                    json!(super::troubleshoot::MAX_DEBUG_SECONDS),
+                    "{method} {path}"
+                );
+            }
+        }
+    }
     // Every $ref resolves.
     let text = doc.to_string();
     for part in text.split("\"#/components/schemas/").skip(1) {
