@@ -21,7 +21,7 @@ use axum::response::{IntoResponse, Response};
 use tokio::sync::Semaphore;
 
 use super::error::ApiError;
-use super::events::{BlockingQuery, INDEXED, split_blocking, waits};
+use super::events::{INDEXED, split_blocking, waits};
 use crate::store::Store;
 
 /// The limits every API request is held to.
@@ -69,12 +69,8 @@ fn kind(
     // ordinary read.
     if get
         && route.is_some_and(|r| INDEXED.contains(&r))
-        && let Ok((
-            BlockingQuery {
-                index: Some(index), ..
-            },
-            _,
-        )) = split_blocking(query.unwrap_or(""))
+        && let Ok((blocking, _)) = split_blocking(query.unwrap_or(""))
+        && let Some(index) = blocking.index
         && waits(index, current)
     {
         return Kind::LongLived;

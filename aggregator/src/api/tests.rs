@@ -186,6 +186,39 @@ fn openapi_document_matches_the_route_table() {
     }
 }
 
+/// The schemas name exactly the fields the types serialize (`ownerURL`, the metrics
+/// object's slashed keys, ...).
+#[test]
+fn schemas_have_the_serialized_field_names() {
+    use meshcat_common::model::{InstanceMetrics, OverallSummary, ZoneMetadata, ZoneSummary};
+    let doc = openapi::document();
+    let zone = ZoneRecord {
+        zone_name: "z".into(),
+        request_cluster: String::new(),
+        server_address: "cp:1".into(),
+        use_tls: false,
+        ca_path: String::new(),
+        cert_path: String::new(),
+        key_path: String::new(),
+    };
+    for (name, value) in [
+        ("ClusterRecord", json!(ClusterRecord::new("z", "c", "n"))),
+        ("ZoneRecord", json!(zone)),
+        ("InstanceMetrics", json!(InstanceMetrics::default())),
+        ("ZoneMetadata", json!(ZoneMetadata::default())),
+        ("ZoneSummary", json!(ZoneSummary::default())),
+        ("OverallSummary", json!(OverallSummary::default())),
+    ] {
+        let documented: BTreeSet<&String> = doc["components"]["schemas"][name]["properties"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .collect();
+        let serialized: BTreeSet<&String> = value.as_object().unwrap().keys().collect();
+        assert_eq!(documented, serialized, "{name}");
+    }
+}
+
 /// The document's query parameters are the ones the handlers parse: each is accepted
 /// by name, and one it does not list is refused naming it.
 #[tokio::test]
