@@ -2,6 +2,7 @@
 //! layers every route shares (body limit, request metrics, JSON 404 and 405).
 
 mod auth;
+pub mod blocking;
 mod diagnose;
 mod error;
 pub mod events;
@@ -172,7 +173,7 @@ pub fn app_with_limits(
         .fallback(no_route)
         .layer(middleware::from_fn_with_state(
             state.clone(),
-            events::indexed,
+            blocking::indexed,
         ))
         .layer(middleware::from_fn(json_method_not_allowed))
         .layer(middleware::from_fn_with_state(

@@ -12,7 +12,8 @@ use std::alloc::System;
 use std::time::Duration;
 
 use cap::Cap;
-use meshcat_aggregator::api::events::{MAX_WAIT, parse_event_id, parse_request, parse_wait};
+use meshcat_aggregator::api::blocking::{MAX_WAIT, parse_wait};
+use meshcat_aggregator::api::events::{parse_event_id, parse_request};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 

@@ -23,8 +23,8 @@ use utoipa::{PartialSchema, ToSchema};
 
 use super::AppState;
 use super::auth::{Caller, Reader, Writer};
+use super::blocking::BlockingQuery;
 use super::error::{ApiError, ErrorBody};
-use super::events::BlockingQuery;
 use super::query::{self, ClusterFilter, RequiredZoneQuery, ZoneQuery};
 use crate::store::{Cached, CachedKind, Committed, MetricsLookup, Store, StoreError, Write};
 

@@ -20,8 +20,8 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use tokio::sync::Semaphore;
 
+use super::blocking::{INDEXED, split_blocking, waits};
 use super::error::ApiError;
-use super::events::{INDEXED, split_blocking, waits};
 use crate::store::Store;
 
 /// The limits every API request is held to.
@@ -64,7 +64,7 @@ fn kind(
     if get && route == Some("/events") {
         return Kind::LongLived;
     }
-    // Exempt only what `events::indexed` will wait on: the same parse, the same test.
+    // Exempt only what `blocking::indexed` will wait on: the same parse, the same test.
     // Anything it answers at once (an older or newer index, a malformed query) is an
     // ordinary read.
     if get

@@ -150,7 +150,7 @@ fn openapi_document_matches_the_route_table() {
             .flatten()
             .filter_map(|p| p["name"].as_str())
             .collect();
-        let indexed = method == "GET" && events::INDEXED.contains(&path.as_str());
+        let indexed = method == "GET" && blocking::INDEXED.contains(&path.as_str());
         assert_eq!(
             params.contains("index") && params.contains("wait"),
             indexed,

@@ -1,0 +1,154 @@
+//! The catalog index on the read routes (contract section 11): the
+//! `X-Meshcat-Index` header, and blocking queries (`?index=&wait=`) that answer once
+//! the index moves past the one given.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{HeaderValue, Method, Uri};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use utoipa::IntoParams;
+
+use super::AppState;
+use super::error::ApiError;
+
+/// The index header of the read routes.
+pub const INDEX_HEADER: &str = "x-meshcat-index";
+/// How long a blocking query waits without `wait`.
+pub const DEFAULT_WAIT: Duration = Duration::from_secs(5 * 60);
+/// The longest wait; longer ones are cut to it.
+pub const MAX_WAIT: Duration = Duration::from_secs(10 * 60);
+
+/// Read routes that carry the index and accept blocking queries.
+pub const INDEXED: &[&str] = &[
+    "/summary",
+    "/clusters",
+    "/clusters/{clusterName}",
+    "/zones",
+    "/services",
+];
+
+/// Parses a wait such as `500ms`, `5s`, `2m`, `1h` or a bare number of seconds.
+pub fn parse_wait(v: &str) -> Option<Duration> {
+    let split = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
+    let (n, unit) = v.split_at(split);
+    if n.is_empty() || n.len() > 12 {
+        return None;
+    }
+    let n: u64 = n.parse().ok()?;
+    let d = match unit {
+        "ms" => Duration::from_millis(n),
+        "" | "s" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n.checked_mul(60)?),
+        "h" => Duration::from_secs(n.checked_mul(3600)?),
+        _ => return None,
+    };
+    Some(d.min(MAX_WAIT))
+}
+
+/// Sets `slot` from query parameter `name`: one unsigned integer, given once.
+fn set_once_u64(name: &str, v: &str, slot: &mut Option<u64>) -> Result<(), ApiError> {
+    let n = v
+        .parse::<u64>()
+        .ok()
+        .filter(|_| slot.is_none())
+        .ok_or_else(|| {
+            ApiError::bad_query(format!(
+                "Query parameter {name} must be one unsigned integer."
+            ))
+        })?;
+    *slot = Some(n);
+    Ok(())
+}
+
+/// The blocking-query parameters of the read routes in [`INDEXED`].
+#[derive(Debug, Default, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct BlockingQuery {
+    /// Blocking query: answer once the catalog index exceeds this (or after wait).
+    pub index: Option<u64>,
+    /// Longest wait of a blocking query, such as 500ms, 5s or 2m (default 5m, at most
+    /// 10m).
+    #[param(value_type = Option<String>, pattern = "^[0-9]{1,12}(ms|s|m|h)?$")]
+    pub wait: Option<Duration>,
+}
+
+/// Takes `index` and `wait` out of a query; returns them and what is left.
+pub(super) fn split_blocking(raw: &str) -> Result<(BlockingQuery, String), ApiError> {
+    let mut index = None;
+    let mut wait = None;
+    let mut rest = form_urlencoded::Serializer::new(String::new());
+    for (k, v) in form_urlencoded::parse(raw.as_bytes()) {
+        match k.as_ref() {
+            "index" => set_once_u64("index", &v, &mut index)?,
+            "wait" => {
+                let d = parse_wait(&v).filter(|_| wait.is_none()).ok_or_else(|| {
+                    ApiError::bad_query(
+                        "Query parameter wait must be one duration such as 500ms, 5s or 2m.",
+                    )
+                })?;
+                wait = Some(d);
+            }
+            _ => {
+                rest.append_pair(&k, &v);
+            }
+        }
+    }
+    Ok((BlockingQuery { index, wait }, rest.finish()))
+}
+
+/// Whether a blocking query for `index` waits, the catalog index being `current`.
+/// Only the current index waits: the data has moved past an older one, and a newer
+/// one was not issued by this process (it comes from before a restart or from
+/// another replica), so waiting for it could last the whole wait while the catalog
+/// changes. Both answer at once. The limits middleware exempts exactly these.
+pub fn waits(index: u64, current: u64) -> bool {
+    index == current
+}
+
+/// Layer of the read routes: waits out a blocking query, then answers with the
+/// index the data was read at.
+pub async fn indexed(State(s): State<Arc<AppState>>, mut req: Request, next: Next) -> Response {
+    let on_route = req.method() == Method::GET
+        && req
+            .extensions()
+            .get::<MatchedPath>()
+            .is_some_and(|p| INDEXED.contains(&p.as_str()));
+    if !on_route {
+        return next.run(req).await;
+    }
+    if let Some(raw) = req.uri().query().map(str::to_owned) {
+        let (BlockingQuery { index, wait }, rest) = match split_blocking(&raw) {
+            Ok(v) => v,
+            Err(e) => return e.into_response(),
+        };
+        if wait.is_some() && index.is_none() {
+            return ApiError::bad_query("Query parameter wait needs index.").into_response();
+        }
+        // Any other index answers at once (see `waits`).
+        if let Some(after) = index.filter(|after| waits(*after, s.store.index())) {
+            let mut watch = s.store.changes().watch();
+            let wait = wait.unwrap_or(DEFAULT_WAIT);
+            // Timing out is an answer too: the unchanged index tells the client so.
+            let _ = tokio::time::timeout(wait, watch.wait_for(|i| *i > after)).await;
+        }
+        let path = req.uri().path();
+        let pq = if rest.is_empty() {
+            path.to_owned()
+        } else {
+            format!("{path}?{rest}")
+        };
+        if let Ok(uri) = Uri::try_from(pq) {
+            *req.uri_mut() = uri;
+        }
+    }
+    let index = s.store.index();
+    let mut res = next.run(req).await;
+    if res.status().is_success() {
+        res.headers_mut()
+            .insert(INDEX_HEADER, HeaderValue::from(index));
+    }
+    res
+}
