@@ -25,6 +25,10 @@ use super::troubleshoot::{
 };
 use crate::sidecars::{Answer, Ask, SidecarError, Target, window_deadline};
 
+mod outcome;
+
+pub use outcome::{ClusterOutcome, InstanceOutcome};
+
 /// Most instances named in one debug-window request.
 pub const MAX_WINDOW_INSTANCES: usize = 64;
 
@@ -187,74 +191,6 @@ pub async fn put_instance_logging(
     let now = run_level_command(&s, (&zone, &cluster, &instance), Ask::SetLevel(level)).await?;
     info!(%zone, %cluster, %instance, level = %now, "Sidecar log level set through the API.");
     Ok(text(now))
-}
-
-/// One instance's outcome in a per-cluster answer.
-#[derive(Debug, Serialize, ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct InstanceOutcome {
-    instance: String,
-    /// HTTP-like status of this instance's part: 200, or the error's status.
-    status: u16,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    level: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    debug_window: Option<DebugWindowOutput>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    error: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<String>)]
-    code: Option<&'static str>,
-}
-
-impl InstanceOutcome {
-    fn failed(instance: &str, e: &ApiError) -> Self {
-        InstanceOutcome {
-            instance: instance.to_owned(),
-            status: e.status.as_u16(),
-            level: None,
-            debug_window: None,
-            error: Some(e.message.clone()),
-            code: Some(e.code),
-        }
-    }
-
-    fn ok(instance: &str) -> Self {
-        InstanceOutcome {
-            instance: instance.to_owned(),
-            status: 200,
-            level: None,
-            debug_window: None,
-            error: None,
-            code: None,
-        }
-    }
-}
-
-/// The answer of the per-cluster routes.
-#[derive(Debug, Serialize, ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct ClusterOutcome {
-    zone_name: String,
-    cluster_name: String,
-    /// Instances whose part succeeded.
-    succeeded: usize,
-    /// Instances whose part failed.
-    failed: usize,
-    instances: Vec<InstanceOutcome>,
-}
-
-impl ClusterOutcome {
-    fn new(zone: String, cluster: String, instances: Vec<InstanceOutcome>) -> Self {
-        let succeeded = instances.iter().filter(|i| i.status == 200).count();
-        ClusterOutcome {
-            zone_name: zone,
-            cluster_name: cluster,
-            succeeded,
-            failed: instances.len() - succeeded,
-            instances,
-        }
-    }
 }
 
 /// `PUT /zones/{zoneName}/clusters/{clusterName}/logging?level=`: every live instance

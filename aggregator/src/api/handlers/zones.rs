@@ -1,0 +1,124 @@
+//! The zone routes: list, create, get, delete, and a zone's metadata.
+
+use super::*;
+
+#[utoipa::path(
+    get,
+    path = "/zones",
+    summary = "List zones.",
+    params(BlockingQuery),
+    responses((status = 200, description = "Zones sorted by zoneName.", body = Vec<ZoneRecord>, headers(("X-Meshcat-Index" = u64, description = "The catalog index the answer was read at.")))),
+)]
+pub async fn list_zones(
+    State(s): Shared,
+    RawQuery(q): RawQuery,
+) -> Result<Json<Vec<ZoneRecord>>, ApiError> {
+    no_query(q.as_deref())?;
+    Ok(Json(s.store.zones()))
+}
+
+#[utoipa::path(
+    post,
+    path = "/zones",
+    summary = "Register a zone.",
+    request_body = ZoneRecord,
+    responses(
+        (status = 201, description = "The stored zone.", body = ZoneRecord),
+        (status = 401, description = "A write token is configured and the request lacks it.", body = ErrorBody),
+        (status = 409, description = "The zone exists.", body = ErrorBody),
+        (status = 413, description = "The body is over --max-body.", body = ErrorBody),
+        (status = 415, description = "The body is not JSON.", body = ErrorBody),
+        (status = 422, description = "Well-formed but invalid.", body = ErrorBody),
+    ),
+)]
+pub async fn create_zone(
+    State(s): Shared,
+    _w: Writer,
+    RawQuery(q): RawQuery,
+    JsonBody(z): JsonBody<ZoneRecord>,
+) -> Result<(StatusCode, Json<ZoneRecord>), ApiError> {
+    no_query(q.as_deref())?;
+    validate::zone(&z).map_err(|e| ApiError::invalid(e.0))?;
+    let stored = blocking(&s.store, move |st| {
+        validate::zone_files(&z).map_err(|e| StoreError::Invalid(e.0))?;
+        st.create_zone(z)
+    })
+    .await?;
+    info!(zone = %stored.zone_name, "Zone registered.");
+    Ok((StatusCode::CREATED, Json(stored)))
+}
+
+#[utoipa::path(
+    get,
+    path = "/zones/{zoneName}",
+    summary = "A zone.",
+    params(("zoneName" = String, Path, description = "The zone's zoneName.")),
+    responses(
+        (status = 200, description = "The zone.", body = ZoneRecord),
+        (status = 404, description = "Unknown resource.", body = ErrorBody),
+    ),
+)]
+pub async fn get_zone(
+    State(s): Shared,
+    Params(name): Params<String>,
+    RawQuery(q): RawQuery,
+) -> Result<Json<ZoneRecord>, ApiError> {
+    check_path_name("zoneName", &name)?;
+    no_query(q.as_deref())?;
+    s.store
+        .zone(&name)
+        .map(Json)
+        .ok_or_else(|| ApiError::not_found(format!("Zone {name} does not exist.")))
+}
+
+#[utoipa::path(
+    delete,
+    path = "/zones/{zoneName}",
+    summary = "Delete a zone and its clusters.",
+    params(("zoneName" = String, Path, description = "The zone's zoneName.")),
+    responses(
+        (status = 200, description = "The deleted zone.", body = ZoneRecord),
+        (status = 401, description = "A write token is configured and the request lacks it.", body = ErrorBody),
+        (status = 404, description = "Unknown resource.", body = ErrorBody),
+        (status = 413, description = "The body is over --max-body.", body = ErrorBody),
+        (status = 415, description = "The body is not JSON.", body = ErrorBody),
+        (status = 422, description = "Well-formed but invalid.", body = ErrorBody),
+    ),
+)]
+pub async fn delete_zone(
+    State(s): Shared,
+    _w: Writer,
+    Params(name): Params<String>,
+    RawQuery(q): RawQuery,
+) -> Result<Json<ZoneRecord>, ApiError> {
+    check_path_name("zoneName", &name)?;
+    no_query(q.as_deref())?;
+    let deleted = write_one(&s.store, Write::DeleteZone(name))
+        .await?
+        .into_zone();
+    info!(zone = %deleted.zone_name, "Zone deleted with its clusters.");
+    Ok(Json(deleted))
+}
+
+#[utoipa::path(
+    get,
+    path = "/zones/{zoneName}/metadata",
+    summary = "Counts over the zone's clusters (seed 2.4).",
+    params(("zoneName" = String, Path, description = "The zone's zoneName.")),
+    responses(
+        (status = 200, description = "The zone metadata.", body = ZoneMetadata),
+        (status = 404, description = "Unknown resource.", body = ErrorBody),
+    ),
+)]
+pub async fn zone_metadata(
+    State(s): Shared,
+    Params(name): Params<String>,
+    RawQuery(q): RawQuery,
+) -> Result<Json<ZoneMetadata>, ApiError> {
+    check_path_name("zoneName", &name)?;
+    no_query(q.as_deref())?;
+    s.store
+        .zone_summary(&name)
+        .map(|z| Json((&z).into()))
+        .ok_or_else(|| ApiError::not_found(format!("Zone {name} does not exist.")))
+}
