@@ -47,7 +47,8 @@ cleanup() {
 trap cleanup EXIT
 
 echo "==> starting the aggregator"
-start_aggregator "$bin"
+# Writes without a token: the benchmark registers through the API on loopback.
+start_aggregator "$bin" --allow-anonymous-writes
 
 echo "==> registering $CLUSTERS clusters in $ZONES zones with $WRITERS concurrent writers"
 "$target/release/meshcat-bench-writes" --api "http://$api" --writers "$WRITERS" \
