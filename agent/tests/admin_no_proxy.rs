@@ -3,12 +3,9 @@
 //! it gets, scrapes a real Envoy 1.40 directly: the scrape succeeds and the proxy
 //! never sees a connection.
 
-use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -17,107 +14,9 @@ use tokio::process::{Child, Command};
 const BIN: &str = env!("CARGO_BIN_EXE_meshcat-agent");
 const DEADLINE: Duration = Duration::from_secs(20);
 
-fn envoy_binary() -> PathBuf {
-    if let Some(p) = std::env::var_os("MESHCAT_ENVOY").filter(|p| !p.is_empty()) {
-        return PathBuf::from(p);
-    }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/envoy.sh");
-    let out = std::process::Command::new("bash")
-        .arg(&script)
-        .stderr(Stdio::inherit())
-        .output()
-        .expect("run scripts/envoy.sh");
-    assert!(
-        out.status.success(),
-        "scripts/envoy.sh could not install Envoy"
-    );
-    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
-}
+mod support;
 
-/// A real Envoy with only its admin API, under a thread that lives as long as this
-/// value (Envoy exits when its spawning thread does: `PR_SET_PDEATHSIG`).
-struct Envoy {
-    admin: String,
-    stop: Option<mpsc::Sender<()>>,
-    thread: Option<JoinHandle<()>>,
-    _dir: tempfile::TempDir,
-}
-
-impl Envoy {
-    fn start() -> Envoy {
-        let dir = tempfile::tempdir().unwrap();
-        let config = dir.path().join("bootstrap.yaml");
-        std::fs::write(
-            &config,
-            "admin:\n  address:\n    socket_address: { address: 127.0.0.1, port_value: 0 }\n",
-        )
-        .unwrap();
-        let addr_file = dir.path().join("admin-address");
-        let out = std::fs::File::create(dir.path().join("envoy.out")).unwrap();
-        // A port the kernel just handed out is a base id no other Envoy here uses.
-        let base_id = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let mut cmd = std::process::Command::new(envoy_binary());
-        cmd.arg("-c")
-            .arg(&config)
-            .arg("--admin-address-path")
-            .arg(&addr_file)
-            .arg("--base-id")
-            .arg(base_id.to_string())
-            .stdout(out.try_clone().unwrap())
-            .stderr(out);
-        let (stop_tx, stop_rx) = mpsc::channel::<()>();
-        let (spawned_tx, spawned_rx) = mpsc::channel();
-        let thread = std::thread::spawn(move || match cmd.spawn() {
-            Ok(mut child) => {
-                let _ = spawned_tx.send(Ok(()));
-                let _ = stop_rx.recv();
-                let _ = child.kill();
-                let _ = child.wait();
-                let _ = std::fs::remove_file(format!(
-                    "/dev/shm/envoy_shared_memory_{}",
-                    u32::from(base_id) * 10
-                ));
-            }
-            Err(e) => {
-                let _ = spawned_tx.send(Err(e));
-            }
-        });
-        spawned_rx.recv().unwrap().expect("spawn envoy");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let admin = loop {
-            if let Ok(a) = std::fs::read_to_string(&addr_file)
-                && !a.trim().is_empty()
-            {
-                break a.trim().to_owned();
-            }
-            assert!(
-                Instant::now() < deadline,
-                "envoy did not start: {}",
-                std::fs::read_to_string(dir.path().join("envoy.out")).unwrap_or_default()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        Envoy {
-            admin,
-            stop: Some(stop_tx),
-            thread: Some(thread),
-            _dir: dir,
-        }
-    }
-}
-
-impl Drop for Envoy {
-    fn drop(&mut self) {
-        drop(self.stop.take());
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
+use support::Envoy;
 
 /// A TCP listener standing in for a proxy: counts every connection and closes it.
 async fn counting_proxy() -> (String, Arc<AtomicUsize>, tokio::task::JoinHandle<()>) {
@@ -186,7 +85,7 @@ fn scrapes(metrics: &str, outcome: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sidecar_admin_calls_ignore_proxies_named_by_the_environment() {
-    let envoy = Envoy::start();
+    let envoy = Envoy::start("info");
     let (proxy, seen, proxy_task) = counting_proxy().await;
     let (mut agent, port) = start_agent(&envoy.admin, &proxy).await;
     let ops = format!("http://127.0.0.1:{port}");
