@@ -12,10 +12,10 @@ use utoipa::IntoParams;
 
 use super::auth::{DiagnoseCaller, Granted};
 use super::error::{ApiError, ErrorBody};
-use super::handlers::Params;
+use super::handlers::{Params, check_path_name};
 use super::logging::seconds_value;
 use super::query;
-use super::troubleshoot::{Shared, check_name, cluster_or_404, sidecars, unexpected, zone_or_404};
+use super::troubleshoot::{Shared, cluster_or_404, sidecars, unexpected, zone_or_404};
 use crate::diagnosis::{Diagnosis, EVIDENCE_LOG_LINES, Request};
 use crate::peer_signature::Access;
 use crate::sidecars::{Answer, Ask, Owner, Target, window_deadline};
@@ -198,7 +198,7 @@ pub async fn diagnose(
     Params(cluster): Params<String>,
     RawQuery(q): RawQuery,
 ) -> Result<Json<DiagnosisReport>, ApiError> {
-    check_name("clusterName", &cluster)?;
+    check_path_name("clusterName", &cluster)?;
     let q = diagnose_query(q.as_deref())?;
     let zone = zone_or_404(&s, &q.zone)?;
     let sidecars = sidecars(&s);

@@ -67,7 +67,7 @@ impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for Params<
     }
 }
 
-fn check_path_name(what: &str, v: &str) -> Result<(), ApiError> {
+pub(super) fn check_path_name(what: &str, v: &str) -> Result<(), ApiError> {
     if is_valid_name(v) {
         Ok(())
     } else {

@@ -17,11 +17,10 @@ use utoipa::{IntoParams, ToSchema};
 use super::AppState;
 use super::auth::{Reader, Writer};
 use super::error::{ApiError, ErrorBody};
-use super::handlers::Params;
+use super::handlers::{Params, check_path_name};
 use super::query;
 use super::troubleshoot::{
-    MAX_DEBUG_SECONDS, Shared, check_name, cluster_or_404, ingest_off, sidecars, unexpected,
-    zone_or_404,
+    MAX_DEBUG_SECONDS, Shared, cluster_or_404, ingest_off, sidecars, unexpected, zone_or_404,
 };
 use crate::sidecars::{Answer, Ask, SidecarError, Target, window_deadline};
 
@@ -150,8 +149,8 @@ pub async fn get_instance_logging(
     Params((zone, cluster, instance)): Params<(String, String, String)>,
     RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
-    check_name("zoneName", &zone)?;
-    check_name("clusterName", &cluster)?;
+    check_path_name("zoneName", &zone)?;
+    check_path_name("clusterName", &cluster)?;
     query::parse(q.as_deref(), &[])?;
     zone_or_404(&s, &zone)?;
     let level = run_level_command(&s, (&zone, &cluster, &instance), Ask::GetLevel).await?;
@@ -184,8 +183,8 @@ pub async fn put_instance_logging(
     Params((zone, cluster, instance)): Params<(String, String, String)>,
     RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
-    check_name("zoneName", &zone)?;
-    check_name("clusterName", &cluster)?;
+    check_path_name("zoneName", &zone)?;
+    check_path_name("clusterName", &cluster)?;
     let LevelQuery { level } = level_query(q.as_deref())?;
     zone_or_404(&s, &zone)?;
     let now = run_level_command(&s, (&zone, &cluster, &instance), Ask::SetLevel(level)).await?;
@@ -217,8 +216,8 @@ pub async fn put_cluster_logging(
     Params((zone, cluster)): Params<(String, String)>,
     RawQuery(q): RawQuery,
 ) -> Result<Json<ClusterOutcome>, ApiError> {
-    check_name("zoneName", &zone)?;
-    check_name("clusterName", &cluster)?;
+    check_path_name("zoneName", &zone)?;
+    check_path_name("clusterName", &cluster)?;
     let LevelQuery { level } = level_query(q.as_deref())?;
     zone_or_404(&s, &zone)?;
     let sidecars = sidecars(&s);
@@ -283,8 +282,8 @@ pub async fn post_debug_window(
     Params((zone, cluster)): Params<(String, String)>,
     RawQuery(q): RawQuery,
 ) -> Result<Json<ClusterOutcome>, ApiError> {
-    check_name("zoneName", &zone)?;
-    check_name("clusterName", &cluster)?;
+    check_path_name("zoneName", &zone)?;
+    check_path_name("clusterName", &cluster)?;
     let DebugWindowQuery {
         seconds,
         instance: wanted,

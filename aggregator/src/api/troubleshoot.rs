@@ -11,7 +11,6 @@ use std::sync::Arc;
 use axum::extract::State;
 use axum::http::StatusCode;
 use meshcat_common::model::ZoneRecord;
-use meshcat_common::validate::is_valid_name;
 
 use super::AppState;
 use super::error::ApiError;
@@ -23,16 +22,6 @@ pub(super) type Shared = State<Arc<AppState>>;
 
 /// Longest debug window one request may ask for, in seconds.
 pub const MAX_DEBUG_SECONDS: u32 = meshcat_common::envoy_log::MAX_DEBUG_WINDOW_SECONDS;
-
-pub(super) fn check_name(what: &str, v: &str) -> Result<(), ApiError> {
-    if is_valid_name(v) {
-        Ok(())
-    } else {
-        Err(ApiError::bad_path(format!(
-            "{what} in the path must be 1 to 253 characters of letters, digits, '.', '_' and '-'."
-        )))
-    }
-}
 
 /// The sidecar layer over this replica's agents and its peers.
 pub(super) fn sidecars(s: &AppState) -> Sidecars {
