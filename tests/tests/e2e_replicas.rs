@@ -82,6 +82,38 @@ async fn refused_requests(set: &Replicas, i: usize) -> anyhow::Result<f64> {
         .sum())
 }
 
+/// The flags that reach an etcd cluster started with TLS through its client
+/// certificate.
+fn etcd_client_flags(tls: &meshcat_tests::etcd::EtcdTlsFiles) -> Vec<String> {
+    let path = |p: &std::path::Path| p.display().to_string();
+    vec![
+        "--etcd-ca-file".into(),
+        path(&tls.ca_file),
+        "--etcd-cert".into(),
+        path(&tls.client.cert_file),
+        "--etcd-key".into(),
+        path(&tls.client.key_file),
+    ]
+}
+
+/// Writes the API's read and write tokens into files in `dir`; the flags naming them.
+fn token_flags(dir: &std::path::Path, read: &str, write: &str) -> anyhow::Result<Vec<String>> {
+    let (read_file, write_file) = (dir.join("read-token"), dir.join("write-token"));
+    std::fs::write(&read_file, format!("{read}\n"))?;
+    std::fs::write(&write_file, format!("{write}\n"))?;
+    Ok(vec![
+        "--read-token-file".into(),
+        read_file.display().to_string(),
+        "--write-token-file".into(),
+        write_file.display().to_string(),
+    ])
+}
+
+/// Flags as the replica harness takes them.
+fn strs(flags: &[String]) -> Vec<&str> {
+    flags.iter().map(String::as_str).collect()
+}
+
 /// An agent reporting `sidecar` as instance i1 of `cluster` in zone z.
 async fn agent_of(
     set: &Replicas,
@@ -669,8 +701,6 @@ async fn replicas_over_tls_reach_etcd_with_a_client_certificate_and_forward_over
     let etcd = EtcdCluster::start_tls(1).await?;
     let tls = etcd.tls().expect("a TLS cluster").clone();
     let ca = tls.ca_file.display().to_string();
-    let cert = tls.client.cert_file.display().to_string();
-    let key = tls.client.key_file.display().to_string();
     let store = etcd.store_url("/tls");
     // Every replica's API over HTTPS, with a certificate for its advertised address
     // signed by a CA the others trust.
@@ -680,38 +710,25 @@ async fn replicas_over_tls_reach_etcd_with_a_client_certificate_and_forward_over
     let api_cert = api_id.cert_file.display().to_string();
     let api_key = api_id.key_file.display().to_string();
     let peer_ca = api_ca.ca_file.display().to_string();
-    // API tokens: a forwarded request carries the caller's, and a non-owner refuses
-    // a caller the owner would refuse without forwarding it.
-    let read_token = certs_dir.path().join("read-token");
-    let write_token = certs_dir.path().join("write-token");
-    std::fs::write(&read_token, "replica-read-token\n")?;
-    std::fs::write(&write_token, "replica-write-token\n")?;
-    let (read_token, write_token) = (
-        read_token.display().to_string(),
-        write_token.display().to_string(),
-    );
-    let api_tls = [
+    // API tokens: a non-owner refuses a caller the owner would refuse without
+    // forwarding it.
+    let mut api_tls: Vec<String> = [
         "--api-tls-cert",
         &api_cert,
         "--api-tls-key",
         &api_key,
         "--peer-ca-file",
         &peer_ca,
-        "--read-token-file",
-        &read_token,
-        "--write-token-file",
-        &write_token,
-    ];
-    let mut flags = vec![
-        "--etcd-ca-file",
-        &ca,
-        "--etcd-cert",
-        &cert,
-        "--etcd-key",
-        &key,
-    ];
-    flags.extend(api_tls);
-    let mut set = Replicas::start_https(BIN, 2, &store, &flags, &api_ca.ca_file).await?;
+    ]
+    .map(str::to_owned)
+    .into();
+    api_tls.extend(token_flags(
+        certs_dir.path(),
+        "replica-read-token",
+        "replica-write-token",
+    )?);
+    let flags = [etcd_client_flags(&tls), api_tls.clone()].concat();
+    let mut set = Replicas::start_https(BIN, 2, &store, &strs(&flags), &api_ca.ca_file).await?;
     set.token = Some("replica-write-token".into());
     // A write through one replica is committed over TLS and read by the other's watch.
     assert_eq!(
@@ -775,9 +792,8 @@ async fn replicas_over_tls_reach_etcd_with_a_client_certificate_and_forward_over
 
     // Without a client certificate etcd refuses the replica: it answers on its API
     // but is never handed the catalog, and its writes are not acknowledged.
-    let mut bare_flags = vec!["--etcd-ca-file", &ca];
-    bare_flags.extend(api_tls);
-    let bare = set.add(&store, &bare_flags)?;
+    let bare_flags = [vec!["--etcd-ca-file".to_owned(), ca], api_tls].concat();
+    let bare = set.add(&store, &strs(&bare_flags))?;
     let status = wait_for(
         "the replica without a certificate answers",
         Duration::from_secs(20),
@@ -893,33 +909,13 @@ async fn forwarded_requests_are_signed_never_carry_the_token_and_replay_fails() 
 {
     let etcd = EtcdCluster::start_tls(1).await?;
     let tls = etcd.tls().expect("a TLS cluster").clone();
-    let (ca, cert, key) = (
-        tls.ca_file.display().to_string(),
-        tls.client.cert_file.display().to_string(),
-        tls.client.key_file.display().to_string(),
-    );
     let tokens = tempfile::tempdir()?;
-    let read_token = tokens.path().join("read");
-    let write_token = tokens.path().join("write");
-    std::fs::write(&read_token, "sig-read-token\n")?;
-    std::fs::write(&write_token, "sig-write-token\n")?;
-    let (read_token, write_token) = (
-        read_token.display().to_string(),
-        write_token.display().to_string(),
-    );
     let flags = [
-        "--etcd-ca-file",
-        &ca,
-        "--etcd-cert",
-        &cert,
-        "--etcd-key",
-        &key,
-        "--read-token-file",
-        &read_token,
-        "--write-token-file",
-        &write_token,
-    ];
-    let mut set = Replicas::start(BIN, 2, &etcd.store_url("/sig"), &flags).await?;
+        etcd_client_flags(&tls),
+        token_flags(tokens.path(), "sig-read-token", "sig-write-token")?,
+    ]
+    .concat();
+    let mut set = Replicas::start(BIN, 2, &etcd.store_url("/sig"), &strs(&flags)).await?;
     set.token = Some("sig-write-token".into());
     assert_eq!(
         set.post(0, "/zones", &zone("z")).await?.0,
