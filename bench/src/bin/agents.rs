@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Parser;
+use meshcat_bench::process::{cpu_ticks, memory_kib};
 use meshcat_common::model::InstanceMetrics;
 use meshcat_common::tls;
 use meshcat_common::transport::{read_frame, write_frame};
@@ -411,35 +412,6 @@ fn reports_for(agent: usize, count: usize) -> Vec<InstanceReport> {
             }
         })
         .collect()
-}
-
-/// utime + stime of a process, in clock ticks.
-fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // Fields after the command name, which is in parentheses and may hold spaces.
-    let rest = stat
-        .rsplit_once(')')
-        .context("malformed /proc stat")?
-        .1
-        .split_whitespace()
-        .collect::<Vec<_>>();
-    // rest[0] is field 3 (state): utime is field 14, stime field 15.
-    let utime: u64 = rest.get(11).context("utime")?.parse()?;
-    let stime: u64 = rest.get(12).context("stime")?.parse()?;
-    Ok(utime + stime)
-}
-
-/// Resident set size now and at its peak (VmRSS, VmHWM) of a process, in KiB.
-fn memory_kib(pid: u32) -> anyhow::Result<(u64, u64)> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let field = |name: &str| -> anyhow::Result<u64> {
-        let line = status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .with_context(|| format!("{name} in /proc status"))?;
-        Ok(line.trim().trim_end_matches("kB").trim().parse()?)
-    };
-    Ok((field("VmRSS:")?, field("VmHWM:")?))
 }
 
 /// Clock ticks per second (`getconf CLK_TCK`), 100 when it cannot be asked.

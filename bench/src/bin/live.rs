@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Parser;
+use meshcat_bench::process::{cpu_ticks, memory_mib};
 use serde_json::{Value, json};
 
 #[derive(Debug, Parser)]
@@ -56,30 +57,6 @@ fn record(prefix: &str, i: usize, version: u64) -> Value {
         "documentation": "/docs/service", "description": "A benchmark service.",
         "minInstances": 1, "protocols": ["http"], "businessImpact": "medium",
     })
-}
-
-/// utime + stime of `pid`, in clock ticks.
-fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // Fields after the command name (which may hold spaces) start after its ')'.
-    let rest = stat.rsplit_once(')').context("/proc stat")?.1;
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // utime and stime are fields 14 and 15 of stat; `rest` starts at field 3.
-    Ok(f[11].parse::<u64>()? + f[12].parse::<u64>()?)
-}
-
-/// `VmRSS` and `VmHWM` of `pid`, in MiB.
-fn memory(pid: u32) -> anyhow::Result<(f64, f64)> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let kib = |key: &str| -> f64 {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(key))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    Ok((kib("VmRSS:") / 1024.0, kib("VmHWM:") / 1024.0))
 }
 
 /// Nanoseconds since `t0`.
@@ -176,7 +153,7 @@ async fn main() -> anyhow::Result<()> {
             bail!("POST /clusters answered {}", r.status());
         }
     }
-    let (rss_before, _) = memory(args.pid)?;
+    let (rss_before, _) = memory_mib(args.pid)?;
 
     let changes = (u64::from(args.rate) * args.duration) as usize;
     // When each write was sent and answered (nanoseconds since t0), by version;
@@ -200,7 +177,7 @@ async fn main() -> anyhow::Result<()> {
         }
         readers.push(tokio::spawn(read_stream(res, t0, changes, stop_rx.clone())));
     }
-    let (rss_open, _) = memory(args.pid)?;
+    let (rss_open, _) = memory_mib(args.pid)?;
     println!(
         "{} streams open; aggregator RSS {rss_before:.1} MiB before, {rss_open:.1} MiB with them",
         args.streams
@@ -283,7 +260,7 @@ async fn main() -> anyhow::Result<()> {
             from_sent.push(us(sent));
         }
     }
-    let (rss_end, hwm) = memory(args.pid)?;
+    let (rss_end, hwm) = memory_mib(args.pid)?;
     from_answer.sort_unstable();
     from_sent.sort_unstable();
 

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Parser;
+use meshcat_bench::process::{cpu_ticks, memory_mib};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -79,39 +80,15 @@ fn record(prefix: &str, i: usize, version: u64, description: &str) -> Value {
     })
 }
 
-/// utime + stime of `pid`, in clock ticks.
-fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // Fields after the command name (which may hold spaces) start after its ')'.
-    let rest = stat.rsplit_once(')').context("/proc stat")?.1;
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // utime and stime are fields 14 and 15 of stat; `rest` starts at field 3.
-    Ok(f[11].parse::<u64>()? + f[12].parse::<u64>()?)
-}
-
-/// `VmRSS` and `VmHWM` of `pid`, in MiB.
-fn memory(pid: u32) -> anyhow::Result<(f64, f64)> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let kib = |key: &str| -> f64 {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(key))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    Ok((kib("VmRSS:") / 1024.0, kib("VmHWM:") / 1024.0))
-}
-
 /// Waits until the resident memory has not moved by more than 1 MiB for a second
 /// (at most 60 s); answers it in MiB.
 async fn settled_rss(pid: u32) -> anyhow::Result<f64> {
     let deadline = Instant::now() + Duration::from_secs(60);
-    let mut last = memory(pid)?.0;
+    let mut last = memory_mib(pid)?.0;
     let mut stable_since = Instant::now();
     while Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        let now = memory(pid)?.0;
+        let now = memory_mib(pid)?.0;
         if (now - last).abs() > 1.0 {
             last = now;
             stable_since = Instant::now();
@@ -232,7 +209,7 @@ async fn main() -> anyhow::Result<()> {
     let client = reqwest::Client::new();
     let prefix = args.prefix.clone();
     let zone = format!("{prefix}-zone");
-    let (rss_start, _) = memory(args.pid)?;
+    let (rss_start, _) = memory_mib(args.pid)?;
 
     // The oldest id a resume can name: the index before any write of this run.
     let r = client.get(format!("{}/summary", args.api)).send().await?;
@@ -404,7 +381,7 @@ async fn main() -> anyhow::Result<()> {
     while events.load(Ordering::Relaxed) < want && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let (rss_live, _) = memory(args.pid)?;
+    let (rss_live, _) = memory_mib(args.pid)?;
     let cpu = cpu_s(cpu3 - cpu2, args.clk_tck);
     println!(
         "{changes} changes at {} /s over {:.1} s ({failed} failed): aggregator CPU {cpu:.2} s = {:.1} % of one core, RSS {rss_live:.1} MiB",
@@ -421,7 +398,7 @@ async fn main() -> anyhow::Result<()> {
     // Close the stalled connections: what they held goes back.
     drop(stalled);
     let rss_closed = settled_rss(args.pid).await?;
-    let (_, hwm) = memory(args.pid)?;
+    let (_, hwm) = memory_mib(args.pid)?;
     println!(
         "stalled connections closed: aggregator RSS {rss_closed:.1} MiB; high-water mark {hwm:.1} MiB"
     );
