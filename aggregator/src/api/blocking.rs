@@ -77,9 +77,25 @@ pub struct BlockingQuery {
 
 /// Takes `index` and `wait` out of a query; returns them and what is left.
 pub(super) fn split_blocking(raw: &str) -> Result<(BlockingQuery, String), ApiError> {
+    let mut rest = form_urlencoded::Serializer::new(String::new());
+    let blocking = scan_blocking(raw, Some(&mut rest))?;
+    Ok((blocking, rest.finish()))
+}
+
+/// `index` and `wait` of a query, checked as [`split_blocking`] checks them, without
+/// copying the rest (the limits layer needs only these).
+pub(super) fn blocking_query(raw: &str) -> Result<BlockingQuery, ApiError> {
+    scan_blocking(raw, None)
+}
+
+/// Reads `index` and `wait` from a query, appending every other pair to `rest` when
+/// given.
+fn scan_blocking(
+    raw: &str,
+    mut rest: Option<&mut form_urlencoded::Serializer<'_, String>>,
+) -> Result<BlockingQuery, ApiError> {
     let mut index = None;
     let mut wait = None;
-    let mut rest = form_urlencoded::Serializer::new(String::new());
     for (k, v) in form_urlencoded::parse(raw.as_bytes()) {
         match k.as_ref() {
             "index" => set_once_u64("index", &v, &mut index)?,
@@ -92,11 +108,13 @@ pub(super) fn split_blocking(raw: &str) -> Result<(BlockingQuery, String), ApiEr
                 wait = Some(d);
             }
             _ => {
-                rest.append_pair(&k, &v);
+                if let Some(rest) = rest.as_mut() {
+                    rest.append_pair(&k, &v);
+                }
             }
         }
     }
-    Ok((BlockingQuery { index, wait }, rest.finish()))
+    Ok(BlockingQuery { index, wait })
 }
 
 /// Whether a blocking query for `index` waits, the catalog index being `current`.

@@ -20,7 +20,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use tokio::sync::Semaphore;
 
-use super::blocking::{INDEXED, split_blocking, waits};
+use super::blocking::{INDEXED, blocking_query, waits};
 use super::error::ApiError;
 use crate::store::Store;
 
@@ -69,7 +69,7 @@ fn kind(
     // ordinary read.
     if get
         && route.is_some_and(|r| INDEXED.contains(&r))
-        && let Ok((blocking, _)) = split_blocking(query.unwrap_or(""))
+        && let Ok(blocking) = blocking_query(query.unwrap_or(""))
         && let Some(index) = blocking.index
         && waits(index, current)
     {
