@@ -116,56 +116,41 @@ impl Sidecars {
 
     /// Every live instance of (zone, cluster), by name, with where it is reached.
     pub fn targets(&self, zone: &str, cluster: &str) -> Vec<Target> {
-        let mut all: Vec<Target> = self
-            .store
-            .live_instances(zone, cluster)
-            .iter()
-            .map(|i| Target {
-                instance: i.instance.clone(),
-                owner: Owner::Here,
+        self.store
+            .live_owners(zone, cluster)
+            .into_iter()
+            .map(|(instance, owner)| Target {
+                instance,
+                owner: owner.map_or(Owner::Here, Owner::Replica),
             })
-            .collect();
-        all.extend(
-            self.store
-                .remote_live(zone, cluster)
-                .into_iter()
-                .map(|(instance, owner)| Target {
-                    instance,
-                    owner: Owner::Replica(owner),
-                }),
-        );
-        all.sort_by(|a, b| a.instance.cmp(&b.instance));
-        all
+            .collect()
     }
 
-    /// One live instance of (zone, cluster) and where it is reached.
+    /// One instance of (zone, cluster) and where it is reached: live here, or owned by
+    /// another replica.
     pub fn target(
         &self,
         zone: &str,
         cluster: &str,
         instance: &str,
     ) -> Result<Target, SidecarError> {
-        let owner = if self.store.live_instance(zone, cluster, instance).is_some() {
-            Owner::Here
-        } else if let Some(owner) = self.store.remote_owner(Some(zone), cluster, instance) {
-            Owner::Replica(owner)
-        } else {
-            return Err(SidecarError::NotLive {
+        match self.store.live_owner(zone, cluster, instance) {
+            Some(owner) => Ok(Target {
+                instance: instance.to_owned(),
+                owner: owner.map_or(Owner::Here, Owner::Replica),
+            }),
+            None => Err(SidecarError::NotLive {
                 zone: zone.to_owned(),
                 cluster: cluster.to_owned(),
                 instance: instance.to_owned(),
-            });
-        };
-        Ok(Target {
-            instance: instance.to_owned(),
-            owner,
-        })
+            }),
+        }
     }
 
     /// Whether (zone, cluster) is known: registered, or with a live instance here or
     /// on a peer.
     pub fn knows(&self, zone: &str, cluster: &str) -> bool {
-        self.store.is_registered(zone, cluster) || !self.targets(zone, cluster).is_empty()
+        self.store.is_registered(zone, cluster) || !self.store.live_owners(zone, cluster).is_empty()
     }
 
     /// Whether commands can reach any sidecar through this aggregator's agents.

@@ -103,6 +103,11 @@ impl LiveInstance {
     }
 }
 
+/// The replica that owns `i`, when another replica does.
+fn owner_of(i: &LiveInstance) -> Option<String> {
+    i.is_remote().then(|| i.agent_id[REMOTE.len()..].to_owned())
+}
+
 /// Prefix of the `agent_id` of instances another replica owns (`@<replica id>`); no
 /// agent id starts with it.
 pub const REMOTE: &str = "@";
@@ -680,6 +685,36 @@ impl Store {
                 })
             })
             .unwrap_or_default()
+    }
+
+    /// The live instances of (zone, cluster) by name, each with the replica that owns
+    /// it (`None`: an agent of this replica reports it). Nothing is unpacked.
+    pub fn live_owners(&self, zone: &str, cluster: &str) -> Vec<(String, Option<String>)> {
+        self.clusters
+            .get(cluster)
+            .and_then(|m| {
+                m.get(zone).map(|e| {
+                    e.instances
+                        .iter()
+                        .filter(|(_, i)| i.is_live())
+                        .map(|(n, i)| (n.clone(), owner_of(i)))
+                        .collect()
+                })
+            })
+            .unwrap_or_default()
+    }
+
+    /// Where an instance of (zone, cluster) is served: `Some(None)` when it is live
+    /// and an agent of this replica reports it, `Some(Some(replica))` when another
+    /// replica owns it, `None` otherwise.
+    pub fn live_owner(&self, zone: &str, cluster: &str, instance: &str) -> Option<Option<String>> {
+        let by_zone = self.clusters.get(cluster)?;
+        let i = by_zone.get(zone)?;
+        let i = i.instances.get(instance)?;
+        match owner_of(i) {
+            None => i.is_live().then_some(None),
+            remote => Some(remote),
+        }
     }
 
     /// The agent that reports this instance now, for routing commands to it.
