@@ -92,8 +92,7 @@ pub(crate) fn session_key(credential: &super::connection::Credential, agent_id: 
 /// another credential with the same tag.
 const CREDENTIAL_TAG: usize = 16;
 
-/// The credential tag of a session key (the whole key when it has none, as the
-/// `@replica` owners of the store do not).
+/// The credential tag of a session key (the whole key when it has none).
 fn credential_tag(key: &str) -> &str {
     key.split_once(':').map_or(key, |(tag, _)| tag)
 }

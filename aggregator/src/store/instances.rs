@@ -34,9 +34,9 @@ pub(super) type InstanceKey = (String, String, String);
 /// instances are read far less often than they are reported.
 #[derive(Debug, Clone)]
 pub struct LiveInstance {
-    /// The agent that reports it; `agent_gone` drops only that agent's instances.
-    /// Shared by the instances of one report.
-    pub agent_id: Arc<str>,
+    /// Who reports it: an agent of this replica (`agent_gone` drops only that
+    /// agent's instances), or another replica that owns it.
+    pub reporter: Reporter,
     /// When the last report arrived, for the TTL.
     pub last_seen: Instant,
     /// Requests in the window between the last two reports.
@@ -58,7 +58,7 @@ impl LiveInstance {
     /// The report is encoded into this thread's scratch buffer and copied out in one
     /// allocation of its exact size, where growing a fresh vector would reallocate it
     /// several times per instance.
-    fn new(agent_id: Arc<str>, now: Instant, window: (u64, u64), report: &InstanceReport) -> Self {
+    fn new(reporter: Reporter, now: Instant, window: (u64, u64), report: &InstanceReport) -> Self {
         thread_local! {
             static SCRATCH: RefCell<Vec<u8>> = RefCell::new(Vec::with_capacity(PACK_SCRATCH));
         }
@@ -74,7 +74,7 @@ impl LiveInstance {
             packed
         });
         LiveInstance {
-            agent_id,
+            reporter,
             last_seen: now,
             window_requests: window.0,
             window_errors: window.1,
@@ -99,18 +99,33 @@ impl LiveInstance {
     /// Owned by another replica (shown from what it published): its metrics and
     /// sidecar are with that replica.
     pub fn is_remote(&self) -> bool {
-        self.agent_id.starts_with(REMOTE)
+        matches!(self.reporter, Reporter::Replica(_))
+    }
+
+    /// The replica that owns it, when another replica does.
+    pub fn owner(&self) -> Option<&str> {
+        match &self.reporter {
+            Reporter::Replica(r) => Some(r),
+            Reporter::Agent(_) => None,
+        }
+    }
+
+    /// Whether agent `id` of this replica reports it.
+    fn reported_by(&self, id: &str) -> bool {
+        matches!(&self.reporter, Reporter::Agent(a) if &**a == id)
     }
 }
 
-/// The replica that owns `i`, when another replica does.
-fn owner_of(i: &LiveInstance) -> Option<String> {
-    i.is_remote().then(|| i.agent_id[REMOTE.len()..].to_owned())
+/// Who reports an instance. Agent ids and replica ids are separate name spaces: an
+/// agent may carry any valid name, a replica's included.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reporter {
+    /// An agent connected to this replica, by its id; shared by the instances of
+    /// one report.
+    Agent(Arc<str>),
+    /// Another replica, by its id, that owns the instance and published it.
+    Replica(Arc<str>),
 }
-
-/// Prefix of the `agent_id` of instances another replica owns (`@<replica id>`); no
-/// agent id starts with it.
-pub const REMOTE: &str = "@";
 
 /// An instance another replica owns, as it published it.
 #[derive(Debug, Clone)]
@@ -131,7 +146,6 @@ pub struct Member<'a> {
     pub zone: &'a str,
     pub cluster: &'a str,
     pub instance: &'a str,
-    pub agent_id: &'a str,
     pub start_time_ms: i64,
     pub reachable: bool,
     pub window_requests: u64,
@@ -356,10 +370,9 @@ impl Store {
         may_take: &dyn Fn(&str) -> bool,
     ) -> Put {
         let prev = e.instances.get(&report.instance);
-        if let Some(p) = prev
-            && p.agent_id != *agent
-            && !p.is_remote()
-            && !may_take(&p.agent_id)
+        if let Some(Reporter::Agent(other)) = prev.map(|p| &p.reporter)
+            && other != agent
+            && !may_take(other)
         {
             return Put::Refused(report.zone_name, report.cluster_name, report.instance);
         }
@@ -380,11 +393,14 @@ impl Store {
             None => report.reachable,
             Some(p) => p.reachable != report.reachable || p.start_time_ms != report.start_time_ms,
         };
-        let joined = match prev {
-            Some(p) if p.agent_id == *agent => None,
-            _ => Some(Joined {
+        let joined = match prev.map(|p| &p.reporter) {
+            Some(Reporter::Agent(same)) if same == agent => None,
+            previous => Some(Joined {
                 instance: report.instance.clone(),
-                previous: prev.map(|p| p.agent_id.clone()),
+                previous: match previous {
+                    Some(Reporter::Agent(other)) => Some(other.clone()),
+                    _ => None,
+                },
             }),
         };
         if let Some(m) = self.live.membership.get() {
@@ -392,7 +408,6 @@ impl Store {
                 zone: &report.zone_name,
                 cluster: &report.cluster_name,
                 instance: &report.instance,
-                agent_id: agent,
                 start_time_ms: report.start_time_ms,
                 reachable: report.reachable,
                 window_requests,
@@ -400,7 +415,7 @@ impl Store {
             });
         }
         let fresh = LiveInstance::new(
-            agent.clone(),
+            Reporter::Agent(agent.clone()),
             now,
             (window_requests, window_errors),
             &report,
@@ -426,7 +441,7 @@ impl Store {
             }
             let before = (e.status, e.live);
             let fresh = LiveInstance::new(
-                Arc::from(format!("{REMOTE}{}", r.owner)),
+                Reporter::Replica(Arc::from(r.owner.as_str())),
                 Instant::now(),
                 (r.window_requests, r.window_errors),
                 &InstanceReport {
@@ -507,7 +522,7 @@ impl Store {
         let mut changed = false;
         let mut touched = Vec::new();
         for key in keys {
-            if self.drop_instance(&key, |i| &*i.agent_id == agent_id) {
+            if self.drop_instance(&key, |i| i.reported_by(agent_id)) {
                 changed = true;
                 touched.extend(self.touch_if_registered(&key));
             }
@@ -630,8 +645,8 @@ impl Store {
             .iter()
             .filter(|(z, _)| zone.is_none_or(|want| want == z.as_str()))
             .find_map(|(_, e)| e.instances.get(instance))
-            .filter(|i| i.is_remote())
-            .map(|i| i.agent_id[REMOTE.len()..].to_owned())
+            .and_then(|i| i.owner())
+            .map(str::to_owned)
     }
 
     /// The replica that owns the instance `GET /metrics/{name}/{version}/{instance}`
@@ -655,15 +670,14 @@ impl Store {
                 let Some(i) = e.instances.get(instance).filter(|_| named) else {
                     continue;
                 };
-                if !i.is_remote() {
-                    return None;
-                }
+                // An instance of this replica is served here.
+                let o = i.owner()?;
                 let key = (z.clone(), by_zone.key().clone());
                 if owner
                     .as_ref()
                     .is_none_or(|(oz, oc, _)| key < (oz.clone(), oc.clone()))
                 {
-                    owner = Some((key.0, key.1, i.agent_id[REMOTE.len()..].to_owned()));
+                    owner = Some((key.0, key.1, o.to_owned()));
                 }
             }
         }
@@ -679,8 +693,8 @@ impl Store {
                 m.get(zone).map(|e| {
                     e.instances
                         .iter()
-                        .filter(|(_, i)| i.is_live() && i.is_remote())
-                        .map(|(n, i)| (n.clone(), i.agent_id[REMOTE.len()..].to_owned()))
+                        .filter(|(_, i)| i.is_live())
+                        .filter_map(|(n, i)| Some((n.clone(), i.owner()?.to_owned())))
                         .collect()
                 })
             })
@@ -697,7 +711,7 @@ impl Store {
                     e.instances
                         .iter()
                         .filter(|(_, i)| i.is_live())
-                        .map(|(n, i)| (n.clone(), owner_of(i)))
+                        .map(|(n, i)| (n.clone(), i.owner().map(str::to_owned)))
                         .collect()
                 })
             })
@@ -711,18 +725,22 @@ impl Store {
         let by_zone = self.clusters.get(cluster)?;
         let i = by_zone.get(zone)?;
         let i = i.instances.get(instance)?;
-        match owner_of(i) {
+        match i.owner() {
             None => i.is_live().then_some(None),
-            remote => Some(remote),
+            Some(remote) => Some(Some(remote.to_owned())),
         }
     }
 
-    /// The agent that reports this instance now, for routing commands to it.
+    /// The agent of this replica that reports this instance now, for routing
+    /// commands to it (`None` also when another replica owns it).
     pub fn reporter(&self, zone: &str, cluster: &str, instance: &str) -> Option<String> {
         self.clusters.get(cluster).and_then(|m| {
             m.get(zone)
                 .and_then(|e| e.instances.get(instance))
-                .map(|i| i.agent_id.to_string())
+                .and_then(|i| match &i.reporter {
+                    Reporter::Agent(a) => Some(a.to_string()),
+                    Reporter::Replica(_) => None,
+                })
         })
     }
 

@@ -270,6 +270,34 @@ fn the_reporter_of_an_instance_has_one_owner() {
     assert_eq!(s.totals().live_instances, 0);
 }
 
+/// An agent and a replica may carry the same name: the departure of agent "peer"
+/// leaves the instances replica "peer" owns, commands are never routed to a replica
+/// as if it were an agent, and an agent's report takes a replica's instance over.
+#[test]
+fn agents_and_replicas_are_separate_reporters() {
+    let (_d, s) = open();
+    let now = Instant::now();
+    s.put_remote(remote("r1", true, 0));
+    s.apply_report("peer", report("z", "a", "local", 0, 0), now);
+    assert_eq!(
+        s.reporter("z", "a", "r1"),
+        None,
+        "owned by a replica, no agent"
+    );
+    assert_eq!(s.live_owner("z", "a", "r1"), Some(Some("peer".into())));
+    assert_eq!(s.live_owner("z", "a", "local"), Some(None));
+    s.agent_gone("peer");
+    assert_eq!(
+        s.live_owners("z", "a"),
+        vec![("r1".into(), Some("peer".into()))]
+    );
+    // Its agent moved here: this replica's agent reports it now.
+    s.apply_report("agent-2", report("z", "a", "r1", 0, 0), now);
+    assert_eq!(s.reporter("z", "a", "r1").as_deref(), Some("agent-2"));
+    assert_eq!(s.live_owner("z", "a", "r1"), Some(None));
+    assert!(s.remote_instances().is_empty());
+}
+
 /// A steady report adds nothing to its agent's set of instances; moves, expiry and
 /// reports after expiry must still leave every instance in the set of the agent
 /// that reports it, or it would never expire and outlive its agent.
@@ -409,7 +437,7 @@ fn events_after(s: &Store, since: u64) -> (usize, Vec<(String, String)>) {
 
 fn remote(instance: &str, reachable: bool, requests: u64) -> RemoteInstance {
     RemoteInstance {
-        owner: "@peer".into(),
+        owner: "peer".into(),
         zone: "z".into(),
         cluster: "a".into(),
         instance: instance.into(),
