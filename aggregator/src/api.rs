@@ -11,7 +11,9 @@ mod handlers;
 pub mod limits;
 mod logging;
 pub mod openapi;
+mod paths;
 pub mod query;
+pub mod responses;
 pub mod tls;
 mod troubleshoot;
 

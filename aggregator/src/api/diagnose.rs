@@ -12,9 +12,10 @@ use utoipa::IntoParams;
 
 use super::auth::{DiagnoseCaller, Granted};
 use super::error::{ApiError, ErrorBody};
-use super::handlers::{Params, check_path_name};
 use super::logging::seconds_value;
+use super::paths::{ClusterPath, Valid};
 use super::query;
+use super::responses::NotFound;
 use super::troubleshoot::{Shared, cluster_or_404, sidecars, unexpected, zone_or_404};
 use crate::diagnosis::{Diagnosis, EVIDENCE_LOG_LINES, Request};
 use crate::peer_signature::Access;
@@ -180,25 +181,23 @@ pub async fn peer_evidence(
     get,
     path = "/diagnose/{clusterName}",
     summary = "Run the mesh troubleshooting playbook for a cluster (contract section 5).",
-    params(
-        ("clusterName" = String, Path, description = "The cluster's clusterName."),
-        DiagnoseQuery,
-    ),
+    params(ClusterPath, DiagnoseQuery),
     responses(
         (status = 200, description = "The diagnosis report.", body = DiagnosisReport),
         (status = 400, description = "Malformed query, unknown symptom, or zoneName missing.", body = ErrorBody),
         (status = 401, description = "debugSeconds is given, a write token is configured and the request lacks it.", body = ErrorBody),
         (status = 403, description = "A read token is configured and the request lacks it, or debugSeconds is given and writes are disabled.", body = ErrorBody),
-        (status = 404, description = "Unknown resource.", body = ErrorBody),
+        NotFound,
     ),
 )]
 pub async fn diagnose(
     State(s): Shared,
     _c: DiagnoseCaller,
-    Params(cluster): Params<String>,
+    Valid(ClusterPath {
+        cluster_name: cluster,
+    }): Valid<ClusterPath>,
     RawQuery(q): RawQuery,
 ) -> Result<Json<DiagnosisReport>, ApiError> {
-    check_path_name("clusterName", &cluster)?;
     let q = diagnose_query(q.as_deref())?;
     let zone = zone_or_404(&s, &q.zone)?;
     let sidecars = sidecars(&s);

@@ -22,7 +22,7 @@ pub struct ApiError {
 }
 
 /// The body of every error answer, named `Error` in the OpenAPI document.
-#[derive(Serialize, utoipa::ToSchema)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 #[schema(as = Error)]
 pub struct Body<'a> {
     /// One sentence for a human.

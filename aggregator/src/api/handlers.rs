@@ -5,15 +5,13 @@
 use std::sync::Arc;
 
 use axum::Json;
-use axum::extract::rejection::PathRejection;
-use axum::extract::{FromRequest, FromRequestParts, Path, RawQuery, Request, State};
-use axum::http::request::Parts;
+use axum::extract::{FromRequest, RawQuery, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use meshcat_common::model::{
     ClusterRecord, ClusterView, InstanceMetrics, Summary, ZoneMetadata, ZoneRecord,
 };
-use meshcat_common::validate::{self, MAX_TEXT_LEN, is_valid_name};
+use meshcat_common::validate;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tracing::{error, info};
@@ -25,7 +23,9 @@ use super::AppState;
 use super::auth::{Caller, Reader, Writer};
 use super::blocking::BlockingQuery;
 use super::error::{ApiError, ErrorBody};
+use super::paths::{ClusterPath, MetricsByVersionPath, MetricsPath, Valid, ZonePath};
 use super::query::{self, ClusterFilter, RequiredZoneQuery, ZoneQuery};
+use super::responses::{BodyRefused, NotFound, ReadTokenMissing, WriteTokenMissing};
 use crate::store::{Cached, CachedKind, Committed, MetricsLookup, Store, StoreError, Write};
 
 mod clusters;
@@ -47,53 +47,6 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
         let Json(v) = Json::<T>::from_request(req, state).await?;
         Ok(JsonBody(v))
-    }
-}
-
-/// Path parameters whose rejections become a 400 error body.
-pub struct Params<T>(pub T);
-
-impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for Params<T> {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
-        match Path::<T>::from_request_parts(parts, state).await {
-            Ok(Path(v)) => Ok(Params(v)),
-            Err(e @ PathRejection::FailedToDeserializePathParams(_)) => Err(ApiError::bad_path(
-                format!("The path is malformed: {}.", e.body_text()),
-            )),
-            Err(_) => Err(ApiError::bad_path("The path is malformed.")),
-        }
-    }
-}
-
-pub(super) fn check_path_name(what: &str, v: &str) -> Result<(), ApiError> {
-    if is_valid_name(v) {
-        Ok(())
-    } else {
-        Err(ApiError::bad_path(format!(
-            "{what} in the path must be 1 to 253 characters of letters, digits, '.', '_' and '-'."
-        )))
-    }
-}
-
-fn check_path_instance(v: &str) -> Result<(), ApiError> {
-    if validate::is_valid_instance(v) {
-        Ok(())
-    } else {
-        Err(ApiError::bad_path(
-            "instanceId in the path must be 1 to 253 printable characters without '/' or spaces.",
-        ))
-    }
-}
-
-fn check_path_text(what: &str, v: &str) -> Result<(), ApiError> {
-    if v.is_empty() || v.len() > MAX_TEXT_LEN {
-        Err(ApiError::bad_path(format!(
-            "{what} in the path must be 1 to {MAX_TEXT_LEN} bytes long."
-        )))
-    } else {
-        Ok(())
     }
 }
 

@@ -17,8 +17,9 @@ use utoipa::{IntoParams, ToSchema};
 use super::AppState;
 use super::auth::{Reader, Writer};
 use super::error::{ApiError, ErrorBody};
-use super::handlers::{Params, check_path_name};
+use super::paths::{InstancePath, Valid, ZoneClusterPath};
 use super::query;
+use super::responses::{NotFound, ReadTokenMissing, SidecarFailed, WriteTokenMissing};
 use super::troubleshoot::{
     MAX_DEBUG_SECONDS, Shared, cluster_or_404, ingest_off, sidecars, unexpected, zone_or_404,
 };
@@ -130,27 +131,23 @@ async fn run_level_command(
     get,
     path = "/zones/{zoneName}/clusters/{clusterName}/instances/{instanceId}/logging",
     summary = "The sidecar log level of one instance, through its agent.",
-    params(
-        ("zoneName" = String, Path, description = "The zone's zoneName."),
-        ("clusterName" = String, Path, description = "The cluster's clusterName."),
-        ("instanceId" = String, Path, description = "The instance name."),
-    ),
+    params(InstancePath),
     responses(
         (status = 200, description = "The level as text: error, warn, info, debug (or Envoy's trace, critical, off).", body = String, content_type = "text/plain"),
-        (status = 403, description = "A read token is configured and the request lacks it.", body = ErrorBody),
-        (status = 404, description = "Unknown zone or no live instance of that name.", body = ErrorBody),
-        (status = 502, description = "The sidecar failed the command.", body = ErrorBody),
-        (status = 503, description = "The instance's agent is gone, hung past the deadline, busy, or ingest is off.", body = ErrorBody),
+        ReadTokenMissing,
+        SidecarFailed,
     ),
 )]
 pub async fn get_instance_logging(
     State(s): Shared,
     _r: Reader,
-    Params((zone, cluster, instance)): Params<(String, String, String)>,
+    Valid(InstancePath {
+        zone_name: zone,
+        cluster_name: cluster,
+        instance_id: instance,
+    }): Valid<InstancePath>,
     RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
-    check_path_name("zoneName", &zone)?;
-    check_path_name("clusterName", &cluster)?;
     query::parse(q.as_deref(), &[])?;
     zone_or_404(&s, &zone)?;
     let level = run_level_command(&s, (&zone, &cluster, &instance), Ask::GetLevel).await?;
@@ -162,29 +159,24 @@ pub async fn get_instance_logging(
     put,
     path = "/zones/{zoneName}/clusters/{clusterName}/instances/{instanceId}/logging",
     summary = "Set the sidecar log level of one instance (warn is sent to Envoy as warning).",
-    params(
-        ("zoneName" = String, Path, description = "The zone's zoneName."),
-        ("clusterName" = String, Path, description = "The cluster's clusterName."),
-        ("instanceId" = String, Path, description = "The instance name."),
-        LevelQuery,
-    ),
+    params(InstancePath, LevelQuery),
     responses(
         (status = 200, description = "The level now, as text.", body = String, content_type = "text/plain"),
         (status = 400, description = "Missing or bad level.", body = ErrorBody),
-        (status = 401, description = "A write token is configured and the request lacks it.", body = ErrorBody),
-        (status = 404, description = "Unknown zone or no live instance of that name.", body = ErrorBody),
-        (status = 502, description = "The sidecar failed the command.", body = ErrorBody),
-        (status = 503, description = "The instance's agent is gone, hung past the deadline, busy, or ingest is off.", body = ErrorBody),
+        WriteTokenMissing,
+        SidecarFailed,
     ),
 )]
 pub async fn put_instance_logging(
     State(s): Shared,
     _w: Writer,
-    Params((zone, cluster, instance)): Params<(String, String, String)>,
+    Valid(InstancePath {
+        zone_name: zone,
+        cluster_name: cluster,
+        instance_id: instance,
+    }): Valid<InstancePath>,
     RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
-    check_path_name("zoneName", &zone)?;
-    check_path_name("clusterName", &cluster)?;
     let LevelQuery { level } = level_query(q.as_deref())?;
     zone_or_404(&s, &zone)?;
     let now = run_level_command(&s, (&zone, &cluster, &instance), Ask::SetLevel(level)).await?;
@@ -198,26 +190,23 @@ pub async fn put_instance_logging(
     put,
     path = "/zones/{zoneName}/clusters/{clusterName}/logging",
     summary = "Set the sidecar log level of every live instance of a cluster at once.",
-    params(
-        ("zoneName" = String, Path, description = "The zone's zoneName."),
-        ("clusterName" = String, Path, description = "The cluster's clusterName."),
-        LevelQuery,
-    ),
+    params(ZoneClusterPath, LevelQuery),
     responses(
         (status = 200, description = "Per instance, the outcome (each instance has its own deadline).", body = ClusterOutcome),
         (status = 400, description = "Missing or bad level.", body = ErrorBody),
-        (status = 401, description = "A write token is configured and the request lacks it.", body = ErrorBody),
-        (status = 404, description = "Unknown resource.", body = ErrorBody),
+        WriteTokenMissing,
+        NotFound,
     ),
 )]
 pub async fn put_cluster_logging(
     State(s): Shared,
     _w: Writer,
-    Params((zone, cluster)): Params<(String, String)>,
+    Valid(ZoneClusterPath {
+        zone_name: zone,
+        cluster_name: cluster,
+    }): Valid<ZoneClusterPath>,
     RawQuery(q): RawQuery,
 ) -> Result<Json<ClusterOutcome>, ApiError> {
-    check_path_name("zoneName", &zone)?;
-    check_path_name("clusterName", &cluster)?;
     let LevelQuery { level } = level_query(q.as_deref())?;
     zone_or_404(&s, &zone)?;
     let sidecars = sidecars(&s);
@@ -263,27 +252,24 @@ pub(super) fn seconds_value(name: &str, v: &str) -> Result<u32, ApiError> {
     post,
     path = "/zones/{zoneName}/clusters/{clusterName}/debug-window",
     summary = "Run a timed debug window on the cluster's sidecars: debug for N seconds, then the previous level; answers the window's TLS lines.",
-    params(
-        ("zoneName" = String, Path, description = "The zone's zoneName."),
-        ("clusterName" = String, Path, description = "The cluster's clusterName."),
-        DebugWindowQuery,
-    ),
+    params(ZoneClusterPath, DebugWindowQuery),
     responses(
         (status = 200, description = "Per instance, the outcome and the window's report.", body = ClusterOutcome),
         (status = 400, description = "Missing or bad seconds.", body = ErrorBody),
-        (status = 401, description = "A write token is configured and the request lacks it.", body = ErrorBody),
-        (status = 404, description = "Unknown resource.", body = ErrorBody),
+        WriteTokenMissing,
+        NotFound,
         (status = 503, description = "Agent ingest is off.", body = ErrorBody),
     ),
 )]
 pub async fn post_debug_window(
     State(s): Shared,
     _w: Writer,
-    Params((zone, cluster)): Params<(String, String)>,
+    Valid(ZoneClusterPath {
+        zone_name: zone,
+        cluster_name: cluster,
+    }): Valid<ZoneClusterPath>,
     RawQuery(q): RawQuery,
 ) -> Result<Json<ClusterOutcome>, ApiError> {
-    check_path_name("zoneName", &zone)?;
-    check_path_name("clusterName", &cluster)?;
     let DebugWindowQuery {
         seconds,
         instance: wanted,

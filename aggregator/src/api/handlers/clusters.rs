@@ -77,11 +77,9 @@ impl ToSchema for Registration {
     request_body = Registration,
     responses(
         (status = 201, description = "The stored record, or the stored records in the order sent.", body = Registration),
-        (status = 401, description = "A write token is configured and the request lacks it.", body = ErrorBody),
+        WriteTokenMissing,
         (status = 409, description = "The cluster exists in that zone (or twice in the array).", body = ErrorBody),
-        (status = 413, description = "The body is over --max-body.", body = ErrorBody),
-        (status = 415, description = "The body is not JSON.", body = ErrorBody),
-        (status = 422, description = "Well-formed but invalid.", body = ErrorBody),
+        BodyRefused,
     ),
 )]
 pub async fn create_cluster(
@@ -144,19 +142,18 @@ pub async fn create_cluster(
     get,
     path = "/clusters/{clusterName}",
     summary = "A cluster, one record per zone that has it.",
-    params(("clusterName" = String, Path, description = "The cluster's clusterName."), ZoneQuery, BlockingQuery),
+    params(ClusterPath, ZoneQuery, BlockingQuery),
     responses(
         (status = 200, description = "The records.", body = Vec<ClusterView>, headers(("X-Meshcat-Index" = u64, description = "The catalog index the answer was read at."))),
-        (status = 404, description = "Unknown resource.", body = ErrorBody),
+        NotFound,
     ),
 )]
 pub async fn get_cluster(
     State(s): Shared,
     caller: Caller,
-    Params(name): Params<String>,
+    Valid(ClusterPath { cluster_name: name }): Valid<ClusterPath>,
     RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
-    check_path_name("clusterName", &name)?;
     let zone = query::zone_name(q.as_deref())?;
     match s
         .store
@@ -174,25 +171,22 @@ pub async fn get_cluster(
     put,
     path = "/clusters/{clusterName}",
     summary = "Replace a cluster; the zone is the body's zoneName.",
-    params(("clusterName" = String, Path, description = "The cluster's clusterName."), ZoneQuery),
+    params(ClusterPath, ZoneQuery),
     request_body = ClusterRecord,
     responses(
         (status = 200, description = "The stored record.", body = ClusterRecord),
-        (status = 401, description = "A write token is configured and the request lacks it.", body = ErrorBody),
-        (status = 404, description = "Unknown resource.", body = ErrorBody),
-        (status = 413, description = "The body is over --max-body.", body = ErrorBody),
-        (status = 415, description = "The body is not JSON.", body = ErrorBody),
-        (status = 422, description = "Well-formed but invalid.", body = ErrorBody),
+        WriteTokenMissing,
+        NotFound,
+        BodyRefused,
     ),
 )]
 pub async fn replace_cluster(
     State(s): Shared,
     _w: Writer,
-    Params(name): Params<String>,
+    Valid(ClusterPath { cluster_name: name }): Valid<ClusterPath>,
     RawQuery(q): RawQuery,
     JsonBody(r): JsonBody<ClusterRecord>,
 ) -> Result<Json<ClusterRecord>, ApiError> {
-    check_path_name("clusterName", &name)?;
     let zone = query::zone_name(q.as_deref())?;
     check_cluster(&r)?;
     if r.cluster_name != name {
@@ -218,23 +212,20 @@ pub async fn replace_cluster(
     delete,
     path = "/clusters/{clusterName}",
     summary = "Delete a cluster from a zone.",
-    params(("clusterName" = String, Path, description = "The cluster's clusterName."), RequiredZoneQuery),
+    params(ClusterPath, RequiredZoneQuery),
     responses(
         (status = 200, description = "The deleted record.", body = ClusterRecord),
-        (status = 401, description = "A write token is configured and the request lacks it.", body = ErrorBody),
-        (status = 404, description = "Unknown resource.", body = ErrorBody),
-        (status = 413, description = "The body is over --max-body.", body = ErrorBody),
-        (status = 415, description = "The body is not JSON.", body = ErrorBody),
-        (status = 422, description = "Well-formed but invalid.", body = ErrorBody),
+        WriteTokenMissing,
+        NotFound,
+        BodyRefused,
     ),
 )]
 pub async fn delete_cluster(
     State(s): Shared,
     _w: Writer,
-    Params(name): Params<String>,
+    Valid(ClusterPath { cluster_name: name }): Valid<ClusterPath>,
     RawQuery(q): RawQuery,
 ) -> Result<Json<ClusterRecord>, ApiError> {
-    check_path_name("clusterName", &name)?;
     let RequiredZoneQuery { zone_name: zone } = RequiredZoneQuery::parse(
         q.as_deref(),
         "Query parameter zoneName is required to delete a cluster.",

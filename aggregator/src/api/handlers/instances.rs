@@ -22,21 +22,22 @@ fn metrics_answer(
     get,
     path = "/metrics/{clusterName}/{instanceId}",
     summary = "Latest metrics of a live instance.",
-    params(("clusterName" = String, Path, description = "The cluster's clusterName."), ("instanceId" = String, Path, description = "The instance name."), ZoneQuery),
+    params(MetricsPath, ZoneQuery),
     responses(
         (status = 200, description = "The instance's latest metrics (seed 2.6).", body = InstanceMetrics),
-        (status = 403, description = "A read token is configured and the request lacks it.", body = ErrorBody),
-        (status = 404, description = "Unknown resource.", body = ErrorBody),
+        ReadTokenMissing,
+        NotFound,
     ),
 )]
 pub async fn metrics_by_cluster(
     State(s): Shared,
     _r: Reader,
-    Params((cluster, instance)): Params<(String, String)>,
+    Valid(MetricsPath {
+        cluster_name: cluster,
+        instance_id: instance,
+    }): Valid<MetricsPath>,
     RawQuery(q): RawQuery,
 ) -> Result<Json<InstanceMetrics>, ApiError> {
-    check_path_name("clusterName", &cluster)?;
-    check_path_instance(&instance)?;
     let zone = query::zone_name(q.as_deref())?;
     let what = match &zone {
         Some(z) => format!("Cluster {cluster} in zone {z}"),
@@ -56,26 +57,23 @@ pub async fn metrics_by_cluster(
     get,
     path = "/metrics/{name}/{version}/{instanceId}",
     summary = "Latest metrics of a live instance of the cluster with that name and version.",
-    params(
-        ("name" = String, Path, description = "The cluster's name field."),
-        ("version" = String, Path, description = "The cluster's version field."),
-        ("instanceId" = String, Path, description = "The instance name."),
-    ),
+    params(MetricsByVersionPath),
     responses(
         (status = 200, description = "The instance's latest metrics (seed 2.6).", body = InstanceMetrics),
-        (status = 403, description = "A read token is configured and the request lacks it.", body = ErrorBody),
-        (status = 404, description = "Unknown resource.", body = ErrorBody),
+        ReadTokenMissing,
+        NotFound,
     ),
 )]
 pub async fn metrics_by_version(
     State(s): Shared,
     _r: Reader,
-    Params((name, version, instance)): Params<(String, String, String)>,
+    Valid(MetricsByVersionPath {
+        name,
+        version,
+        instance_id: instance,
+    }): Valid<MetricsByVersionPath>,
     RawQuery(q): RawQuery,
 ) -> Result<Json<InstanceMetrics>, ApiError> {
-    check_path_text("name", &name)?;
-    check_path_text("version", &version)?;
-    check_path_instance(&instance)?;
     no_query(q.as_deref())?;
     metrics_answer(
         || {

@@ -24,11 +24,9 @@ pub async fn list_zones(
     request_body = ZoneRecord,
     responses(
         (status = 201, description = "The stored zone.", body = ZoneRecord),
-        (status = 401, description = "A write token is configured and the request lacks it.", body = ErrorBody),
+        WriteTokenMissing,
         (status = 409, description = "The zone exists.", body = ErrorBody),
-        (status = 413, description = "The body is over --max-body.", body = ErrorBody),
-        (status = 415, description = "The body is not JSON.", body = ErrorBody),
-        (status = 422, description = "Well-formed but invalid.", body = ErrorBody),
+        BodyRefused,
     ),
 )]
 pub async fn create_zone(
@@ -52,18 +50,17 @@ pub async fn create_zone(
     get,
     path = "/zones/{zoneName}",
     summary = "A zone.",
-    params(("zoneName" = String, Path, description = "The zone's zoneName.")),
+    params(ZonePath),
     responses(
         (status = 200, description = "The zone.", body = ZoneRecord),
-        (status = 404, description = "Unknown resource.", body = ErrorBody),
+        NotFound,
     ),
 )]
 pub async fn get_zone(
     State(s): Shared,
-    Params(name): Params<String>,
+    Valid(ZonePath { zone_name: name }): Valid<ZonePath>,
     RawQuery(q): RawQuery,
 ) -> Result<Json<ZoneRecord>, ApiError> {
-    check_path_name("zoneName", &name)?;
     no_query(q.as_deref())?;
     s.store
         .zone(&name)
@@ -75,23 +72,20 @@ pub async fn get_zone(
     delete,
     path = "/zones/{zoneName}",
     summary = "Delete a zone and its clusters.",
-    params(("zoneName" = String, Path, description = "The zone's zoneName.")),
+    params(ZonePath),
     responses(
         (status = 200, description = "The deleted zone.", body = ZoneRecord),
-        (status = 401, description = "A write token is configured and the request lacks it.", body = ErrorBody),
-        (status = 404, description = "Unknown resource.", body = ErrorBody),
-        (status = 413, description = "The body is over --max-body.", body = ErrorBody),
-        (status = 415, description = "The body is not JSON.", body = ErrorBody),
-        (status = 422, description = "Well-formed but invalid.", body = ErrorBody),
+        WriteTokenMissing,
+        NotFound,
+        BodyRefused,
     ),
 )]
 pub async fn delete_zone(
     State(s): Shared,
     _w: Writer,
-    Params(name): Params<String>,
+    Valid(ZonePath { zone_name: name }): Valid<ZonePath>,
     RawQuery(q): RawQuery,
 ) -> Result<Json<ZoneRecord>, ApiError> {
-    check_path_name("zoneName", &name)?;
     no_query(q.as_deref())?;
     let deleted = write_one(&s.store, Write::DeleteZone(name))
         .await?
@@ -104,18 +98,17 @@ pub async fn delete_zone(
     get,
     path = "/zones/{zoneName}/metadata",
     summary = "Counts over the zone's clusters (seed 2.4).",
-    params(("zoneName" = String, Path, description = "The zone's zoneName.")),
+    params(ZonePath),
     responses(
         (status = 200, description = "The zone metadata.", body = ZoneMetadata),
-        (status = 404, description = "Unknown resource.", body = ErrorBody),
+        NotFound,
     ),
 )]
 pub async fn zone_metadata(
     State(s): Shared,
-    Params(name): Params<String>,
+    Valid(ZonePath { zone_name: name }): Valid<ZonePath>,
     RawQuery(q): RawQuery,
 ) -> Result<Json<ZoneMetadata>, ApiError> {
-    check_path_name("zoneName", &name)?;
     no_query(q.as_deref())?;
     s.store
         .zone_summary(&name)
