@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use meshcat_common::model::InstanceMetrics;
 use meshcat_common::wire::InstanceReport;
 use serde::Deserialize;
 use tokio::sync::{oneshot, watch};
@@ -171,21 +170,8 @@ pub async fn scrape_once(
     match scrape_fallible(admin, target, host, previous).await {
         Ok(report) => report,
         Err(e) => {
-            let mut report = previous.cloned().unwrap_or_else(|| InstanceReport {
-                zone_name: String::new(),
-                cluster_name: String::new(),
-                instance: String::new(),
-                admin_address: String::new(),
-                reachable: false,
-                error: None,
-                start_time_ms: 0,
-                server_state: String::new(),
-                envoy_version: String::new(),
-                log_level: None,
-                requests_total: 0,
-                errors_5xx_total: 0,
-                metrics: InstanceMetrics::default(),
-                clusters: Vec::new(),
+            let mut report = previous.cloned().unwrap_or_else(|| {
+                InstanceReport::unread(String::new(), String::new(), String::new())
             });
             report.zone_name.clone_from(&target.zone_name);
             report.cluster_name.clone_from(&target.cluster_name);

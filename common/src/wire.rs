@@ -96,6 +96,28 @@ pub struct InstanceReport {
     pub clusters: Vec<UpstreamCluster>,
 }
 
+impl InstanceReport {
+    /// A sidecar nothing was read from: its names, unreachable, every figure empty.
+    pub fn unread(zone_name: String, cluster_name: String, instance: String) -> Self {
+        InstanceReport {
+            zone_name,
+            cluster_name,
+            instance,
+            admin_address: String::new(),
+            reachable: false,
+            error: None,
+            start_time_ms: 0,
+            server_state: String::new(),
+            envoy_version: String::new(),
+            log_level: None,
+            requests_total: 0,
+            errors_5xx_total: 0,
+            metrics: InstanceMetrics::default(),
+            clusters: Vec::new(),
+        }
+    }
+}
+
 /// A cluster in the sidecar's `/clusters` output.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UpstreamCluster {

@@ -445,20 +445,9 @@ impl Store {
                 Instant::now(),
                 (r.window_requests, r.window_errors),
                 &InstanceReport {
-                    zone_name: r.zone.clone(),
-                    cluster_name: r.cluster.clone(),
-                    instance: r.instance.clone(),
-                    admin_address: String::new(),
                     reachable: r.reachable,
-                    error: None,
                     start_time_ms: r.start_time_ms,
-                    server_state: String::new(),
-                    envoy_version: String::new(),
-                    log_level: None,
-                    requests_total: 0,
-                    errors_5xx_total: 0,
-                    metrics: InstanceMetrics::default(),
-                    clusters: Vec::new(),
+                    ..InstanceReport::unread(r.zone.clone(), r.cluster.clone(), r.instance.clone())
                 },
             );
             e.count(&fresh, true);

@@ -233,12 +233,10 @@ impl Store {
         any.then_some(out)
     }
 
-    /// Renders the seed 2.5 summary from the counters and pre-serialized records.
-    fn render_summary(&self, authorized: bool) -> Vec<u8> {
-        // Copy each zone's counters and cluster names out first: no zone guard is held
-        // while cluster entries are read.
-        let mut zones: Vec<(String, ZoneAggregate, Vec<String>)> = self
-            .zones
+    /// Each zone's counters and cluster names, copied out so that no zone guard is
+    /// held while cluster entries are read.
+    fn zone_snapshots(&self) -> Vec<(String, ZoneAggregate, Vec<String>)> {
+        self.zones
             .iter()
             .map(|z| {
                 (
@@ -247,7 +245,12 @@ impl Store {
                     z.clusters.iter().cloned().collect(),
                 )
             })
-            .collect();
+            .collect()
+    }
+
+    /// Renders the seed 2.5 summary from the counters and pre-serialized records.
+    fn render_summary(&self, authorized: bool) -> Vec<u8> {
+        let mut zones = self.zone_snapshots();
         zones.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         let mut totals = super::aggregate::OverallTotals::default();
         let mut body = Vec::with_capacity(1 << 16);
@@ -376,17 +379,7 @@ impl Store {
     /// The seed 2.5 summary.
     pub fn summary(&self, authorized: bool) -> meshcat_common::model::Summary {
         use meshcat_common::model::{Summary, ZoneEntry};
-        let zones: Vec<(String, ZoneAggregate, Vec<String>)> = self
-            .zones
-            .iter()
-            .map(|z| {
-                (
-                    z.key().clone(),
-                    z.agg.clone(),
-                    z.clusters.iter().cloned().collect(),
-                )
-            })
-            .collect();
+        let zones = self.zone_snapshots();
         let mut totals = super::aggregate::OverallTotals::default();
         let mut out = BTreeMap::new();
         for (zone, agg, names) in zones {
