@@ -90,24 +90,15 @@ impl Board {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use meshcat_common::model::InstanceMetrics;
 
     fn report(instance: &str) -> InstanceReport {
         InstanceReport {
-            zone_name: "z".into(),
-            cluster_name: "c".into(),
-            instance: instance.into(),
             admin_address: "127.0.0.1:9901".into(),
             reachable: true,
-            error: None,
             start_time_ms: 1,
             server_state: "LIVE".into(),
             envoy_version: "1.40.0".into(),
-            log_level: None,
-            requests_total: 0,
-            errors_5xx_total: 0,
-            metrics: InstanceMetrics::default(),
-            clusters: Vec::new(),
+            ..InstanceReport::unread("z".into(), "c".into(), instance.into())
         }
     }
 

@@ -322,6 +322,7 @@ mod tests {
             cluster_name: "c".into(),
             instance: instance.into(),
             log_file: None,
+            local_cluster: None,
         }
     }
 

@@ -51,7 +51,12 @@ pub struct AgentConfig {
     /// The sidecar's log file (Envoy --log-path or access log), tailed for diagnosis.
     #[arg(long, env = "MESHCAT_SIDECAR_LOG_FILE")]
     pub sidecar_log_file: Option<PathBuf>,
-    /// JSON array of {"admin","zoneName","clusterName","instance","logFile"}; re-read
+    /// The sidecar's own upstream cluster (the one that reaches the local service),
+    /// left out of the dependency graph [default: found from the sidecar's inbound
+    /// listener].
+    #[arg(long, env = "MESHCAT_LOCAL_CLUSTER")]
+    pub local_cluster: Option<String>,
+    /// JSON array of {"admin","zoneName","clusterName","instance","logFile","localCluster"}; re-read
     /// when it changes; replaces the single-target flags.
     #[arg(long, env = "MESHCAT_TARGETS_FILE")]
     pub targets_file: Option<PathBuf>,
@@ -176,6 +181,7 @@ impl AgentConfig {
                     cluster_name: self.cluster.clone(),
                     instance,
                     log_file: self.sidecar_log_file.clone(),
+                    local_cluster: self.local_cluster.clone(),
                 }
             })
             .collect()

@@ -25,6 +25,8 @@ pub const CLUSTER_ANNOTATION: &str = "meshcat.io/cluster";
 pub const ADMIN_PORT_ANNOTATION: &str = "meshcat.io/admin-port";
 /// The annotation naming the sidecar container (default [`DEFAULT_SIDECAR`]).
 pub const SIDECAR_ANNOTATION: &str = "meshcat.io/sidecar-container";
+/// The annotation naming the sidecar's own upstream cluster (left out of the graph).
+pub const LOCAL_CLUSTER_ANNOTATION: &str = "meshcat.io/local-cluster";
 /// Formerly chose the zone; now ignored (the zone is the namespace).
 pub const ZONE_ANNOTATION: &str = "meshcat.io/zone";
 pub const DEFAULT_ADMIN_PORT: u16 = 9901;
@@ -247,6 +249,7 @@ fn target_of(pod: &Pod, log_dir: &Path) -> Result<(Target, Option<String>), Stri
             cluster_name: cluster.clone(),
             instance: m.name.clone(),
             log_file,
+            local_cluster: m.annotations.get(LOCAL_CLUSTER_ANNOTATION).cloned(),
         },
         note,
     ))

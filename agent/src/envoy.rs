@@ -15,9 +15,12 @@ pub const MAX_ANSWER: usize = 8 << 20;
 pub const MAX_CONFIG_DUMP: usize = 32 << 20;
 
 /// The stats the agent needs: inbound HTTP connection managers' request, error,
-/// byte, TLS and latency stats, the server's memory and worker count, and gRPC
-/// request totals. Envoy applies it as an RE2 regex.
-pub const STATS_FILTER: &str = r"^(http\.(.+)\.(downstream_rq_(total|5xx|time)|downstream_cx_(rx|tx)_bytes_total|downstream_cx_(ssl_)?total)|server\.(concurrency|memory_allocated)|cluster\.(.+)\.grpc\.(.+\.)?total)$";
+/// byte, TLS and latency stats, the server's memory and worker count, gRPC request
+/// totals, each upstream cluster's requests, 5xx, connect failures, request time
+/// and TLS handshakes (the graph), and the counters that move when the sidecar's
+/// listeners, clusters or routes change (when to read `/config_dump` again). Envoy
+/// applies it as an RE2 regex.
+pub const STATS_FILTER: &str = r"^(http\.(.+)\.(downstream_rq_(total|5xx|time)|downstream_cx_(rx|tx)_bytes_total|downstream_cx_(ssl_)?total|rds\..+\.config_reload)|server\.(concurrency|memory_allocated)|cluster\.(.+)\.(grpc\.(.+\.)?total|upstream_rq_(total|5xx|time)|upstream_cx_connect_fail|ssl\.handshake)|listener_manager\.listener_(added|modified|removed|in_place_updated)|cluster_manager\.cluster_(added|modified|removed))$";
 
 /// Why an admin call failed.
 #[derive(Debug, thiserror::Error)]
@@ -140,6 +143,12 @@ impl EnvoyAdmin {
     /// `GET /server_info`.
     pub async fn server_info(&self) -> Result<ServerInfo, EnvoyError> {
         self.get_json("/server_info").await
+    }
+
+    /// `GET /listeners?format=json`: each listener's name and the address it is
+    /// bound to (a configured port 0 shows as the port the kernel gave).
+    pub async fn listeners(&self) -> Result<model::ListenersResponse, EnvoyError> {
+        self.get_json("/listeners?format=json").await
     }
 
     /// `GET /clusters?format=json`.

@@ -16,6 +16,7 @@ pub mod ops;
 pub mod report;
 pub mod scrape;
 pub mod sidecars;
+pub mod topology;
 
 use std::future::Future;
 use std::sync::{Arc, RwLock};

@@ -17,6 +17,7 @@ use crate::board::{Board, Lease};
 use crate::config::parse_host_port;
 use crate::envoy::{EnvoyAdmin, EnvoyError, seed_level};
 use crate::metrics_object::{self, HostSampler};
+use crate::topology::{self, TopologyCache};
 
 /// Largest targets file read.
 pub const MAX_TARGETS_FILE: u64 = 1 << 20;
@@ -27,7 +28,7 @@ pub const MAX_TARGETS: usize = 256;
 const START_TIME_JITTER_MS: i64 = 2_000;
 
 /// One sidecar to scrape and the identity it reports under.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Target {
     /// Admin API address, `host:port`.
@@ -42,6 +43,10 @@ pub struct Target {
     /// The sidecar's log file, tailed for diagnosis.
     #[serde(default)]
     pub log_file: Option<PathBuf>,
+    /// The sidecar's own (local) upstream cluster, which the graph leaves out; without
+    /// it the aggregator finds it from the sidecar's inbound listener.
+    #[serde(default)]
+    pub local_cluster: Option<String>,
 }
 
 /// What a target reports under, and what tells two targets apart: sidecars of one
@@ -166,8 +171,9 @@ pub async fn scrape_once(
     target: &Target,
     host: &HostSampler,
     previous: Option<&InstanceReport>,
+    topology: &mut TopologyCache,
 ) -> InstanceReport {
-    match scrape_fallible(admin, target, host, previous).await {
+    match scrape_fallible(admin, target, host, previous, topology).await {
         Ok(report) => report,
         Err(e) => {
             let mut report = previous.cloned().unwrap_or_else(|| {
@@ -189,6 +195,7 @@ async fn scrape_fallible(
     target: &Target,
     host: &HostSampler,
     previous: Option<&InstanceReport>,
+    topology: &mut TopologyCache,
 ) -> Result<InstanceReport, EnvoyError> {
     let (info, clusters, stats, level) = tokio::join!(
         admin.server_info(),
@@ -212,6 +219,10 @@ async fn scrape_fallible(
         start_time_ms = prev.start_time_ms;
         metrics.start_time = start_time_ms;
     }
+    let version = topology::config_version(&stats, start_time_ms);
+    if topology.stale(version) {
+        read_topology(admin, target, version, topology).await;
+    }
     let level = match level {
         Ok(l) => Some(seed_level(&l).to_owned()),
         Err(e) => {
@@ -234,7 +245,51 @@ async fn scrape_fallible(
         errors_5xx_total: totals.errors_5xx,
         metrics,
         clusters: clusters.to_wire(),
+        upstreams: topology::upstream_traffic(&stats, &topology.topology().tls_clusters),
+        listeners: topology.topology().listeners.clone(),
+        local_cluster: target.local_cluster.clone(),
     })
+}
+
+/// Reads the sidecar's `/config_dump` into `cache`; a failed read is tried again at
+/// the next scrape and leaves the last topology in place.
+async fn read_topology(
+    admin: &EnvoyAdmin,
+    target: &Target,
+    version: u64,
+    cache: &mut TopologyCache,
+) {
+    let own_host = target
+        .admin
+        .rsplit_once(':')
+        .map_or("", |(h, _)| h.trim_start_matches('[').trim_end_matches(']'));
+    let (dump, listeners) = tokio::join!(admin.config_dump(), admin.listeners());
+    let bound = match listeners {
+        Ok(l) => l
+            .listener_statuses
+            .into_iter()
+            .filter_map(|s| {
+                let sa = s.local_address.socket_address?;
+                Some((s.name, (sa.address, sa.port_value)))
+            })
+            .collect(),
+        Err(e) => {
+            debug!(instance = %target.instance, error = %e, "Sidecar /listeners not read.");
+            Default::default()
+        }
+    };
+    match dump {
+        Ok(text) => match topology::parse_config_dump(&text, &bound, own_host) {
+            Ok(t) => {
+                debug!(instance = %target.instance, listeners = t.listeners.len(), "Sidecar configuration read.");
+                cache.store(version, t);
+            }
+            Err(e) => {
+                warn!(instance = %target.instance, error = %e, "Sidecar /config_dump cannot be parsed.");
+            }
+        },
+        Err(e) => debug!(instance = %target.instance, error = %e, "Sidecar /config_dump not read."),
+    }
 }
 
 /// Scrapes `target` every `interval` until aborted.
@@ -249,11 +304,19 @@ async fn scrape_loop(agent: Agent, target: Target, interval: Duration, lease: Le
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut was_reachable = true;
+    let mut topology = TopologyCache::default();
     loop {
         ticker.tick().await;
         let started = Instant::now();
         let previous = agent.board().get(&target.key());
-        let report = scrape_once(&admin, &target, agent.host(), previous.as_ref()).await;
+        let report = scrape_once(
+            &admin,
+            &target,
+            agent.host(),
+            previous.as_ref(),
+            &mut topology,
+        )
+        .await;
         let ok = report.reachable;
         let error = report.error.clone().unwrap_or_default();
         // Recorded only while the target is current: a removal between the scrape
@@ -451,6 +514,7 @@ mod tests {
             cluster_name: "c".into(),
             instance: "a".into(),
             log_file: None,
+            local_cluster: None,
         };
         let interval = Duration::from_millis(1);
         let mut scrapers = Scrapers::default();

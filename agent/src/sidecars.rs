@@ -158,6 +158,7 @@ mod tests {
             cluster_name: "c".into(),
             instance: instance.into(),
             log_file: log.map(PathBuf::from),
+            local_cluster: None,
         }
     }
 

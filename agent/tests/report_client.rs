@@ -11,7 +11,6 @@ use meshcat_agent::report::{CommandHandler, Reporter, ReporterConfig, SnapshotSo
 use meshcat_aggregator::ingest::{
     AgentAuth, Agents, CommandError, Ingest, IngestConfig, RecordingSink,
 };
-use meshcat_common::model::InstanceMetrics;
 use meshcat_common::tls::{self, ClientAuth, DevFiles};
 use meshcat_common::wire::{Command, CommandOutput, InstanceReport};
 use prometheus::Registry;
@@ -58,20 +57,13 @@ impl CommandHandler for Handler {
 
 fn instance(zone: &str, cluster: &str, name: &str) -> InstanceReport {
     InstanceReport {
-        zone_name: zone.into(),
-        cluster_name: cluster.into(),
-        instance: name.into(),
         admin_address: "127.0.0.1:9901".into(),
         reachable: true,
-        error: None,
         start_time_ms: 1_700_000_000_000,
         server_state: "LIVE".into(),
         envoy_version: "1.40.0".into(),
         log_level: Some("info".into()),
-        requests_total: 0,
-        errors_5xx_total: 0,
-        metrics: InstanceMetrics::default(),
-        clusters: Vec::new(),
+        ..InstanceReport::unread(zone.into(), cluster.into(), name.into())
     }
 }
 

@@ -124,16 +124,11 @@ fn report(
     err: u64,
 ) -> InstanceReport {
     InstanceReport {
-        zone_name: zone.into(),
-        cluster_name: cluster.into(),
-        instance: instance.into(),
         admin_address: "127.0.0.1:9901".into(),
         reachable,
-        error: None,
         start_time_ms: 1_700_000_000_000,
         server_state: "LIVE".into(),
         envoy_version: "1.40.0".into(),
-        log_level: None,
         requests_total: req,
         errors_5xx_total: err,
         metrics: InstanceMetrics {
@@ -142,7 +137,7 @@ fn report(
             all_requests: req as i64,
             ..InstanceMetrics::default()
         },
-        clusters: Vec::new(),
+        ..InstanceReport::unread(zone.into(), cluster.into(), instance.into())
     }
 }
 

@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use meshcat_aggregator::ingest::{AgentAuth, Ingest, IngestConfig, RecordingSink, ReportSink};
-use meshcat_common::model::InstanceMetrics;
 use meshcat_common::tls::{self, ClientAuth, DevFiles};
 use meshcat_common::transport::{read_frame, write_frame};
 use meshcat_common::wire::{
@@ -102,20 +101,15 @@ async fn eventually(what: &str, cond: impl Fn() -> bool) {
 
 fn instance(zone: &str, cluster: &str, name: &str) -> InstanceReport {
     InstanceReport {
-        zone_name: zone.into(),
-        cluster_name: cluster.into(),
-        instance: name.into(),
         admin_address: "127.0.0.1:9901".into(),
         reachable: true,
-        error: None,
         start_time_ms: 1_700_000_000_000,
         server_state: "LIVE".into(),
         envoy_version: "1.40.0".into(),
         log_level: Some("info".into()),
         requests_total: 10,
         errors_5xx_total: 1,
-        metrics: InstanceMetrics::default(),
-        clusters: Vec::new(),
+        ..InstanceReport::unread(zone.into(), cluster.into(), name.into())
     }
 }
 

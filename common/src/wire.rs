@@ -94,6 +94,45 @@ pub struct InstanceReport {
     pub metrics: InstanceMetrics,
     /// The upstream clusters the sidecar knows, with their hosts.
     pub clusters: Vec<UpstreamCluster>,
+    /// The traffic to each upstream cluster that carried any (empty from agents
+    /// older than the graph: their instances have no edges).
+    #[serde(default)]
+    pub upstreams: Vec<UpstreamTraffic>,
+    /// The sidecar's listeners with the clusters their routes name, as of its last
+    /// configuration change.
+    #[serde(default)]
+    pub listeners: Vec<ListenerRoutes>,
+    /// The sidecar's own (local) cluster, when its target names it.
+    #[serde(default)]
+    pub local_cluster: Option<String>,
+}
+
+/// One upstream cluster's traffic as the sidecar counted it: counters since the
+/// sidecar started (the aggregator takes differences between reports), latency over
+/// Envoy's last stats interval.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UpstreamTraffic {
+    pub name: String,
+    /// `cluster.<name>.upstream_rq_total`.
+    pub requests_total: u64,
+    /// `cluster.<name>.upstream_rq_5xx`.
+    pub errors_5xx_total: u64,
+    /// `cluster.<name>.upstream_cx_connect_fail`.
+    pub connect_fail_total: u64,
+    /// `cluster.<name>.upstream_rq_time` over the last interval, ms; `None` when no
+    /// request completed in it.
+    pub p50_ms: Option<f64>,
+    pub p99_ms: Option<f64>,
+    /// Whether the connections use TLS (a TLS transport socket, or TLS handshakes).
+    pub tls: bool,
+}
+
+/// One listener of a sidecar: the address it listens at (a wildcard address given
+/// as the sidecar's own host) and the clusters its routes (or TCP proxies) name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListenerRoutes {
+    pub address: String,
+    pub clusters: Vec<String>,
 }
 
 impl InstanceReport {
@@ -114,6 +153,9 @@ impl InstanceReport {
             errors_5xx_total: 0,
             metrics: InstanceMetrics::default(),
             clusters: Vec::new(),
+            upstreams: Vec::new(),
+            listeners: Vec::new(),
+            local_cluster: None,
         }
     }
 }

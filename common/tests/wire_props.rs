@@ -9,7 +9,6 @@
 use std::alloc::System;
 
 use cap::Cap;
-use meshcat_common::model::InstanceMetrics;
 use meshcat_common::wire::{
     self, AgentMessage, DEFAULT_MAX_MESSAGE, Hello, InstanceReport, Report, ServerMessage,
     UpstreamCluster, UpstreamHost,
@@ -56,9 +55,6 @@ fn report(instances: usize, clusters: usize, hosts: usize) -> AgentMessage {
         hosts: vec![host; hosts],
     };
     let inst = InstanceReport {
-        zone_name: "z".into(),
-        cluster_name: "c".into(),
-        instance: "i".into(),
         admin_address: "127.0.0.1:9901".into(),
         reachable: true,
         error: Some("e".into()),
@@ -68,8 +64,8 @@ fn report(instances: usize, clusters: usize, hosts: usize) -> AgentMessage {
         log_level: Some("info".into()),
         requests_total: 10,
         errors_5xx_total: 1,
-        metrics: InstanceMetrics::default(),
         clusters: vec![cluster; clusters],
+        ..InstanceReport::unread("z".into(), "c".into(), "i".into())
     };
     AgentMessage::Report(Report {
         sent_at_ms: 7,

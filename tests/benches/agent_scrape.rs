@@ -11,6 +11,7 @@ use std::time::Duration;
 use meshcat_agent::envoy::EnvoyAdmin;
 use meshcat_agent::metrics_object::HostSampler;
 use meshcat_agent::scrape::{Target, scrape_once};
+use meshcat_agent::topology::TopologyCache;
 use meshcat_tests::bootstrap::Cluster;
 use meshcat_tests::{Bootstrap, Envoy, Upstream};
 
@@ -61,15 +62,16 @@ async fn main() -> anyhow::Result<()> {
         zone_name: "bench".into(),
         cluster_name: "bench".into(),
         instance: "bench".into(),
-        log_file: None,
+        ..Default::default()
     };
-    let mut last = scrape_once(&admin, &target, &host, None).await;
+    let mut topology = TopologyCache::default();
+    let mut last = scrape_once(&admin, &target, &host, None, &mut topology).await;
     assert!(last.reachable, "{:?}", last.error);
     assert_eq!(last.clusters.len(), CLUSTERS + 1);
     let cpu0 = cpu_time();
     let wall0 = std::time::Instant::now();
     for _ in 0..SCRAPES {
-        last = scrape_once(&admin, &target, &host, Some(&last)).await;
+        last = scrape_once(&admin, &target, &host, Some(&last), &mut topology).await;
     }
     let cpu = (cpu_time() - cpu0) / SCRAPES;
     let wall = wall0.elapsed() / SCRAPES;

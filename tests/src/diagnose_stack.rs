@@ -14,7 +14,6 @@ use meshcat_agent::AgentConfig;
 use meshcat_agent::report::{CommandHandler, Reporter, ReporterConfig, SnapshotSource};
 use meshcat_aggregator::RunningAggregator;
 use meshcat_aggregator::config::Config;
-use meshcat_common::model::InstanceMetrics;
 use meshcat_common::tls;
 use meshcat_common::wire::{Command, CommandOutput, InstanceReport};
 use serde_json::{Value, json};
@@ -396,20 +395,13 @@ pub fn hung_agent(
     let mut config = ReporterConfig::new(quic, "localhost", client, agent_id);
     config.interval = Duration::from_millis(300);
     let report = InstanceReport {
-        zone_name: ZONE.into(),
-        cluster_name: cluster.into(),
-        instance: instance.into(),
         admin_address: "127.0.0.1:9".into(),
         reachable: true,
-        error: None,
         start_time_ms: 1_700_000_000_000,
         server_state: "LIVE".into(),
         envoy_version: "1.40.0".into(),
         log_level: Some("info".into()),
-        requests_total: 0,
-        errors_5xx_total: 0,
-        metrics: InstanceMetrics::default(),
-        clusters: Vec::new(),
+        ..InstanceReport::unread(ZONE.into(), cluster.into(), instance.into())
     };
     let hung = Arc::new(Hung(std::sync::Mutex::new(vec![report])));
     let reporter = Reporter::new(config, hung.clone(), hung, &prometheus::Registry::new()).unwrap();

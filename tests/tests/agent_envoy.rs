@@ -8,6 +8,7 @@ use meshcat_agent::AgentConfig;
 use meshcat_agent::envoy::EnvoyAdmin;
 use meshcat_agent::metrics_object::{HostSampler, check_invariants};
 use meshcat_agent::scrape::{Target, scrape_once};
+use meshcat_agent::topology::TopologyCache;
 use meshcat_tests::{Bootstrap, Envoy, Upstream, wait_for};
 use tokio::sync::oneshot;
 
@@ -20,6 +21,7 @@ fn target(envoy: &Envoy, instance: &str) -> Target {
         cluster_name: "orders".into(),
         instance: instance.into(),
         log_file: Some(envoy.access_log_path()),
+        local_cluster: None,
     }
 }
 
@@ -55,7 +57,7 @@ async fn scrape_counts_exact_requests_and_5xx() {
     let t = target(&envoy, "orders-1");
     // Histograms reach the admin API at the next stats flush.
     let report = wait_for("latency histogram with 20 samples", DEADLINE, || async {
-        let r = scrape_once(&admin, &t, &host, None).await;
+        let r = scrape_once(&admin, &t, &host, None, &mut TopologyCache::default()).await;
         (r.metrics.latency_count == 20).then_some(r)
     })
     .await
@@ -96,8 +98,40 @@ async fn scrape_counts_exact_requests_and_5xx() {
     assert_eq!(local.hosts[0].address, upstream.addr.to_string());
     assert_eq!(local.hosts[0].rq_total, 20);
 
+    // The graph's figures: the upstream cluster's counters and the listener that
+    // routes to it, read from the real /stats and /config_dump.
+    let up = report
+        .upstreams
+        .iter()
+        .find(|u| u.name == "local_service")
+        .expect("local_service carried traffic");
+    assert_eq!((up.requests_total, up.errors_5xx_total), (20, 3));
+    assert_eq!(up.connect_fail_total, 0);
+    assert!(!up.tls);
+    assert!(
+        report
+            .upstreams
+            .iter()
+            .all(|u| u.requests_total > 0 || u.connect_fail_total > 0)
+    );
+    let ingress = envoy.url("ingress");
+    let ingress = ingress.trim_start_matches("http://");
+    let listener = report
+        .listeners
+        .iter()
+        .find(|l| l.address == ingress)
+        .unwrap_or_else(|| panic!("listener {ingress} in {:?}", report.listeners));
+    assert_eq!(listener.clusters, vec!["local_service".to_owned()]);
+
     // A second scrape keeps the same start time although uptime only has seconds.
-    let again = scrape_once(&admin, &t, &host, Some(&report)).await;
+    let again = scrape_once(
+        &admin,
+        &t,
+        &host,
+        Some(&report),
+        &mut TopologyCache::default(),
+    )
+    .await;
     assert_eq!(again.start_time_ms, report.start_time_ms);
 }
 
@@ -107,10 +141,17 @@ async fn an_unreachable_sidecar_is_reported_as_such() {
     let admin = EnvoyAdmin::new(&envoy.admin_addr(), Duration::from_millis(500)).unwrap();
     let host = HostSampler::new();
     let t = target(&envoy, "orders-2");
-    let good = scrape_once(&admin, &t, &host, None).await;
+    let good = scrape_once(&admin, &t, &host, None, &mut TopologyCache::default()).await;
     assert!(good.reachable);
     envoy.kill();
-    let bad = scrape_once(&admin, &t, &host, Some(&good)).await;
+    let bad = scrape_once(
+        &admin,
+        &t,
+        &host,
+        Some(&good),
+        &mut TopologyCache::default(),
+    )
+    .await;
     assert!(!bad.reachable);
     assert!(
         bad.error
@@ -123,7 +164,7 @@ async fn an_unreachable_sidecar_is_reported_as_such() {
     assert_eq!(bad.instance, "orders-2");
     assert_eq!(bad.start_time_ms, good.start_time_ms);
     envoy.restart().await.unwrap();
-    let back = scrape_once(&admin, &t, &host, Some(&bad)).await;
+    let back = scrape_once(&admin, &t, &host, Some(&bad), &mut TopologyCache::default()).await;
     assert!(back.reachable, "{:?}", back.error);
 }
 

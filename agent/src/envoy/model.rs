@@ -218,6 +218,9 @@ pub struct HistogramBlock {
     /// `computed_quantiles` instead, which the agent does not use.
     #[serde(default)]
     pub details: Vec<HistogramDetail>,
+    /// The percentiles (0 to 100) of each detail's `percentiles`, in order.
+    #[serde(default)]
+    pub supported_percentiles: Vec<f64>,
 }
 
 /// One histogram with its cumulative buckets since Envoy started.
@@ -226,6 +229,17 @@ pub struct HistogramDetail {
     pub name: String,
     #[serde(default)]
     pub totals: Vec<Bucket>,
+    /// Per supported percentile, the value over all time and over the last interval.
+    #[serde(default)]
+    pub percentiles: Vec<PercentileValues>,
+}
+
+/// One percentile of a histogram; `interval` is `null` when nothing was recorded in
+/// the last interval.
+#[derive(Debug, Clone, Copy, Deserialize)]
+pub struct PercentileValues {
+    #[serde(default)]
+    pub interval: Option<f64>,
 }
 
 /// A fine-grained (log-linear) bucket of Envoy's histogram: `count` samples in
@@ -242,6 +256,8 @@ pub struct Bucket {
 pub struct StatsSnapshot {
     pub values: BTreeMap<String, u64>,
     pub histograms: BTreeMap<String, Vec<Bucket>>,
+    /// p50 and p99 of each histogram over Envoy's last stats interval.
+    pub interval_p50_p99: BTreeMap<String, (Option<f64>, Option<f64>)>,
 }
 
 impl StatsSnapshot {
@@ -262,7 +278,20 @@ impl From<StatsResponse> for StatsSnapshot {
                     }
                 }
                 StatEntry::Histograms { histograms } => {
+                    let at = |p: f64| {
+                        histograms
+                            .supported_percentiles
+                            .iter()
+                            .position(|&s| s == p)
+                    };
+                    let (p50, p99) = (at(50.0), at(99.0));
                     for h in histograms.details {
+                        let interval =
+                            |i: Option<usize>| i.and_then(|i| h.percentiles.get(i)?.interval);
+                        let pair = (interval(p50), interval(p99));
+                        if pair != (None, None) {
+                            snap.interval_p50_p99.insert(h.name.clone(), pair);
+                        }
                         snap.histograms.insert(h.name, h.totals);
                     }
                 }

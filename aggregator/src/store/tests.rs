@@ -28,20 +28,14 @@ fn zone(name: &str) -> ZoneRecord {
 
 fn report(zone: &str, cluster: &str, instance: &str, req: u64, err: u64) -> InstanceReport {
     InstanceReport {
-        zone_name: zone.into(),
-        cluster_name: cluster.into(),
-        instance: instance.into(),
         admin_address: "127.0.0.1:9901".into(),
         reachable: true,
-        error: None,
         start_time_ms: 1_700_000_000_000,
         server_state: "LIVE".into(),
         envoy_version: "1.40.0".into(),
-        log_level: None,
         requests_total: req,
         errors_5xx_total: err,
-        metrics: InstanceMetrics::default(),
-        clusters: Vec::new(),
+        ..InstanceReport::unread(zone.into(), cluster.into(), instance.into())
     }
 }
 

@@ -395,12 +395,8 @@ fn reports_for(agent: usize, count: usize) -> Vec<InstanceReport> {
                 })
                 .collect();
             InstanceReport {
-                zone_name: format!("zone-{}", agent % 4),
-                cluster_name: format!("service-{}", agent % 200),
-                instance: format!("pod-{agent}-{i}"),
                 admin_address: "127.0.0.1:9901".into(),
                 reachable: true,
-                error: None,
                 start_time_ms: 1_700_000_000_000,
                 server_state: "LIVE".into(),
                 envoy_version: "1.40.0/Clean/RELEASE/BoringSSL".into(),
@@ -409,6 +405,11 @@ fn reports_for(agent: usize, count: usize) -> Vec<InstanceReport> {
                 errors_5xx_total: (requests / 100) as u64,
                 metrics,
                 clusters,
+                ..InstanceReport::unread(
+                    format!("zone-{}", agent % 4),
+                    format!("service-{}", agent % 200),
+                    format!("pod-{agent}-{i}"),
+                )
             }
         })
         .collect()

@@ -1,0 +1,309 @@
+//! What the graph needs from one sidecar: each upstream cluster's traffic (from the
+//! stats of every scrape) and the sidecar's listeners with the clusters their routes
+//! name, plus which clusters use TLS (from `/config_dump`, read again only when the
+//! counters of listener, cluster or route changes move).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::hash::{Hash, Hasher};
+
+use meshcat_common::wire::{ListenerRoutes, UpstreamTraffic};
+use serde_json::Value;
+
+use crate::envoy::model::StatsSnapshot;
+
+/// Most listeners and most clusters per listener reported for one sidecar.
+pub const MAX_LISTENERS: usize = 256;
+pub const MAX_LISTENER_CLUSTERS: usize = 1024;
+/// Most upstream clusters reported for one sidecar, the busiest first.
+pub const MAX_UPSTREAMS: usize = 4096;
+/// Depth beyond which a config dump is not walked: real dumps are far shallower.
+const MAX_DEPTH: usize = 64;
+
+/// The sidecar's configuration as the graph reads it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Topology {
+    pub listeners: Vec<ListenerRoutes>,
+    /// Clusters whose transport socket is TLS.
+    pub tls_clusters: BTreeSet<String>,
+}
+
+/// The topology of the last `/config_dump` read and the configuration counters it
+/// was read at; one per scraped sidecar.
+#[derive(Debug, Default)]
+pub struct TopologyCache {
+    read_at: Option<u64>,
+    topology: Topology,
+}
+
+impl TopologyCache {
+    /// Whether the configuration changed since the last read (or none was made).
+    pub fn stale(&self, version: u64) -> bool {
+        self.read_at != Some(version)
+    }
+
+    /// Keeps `topology`, read when the configuration counters were at `version`.
+    pub fn store(&mut self, version: u64, topology: Topology) {
+        self.read_at = Some(version);
+        self.topology = topology;
+    }
+
+    pub fn topology(&self) -> &Topology {
+        &self.topology
+    }
+}
+
+/// A number that changes when the sidecar's listeners, clusters or routes change:
+/// Envoy's counters of listener and cluster additions, modifications and removals
+/// and of route reloads, with the sidecar's start time (a restarted sidecar counts
+/// from zero again).
+pub fn config_version(stats: &StatsSnapshot, start_time_ms: i64) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    start_time_ms.hash(&mut h);
+    for (name, v) in &stats.values {
+        let config = name.starts_with("listener_manager.listener_")
+            || name.starts_with("cluster_manager.cluster_")
+            || (name.starts_with("http.") && name.ends_with(".config_reload"));
+        if config {
+            name.hash(&mut h);
+            v.hash(&mut h);
+        }
+    }
+    h.finish()
+}
+
+/// The traffic of each upstream cluster that carried requests or failed to connect,
+/// from one scrape's stats. A cluster is named by what lies between `cluster.` and a
+/// known suffix, so names with dots (`outbound|80||a.b.svc`) stay whole.
+pub fn upstream_traffic(
+    stats: &StatsSnapshot,
+    tls_clusters: &BTreeSet<String>,
+) -> Vec<UpstreamTraffic> {
+    #[derive(Default)]
+    struct Counters {
+        requests: u64,
+        errors: u64,
+        connect_fail: u64,
+        handshakes: u64,
+    }
+    let mut by_name: BTreeMap<&str, Counters> = BTreeMap::new();
+    for (name, v) in &stats.values {
+        let Some(rest) = name.strip_prefix("cluster.") else {
+            continue;
+        };
+        let (cluster, slot): (&str, fn(&mut Counters) -> &mut u64) =
+            if let Some(c) = rest.strip_suffix(".upstream_rq_total") {
+                (c, |c| &mut c.requests)
+            } else if let Some(c) = rest.strip_suffix(".upstream_rq_5xx") {
+                (c, |c| &mut c.errors)
+            } else if let Some(c) = rest.strip_suffix(".upstream_cx_connect_fail") {
+                (c, |c| &mut c.connect_fail)
+            } else if let Some(c) = rest.strip_suffix(".ssl.handshake") {
+                (c, |c| &mut c.handshakes)
+            } else {
+                continue;
+            };
+        *slot(by_name.entry(cluster).or_default()) = *v;
+    }
+    let mut out: Vec<UpstreamTraffic> = by_name
+        .into_iter()
+        .filter(|(_, c)| c.requests > 0 || c.connect_fail > 0)
+        .map(|(name, c)| {
+            let (p50_ms, p99_ms) = stats
+                .interval_p50_p99
+                .get(&format!("cluster.{name}.upstream_rq_time"))
+                .copied()
+                .unwrap_or((None, None));
+            UpstreamTraffic {
+                name: name.to_owned(),
+                requests_total: c.requests,
+                errors_5xx_total: c.errors,
+                connect_fail_total: c.connect_fail,
+                p50_ms,
+                p99_ms,
+                tls: c.handshakes > 0 || tls_clusters.contains(name),
+            }
+        })
+        .collect();
+    if out.len() > MAX_UPSTREAMS {
+        out.sort_by_key(|u| std::cmp::Reverse(u.requests_total));
+        out.truncate(MAX_UPSTREAMS);
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+    }
+    out
+}
+
+/// Reads the listeners, their routes' clusters and the TLS clusters from the text of
+/// `/config_dump`. A listener's address is the one it is bound to (`bound`, from
+/// `/listeners`, by listener name), else the configured one; a wildcard host
+/// (`0.0.0.0`, `::`) is given as `own_host`, the host the sidecar is reached at, so
+/// that other sidecars' upstream host addresses can match it.
+pub fn parse_config_dump(
+    text: &str,
+    bound: &BTreeMap<String, (String, u32)>,
+    own_host: &str,
+) -> Result<Topology, serde_json::Error> {
+    let dump: Value = serde_json::from_str(text)?;
+    let configs = dump.get("configs").and_then(Value::as_array);
+    let of_type = |suffix: &'static str| {
+        configs.into_iter().flatten().filter(move |c| {
+            c.get("@type")
+                .and_then(Value::as_str)
+                .is_some_and(|t| t.ends_with(suffix))
+        })
+    };
+    // Route configurations by name, for listeners that name theirs (RDS).
+    let mut route_configs: BTreeMap<&str, &Value> = BTreeMap::new();
+    for dump in of_type(".RoutesConfigDump") {
+        for key in ["static_route_configs", "dynamic_route_configs"] {
+            for rc in dump
+                .get(key)
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                if let Some(rc) = rc.get("route_config")
+                    && let Some(name) = rc.get("name").and_then(Value::as_str)
+                {
+                    route_configs.insert(name, rc);
+                }
+            }
+        }
+    }
+    let mut listeners = Vec::new();
+    for dump in of_type(".ListenersConfigDump") {
+        let statics = dump
+            .get("static_listeners")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|l| l.get("listener"));
+        let dynamics = dump
+            .get("dynamic_listeners")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|l| l.get("active_state")?.get("listener"));
+        for l in statics.chain(dynamics) {
+            if listeners.len() >= MAX_LISTENERS {
+                break;
+            }
+            let name = l.get("name").and_then(Value::as_str).unwrap_or("");
+            let Some(address) = bound
+                .get(name)
+                .map(|(h, p)| socket_address(h, u64::from(*p), own_host))
+                .or_else(|| listener_address(l, own_host))
+            else {
+                continue;
+            };
+            let mut clusters = BTreeSet::new();
+            collect_clusters(l, &route_configs, &mut clusters, 0);
+            listeners.push(ListenerRoutes {
+                address,
+                clusters: clusters.into_iter().take(MAX_LISTENER_CLUSTERS).collect(),
+            });
+        }
+    }
+    listeners.sort_by(|a, b| a.address.cmp(&b.address));
+    listeners.dedup_by(|a, b| a.address == b.address);
+    let mut tls_clusters = BTreeSet::new();
+    for dump in of_type(".ClustersConfigDump") {
+        for key in ["static_clusters", "dynamic_active_clusters"] {
+            for c in dump
+                .get(key)
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                let Some(c) = c.get("cluster") else { continue };
+                let tls = c
+                    .get("transport_socket")
+                    .and_then(|t| t.get("name"))
+                    .and_then(Value::as_str)
+                    .is_some_and(|n| n.contains("tls"));
+                if tls && let Some(name) = c.get("name").and_then(Value::as_str) {
+                    tls_clusters.insert(name.to_owned());
+                }
+            }
+        }
+    }
+    Ok(Topology {
+        listeners,
+        tls_clusters,
+    })
+}
+
+/// `host:port` of a listener's socket address, a wildcard host replaced by `own_host`.
+fn listener_address(l: &Value, own_host: &str) -> Option<String> {
+    let sa = l.get("address")?.get("socket_address")?;
+    let host = sa.get("address")?.as_str()?;
+    let port = sa.get("port_value")?.as_u64()?;
+    Some(socket_address(host, port, own_host))
+}
+
+/// `host:port` (`[host]:port` for IPv6), a wildcard host replaced by `own_host`.
+fn socket_address(host: &str, port: u64, own_host: &str) -> String {
+    let host = match host {
+        "0.0.0.0" | "::" | "" => own_host,
+        h => h,
+    };
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+/// The clusters a listener's filters name: TCP proxies' `cluster`, routes' `cluster`
+/// and weighted clusters' names, inline or through the route configuration an HTTP
+/// connection manager names (`rds.route_config_name`).
+fn collect_clusters<'a>(
+    v: &'a Value,
+    route_configs: &BTreeMap<&str, &'a Value>,
+    out: &mut BTreeSet<String>,
+    depth: usize,
+) {
+    if depth > MAX_DEPTH || out.len() >= MAX_LISTENER_CLUSTERS {
+        return;
+    }
+    match v {
+        Value::Object(m) => {
+            if let Some(name) = m
+                .get("rds")
+                .and_then(|r| r.get("route_config_name"))
+                .and_then(Value::as_str)
+                && let Some(rc) = route_configs.get(name)
+            {
+                collect_clusters(rc, route_configs, out, depth + 1);
+            }
+            for (k, child) in m {
+                match (k.as_str(), child) {
+                    // A route's or a TCP proxy's target.
+                    ("cluster", Value::String(c)) => {
+                        out.insert(c.clone());
+                    }
+                    ("weighted_clusters", w) => {
+                        for c in w
+                            .get("clusters")
+                            .and_then(Value::as_array)
+                            .into_iter()
+                            .flatten()
+                        {
+                            if let Some(n) = c.get("name").and_then(Value::as_str) {
+                                out.insert(n.to_owned());
+                            }
+                        }
+                    }
+                    // Not targets: access log and tracing sinks, filter services.
+                    ("access_log" | "tracing" | "http_filters" | "transport_socket", _) => {}
+                    _ => collect_clusters(child, route_configs, out, depth + 1),
+                }
+            }
+        }
+        Value::Array(a) => {
+            for child in a {
+                collect_clusters(child, route_configs, out, depth + 1);
+            }
+        }
+        _ => {}
+    }
+}
