@@ -402,6 +402,50 @@ impl<'de, M: Deserialize<'de>> Deserialize<'de> for Versioned<M> {
 mod tests {
     use super::*;
 
+    /// An instance report as agents without the graph's fields send it.
+    #[derive(Serialize)]
+    struct ReportBeforeTheGraph {
+        zone_name: String,
+        cluster_name: String,
+        instance: String,
+        admin_address: String,
+        reachable: bool,
+        error: Option<String>,
+        start_time_ms: i64,
+        server_state: String,
+        envoy_version: String,
+        log_level: Option<String>,
+        requests_total: u64,
+        errors_5xx_total: u64,
+        metrics: InstanceMetrics,
+        clusters: Vec<UpstreamCluster>,
+    }
+
+    #[test]
+    fn reports_of_agents_before_the_graph_still_decode() {
+        let inst = ReportBeforeTheGraph {
+            zone_name: "z".into(),
+            cluster_name: "c".into(),
+            instance: "i".into(),
+            admin_address: "127.0.0.1:9901".into(),
+            reachable: true,
+            error: None,
+            start_time_ms: 7,
+            server_state: "LIVE".into(),
+            envoy_version: "1.40.0".into(),
+            log_level: None,
+            requests_total: 3,
+            errors_5xx_total: 1,
+            metrics: InstanceMetrics::default(),
+            clusters: vec![],
+        };
+        let packed = rmp_serde::to_vec(&inst).unwrap();
+        let new: InstanceReport = rmp_serde::from_slice(&packed).unwrap();
+        assert_eq!((new.requests_total, new.errors_5xx_total), (3, 1));
+        assert!(new.upstreams.is_empty() && new.listeners.is_empty());
+        assert_eq!(new.local_cluster, None);
+    }
+
     #[test]
     fn round_trip() {
         let msg = AgentMessage::Hello(Hello {
