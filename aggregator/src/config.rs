@@ -134,12 +134,14 @@ pub struct ServeArgs {
     /// agent's other messages are unaffected.
     #[arg(long, env = "MESHCAT_MAX_MESSAGE", default_value = "4MiB", value_parser = parse_bytes, value_name = "SIZE")]
     pub max_message: u64,
-    /// Most upstream clusters one instance may report; a report with more is refused
+    /// Most upstream clusters one instance may report (its upstreams with traffic and
+    /// its listeners counted apart, the same way); a report with more is refused
     /// whole (too_many_upstream_clusters).
     #[arg(long, env = "MESHCAT_MAX_UPSTREAM_CLUSTERS", default_value = "4096", value_parser = clap::value_parser!(u32).range(1..), value_name = "N")]
     pub max_upstream_clusters: u32,
-    /// Most upstream hosts one instance may report over all its clusters; a report with
-    /// more is refused whole (too_many_upstream_hosts).
+    /// Most upstream hosts one instance may report over all its clusters, with the
+    /// clusters its listeners name; a report with more is refused whole
+    /// (too_many_upstream_hosts).
     #[arg(long, env = "MESHCAT_MAX_UPSTREAM_HOSTS", default_value = "32768", value_parser = clap::value_parser!(u32).range(1..), value_name = "N")]
     pub max_upstream_hosts: u32,
     /// Most instances the live connections of one agent credential (certificate or

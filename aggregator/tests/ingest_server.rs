@@ -714,6 +714,30 @@ async fn upstream_and_per_credential_bounds_refuse_reports_whole() {
     crowded.clusters = upstream(2, 3);
     assert!(!accepted(&a1.report(vec![crowded]).await));
     assert_eq!(rejected("too_many_upstream_hosts"), 1.0);
+    // The graph's fields count too: upstreams and listeners as clusters, the
+    // clusters listeners name as hosts.
+    let mut busy = instance("zone-a", "web", "web-1");
+    busy.upstreams = (0..4)
+        .map(|c| wire::UpstreamTraffic {
+            name: format!("up-{c}"),
+            requests_total: 1,
+            errors_5xx_total: 0,
+            connect_fail_total: 0,
+            p50_ms: None,
+            p99_ms: None,
+            tls: false,
+        })
+        .collect();
+    assert!(!accepted(&a1.report(vec![busy]).await));
+    assert_eq!(rejected("too_many_upstream_clusters"), 2.0);
+    let mut routed = instance("zone-a", "web", "web-1");
+    routed.clusters = upstream(2, 2);
+    routed.listeners = vec![wire::ListenerRoutes {
+        address: "10.0.0.1:80".into(),
+        clusters: vec!["up-0".into()],
+    }];
+    assert!(!accepted(&a1.report(vec![routed]).await));
+    assert_eq!(rejected("too_many_upstream_hosts"), 2.0);
     let mut fine = instance("zone-a", "web", "web-1");
     fine.clusters = upstream(2, 2);
     assert!(accepted(&a1.report(vec![fine]).await));

@@ -408,15 +408,25 @@ fn accept(
         ));
     }
     for inst in &report.instances {
-        let hosts: usize = inst.clusters.iter().map(|c| c.hosts.len()).sum();
-        if inst.clusters.len() > shared.max_upstream_clusters {
+        // The graph's fields count against the same bounds: its upstreams and
+        // listeners as upstream clusters, the clusters its listeners name as hosts.
+        let hosts: usize = inst.clusters.iter().map(|c| c.hosts.len()).sum::<usize>()
+            + inst
+                .listeners
+                .iter()
+                .map(|l| l.clusters.len())
+                .sum::<usize>();
+        let clusters = inst
+            .clusters
+            .len()
+            .max(inst.upstreams.len())
+            .max(inst.listeners.len());
+        if clusters > shared.max_upstream_clusters {
             return Err((
                 "too_many_upstream_clusters",
                 format!(
-                    "instance {:?} reports {} upstream clusters, over the limit of {}",
-                    inst.instance,
-                    inst.clusters.len(),
-                    shared.max_upstream_clusters
+                    "instance {:?} reports {clusters} upstream clusters, over the limit of {}",
+                    inst.instance, shared.max_upstream_clusters
                 ),
             ));
         }
