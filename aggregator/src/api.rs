@@ -7,6 +7,7 @@ mod diagnose;
 mod error;
 pub mod events;
 pub mod forward;
+mod graph;
 mod handlers;
 pub mod limits;
 mod logging;
@@ -67,6 +68,7 @@ pub const ROUTES: &[(&str, &str)] = &[
         "/zones/{zoneName}/clusters/{clusterName}/debug-window",
     ),
     ("GET", "/diagnose/{clusterName}"),
+    ("GET", "/graph"),
     ("GET", "/openapi.json"),
     ("GET", "/events"),
 ];
@@ -169,6 +171,7 @@ pub fn app_with_limits(
             post(l::post_debug_window),
         )
         .route("/diagnose/{clusterName}", get(d::diagnose))
+        .route("/graph", get(graph::graph))
         .route("/openapi.json", get(h::openapi))
         .route(d::PEER_EVIDENCE, get(d::peer_evidence))
         .route("/events", get(events::events))

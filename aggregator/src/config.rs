@@ -78,6 +78,10 @@ pub struct ServeArgs {
     /// Error ratio (5xx over requests, last report window) above which a cluster is in warning.
     #[arg(long, env = "MESHCAT_ERROR_RATIO_WARNING", default_value = "0.05", value_parser = parse_ratio, value_name = "RATIO")]
     pub error_ratio_warning: f64,
+    /// The dependency graph's window: an edge is observed when its upstream carried
+    /// requests within it, and its figures are summed over it.
+    #[arg(long, env = "MESHCAT_GRAPH_WINDOW", default_value = "60s", value_parser = parse_positive_duration, value_name = "DURATION")]
+    pub graph_window: Duration,
     /// PEM certificate chain of the QUIC server.
     #[arg(long, env = "MESHCAT_TLS_CERT", value_name = "FILE")]
     pub tls_cert: Option<PathBuf>,
@@ -628,6 +632,7 @@ impl Config {
                 rules: Rules {
                     instance_ttl: a.instance_ttl,
                     error_ratio_warning: a.error_ratio_warning,
+                    graph_window: a.graph_window,
                 },
             },
             replicas: ReplicaConfig {

@@ -6,6 +6,7 @@ pub mod api;
 pub mod config;
 pub mod diagnosis;
 pub mod edge;
+pub mod graph;
 pub mod ingest;
 pub mod ops;
 pub mod peer_signature;
@@ -375,9 +376,16 @@ async fn serve_with(
 async fn expire_loop(store: Arc<Store>, mut stop: watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(EXPIRY_PERIOD);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut graph_tick = tokio::time::interval(graph::WATCH_PERIOD);
+    graph_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut shapes = graph::Watcher::default();
     loop {
         tokio::select! {
             _ = tick.tick() => store.expire(Instant::now()),
+            _ = graph_tick.tick() => {
+                let changed = shapes.changed(&store, Instant::now());
+                store.graph_changed(&changed);
+            }
             _ = stop.wait_for(|s| *s) => return,
         }
     }

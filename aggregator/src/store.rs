@@ -24,6 +24,7 @@ pub mod persist;
 mod read;
 pub mod registrations;
 mod render;
+pub mod traffic;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -74,6 +75,8 @@ pub struct Rules {
     pub instance_ttl: Duration,
     /// Error ratio above which a cluster is in warning.
     pub error_ratio_warning: f64,
+    /// The dependency graph's window (`--graph-window`).
+    pub graph_window: Duration,
 }
 
 /// Everything known about one (zone, cluster).
@@ -146,6 +149,8 @@ pub struct Store {
     live_total: AtomicU64,
     /// Who reports which instance, and the instance budget.
     live: Live,
+    /// What each instance's sidecar saw of its upstreams, for the graph.
+    traffic: traffic::Traffic,
     /// The durable registrations.
     registrations: Box<dyn Registrations>,
     /// The same backend when it is etcd: its follower loads and updates memory.
@@ -228,6 +233,7 @@ impl Store {
             edge: DashMap::new(),
             live_total: AtomicU64::new(0),
             live: Live::default(),
+            traffic: traffic::Traffic::default(),
             registrations,
             etcd,
             sequencer: Sequencer::default(),

@@ -530,6 +530,7 @@ async fn another_credential_can_neither_shut_out_an_agent_nor_take_its_instances
     let rules = meshcat_aggregator::store::Rules {
         instance_ttl: Duration::from_secs(60),
         error_ratio_warning: 0.05,
+        graph_window: std::time::Duration::from_secs(60),
     };
     let store =
         Arc::new(meshcat_aggregator::store::Store::open(&dir.path().join("data"), rules).unwrap());

@@ -97,6 +97,11 @@ pub struct ClusterRecord {
     /// something to match (for example `low`, `medium`, `high`).
     #[serde(default, deserialize_with = "null_as_default")]
     pub business_impact: String,
+    /// The clusters this one calls, as its owners declare them: a clusterName of the
+    /// same zone or `zoneName/clusterName`; shown in the graph beside the observed
+    /// calls. A dependency on a cluster nobody registered (yet) is accepted.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub dependencies: Vec<String>,
 }
 
 impl ClusterRecord {
@@ -121,6 +126,7 @@ impl ClusterRecord {
             metrics_port: 0,
             protocols: Vec::new(),
             external_links: Vec::new(),
+            dependencies: Vec::new(),
             metrics_template: String::new(),
             cluster_id: String::new(),
             mesh_id: String::new(),

@@ -64,6 +64,16 @@ fn check_text(field: &str, value: &str) -> Result<(), Invalid> {
     Ok(())
 }
 
+/// Most declared dependencies of one cluster.
+pub const MAX_DEPENDENCIES: usize = 256;
+
+/// The (zone, cluster) a declared dependency of a cluster in `zone` names: `c` (same
+/// zone) or `z/c`; `None` when it is neither.
+pub fn dependency<'a>(zone: &'a str, d: &'a str) -> Option<(&'a str, &'a str)> {
+    let (z, c) = d.split_once('/').unwrap_or((zone, d));
+    (is_valid_name(z) && is_valid_name(c)).then_some((z, c))
+}
+
 /// Checks every bound of a cluster registration.
 pub fn cluster(r: &ClusterRecord) -> Result<(), Invalid> {
     check_name("clusterName", &r.cluster_name)?;
@@ -131,6 +141,22 @@ pub fn cluster(r: &ClusterRecord) -> Result<(), Invalid> {
     for l in &r.external_links {
         check_text("externalLinks[].name", &l.name)?;
         check_text("externalLinks[].link", &l.link)?;
+    }
+    if r.dependencies.len() > MAX_DEPENDENCIES {
+        return Err(invalid(format!(
+            "dependencies may hold at most {MAX_DEPENDENCIES} items."
+        )));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for d in &r.dependencies {
+        let (zone, cluster) = dependency(&r.zone_name, d).ok_or_else(|| {
+            invalid(format!(
+                "dependencies[] {d:?} must be a clusterName or zoneName/clusterName."
+            ))
+        })?;
+        if !seen.insert((zone, cluster)) {
+            return Err(invalid(format!("dependencies[] names {d:?} twice.")));
+        }
     }
     // Readers of the API render these as links: only web addresses (and, for the
     // documentation fields, a path on the same site) are stored, never `javascript:`,

@@ -54,6 +54,32 @@ async fn the_api_is_true_to_its_openapi_document() {
         assert!(res.status().is_success(), "{path}: {}", res.status());
     }
 
+    // The catalog keeps changing while schemathesis runs: it learns the current
+    // index from `GET /graph`'s body and sends it back as a blocking query's `index`,
+    // which rightly waits for the next change (up to `wait`, 10 minutes at most).
+    // With a change every half second, such a request answers within the request
+    // timeout like any other.
+    let churn = {
+        let (http, api) = (http.clone(), api.clone());
+        http.post(format!("{api}/zones"))
+            .bearer_auth("st-write")
+            .json(&json!({"zoneName": "churn", "serverAddress": "cp:1"}))
+            .send()
+            .await
+            .unwrap();
+        tokio::spawn(async move {
+            for n in 0u64.. {
+                let _ = http
+                    .put(format!("{api}/clusters/churn"))
+                    .bearer_auth("st-write")
+                    .json(&json!({"clusterName": "churn", "zoneName": "churn", "name": "Churn", "description": n.to_string()}))
+                    .send()
+                    .await;
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        })
+    };
+
     // Every route but the event stream, which never ends by itself: reading one takes
     // a whole request timeout, so it gets its own short run below.
     run(
@@ -90,6 +116,7 @@ async fn the_api_is_true_to_its_openapi_document() {
         ],
     )
     .await;
+    churn.abort();
     agg.stop().await.unwrap();
 }
 

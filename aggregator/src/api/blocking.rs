@@ -28,6 +28,7 @@ pub const INDEXED: &[&str] = &[
     "/clusters/{clusterName}",
     "/zones",
     "/services",
+    "/graph",
 ];
 
 /// Parses a wait such as `500ms`, `5s`, `2m`, `1h` or a bare number of seconds.

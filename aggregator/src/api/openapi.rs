@@ -11,7 +11,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{RefOr, Response, ResponseBuilder, content::ContentBuilder};
 use utoipa::{Modify, OpenApi};
 
-use super::{diagnose, events, handlers, logging};
+use super::{diagnose, events, graph, handlers, logging};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -40,6 +40,7 @@ use super::{diagnose, events, handlers, logging};
         logging::put_cluster_logging,
         logging::post_debug_window,
         diagnose::diagnose,
+        graph::graph,
         events::events,
     ),
     modifiers(&Shared),

@@ -22,6 +22,7 @@ fn router(dir: &std::path::Path) -> Router {
         Rules {
             instance_ttl: std::time::Duration::from_secs(15),
             error_ratio_warning: 0.05,
+            graph_window: std::time::Duration::from_secs(60),
         },
     )
     .unwrap();

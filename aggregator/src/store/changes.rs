@@ -27,6 +27,8 @@ pub enum Touch {
     Cluster(String, String),
     /// A zone, created or deleted.
     Zone(String),
+    /// The shape of a zone's part of the dependency graph.
+    Graph(String),
 }
 
 impl Touch {
@@ -70,7 +72,7 @@ fn next_index(last: u64) -> u64 {
 /// One event of a change, as the stream sends it.
 #[derive(Debug)]
 pub struct Event {
-    /// `cluster`, `cluster-deleted`, `zone`, `zone-deleted` or `summary`.
+    /// `cluster`, `cluster-deleted`, `zone`, `zone-deleted`, `graph` or `summary`.
     pub kind: &'static str,
     /// Zone it concerns (empty for `summary`), for `?zoneName=`.
     pub zone: String,
@@ -332,7 +334,26 @@ impl Store {
                     ),
                 }
             }
+            Touch::Graph(zone) => Event::new(
+                "graph",
+                zone,
+                None,
+                index,
+                &kind_json(&serde_json::json!({ "zoneName": zone })),
+                None,
+            ),
         }
+    }
+
+    /// Moves the index and sends a `graph` event for each zone whose part of the
+    /// dependency graph changed shape.
+    pub fn graph_changed(&self, zones: &[String]) {
+        if zones.is_empty() {
+            return;
+        }
+        let touched: Vec<Touch> = zones.iter().map(|z| Touch::Graph(z.clone())).collect();
+        let _st = super::shared(&self.state);
+        self.publish(&touched);
     }
 
     fn feed_lock(&self) -> std::sync::MutexGuard<'_, Feed> {

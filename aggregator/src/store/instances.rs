@@ -25,7 +25,7 @@ use super::{Entry, MAX_EDGE_CLUSTERS, Store, shared};
 pub const MAX_INSTANCES: u64 = 200_000;
 
 /// Identifies one reported instance: (zone, cluster, instance).
-pub(super) type InstanceKey = (String, String, String);
+pub type InstanceKey = (String, String, String);
 
 /// One instance as its agent last reported it. The fields the store reads on every
 /// report are kept apart; the rest of the report (metrics, upstream clusters, admin
@@ -414,6 +414,7 @@ impl Store {
                 window_errors,
             });
         }
+        self.traffic.record(&report, now, self.rules.graph_window);
         let fresh = LiveInstance::new(
             Reporter::Agent(agent.clone()),
             now,
@@ -615,6 +616,7 @@ impl Store {
                 self.clusters.remove_if(&key.1, |_, m| m.is_empty());
             }
         }
+        self.traffic.forget(key);
         if let Some(m) = self.live.membership.get() {
             m.withdraw(&key.0, &key.1, &key.2);
         }

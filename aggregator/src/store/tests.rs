@@ -11,6 +11,7 @@ fn rules() -> Rules {
     Rules {
         instance_ttl: Duration::from_secs(15),
         error_ratio_warning: 0.05,
+        graph_window: std::time::Duration::from_secs(60),
     }
 }
 

@@ -1,0 +1,114 @@
+//! `GET /graph` (contract section 14): the dependency graph, whole, of one zone, or
+//! around one cluster; live data, so the read token comes first.
+
+use std::time::Instant;
+
+use axum::Json;
+use axum::extract::{RawQuery, State};
+use meshcat_common::validate::is_valid_name;
+use utoipa::IntoParams;
+
+use super::auth::Reader;
+use super::blocking::BlockingQuery;
+use super::error::{ApiError, ErrorBody};
+use super::query;
+use super::responses::{NotFound, ReadTokenMissing};
+use super::troubleshoot::Shared;
+use crate::graph::{self, DEFAULT_DEPTH, GraphError, GraphView, MAX_DEPTH, Scope};
+
+/// The query of `GET /graph`.
+#[derive(Debug, Default, IntoParams)]
+#[into_params(parameter_in = Query, rename_all = "camelCase")]
+pub struct GraphQuery {
+    /// Only this zone's clusters and the edges that reach them.
+    pub zone_name: Option<String>,
+    /// Only the nodes within `depth` hops of this cluster (both directions); needs
+    /// zoneName.
+    pub cluster_name: Option<String>,
+    /// Hops from clusterName (default 1).
+    #[param(minimum = 1, maximum = 5)]
+    pub depth: Option<u32>,
+}
+
+impl GraphQuery {
+    fn parse(raw: Option<&str>) -> Result<Scope, ApiError> {
+        let mut q = GraphQuery::default();
+        for (k, v) in query::parse(raw, &["zoneName", "clusterName", "depth"])? {
+            let twice = || ApiError::bad_query(format!("Query parameter {k} is given twice."));
+            let name = |v: String| {
+                if is_valid_name(&v) {
+                    Ok(v)
+                } else {
+                    Err(ApiError::bad_query(format!(
+                        "Query parameter {k} must be 1 to 253 characters of letters, digits, '.', '_' and '-'."
+                    )))
+                }
+            };
+            match k.as_str() {
+                "zoneName" if q.zone_name.is_none() => q.zone_name = Some(name(v)?),
+                "clusterName" if q.cluster_name.is_none() => q.cluster_name = Some(name(v)?),
+                "depth" if q.depth.is_none() => {
+                    q.depth = Some(
+                        v.parse::<u32>()
+                            .ok()
+                            .filter(|d| (1..=MAX_DEPTH).contains(d))
+                            .ok_or_else(|| {
+                                ApiError::bad_query(format!(
+                                    "Query parameter depth must be a whole number from 1 to {MAX_DEPTH}."
+                                ))
+                            })?,
+                    );
+                }
+                _ => return Err(twice()),
+            }
+        }
+        if q.cluster_name.is_some() && q.zone_name.is_none() {
+            return Err(ApiError::bad_query(
+                "Query parameter clusterName needs zoneName.",
+            ));
+        }
+        if q.depth.is_some() && q.cluster_name.is_none() {
+            return Err(ApiError::bad_query(
+                "Query parameter depth needs clusterName.",
+            ));
+        }
+        Ok(Scope {
+            focus: q
+                .cluster_name
+                .map(|c| (c, q.depth.unwrap_or(DEFAULT_DEPTH))),
+            zone: q.zone_name,
+        })
+    }
+}
+
+#[utoipa::path(
+    get,
+    path = "/graph",
+    summary = "The dependency graph: who calls whom, observed by the sidecars over the graph window, beside the declared dependencies.",
+    params(GraphQuery, BlockingQuery),
+    responses(
+        (status = 200, description = "Nodes sorted by id, edges by source then target.", body = GraphView, headers(("X-Meshcat-Index" = u64, description = "The catalog index the answer was read at."))),
+        (status = 400, description = "Malformed query (clusterName without zoneName, depth out of 1 to 5).", body = ErrorBody),
+        ReadTokenMissing,
+        NotFound,
+    ),
+)]
+pub async fn graph(
+    State(s): Shared,
+    _r: Reader,
+    RawQuery(q): RawQuery,
+) -> Result<Json<GraphView>, ApiError> {
+    let scope = GraphQuery::parse(q.as_deref())?;
+    match graph::view(&s.store, &scope, Instant::now()) {
+        Ok(v) => Ok(Json(v)),
+        Err(GraphError::UnknownCluster) => {
+            let (zone, (cluster, _)) = (
+                scope.zone.unwrap_or_default(),
+                scope.focus.unwrap_or_default(),
+            );
+            Err(ApiError::not_found(format!(
+                "Cluster {cluster} is not in the graph of zone {zone}."
+            )))
+        }
+    }
+}

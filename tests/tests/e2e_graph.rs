@@ -1,0 +1,253 @@
+//! The dependency graph end to end (contract section 14) on real Envoys: a chain
+//! edge -> svc-a -> svc-b, where svc-a also calls a service nobody registered and
+//! declares svc-b plus a dependency it never calls. Then svc-b's service dies and
+//! svc-a's edge to it shows the errors.
+
+use std::time::Duration;
+
+use meshcat_tests::bootstrap::{Cluster, HttpListener};
+use meshcat_tests::{Bootstrap, Catalog, Envoy, MeshAgent, Upstream, wait_for};
+use serde_json::{Value, json};
+
+const DEADLINE: Duration = Duration::from_secs(30);
+const ZONE: &str = "zone-g";
+
+fn node<'a>(g: &'a Value, id: &str) -> Option<&'a Value> {
+    g["nodes"].as_array()?.iter().find(|n| n["id"] == id)
+}
+
+fn link<'a>(g: &'a Value, source: &str, target: &str) -> Option<&'a Value> {
+    g["edges"]
+        .as_array()?
+        .iter()
+        .find(|e| e["source"] == source && e["target"] == target)
+}
+
+async fn agent(catalog: &Catalog, envoy: &Envoy, cluster: &str) -> MeshAgent {
+    let mut args = catalog.agent_args();
+    args.extend(
+        [
+            "--sidecar-admin",
+            &envoy.admin_addr(),
+            "--zone",
+            ZONE,
+            "--cluster",
+            cluster,
+            "--instance",
+            &format!("{cluster}-1"),
+            "--interval",
+            "300ms",
+        ]
+        .map(str::to_owned),
+    );
+    MeshAgent::start(&args).await.unwrap()
+}
+
+async fn send(client: &reqwest::Client, url: &str, n: usize) -> Vec<u16> {
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        out.push(client.get(url).send().await.unwrap().status().as_u16());
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_graph_shows_observed_and_declared_calls_and_a_failing_hop() {
+    let catalog = Catalog::start(|_| {}).await.unwrap();
+    catalog.register_zone(ZONE, "edge").await.unwrap();
+    catalog
+        .register_cluster(
+            ZONE,
+            "svc-a",
+            json!({"owner": "team-a", "dependencies": ["svc-b", "ghost"]}),
+        )
+        .await
+        .unwrap();
+    catalog
+        .register_cluster(ZONE, "svc-b", json!({"owner": "team-b"}))
+        .await
+        .unwrap();
+    // A declared dependency is stored and echoed like every field.
+    let a = catalog.cluster(ZONE, "svc-a").await.unwrap();
+    assert_eq!(a["dependencies"], json!(["svc-b", "ghost"]), "{a}");
+
+    let mut b_service = Upstream::start().await.unwrap();
+    let b = Envoy::start(Bootstrap::service_sidecar(b_service.addr, None))
+        .await
+        .unwrap();
+    let external = Upstream::start().await.unwrap();
+    let a_service = Upstream::start().await.unwrap();
+    let a = Envoy::start(
+        Bootstrap::service_sidecar(a_service.addr, None)
+            .listener(
+                HttpListener::new("egress", "egress_http")
+                    .route("/b", "svc-b")
+                    .route("/ext", "external-api"),
+            )
+            .cluster(Cluster::new("svc-b", &[b.listener("ingress")]))
+            .cluster(Cluster::new("external-api", &[external.addr])),
+    )
+    .await
+    .unwrap();
+    let edge = Envoy::start(Bootstrap::edge_sidecar(
+        &[("/", "svc-a", a.listener("ingress"))],
+        None,
+    ))
+    .await
+    .unwrap();
+    let _agents = [
+        agent(&catalog, &edge, "edge").await,
+        agent(&catalog, &a, "svc-a").await,
+        agent(&catalog, &b, "svc-b").await,
+    ];
+
+    let client = reqwest::Client::new();
+    let (_, before) = catalog.get("/graph").await.unwrap();
+    let before_index = before["index"].as_u64().unwrap();
+    // Traffic goes on while the agents report: each edge needs two reports that
+    // differ.
+    let graph = wait_for("the observed chain", DEADLINE, || async {
+        assert!(
+            send(&client, &format!("{}/orders", edge.url("edge")), 3)
+                .await
+                .iter()
+                .all(|s| *s == 200)
+        );
+        assert!(
+            send(&client, &format!("{}/b", a.url("egress")), 3)
+                .await
+                .iter()
+                .all(|s| *s == 200)
+        );
+        assert!(
+            send(&client, &format!("{}/ext", a.url("egress")), 2)
+                .await
+                .iter()
+                .all(|s| *s == 200)
+        );
+        let (status, g) = catalog.get("/graph").await.ok()?;
+        assert_eq!(status, 200);
+        let observed = |s: &str, t: &str| {
+            link(&g, s, t)
+                .is_some_and(|e| e["observed"] == true && e["requests"].as_u64() > Some(0))
+        };
+        (observed("zone-g/edge", "zone-g/svc-a")
+            && observed("zone-g/svc-a", "zone-g/svc-b")
+            && observed("zone-g/svc-a", "zone-g/external:external-api"))
+        .then_some(g)
+    })
+    .await
+    .unwrap();
+
+    assert!(
+        graph["index"].as_u64().unwrap() > before_index,
+        "the index moves with new edges"
+    );
+    assert_eq!(graph["windowSeconds"], 60);
+    // Nodes: the three clusters, the declared-only one and the external service.
+    let a_node = node(&graph, "zone-g/svc-a").unwrap();
+    assert_eq!(a_node["kind"], "cluster");
+    assert_eq!(a_node["owner"], "team-a");
+    assert_eq!(a_node["registered"], true);
+    assert_eq!(a_node["instances"], 1);
+    let ghost = node(&graph, "zone-g/ghost").expect("declared-only node");
+    assert_eq!(
+        (ghost["registered"].clone(), ghost["status"].clone()),
+        (json!(false), json!("down"))
+    );
+    let ext = node(&graph, "zone-g/external:external-api").expect("external node");
+    assert_eq!(ext["kind"], "external");
+    assert_eq!(ext["status"], Value::Null);
+    assert_eq!(ext["owner"], "");
+    assert_eq!(ext["instances"], 0);
+    let edge_node = node(&graph, "zone-g/edge").expect("edge node");
+    assert_eq!(edge_node["registered"], false);
+    // Edges: declared and observed told apart, no sidecar's local cluster.
+    let ab = link(&graph, "zone-g/svc-a", "zone-g/svc-b").unwrap();
+    assert_eq!(
+        (ab["declared"].clone(), ab["errors"].clone()),
+        (json!(true), json!(0)),
+        "{ab}"
+    );
+    assert_eq!(ab["errorRatio"], 0.0);
+    assert_eq!(ab["tls"], false);
+    assert!(ab["lastSeenMs"].as_i64().is_some(), "{ab}");
+    let ea = link(&graph, "zone-g/edge", "zone-g/svc-a").unwrap();
+    assert_eq!(ea["declared"], false, "observed but not declared: {ea}");
+    let ag = link(&graph, "zone-g/svc-a", "zone-g/ghost").unwrap();
+    assert_eq!(
+        (
+            ag["observed"].clone(),
+            ag["declared"].clone(),
+            ag["requests"].clone()
+        ),
+        (json!(false), json!(true), json!(0))
+    );
+    let ids: Vec<&str> = graph["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["id"].as_str().unwrap())
+        .collect();
+    assert!(
+        !ids.iter().any(|id| id.contains("local_service")),
+        "local clusters are no nodes: {ids:?}"
+    );
+    let mut sorted = ids.clone();
+    sorted.sort();
+    assert_eq!(ids, sorted, "nodes sorted by id");
+    assert!(
+        graph["edges"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|e| e["source"] != e["target"])
+    );
+
+    // Focus: svc-b with depth 1 has svc-a only; depth 2 reaches the edge too.
+    let (_, near) = catalog
+        .get("/graph?zoneName=zone-g&clusterName=svc-b")
+        .await
+        .unwrap();
+    let ids: Vec<&str> = near["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["zone-g/svc-a", "zone-g/svc-b"], "{near}");
+    let (_, far) = catalog
+        .get("/graph?zoneName=zone-g&clusterName=svc-b&depth=2")
+        .await
+        .unwrap();
+    assert!(
+        node(&far, "zone-g/edge").is_some() && node(&far, "zone-g/ghost").is_some(),
+        "{far}"
+    );
+    // Bad queries.
+    for (q, status) in [
+        ("clusterName=svc-b", 400),
+        ("zoneName=zone-g&clusterName=svc-b&depth=6", 400),
+        ("zoneName=zone-g&clusterName=nobody", 404),
+        ("zoneName=zone-g&zoneName=zone-h", 400),
+        ("other=1", 400),
+    ] {
+        let (got, body) = catalog.get(&format!("/graph?{q}")).await.unwrap();
+        assert_eq!(got.as_u16(), status, "{q}: {body}");
+    }
+
+    // svc-b's service dies: svc-a's calls to it fail, and its edge shows the errors
+    // within one window.
+    b_service.stop().await;
+    let failing = wait_for("errors on svc-a -> svc-b", DEADLINE, || async {
+        let codes = send(&client, &format!("{}/b", a.url("egress")), 3).await;
+        assert!(codes.iter().all(|c| *c >= 500), "{codes:?}");
+        let (_, g) = catalog.get("/graph").await.ok()?;
+        let e = link(&g, "zone-g/svc-a", "zone-g/svc-b")?.clone();
+        (e["errors"].as_u64() > Some(0)).then_some(e)
+    })
+    .await
+    .unwrap();
+    let ratio = failing["errorRatio"].as_f64().unwrap();
+    assert!(ratio > 0.0 && ratio <= 1.0, "{failing}");
+}
