@@ -59,23 +59,47 @@ async fn the_api_is_true_to_its_openapi_document() {
     // which rightly waits for the next change (up to `wait`, 10 minutes at most).
     // With a change every half second, such a request answers within the request
     // timeout like any other.
+    let (stop_churn, mut stopped) = tokio::sync::oneshot::channel::<()>();
     let churn = {
         let (http, api) = (http.clone(), api.clone());
-        http.post(format!("{api}/zones"))
-            .bearer_auth("st-write")
-            .json(&json!({"zoneName": "churn", "serverAddress": "cp:1"}))
-            .send()
-            .await
-            .unwrap();
+        for (method, path, body) in [
+            (
+                reqwest::Method::POST,
+                "/zones",
+                json!({"zoneName": "churn", "serverAddress": "cp:1"}),
+            ),
+            (
+                reqwest::Method::POST,
+                "/clusters",
+                json!({"clusterName": "churn", "zoneName": "churn", "name": "Churn"}),
+            ),
+        ] {
+            let res = http
+                .request(method, format!("{api}{path}"))
+                .bearer_auth("st-write")
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            assert!(res.status().is_success(), "{path}: {}", res.status());
+        }
+        // Returns how many changes it made; a refused one ends it with its status.
         tokio::spawn(async move {
-            for n in 0u64.. {
-                let _ = http
+            let mut changes = 0u64;
+            loop {
+                let res = http
                     .put(format!("{api}/clusters/churn"))
                     .bearer_auth("st-write")
-                    .json(&json!({"clusterName": "churn", "zoneName": "churn", "name": "Churn", "description": n.to_string()}))
+                    .json(&json!({"clusterName": "churn", "zoneName": "churn", "name": "Churn", "description": changes.to_string()}))
                     .send()
-                    .await;
-                tokio::time::sleep(Duration::from_millis(500)).await;
+                    .await
+                    .expect("the aggregator answers");
+                assert!(res.status().is_success(), "churn: {}", res.status());
+                changes += 1;
+                tokio::select! {
+                    _ = &mut stopped => return changes,
+                    _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                }
             }
         })
     };
@@ -116,7 +140,9 @@ async fn the_api_is_true_to_its_openapi_document() {
         ],
     )
     .await;
-    churn.abort();
+    stop_churn.send(()).unwrap();
+    let changes = churn.await.expect("every churn change succeeded");
+    assert!(changes > 1, "the catalog changed during the run");
     agg.stop().await.unwrap();
 }
 
