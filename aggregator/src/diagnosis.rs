@@ -13,8 +13,8 @@ use futures::future::join_all;
 use meshcat_common::model::ZoneRecord;
 use meshcat_common::wire::EvidenceOutput;
 use meshcat_diagnose::{
-    DiagnosisInput, DiagnosisReport, MetricsEvidence, Reads, Role, SidecarEvidence, Symptom,
-    Verdict, choose_edge, reports_metrics,
+    DiagnosisInput, DiagnosisReport, Hop, MetricsEvidence, Reads, Role, RootCause, SidecarEvidence,
+    Symptom, Verdict, choose_edge, reports_metrics,
 };
 use tracing::{info, warn};
 
@@ -36,7 +36,7 @@ const MAX_NAMED_SILENT: usize = 10;
 const MAX_REMOTE_METRICS: usize = 256;
 
 /// What a diagnosis is asked.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Request {
     /// Only the steps of this symptom (all without).
     pub symptom: Option<Symptom>,
@@ -44,6 +44,36 @@ pub struct Request {
     pub path: Option<String>,
     /// A debug window of this many seconds on each sidecar before reading its logs.
     pub debug_seconds: Option<u32>,
+    /// Most clusters diagnosed along a failing chain, the one asked about included
+    /// (at least 1).
+    pub max_hops: usize,
+}
+
+impl Default for Request {
+    fn default() -> Self {
+        Request {
+            symptom: None,
+            path: None,
+            debug_seconds: None,
+            max_hops: DEFAULT_MAX_HOPS,
+        }
+    }
+}
+
+/// Clusters a diagnosis follows by default (`maxHops`).
+pub const DEFAULT_MAX_HOPS: usize = 3;
+/// Most clusters a diagnosis follows.
+pub const MAX_HOPS: usize = 5;
+
+/// Whose sidecar plays the edge of a diagnosis: the zone's request cluster for the
+/// cluster asked about; the calling cluster for one reached by following a failing
+/// call, since its sidecar is where that cluster's traffic comes from.
+#[derive(Debug, Clone)]
+enum EdgeSide {
+    /// The zone's `requestCluster` (none when it is empty).
+    Zone,
+    /// The caller `(zone, cluster)` the failing edge starts at.
+    Caller(String, String),
 }
 
 /// Why a diagnosis produced no report.
@@ -134,20 +164,55 @@ impl Prometheus {
 }
 
 impl Diagnosis {
-    /// Diagnoses `cluster` in `zone`: collects the evidence, runs the playbook and
-    /// adds to each skipped step why its evidence was not read.
+    /// Diagnoses `cluster` in `zone`, then, while the cluster's calls to another
+    /// cluster fail (its edge in the graph carries errors within the window), the
+    /// called cluster the same way, up to `req.max_hops` clusters. The report is the
+    /// asked cluster's checks with the clusters followed (`hops`) and the deepest one
+    /// whose own checks fail (`rootCause`), which the conclusion starts with.
     pub async fn run(
         &self,
         zone: &ZoneRecord,
         cluster: &str,
         req: &Request,
     ) -> Result<DiagnosisReport, DiagnosisError> {
+        let max_hops = req.max_hops.clamp(1, MAX_HOPS);
+        let mut reports = vec![self.run_one(zone, cluster, req, EdgeSide::Zone).await?];
+        let mut hops = vec![(zone.zone_name.clone(), cluster.to_owned())];
+        while hops.len() < max_hops {
+            let (from_zone, from) = hops.last().cloned().expect("one hop at least");
+            let Some((to_zone, to)) = failing_callee(&self.store, &from_zone, &from, &hops) else {
+                break;
+            };
+            let Some(to_zone_record) = self.store.zone(&to_zone) else {
+                break;
+            };
+            info!(zone = %from_zone, cluster = %from, callee = %to, "Following a failing call.");
+            let report = self
+                .run_one(&to_zone_record, &to, req, EdgeSide::Caller(from_zone, from))
+                .await?;
+            reports.push(report);
+            hops.push((to_zone, to));
+        }
+        let report = across_hops(&self.store, reports);
+        info!(zone = %zone.zone_name, %cluster, symptom = req.symptom.map_or("all", Symptom::as_str), hops = report.hops.len(), conclusion = %report.conclusion, "Diagnosis run.");
+        Ok(report)
+    }
+
+    /// Diagnoses one cluster with `edge` in the edge's role: collects the evidence,
+    /// runs the playbook and adds to each skipped step why its evidence was not read.
+    async fn run_one(
+        &self,
+        zone: &ZoneRecord,
+        cluster: &str,
+        req: &Request,
+        edge: EdgeSide,
+    ) -> Result<DiagnosisReport, DiagnosisError> {
         let mut notes = Notes::default();
         let mut input = DiagnosisInput::new(cluster, &zone.zone_name);
         input.symptom = req.symptom;
         input.path = req.path.clone();
         if req.symptom != Some(Symptom::MissingMetrics) {
-            collect_sidecars(self, zone, cluster, req, &mut input, &mut notes).await;
+            collect_sidecars(self, zone, cluster, req, &edge, &mut input, &mut notes).await;
         }
         input.metrics = metrics_evidence(self, &zone.zone_name, cluster, &mut notes.metrics).await;
         if input.metrics.is_none() {
@@ -160,9 +225,98 @@ impl Diagnosis {
             .await
             .map_err(|e| DiagnosisError(e.to_string()))?;
         add_notes(&mut report, &notes);
-        info!(zone = %zone.zone_name, %cluster, symptom = req.symptom.map_or("all", Symptom::as_str), conclusion = %report.conclusion, "Diagnosis run.");
         Ok(report)
     }
+}
+
+/// The cluster that `(zone, cluster)` calls with errors within the graph window, the
+/// one with the most errors (then the highest error ratio, then by id), among those
+/// not yet followed; external services are not diagnosed.
+fn failing_callee(
+    store: &Store,
+    zone: &str,
+    cluster: &str,
+    followed: &[(String, String)],
+) -> Option<(String, String)> {
+    let (nodes, edges) = crate::graph::build(store, std::time::Instant::now());
+    let source = crate::graph::node_id(zone, cluster);
+    edges
+        .iter()
+        .filter(|e| e.source == source && e.errors > 0)
+        .filter_map(|e| {
+            let n = nodes.iter().find(|n| n.id == e.target)?;
+            let key = (n.zone_name.clone(), n.cluster_name.clone());
+            (n.kind == "cluster" && !followed.contains(&key)).then_some((e, key))
+        })
+        .max_by(|(a, ka), (b, kb)| {
+            a.errors
+                .cmp(&b.errors)
+                .then(a.error_ratio.total_cmp(&b.error_ratio))
+                .then(kb.cmp(ka))
+        })
+        .map(|(_, key)| key)
+}
+
+/// One report from the reports of the clusters followed, in order: the first one's
+/// checks, the hops, the root cause (the deepest cluster whose own checks fail) with
+/// its owner, and a conclusion that starts with it.
+fn across_hops(store: &Store, reports: Vec<DiagnosisReport>) -> DiagnosisReport {
+    let hops: Vec<Hop> = reports
+        .iter()
+        .map(|r| Hop {
+            zone_name: r.zone.clone(),
+            cluster_name: r.cluster.clone(),
+            conclusion: r.conclusion.clone(),
+        })
+        .collect();
+    // A cluster followed for its failing calls is their cause only through a check
+    // of the request's way; its metrics settings explain no failing call.
+    let root = reports.iter().enumerate().rev().find_map(|(i, r)| {
+        r.failure
+            .as_ref()
+            .filter(|f| i == 0 || f.step.reads() != Reads::Metrics)
+            .map(|_| r)
+    });
+    let root_cause = root.and_then(|r| {
+        let failure = r.failure.as_ref()?;
+        let record = store.record(&r.zone, &r.cluster);
+        Some(RootCause {
+            zone_name: r.zone.clone(),
+            cluster_name: r.cluster.clone(),
+            owner: record.as_ref().map(|c| c.owner.clone()).unwrap_or_default(),
+            owner_url: record.map(|c| c.owner_url.clone()).unwrap_or_default(),
+            step: failure.step,
+            finding: failure.finding.clone(),
+        })
+    });
+    let mut conclusion = match (&root_cause, root) {
+        (Some(rc), Some(r)) => {
+            let owner = if rc.owner.is_empty() {
+                "no owner registered".to_owned()
+            } else if rc.owner_url.is_empty() {
+                format!("owner {}", rc.owner)
+            } else {
+                format!("owner {}, {}", rc.owner, rc.owner_url)
+            };
+            format!(
+                "{} in zone {} ({owner}): {}",
+                rc.cluster_name, rc.zone_name, r.conclusion
+            )
+        }
+        _ => reports[0].conclusion.clone(),
+    };
+    if hops.len() > 1 {
+        let chain: Vec<&str> = hops.iter().map(|h| h.cluster_name.as_str()).collect();
+        conclusion.push_str(&format!(
+            " Followed the failing calls {}.",
+            chain.join(" -> ")
+        ));
+    }
+    let mut first = reports.into_iter().next().expect("one report at least");
+    first.conclusion = conclusion;
+    first.hops = hops;
+    first.root_cause = root_cause;
+    first
 }
 
 /// Notes on evidence that could not be collected, added to the skipped steps.
@@ -316,6 +470,7 @@ async fn collect_sidecars(
     zone: &ZoneRecord,
     cluster: &str,
     q: &Request,
+    edge: &EdgeSide,
     input: &mut DiagnosisInput,
     notes: &mut Notes,
 ) {
@@ -326,18 +481,21 @@ async fn collect_sidecars(
         debug_seconds: q.debug_seconds,
     };
     let deadline = window_deadline(d.tools.command_timeout, q.debug_seconds.unwrap_or(0));
-    let edges: Vec<String> = if zone.request_cluster.is_empty() {
+    let (edge_zone, edge_cluster) = match edge {
+        EdgeSide::Zone => (zone.zone_name.as_str(), zone.request_cluster.as_str()),
+        EdgeSide::Caller(z, c) => (z.as_str(), c.as_str()),
+    };
+    let edges: Vec<String> = if edge_cluster.is_empty() {
         notes.edge.push(format!(
             "zone {} has no requestCluster, so no edge sidecar is known",
             zone.zone_name
         ));
         Vec::new()
     } else {
-        let live = live_names(sidecars, &zone.zone_name, &zone.request_cluster);
+        let live = live_names(sidecars, edge_zone, edge_cluster);
         if live.is_empty() {
             notes.edge.push(format!(
-                "the edge cluster {} has no live instance reported by an agent",
-                zone.request_cluster
+                "the edge cluster {edge_cluster} has no live instance reported by an agent"
             ));
         }
         live.into_iter().take(MAX_EDGE_TRIES).collect()
@@ -360,7 +518,7 @@ async fn collect_sidecars(
     let edge_run = collect_edge(
         sidecars,
         input,
-        &zone.request_cluster,
+        (edge_zone, edge_cluster),
         &edges,
         &cmd,
         deadline,
@@ -379,7 +537,12 @@ async fn collect_sidecars(
         } else {
             format!(", not from {}", edge_failures.join("; "))
         };
-        notes.edge_source = Some(format!("edge evidence from instance {i}{others}"));
+        notes.edge_source = Some(match edge {
+            EdgeSide::Zone => format!("edge evidence from instance {i}{others}"),
+            EdgeSide::Caller(_, caller) => format!(
+                "edge evidence from instance {i} of {caller}, whose calls to {cluster} fail{others}"
+            ),
+        });
         input.edge = Some(e);
     } else {
         notes.edge.extend(edge_failures);
@@ -404,13 +567,12 @@ async fn collect_sidecars(
 async fn collect_edge(
     s: &Sidecars,
     input: &DiagnosisInput,
-    edge_cluster: &str,
+    (zone, edge_cluster): (&str, &str),
     edges: &[String],
     cmd: &Ask,
     deadline: Duration,
     notes: &mut Vec<String>,
 ) -> (Option<(String, SidecarEvidence)>, Vec<String>) {
-    let zone = input.zone.as_str();
     let answers = join_all(
         edges
             .iter()

@@ -95,7 +95,8 @@ pub enum GraphError {
     UnknownCluster,
 }
 
-fn node_id(zone: &str, cluster: &str) -> String {
+/// A cluster node's id, `<zone>/<cluster>`.
+pub fn node_id(zone: &str, cluster: &str) -> String {
     format!("{zone}/{cluster}")
 }
 

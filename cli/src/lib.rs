@@ -7,7 +7,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use serde::Deserialize;
+use meshcat_diagnose::{DiagnosisReport, Verdict};
 
 /// Exit status when every step passed (or was skipped).
 pub const EXIT_PASS: i32 = 0;
@@ -16,52 +16,64 @@ pub const EXIT_FAIL: i32 = 1;
 /// Exit status when the diagnosis could not be run (API unreachable, error answer).
 pub const EXIT_ERROR: i32 = 2;
 
-/// The diagnosis report as the API answers it (CONTRACT.md section 5).
-#[derive(Debug, Clone, Deserialize)]
-pub struct Report {
-    pub cluster: String,
-    pub zone: String,
-    pub symptom: Option<String>,
-    pub steps: Vec<Step>,
-    pub conclusion: String,
+/// The diagnosis report as the API answers it (CONTRACT.md section 5), the type the
+/// aggregator serializes.
+pub type Report = DiagnosisReport;
+
+/// Whether any step failed.
+pub fn failed(report: &Report) -> bool {
+    report.first_failure().is_some()
 }
 
-#[derive(Debug, Clone, Deserialize)]
-pub struct Step {
-    pub name: String,
-    pub verdict: Verdict,
-    #[serde(default)]
-    pub evidence: Vec<String>,
-    #[serde(default)]
-    pub action: Option<String>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Verdict {
-    Pass,
-    Fail,
-    Skipped,
-}
-
-impl Report {
-    /// Whether any step failed.
-    pub fn failed(&self) -> bool {
-        self.steps.iter().any(|s| s.verdict == Verdict::Fail)
-    }
-}
-
-/// Renders the report as a checklist for a terminal.
+/// Renders the report for a terminal: the root cause and its owner first, the
+/// clusters followed and the recent changes, then a checklist of the asked cluster's
+/// steps.
 pub fn render(report: &Report) -> String {
     let mut out = String::new();
-    let symptom = report.symptom.as_deref().unwrap_or("all checks");
+    let symptom = report.symptom.map_or("all checks", |s| s.as_str());
     let _ = writeln!(
         out,
         "Diagnosis of cluster {} in zone {} ({symptom})",
         report.cluster, report.zone
     );
     // The root cause first: an operator reads the answer before the checklist.
-    let _ = writeln!(out, "Root cause: {}", report.conclusion);
+    if let Some(rc) = &report.root_cause {
+        let owner = match (rc.owner.as_str(), rc.owner_url.as_str()) {
+            ("", _) => "no owner registered".to_owned(),
+            (o, "") => format!("owner {o}"),
+            (o, url) => format!("owner {o} ({url})"),
+        };
+        let _ = writeln!(
+            out,
+            "Root cause: cluster {} in zone {}, {owner}",
+            rc.cluster_name, rc.zone_name
+        );
+        let _ = writeln!(out, "  {} failed: {}", rc.step, rc.finding);
+    }
+    let _ = writeln!(out, "Conclusion: {}", report.conclusion);
+    if report.hops.len() > 1 {
+        let chain: Vec<String> = report
+            .hops
+            .iter()
+            .map(|h| format!("{}/{}", h.zone_name, h.cluster_name))
+            .collect();
+        let _ = writeln!(out, "Followed: {}", chain.join(" -> "));
+    }
+    if !report.recent_changes.is_empty() {
+        let _ = writeln!(out, "Recent changes (newest first):");
+        for c in &report.recent_changes {
+            let place = [c.cluster_name.as_str(), c.instance.as_str()]
+                .into_iter()
+                .filter(|p| !p.is_empty())
+                .collect::<Vec<_>>()
+                .join("/");
+            let _ = writeln!(
+                out,
+                "  {} {} {}/{place} {}",
+                c.at_ms, c.kind, c.zone_name, c.detail
+            );
+        }
+    }
     let _ = writeln!(out, "Checklist:");
     for step in &report.steps {
         let mark = match step.verdict {
@@ -74,8 +86,8 @@ pub fn render(report: &Report) -> String {
             for line in &step.evidence {
                 let _ = writeln!(out, "         | {line}");
             }
-            if let Some(action) = step.action.as_deref().filter(|a| !a.is_empty()) {
-                let _ = writeln!(out, "         -> {action}");
+            if !step.action.is_empty() {
+                let _ = writeln!(out, "         -> {}", step.action);
             }
         }
     }
@@ -104,6 +116,9 @@ pub struct DiagnoseRequest {
     pub path: Option<String>,
     /// Run a debug window of that many seconds on every sidecar read.
     pub debug_seconds: Option<u32>,
+    /// Most clusters followed along failing calls (`maxHops`), the server's default
+    /// when `None`.
+    pub max_hops: Option<u8>,
     pub timeout: Duration,
 }
 
@@ -121,6 +136,10 @@ pub async fn fetch(req: &DiagnoseRequest) -> Result<(serde_json::Value, Report),
     let seconds = req.debug_seconds.map(|n| n.to_string());
     if let Some(n) = &seconds {
         query.push(("debugSeconds", n));
+    }
+    let hops = req.max_hops.map(|n| n.to_string());
+    if let Some(n) = &hops {
+        query.push(("maxHops", n));
     }
     let client = reqwest::Client::builder()
         .timeout(req.timeout)
@@ -157,50 +176,88 @@ pub async fn fetch(req: &DiagnoseRequest) -> Result<(serde_json::Value, Report),
 
 #[cfg(test)]
 mod tests {
+    use meshcat_diagnose::{Hop, RootCause, StepName};
+
     use super::*;
 
     fn report(verdicts: &[Verdict]) -> Report {
-        Report {
-            cluster: "svc-a".into(),
-            zone: "z1".into(),
-            symptom: Some("no_healthy_upstream".into()),
-            steps: verdicts
-                .iter()
-                .enumerate()
-                .map(|(i, v)| Step {
-                    name: format!("step {i}"),
-                    verdict: *v,
-                    evidence: vec![format!("evidence {i}")],
-                    action: Some(format!("action {i}")),
-                })
-                .collect(),
-            conclusion: "done".into(),
-        }
+        let mut r: Report = serde_json::from_value(serde_json::json!({
+            "cluster": "svc-a",
+            "zone": "z1",
+            "symptom": "no_healthy_upstream",
+            "steps": [],
+            "conclusion": "done",
+        }))
+        .unwrap();
+        r.steps = verdicts
+            .iter()
+            .zip(StepName::ALL)
+            .enumerate()
+            .map(|(i, (v, name))| {
+                serde_json::from_value(serde_json::json!({
+                    "name": name,
+                    "verdict": v,
+                    "evidence": [format!("evidence {i}")],
+                    "action": format!("action {i}"),
+                }))
+                .unwrap()
+            })
+            .collect();
+        r
     }
 
     #[test]
     fn failures_show_evidence_and_action() {
         let r = report(&[Verdict::Pass, Verdict::Fail, Verdict::Skipped]);
-        assert!(r.failed());
+        assert!(failed(&r));
         let text = render(&r);
-        assert!(text.contains("[pass] step 0"));
-        assert!(text.contains("[FAIL] step 1"));
+        assert!(text.contains("[pass] edge_discovery"));
+        assert!(text.contains("[FAIL] service_discovery"));
         assert!(text.contains("| evidence 1"));
         assert!(text.contains("-> action 1"));
-        assert!(text.contains("[skip] step 2"));
+        assert!(text.contains("[skip] mtls"));
         assert!(!text.contains("evidence 0"), "evidence only under failures");
         let cause = text
-            .find("Root cause: done")
-            .expect("the root cause is printed");
+            .find("Conclusion: done")
+            .expect("the conclusion is printed");
         assert!(
-            cause < text.find("[pass] step 0").unwrap(),
-            "cause first: {text}"
+            cause < text.find("[pass] edge_discovery").unwrap(),
+            "conclusion first: {text}"
         );
+        assert!(!text.contains("Root cause:"), "no root cause, none printed");
+    }
+
+    #[test]
+    fn the_root_cause_and_its_owner_come_first() {
+        let mut r = report(&[Verdict::Fail]);
+        r.hops = ["svc-a", "svc-b"]
+            .map(|c| Hop {
+                zone_name: "z1".into(),
+                cluster_name: c.into(),
+                conclusion: String::new(),
+            })
+            .to_vec();
+        r.root_cause = Some(RootCause {
+            zone_name: "z1".into(),
+            cluster_name: "svc-b".into(),
+            owner: "team-b".into(),
+            owner_url: "https://teams.example/b".into(),
+            step: StepName::ServiceLogs,
+            finding: "503 UF from 127.0.0.1:9".into(),
+        });
+        let text = render(&r);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[1],
+            "Root cause: cluster svc-b in zone z1, owner team-b (https://teams.example/b)"
+        );
+        assert_eq!(lines[2], "  service_logs failed: 503 UF from 127.0.0.1:9");
+        assert!(text.contains("Followed: z1/svc-a -> z1/svc-b"), "{text}");
     }
 
     #[test]
     fn passing_report() {
         let r = report(&[Verdict::Pass, Verdict::Skipped]);
-        assert!(!r.failed());
+        assert!(!failed(&r));
     }
 }

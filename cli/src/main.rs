@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use meshcat_cli::{DiagnoseRequest, EXIT_ERROR, EXIT_FAIL, EXIT_PASS, fetch, render};
+use meshcat_cli::{DiagnoseRequest, EXIT_ERROR, EXIT_FAIL, EXIT_PASS, failed, fetch, render};
 use meshcat_common::config::{EXIT_USAGE, parse_positive_duration, read_token_file};
 use meshcat_common::envoy_log::MAX_DEBUG_WINDOW_SECONDS;
 
@@ -53,6 +53,10 @@ enum Command {
         /// collecting, to catch TLS failures; replay the failing request meanwhile.
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_DEBUG_WINDOW_SECONDS)))]
         debug_seconds: Option<u32>,
+        /// Follow failing calls to the clusters called, diagnosing at most this many
+        /// clusters in all (1 to 5; the server's default is 3).
+        #[arg(long, value_parser = clap::value_parser!(u8).range(1..=5))]
+        max_hops: Option<u8>,
         /// text: a checklist; json: the API's report as is.
         #[arg(long, value_enum, default_value = "text")]
         output: Output,
@@ -81,6 +85,7 @@ async fn main() -> ExitCode {
         symptom,
         path,
         debug_seconds,
+        max_hops,
         output,
     } = cli.command;
     let req = DiagnoseRequest {
@@ -91,6 +96,7 @@ async fn main() -> ExitCode {
         symptom,
         path,
         debug_seconds,
+        max_hops,
         timeout: cli.timeout,
     };
     match fetch(&req).await {
@@ -103,7 +109,7 @@ async fn main() -> ExitCode {
             {
                 print!("{text}");
             }
-            let code = if report.failed() {
+            let code = if failed(&report) {
                 EXIT_FAIL
             } else {
                 EXIT_PASS

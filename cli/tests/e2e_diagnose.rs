@@ -68,8 +68,9 @@ async fn diagnose_prints_a_checklist_and_exits_by_verdict() {
         assert!(out.contains(&format!("[pass] {step}")), "{step}: {out}");
     }
     assert!(out.contains("[skip] metrics_collector"), "{out}");
-    // The root cause comes before the checklist.
-    let cause = out.find("Root cause: ").expect("a root cause line");
+    // The conclusion comes before the checklist; nothing failed, so no root cause.
+    assert!(!out.contains("Root cause: "), "{out}");
+    let cause = out.find("Conclusion: ").expect("a conclusion line");
     assert!(cause < out.find("[pass] edge_discovery").unwrap(), "{out}");
 
     let (code, out, err) = meshcat(&[
@@ -120,8 +121,16 @@ async fn diagnose_prints_a_checklist_and_exits_by_verdict() {
     assert_eq!(code, 1, "{out}{err}");
     assert!(out.contains("[FAIL] metrics_settings"), "{out}");
     let cause = out
-        .find("Root cause: metrics_settings failed: ")
-        .expect("the failed setting is the root cause");
+        .find("Root cause: cluster catalog in zone local, ")
+        .expect("the cluster is the root cause");
+    assert!(
+        out[cause..]
+            .lines()
+            .nth(1)
+            .unwrap()
+            .starts_with("  metrics_settings failed: "),
+        "the failed setting follows the root cause: {out}"
+    );
     assert!(
         cause < out.find("[FAIL] metrics_settings").unwrap(),
         "{out}"

@@ -474,3 +474,26 @@ mod tests {
         }
     }
 }
+
+/// One entry of the aggregator's history (contract section 15): what changed, when,
+/// where. `clusterName` and `instance` are empty where they do not apply; `detail`
+/// depends on the kind (`changed` fields, start times, statuses, ...).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HistoryEntry {
+    /// Grows with every entry.
+    pub id: u64,
+    /// When it happened, in milliseconds since the epoch.
+    pub at_ms: i64,
+    /// `cluster-registered`, `instance-joined`, `status-changed`, ...
+    pub kind: String,
+    pub zone_name: String,
+    #[serde(default)]
+    pub cluster_name: String,
+    #[serde(default)]
+    pub instance: String,
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
+    #[serde(default)]
+    pub detail: serde_json::Value,
+}

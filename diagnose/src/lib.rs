@@ -17,6 +17,8 @@ pub use collected::{EdgeChoice, choose_edge};
 pub use evidence::{
     DiagnosisInput, EvidenceError, MetricsEvidence, Role, SidecarEvidence, reports_metrics,
 };
-pub use report::{DiagnosisReport, Reads, Step, StepName, StepNameError, Verdict};
+pub use report::{
+    DiagnosisReport, Failure, Hop, Reads, RootCause, Step, StepName, StepNameError, Verdict,
+};
 pub use rules::{diagnose, edge_weight};
 pub use symptom::{Symptom, SymptomError, classify_body, classify_response};

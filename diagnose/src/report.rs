@@ -6,6 +6,8 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+use meshcat_common::model::HistoryEntry;
+
 use crate::symptom::Symptom;
 
 /// The checks of the playbook. The name is the type, so the aggregator and the CLI
@@ -193,8 +195,59 @@ pub struct DiagnosisReport {
     /// The checks in the order they ran.
     pub steps: Vec<Step>,
     /// The deepest failing check with its concrete fact and action, or that no check
-    /// failed.
+    /// failed. Across hops it starts with the root cause's cluster and owner.
     pub conclusion: String,
+    /// The clusters the diagnosis followed, in order, starting with the one asked
+    /// about (contract section 5, "Across hops").
+    #[serde(default)]
+    pub hops: Vec<Hop>,
+    /// The deepest cluster whose own checks fail; `null` when no check failed.
+    #[serde(default, rename = "rootCause")]
+    pub root_cause: Option<RootCause>,
+    /// History entries (section 15) of the clusters in `hops` from the lookback
+    /// before the diagnosis, newest first.
+    #[serde(default, rename = "recentChanges")]
+    pub recent_changes: Vec<HistoryEntry>,
+    /// The deepest failing check of this cluster and its finding, which the root
+    /// cause quotes; not part of the answer.
+    #[serde(skip)]
+    pub failure: Option<Failure>,
+}
+
+/// A cluster the diagnosis followed.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Hop {
+    pub zone_name: String,
+    pub cluster_name: String,
+    /// That cluster's own conclusion.
+    #[serde(default)]
+    pub conclusion: String,
+}
+
+/// The cluster a failure comes from, and whose it is.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RootCause {
+    pub zone_name: String,
+    pub cluster_name: String,
+    /// The owner of the cluster's record ("" when unregistered).
+    pub owner: String,
+    #[serde(rename = "ownerURL")]
+    pub owner_url: String,
+    /// Its deepest failing check.
+    pub step: StepName,
+    /// That check's concrete fact (address, flags or counter).
+    pub finding: String,
+}
+
+/// A cluster's deepest failing check and its finding.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    pub step: StepName,
+    pub finding: String,
 }
 
 impl DiagnosisReport {

@@ -11,10 +11,6 @@ use serde_json::{Value, json};
 
 use crate::certs::{Identity, MeshCerts};
 
-/// The access-log line format:
-/// `[start] "METHOD PATH PROTO" CODE FLAGS RX TX DURATION "UPSTREAM_HOST" UPSTREAM_CLUSTER`.
-pub const ACCESS_LOG_FORMAT: &str = "[%START_TIME%] \"%REQ(:METHOD)% %REQ(X-ENVOY-ORIGINAL-PATH?:PATH)% %PROTOCOL%\" %RESPONSE_CODE% %RESPONSE_FLAGS% %BYTES_RECEIVED% %BYTES_SENT% %DURATION% \"%UPSTREAM_HOST%\" %UPSTREAM_CLUSTER%\n";
-
 /// TLS material of one side of an mTLS hop.
 #[derive(Debug, Clone)]
 pub struct Tls {
@@ -148,8 +144,9 @@ impl HttpListener {
                     "name": "envoy.access_loggers.file",
                     "typed_config": {
                         "@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
+                        // Envoy's default line format, as sidecars write it
+                        // unless told otherwise; the diagnosis parses it.
                         "path": access_log,
-                        "log_format": {"text_format_source": {"inline_string": ACCESS_LOG_FORMAT}}
                     }
                 }],
                 "route_config": {

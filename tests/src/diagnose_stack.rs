@@ -335,6 +335,30 @@ pub fn sidecar_verdicts(report: &Value) -> Vec<(String, String)> {
         .collect()
 }
 
+/// The conclusion's finding, after the root cause it starts with
+/// (`<cluster> in zone <zone> (<owner>): `), which is checked against `rootCause`.
+/// Without a root cause, the whole conclusion.
+#[track_caller]
+pub fn cause(report: &Value) -> &str {
+    let conclusion = report["conclusion"].as_str().unwrap_or("");
+    let root = &report["rootCause"];
+    if root.is_null() {
+        return conclusion;
+    }
+    let prefix = format!(
+        "{} in zone {} (",
+        root["clusterName"].as_str().unwrap_or(""),
+        root["zoneName"].as_str().unwrap_or("")
+    );
+    assert!(
+        conclusion.starts_with(&prefix),
+        "the conclusion starts with the root cause {prefix}: {report:#}"
+    );
+    conclusion
+        .split_once("): ")
+        .map_or(conclusion, |(_, finding)| finding)
+}
+
 /// Asserts the verdicts a scenario's `scenario.json` expects of its diagnosis.
 #[track_caller]
 pub fn assert_diagnosis(report: &Value, want: &Diagnosis) {

@@ -10,7 +10,7 @@ use meshcat_tests::scenario::{Options, Scenario};
 use serde_json::Value;
 
 fn conclusion(r: &Value) -> &str {
-    r["conclusion"].as_str().unwrap_or("")
+    cause(r)
 }
 
 /// Whether any evidence line of any step contains `needle`.

@@ -90,7 +90,7 @@ async fn upstream_stopped_points_at_the_service_behind_its_sidecar() {
     );
     // The conclusion names the dead service's address, not the edge's 503.
     assert!(
-        r["conclusion"].as_str().unwrap().starts_with(&format!(
+        cause(&r).starts_with(&format!(
             "service_logs failed: the local service refuses connections at {upstream}: the service sidecar catalog-0 answered 503 UF."
         )),
         "{r:#}"
@@ -153,12 +153,7 @@ async fn cluster_not_routed_is_404_nr() {
         .await;
     assert_diagnosis(&r, &want);
     assert_evidence(&r, "edge_routes", "names catalog");
-    assert!(
-        r["conclusion"]
-            .as_str()
-            .unwrap()
-            .starts_with("edge_routes failed: no route of the edge names catalog")
-    );
+    assert!(cause(&r).starts_with("edge_routes failed: no route of the edge names catalog"));
     stack.stop().await;
 }
 
@@ -201,12 +196,7 @@ async fn untrusted_client_cert_fails_mtls_with_a_debug_window() {
     );
     assert_evidence(&r, "edge_logs", "\" 503 URX,UF ");
     assert_evidence(&r, "service_logs", "no access line for request id");
-    assert!(
-        r["conclusion"]
-            .as_str()
-            .unwrap()
-            .starts_with("mtls failed: ")
-    );
+    assert!(cause(&r).starts_with("mtls failed: "));
     // The windows are over: both sidecars are back at their level.
     assert_eq!(
         sc.edge.uniform_log_level().await.unwrap().as_deref(),
@@ -275,7 +265,7 @@ async fn wrong_local_port_is_a_loopback_503_in_the_service_sidecar() {
     assert_evidence(&r, "service_logs", "\" 503 UF ");
     let dead = sc.value("DEAD_PORT").unwrap();
     assert!(
-        r["conclusion"].as_str().unwrap().starts_with(&format!(
+        cause(&r).starts_with(&format!(
             "service_logs failed: the local service refuses connections at 127.0.0.1:{dead}"
         )),
         "{r:#}"

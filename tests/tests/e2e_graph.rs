@@ -37,6 +37,8 @@ async fn agent(catalog: &Catalog, envoy: &Envoy, cluster: &str) -> MeshAgent {
             &format!("{cluster}-1"),
             "--interval",
             "300ms",
+            "--sidecar-log-file",
+            &envoy.access_log_path().display().to_string(),
         ]
         .map(str::to_owned),
     );
@@ -64,7 +66,11 @@ async fn the_graph_shows_observed_and_declared_calls_and_a_failing_hop() {
         .await
         .unwrap();
     catalog
-        .register_cluster(ZONE, "svc-b", json!({"owner": "team-b"}))
+        .register_cluster(
+            ZONE,
+            "svc-b",
+            json!({"owner": "team-b", "ownerURL": "https://teams.example/b"}),
+        )
         .await
         .unwrap();
     // A declared dependency is stored and echoed like every field.
@@ -250,4 +256,59 @@ async fn the_graph_shows_observed_and_declared_calls_and_a_failing_hop() {
     .unwrap();
     let ratio = failing["errorRatio"].as_f64().unwrap();
     assert!(ratio > 0.0 && ratio <= 1.0, "{failing}");
+
+    // The diagnosis of svc-a follows its failing calls to svc-b, whose own checks
+    // find the dead service behind its sidecar: the root cause, with its owner.
+    let dead = b_service.addr.to_string();
+    let (status, report) = catalog
+        .get("/diagnose/svc-a?zoneName=zone-g")
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{report:#}");
+    let hops: Vec<(&str, &str)> = report["hops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| {
+            (
+                h["zoneName"].as_str().unwrap(),
+                h["clusterName"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(hops, [(ZONE, "svc-a"), (ZONE, "svc-b")], "{report:#}");
+    let root = &report["rootCause"];
+    assert_eq!(
+        (
+            root["zoneName"].as_str(),
+            root["clusterName"].as_str(),
+            root["owner"].as_str(),
+            root["ownerURL"].as_str()
+        ),
+        (
+            Some(ZONE),
+            Some("svc-b"),
+            Some("team-b"),
+            Some("https://teams.example/b")
+        ),
+        "{report:#}"
+    );
+    assert!(
+        root["finding"].as_str().unwrap().contains(&dead),
+        "the finding names svc-b's dead local address {dead}: {report:#}"
+    );
+    let conclusion = report["conclusion"].as_str().unwrap();
+    assert!(
+        conclusion.starts_with("svc-b in zone zone-g (owner team-b"),
+        "{conclusion}"
+    );
+    assert!(conclusion.contains(&dead), "{conclusion}");
+    assert_eq!(report["recentChanges"], json!([]), "{report:#}");
+    // maxHops=1 keeps to the cluster asked about.
+    let (_, one) = catalog
+        .get("/diagnose/svc-a?zoneName=zone-g&maxHops=1")
+        .await
+        .unwrap();
+    assert_eq!(one["hops"].as_array().map(Vec::len), Some(1), "{one:#}");
+    assert_ne!(one["rootCause"]["clusterName"], "svc-b", "{one:#}");
 }

@@ -17,7 +17,7 @@ use super::paths::{ClusterPath, Valid};
 use super::query;
 use super::responses::NotFound;
 use super::troubleshoot::{Shared, cluster_or_404, sidecars, unexpected, zone_or_404};
-use crate::diagnosis::{Diagnosis, EVIDENCE_LOG_LINES, Request};
+use crate::diagnosis::{DEFAULT_MAX_HOPS, Diagnosis, EVIDENCE_LOG_LINES, MAX_HOPS, Request};
 use crate::peer_signature::Access;
 use crate::sidecars::{Answer, Ask, Owner, Target, window_deadline};
 
@@ -39,6 +39,10 @@ struct DiagnoseQuery {
     /// collecting.
     #[param(minimum = 1, maximum = 300)]
     debug_seconds: Option<u32>,
+    /// Most clusters diagnosed along a failing chain of calls, the one asked about
+    /// included (default 3).
+    #[param(minimum = 1, maximum = 5)]
+    max_hops: Option<usize>,
 }
 
 fn diagnose_query(raw: Option<&str>) -> Result<DiagnoseQuery, ApiError> {
@@ -46,7 +50,11 @@ fn diagnose_query(raw: Option<&str>) -> Result<DiagnoseQuery, ApiError> {
     let mut symptom = None;
     let mut path = None;
     let mut debug_seconds = None;
-    for (k, v) in query::parse(raw, &["zoneName", "symptom", "path", "debugSeconds"])? {
+    let mut max_hops = None;
+    for (k, v) in query::parse(
+        raw,
+        &["zoneName", "symptom", "path", "debugSeconds", "maxHops"],
+    )? {
         let twice = || ApiError::bad_query(format!("Query parameter {k} is given twice."));
         match k.as_str() {
             "zoneName" => {
@@ -85,6 +93,21 @@ fn diagnose_query(raw: Option<&str>) -> Result<DiagnoseQuery, ApiError> {
                     path = Some(v);
                 }
             }
+            "maxHops" => {
+                if max_hops.is_some() {
+                    return Err(twice());
+                }
+                let n = v
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| (1..=MAX_HOPS).contains(n))
+                    .ok_or_else(|| {
+                        ApiError::bad_query(format!(
+                            "Query parameter maxHops must be an integer from 1 to {MAX_HOPS}."
+                        ))
+                    })?;
+                max_hops = Some(n);
+            }
             _ => {
                 if debug_seconds.is_some() {
                     return Err(twice());
@@ -98,6 +121,7 @@ fn diagnose_query(raw: Option<&str>) -> Result<DiagnoseQuery, ApiError> {
         symptom: symptom.flatten(),
         path,
         debug_seconds,
+        max_hops,
     })
 }
 
@@ -211,6 +235,7 @@ pub async fn diagnose(
         symptom: q.symptom,
         path: q.path,
         debug_seconds: q.debug_seconds,
+        max_hops: q.max_hops.unwrap_or(DEFAULT_MAX_HOPS),
     };
     let report = diagnosis
         .run(&zone, &cluster, &request)
@@ -238,6 +263,13 @@ mod tests {
         assert_eq!(q.symptom, Some(Symptom::NoHealthyUpstream));
         assert_eq!(q.path.as_deref(), Some("/catalog/items"));
         assert_eq!(q.debug_seconds, Some(300));
+        assert_eq!(q.max_hops, None);
+        assert_eq!(
+            diagnose_query(Some("zoneName=east&maxHops=5"))
+                .unwrap()
+                .max_hops,
+            Some(5)
+        );
         let all = diagnose_query(Some("zoneName=east&symptom=&path=")).unwrap();
         assert_eq!((all.symptom, all.path), (None, None));
         let e = diagnose_query(Some("zoneName=east&symptom=slow")).unwrap_err();
@@ -252,6 +284,9 @@ mod tests {
             "zoneName=east&debugSeconds=1.5",
             "zoneName=east&path=catalog",
             "zoneName=east&other=1",
+            "zoneName=east&maxHops=0",
+            "zoneName=east&maxHops=6",
+            "zoneName=east&maxHops=2&maxHops=3",
         ] {
             let e = diagnose_query(Some(bad)).err();
             assert_eq!(e.map(|e| e.status), Some(StatusCode::BAD_REQUEST), "{bad}");

@@ -13,7 +13,7 @@ mod service_logs;
 mod tests;
 
 use crate::evidence::{DiagnosisInput, Role, SidecarEvidence};
-use crate::report::{DiagnosisReport, Step, StepName, Verdict};
+use crate::report::{DiagnosisReport, Failure, Step, StepName, Verdict};
 use crate::symptom::Symptom;
 
 pub use access::edge_weight;
@@ -87,26 +87,40 @@ pub fn diagnose(input: &DiagnosisInput) -> DiagnosisReport {
         None => [sidecar_checks, vec![metric_checks]].concat(),
     };
     let outcomes: Vec<Outcome> = checks.into_iter().flat_map(|c| c(input)).collect();
-    let conclusion = conclude(&outcomes);
+    let deepest = deepest_failure(&outcomes);
+    let conclusion = conclude(&outcomes, deepest);
+    let failure = deepest.map(|o| Failure {
+        step: o.step.name,
+        finding: o.finding.clone(),
+    });
     DiagnosisReport {
         cluster: input.cluster.clone(),
         zone: input.zone.clone(),
         symptom: input.symptom,
         steps: outcomes.into_iter().map(|o| o.step).collect(),
         conclusion,
+        hops: Vec::new(),
+        root_cause: None,
+        recent_changes: Vec::new(),
+        failure,
     }
 }
 
-/// Names the deepest failure (on a tie, the check that ran first: it holds the more
-/// direct fact, such as the ssl counter beside the missing trace), with its finding
-/// and action; else says which checks lacked evidence.
-fn conclude(outcomes: &[Outcome]) -> String {
-    let deepest = outcomes
+/// The deepest failure (on a tie, the check that ran first: it holds the more direct
+/// fact, such as the ssl counter beside the missing trace).
+fn deepest_failure(outcomes: &[Outcome]) -> Option<&Outcome> {
+    outcomes
         .iter()
         .enumerate()
         .filter(|(_, o)| o.step.verdict == Verdict::Fail)
-        .max_by_key(|(i, o)| (o.depth, std::cmp::Reverse(*i)));
-    if let Some((_, o)) = deepest {
+        .max_by_key(|(i, o)| (o.depth, std::cmp::Reverse(*i)))
+        .map(|(_, o)| o)
+}
+
+/// Names the deepest failure with its finding and action; else says which checks
+/// lacked evidence.
+fn conclude(outcomes: &[Outcome], deepest: Option<&Outcome>) -> String {
+    if let Some(o) = deepest {
         return format!("{} failed: {} {}", o.step.name, o.finding, o.step.action);
     }
     let skipped: Vec<&str> = outcomes
