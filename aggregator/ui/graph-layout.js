@@ -23,6 +23,8 @@ const LAYER_GAP = 70;
 const BLOCK_GAP = 140;
 /** Height of a zone block's title. */
 export const TITLE = 44;
+/** The layer of a node with no call in its zone: the grid at the end of the block. */
+const LOOSE = "loose";
 
 /**
  * Places `nodes` (API order) joined by `edges` ({s, t}: node indexes).
@@ -106,7 +108,7 @@ function focusLayers(n, out, inc, focus) {
 
 /**
  * Layers of one zone's members by breadth-first search over the calls inside the
- * zone; members with no call inside the zone get layer -1 (the grid at the end).
+ * zone; members with no call inside the zone are LOOSE.
  */
 function zoneLayers(n, members, out, inc, same) {
   const layerOf = new Array(n).fill(null);
@@ -117,7 +119,7 @@ function zoneLayers(n, members, out, inc, same) {
     for (const j of inc[i]) if (same(i, j)) d++;
     indeg.set(i, d);
     const has = d > 0 || out[i].some((j) => same(i, j));
-    if (!has) layerOf[i] = -1;
+    if (!has) layerOf[i] = LOOSE;
     else linked++;
   }
   const bfs = (starts) => {
@@ -147,14 +149,14 @@ function zoneLayers(n, members, out, inc, same) {
 
 /**
  * Positions one block's members from their layers, with (0, 0) its top-left corner;
- * answers its size. Layer -1 is the grid of unlinked members at the end.
+ * answers its size. LOOSE members make a grid at the end.
  */
 function placeBlock(members, layerOf, out, inc, x, y, same = () => true) {
   const layers = new Map();
   const loose = [];
   for (const i of members) {
     const l = layerOf[i];
-    if (l === -1) { loose.push(i); continue; }
+    if (l === LOOSE) { loose.push(i); continue; }
     if (!layers.has(l)) layers.set(l, []);
     layers.get(l).push(i);
   }
