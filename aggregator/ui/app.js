@@ -326,8 +326,9 @@ let graphPage = null;
 /** What the graph view and the calls need of the page. */
 const graphApp = {
   withToken: (fn, why) => withToken(fn, why),
-  askToken: () => askToken(),
+  askToken: (why) => askToken(why),
   zones: () => [...catalog.zones.keys()].sort(),
+  liveHidden: () => catalog.liveHidden(),
 };
 
 function route() {
@@ -672,10 +673,13 @@ const catalog = new Catalog((what) => {
 catalog.askToken = askToken;
 /** A token change: read again so `authorized` and instances follow it. */
 catalog.refresh = () => {
-  catalog.snapshot().catch(() => {});
+  const read = catalog.snapshot().catch(() => {});
   if (catalog.abort) catalog.abort.abort();
-  if (graphPage) graphPage.refresher.now();
-  if (page) page.calls.refresher.now();
+  // The views of live data read again once the records say what the token allows.
+  read.then(() => {
+    if (graphPage) graphPage.refresher.now();
+    if (page) page.calls.refresher.now();
+  });
 };
 
 updateTokenButton();

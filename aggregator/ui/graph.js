@@ -116,8 +116,8 @@ function statusCell(node) {
 /** The graph view: a canvas, its legend and controls, and the same data as a list. */
 export class GraphPage {
   /**
-   * `scope`: {zone, cluster, depth}; `app`: {withToken(fn, why), askToken(), zones()
-   * (sorted zone names)}.
+   * `scope`: {zone, cluster, depth}; `app`: {withToken(fn, why), askToken(why),
+   * zones() (sorted zone names), liveHidden() (the read token is missing)}.
    */
   constructor(root, scope, app) {
     this.root = root;
@@ -229,9 +229,20 @@ export class GraphPage {
 
   async load() {
     if (this.closed) return;
+    const why = "The graph is live data: it needs the read token.";
+    // Known to lack the read token: ask (once per view) rather than call for a 403.
+    // A token just given is not the one the records were read with: no more hidden.
+    if (this.app.liveHidden()) {
+      const ask = !this.asked;
+      this.asked = true;
+      if (!ask || !(await this.app.askToken(why))) {
+        this.fail(new ApiError(403, "forbidden", why));
+        return;
+      }
+    }
     let res;
     try {
-      res = await this.app.withToken(() => call(graphPath(this.scope)), "The graph is live data: it needs the read token.");
+      res = await this.app.withToken(() => call(graphPath(this.scope)), why);
     } catch (e) {
       if (this.closed) return;
       this.fail(e);
@@ -249,7 +260,7 @@ export class GraphPage {
     const again = h("button", { type: "button", on: { click: () => this.refresher.now() } }, "Try again");
     if (e instanceof ApiError && e.needsToken) {
       this.status.replaceChildren(h("span", { class: "error" }, e.message), " ",
-        h("button", { type: "button", on: { click: async () => { if (await this.app.askToken()) this.refresher.now(); } } }, "Enter token"));
+        h("button", { type: "button", on: { click: async () => { if (await this.app.askToken(e.message)) this.refresher.now(); } } }, "Enter token"));
     } else if (e instanceof ApiError && e.status === 404) {
       this.status.replaceChildren(h("span", { class: "error" }, e.message), " ", h("a", { href: graphHash() }, "Show the whole mesh"));
     } else {
@@ -486,13 +497,16 @@ export class ClusterCalls {
   async load() {
     let res;
     try {
+      // Known to lack the read token: say so rather than call for a 403.
+      if (this.app.liveHidden()) throw new ApiError(403, "forbidden", "");
       res = await call(graphPath({ zone: this.zone, cluster: this.cluster, depth: 1 }));
     } catch (e) {
       if (this.closed) return;
       this.raw = null;
       if (e instanceof ApiError && e.needsToken) {
-        this.body.replaceChildren(h("p", { class: "muted" }, "Callers and callees are live data: they need the read token. ",
-          h("button", { type: "button", on: { click: async () => { if (await this.app.askToken()) this.refresher.now(); } } }, "Enter token")));
+        const why = "Callers and callees are live data: they need the read token.";
+        this.body.replaceChildren(h("p", { class: "muted" }, `${why} `,
+          h("button", { type: "button", on: { click: async () => { if (await this.app.askToken(why)) this.refresher.now(); } } }, "Enter token")));
       } else if (e instanceof ApiError && e.status === 404) {
         this.body.replaceChildren(h("p", { class: "muted" }, "Nothing calls this cluster and it calls nothing (no traffic seen, no dependency declared)."));
       } else {

@@ -131,7 +131,9 @@ export class Catalog {
 
   /** Reads the clusters, zones and counts; answers the catalog index (or null). */
   async snapshot() {
+    const readWith = token();
     const [clusters, zones] = await Promise.all([call("/clusters"), call("/zones")]);
+    this.readWith = readWith;
     // Polling reads the same answers again and again: redraw only what moved.
     const moved = [];
     if (clusters.raw !== this.rawClusters) {
@@ -301,6 +303,16 @@ export class Catalog {
         return "ignored";
     }
     return "applied";
+  }
+
+  /**
+   * Whether live data is hidden from this tab: the records say `authorized: false`
+   * and the token is the one they were read with. Views of live data then ask for
+   * the token instead of calling (a 403 would be a console error).
+   */
+  liveHidden() {
+    const first = this.clusters.values().next().value;
+    return !!first && first.authorized === false && this.readWith === token();
   }
 
   /** The zones of the `graph` events since the last call. */
