@@ -6,7 +6,8 @@
 //! then dies so svc-a's edge to it carries errors. Traffic stops before the browser
 //! starts and the graph window is long, so the figures the page shows hold still
 //! while the script compares them with the API. The screenshots go to
-//! `target/e2e-dashboard/` beside the dashboard test's.
+//! `target/e2e-dashboard/` beside the dashboard test's (with
+//! `MESHCAT_UPDATE_SCREENSHOT=1`, the graph also becomes `docs/dashboard-graph.png`).
 
 use std::cell::RefCell;
 use std::time::{Duration, Instant};
@@ -223,5 +224,10 @@ async fn the_graph_view_in_a_real_browser() {
     ] {
         let len = std::fs::metadata(out.join(view)).map_or(0, |m| m.len());
         assert!(len > 1000, "screenshot {view} saved ({len} bytes)");
+    }
+    if std::env::var_os("MESHCAT_UPDATE_SCREENSHOT").is_some_and(|v| v == "1") {
+        let docs =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/dashboard-graph.png");
+        std::fs::copy(out.join("graph.png"), docs).unwrap();
     }
 }
