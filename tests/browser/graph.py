@@ -196,6 +196,11 @@ def main():
         # ---- the navigation leads to the graph; without the read token it asks for it.
         page.goto(API + "/ui/")
         page.wait_for_selector("[data-testid=cluster-row]", timeout=WAIT_MS)
+        # Without the read token the cluster view's calls say what they need.
+        page.click("[data-testid=cluster-row][data-cluster=svc-a]")
+        page.wait_for_selector("[data-testid=cluster-view][data-cluster=svc-a]", timeout=WAIT_MS)
+        page.wait_for_selector("#calls-h ~ div >> text=need the read token", timeout=WAIT_MS)
+        check(True, "without the read token the calls ask for it")
         page.click("[data-testid=nav-graph]")
         page.wait_for_selector("#token-dialog[open]", timeout=WAIT_MS)
         check("read token" in page.inner_text("#token-reason"), "the graph without the read token opens the token dialog saying why")
