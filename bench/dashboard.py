@@ -1,18 +1,36 @@
 """Measures the dashboard in Debian's Chromium (Playwright) against a running
-aggregator: bytes transferred, first contentful paint, first table rows, one search
-keystroke over every cluster, and the page's JavaScript heap. Run by bench/dashboard.sh.
+aggregator. Run by bench/dashboard.sh.
 
     dashboard.py API_URL CHROMIUM [RUNS]
+        the overview: bytes transferred, first contentful paint, first table rows,
+        one search keystroke over every cluster, and the page's JavaScript heap.
+
+    dashboard.py --graph API_URL CHROMIUM [RUNS]
+        the graph view on a mesh of GRAPH_NODES clusters (1,000) in GRAPH_ZONES zones
+        (5), each declaring 3 others (3,000 edges), registered here unless the
+        aggregator already holds it (writes need no token: --allow-anonymous-writes).
+        Measures the first frame (from navigation to `/ui/#/graph` to the page's
+        `meshcat-graph-drawn` mark, set after the first canvas frame with every node)
+        and the frame rate while drags and wheel notches go to the canvas for 3 s
+        (frames the page actually drew, over the time spent). Its last line reads
+        `graph view: first frame <ms> ms, <fps> fps, <nodes> nodes, <edges> edges`.
 """
 
 import json
+import math
+import os
 import statistics
 import sys
+import time
+import urllib.request
 
 from playwright.sync_api import sync_playwright
 
-api, chromium = sys.argv[1], sys.argv[2]
-runs = int(sys.argv[3]) if len(sys.argv) > 3 else 5
+args = sys.argv[1:]
+graph_mode = "--graph" in args
+args = [a for a in args if a != "--graph"]
+api, chromium = args[0], args[1]
+runs = int(args[2]) if len(args) > 2 else 5
 
 MEASURE = """
 () => {
@@ -49,29 +67,168 @@ SEARCH = """
 }
 """
 
-out = []
-with sync_playwright() as pw:
-    browser = pw.chromium.launch(executable_path=chromium, headless=True,
-                                 args=["--no-sandbox", "--disable-dev-shm-usage", "--enable-precise-memory-info"])
-    for i in range(runs):
-        ctx = browser.new_context(viewport={"width": 1280, "height": 800})
-        page = ctx.new_page()
-        page.goto(api + "/ui/")
-        page.wait_for_selector("[data-testid=cluster-row]", timeout=60_000)
-        page.wait_for_function("() => performance.getEntriesByName('meshcat-rows').length > 0")
-        m = page.evaluate(MEASURE)
-        m["search"] = page.evaluate(SEARCH)
-        out.append(m)
-        ctx.close()
-    browser.close()
+LAUNCH = ["--no-sandbox", "--disable-dev-shm-usage", "--enable-precise-memory-info"] + os.environ.get("CHROMIUM_FLAGS", "").split()
 
-med = lambda k: statistics.median(m[k] for m in out)
-print(json.dumps(out[-1]))
-print(f"runs: {runs} (median)")
-print(f"page (html, js, css, icon): {out[-1]['pageBytes']} bytes transferred, {out[-1]['pageBytesRaw']} raw")
-print(f"catalog data read at load: {out[-1]['dataBytes']} bytes transferred, {out[-1]['dataBytesRaw']} raw")
-print(f"first contentful paint: {med('fcp'):.0f} ms")
-print(f"first table rows: {med('rows'):.0f} ms ({out[-1]['rendered']} rows in the DOM)")
-print(f"one search keystroke over every cluster: {med('search'):.1f} ms")
-if out[-1]["heap"]:
-    print(f"JS heap after load: {med('heap') / 1048576:.1f} MiB")
+
+def overview():
+    out = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, headless=True, args=LAUNCH)
+        for _ in range(runs):
+            ctx = browser.new_context(viewport={"width": 1280, "height": 800})
+            page = ctx.new_page()
+            page.goto(api + "/ui/")
+            page.wait_for_selector("[data-testid=cluster-row]", timeout=60_000)
+            page.wait_for_function("() => performance.getEntriesByName('meshcat-rows').length > 0")
+            m = page.evaluate(MEASURE)
+            m["search"] = page.evaluate(SEARCH)
+            out.append(m)
+            ctx.close()
+        browser.close()
+
+    med = lambda k: statistics.median(m[k] for m in out)
+    print(json.dumps(out[-1]))
+    print(f"runs: {runs} (median)")
+    print(f"page (html, js, css, icon): {out[-1]['pageBytes']} bytes transferred, {out[-1]['pageBytesRaw']} raw")
+    print(f"catalog data read at load: {out[-1]['dataBytes']} bytes transferred, {out[-1]['dataBytesRaw']} raw")
+    print(f"first contentful paint: {med('fcp'):.0f} ms")
+    print(f"first table rows: {med('rows'):.0f} ms ({out[-1]['rendered']} rows in the DOM)")
+    print(f"one search keystroke over every cluster: {med('search'):.1f} ms")
+    if out[-1]["heap"]:
+        print(f"JS heap after load: {med('heap') / 1048576:.1f} MiB")
+
+
+# ---------------------------------------------------------------- the graph view
+
+GRAPH_NODES = int(os.environ.get("GRAPH_NODES", "1000"))
+GRAPH_ZONES = int(os.environ.get("GRAPH_ZONES", "5"))
+# Each cluster declares the clusters this far after it: mostly its own zone, some
+# across zones, no two the same.
+OFFSETS = (1, 7, 31)
+
+
+def http(method, path, body=None):
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(api + path, method=method, data=data)
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.loads(r.read())
+
+
+def register_mesh():
+    g = http("GET", "/graph")
+    if len(g["nodes"]) >= GRAPH_NODES:
+        return g
+    zones = [f"mesh-{z:02d}" for z in range(GRAPH_ZONES)]
+    for z in zones:
+        http("POST", "/zones", {"zoneName": z, "serverAddress": "control.local:50000"})
+    zone_of = lambda i: zones[i * GRAPH_ZONES // GRAPH_NODES]
+    name = lambda i: f"svc-{i:04d}"
+    records = []
+    for i in range(GRAPH_NODES):
+        deps = []
+        for off in OFFSETS:
+            j = (i + off) % GRAPH_NODES
+            deps.append(name(j) if zone_of(j) == zone_of(i) else f"{zone_of(j)}/{name(j)}")
+        records.append({"zoneName": zone_of(i), "clusterName": name(i), "name": f"Service {i}",
+                        "owner": f"team-{i % 9}", "dependencies": deps})
+    for k in range(0, len(records), 500):
+        http("POST", "/clusters", records[k:k + 500])
+    return http("GET", "/graph")
+
+
+FIRST_FRAME = """
+() => {
+  const m = performance.getEntriesByName('meshcat-graph-drawn')[0];
+  const g = document.querySelector('#graph-canvas').graph;
+  return {at: m.startTime, nodes: m.detail.nodes, edges: m.detail.edges, drawMs: g.lastDrawMs,
+          frames: g.frames};
+}
+"""
+
+# Input at three events per animation frame (a mouse reports at 125 Hz and more), for
+# `seconds`: drags in circles, then wheel notches that zoom in to where labels show
+# and back out, over and over. The events are dispatched in the page: input sent
+# through Playwright waits for each event's round trip (about 80 ms here), which
+# would measure the driver, not the page. Answers the frames the page drew, the time
+# and the slowest draw.
+PAN_AND_ZOOM = """
+(seconds) => new Promise((resolve) => {
+  const c = document.querySelector('#graph-canvas');
+  const g = c.graph;
+  const r = c.getBoundingClientRect();
+  const cx = r.left + r.width / 2, cy = r.top + r.height / 2;
+  const opts = (x, y) => ({pointerId: 7, pointerType: 'mouse', isPrimary: true, button: 0, buttons: 1,
+                           clientX: x, clientY: y, bubbles: true, cancelable: true});
+  const f0 = g.frames, t0 = performance.now();
+  let i = 0, slowest = 0, seen = g.frames;
+  const tick = () => {
+    if (g.frames !== seen) { seen = g.frames; slowest = Math.max(slowest, g.lastDrawMs); }
+    const t = performance.now() - t0;
+    if (t >= seconds * 1000) {
+      resolve({frames: g.frames - f0, ms: performance.now() - t0, slowest});
+      return;
+    }
+    for (let k = 0; k < 3; k++, i++) {
+      const phase = i % 240;
+      if (phase < 120) {
+        const a = phase / 120 * 2 * Math.PI;
+        const x = cx + 120 * Math.cos(a), y = cy + 80 * Math.sin(a);
+        if (phase === 0) c.dispatchEvent(new PointerEvent('pointerdown', opts(x, y)));
+        c.dispatchEvent(new PointerEvent('pointermove', opts(x, y)));
+        if (phase === 119) c.dispatchEvent(new PointerEvent('pointerup', opts(x, y)));
+      } else {
+        const dy = phase < 180 ? -40 : 40;
+        c.dispatchEvent(new WheelEvent('wheel', {deltaY: dy, clientX: cx, clientY: cy, bubbles: true, cancelable: true}));
+      }
+    }
+    requestAnimationFrame(tick);
+  };
+  requestAnimationFrame(tick);
+})
+"""
+
+
+def graph():
+    g = register_mesh()
+    nodes, edges = len(g["nodes"]), len(g["edges"])
+    print(f"mesh: {nodes} nodes, {edges} edges in GET /graph ({len(json.dumps(g))} bytes of JSON)")
+    out = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, headless=True, args=LAUNCH)
+        for _ in range(runs):
+            ctx = browser.new_context(viewport={"width": 1280, "height": 800})
+            page = ctx.new_page()
+            page.goto(api + "/ui/#/graph")
+            page.wait_for_function("() => performance.getEntriesByName('meshcat-graph-drawn').length > 0",
+                                   timeout=60_000)
+            m = page.evaluate(FIRST_FRAME)
+            page.wait_for_selector(f"[data-testid=graph][data-edges='{edges}']", timeout=60_000)
+            m["list"] = page.evaluate("() => performance.now()")
+            p = page.evaluate(PAN_AND_ZOOM, 3)
+            m["fps"] = p["frames"] / (p["ms"] / 1000)
+            m["frames"] = p["frames"]
+            m["slowest"] = p["slowest"]
+            m["page"] = page.evaluate(MEASURE)
+            out.append(m)
+            ctx.close()
+        browser.close()
+    med = lambda k: statistics.median(m[k] for m in out)
+    print(json.dumps(out[-1]))
+    print(f"runs: {runs} (median)")
+    print(f"page (html, js, css, icon): {out[-1]['page']['pageBytes']} bytes transferred, "
+          f"{out[-1]['page']['pageBytesRaw']} raw")
+    print(f"data read by the page: {out[-1]['page']['dataBytes']} bytes transferred, "
+          f"{out[-1]['page']['dataBytesRaw']} raw")
+    print(f"first frame with every node (from navigation): {med('at'):.0f} ms, "
+          f"one full draw {med('drawMs'):.1f} ms")
+    print(f"list form complete (every row in the DOM): {med('list'):.0f} ms")
+    print(f"pan and zoom for 3 s: {med('fps'):.1f} frames/s drawn ({out[-1]['frames']} frames in the last run), "
+          f"slowest draw {med('slowest'):.1f} ms")
+    print(f"graph view: first frame {med('at'):.0f} ms, {med('fps'):.0f} fps, {out[-1]['nodes']} nodes, "
+          f"{out[-1]['edges']} edges")
+
+
+if __name__ == "__main__":
+    graph() if graph_mode else overview()

@@ -43,6 +43,26 @@ const ASSETS: &[Asset] = &[
         body: include_bytes!("../ui/live.js"),
     },
     Asset {
+        name: "dom.js",
+        content_type: "text/javascript; charset=utf-8",
+        body: include_bytes!("../ui/dom.js"),
+    },
+    Asset {
+        name: "graph.js",
+        content_type: "text/javascript; charset=utf-8",
+        body: include_bytes!("../ui/graph.js"),
+    },
+    Asset {
+        name: "graph-layout.js",
+        content_type: "text/javascript; charset=utf-8",
+        body: include_bytes!("../ui/graph-layout.js"),
+    },
+    Asset {
+        name: "graph-draw.js",
+        content_type: "text/javascript; charset=utf-8",
+        body: include_bytes!("../ui/graph-draw.js"),
+    },
+    Asset {
         name: "style.css",
         content_type: "text/css; charset=utf-8",
         body: include_bytes!("../ui/style.css"),

@@ -1,13 +1,14 @@
 // meshcat dashboard: the views. The overview (summary, zones, a cluster table that
-// renders only the rows in sight, so 10,000 clusters cost what 20 do) and the cluster
-// view (metadata, instances with their metrics and a chart of recent values, the
-// sidecar log level, the diagnosis). Every element tests rely on carries the
-// data-testid of the contract; DOM is built with createElement, never from strings.
+// renders only the rows in sight, so 10,000 clusters cost what 20 do), the cluster
+// view (metadata, callers and callees, instances with their metrics and a chart of
+// recent values, the sidecar log level, the diagnosis) and the graph view
+// (graph.js). Every element tests rely on carries the data-testid of the contract.
 
 import { ApiError, Catalog, call, clusterKey, enc, setToken, sleep, token } from "./live.js";
+import { STATUS_ICON, badge, fmtInt, fmtNum, h } from "./dom.js";
+import { ClusterCalls, GraphPage, graphHash, parseGraphHash } from "./graph.js";
 
 const $ = (id) => document.getElementById(id);
-const STATUS_ICON = { stable: "\u2714", warning: "\u25B2", down: "\u2716" };
 const VERDICT_ICON = { pass: "\u2714", fail: "\u2716", skipped: "\u2013" };
 const LEVELS = ["error", "warn", "info", "debug"];
 const SYMPTOMS = [
@@ -20,29 +21,8 @@ const SYMPTOMS = [
 /** Samples of each instance's metrics kept for its chart. */
 const HISTORY = 30;
 const METRICS_EVERY_MS = 2000;
-
-/** Builds an element: h("span", {class: "x", dataset: {a: 1}}, child, "text"). */
-function h(tag, attrs = {}, ...children) {
-  const el = document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs)) {
-    if (v === undefined || v === null || v === false) continue;
-    if (k === "dataset") Object.assign(el.dataset, v);
-    else if (k === "on") for (const [ev, fn] of Object.entries(v)) el.addEventListener(ev, fn);
-    else if (k === "class") el.className = v;
-    else if (k in el && k !== "list" && typeof v !== "string") el[k] = v;
-    else el.setAttribute(k, v === true ? "" : String(v));
-  }
-  for (const c of children.flat()) {
-    if (c === null || c === undefined || c === false) continue;
-    el.append(c instanceof Node ? c : document.createTextNode(String(c)));
-  }
-  return el;
-}
-
-function badge(status) {
-  const s = ["stable", "warning", "down"].includes(status) ? status : "down";
-  return h("span", { class: `badge ${s}` }, h("span", { "aria-hidden": "true" }, STATUS_ICON[s]), s);
-}
+/** Up to this many zones the zone table starts open. */
+const OPEN_ZONES = 6;
 
 /** Only http(s) links and site paths become links: nothing else runs in this page. */
 function safeHref(v) {
@@ -57,10 +37,6 @@ function linkOrText(v) {
   return href ? h("a", { href, rel: "noopener noreferrer", target: "_blank" }, v) : (v || "\u2014");
 }
 
-const fmtInt = (n) => (Number.isFinite(n) ? Math.round(n).toLocaleString("en-US") : "\u2014");
-function fmtNum(n, digits = 1) {
-  return Number.isFinite(n) ? n.toLocaleString("en-US", { maximumFractionDigits: digits }) : "\u2014";
-}
 function fmtBytes(n) {
   if (!Number.isFinite(n)) return "\u2014";
   const u = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -271,33 +247,49 @@ function renderSummary() {
     item("Warning", t.warning, "warning"), item("Down", t.down, "down"), item("Live instances", t.instances));
 }
 
+/**
+ * The zones as one compact table (a row each, so 200 zones stay a few hundred pixels
+ * tall in a scrolling box), closed by default beyond a handful of zones; its summary
+ * line says how many zones have clusters down or in warning.
+ */
 function renderZones() {
-  const list = $("zones");
   const zones = [...catalog.zones.values()].sort((a, b) => (a.zoneName < b.zoneName ? -1 : 1));
-  if (!zones.length) {
-    list.replaceChildren(h("li", { class: "muted" }, "No zone registered yet."));
-  } else {
-    list.replaceChildren(...zones.map((z) => {
-      const c = catalog.zoneCounts.get(z.zoneName);
-      return h("li", { dataset: { zone: z.zoneName } },
-        h("div", { class: "zone-name" }, z.zoneName),
-        h("div", { class: "muted" }, `control ${z.serverAddress}`,
-          z.requestCluster ? ` \u00b7 edge ${z.requestCluster}` : "", z.useTls ? " \u00b7 TLS" : ""),
-        c ? h("div", { class: "counts" }, `${fmtInt(c.clusters)} clusters, ${fmtInt(c.instances)} instances`) : null,
-        c ? h("div", { class: "counts" },
-          h("span", { class: "badge stable" }, `${STATUS_ICON.stable} ${c.stable} stable`),
-          h("span", { class: "badge warning" }, `${STATUS_ICON.warning} ${c.warning} warning`),
-          h("span", { class: "badge down" }, `${STATUS_ICON.down} ${c.down} down`)) : null,
-        h("button", { type: "button", on: { click: () => { $("zone-filter").value = z.zoneName; view.zone = z.zoneName; refilter(); $("search").focus(); } } },
-          `Show clusters of ${z.zoneName}`));
-    }));
-  }
+  let down = 0, warning = 0;
+  const rows = zones.map((z) => {
+    const c = catalog.zoneCounts.get(z.zoneName);
+    if (c && c.down) down++;
+    else if (c && c.warning) warning++;
+    const count = (n, status) => (c && n ? h("span", { class: `badge ${status}` }, h("span", { "aria-hidden": "true" }, STATUS_ICON[status]), fmtInt(n)) : (c ? "0" : "\u2014"));
+    return h("tr", { dataset: { zone: z.zoneName } },
+      h("th", { scope: "row" }, z.zoneName),
+      h("td", { class: "num" }, c ? fmtInt(c.clusters) : "\u2014"),
+      h("td", { class: "num" }, count(c && c.stable, "stable")),
+      h("td", { class: "num" }, count(c && c.warning, "warning")),
+      h("td", { class: "num" }, count(c && c.down, "down")),
+      h("td", { class: "num z-inst" }, c ? fmtInt(c.instances) : "\u2014"),
+      h("td", { class: "z-ctl" }, z.serverAddress, z.requestCluster ? ` \u00b7 edge ${z.requestCluster}` : "", z.useTls ? " \u00b7 TLS" : ""),
+      h("td", { class: "z-act" },
+        h("button", { type: "button", "aria-label": `Show the clusters of zone ${z.zoneName}`, on: { click: () => {
+          $("zone-filter").value = z.zoneName; view.zone = z.zoneName; refilter(); $("search").focus();
+        } } }, "Clusters"),
+        " ", h("a", { href: graphHash({ zone: z.zoneName }), "aria-label": `Dependency graph of zone ${z.zoneName}` }, "Graph")));
+  });
+  $("zones").replaceChildren(...(rows.length ? rows
+    : [h("tr", {}, h("td", { colspan: "8", class: "muted" }, "No zone registered yet."))]));
+  const parts = [`${fmtInt(zones.length)} zone${zones.length === 1 ? "" : "s"}`];
+  if (down) parts.push(`${fmtInt(down)} with clusters down`);
+  if (warning) parts.push(`${fmtInt(warning)} with warnings`);
+  $("zones-sum").textContent = parts.join(" \u00b7 ");
+  const box = $("zones-box");
+  if (!box.dataset.touched) box.open = zones.length <= OPEN_ZONES;
   const sel = $("zone-filter");
   const keep = sel.value;
   sel.replaceChildren(h("option", { value: "" }, "All zones"), ...zones.map((z) => h("option", { value: z.zoneName }, z.zoneName)));
   sel.value = catalog.zones.has(keep) ? keep : "";
   view.zone = sel.value;
 }
+// Once the reader opened or closed the zones, the page leaves them so.
+$("zones-box").querySelector("summary").addEventListener("click", () => { $("zones-box").dataset.touched = "1"; });
 
 function renderLive() {
   const el = document.querySelector("[data-testid=live-status]");
@@ -328,18 +320,39 @@ function openCluster(c) {
   location.hash = `#/c/${enc(c.zoneName)}/${enc(c.clusterName)}`;
 }
 
+/** The graph view open now, or null. */
+let graphPage = null;
+
+/** What the graph view and the calls need of the page. */
+const graphApp = {
+  withToken: (fn, why) => withToken(fn, why),
+  askToken: (why) => askToken(why),
+  zones: () => [...catalog.zones.keys()].sort(),
+  liveHidden: () => catalog.liveHidden(),
+};
+
 function route() {
   const m = location.hash.match(/^#\/c\/([^/]+)\/([^/]+)$/);
+  const graph = m ? null : parseGraphHash(location.hash);
   if (page) { page.close(); page = null; }
+  if (graphPage) { graphPage.close(); graphPage = null; }
+  $("overview").hidden = !!(m || graph);
+  $("cluster-page").hidden = !m;
+  $("graph-page").hidden = !graph;
+  for (const a of document.querySelectorAll(".nav a")) {
+    const here = a.dataset.view === (graph ? "graph" : m ? "" : "overview");
+    if (here) a.setAttribute("aria-current", "page");
+    else a.removeAttribute("aria-current");
+  }
+  if (!m) $("cluster-page").replaceChildren();
+  if (!graph) $("graph-page").replaceChildren();
   if (m) {
-    $("overview").hidden = true;
-    $("cluster-page").hidden = false;
     page = new ClusterPage(decodeURIComponent(m[1]), decodeURIComponent(m[2]));
     window.scrollTo(0, 0);
+  } else if (graph) {
+    graphPage = new GraphPage($("graph-page"), graph, graphApp);
+    window.scrollTo(0, 0);
   } else {
-    $("cluster-page").hidden = true;
-    $("cluster-page").replaceChildren();
-    $("overview").hidden = false;
     readRowHeight();
     refilter();
     const el = $("rows").querySelector(`[data-index="${view.focus}"]`);
@@ -355,6 +368,7 @@ class ClusterPage {
     this.instances = new Map();
     this.closed = false;
     this.root = h("section", { class: "cluster", dataset: { testid: "cluster-view", cluster, zone, status: "" } });
+    this.calls = new ClusterCalls(zone, cluster, graphApp);
     $("cluster-page").replaceChildren(this.root);
     this.render();
     this.loop();
@@ -364,6 +378,7 @@ class ClusterPage {
   close() {
     this.closed = true;
     clearInterval(this.ticker);
+    this.calls.close();
   }
 
   record() {
@@ -376,8 +391,11 @@ class ClusterPage {
     this.root.dataset.status = c ? c.status : "";
     const back = h("a", { href: "#/", class: "back" }, "\u2190 All clusters");
     if (!c) {
+      const loading = catalog.mode === "connecting";
+      // A cluster only declared by its callers is no record, but it has callers.
       this.root.replaceChildren(back, h("h1", {}, this.cluster),
-        h("p", { class: "muted" }, catalog.mode === "connecting" ? "Loading\u2026" : `No cluster ${this.cluster} in zone ${this.zone}.`));
+        h("p", { class: "muted" }, loading ? "Loading\u2026" : `No cluster ${this.cluster} registered in zone ${this.zone}.`),
+        loading ? null : this.calls.el);
       this.skeleton = false;
       this.instances.clear();
       return;
@@ -400,6 +418,7 @@ class ClusterPage {
       this.title,
       h("p", { class: "muted" }, `Zone ${this.zone}`),
       h("section", { class: "card", "aria-labelledby": "meta-h" }, h("h2", { id: "meta-h" }, "Metadata"), this.meta),
+      this.calls.el,
       h("section", { class: "card", "aria-labelledby": "inst-h" }, h("h2", { id: "inst-h" }, "Instances"), this.instNote, this.instList, this.clusterLevel()),
       h("section", { class: "card", "aria-labelledby": "diag-h" }, h("h2", { id: "diag-h" }, "Diagnosis"), this.diagForm(), this.diag));
   }
@@ -647,12 +666,20 @@ const catalog = new Catalog((what) => {
   if (what.has("clusters") || what.has("zones")) refilter();
   renderLive();
   if (page && (what.has("clusters") || what.has("zones"))) page.render();
+  const graphZones = catalog.takeGraphZones();
+  if (page) page.calls.changed(what);
+  if (graphPage) graphPage.changed(what, graphZones);
 });
 catalog.askToken = askToken;
 /** A token change: read again so `authorized` and instances follow it. */
 catalog.refresh = () => {
-  catalog.snapshot().catch(() => {});
+  const read = catalog.snapshot().catch(() => {});
   if (catalog.abort) catalog.abort.abort();
+  // The views of live data read again once the records say what the token allows.
+  read.then(() => {
+    if (graphPage) graphPage.refresher.now();
+    if (page) page.calls.refresher.now();
+  });
 };
 
 updateTokenButton();

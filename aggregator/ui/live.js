@@ -2,7 +2,8 @@
 // sessionStorage, so for this tab only), JSON calls with readable errors, and the
 // live catalog: a snapshot of the clusters, zones and counts, then GET /events
 // (Server-Sent Events read through fetch, so the token travels in a header) or, where
-// the API has no event stream, polling of the read routes.
+// the API has no event stream, polling of the read routes. A `graph` event (the
+// dependency graph changed shape) is passed on as "graph", with its zone.
 
 const TOKEN_KEY = "meshcat-token";
 
@@ -63,7 +64,7 @@ const MAX_ZONE_CALLS = 40;
 
 /**
  * The live catalog. `onChange(what)` is called after each change with a set of what
- * moved ("clusters", "zones", "summary", "mode").
+ * moved ("clusters", "zones", "summary", "graph", "mode").
  */
 export class Catalog {
   constructor(onChange) {
@@ -82,6 +83,8 @@ export class Catalog {
     this.lastId = null;
     this.pending = new Set();
     this.zoneRefresh = new Set();
+    /** Zones named by `graph` events since the views last looked. */
+    this.graphZones = new Set();
     this.stopped = false;
   }
 
@@ -128,7 +131,9 @@ export class Catalog {
 
   /** Reads the clusters, zones and counts; answers the catalog index (or null). */
   async snapshot() {
+    const readWith = token();
     const [clusters, zones] = await Promise.all([call("/clusters"), call("/zones")]);
+    this.readWith = readWith;
     // Polling reads the same answers again and again: redraw only what moved.
     const moved = [];
     if (clusters.raw !== this.rawClusters) {
@@ -288,10 +293,33 @@ export class Catalog {
         this.totals = totalsFrom(d);
         this.emit(["summary"]);
         break;
+      case "graph":
+        // Who calls whom changed (an edge came, went, or changed observed or
+        // declared): the graph's views read it again.
+        this.graphZones.add(d.zoneName);
+        this.emit(["graph"]);
+        break;
       default:
         return "ignored";
     }
     return "applied";
+  }
+
+  /**
+   * Whether live data is hidden from this tab: the records say `authorized: false`
+   * and the token is the one they were read with. Views of live data then ask for
+   * the token instead of calling (a 403 would be a console error).
+   */
+  liveHidden() {
+    const first = this.clusters.values().next().value;
+    return !!first && first.authorized === false && this.readWith === token();
+  }
+
+  /** The zones of the `graph` events since the last call. */
+  takeGraphZones() {
+    const z = this.graphZones;
+    this.graphZones = new Set();
+    return z;
   }
 
   /** Zone counts come from the zone's metadata; read it once changes settle. */

@@ -1,0 +1,546 @@
+// meshcat dashboard: the dependency graph (contract section 14) in the page. The
+// graph view draws `GET /graph` (the whole mesh, one zone, or the clusters within a
+// few hops of one) on a canvas (graph-draw.js, laid out by graph-layout.js) and
+// carries the same data as a list, the accessible form with the test hooks; the
+// cluster view's calls list its callers and callees (`GET /graph` around it, depth
+// 1). Both read again, gathered, when the event stream says the graph or a cluster
+// changed, and every few seconds for the figures (which move without events).
+
+import { ApiError, call, enc } from "./live.js";
+import { badge, fmtInt, fmtNum, h } from "./dom.js";
+import { layout } from "./graph-layout.js";
+import { BAD_RATIO, GraphCanvas, NODE_STYLE, nodeWords, percent, severity } from "./graph-draw.js";
+
+/** Figures (requests, error ratios) move without events: read them this often. */
+const FIGURES_EVERY_MS = 15000;
+/** Rows of the list built per task, so a big graph never blocks the page long. */
+const ROWS_PER_TASK = 700;
+/** A list longer than this starts closed. */
+const OPEN_LIST_ROWS = 80;
+export const DEPTHS = [1, 2, 3, 4, 5];
+
+/** The hash of the graph view for a scope: {zone, cluster, depth}. */
+export function graphHash({ zone, cluster, depth } = {}) {
+  if (zone && cluster) return `#/graph/c/${enc(zone)}/${enc(cluster)}/${depth || 1}`;
+  if (zone) return `#/graph/z/${enc(zone)}`;
+  return "#/graph";
+}
+
+/** The scope a hash names, or null when it is no graph view. */
+export function parseGraphHash(hash) {
+  if (hash === "#/graph") return {};
+  let m = hash.match(/^#\/graph\/z\/([^/]+)$/);
+  if (m) return { zone: decodeURIComponent(m[1]) };
+  m = hash.match(/^#\/graph\/c\/([^/]+)\/([^/]+)\/([1-5])$/);
+  if (m) return { zone: decodeURIComponent(m[1]), cluster: decodeURIComponent(m[2]), depth: Number(m[3]) };
+  return null;
+}
+
+function graphPath({ zone, cluster, depth }) {
+  const q = new URLSearchParams();
+  if (zone) q.set("zoneName", zone);
+  if (zone && cluster) { q.set("clusterName", cluster); q.set("depth", String(depth || 1)); }
+  const s = q.toString();
+  return s ? `/graph?${s}` : "/graph";
+}
+
+function clusterHref(node) {
+  return `#/c/${enc(node.zoneName)}/${enc(node.clusterName)}`;
+}
+
+/** Reads again after changes, gathered: at most one read in flight, one queued. */
+class Refresher {
+  constructor(read) {
+    this.read = read;
+    this.timer = null;
+    this.running = false;
+    this.again = false;
+    this.last = 0;
+    this.minGap = 1000;
+  }
+
+  soon(delay = 400) {
+    if (this.running) { this.again = true; return; }
+    const wait = Math.max(delay, this.last + this.minGap - Date.now());
+    if (this.timer && this.due <= Date.now() + wait) return;
+    clearTimeout(this.timer);
+    this.due = Date.now() + wait;
+    this.timer = setTimeout(() => this.now(), wait);
+  }
+
+  async now() {
+    clearTimeout(this.timer);
+    this.timer = null;
+    if (this.running) { this.again = true; return; }
+    this.running = true;
+    this.last = Date.now();
+    try {
+      await this.read();
+    } finally {
+      this.running = false;
+      if (this.again) { this.again = false; this.soon(0); }
+    }
+  }
+
+  stop() {
+    clearTimeout(this.timer);
+    this.timer = null;
+    this.read = async () => {};
+  }
+}
+
+function edgeKey(e) {
+  return `${e.source}\u0000${e.target}`;
+}
+
+function yesNo(v) {
+  return v ? "true" : "false";
+}
+
+function edgeWords(e) {
+  return [
+    e.observed ? "traffic in the window" : "no traffic in the window",
+    e.declared ? "declared" : "not declared",
+  ].join(", ");
+}
+
+function latency(e) {
+  const f = (v) => (Number.isFinite(v) ? `${fmtNum(v, 1)} ms` : "\u2014");
+  return `${f(e.p50Ms)} / ${f(e.p99Ms)}`;
+}
+
+function statusCell(node) {
+  return node.kind === "external" ? h("span", { class: "badge external" }, h("span", { "aria-hidden": "true" }, "\u2197"), "external") : badge(node.status);
+}
+
+/** The graph view: a canvas, its legend and controls, and the same data as a list. */
+export class GraphPage {
+  /**
+   * `scope`: {zone, cluster, depth}; `app`: {withToken(fn, why), askToken(why),
+   * zones() (sorted zone names), liveHidden() (the read token is missing)}.
+   */
+  constructor(root, scope, app) {
+    this.root = root;
+    this.scope = scope;
+    this.app = app;
+    this.closed = false;
+    this.raw = null;
+    this.data = null;
+    this.rows = { nodes: new Map(), edges: new Map() };
+    this.listGen = 0;
+    this.selectedId = null;
+    this.first = true;
+    this.refresher = new Refresher(() => this.load());
+    this.build();
+    this.refresher.now();
+    this.ticker = setInterval(() => { if (!document.hidden) this.refresher.soon(0); }, FIGURES_EVERY_MS);
+  }
+
+  close() {
+    this.closed = true;
+    clearInterval(this.ticker);
+    this.refresher.stop();
+    this.canvas.destroy();
+  }
+
+  /** The catalog moved: `what` as Catalog emits it, `zones` the zones of graph events. */
+  changed(what, zones) {
+    if (what.has("zones")) this.fillZones();
+    const { zone, cluster } = this.scope;
+    const mine = !zone || cluster || zones.has(zone);
+    if (what.has("graph") && mine) this.refresher.soon(300);
+    else if (what.has("clusters")) this.refresher.soon(1000);
+  }
+
+  build() {
+    const { zone, cluster, depth } = this.scope;
+    this.zoneSelect = h("select", { id: "graph-zone", on: { change: (e) => {
+      location.hash = graphHash({ zone: e.target.value });
+    } } });
+    const controls = [
+      h("label", { class: "field", for: "graph-zone" }, h("span", {}, "Zone"), this.zoneSelect),
+    ];
+    if (cluster) {
+      const sel = h("select", { id: "graph-depth", on: { change: (e) => {
+        location.hash = graphHash({ zone, cluster, depth: Number(e.target.value) });
+      } } }, ...DEPTHS.map((d) => h("option", { value: String(d) }, `${d} hop${d > 1 ? "s" : ""}`)));
+      sel.value = String(depth);
+      controls.push(h("label", { class: "field", for: "graph-depth" }, h("span", {}, "Depth"), sel));
+    }
+    this.find = h("input", { id: "graph-find", type: "search", placeholder: "Cluster name", autocomplete: "off", spellcheck: "false" });
+    const findForm = h("form", { class: "graph-find", on: { submit: (e) => { e.preventDefault(); this.findNode(this.find.value); } } },
+      h("label", { class: "field", for: "graph-find" }, h("span", {}, "Find a node"), this.find),
+      h("button", { type: "submit" }, "Find"));
+    const zoomButtons = h("div", { class: "graph-zoom", role: "group", "aria-label": "Zoom" },
+      h("button", { type: "button", "aria-label": "Zoom in", on: { click: () => this.canvas.zoom(1.4) } }, "+"),
+      h("button", { type: "button", "aria-label": "Zoom out", on: { click: () => this.canvas.zoom(1 / 1.4) } }, "\u2212"),
+      h("button", { type: "button", on: { click: () => this.canvas.fit() } }, "Fit"));
+    const el = h("canvas", {
+      id: "graph-canvas", class: "graph-canvas", tabindex: "0", role: "img",
+      "aria-label": "Dependency graph. Drag or use the arrow keys to pan, the wheel or + and - to zoom, 0 to fit. The list below holds the same nodes and edges.",
+    });
+    this.tip = h("div", { class: "graph-tip", role: "tooltip", hidden: true });
+    this.empty = h("p", { class: "graph-empty muted", hidden: true });
+    this.status = h("p", { class: "muted graph-status", "aria-live": "polite" }, "Reading the graph\u2026");
+    this.info = h("p", { class: "graph-info", "aria-live": "polite" });
+    this.nodeBody = h("tbody");
+    this.edgeBody = h("tbody");
+    this.listSummary = h("summary", {}, "Nodes and edges as a list");
+    this.list = h("details", { class: "graph-list" }, this.listSummary,
+      h("h3", { id: "graph-nodes-h" }, "Nodes"),
+      h("div", { class: "table-scroll" }, h("table", { class: "data", "aria-labelledby": "graph-nodes-h" },
+        h("thead", {}, h("tr", {}, ...["Node", "Zone", "Status", "Instances", "Owner"].map((t) => h("th", { scope: "col" }, t)))),
+        this.nodeBody)),
+      h("h3", { id: "graph-edges-h" }, "Edges"),
+      h("div", { class: "table-scroll" }, h("table", { class: "data", "aria-labelledby": "graph-edges-h" },
+        h("thead", {}, h("tr", {}, ...["Caller", "Called", "Error ratio", "Requests/s", "Latency p50 / p99", "Traffic", "Declared"].map((t) => h("th", { scope: "col" }, t)))),
+        this.edgeBody)));
+    const title = cluster
+      ? h("h1", {}, `Around ${cluster}`, h("span", { class: "muted sub" }, ` zone ${zone}, ${depth} hop${depth > 1 ? "s" : ""}`))
+      : h("h1", {}, zone ? `Dependency graph of zone ${zone}` : "Dependency graph");
+    this.section = h("section", { class: "graph", dataset: { testid: "graph" }, "aria-labelledby": "graph-h" },
+      h("div", { class: "graph-head", id: "graph-h" }, title,
+        cluster ? h("span", { class: "graph-links" },
+          h("a", { href: `#/c/${enc(zone)}/${enc(cluster)}` }, `Open ${cluster}`), " \u00b7 ",
+          h("a", { href: graphHash({ zone }) }, `Zone ${zone}`), " \u00b7 ",
+          h("a", { href: graphHash() }, "Whole mesh")) : null),
+      h("div", { class: "filters graph-controls" }, ...controls, findForm, zoomButtons),
+      this.status,
+      h("div", { class: "graph-stage" }, el, this.tip, this.empty),
+      this.info,
+      legend(),
+      this.list);
+    this.root.replaceChildren(this.section);
+    this.fillZones();
+    this.canvas = new GraphCanvas(el, {
+      open: (node) => { if (node.kind === "cluster") location.hash = clusterHref(node); },
+      select: (hit) => this.select(hit),
+      hover: (hit, x, y) => this.hover(hit, x, y),
+    });
+  }
+
+  fillZones() {
+    const names = this.app.zones();
+    const want = this.scope.zone || "";
+    if (want && !names.includes(want)) names.push(want);
+    this.zoneSelect.replaceChildren(h("option", { value: "" }, "All zones"), ...names.map((z) => h("option", { value: z }, z)));
+    this.zoneSelect.value = want;
+  }
+
+  async load() {
+    if (this.closed) return;
+    const why = "The graph is live data: it needs the read token.";
+    // Known to lack the read token: ask (once per view) rather than call for a 403.
+    // A token just given is not the one the records were read with: no more hidden.
+    if (this.app.liveHidden()) {
+      const ask = !this.asked;
+      this.asked = true;
+      if (!ask || !(await this.app.askToken(why))) {
+        this.fail(new ApiError(403, "forbidden", why));
+        return;
+      }
+    }
+    let res;
+    try {
+      res = await this.app.withToken(() => call(graphPath(this.scope)), why);
+    } catch (e) {
+      if (this.closed) return;
+      this.fail(e);
+      return;
+    }
+    if (this.closed || res.raw === this.raw) {
+      this.stamp();
+      return;
+    }
+    this.raw = res.raw;
+    this.show(res.body);
+  }
+
+  fail(e) {
+    const again = h("button", { type: "button", on: { click: () => this.refresher.now() } }, "Try again");
+    if (e instanceof ApiError && e.needsToken) {
+      this.status.replaceChildren(h("span", { class: "error" }, e.message), " ",
+        h("button", { type: "button", on: { click: async () => { if (await this.app.askToken(e.message)) this.refresher.now(); } } }, "Enter token"));
+    } else if (e instanceof ApiError && e.status === 404) {
+      this.status.replaceChildren(h("span", { class: "error" }, e.message), " ", h("a", { href: graphHash() }, "Show the whole mesh"));
+    } else {
+      this.status.replaceChildren(h("span", { class: "error" }, `The graph could not be read: ${e.message}`), " ", again);
+    }
+  }
+
+  show(g) {
+    const nodes = g.nodes || [];
+    const index = new Map(nodes.map((n, i) => [n.id, i]));
+    // The canvas draws the edges whose two ends it has (all of them, from the API).
+    const drawn = [];
+    for (const e of g.edges || []) {
+      const s = index.get(e.source), t = index.get(e.target);
+      if (s !== undefined && t !== undefined) drawn.push({ ...e, s, t });
+    }
+    const focusId = this.scope.cluster ? `${this.scope.zone}/${this.scope.cluster}` : null;
+    const focus = focusId !== null && index.has(focusId) ? index.get(focusId) : -1;
+    const t0 = performance.now();
+    const box = this.canvas.canvas.getBoundingClientRect();
+    const placed = layout(nodes, drawn, focus, box.height > 0 ? box.width / box.height : 2);
+    this.layoutMs = performance.now() - t0;
+    this.data = g;
+    this.canvas.setData({ nodes, edges: drawn, x: placed.x, y: placed.y, blocks: placed.blocks, bounds: placed, focus }, !this.first, this.first);
+    if (this.selectedId !== null) {
+      const i = index.get(this.selectedId);
+      this.canvas.setSelected(i === undefined ? null : { node: i });
+    }
+    this.first = false;
+    this.empty.hidden = nodes.length > 0;
+    this.empty.textContent = this.scope.zone
+      ? "No cluster in this zone yet, and no call that reaches it."
+      : "No cluster registered yet: nodes appear as clusters register, edges as sidecars report traffic or owners declare dependencies.";
+    this.stamp();
+    // The list after the first frame, so the picture comes first.
+    const gen = ++this.listGen;
+    requestAnimationFrame(() => setTimeout(() => this.fillList(g, gen), 0));
+  }
+
+  stamp() {
+    const g = this.data;
+    if (!g) return;
+    const n = g.nodes.length, m = g.edges.length;
+    const failing = g.edges.filter((e) => e.observed && e.errorRatio >= BAD_RATIO).length;
+    const idle = g.edges.filter((e) => !e.observed).length;
+    const undeclared = g.edges.filter((e) => e.observed && !e.declared).length;
+    this.status.replaceChildren(
+      `${fmtInt(n)} node${n === 1 ? "" : "s"}, ${fmtInt(m)} edge${m === 1 ? "" : "s"}`,
+      failing ? ` \u00b7 ${fmtInt(failing)} failing (\u2265 ${percent(BAD_RATIO)} errors)` : "",
+      undeclared ? ` \u00b7 ${fmtInt(undeclared)} undeclared` : "",
+      idle ? ` \u00b7 ${fmtInt(idle)} declared without traffic` : "",
+      ` \u00b7 traffic over the last ${g.windowSeconds} s \u00b7 read ${new Date().toLocaleTimeString()}`);
+  }
+
+  /**
+   * Renders the list (keyed: a refresh rebuilds only the rows that changed), in
+   * tasks of a few hundred rows. The counts of `[data-testid=graph]` are set once
+   * every row is in the DOM, so they always describe what the list holds.
+   */
+  async fillList(g, gen) {
+    const nodeRows = [];
+    const edgeRows = [];
+    const nextNodes = new Map();
+    const nextEdges = new Map();
+    let work = 0;
+    const pause = async () => {
+      if (++work % ROWS_PER_TASK) return true;
+      await new Promise((r) => setTimeout(r, 0));
+      return gen === this.listGen && !this.closed;
+    };
+    for (const n of g.nodes) {
+      const sig = `${n.status}|${n.kind}|${n.registered}|${n.instances}|${n.owner}`;
+      let row = this.rows.nodes.get(n.id);
+      if (!row || row.sig !== sig) row = { sig, el: nodeRow(n) };
+      nextNodes.set(n.id, row);
+      nodeRows.push(row.el);
+      if (!(await pause())) return;
+    }
+    for (const e of g.edges) {
+      const sig = `${e.errorRatio}|${e.errors}|${e.requests}|${e.rps}|${e.p50Ms}|${e.p99Ms}|${e.observed}|${e.declared}`;
+      const key = edgeKey(e);
+      let row = this.rows.edges.get(key);
+      if (!row || row.sig !== sig) row = { sig, el: edgeRow(e) };
+      nextEdges.set(key, row);
+      edgeRows.push(row.el);
+      if (!(await pause())) return;
+    }
+    this.rows = { nodes: nextNodes, edges: nextEdges };
+    this.nodeBody.replaceChildren(...nodeRows);
+    this.edgeBody.replaceChildren(...edgeRows);
+    this.listSummary.textContent = `Nodes and edges as a list (${fmtInt(nodeRows.length)} nodes, ${fmtInt(edgeRows.length)} edges)`;
+    if (this.listOpenedOnce === undefined) {
+      this.listOpenedOnce = true;
+      this.list.open = nodeRows.length + edgeRows.length <= OPEN_LIST_ROWS;
+    }
+    Object.assign(this.section.dataset, { nodes: String(nodeRows.length), edges: String(edgeRows.length) });
+  }
+
+  findNode(text) {
+    const t = text.trim().toLowerCase();
+    if (!t || !this.data) return;
+    const nodes = this.data.nodes;
+    const hit = nodes.find((n) => n.clusterName.toLowerCase() === t) ||
+      nodes.find((n) => n.id.toLowerCase() === t) ||
+      nodes.find((n) => n.clusterName.toLowerCase().includes(t));
+    if (!hit) { this.info.textContent = `No node named like \u201c${text.trim()}\u201d in this view.`; return; }
+    const i = this.canvas.center(hit.id);
+    this.select({ node: i });
+    this.canvas.setSelected({ node: i });
+  }
+
+  select(hit) {
+    if (!hit || !this.data) { this.selectedId = null; this.info.replaceChildren(); return; }
+    if (hit.node !== undefined) {
+      const n = this.canvas.model.nodes[hit.node];
+      this.selectedId = n.id;
+      this.info.replaceChildren(...nodeDescription(n),
+        n.kind === "cluster" ? [" ", h("a", { href: clusterHref(n) }, `Open ${n.clusterName}`), " \u00b7 ",
+          h("a", { href: graphHash({ zone: n.zoneName, cluster: n.clusterName, depth: 1 }) }, "Graph around it")] : []);
+    } else {
+      this.selectedId = null;
+      this.info.replaceChildren(...edgeDescription(this.canvas.model.edges[hit.edge]));
+    }
+  }
+
+  hover(hit, cx, cy) {
+    if (!hit || !this.canvas.model) { this.tip.hidden = true; return; }
+    const m = this.canvas.model;
+    const lines = hit.node !== undefined ? nodeDescription(m.nodes[hit.node]) : edgeDescription(m.edges[hit.edge]);
+    this.tip.replaceChildren(...lines);
+    this.tip.hidden = false;
+    const stage = this.tip.parentElement.getBoundingClientRect();
+    const tw = this.tip.offsetWidth, th = this.tip.offsetHeight;
+    let x = cx - stage.left + 14, y = cy - stage.top + 14;
+    if (x + tw > stage.width) x = Math.max(0, cx - stage.left - tw - 14);
+    if (y + th > stage.height) y = Math.max(0, cy - stage.top - th - 14);
+    this.tip.style.transform = `translate(${Math.round(x)}px, ${Math.round(y)}px)`;
+  }
+}
+
+function nodeDescription(n) {
+  const words = nodeWords(n);
+  return [h("strong", {}, n.kind === "external" ? `${n.clusterName} (external, called from zone ${n.zoneName})` : `${n.clusterName}`),
+    n.kind === "external" ? "" : ` zone ${n.zoneName}`, ` \u00b7 ${words}`,
+    n.owner ? ` \u00b7 owner ${n.owner}` : "", n.drifted ? " \u00b7 configuration drifted" : ""];
+}
+
+function edgeDescription(e) {
+  return [h("strong", {}, `${e.source} \u2192 ${e.target}`), " \u00b7 ",
+    e.observed ? `${percent(e.errorRatio)} errors (${fmtInt(e.errors)} of ${fmtInt(e.requests)} requests), ${fmtNum(e.rps, 2)} requests/s, latency p50 / p99 ${latency(e)}${e.tls ? ", TLS" : ""}` : "no traffic in the window",
+    " \u00b7 ", e.declared ? "declared" : "not declared"];
+}
+
+function nodeRow(n) {
+  const dataset = { testid: "graph-node", id: n.id };
+  // An external node's status is null: the attribute is absent, as the value is.
+  if (n.status !== null && n.status !== undefined) dataset.status = n.status;
+  return h("tr", { dataset },
+    h("th", { scope: "row" }, n.kind === "cluster" ? h("a", { href: clusterHref(n) }, n.clusterName) : `${n.clusterName} (external)`,
+      n.kind === "cluster" && !n.registered ? h("span", { class: "muted" }, " not registered") : null),
+    h("td", {}, n.zoneName),
+    h("td", {}, statusCell(n)),
+    h("td", { class: "num" }, n.kind === "external" ? "\u2014" : String(n.instances)),
+    h("td", {}, n.owner || "\u2014"));
+}
+
+function edgeRow(e) {
+  const sev = e.observed ? severity(e.errorRatio) : "ok";
+  return h("tr", {
+    dataset: {
+      testid: "graph-edge", source: e.source, target: e.target, errorRatio: String(e.errorRatio),
+      observed: yesNo(e.observed), declared: yesNo(e.declared),
+    },
+  },
+  h("td", {}, e.source), h("td", {}, e.target),
+  h("td", { class: `num ratio-${sev}` }, e.observed ? `${percent(e.errorRatio)} (${fmtInt(e.errors)} of ${fmtInt(e.requests)})` : "\u2014"),
+  h("td", { class: "num" }, e.observed ? fmtNum(e.rps, 2) : "\u2014"),
+  h("td", { class: "num" }, latency(e)),
+  h("td", {}, e.observed ? "observed" : h("span", { class: "tag idle" }, "no traffic")),
+  h("td", {}, e.declared ? "declared" : h("span", { class: "tag undeclared" }, "undeclared")));
+}
+
+function legend() {
+  const swatch = (style, shape) => h("span", { class: `swatch ${shape}`, "aria-hidden": "true", dataset: { fill: style } });
+  const node = (key, word) => h("li", {}, swatch(key, key === "external" ? "square" : "dot"),
+    h("span", { "aria-hidden": "true", class: "glyph" }, NODE_STYLE[key].icon), word);
+  const line = (cls, word) => h("li", {}, h("span", { class: `line ${cls}`, "aria-hidden": "true" }), word);
+  return h("div", { class: "legend", role: "group", "aria-label": "Legend" },
+    h("ul", { "aria-label": "Nodes" },
+      node("stable", "stable"), node("warning", "warning"), node("down", "down"), node("external", "external service"),
+      h("li", {}, h("span", { class: "swatch dot ring", "aria-hidden": "true" }), "dashed ring: declared by a caller, not registered")),
+    h("ul", { "aria-label": "Edges" },
+      line("ok", "calls, no errors"),
+      line("warn", `errors below ${percent(BAD_RATIO)} (wider)`),
+      line("bad", `errors at or above ${percent(BAD_RATIO)} (widest, ratio shown)`),
+      line("idle", "dashed: declared, no traffic in the window"),
+      h("li", {}, h("span", { class: "line ok with-diamond", "aria-hidden": "true" }), "diamond: traffic nobody declared")));
+}
+
+/** The callers and callees of one cluster, for the cluster view. */
+export class ClusterCalls {
+  /** `app` as for GraphPage. */
+  constructor(zone, cluster, app) {
+    this.zone = zone;
+    this.cluster = cluster;
+    this.app = app;
+    this.raw = null;
+    this.closed = false;
+    this.body = h("div", {}, h("p", { class: "muted" }, "Reading the calls\u2026"));
+    const depth = h("select", { id: "calls-depth", on: { change: () => { link.href = graphHash({ zone, cluster, depth: Number(depth.value) }); } } },
+      ...DEPTHS.map((d) => h("option", { value: String(d) }, `${d} hop${d > 1 ? "s" : ""}`)));
+    depth.value = "2";
+    const link = h("a", { class: "button", href: graphHash({ zone, cluster, depth: 2 }), dataset: { testid: "cluster-graph" } }, "Show in the graph");
+    this.el = h("section", { class: "card", "aria-labelledby": "calls-h" },
+      h("h2", { id: "calls-h" }, "Calls"),
+      h("div", { class: "level" }, h("label", { class: "field", for: "calls-depth" }, h("span", {}, "Graph depth"), depth), link),
+      this.body);
+    this.refresher = new Refresher(() => this.load());
+    this.refresher.now();
+    this.ticker = setInterval(() => { if (!document.hidden) this.refresher.soon(0); }, FIGURES_EVERY_MS);
+  }
+
+  close() {
+    this.closed = true;
+    clearInterval(this.ticker);
+    this.refresher.stop();
+  }
+
+  changed(what) {
+    if (what.has("graph")) this.refresher.soon(300);
+    else if (what.has("clusters")) this.refresher.soon(1000);
+  }
+
+  async load() {
+    let res;
+    try {
+      // Known to lack the read token: say so rather than call for a 403.
+      if (this.app.liveHidden()) throw new ApiError(403, "forbidden", "");
+      res = await call(graphPath({ zone: this.zone, cluster: this.cluster, depth: 1 }));
+    } catch (e) {
+      if (this.closed) return;
+      this.raw = null;
+      if (e instanceof ApiError && e.needsToken) {
+        const why = "Callers and callees are live data: they need the read token.";
+        this.body.replaceChildren(h("p", { class: "muted" }, `${why} `,
+          h("button", { type: "button", on: { click: async () => { if (await this.app.askToken(why)) this.refresher.now(); } } }, "Enter token")));
+      } else if (e instanceof ApiError && e.status === 404) {
+        this.body.replaceChildren(h("p", { class: "muted" }, "Nothing calls this cluster and it calls nothing (no traffic seen, no dependency declared)."));
+      } else {
+        this.body.replaceChildren(h("p", { class: "error" }, e.message));
+      }
+      return;
+    }
+    if (this.closed || res.raw === this.raw) return;
+    this.raw = res.raw;
+    this.render(res.body);
+  }
+
+  render(g) {
+    const me = `${this.zone}/${this.cluster}`;
+    const nodes = new Map(g.nodes.map((n) => [n.id, n]));
+    const callers = g.edges.filter((e) => e.target === me && e.source !== me);
+    const callees = g.edges.filter((e) => e.source === me && e.target !== me);
+    const list = (edges, other, testid, title, none) => [
+      h("h3", {}, `${title} (${edges.length})`),
+      edges.length ? h("ul", { class: "calls" }, ...edges.map((e) => {
+        const n = nodes.get(e[other]) || { id: e[other], kind: "external", clusterName: e[other], zoneName: "" };
+        return h("li", { dataset: { testid, id: n.id, errorRatio: String(e.errorRatio), observed: yesNo(e.observed), declared: yesNo(e.declared) } },
+          n.kind === "cluster" ? h("a", { href: clusterHref(n) }, n.zoneName === this.zone ? n.clusterName : n.id) : h("span", {}, `${n.clusterName} (external)`),
+          " ", statusCell(n), " ",
+          h("span", { class: `num ratio-${e.observed ? severity(e.errorRatio) : "ok"}` }, e.observed
+            ? `${percent(e.errorRatio)} errors, ${fmtInt(e.requests)} requests (${fmtNum(e.rps, 2)}/s), p99 ${Number.isFinite(e.p99Ms) ? `${fmtNum(e.p99Ms, 1)} ms` : "\u2014"}`
+            : ""),
+          " ", e.observed ? h("span", { class: "tag" }, "observed") : h("span", { class: "tag idle" }, "no traffic"),
+          " ", e.declared ? h("span", { class: "tag" }, "declared") : h("span", { class: "tag undeclared" }, "undeclared"));
+      })) : h("p", { class: "muted" }, none),
+    ];
+    this.body.replaceChildren(
+      h("p", { class: "muted" }, `Traffic over the last ${g.windowSeconds} s, and the declared dependencies.`),
+      ...list(callers, "source", "cluster-caller", "Called by", "No caller seen or declared."),
+      ...list(callees, "target", "cluster-callee", "Calls", "No call seen or declared."));
+  }
+}

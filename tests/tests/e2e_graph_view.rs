@@ -1,0 +1,233 @@
+//! The dashboard's dependency graph (contract section 14) in a real browser: Debian's
+//! Chromium driven by Playwright (`tests/browser/graph.py`) against a real aggregator
+//! with a read token, real agents and real Envoy sidecars. The mesh is the chain of
+//! `e2e_graph`: edge -> svc-a -> svc-b, svc-a also calling a service nobody
+//! registered and declaring svc-b plus `ghost`, which it never calls; svc-b's service
+//! then dies so svc-a's edge to it carries errors. Traffic stops before the browser
+//! starts and the graph window is long, so the figures the page shows hold still
+//! while the script compares them with the API. The screenshots go to
+//! `target/e2e-dashboard/` beside the dashboard test's (with
+//! `MESHCAT_UPDATE_SCREENSHOT=1`, the graph also becomes `docs/dashboard-graph.png`).
+
+use std::cell::RefCell;
+use std::time::{Duration, Instant};
+
+use meshcat_tests::bootstrap::{Cluster, HttpListener};
+use meshcat_tests::browser::{BrowserTools, output_dir};
+use meshcat_tests::{Bootstrap, Catalog, Envoy, MeshAgent, Upstream, wait_for};
+use serde_json::{Value, json};
+
+const ZONE: &str = "zone-g";
+const TOKEN: &str = "graph-view-e2e-token";
+const DEADLINE: Duration = Duration::from_secs(45);
+/// Longer than the whole test: no edge leaves the window while the page is checked.
+const WINDOW: Duration = Duration::from_secs(900);
+/// How long the edges' figures must hold still before the browser starts: a few
+/// report intervals, so the last traffic has been reported.
+const SETTLED: Duration = Duration::from_millis(1500);
+
+fn link<'a>(g: &'a Value, source: &str, target: &str) -> Option<&'a Value> {
+    g["edges"]
+        .as_array()?
+        .iter()
+        .find(|e| e["source"] == source && e["target"] == target)
+}
+
+async fn agent(catalog: &Catalog, envoy: &Envoy, cluster: &str) -> MeshAgent {
+    let mut args = catalog.agent_args();
+    args.extend(
+        [
+            "--sidecar-admin",
+            &envoy.admin_addr(),
+            "--zone",
+            ZONE,
+            "--cluster",
+            cluster,
+            "--instance",
+            &format!("{cluster}-1"),
+            "--interval",
+            "300ms",
+        ]
+        .map(str::to_owned),
+    );
+    MeshAgent::start(&args).await.unwrap()
+}
+
+async fn send(client: &reqwest::Client, url: &str, n: usize) -> Vec<u16> {
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        out.push(client.get(url).send().await.unwrap().status().as_u16());
+    }
+    out
+}
+
+async fn graph(catalog: &Catalog) -> Option<Value> {
+    let (status, g) = catalog.get_as("/graph", Some(TOKEN)).await.ok()?;
+    (status == 200).then_some(g)
+}
+
+/// The edges with their figures: what must hold still before the page is compared.
+fn figures(g: &Value) -> Vec<(Value, Value, Value, Value, Value)> {
+    g["edges"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| {
+            (
+                e["source"].clone(),
+                e["target"].clone(),
+                e["requests"].clone(),
+                e["errors"].clone(),
+                e["observed"].clone(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_graph_view_in_a_real_browser() {
+    let tools = BrowserTools::find().await.unwrap();
+    let catalog = Catalog::start(|c| {
+        c.tokens.read = Some(TOKEN.into());
+        c.store.rules.graph_window = WINDOW;
+    })
+    .await
+    .unwrap();
+    catalog.register_zone(ZONE, "edge").await.unwrap();
+    catalog
+        .register_cluster(ZONE, "edge", json!({"owner": "team-edge"}))
+        .await
+        .unwrap();
+    catalog
+        .register_cluster(
+            ZONE,
+            "svc-a",
+            json!({"owner": "team-a", "dependencies": ["svc-b", "ghost"]}),
+        )
+        .await
+        .unwrap();
+    catalog
+        .register_cluster(ZONE, "svc-b", json!({"owner": "team-b"}))
+        .await
+        .unwrap();
+
+    let mut b_service = Upstream::start().await.unwrap();
+    let b = Envoy::start(Bootstrap::service_sidecar(b_service.addr, None))
+        .await
+        .unwrap();
+    let external = Upstream::start().await.unwrap();
+    let a_service = Upstream::start().await.unwrap();
+    let a = Envoy::start(
+        Bootstrap::service_sidecar(a_service.addr, None)
+            .listener(
+                HttpListener::new("egress", "egress_http")
+                    .route("/b", "svc-b")
+                    .route("/ext", "external-api"),
+            )
+            .cluster(Cluster::new("svc-b", &[b.listener("ingress")]))
+            .cluster(Cluster::new("external-api", &[external.addr])),
+    )
+    .await
+    .unwrap();
+    let edge = Envoy::start(Bootstrap::edge_sidecar(
+        &[("/", "svc-a", a.listener("ingress"))],
+        None,
+    ))
+    .await
+    .unwrap();
+    let _agents = [
+        agent(&catalog, &edge, "edge").await,
+        agent(&catalog, &a, "svc-a").await,
+        agent(&catalog, &b, "svc-b").await,
+    ];
+
+    // Traffic until the sidecars' reports show the whole chain.
+    let client = reqwest::Client::new();
+    wait_for("the observed chain", DEADLINE, || async {
+        assert!(
+            send(&client, &format!("{}/orders", edge.url("edge")), 3)
+                .await
+                .iter()
+                .all(|s| *s == 200)
+        );
+        assert!(
+            send(&client, &format!("{}/b", a.url("egress")), 3)
+                .await
+                .iter()
+                .all(|s| *s == 200)
+        );
+        assert!(
+            send(&client, &format!("{}/ext", a.url("egress")), 2)
+                .await
+                .iter()
+                .all(|s| *s == 200)
+        );
+        let g = graph(&catalog).await?;
+        let observed = |s: &str, t: &str| link(&g, s, t).is_some_and(|e| e["observed"] == true);
+        (observed("zone-g/edge", "zone-g/svc-a")
+            && observed("zone-g/svc-a", "zone-g/svc-b")
+            && observed("zone-g/svc-a", "zone-g/external:external-api"))
+        .then_some(())
+    })
+    .await
+    .unwrap();
+    // svc-b's service dies: svc-a's calls to it fail.
+    b_service.stop().await;
+    wait_for("errors on svc-a -> svc-b", DEADLINE, || async {
+        send(&client, &format!("{}/b", a.url("egress")), 3).await;
+        let g = graph(&catalog).await?;
+        let e = link(&g, "zone-g/svc-a", "zone-g/svc-b")?;
+        (e["errors"].as_u64() > Some(0)).then_some(())
+    })
+    .await
+    .unwrap();
+    // No more traffic: wait until the reports carry the last of it.
+    let last = RefCell::new((Vec::new(), Instant::now()));
+    wait_for("the edges' figures to hold still", DEADLINE, || async {
+        let now = figures(&graph(&catalog).await?);
+        let mut last = last.borrow_mut();
+        if now != last.0 {
+            *last = (now, Instant::now());
+            return None;
+        }
+        (last.1.elapsed() >= SETTLED).then_some(())
+    })
+    .await
+    .unwrap();
+
+    let out = output_dir();
+    std::fs::create_dir_all(&out).unwrap();
+    let spec = json!({
+        "api": catalog.api_url(),
+        "token": TOKEN,
+        "chromium": tools.chromium,
+        "out": out,
+        "zone": ZONE,
+    });
+    let mut script = tools
+        .run("graph.py", &[spec.to_string()])
+        .expect("browser script starts");
+    while let Some(line) = script
+        .next_line(Duration::from_secs(240))
+        .await
+        .expect("browser script output")
+    {
+        eprintln!("graph.py says: {line}");
+    }
+    script.finish(Duration::from_secs(30)).await.unwrap();
+    for view in [
+        "graph.png",
+        "cluster-calls.png",
+        "graph-focus.png",
+        "overview-200-zones.png",
+        "phone-graph.png",
+    ] {
+        let len = std::fs::metadata(out.join(view)).map_or(0, |m| m.len());
+        assert!(len > 1000, "screenshot {view} saved ({len} bytes)");
+    }
+    if std::env::var_os("MESHCAT_UPDATE_SCREENSHOT").is_some_and(|v| v == "1") {
+        let docs =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/dashboard-graph.png");
+        std::fs::copy(out.join("graph.png"), docs).unwrap();
+    }
+}
