@@ -1102,3 +1102,104 @@ async fn an_unregistered_cluster_owned_by_a_peer_is_reachable_through_every_repl
     agent.stop().await?;
     Ok(())
 }
+
+/// Contract section 14 on replicas: svc-a's agent reports to replica 0, svc-b's to
+/// replica 1, and svc-a's sidecar names svc-b otherwise (`b-upstream`), so the edge
+/// is found only through svc-b's listener, which another replica holds. Every
+/// replica answers the same graph.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_replica_answers_the_same_graph() -> anyhow::Result<()> {
+    use meshcat_tests::bootstrap::{Cluster, HttpListener};
+    use meshcat_tests::{Bootstrap, Envoy, Upstream};
+
+    let etcd = EtcdCluster::start().await?;
+    let mut set = Replicas::start(BIN, 3, &etcd.store_url("/graph"), &[]).await?;
+    set.token = None;
+    assert_eq!(
+        set.post(0, "/zones", &zone("z")).await?.0,
+        StatusCode::CREATED
+    );
+    for (name, deps) in [("svc-a", json!(["svc-b"])), ("svc-b", json!([]))] {
+        let mut c = cluster("z", name);
+        c["dependencies"] = deps;
+        assert_eq!(set.post(1, "/clusters", &c).await?.0, StatusCode::CREATED);
+    }
+    let b_service = Upstream::start().await?;
+    let b = Envoy::start(Bootstrap::service_sidecar(b_service.addr, None)).await?;
+    let a_service = Upstream::start().await?;
+    let a = Envoy::start(
+        Bootstrap::service_sidecar(a_service.addr, None)
+            .listener(HttpListener::new("egress", "egress_http").route("/b", "b-upstream"))
+            .cluster(Cluster::new("b-upstream", &[b.listener("ingress")])),
+    )
+    .await?;
+    let agent_a = graph_agent(&set, 0, &a, "svc-a").await?;
+    let agent_b = graph_agent(&set, 1, &b, "svc-b").await?;
+    let client = reqwest::Client::new();
+    // The shape every replica must agree on: edges with their flags, nodes with
+    // their live instances.
+    let shape = |g: &Value| -> Option<(Vec<Value>, Vec<Value>)> {
+        let edges = g["edges"]
+            .as_array()?
+            .iter()
+            .map(|e| json!([e["source"], e["target"], e["observed"], e["declared"]]))
+            .collect();
+        let nodes = g["nodes"]
+            .as_array()?
+            .iter()
+            .map(|n| json!([n["id"], n["instances"]]))
+            .collect();
+        Some((edges, nodes))
+    };
+    let want = (
+        vec![json!(["z/svc-a", "z/svc-b", true, true])],
+        vec![json!(["z/svc-a", 1]), json!(["z/svc-b", 1])],
+    );
+    for i in 0..3 {
+        let g = wait_for(
+            &format!("replica {i}'s graph"),
+            Duration::from_secs(30),
+            || async {
+                for _ in 0..3 {
+                    let r = client.get(format!("{}/b", a.url("egress"))).send().await;
+                    assert_eq!(r.ok()?.status(), 200);
+                }
+                let (s, g) = set.get(i, "/graph").await.ok()?;
+                (s == StatusCode::OK && shape(&g).as_ref() == Some(&want)).then_some(g)
+            },
+        )
+        .await?;
+        let e = &g["edges"][0];
+        assert!(e["requests"].as_u64() > Some(0), "replica {i}: {g}");
+    }
+    agent_a.stop().await?;
+    agent_b.stop().await?;
+    Ok(())
+}
+
+/// An agent of `envoy` as the one instance of `cluster` in zone z, reporting to
+/// replica `i`.
+async fn graph_agent(
+    set: &Replicas,
+    i: usize,
+    envoy: &meshcat_tests::Envoy,
+    cluster: &str,
+) -> anyhow::Result<meshcat_tests::MeshAgent> {
+    let mut args = set.agent_args(&[i]);
+    args.extend(
+        [
+            "--sidecar-admin",
+            &envoy.admin_addr(),
+            "--zone",
+            "z",
+            "--cluster",
+            cluster,
+            "--instance",
+            &format!("{cluster}-1"),
+            "--interval",
+            "300ms",
+        ]
+        .map(str::to_owned),
+    );
+    meshcat_tests::MeshAgent::start(&args).await
+}
