@@ -174,6 +174,7 @@ pub fn app_with_limits(
         .route("/graph", get(graph::graph))
         .route("/openapi.json", get(h::openapi))
         .route(d::PEER_EVIDENCE, get(d::peer_evidence))
+        .route(crate::replicas::PEER_TRAFFIC, get(graph::peer_traffic))
         .route("/events", get(events::events))
         .fallback(no_route)
         .layer(middleware::from_fn_with_state(

@@ -242,7 +242,7 @@ async fn serve_with(
         store: agg.store.clone(),
         tokens: c.tokens.clone(),
         metrics: agg.telemetry.api.clone(),
-        peers,
+        peers: peers.clone(),
         agents: agents.clone(),
         diagnosis,
         events: EventStreams::new(c.events.clone(), stop_rx.clone()),
@@ -300,6 +300,13 @@ async fn serve_with(
         let _ = agg.store.set_membership(Arc::new(membership));
         tokio::spawn(publisher.run(stop_rx.clone()))
     });
+    // With etcd, every replica draws the graph from its peers' traffic too.
+    let traffic_task = agg.store.etcd().map(|_| {
+        tokio::spawn(replicas::pull_traffic(
+            replicas::Replicas::new(agg.store.clone(), peers.clone()),
+            stop_rx.clone(),
+        ))
+    });
     let ingest_task = ingest.map(|IngestParts { ingest, socket }| {
         tokio::spawn(ingest.run(socket, stopped(stop_rx.clone())))
     });
@@ -346,6 +353,9 @@ async fn serve_with(
     let drain = async {
         let (a, o, _, _) = tokio::join!(api_task, ops_task, expiry_task, sync_task);
         if let Some(t) = publish_task {
+            let _ = t.await;
+        }
+        if let Some(t) = traffic_task {
             let _ = t.await;
         }
         if let Some(t) = edge_task {

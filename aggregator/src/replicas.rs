@@ -22,12 +22,18 @@ use tracing::warn;
 
 use crate::peer_signature::{Access, Signed, Signer};
 use crate::store::Store;
+use crate::store::traffic::ClusterTraffic;
 
 /// Carries the signature of a forwarded request.
 pub const FORWARDED: HeaderName = HeaderName::from_static("x-meshcat-forwarded");
 /// The replicas' own route for diagnosis evidence (never in the public API): a peer
 /// asks the owner of an instance for that sidecar's evidence.
 pub const PEER_EVIDENCE: &str = "/peer/evidence";
+/// The replicas' own route for the traffic their agents reported (never in the
+/// public API): every replica draws the graph from its own and its peers' traffic.
+pub const PEER_TRAFFIC: &str = "/peer/traffic";
+/// How often a replica asks each peer for its traffic.
+pub const TRAFFIC_PULL_PERIOD: Duration = Duration::from_secs(2);
 
 /// How this replica reaches its peers' APIs: one HTTP/1.1 exchange per forwarded
 /// request (they are rare: per-instance reads and commands), over TLS when the
@@ -541,6 +547,24 @@ impl Replicas {
             .await
     }
 
+    /// The traffic the agents of replica `owner` reported, per cluster, over the
+    /// graph window.
+    pub async fn traffic(
+        &self,
+        owner: &str,
+        timeout: Duration,
+    ) -> Result<Vec<ClusterTraffic>, PeerCallError> {
+        self.call(
+            owner,
+            Method::GET,
+            PEER_TRAFFIC,
+            Access::Read,
+            timeout,
+            json,
+        )
+        .await
+    }
+
     /// An instance's metrics, from the replica `owner` that serves it.
     pub async fn metrics(
         &self,
@@ -560,6 +584,53 @@ fn text(b: &Bytes) -> Result<String, String> {
 
 fn json<T: serde::de::DeserializeOwned>(b: &Bytes) -> Result<T, String> {
     serde_json::from_slice(b).map_err(|e| e.to_string())
+}
+
+/// Keeps the peers' traffic summaries fresh for the graph: asks every peer each
+/// [`TRAFFIC_PULL_PERIOD`], all at once, and forgets the peers that left. A peer
+/// that does not answer keeps its last summary until it is older than the graph
+/// window (its edges then fade like any whose traffic stopped).
+pub async fn pull_traffic(replicas: Replicas, mut stop: tokio::sync::watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(TRAFFIC_PULL_PERIOD);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut answered: std::collections::HashMap<String, std::time::Instant> =
+        std::collections::HashMap::new();
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        let Some(etcd) = replicas.store.etcd() else {
+            return;
+        };
+        let peers = etcd.peer_ids();
+        let asked = futures::future::join_all(peers.iter().map(|p| {
+            let replicas = &replicas;
+            async move { (p, replicas.traffic(p, TRAFFIC_PULL_PERIOD).await) }
+        }))
+        .await;
+        let now = std::time::Instant::now();
+        let traffic = replicas.store.traffic();
+        for (peer, answer) in asked {
+            match answer {
+                Ok(clusters) => {
+                    traffic.set_remote(peer, &clusters, now);
+                    answered.insert(peer.clone(), now);
+                }
+                Err(e) => warn!(%peer, error = %e, "A peer's traffic was not read."),
+            }
+        }
+        let window = replicas.store.graph_window();
+        for peer in traffic.remote_peers() {
+            let stale = answered
+                .get(&peer)
+                .is_none_or(|at| now.saturating_duration_since(*at) > window);
+            if !peers.contains(&peer) || stale {
+                traffic.forget_remote(&peer);
+                answered.remove(&peer);
+            }
+        }
+    }
 }
 
 #[cfg(test)]

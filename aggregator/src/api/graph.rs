@@ -112,3 +112,19 @@ pub async fn graph(
         }
     }
 }
+
+/// `GET /peer/traffic`: the traffic this replica's agents reported, per cluster,
+/// for a peer's graph. Answers only requests a peer signed (the forwarding layer
+/// has checked them); anything else is told there is no such route.
+pub async fn peer_traffic(
+    State(s): Shared,
+    granted: Option<axum::Extension<super::auth::Granted>>,
+) -> Result<Json<Vec<crate::store::traffic::ClusterTraffic>>, ApiError> {
+    if granted.is_none() || s.store.etcd().is_none() {
+        return Err(ApiError::not_found(format!(
+            "No resource at GET {}.",
+            crate::replicas::PEER_TRAFFIC
+        )));
+    }
+    Ok(Json(s.store.traffic_summary(Instant::now())))
+}

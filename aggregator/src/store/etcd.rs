@@ -137,6 +137,18 @@ impl EtcdRegistrations {
     }
 
     /// The API address of replica `owner`, as it advertised it.
+    /// The other replicas' identities, sorted.
+    pub fn peer_ids(&self) -> Vec<String> {
+        let peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
+        let mut ids: Vec<String> = peers
+            .keys()
+            .filter(|id| **id != self.owner)
+            .cloned()
+            .collect();
+        ids.sort();
+        ids
+    }
+
     pub fn peer(&self, owner: &str) -> Option<String> {
         self.peers
             .lock()

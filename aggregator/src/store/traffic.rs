@@ -75,6 +75,8 @@ impl UpstreamState {
 #[derive(Debug, Default)]
 pub struct Traffic {
     instances: DashMap<InstanceKey, InstanceTraffic>,
+    /// Peers' summaries, one pseudo-instance per (zone, cluster, peer).
+    remote: DashMap<InstanceKey, InstanceTraffic>,
 }
 
 impl Traffic {
@@ -171,11 +173,201 @@ impl Traffic {
         self.instances.remove(key);
     }
 
-    /// Calls `f` with every instance's traffic.
+    /// Calls `f` with every instance's traffic, this replica's and its peers'.
     pub fn each(&self, mut f: impl FnMut(&InstanceKey, &InstanceTraffic)) {
-        for e in self.instances.iter() {
+        for e in self.instances.iter().chain(self.remote.iter()) {
             f(e.key(), e.value());
         }
+    }
+}
+
+/// What one replica's agents saw of one cluster's calls over the window, summed
+/// over the instances that report to it: what a peer needs to draw the same graph
+/// (`GET /peer/traffic`). Figures are over the window, not counters.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterTraffic {
+    pub zone_name: String,
+    pub cluster_name: String,
+    /// The instances' own local clusters (named by their targets).
+    pub local_clusters: Vec<String>,
+    pub listeners: Vec<ListenerRoutes>,
+    pub upstreams: Vec<UpstreamWindow>,
+}
+
+/// One upstream cluster's figures over the window, summed over instances.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UpstreamWindow {
+    pub name: String,
+    pub requests: u64,
+    pub errors: u64,
+    /// How long before the summary the last traffic was reported; `None` when
+    /// none within the window.
+    pub last_seen_ago_ms: Option<u64>,
+    pub p50_ms: Option<f64>,
+    pub p99_ms: Option<f64>,
+    pub tls: bool,
+    pub hosts: Vec<String>,
+}
+
+impl UpstreamState {
+    /// An upstream known only from a peer's summary received at `at`: its window
+    /// figures as one sample at the time traffic was last seen.
+    fn from_window(u: &UpstreamWindow, at: Instant) -> UpstreamState {
+        let seen = u
+            .last_seen_ago_ms
+            .and_then(|ms| at.checked_sub(Duration::from_millis(ms)))
+            .unwrap_or(at);
+        UpstreamState {
+            last: (0, 0),
+            samples: VecDeque::from([(seen, u.requests, u.errors)]),
+            p50_ms: u.p50_ms.filter(|v| v.is_finite()),
+            p99_ms: u.p99_ms.filter(|v| v.is_finite()),
+            tls: u.tls,
+            hosts: u
+                .hosts
+                .iter()
+                .take(MAX_HOSTS)
+                .filter(|h| h.len() <= MAX_NAME)
+                .cloned()
+                .collect(),
+        }
+    }
+}
+
+impl Traffic {
+    /// The traffic of the instances that report to this replica, per cluster, over
+    /// `window` before `now`; peers' summaries are not included.
+    pub fn summary(&self, now: Instant, window: Duration) -> Vec<ClusterTraffic> {
+        let mut by_cluster: BTreeMap<(String, String), ClusterTraffic> = BTreeMap::new();
+        for e in self.instances.iter() {
+            let (zone, cluster, _) = e.key();
+            let t = e.value();
+            let c = by_cluster
+                .entry((zone.clone(), cluster.clone()))
+                .or_insert_with(|| ClusterTraffic {
+                    zone_name: zone.clone(),
+                    cluster_name: cluster.clone(),
+                    local_clusters: Vec::new(),
+                    listeners: Vec::new(),
+                    upstreams: Vec::new(),
+                });
+            if let Some(local) = &t.local_cluster
+                && !c.local_clusters.contains(local)
+            {
+                c.local_clusters.push(local.clone());
+            }
+            for l in &t.listeners {
+                if !c.listeners.contains(l) {
+                    c.listeners.push(l.clone());
+                }
+            }
+            for (name, u) in &t.upstreams {
+                let w = u.window(now, window);
+                let ago = w
+                    .last_seen
+                    .map(|at| now.saturating_duration_since(at).as_millis() as u64);
+                match c.upstreams.iter_mut().find(|x| x.name == *name) {
+                    Some(x) => {
+                        x.requests += w.requests;
+                        x.errors += w.errors;
+                        x.last_seen_ago_ms = match (x.last_seen_ago_ms, ago) {
+                            (Some(a), Some(b)) => Some(a.min(b)),
+                            (a, b) => a.or(b),
+                        };
+                        x.p50_ms = max_opt(x.p50_ms, u.p50_ms);
+                        x.p99_ms = max_opt(x.p99_ms, u.p99_ms);
+                        x.tls |= u.tls;
+                        for h in &u.hosts {
+                            if x.hosts.len() < MAX_HOSTS && !x.hosts.contains(h) {
+                                x.hosts.push(h.clone());
+                            }
+                        }
+                    }
+                    None => c.upstreams.push(UpstreamWindow {
+                        name: name.clone(),
+                        requests: w.requests,
+                        errors: w.errors,
+                        last_seen_ago_ms: ago,
+                        p50_ms: u.p50_ms,
+                        p99_ms: u.p99_ms,
+                        tls: u.tls,
+                        hosts: u.hosts.clone(),
+                    }),
+                }
+            }
+        }
+        by_cluster.into_values().collect()
+    }
+
+    /// Replaces what replica `peer` last said about its instances' traffic, received
+    /// at `at`; each of its clusters shows in [`Traffic::each`] as one instance named
+    /// after the peer.
+    pub fn set_remote(&self, peer: &str, clusters: &[ClusterTraffic], at: Instant) {
+        let instance = remote_instance(peer);
+        self.remote.retain(|(_, _, i), _| *i != instance);
+        for c in clusters {
+            let t = InstanceTraffic {
+                // The instances of one cluster name one local cluster (their
+                // targets are alike); the inbound listeners' routes name it too.
+                local_cluster: c
+                    .local_clusters
+                    .first()
+                    .filter(|l| l.len() <= MAX_NAME)
+                    .cloned(),
+                listeners: c.listeners.iter().take(MAX_LISTENERS).cloned().collect(),
+                upstreams: c
+                    .upstreams
+                    .iter()
+                    .take(MAX_UPSTREAMS)
+                    .filter(|u| !u.name.is_empty() && u.name.len() <= MAX_NAME)
+                    .map(|u| (u.name.clone(), UpstreamState::from_window(u, at)))
+                    .collect(),
+            };
+            self.remote.insert(
+                (
+                    c.zone_name.clone(),
+                    c.cluster_name.clone(),
+                    instance.clone(),
+                ),
+                t,
+            );
+        }
+    }
+
+    /// Forgets replica `peer`'s summary (it left).
+    pub fn forget_remote(&self, peer: &str) {
+        let instance = remote_instance(peer);
+        self.remote.retain(|(_, _, i), _| *i != instance);
+    }
+
+    /// The peers whose summaries are held.
+    pub fn remote_peers(&self) -> Vec<String> {
+        let mut peers: Vec<String> = self
+            .remote
+            .iter()
+            .filter_map(|e| e.key().2.strip_prefix(REMOTE_PREFIX).map(str::to_owned))
+            .collect();
+        peers.sort();
+        peers.dedup();
+        peers
+    }
+}
+
+/// Instance names of peers' summaries start with this, which no agent's instance
+/// name can (names are letters, digits, `.`, `_` and `-`).
+const REMOTE_PREFIX: &str = "@replica:";
+
+fn remote_instance(peer: &str) -> String {
+    format!("{REMOTE_PREFIX}{peer}")
+}
+
+fn max_opt(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, None) => a,
+        (None, b) => b,
     }
 }
 
@@ -229,6 +421,16 @@ impl super::Store {
     /// Calls `f` with every instance's traffic.
     pub fn each_traffic(&self, f: impl FnMut(&InstanceKey, &InstanceTraffic)) {
         self.traffic.each(f);
+    }
+
+    /// The traffic this replica's agents reported, per cluster, for its peers.
+    pub fn traffic_summary(&self, now: Instant) -> Vec<ClusterTraffic> {
+        self.traffic.summary(now, self.graph_window())
+    }
+
+    /// The store's traffic, to take peers' summaries in.
+    pub fn traffic(&self) -> &Traffic {
+        &self.traffic
     }
 
     /// The graph window (`--graph-window`).
@@ -299,6 +501,43 @@ mod tests {
         );
         let mut n = 0;
         t.each(|_, _| n += 1);
+        assert_eq!(n, 0);
+    }
+
+    #[test]
+    fn a_peers_summary_shows_as_one_instance_with_the_same_figures() {
+        let here = Traffic::default();
+        let t0 = Instant::now();
+        let win = Duration::from_secs(60);
+        here.record(&report(100, 1), t0, win);
+        here.record(&report(130, 4), t0 + Duration::from_secs(5), win);
+        let now = t0 + Duration::from_secs(6);
+        let summary = here.summary(now, win);
+        assert_eq!(summary.len(), 1);
+        assert_eq!(
+            (
+                summary[0].upstreams[0].requests,
+                summary[0].upstreams[0].errors
+            ),
+            (30, 3)
+        );
+        assert_eq!(summary[0].upstreams[0].last_seen_ago_ms, Some(1000));
+        // Through JSON, as it travels between replicas.
+        let summary: Vec<ClusterTraffic> =
+            serde_json::from_slice(&serde_json::to_vec(&summary).unwrap()).unwrap();
+        let there = Traffic::default();
+        there.set_remote("r1", &summary, now);
+        let w = window(&there, now);
+        assert_eq!((w.requests, w.errors), (30, 3));
+        assert_eq!(w.last_seen, Some(t0 + Duration::from_secs(5)));
+        assert_eq!(there.remote_peers(), ["r1"]);
+        // A new summary replaces the old one; a peer that left is forgotten.
+        there.set_remote("r1", &[], now);
+        assert!(there.remote_peers().is_empty());
+        there.set_remote("r1", &summary, now);
+        there.forget_remote("r1");
+        let mut n = 0;
+        there.each(|_, _| n += 1);
         assert_eq!(n, 0);
     }
 }
