@@ -87,6 +87,8 @@ pub struct AppState {
     pub diagnosis: DiagnosisTools,
     /// `GET /events`: the streams' bounds and the open streams.
     pub events: EventStreams,
+    /// `GET /graph`: the latest graph snapshot, rebuilt by the graph watcher.
+    pub graph: Arc<crate::graph::snapshot::Graphs>,
 }
 
 /// What `GET /events` streams share.

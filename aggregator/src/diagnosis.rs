@@ -238,7 +238,15 @@ fn failing_callee(
     cluster: &str,
     followed: &[(String, String)],
 ) -> Option<(String, String)> {
-    let (nodes, edges) = crate::graph::build(store, std::time::Instant::now());
+    let scope = crate::graph::Scope {
+        zone: Some(zone.to_owned()),
+        focus: Some((cluster.to_owned(), 1)),
+    };
+    // Built afresh: a diagnosis is rare and wants the figures of now.
+    let view = crate::graph::snapshot::Snapshot::build(store)
+        .view(&scope)
+        .ok()?;
+    let (nodes, edges) = (view.nodes, view.edges);
     let source = crate::graph::node_id(zone, cluster);
     edges
         .iter()

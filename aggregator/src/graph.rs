@@ -1,25 +1,30 @@
 //! The dependency graph (contract section 14): who calls whom, from what the
-//! sidecars saw over the graph window, beside what the owners declared. Built on
-//! demand from the store's registrations and the instances' traffic; a watcher on
-//! the expiry tick moves the catalog index and sends a `graph` event when an edge
-//! appears, disappears, or changes `observed` or `declared` (not when only its
-//! figures move).
+//! sidecars saw over the graph window, beside what the owners declared. Built from
+//! the store's registrations and the instances' traffic once per [`WATCH_PERIOD`]
+//! ([`snapshot`]): the build is kept as a shared snapshot that every `GET /graph`
+//! reads until the next, and a watcher moves the catalog index and sends a `graph`
+//! event when an edge appears, disappears, or changes `observed` or `declared` (not
+//! when only its figures move).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+pub mod snapshot;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::{Hash, Hasher};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use meshcat_common::model::Status;
 use serde::Serialize;
 
 use crate::store::Store;
+use crate::store::traffic::address_key;
 
 /// Default and largest `depth` of a focused graph.
 pub const DEFAULT_DEPTH: u32 = 1;
 pub const MAX_DEPTH: u32 = 5;
 
 /// `GET /graph`.
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct GraphView {
     /// The catalog index the graph was read at.
@@ -104,16 +109,118 @@ fn external_id(zone: &str, upstream: &str) -> String {
     format!("{zone}/external:{upstream}")
 }
 
+/// An edge as the graph keeps it: its ends as positions in the nodes, and the
+/// figures `rps` and `errorRatio` are derived from when it is shown.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Link {
+    pub source: u32,
+    pub target: u32,
+    pub requests: u64,
+    pub errors: u64,
+    pub p50_ms: Option<f64>,
+    pub p99_ms: Option<f64>,
+    pub last_seen_ms: Option<i64>,
+    pub tls: bool,
+    pub observed: bool,
+    pub declared: bool,
+}
+
+impl Link {
+    /// Adds another instance's share of the same edge, or its declaration.
+    fn merge(&mut self, o: &Link) {
+        self.requests += o.requests;
+        self.errors += o.errors;
+        self.p50_ms = max_opt(self.p50_ms, o.p50_ms);
+        self.p99_ms = max_opt(self.p99_ms, o.p99_ms);
+        self.last_seen_ms = self.last_seen_ms.max(o.last_seen_ms);
+        self.tls |= o.tls;
+        self.observed |= o.observed;
+        self.declared |= o.declared;
+    }
+}
+
+/// The whole graph: nodes sorted by id, links by (source, target).
+#[derive(Debug, Clone, Default)]
+pub struct Built {
+    pub window_seconds: u64,
+    pub nodes: Vec<Node>,
+    pub links: Vec<Link>,
+}
+
+/// One edge as `GET /graph` shows it, borrowed from a [`Built`] graph: the JSON of
+/// [`Edge`].
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EdgeJson<'a> {
+    source: &'a str,
+    target: &'a str,
+    requests: u64,
+    rps: f64,
+    errors: u64,
+    error_ratio: f64,
+    p50_ms: Option<f64>,
+    p99_ms: Option<f64>,
+    tls: bool,
+    observed: bool,
+    declared: bool,
+    last_seen_ms: Option<i64>,
+}
+
+impl Built {
+    /// Link `i` as shown.
+    pub fn edge_json(&self, i: usize) -> EdgeJson<'_> {
+        let l = &self.links[i];
+        EdgeJson {
+            source: &self.nodes[l.source as usize].id,
+            target: &self.nodes[l.target as usize].id,
+            requests: l.requests,
+            rps: l.requests as f64 / (self.window_seconds as f64).max(f64::MIN_POSITIVE),
+            errors: l.errors,
+            error_ratio: if l.requests == 0 {
+                0.0
+            } else {
+                (l.errors as f64 / l.requests as f64).min(1.0)
+            },
+            p50_ms: l.p50_ms,
+            p99_ms: l.p99_ms,
+            tls: l.tls,
+            observed: l.observed,
+            declared: l.declared,
+            last_seen_ms: l.last_seen_ms,
+        }
+    }
+
+    /// Link `i` as an owned [`Edge`].
+    pub fn edge(&self, i: usize) -> Edge {
+        let e = self.edge_json(i);
+        Edge {
+            source: e.source.to_owned(),
+            target: e.target.to_owned(),
+            requests: e.requests,
+            rps: e.rps,
+            errors: e.errors,
+            error_ratio: e.error_ratio,
+            p50_ms: e.p50_ms,
+            p99_ms: e.p99_ms,
+            tls: e.tls,
+            observed: e.observed,
+            declared: e.declared,
+            last_seen_ms: e.last_seen_ms,
+        }
+    }
+}
+
 /// The whole graph at `now`.
-pub fn build(store: &Store, now: Instant) -> (Vec<Node>, Vec<Edge>) {
+pub fn build(store: &Store, now: Instant) -> Built {
     let window = store.graph_window();
     let facts = store.cluster_facts();
-    let mut nodes: BTreeMap<String, Node> = facts
+    // Keyed by shared ids: the edges found below name their ends without copies.
+    let mut nodes: BTreeMap<Arc<str>, Node> = facts
         .iter()
         .map(|f| {
             let id = node_id(&f.zone, &f.cluster);
             (
-                id.clone(),
+                Arc::from(id.as_str()),
                 Node {
                     id,
                     kind: "cluster",
@@ -128,91 +235,113 @@ pub fn build(store: &Store, now: Instant) -> (Vec<Node>, Vec<Edge>) {
             )
         })
         .collect();
-    // Who listens where, and which addresses other sidecars send traffic to.
-    let mut listening: HashMap<String, (String, String)> = HashMap::new();
-    let mut called: BTreeSet<String> = BTreeSet::new();
+    // Who listens where, and which addresses other sidecars send traffic to (by
+    // their keys: upstream hosts are kept hashed).
+    let mut listening: HashMap<u64, (String, String)> = HashMap::new();
+    let mut called: HashSet<u64> = HashSet::new();
+    let mut upstreams = 0;
     store.each_traffic(|(zone, cluster, _), t| {
         for l in &t.listeners {
-            listening.insert(l.address.clone(), (zone.clone(), cluster.clone()));
+            listening.insert(address_key(&l.address), (zone.clone(), cluster.clone()));
         }
-        for u in t.upstreams.values() {
-            called.extend(u.hosts.iter().cloned());
+        for u in &t.upstreams {
+            called.extend(u.hosts.iter().copied());
         }
+        upstreams += t.upstreams.len();
     });
     let epoch_now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64);
-    let mut edges: BTreeMap<(String, String), Edge> = BTreeMap::new();
+    let declared: usize = facts.iter().map(|f| f.dependencies.len()).sum();
+    let mut found: Vec<(Arc<str>, Arc<str>, Link)> = Vec::with_capacity(upstreams + declared);
+    let link = |observed: bool| Link {
+        source: 0,
+        target: 0,
+        requests: 0,
+        errors: 0,
+        p50_ms: None,
+        p99_ms: None,
+        last_seen_ms: None,
+        tls: false,
+        observed,
+        declared: !observed,
+    };
     store.each_traffic(|(zone, cluster, _), t| {
+        // Traffic of an instance no longer live (expired while the graph was built)
+        // draws no edge.
+        let Some(source) = nodes
+            .get_key_value(node_id(zone, cluster).as_str())
+            .map(|(k, _)| k.clone())
+        else {
+            return;
+        };
         // The sidecar's own cluster: named by the target, or by the routes of a
         // listener other sidecars send traffic to (its inbound listener).
         let mut local: BTreeSet<&str> = t.local_cluster.iter().map(String::as_str).collect();
-        for l in t.listeners.iter().filter(|l| called.contains(&l.address)) {
+        for l in t
+            .listeners
+            .iter()
+            .filter(|l| called.contains(&address_key(&l.address)))
+        {
             local.extend(l.clusters.iter().map(String::as_str));
         }
-        let source = node_id(zone, cluster);
-        for (name, u) in &t.upstreams {
-            if local.contains(name.as_str()) {
+        for u in &t.upstreams {
+            let name = &*u.name;
+            if local.contains(name) {
                 continue;
             }
-            let w = u.window(now, window);
+            let w = store.traffic_window(u, now);
             if w.requests + w.errors == 0 {
                 continue;
             }
-            let target = if nodes.contains_key(&node_id(zone, name))
-                && nodes[&node_id(zone, name)].kind == "cluster"
-            {
-                node_id(zone, name)
-            } else if let Some((z, c)) = u.hosts.iter().find_map(|h| listening.get(h)) {
-                node_id(z, c)
-            } else {
-                let id = external_id(zone, name);
-                nodes.entry(id.clone()).or_insert_with(|| Node {
-                    id,
-                    kind: "external",
-                    zone_name: zone.clone(),
-                    cluster_name: name.clone(),
-                    registered: false,
-                    status: None,
-                    owner: String::new(),
-                    instances: 0,
-                    drifted: false,
-                });
-                external_id(zone, name)
+            let same_zone = nodes
+                .get_key_value(node_id(zone, name).as_str())
+                .filter(|(_, n)| n.kind == "cluster")
+                .map(|(k, _)| k.clone());
+            let target = match same_zone.or_else(|| {
+                u.hosts
+                    .iter()
+                    .filter_map(|h| listening.get(h))
+                    .find_map(|(z, c)| nodes.get_key_value(node_id(z, c).as_str()))
+                    .map(|(k, _)| k.clone())
+            }) {
+                Some(k) => k,
+                None => {
+                    let id = external_id(zone, name);
+                    let key: Arc<str> = Arc::from(id.as_str());
+                    nodes.entry(key.clone()).or_insert_with(|| Node {
+                        id,
+                        kind: "external",
+                        zone_name: zone.clone(),
+                        cluster_name: name.to_owned(),
+                        registered: false,
+                        status: None,
+                        owner: String::new(),
+                        instances: 0,
+                        drifted: false,
+                    });
+                    nodes.get_key_value(&key).map_or(key, |(k, _)| k.clone())
+                }
             };
-            let e = edges
-                .entry((source.clone(), target.clone()))
-                .or_insert_with(|| Edge {
-                    source: source.clone(),
-                    target,
-                    requests: 0,
-                    rps: 0.0,
-                    errors: 0,
-                    error_ratio: 0.0,
-                    p50_ms: None,
-                    p99_ms: None,
-                    tls: false,
-                    observed: true,
-                    declared: false,
-                    last_seen_ms: None,
-                });
-            e.requests += w.requests;
-            e.errors += w.errors;
-            e.p50_ms = max_opt(e.p50_ms, u.p50_ms);
-            e.p99_ms = max_opt(e.p99_ms, u.p99_ms);
-            e.tls |= u.tls;
-            if let Some(at) = w.last_seen {
-                let ms = epoch_now - now.saturating_duration_since(at).as_millis() as i64;
-                e.last_seen_ms = Some(e.last_seen_ms.map_or(ms, |m| m.max(ms)));
-            }
+            let mut l = link(true);
+            l.requests = w.requests;
+            l.errors = w.errors;
+            l.p50_ms = u.p50_ms;
+            l.p99_ms = u.p99_ms;
+            l.tls = u.tls;
+            l.last_seen_ms = w
+                .last_seen
+                .map(|at| epoch_now - now.saturating_duration_since(at).as_millis() as i64);
+            found.push((source.clone(), target, l));
         }
     });
     for f in &facts {
-        let source = node_id(&f.zone, &f.cluster);
+        let source: Arc<str> = Arc::from(node_id(&f.zone, &f.cluster).as_str());
         for (z, c) in &f.dependencies {
-            let target = node_id(z, c);
-            nodes.entry(target.clone()).or_insert_with(|| Node {
-                id: target.clone(),
+            let id = node_id(z, c);
+            let key: Arc<str> = Arc::from(id.as_str());
+            nodes.entry(key.clone()).or_insert_with(|| Node {
+                id,
                 kind: "cluster",
                 zone_name: z.clone(),
                 cluster_name: c.clone(),
@@ -222,39 +351,37 @@ pub fn build(store: &Store, now: Instant) -> (Vec<Node>, Vec<Edge>) {
                 instances: 0,
                 drifted: false,
             });
-            edges
-                .entry((source.clone(), target.clone()))
-                .or_insert_with(|| Edge {
-                    source: source.clone(),
-                    target,
-                    requests: 0,
-                    rps: 0.0,
-                    errors: 0,
-                    error_ratio: 0.0,
-                    p50_ms: None,
-                    p99_ms: None,
-                    tls: false,
-                    observed: false,
-                    declared: false,
-                    last_seen_ms: None,
-                })
-                .declared = true;
+            found.push((source.clone(), key, link(false)));
         }
     }
-    let secs = window.as_secs_f64().max(f64::MIN_POSITIVE);
-    let edges = edges
-        .into_values()
-        .map(|mut e| {
-            e.rps = e.requests as f64 / secs;
-            e.error_ratio = if e.requests == 0 {
-                0.0
-            } else {
-                (e.errors as f64 / e.requests as f64).min(1.0)
-            };
-            e
-        })
-        .collect();
-    (nodes.into_values().collect(), edges)
+    found.sort_unstable_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
+    let nodes: Vec<Node> = nodes.into_values().collect();
+    let at = |id: &str| {
+        nodes
+            .binary_search_by(|n| n.id.as_str().cmp(id))
+            .expect("every edge end is a node") as u32
+    };
+    let mut links: Vec<Link> = Vec::with_capacity(found.len());
+    let mut last: Option<(Arc<str>, Arc<str>)> = None;
+    for (source, target, mut l) in found {
+        if let (Some((s, t)), Some(prev)) = (&last, links.last_mut())
+            && *s == source
+            && *t == target
+        {
+            prev.merge(&l);
+            continue;
+        }
+        l.source = at(&source);
+        l.target = at(&target);
+        links.push(l);
+        last = Some((source, target));
+    }
+    links.shrink_to_fit();
+    Built {
+        window_seconds: window.as_secs(),
+        nodes,
+        links,
+    }
 }
 
 fn max_opt(a: Option<f64>, b: Option<f64>) -> Option<f64> {
@@ -265,10 +392,14 @@ fn max_opt(a: Option<f64>, b: Option<f64>) -> Option<f64> {
     }
 }
 
-/// The graph as `scope` asks for it.
+/// The graph as `scope` asks for it, built afresh: the oracle the snapshot's views
+/// are checked against.
+#[cfg(test)]
 pub fn view(store: &Store, scope: &Scope, now: Instant) -> Result<GraphView, GraphError> {
     let index = store.index();
-    let (mut nodes, mut edges) = build(store, now);
+    let built = build(store, now);
+    let mut nodes = built.nodes.clone();
+    let mut edges: Vec<Edge> = (0..built.links.len()).map(|i| built.edge(i)).collect();
     if let Some(zone) = &scope.zone {
         edges
             .retain(|e| zone_of(&e.source) == zone.as_str() || zone_of(&e.target) == zone.as_str());
@@ -290,7 +421,7 @@ pub fn view(store: &Store, scope: &Scope, now: Instant) -> Result<GraphView, Gra
             near.entry(&e.target).or_default().push(&e.source);
         }
         let mut seen: BTreeMap<String, u32> = BTreeMap::from([(start.clone(), 0)]);
-        let mut queue = VecDeque::from([(start.as_str(), 0u32)]);
+        let mut queue = std::collections::VecDeque::from([(start.as_str(), 0u32)]);
         while let Some((id, d)) = queue.pop_front() {
             if d == *depth {
                 continue;
@@ -326,15 +457,18 @@ pub struct Watcher {
 
 impl Watcher {
     /// The zones whose shape changed since the last call (at the first call, every
-    /// zone with edges).
-    pub fn changed(&mut self, store: &Store, now: Instant) -> Vec<String> {
-        let (_, edges) = build(store, now);
+    /// zone with edges), given the graph's edges now.
+    pub fn changed(&mut self, graph: &Built) -> Vec<String> {
         let mut by_zone: BTreeMap<&str, std::collections::hash_map::DefaultHasher> =
             BTreeMap::new();
-        for e in &edges {
-            for zone in [zone_of(&e.source), zone_of(&e.target)] {
+        for l in &graph.links {
+            let (s, t) = (
+                &graph.nodes[l.source as usize],
+                &graph.nodes[l.target as usize],
+            );
+            for zone in [zone_of(&s.id), zone_of(&t.id)] {
                 let h = by_zone.entry(zone).or_default();
-                (&e.source, &e.target, e.observed, e.declared).hash(h);
+                (&s.id, &t.id, l.observed, l.declared).hash(h);
             }
         }
         let shapes: HashMap<String, u64> = by_zone

@@ -238,6 +238,7 @@ async fn serve_with(
     };
     let diagnosis =
         DiagnosisTools::new(&c.diagnosis).map_err(|e| RunError::Serve(std::io::Error::other(e)))?;
+    let graphs = Arc::new(graph::snapshot::Graphs::default());
     let app_state = Arc::new(AppState {
         store: agg.store.clone(),
         tokens: c.tokens.clone(),
@@ -246,6 +247,7 @@ async fn serve_with(
         agents: agents.clone(),
         diagnosis,
         events: EventStreams::new(c.events.clone(), stop_rx.clone()),
+        graph: graphs.clone(),
     });
     let ops_state = Arc::new(OpsState {
         store: agg.store.clone(),
@@ -283,6 +285,11 @@ async fn serve_with(
         stop_rx.clone(),
     ));
     let expiry_task = tokio::spawn(expire_loop(agg.store.clone(), stop_rx.clone()));
+    let graph_task = tokio::spawn(graph::snapshot::watch(
+        agg.store.clone(),
+        graphs,
+        stop_rx.clone(),
+    ));
     let sync_task = tokio::spawn(store::etcd::sync(agg.store.clone(), stop_rx.clone()));
     // With etcd, the instances this replica's agents report are published for the
     // other replicas.
@@ -351,7 +358,7 @@ async fn serve_with(
     ops_state.ready.store(false, Ordering::Release);
     let _ = stop_tx.send(true);
     let drain = async {
-        let (a, o, _, _) = tokio::join!(api_task, ops_task, expiry_task, sync_task);
+        let (a, o, _, _, _) = tokio::join!(api_task, ops_task, expiry_task, graph_task, sync_task);
         if let Some(t) = publish_task {
             let _ = t.await;
         }
@@ -386,16 +393,9 @@ async fn serve_with(
 async fn expire_loop(store: Arc<Store>, mut stop: watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(EXPIRY_PERIOD);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut graph_tick = tokio::time::interval(graph::WATCH_PERIOD);
-    graph_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut shapes = graph::Watcher::default();
     loop {
         tokio::select! {
             _ = tick.tick() => store.expire(Instant::now()),
-            _ = graph_tick.tick() => {
-                let changed = shapes.changed(&store, Instant::now());
-                store.graph_changed(&changed);
-            }
             _ = stop.wait_for(|s| *s) => return,
         }
     }

@@ -614,7 +614,7 @@ pub async fn pull_traffic(replicas: Replicas, mut stop: tokio::sync::watch::Rece
         for (peer, answer) in asked {
             match answer {
                 Ok(clusters) => {
-                    traffic.set_remote(peer, &clusters, now);
+                    replicas.store.set_remote_traffic(peer, &clusters, now);
                     answered.insert(peer.clone(), now);
                 }
                 Err(e) => warn!(%peer, error = %e, "A peer's traffic was not read."),

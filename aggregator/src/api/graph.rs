@@ -1,10 +1,9 @@
 //! `GET /graph` (contract section 14): the dependency graph, whole, of one zone, or
 //! around one cluster; live data, so the read token comes first.
 
-use std::time::Instant;
-
-use axum::Json;
 use axum::extract::{RawQuery, State};
+use axum::http::HeaderMap;
+use axum::response::Response;
 use meshcat_common::validate::is_valid_name;
 use utoipa::IntoParams;
 
@@ -14,7 +13,7 @@ use super::error::{ApiError, ErrorBody};
 use super::query;
 use super::responses::{NotFound, ReadTokenMissing};
 use super::troubleshoot::Shared;
-use crate::graph::{self, DEFAULT_DEPTH, GraphError, GraphView, MAX_DEPTH, Scope};
+use crate::graph::{DEFAULT_DEPTH, GraphError, GraphView, MAX_DEPTH, Scope};
 
 /// The query of `GET /graph`.
 #[derive(Debug, Default, IntoParams)]
@@ -87,7 +86,7 @@ impl GraphQuery {
     summary = "The dependency graph: who calls whom, observed by the sidecars over the graph window, beside the declared dependencies.",
     params(GraphQuery, BlockingQuery),
     responses(
-        (status = 200, description = "Nodes sorted by id, edges by source then target.", body = GraphView, headers(("X-Meshcat-Index" = u64, description = "The catalog index the answer was read at."))),
+        (status = 200, description = "Nodes sorted by id, edges by source then target; gzip-encoded when accepted. The traffic figures are at most one graph period (1 s) old.", body = GraphView, headers(("X-Meshcat-Index" = u64, description = "The catalog index the answer was read at."))),
         (status = 400, description = "Malformed query (clusterName without zoneName, depth out of 1 to 5).", body = ErrorBody),
         ReadTokenMissing,
         NotFound,
@@ -96,11 +95,13 @@ impl GraphQuery {
 pub async fn graph(
     State(s): Shared,
     _r: Reader,
+    headers: HeaderMap,
     RawQuery(q): RawQuery,
-) -> Result<Json<GraphView>, ApiError> {
+) -> Result<Response, ApiError> {
     let scope = GraphQuery::parse(q.as_deref())?;
-    match graph::view(&s.store, &scope, Instant::now()) {
-        Ok(v) => Ok(Json(v)),
+    let gzip = meshcat_common::http::accepts_gzip(&headers);
+    match s.graph.answer(&s.store, scope.clone(), gzip).await {
+        Ok(body) => Ok(super::handlers::json_encoded(body, gzip)),
         Err(GraphError::UnknownCluster) => {
             let (zone, (cluster, _)) = (
                 scope.zone.unwrap_or_default(),
@@ -119,12 +120,15 @@ pub async fn graph(
 pub async fn peer_traffic(
     State(s): Shared,
     granted: Option<axum::Extension<super::auth::Granted>>,
-) -> Result<Json<Vec<crate::store::traffic::ClusterTraffic>>, ApiError> {
+) -> Result<axum::Json<Vec<crate::store::traffic::ClusterTraffic>>, ApiError> {
     if granted.is_none() || s.store.etcd().is_none() {
         return Err(ApiError::not_found(format!(
             "No resource at GET {}.",
             crate::replicas::PEER_TRAFFIC
         )));
     }
-    Ok(Json(s.store.traffic_summary(Instant::now())))
+    Ok(axum::Json(
+        s.store.traffic_summary(std::time::Instant::now()),
+    ))
 }
+

@@ -117,6 +117,11 @@ async fn cached(
             gzip,
         })
         .await;
+    json_encoded(body, gzip)
+}
+
+/// A JSON body that may be gzip-encoded (`gzip`), varying with `Accept-Encoding`.
+pub(super) fn json_encoded(body: bytes::Bytes, gzip: bool) -> Response {
     let mut res = json_bytes(body);
     res.headers_mut()
         .insert(header::VARY, HeaderValue::from_static("accept-encoding"));

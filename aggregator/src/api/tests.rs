@@ -43,6 +43,7 @@ fn router(dir: &std::path::Path) -> Router {
             crate::config::EventsConfig::default(),
             tokio::sync::watch::channel(false).1,
         ),
+        graph: Arc::default(),
     });
     app(state, 1 << 20)
 }

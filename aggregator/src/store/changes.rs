@@ -249,8 +249,10 @@ impl Store {
     /// one order and each event shows the state after its change (or later). The
     /// caller holds no map guard of the catalog. A cluster or zone touched more than
     /// once (an agent gone with many instances of one cluster) gets one event.
-    pub(super) fn publish(&self, touched: &[Touch]) {
+    /// Returns the index before the change and the change's own.
+    pub(super) fn publish(&self, touched: &[Touch]) -> (u64, u64) {
         let mut f = self.feed_lock();
+        let previous = f.last;
         let index = next_index(f.last);
         self.generation.store(index, Ordering::Release);
         f.last = index;
@@ -279,6 +281,7 @@ impl Store {
         }
         // Under the lock too: the watch never moves backwards.
         self.changes.index.send_replace(index);
+        (previous, index)
     }
 
     /// Moves the index without events (loading, which nobody could have watched).
@@ -346,14 +349,15 @@ impl Store {
     }
 
     /// Moves the index and sends a `graph` event for each zone whose part of the
-    /// dependency graph changed shape.
-    pub fn graph_changed(&self, zones: &[String]) {
+    /// dependency graph changed shape. Returns the index before the change and the
+    /// change's own; nothing when no zone changed.
+    pub fn graph_changed(&self, zones: &[String]) -> Option<(u64, u64)> {
         if zones.is_empty() {
-            return;
+            return None;
         }
         let touched: Vec<Touch> = zones.iter().map(|z| Touch::Graph(z.clone())).collect();
         let _st = super::shared(&self.state);
-        self.publish(&touched);
+        Some(self.publish(&touched))
     }
 
     fn feed_lock(&self) -> std::sync::MutexGuard<'_, Feed> {

@@ -28,8 +28,9 @@ pub const MAX_INSTANCES: u64 = 200_000;
 pub type InstanceKey = (String, String, String);
 
 /// One instance as its agent last reported it. The fields the store reads on every
-/// report are kept apart; the rest of the report (metrics, upstream clusters, admin
-/// address) is kept packed, as MessagePack, and unpacked only when read: decoded, a
+/// report are kept apart, the graph's fields (upstream traffic, listeners, local
+/// cluster) in [`super::traffic`]; the rest of the report (metrics, upstream
+/// clusters, admin address) is kept packed, as MessagePack, and unpacked only when read: decoded, a
 /// report's strings and vectors cost several times its encoded size, and a fleet's
 /// instances are read far less often than they are reported.
 #[derive(Debug, Clone)]
@@ -86,7 +87,7 @@ impl LiveInstance {
         }
     }
 
-    /// The last report, unpacked.
+    /// The last report, unpacked (its graph fields empty: see [`super::traffic`]).
     pub fn report(&self) -> InstanceReport {
         rmp_serde::from_slice(&self.packed).expect("the store packed this report itself")
     }
@@ -365,7 +366,7 @@ impl Store {
         &self,
         e: &mut Entry,
         agent: &Arc<str>,
-        report: InstanceReport,
+        mut report: InstanceReport,
         now: Instant,
         may_take: &dyn Fn(&str) -> bool,
     ) -> Put {
@@ -414,7 +415,9 @@ impl Store {
                 window_errors,
             });
         }
-        self.traffic.record(&report, now, self.rules.graph_window);
+        // The graph's fields move to the traffic: the packed report goes without them.
+        self.traffic
+            .record(&mut report, now, self.rules.graph_window);
         let fresh = LiveInstance::new(
             Reporter::Agent(agent.clone()),
             now,

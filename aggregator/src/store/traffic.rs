@@ -3,12 +3,19 @@
 //! zero again: its first counts are all new, never a negative spike), its latest
 //! latency and TLS, the upstreams' host addresses, and its listeners. The graph
 //! ([`crate::graph`]) is built from this and the registrations.
+//!
+//! One upstream of one instance is one edge's share, and a mesh has many: its state
+//! is kept small and of a fixed size whatever the report interval. The window is
+//! kept as [`WINDOW_BUCKETS`] buckets of a twelfth of it each, so the figures over
+//! the window are exact to one bucket (5 s of the default 60 s); host addresses are
+//! kept as 64-bit hashes, which is all the graph compares them by.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
+use std::hash::{Hash, Hasher};
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
-use meshcat_common::wire::{InstanceReport, ListenerRoutes};
+use meshcat_common::wire::{InstanceReport, ListenerRoutes, UpstreamCluster, UpstreamTraffic};
 
 use super::instances::InstanceKey;
 
@@ -21,28 +28,38 @@ const MAX_LISTENER_CLUSTERS: usize = 1024;
 const MAX_HOSTS: usize = 64;
 /// Longest upstream cluster name or address kept.
 const MAX_NAME: usize = 512;
+/// Buckets of the graph window.
+pub const WINDOW_BUCKETS: usize = 12;
 
 /// One instance's traffic.
 #[derive(Debug, Default)]
 pub struct InstanceTraffic {
     pub local_cluster: Option<String>,
     pub listeners: Vec<ListenerRoutes>,
-    pub upstreams: BTreeMap<String, UpstreamState>,
+    /// Sorted by name.
+    pub upstreams: Vec<UpstreamState>,
 }
 
 /// One upstream cluster of one instance.
 #[derive(Debug, Default)]
 pub struct UpstreamState {
+    pub name: Box<str>,
     /// The counters of the last report: requests, and errors (5xx and connect
     /// failures).
     last: (u64, u64),
-    /// (when, requests, errors) added by each report within the window.
-    samples: VecDeque<(Instant, u64, u64)>,
+    /// Requests and errors added by the reports of each bucket, bucket `n` at
+    /// `n % WINDOW_BUCKETS`.
+    buckets: [(u32, u32); WINDOW_BUCKETS],
+    /// The newest bucket written; older ones within the ring are its predecessors.
+    head: u64,
+    /// When the last report that added requests or errors arrived.
+    last_seen: Option<Instant>,
     pub p50_ms: Option<f64>,
     pub p99_ms: Option<f64>,
     pub tls: bool,
-    /// The upstream's host addresses, as the sidecar's `/clusters` lists them.
-    pub hosts: Vec<String>,
+    /// The upstream's host addresses, as the sidecar's `/clusters` lists them,
+    /// hashed by [`address_key`].
+    pub hosts: Box<[u64]>,
 }
 
 /// An upstream's figures over the window.
@@ -54,37 +71,97 @@ pub struct Window {
     pub last_seen: Option<Instant>,
 }
 
-impl UpstreamState {
-    /// Requests and errors within `window` before `now`.
-    pub fn window(&self, now: Instant, window: Duration) -> Window {
-        let mut w = Window::default();
-        for &(at, r, e) in &self.samples {
-            if now.saturating_duration_since(at) <= window {
-                w.requests += r;
-                w.errors += e;
-                if r + e > 0 {
-                    w.last_seen = Some(at);
-                }
-            }
+/// The key a host or listener address is compared by.
+pub fn address_key(address: &str) -> u64 {
+    // Fixed keys: the same address hashes alike in every call of the process.
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    address.hash(&mut h);
+    h.finish()
+}
+
+/// Where in the windows' buckets `now` falls: buckets are numbered from `epoch`.
+#[derive(Debug, Clone, Copy)]
+struct Clock {
+    bucket: u64,
+}
+
+impl Clock {
+    fn at(epoch: Instant, now: Instant, window: Duration) -> Self {
+        let width = (window.as_millis() / WINDOW_BUCKETS as u128).max(1);
+        Clock {
+            bucket: (now.saturating_duration_since(epoch).as_millis() / width) as u64,
         }
+    }
+}
+
+impl UpstreamState {
+    /// Adds one report's requests and errors in the bucket of `clock`.
+    fn add(&mut self, clock: Clock, now: Instant, requests: u64, errors: u64) {
+        let n = WINDOW_BUCKETS as u64;
+        if clock.bucket > self.head {
+            // The buckets between the newest written and this one saw no report.
+            for b in (self.head + 1).max(clock.bucket.saturating_sub(n - 1))..=clock.bucket {
+                self.buckets[(b % n) as usize] = (0, 0);
+            }
+            self.head = clock.bucket;
+        } else if self.head - clock.bucket >= n {
+            // Older than the whole window (a report applied late).
+            return;
+        }
+        let slot = &mut self.buckets[(clock.bucket % n) as usize];
+        let clamp = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
+        slot.0 = slot.0.saturating_add(clamp(requests));
+        slot.1 = slot.1.saturating_add(clamp(errors));
+        if requests + errors > 0 {
+            self.last_seen = Some(self.last_seen.map_or(now, |t| t.max(now)));
+        }
+    }
+
+    /// Requests and errors within `window` before `now` (to one bucket), from the
+    /// buckets numbered from `epoch`.
+    pub fn window(&self, epoch: Instant, now: Instant, window: Duration) -> Window {
+        let n = WINDOW_BUCKETS as u64;
+        let now_bucket = Clock::at(epoch, now, window).bucket;
+        let mut w = Window::default();
+        let oldest = now_bucket.saturating_sub(n - 1);
+        for b in oldest.max(self.head.saturating_sub(n - 1))..=self.head.min(now_bucket) {
+            let (r, e) = self.buckets[(b % n) as usize];
+            w.requests += u64::from(r);
+            w.errors += u64::from(e);
+        }
+        w.last_seen = self
+            .last_seen
+            .filter(|at| Clock::at(epoch, *at, window).bucket >= oldest);
         w
     }
 }
 
 /// The traffic of every instance that reported any, by (zone, cluster, instance).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Traffic {
     instances: DashMap<InstanceKey, InstanceTraffic>,
     /// Peers' summaries, one pseudo-instance per (zone, cluster, peer).
     remote: DashMap<InstanceKey, InstanceTraffic>,
+    /// Where the windows' buckets are numbered from.
+    epoch: Instant,
+}
+
+impl Default for Traffic {
+    fn default() -> Self {
+        Traffic {
+            instances: DashMap::new(),
+            remote: DashMap::new(),
+            epoch: Instant::now(),
+        }
+    }
 }
 
 impl Traffic {
-    /// Takes one report in: adds each upstream's counter differences since the
-    /// instance's previous report, dropping samples older than `window`. A report
-    /// without upstreams and listeners (an agent older than the graph, or a sidecar
-    /// that calls nothing) keeps nothing.
-    pub fn record(&self, r: &InstanceReport, now: Instant, window: Duration) {
+    /// Takes one report's graph fields (its upstreams, listeners and local cluster,
+    /// moved out of the report): adds each upstream's counter differences since the
+    /// instance's previous report. A report without them (an agent older than the
+    /// graph, or a sidecar that calls nothing) keeps nothing.
+    pub fn record(&self, r: &mut InstanceReport, now: Instant, window: Duration) {
         let key = (
             r.zone_name.clone(),
             r.cluster_name.clone(),
@@ -94,78 +171,91 @@ impl Traffic {
             self.instances.remove(&key);
             return;
         }
-        let mut t = self.instances.entry(key).or_default();
-        t.local_cluster = r
-            .local_cluster
-            .as_ref()
-            .filter(|c| !c.is_empty() && c.len() <= MAX_NAME)
-            .cloned();
-        t.listeners = r
-            .listeners
-            .iter()
-            .take(MAX_LISTENERS)
-            .filter(|l| l.address.len() <= MAX_NAME)
-            .map(|l| ListenerRoutes {
-                address: l.address.clone(),
-                clusters: l
-                    .clusters
-                    .iter()
-                    .filter(|c| c.len() <= MAX_NAME)
-                    .take(MAX_LISTENER_CLUSTERS)
-                    .cloned()
-                    .collect(),
-            })
-            .collect();
-        let mut seen = Vec::with_capacity(r.upstreams.len());
-        for u in r.upstreams.iter().take(MAX_UPSTREAMS) {
-            if u.name.is_empty() || u.name.len() > MAX_NAME {
-                continue;
-            }
-            seen.push(u.name.as_str());
-            let totals = (
-                u.requests_total,
-                u.errors_5xx_total.saturating_add(u.connect_fail_total),
-            );
-            let fresh = !t.upstreams.contains_key(&u.name);
-            let s = t.upstreams.entry(u.name.clone()).or_default();
-            let added = if fresh {
-                // Nothing to take a difference from: counted from the next report.
-                (0, 0)
-            } else if totals.0 < s.last.0 || totals.1 < s.last.1 {
-                // The sidecar restarted: all it counted since is new.
-                totals
-            } else {
-                (totals.0 - s.last.0, totals.1 - s.last.1)
-            };
-            s.last = totals;
-            s.samples.push_back((now, added.0, added.1));
-            while s
-                .samples
-                .front()
-                .is_some_and(|(at, _, _)| now.saturating_duration_since(*at) > window)
-            {
-                s.samples.pop_front();
-            }
-            s.p50_ms = u.p50_ms.filter(|v| v.is_finite());
-            s.p99_ms = u.p99_ms.filter(|v| v.is_finite());
-            s.tls = u.tls;
-            s.hosts = r
-                .clusters
-                .iter()
-                .find(|c| c.name == u.name)
-                .map(|c| {
-                    c.hosts
-                        .iter()
-                        .take(MAX_HOSTS)
-                        .filter(|h| h.address.len() <= MAX_NAME)
-                        .map(|h| h.address.clone())
-                        .collect()
-                })
-                .unwrap_or_default();
+        let mut incoming = std::mem::take(&mut r.upstreams);
+        incoming.truncate(MAX_UPSTREAMS);
+        incoming.retain(|u| !u.name.is_empty() && u.name.len() <= MAX_NAME);
+        incoming.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+        incoming.dedup_by(|a, b| a.name == b.name);
+        let mut listeners = std::mem::take(&mut r.listeners);
+        listeners.truncate(MAX_LISTENERS);
+        listeners.retain(|l| l.address.len() <= MAX_NAME);
+        for l in &mut listeners {
+            l.clusters.retain(|c| c.len() <= MAX_NAME);
+            l.clusters.truncate(MAX_LISTENER_CLUSTERS);
         }
-        // An upstream the sidecar no longer lists (removed from its configuration)
-        // carries nothing from now on.
-        t.upstreams.retain(|name, _| seen.contains(&name.as_str()));
+        let local_cluster = r
+            .local_cluster
+            .take()
+            .filter(|c| !c.is_empty() && c.len() <= MAX_NAME);
+        let clock = Clock::at(self.epoch, now, window);
+        let mut t = self.instances.entry(key).or_default();
+        t.local_cluster = local_cluster;
+        t.listeners = listeners;
+        // Both sorted by name: one walk pairs each upstream with its previous state.
+        // An upstream the sidecar no longer lists (removed from its configuration) is
+        // dropped: it carries nothing from now on.
+        let mut previous = std::mem::take(&mut t.upstreams).into_iter().peekable();
+        // The hosts of each upstream, found by name (a sidecar may list thousands).
+        let mut listed: Vec<&UpstreamCluster> = r.clusters.iter().collect();
+        listed.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+        let mut upstreams = Vec::with_capacity(incoming.len());
+        for u in incoming {
+            while previous.next_if(|p| *p.name < *u.name).is_some() {}
+            let state = previous.next_if(|p| *p.name == *u.name);
+            let hosts = listed
+                .binary_search_by(|c| c.name.as_str().cmp(&u.name))
+                .ok()
+                .map(|i| listed[i]);
+            upstreams.push(Self::update(state, u, hosts, clock, now));
+        }
+        t.upstreams = upstreams;
+    }
+
+    /// An upstream's state after one report.
+    fn update(
+        state: Option<UpstreamState>,
+        u: UpstreamTraffic,
+        listed: Option<&UpstreamCluster>,
+        clock: Clock,
+        now: Instant,
+    ) -> UpstreamState {
+        let totals = (
+            u.requests_total,
+            u.errors_5xx_total.saturating_add(u.connect_fail_total),
+        );
+        let fresh = state.is_none();
+        let mut s = state.unwrap_or_else(|| UpstreamState {
+            name: u.name.into_boxed_str(),
+            ..UpstreamState::default()
+        });
+        let added = if fresh {
+            // Nothing to take a difference from: counted from the next report.
+            (0, 0)
+        } else if totals.0 < s.last.0 || totals.1 < s.last.1 {
+            // The sidecar restarted: all it counted since is new.
+            totals
+        } else {
+            (totals.0 - s.last.0, totals.1 - s.last.1)
+        };
+        s.last = totals;
+        s.add(clock, now, added.0, added.1);
+        s.p50_ms = u.p50_ms.filter(|v| v.is_finite());
+        s.p99_ms = u.p99_ms.filter(|v| v.is_finite());
+        s.tls = u.tls;
+        if let Some(c) = listed {
+            let hosts = c
+                .hosts
+                .iter()
+                .filter(|h| h.address.len() <= MAX_NAME)
+                .take(MAX_HOSTS)
+                .map(|h| address_key(&h.address));
+            if !hosts.clone().eq(s.hosts.iter().copied()) {
+                s.hosts = hosts.collect();
+            }
+        } else {
+            s.hosts = Box::default();
+        }
+        s
     }
 
     /// Forgets an instance (it left or expired).
@@ -178,6 +268,11 @@ impl Traffic {
         for e in self.instances.iter().chain(self.remote.iter()) {
             f(e.key(), e.value());
         }
+    }
+
+    /// Where the windows' buckets are numbered from, for [`UpstreamState::window`].
+    pub fn epoch(&self) -> Instant {
+        self.epoch
     }
 }
 
@@ -208,31 +303,28 @@ pub struct UpstreamWindow {
     pub p50_ms: Option<f64>,
     pub p99_ms: Option<f64>,
     pub tls: bool,
-    pub hosts: Vec<String>,
+    /// The host addresses' keys ([`address_key`]).
+    pub hosts: Vec<u64>,
 }
 
 impl UpstreamState {
     /// An upstream known only from a peer's summary received at `at`: its window
-    /// figures as one sample at the time traffic was last seen.
-    fn from_window(u: &UpstreamWindow, at: Instant) -> UpstreamState {
+    /// figures in the bucket of the time traffic was last seen.
+    fn from_window(u: &UpstreamWindow, epoch: Instant, at: Instant, window: Duration) -> Self {
         let seen = u
             .last_seen_ago_ms
             .and_then(|ms| at.checked_sub(Duration::from_millis(ms)))
             .unwrap_or(at);
-        UpstreamState {
-            last: (0, 0),
-            samples: VecDeque::from([(seen, u.requests, u.errors)]),
+        let mut s = UpstreamState {
+            name: u.name.clone().into_boxed_str(),
             p50_ms: u.p50_ms.filter(|v| v.is_finite()),
             p99_ms: u.p99_ms.filter(|v| v.is_finite()),
             tls: u.tls,
-            hosts: u
-                .hosts
-                .iter()
-                .take(MAX_HOSTS)
-                .filter(|h| h.len() <= MAX_NAME)
-                .cloned()
-                .collect(),
-        }
+            hosts: u.hosts.iter().take(MAX_HOSTS).copied().collect(),
+            ..UpstreamState::default()
+        };
+        s.add(Clock::at(epoch, seen, window), seen, u.requests, u.errors);
+        s
     }
 }
 
@@ -263,12 +355,13 @@ impl Traffic {
                     c.listeners.push(l.clone());
                 }
             }
-            for (name, u) in &t.upstreams {
-                let w = u.window(now, window);
+            for u in &t.upstreams {
+                let name = &*u.name;
+                let w = u.window(self.epoch, now, window);
                 let ago = w
                     .last_seen
                     .map(|at| now.saturating_duration_since(at).as_millis() as u64);
-                match c.upstreams.iter_mut().find(|x| x.name == *name) {
+                match c.upstreams.iter_mut().find(|x| x.name == name) {
                     Some(x) => {
                         x.requests += w.requests;
                         x.errors += w.errors;
@@ -281,19 +374,19 @@ impl Traffic {
                         x.tls |= u.tls;
                         for h in &u.hosts {
                             if x.hosts.len() < MAX_HOSTS && !x.hosts.contains(h) {
-                                x.hosts.push(h.clone());
+                                x.hosts.push(*h);
                             }
                         }
                     }
                     None => c.upstreams.push(UpstreamWindow {
-                        name: name.clone(),
+                        name: name.to_owned(),
                         requests: w.requests,
                         errors: w.errors,
                         last_seen_ago_ms: ago,
                         p50_ms: u.p50_ms,
                         p99_ms: u.p99_ms,
                         tls: u.tls,
-                        hosts: u.hosts.clone(),
+                        hosts: u.hosts.to_vec(),
                     }),
                 }
             }
@@ -304,11 +397,17 @@ impl Traffic {
     /// Replaces what replica `peer` last said about its instances' traffic, received
     /// at `at`; each of its clusters shows in [`Traffic::each`] as one instance named
     /// after the peer.
-    pub fn set_remote(&self, peer: &str, clusters: &[ClusterTraffic], at: Instant) {
+    pub fn set_remote(
+        &self,
+        peer: &str,
+        clusters: &[ClusterTraffic],
+        at: Instant,
+        window: Duration,
+    ) {
         let instance = remote_instance(peer);
         self.remote.retain(|(_, _, i), _| *i != instance);
         for c in clusters {
-            let t = InstanceTraffic {
+            let mut t = InstanceTraffic {
                 // The instances of one cluster name one local cluster (their
                 // targets are alike); the inbound listeners' routes name it too.
                 local_cluster: c
@@ -322,9 +421,11 @@ impl Traffic {
                     .iter()
                     .take(MAX_UPSTREAMS)
                     .filter(|u| !u.name.is_empty() && u.name.len() <= MAX_NAME)
-                    .map(|u| (u.name.clone(), UpstreamState::from_window(u, at)))
+                    .map(|u| UpstreamState::from_window(u, self.epoch, at, window))
                     .collect(),
             };
+            t.upstreams.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+            t.upstreams.dedup_by(|a, b| a.name == b.name);
             self.remote.insert(
                 (
                     c.zone_name.clone(),
@@ -423,12 +524,23 @@ impl super::Store {
         self.traffic.each(f);
     }
 
+    /// An upstream's figures over the graph window before `now`.
+    pub fn traffic_window(&self, u: &UpstreamState, now: Instant) -> Window {
+        u.window(self.traffic.epoch(), now, self.rules.graph_window)
+    }
+
     /// The traffic this replica's agents reported, per cluster, for its peers.
     pub fn traffic_summary(&self, now: Instant) -> Vec<ClusterTraffic> {
         self.traffic.summary(now, self.graph_window())
     }
 
-    /// The store's traffic, to take peers' summaries in.
+    /// Takes replica `peer`'s summary in, received at `at`.
+    pub fn set_remote_traffic(&self, peer: &str, clusters: &[ClusterTraffic], at: Instant) {
+        self.traffic
+            .set_remote(peer, clusters, at, self.graph_window());
+    }
+
+    /// The store's traffic.
     pub fn traffic(&self) -> &Traffic {
         &self.traffic
     }
@@ -461,7 +573,7 @@ mod tests {
 
     fn window(t: &Traffic, now: Instant) -> Window {
         let mut w = Window::default();
-        t.each(|_, i| w = i.upstreams["b"].window(now, Duration::from_secs(60)));
+        t.each(|_, i| w = i.upstreams[0].window(t.epoch(), now, Duration::from_secs(60)));
         w
     }
 
@@ -471,31 +583,34 @@ mod tests {
         let t0 = Instant::now();
         let at = |s: u64| t0 + Duration::from_secs(s);
         let win = Duration::from_secs(60);
-        t.record(&report(100, 1), at(0), win);
+        t.record(&mut report(100, 1), at(0), win);
         assert_eq!(
             window(&t, at(0)).requests,
             0,
             "nothing to take a difference from"
         );
-        t.record(&report(130, 4), at(5), win);
+        t.record(&mut report(130, 4), at(5), win);
         assert_eq!(
             (window(&t, at(5)).requests, window(&t, at(5)).errors),
             (30, 3)
         );
         // The sidecar restarted: its counters start again from zero.
-        t.record(&report(7, 0), at(10), win);
+        t.record(&mut report(7, 0), at(10), win);
         assert_eq!(
             (window(&t, at(10)).requests, window(&t, at(10)).errors),
             (37, 3)
         );
-        // Past the window, the old samples no longer count.
-        t.record(&report(7, 0), at(70), win);
+        // The window is kept in twelve buckets of 5 s: a sample counts until its
+        // bucket leaves the window.
+        t.record(&mut report(7, 0), at(65), win);
+        let w = window(&t, at(65));
+        assert_eq!((w.requests, w.errors, w.last_seen), (7, 0, Some(at(10))));
+        t.record(&mut report(7, 0), at(70), win);
         let w = window(&t, at(70));
-        assert_eq!((w.requests, w.errors), (7, 0));
-        assert_eq!(w.last_seen, Some(at(10)));
+        assert_eq!((w.requests, w.errors, w.last_seen), (0, 0, None));
         // An agent older than the graph sends nothing: the instance is forgotten.
         t.record(
-            &InstanceReport::unread("z".into(), "a".into(), "a-1".into()),
+            &mut InstanceReport::unread("z".into(), "a".into(), "a-1".into()),
             at(71),
             win,
         );
@@ -509,8 +624,8 @@ mod tests {
         let here = Traffic::default();
         let t0 = Instant::now();
         let win = Duration::from_secs(60);
-        here.record(&report(100, 1), t0, win);
-        here.record(&report(130, 4), t0 + Duration::from_secs(5), win);
+        here.record(&mut report(100, 1), t0, win);
+        here.record(&mut report(130, 4), t0 + Duration::from_secs(5), win);
         let now = t0 + Duration::from_secs(6);
         let summary = here.summary(now, win);
         assert_eq!(summary.len(), 1);
@@ -526,15 +641,15 @@ mod tests {
         let summary: Vec<ClusterTraffic> =
             serde_json::from_slice(&serde_json::to_vec(&summary).unwrap()).unwrap();
         let there = Traffic::default();
-        there.set_remote("r1", &summary, now);
+        there.set_remote("r1", &summary, now, win);
         let w = window(&there, now);
         assert_eq!((w.requests, w.errors), (30, 3));
         assert_eq!(w.last_seen, Some(t0 + Duration::from_secs(5)));
         assert_eq!(there.remote_peers(), ["r1"]);
         // A new summary replaces the old one; a peer that left is forgotten.
-        there.set_remote("r1", &[], now);
+        there.set_remote("r1", &[], now, win);
         assert!(there.remote_peers().is_empty());
-        there.set_remote("r1", &summary, now);
+        there.set_remote("r1", &summary, now, win);
         there.forget_remote("r1");
         let mut n = 0;
         there.each(|_, _| n += 1);

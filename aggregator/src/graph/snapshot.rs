@@ -1,0 +1,746 @@
+//! The graph as last built, shared by every `GET /graph` until the next build, with
+//! its unfocused answers (whole, or one zone) rendered once per encoding.
+//!
+//! The watcher ([`watch`]) rebuilds the snapshot every [`WATCH_PERIOD`], so the
+//! traffic figures lag the reports by at most one period. Catalog changes are not
+//! late: a snapshot carries the catalog index it was built at, and a request that
+//! finds the index moved since builds a new one (one build at a time; the requests
+//! that want it meanwhile wait for it). Answers read from one snapshot are rendered
+//! for the next by the watcher, before a request asks for them, so a reader that
+//! polls the graph does not pay for its serialization.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::Instant;
+
+use bytes::Bytes;
+use serde::Serialize;
+use tokio::sync::watch;
+
+use super::{Built, EdgeJson, GraphError, GraphView, Node, Scope, WATCH_PERIOD, Watcher, build};
+use crate::store::Store;
+
+/// Most rendered answers kept per snapshot: the whole graph and zones, in two
+/// encodings. Answers past it are rendered for each request.
+const MAX_BODIES: usize = 64;
+
+/// Which unfocused answer a rendered body is.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct BodyKey {
+    zone: Option<String>,
+    gzip: bool,
+}
+
+/// A rendered answer, and whether a request read it (answers read from one
+/// snapshot are rendered for the next ahead of time).
+#[derive(Debug)]
+struct Body {
+    bytes: Bytes,
+    read: bool,
+}
+
+/// The graph at one build (nodes sorted by id, links by source and target), the
+/// links of each node for focused views, and the answers rendered so far.
+#[derive(Debug)]
+pub struct Snapshot {
+    /// The catalog index the snapshot shows.
+    index: u64,
+    graph: Built,
+    /// The links touching node `i`, both directions, as ascending positions in
+    /// `graph.links`: `near[near_at[i]..near_at[i + 1]]`.
+    near_at: Vec<u32>,
+    near: Vec<u32>,
+    bodies: Mutex<HashMap<BodyKey, Body>>,
+    /// One rendering of an unfocused answer at a time: requests for an answer being
+    /// rendered wait for it instead of rendering it again.
+    rendering: tokio::sync::Mutex<()>,
+}
+
+/// `GET /graph`'s answer, borrowing from the snapshot: the same JSON as
+/// [`GraphView`]. Its nodes and edges are serialized as they are walked, so a
+/// rendering holds no copy of the graph.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Answer<'a> {
+    index: u64,
+    window_seconds: u64,
+    nodes: Part<'a, &'a Node>,
+    edges: Part<'a, EdgeJson<'a>>,
+}
+
+/// The nodes or edges of an answer: the first `len` (all of them), or those at the
+/// positions `only`.
+struct Part<'a, T> {
+    graph: &'a Built,
+    len: usize,
+    only: Option<&'a [u32]>,
+    item: fn(&'a Built, usize) -> T,
+}
+
+impl<'a, T: Serialize> Serialize for Part<'a, T> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let (graph, item) = (self.graph, self.item);
+        match self.only {
+            Some(only) => s.collect_seq(only.iter().map(|&i| item(graph, i as usize))),
+            None => s.collect_seq((0..self.len).map(|i| item(graph, i))),
+        }
+    }
+}
+
+impl Snapshot {
+    /// A snapshot of `graph` at catalog index `index`.
+    pub fn new(index: u64, graph: Built) -> Self {
+        let mut near_at = vec![0u32; graph.nodes.len() + 1];
+        let touching = |l: &super::Link| {
+            [Some(l.source), (l.target != l.source).then_some(l.target)]
+                .into_iter()
+                .flatten()
+        };
+        for n in graph.links.iter().flat_map(touching) {
+            near_at[n as usize + 1] += 1;
+        }
+        for i in 1..near_at.len() {
+            near_at[i] += near_at[i - 1];
+        }
+        let mut fill = near_at.clone();
+        let mut near = vec![0u32; near_at[graph.nodes.len()] as usize];
+        for (e, l) in graph.links.iter().enumerate() {
+            for n in touching(l) {
+                near[fill[n as usize] as usize] = e as u32;
+                fill[n as usize] += 1;
+            }
+        }
+        Snapshot {
+            index,
+            graph,
+            near_at,
+            near,
+            bodies: Mutex::new(HashMap::new()),
+            rendering: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// Builds the whole graph from the store now.
+    pub fn build(store: &Store) -> Self {
+        let index = store.index();
+        Snapshot::new(index, build(store, Instant::now()))
+    }
+
+    /// The catalog index the snapshot shows.
+    pub fn index(&self) -> u64 {
+        self.index
+    }
+
+    pub fn edge_count(&self) -> usize {
+        self.graph.links.len()
+    }
+
+    /// The graph as `scope` asks for it.
+    pub fn view(&self, scope: &Scope) -> Result<GraphView, GraphError> {
+        let (nodes, edges) = self.select(scope)?;
+        Ok(GraphView {
+            index: self.index,
+            window_seconds: self.graph.window_seconds,
+            nodes: nodes
+                .iter()
+                .map(|&i| self.graph.nodes[i as usize].clone())
+                .collect(),
+            edges: edges.iter().map(|&i| self.graph.edge(i as usize)).collect(),
+        })
+    }
+
+    /// `GET /graph`'s body for `scope`, gzip-compressed when asked: an unfocused one
+    /// from the rendered answers (rendered and kept when missing), a focused one
+    /// rendered now.
+    pub fn answer(&self, scope: &Scope, gzip: bool) -> Result<Bytes, GraphError> {
+        if scope.focus.is_some() {
+            return Ok(self.render(scope, gzip)?.into());
+        }
+        let key = BodyKey {
+            zone: scope.zone.clone(),
+            gzip,
+        };
+        if let Some(body) = self.cached(&key) {
+            return Ok(body);
+        }
+        let body = Bytes::from(self.render(scope, gzip)?);
+        let mut bodies = self.bodies.lock().unwrap_or_else(PoisonError::into_inner);
+        if bodies.len() < MAX_BODIES {
+            bodies.insert(
+                key,
+                Body {
+                    bytes: body.clone(),
+                    read: true,
+                },
+            );
+        }
+        Ok(body)
+    }
+
+    /// An unfocused answer already rendered, marked as read.
+    fn cached(&self, key: &BodyKey) -> Option<Bytes> {
+        let mut bodies = self.bodies.lock().unwrap_or_else(PoisonError::into_inner);
+        bodies.get_mut(key).map(|b| {
+            b.read = true;
+            b.bytes.clone()
+        })
+    }
+
+    /// Renders ahead of time the unfocused answers that requests read from
+    /// `previous`, before this snapshot is shown.
+    fn render_read_in(&self, previous: &Snapshot) {
+        let keys: Vec<BodyKey> = previous
+            .bodies
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter(|(_, b)| b.read)
+            .map(|(k, _)| k.clone())
+            .collect();
+        // Not shown yet: no request renders into this snapshot meanwhile.
+        for key in keys {
+            if self
+                .bodies
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .contains_key(&key)
+            {
+                continue;
+            }
+            let scope = Scope {
+                zone: key.zone.clone(),
+                focus: None,
+            };
+            // Unfocused answers never fail: a zone without nodes answers empty.
+            if let Ok(body) = self.render(&scope, key.gzip) {
+                self.bodies
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(
+                        key,
+                        Body {
+                            bytes: body.into(),
+                            read: false,
+                        },
+                    );
+            }
+        }
+    }
+
+    fn render(&self, scope: &Scope, gzip: bool) -> Result<Vec<u8>, GraphError> {
+        let g = &self.graph;
+        let selected = match scope.zone {
+            None => None,
+            Some(_) => Some(self.select(scope)?),
+        };
+        let answer = Answer {
+            index: self.index,
+            window_seconds: g.window_seconds,
+            nodes: Part {
+                graph: g,
+                len: g.nodes.len(),
+                only: selected.as_ref().map(|(n, _)| n.as_slice()),
+                item: |g, i| &g.nodes[i],
+            },
+            edges: Part {
+                graph: g,
+                len: g.links.len(),
+                only: selected.as_ref().map(|(_, e)| e.as_slice()),
+                item: Built::edge_json,
+            },
+        };
+        if !gzip {
+            return Ok(serde_json::to_vec(&answer).expect("the graph serializes"));
+        }
+        // Straight into the compressor: the whole graph's JSON is never held.
+        let mut out = std::io::BufWriter::with_capacity(
+            64 << 10,
+            flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast()),
+        );
+        serde_json::to_writer(&mut out, &answer).expect("the graph serializes");
+        let encoder = out
+            .into_inner()
+            .map_err(|_| ())
+            .expect("writing to memory cannot fail");
+        Ok(encoder.finish().expect("writing to memory cannot fail"))
+    }
+
+    /// Whether link `e` is part of `zone`'s graph: one of its ends is in the zone.
+    fn in_zone(&self, e: u32, zone: &str) -> bool {
+        let l = &self.graph.links[e as usize];
+        self.graph.nodes[l.source as usize].zone_name == zone
+            || self.graph.nodes[l.target as usize].zone_name == zone
+    }
+
+    /// The positions of the nodes and edges `scope` shows, ascending (so sorted as
+    /// the answer wants them).
+    fn select(&self, scope: &Scope) -> Result<(Vec<u32>, Vec<u32>), GraphError> {
+        let Some(zone) = scope.zone.as_deref() else {
+            return Ok((
+                (0..self.graph.nodes.len() as u32).collect(),
+                (0..self.graph.links.len() as u32).collect(),
+            ));
+        };
+        let Some((cluster, depth)) = &scope.focus else {
+            let edges: Vec<u32> = (0..self.graph.links.len() as u32)
+                .filter(|&e| self.in_zone(e, zone))
+                .collect();
+            let mut shown: Vec<bool> = self
+                .graph
+                .nodes
+                .iter()
+                .map(|n| n.zone_name == zone)
+                .collect();
+            for &e in &edges {
+                let l = &self.graph.links[e as usize];
+                shown[l.source as usize] = true;
+                shown[l.target as usize] = true;
+            }
+            let nodes = (0..self.graph.nodes.len() as u32)
+                .filter(|&n| shown[n as usize])
+                .collect();
+            return Ok((nodes, edges));
+        };
+        let id = super::node_id(zone, cluster);
+        let start = self
+            .graph
+            .nodes
+            .binary_search_by(|n| n.id.as_str().cmp(&id))
+            .ok()
+            .filter(|&i| self.graph.nodes[i].kind == "cluster")
+            .ok_or(GraphError::UnknownCluster)? as u32;
+        // Breadth first over the zone's edges, both directions, `depth` hops.
+        let mut seen: HashMap<u32, u32> = HashMap::from([(start, 0)]);
+        let mut queue = std::collections::VecDeque::from([start]);
+        while let Some(n) = queue.pop_front() {
+            let d = seen[&n];
+            if d == *depth {
+                continue;
+            }
+            for &e in self.near_of(n) {
+                if !self.in_zone(e, zone) {
+                    continue;
+                }
+                let l = &self.graph.links[e as usize];
+                let other = if l.source == n { l.target } else { l.source };
+                if let std::collections::hash_map::Entry::Vacant(v) = seen.entry(other) {
+                    v.insert(d + 1);
+                    queue.push_back(other);
+                }
+            }
+        }
+        let mut nodes: Vec<u32> = seen.keys().copied().collect();
+        nodes.sort_unstable();
+        let mut edges: Vec<u32> = nodes
+            .iter()
+            .flat_map(|&n| self.near_of(n).iter().copied())
+            .filter(|&e| {
+                let l = &self.graph.links[e as usize];
+                self.in_zone(e, zone)
+                    && seen.contains_key(&l.source)
+                    && seen.contains_key(&l.target)
+            })
+            .collect();
+        edges.sort_unstable();
+        edges.dedup();
+        Ok((nodes, edges))
+    }
+
+    fn near_of(&self, n: u32) -> &[u32] {
+        let n = n as usize;
+        &self.near[self.near_at[n] as usize..self.near_at[n + 1] as usize]
+    }
+}
+
+/// The latest snapshot, its builder and the watcher of the graph's shape.
+#[derive(Debug, Default)]
+pub struct Graphs {
+    latest: RwLock<Option<Arc<Snapshot>>>,
+    /// One build at a time: requests that find the snapshot stale wait for the build
+    /// under way, then read it.
+    building: tokio::sync::Mutex<()>,
+    watcher: Mutex<Watcher>,
+}
+
+impl Graphs {
+    fn latest_at(&self, index: u64) -> Option<Arc<Snapshot>> {
+        self.latest
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .filter(|s| s.index == index)
+            .cloned()
+    }
+
+    /// Makes `snapshot` the latest; returns the one it replaces.
+    fn install(&self, snapshot: Arc<Snapshot>) -> Option<Arc<Snapshot>> {
+        self.latest
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .replace(snapshot)
+    }
+
+    /// The snapshot of the catalog's current index: the latest, or one built now
+    /// when the catalog moved since it was built.
+    pub async fn fresh(&self, store: &Arc<Store>) -> Arc<Snapshot> {
+        if let Some(s) = self.latest_at(store.index()) {
+            return s;
+        }
+        let _building = self.building.lock().await;
+        // Whoever built before may have built this one.
+        if let Some(s) = self.latest_at(store.index()) {
+            return s;
+        }
+        let from = store.clone();
+        let snapshot = match tokio::task::spawn_blocking(move || Snapshot::build(&from)).await {
+            Ok(s) => Arc::new(s),
+            // The build panicked: build here rather than fail the request.
+            Err(_) => Arc::new(Snapshot::build(store)),
+        };
+        self.install(snapshot.clone());
+        snapshot
+    }
+
+    /// `GET /graph`'s body for `scope` at the catalog's current index. Rendering is
+    /// done on the blocking pool, an unfocused answer once per snapshot.
+    pub async fn answer(
+        &self,
+        store: &Arc<Store>,
+        scope: Scope,
+        gzip: bool,
+    ) -> Result<Bytes, GraphError> {
+        let snapshot = self.fresh(store).await;
+        let _one = if scope.focus.is_none() {
+            let key = BodyKey {
+                zone: scope.zone.clone(),
+                gzip,
+            };
+            if let Some(body) = snapshot.cached(&key) {
+                return Ok(body);
+            }
+            Some(snapshot.rendering.lock().await)
+        } else {
+            None
+        };
+        let from = snapshot.clone();
+        match tokio::task::spawn_blocking(move || from.answer(&scope, gzip)).await {
+            Ok(answer) => answer,
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        }
+    }
+
+    /// The watcher's tick: builds the graph, moves the catalog index and sends the
+    /// `graph` events of the zones whose shape changed, makes the build the latest
+    /// snapshot, and renders the answers read from the one it replaces.
+    pub fn rebuild(&self, store: &Store) {
+        let before = store.index();
+        let graph = build(store, Instant::now());
+        let changed = self
+            .watcher
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .changed(&graph);
+        // The snapshot shows the index of its own change only when nothing else
+        // changed in between; otherwise it is older than the catalog and the next
+        // request builds again.
+        let index = match store.graph_changed(&changed) {
+            Some((previous, index)) if previous == before => index,
+            _ => before,
+        };
+        let snapshot = Arc::new(Snapshot::new(index, graph));
+        // Rendered before the snapshot is shown, so that no request waits for it.
+        let previous = self
+            .latest
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        if let Some(previous) = previous {
+            snapshot.render_read_in(&previous);
+        }
+        self.install(snapshot);
+    }
+}
+
+/// Rebuilds the graph every [`WATCH_PERIOD`] until `stop` turns true.
+pub async fn watch(store: Arc<Store>, graphs: Arc<Graphs>, mut stop: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(WATCH_PERIOD);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        let _building = graphs.building.lock().await;
+        let (g, s) = (graphs.clone(), store.clone());
+        if let Err(e) = tokio::task::spawn_blocking(move || g.rebuild(&s)).await {
+            tracing::warn!(error = %e, "Graph build failed.");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use meshcat_common::model::{ClusterRecord, ZoneRecord};
+    use meshcat_common::wire::{
+        InstanceReport, ListenerRoutes, UpstreamCluster, UpstreamHost, UpstreamTraffic,
+    };
+
+    use super::*;
+    use crate::store::Rules;
+
+    fn zone(name: &str) -> ZoneRecord {
+        ZoneRecord {
+            zone_name: name.into(),
+            request_cluster: "edge".into(),
+            server_address: "cp:50000".into(),
+            use_tls: false,
+            ca_path: String::new(),
+            cert_path: String::new(),
+            key_path: String::new(),
+        }
+    }
+
+    /// An instance of (zone, cluster) calling `upstreams` (name, host address) with
+    /// `requests` so far, listening at `listen`.
+    fn report(
+        zone: &str,
+        cluster: &str,
+        upstreams: &[(&str, &str)],
+        listen: Option<&str>,
+        requests: u64,
+    ) -> InstanceReport {
+        InstanceReport {
+            reachable: true,
+            start_time_ms: 1_700_000_000_000,
+            server_state: "LIVE".into(),
+            clusters: upstreams
+                .iter()
+                .map(|(name, host)| UpstreamCluster {
+                    name: (*name).into(),
+                    added_via_api: false,
+                    hosts: vec![UpstreamHost {
+                        address: (*host).into(),
+                        cx_active: 0,
+                        cx_connect_fail: 0,
+                        cx_total: 0,
+                        rq_active: 0,
+                        rq_error: 0,
+                        rq_total: 0,
+                        health_flags: "healthy".into(),
+                    }],
+                })
+                .collect(),
+            upstreams: upstreams
+                .iter()
+                .map(|(name, _)| UpstreamTraffic {
+                    name: (*name).into(),
+                    requests_total: requests,
+                    errors_5xx_total: requests / 10,
+                    connect_fail_total: 0,
+                    p50_ms: Some(2.0),
+                    p99_ms: Some(9.0),
+                    tls: false,
+                })
+                .collect(),
+            listeners: listen
+                .map(|a| {
+                    vec![ListenerRoutes {
+                        address: a.into(),
+                        clusters: vec!["local_service".into()],
+                    }]
+                })
+                .unwrap_or_default(),
+            ..InstanceReport::unread(zone.into(), cluster.into(), format!("{cluster}-1"))
+        }
+    }
+
+    /// Two zones: z/a calls z/b, z/c and an external service and declares z/b, a
+    /// ghost and y/d; z/b calls z/c; z/c calls y/d through d's listener address; y/d
+    /// calls an external service of its own.
+    fn mesh() -> (tempfile::TempDir, Arc<Store>) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(
+            dir.path(),
+            Rules {
+                instance_ttl: Duration::from_secs(15),
+                error_ratio_warning: 0.05,
+                graph_window: Duration::from_secs(60),
+            },
+        )
+        .unwrap();
+        for z in ["z", "y"] {
+            store.create_zone(zone(z)).unwrap();
+        }
+        let mut a = ClusterRecord::new("z", "a", "A");
+        a.dependencies = vec!["b".into(), "ghost".into(), "y/d".into()];
+        store.create_cluster(a).unwrap();
+        for (z, c) in [("z", "b"), ("z", "c"), ("y", "d")] {
+            store.create_cluster(ClusterRecord::new(z, c, c)).unwrap();
+        }
+        let reports = |n| {
+            vec![
+                report(
+                    "z",
+                    "a",
+                    &[
+                        ("b", "10.0.0.2:80"),
+                        ("c", "10.0.0.3:80"),
+                        ("ext", "1.1.1.1:443"),
+                    ],
+                    Some("10.0.0.1:80"),
+                    n,
+                ),
+                report("z", "b", &[("c", "10.0.0.3:80")], Some("10.0.0.2:80"), n),
+                report(
+                    "z",
+                    "c",
+                    &[("d-out", "10.0.0.4:80")],
+                    Some("10.0.0.3:80"),
+                    n,
+                ),
+                report("y", "d", &[("e", "2.2.2.2:443")], Some("10.0.0.4:80"), n),
+            ]
+        };
+        let now = Instant::now();
+        store.apply_reports("agent", reports(100), now);
+        store.apply_reports("agent", reports(150), now);
+        (dir, Arc::new(store))
+    }
+
+    /// A view without the figures that depend on the clock of the build.
+    fn timeless(mut v: GraphView) -> GraphView {
+        for e in &mut v.edges {
+            e.last_seen_ms = None;
+        }
+        v
+    }
+
+    fn scopes() -> Vec<Scope> {
+        let mut out = vec![Scope::default()];
+        for z in ["z", "y", "nowhere"] {
+            out.push(Scope {
+                zone: Some(z.into()),
+                focus: None,
+            });
+        }
+        for (z, c) in [
+            ("z", "a"),
+            ("z", "b"),
+            ("z", "c"),
+            ("z", "ghost"),
+            ("y", "d"),
+            ("z", "nobody"),
+            ("z", "external:ext"),
+            ("y", "a"),
+        ] {
+            for depth in 1..=3 {
+                out.push(Scope {
+                    zone: Some(z.into()),
+                    focus: Some((c.into(), depth)),
+                });
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn every_scope_answers_as_a_build_from_the_store_does() {
+        let (_dir, store) = mesh();
+        let snapshot = Snapshot::build(&store);
+        assert!(snapshot.edge_count() >= 6, "{:?}", snapshot.graph.links);
+        for scope in scopes() {
+            let oracle = super::super::view(&store, &scope, Instant::now()).map(timeless);
+            assert_eq!(
+                snapshot.view(&scope).map(timeless),
+                oracle,
+                "scope {scope:?}"
+            );
+            // The rendered body is the view's JSON, whatever the encoding.
+            for gzip in [false, true] {
+                let Ok(body) = snapshot.answer(&scope, gzip) else {
+                    assert!(oracle.is_err());
+                    continue;
+                };
+                let json = if gzip {
+                    let mut out = Vec::new();
+                    std::io::Read::read_to_end(
+                        &mut flate2::read::GzDecoder::new(&body[..]),
+                        &mut out,
+                    )
+                    .unwrap();
+                    out
+                } else {
+                    body.to_vec()
+                };
+                assert_eq!(
+                    serde_json::from_slice::<serde_json::Value>(&json).unwrap(),
+                    serde_json::to_value(snapshot.view(&scope).unwrap()).unwrap(),
+                    "scope {scope:?}, gzip {gzip}"
+                );
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_catalog_change_is_seen_at_once_and_a_read_answer_is_rendered_ahead() {
+        let (_dir, store) = mesh();
+        let graphs = Arc::new(Graphs::default());
+        // The watcher's first build sees every zone's edges: its own change.
+        graphs.rebuild(&store);
+        let first = graphs.fresh(&store).await;
+        assert_eq!(
+            first.index(),
+            store.index(),
+            "the build shows its own change"
+        );
+        let whole = graphs.answer(&store, Scope::default(), true).await.unwrap();
+        assert!(
+            Arc::ptr_eq(&first, &graphs.fresh(&store).await),
+            "no new build while the catalog stands still"
+        );
+        assert_eq!(
+            whole,
+            graphs.answer(&store, Scope::default(), true).await.unwrap(),
+            "one rendering per snapshot"
+        );
+
+        // The next tick renders the answer read from the previous snapshot.
+        graphs.rebuild(&store);
+        let second = graphs.fresh(&store).await;
+        assert!(!Arc::ptr_eq(&first, &second));
+        assert!(
+            second
+                .cached(&BodyKey {
+                    zone: None,
+                    gzip: true
+                })
+                .is_some()
+        );
+        assert!(
+            second
+                .cached(&BodyKey {
+                    zone: None,
+                    gzip: false
+                })
+                .is_none(),
+            "only what was read"
+        );
+
+        // A registration moves the index: the next request builds again and sees it.
+        store
+            .create_cluster(ClusterRecord::new("z", "late", "Late"))
+            .unwrap();
+        let third = graphs.fresh(&store).await;
+        assert_eq!(third.index(), store.index());
+        assert!(
+            third
+                .view(&Scope {
+                    zone: Some("z".into()),
+                    focus: Some(("late".into(), 1)),
+                })
+                .is_ok()
+        );
+    }
+}

@@ -1,0 +1,107 @@
+//! Configuration drift (contract section 15): the live instances of a cluster
+//! grouped by the hash of their sidecar's effective configuration, which each agent
+//! computes without what is per instance by nature (`docs/agent.md`, "The drift
+//! hash"). Instances with different hashes are drifted.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use super::Store;
+use super::instances::LiveInstance;
+
+/// `GET /clusters/{c}/drift`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DriftView {
+    /// Whether the live instances run more than one configuration.
+    pub drifted: bool,
+    /// One group per configuration, the largest first; without drift, one group
+    /// with every live instance.
+    pub groups: Vec<DriftGroup>,
+    /// The resource kinds (`listeners`, `clusters`, `routes`, `secrets`) whose
+    /// hashes differ between the groups; empty without drift.
+    pub differs: Vec<String>,
+}
+
+/// Instances that run one configuration.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DriftGroup {
+    /// The configuration's hash; null for instances whose agent sent none yet (an
+    /// agent older than drift, or a sidecar whose configuration was not read),
+    /// which count for no drift.
+    pub config_hash: Option<String>,
+    /// Instance names, sorted.
+    pub instances: Vec<String>,
+}
+
+/// Whether live instances run more than one known configuration.
+pub(super) fn drifted<'a>(instances: impl Iterator<Item = &'a LiveInstance>) -> bool {
+    let mut first: Option<&Arc<str>> = None;
+    for i in instances.filter(|i| i.is_live()) {
+        if let Some(h) = &i.config_hash {
+            match first {
+                None => first = Some(h),
+                Some(f) if f != h => return true,
+                Some(_) => {}
+            }
+        }
+    }
+    false
+}
+
+impl Store {
+    /// The drift of (zone, cluster); `None` when the cluster is neither registered
+    /// nor reported there.
+    pub fn drift(&self, zone: &str, cluster: &str) -> Option<DriftView> {
+        let by_zone = self.clusters.get(cluster)?;
+        let e = by_zone.get(zone)?;
+        let mut groups: BTreeMap<Option<Arc<str>>, Vec<String>> = BTreeMap::new();
+        // One instance per configuration, whose report says its kinds' hashes.
+        let mut sample: BTreeMap<Arc<str>, &LiveInstance> = BTreeMap::new();
+        for (name, i) in e.instances.iter().filter(|(_, i)| i.is_live()) {
+            groups
+                .entry(i.config_hash.clone())
+                .or_default()
+                .push(name.clone());
+            if let Some(h) = &i.config_hash {
+                sample.entry(h.clone()).or_insert(i);
+            }
+        }
+        let drifted = sample.len() > 1;
+        let differs = if drifted {
+            let kinds: Vec<BTreeMap<String, String>> =
+                sample.values().map(|i| i.report().config_hashes).collect();
+            let names: BTreeSet<&String> = kinds.iter().flat_map(|k| k.keys()).collect();
+            names
+                .into_iter()
+                .filter(|n| kinds.iter().any(|k| k.get(*n) != kinds[0].get(*n)))
+                .cloned()
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let mut groups: Vec<DriftGroup> = groups
+            .into_iter()
+            .map(|(h, instances)| DriftGroup {
+                config_hash: h.map(|h| h.to_string()),
+                instances,
+            })
+            .collect();
+        // The largest first; known configurations before unknown ones.
+        groups.sort_by(|a, b| {
+            b.instances
+                .len()
+                .cmp(&a.instances.len())
+                .then(a.config_hash.is_none().cmp(&b.config_hash.is_none()))
+                .then(a.config_hash.cmp(&b.config_hash))
+        });
+        Some(DriftView {
+            drifted,
+            groups,
+            differs,
+        })
+    }
+}
