@@ -19,3 +19,16 @@ start_aggregator() {
     [ -n "$api" ] || { echo "aggregator did not start"; cat "$work/log"; exit 1; }
     echo "api: http://$api (pid $pid)"
 }
+
+# wait_quic: after start_aggregator (with agent credentials, e.g. --dev), waits until
+# the log names the QUIC ingest's address. Sets quic; exits with the log when it does
+# not start.
+wait_quic() {
+    quic=""
+    for _ in $(seq 1 100); do
+        quic=$(grep 'Agent ingest listening' "$work/log" | grep -o '"addr":"[^"]*"' | head -1 | cut -d'"' -f4 || true)
+        [ -n "$quic" ] && break
+        sleep 0.05
+    done
+    [ -n "$quic" ] || { echo "the ingest did not start"; cat "$work/log"; exit 1; }
+}

@@ -1,5 +1,7 @@
 //! What the benchmark tools share: reading a measured process's CPU time and memory
-//! from `/proc`.
+//! from `/proc`, and simulated agents ([`sim`]).
+
+pub mod sim;
 
 pub mod process {
     use anyhow::Context;

@@ -1,6 +1,10 @@
-//! Benchmark of the agent's scrape against a real Envoy with 1,000 clusters:
-//! CPU time per scrape and parse, and the resident memory of the real
-//! `meshcat-agent` binary scraping it every 5 s. Run with
+//! Benchmark of the agent's scrape against a real Envoy with 1,000 upstream
+//! clusters, each named by a route of an egress listener and each having carried
+//! requests, so that every scrape reads 1,000 upstreams' traffic for the graph: CPU
+//! time per scrape and parse (with the sidecar's configuration read before, as in
+//! steady state, and with its `/config_dump` read and parsed again, as after a
+//! configuration change), and the resident memory of the real `meshcat-agent`
+//! binary scraping it every 5 s. Run with
 //! `cargo build --release -p meshcat-agent && cargo bench -p meshcat-tests --bench agent_scrape`.
 
 // A benchmark's report is its standard output.
@@ -12,11 +16,13 @@ use meshcat_agent::envoy::EnvoyAdmin;
 use meshcat_agent::metrics_object::HostSampler;
 use meshcat_agent::scrape::{Target, scrape_once};
 use meshcat_agent::topology::TopologyCache;
-use meshcat_tests::bootstrap::Cluster;
+use meshcat_tests::bootstrap::{Cluster, HttpListener};
 use meshcat_tests::{Bootstrap, Envoy, Upstream};
 
 const CLUSTERS: usize = 1_000;
 const SCRAPES: u32 = 30;
+/// Scrapes that read and parse `/config_dump` again.
+const CONFIG_SCRAPES: u32 = 10;
 
 /// CPU time (user + system) of this process, from /proc/self/stat.
 fn cpu_time() -> Duration {
@@ -44,14 +50,24 @@ fn status_kib(pid: u32, key: &str) -> u64 {
 async fn main() -> anyhow::Result<()> {
     let upstream = Upstream::start().await?;
     let mut b = Bootstrap::service_sidecar(upstream.addr, None);
+    let mut egress = HttpListener::new("egress", "egress_http");
     for i in 0..CLUSTERS {
-        b = b.cluster(Cluster::new(&format!("service_{i:04}"), &[upstream.addr]));
+        let name = format!("service_{i:04}");
+        egress = egress.route(&format!("/{name}/"), &name);
+        b = b.cluster(Cluster::new(&name, &[upstream.addr]));
     }
-    let envoy = Envoy::start(b).await?;
+    let envoy = Envoy::start(b.listener(egress)).await?;
     let client = reqwest::Client::new();
     for _ in 0..100 {
         client
             .get(format!("{}/x", envoy.url("ingress")))
+            .send()
+            .await?;
+    }
+    // Every upstream cluster carries requests: each is an upstream of the graph.
+    for i in 0..CLUSTERS {
+        client
+            .get(format!("{}/service_{i:04}/x", envoy.url("egress")))
             .send()
             .await?;
     }
@@ -75,7 +91,36 @@ async fn main() -> anyhow::Result<()> {
     }
     let cpu = (cpu_time() - cpu0) / SCRAPES;
     let wall = wall0.elapsed() / SCRAPES;
-    println!("scrape+parse of {CLUSTERS} clusters: CPU {cpu:?} per scrape (wall {wall:?})");
+    // The 1,000 clusters and local_service, which the ingress listener calls.
+    assert_eq!(
+        last.upstreams.len(),
+        CLUSTERS + 1,
+        "every upstream carried traffic"
+    );
+    let routed = last
+        .listeners
+        .iter()
+        .map(|l| l.clusters.len())
+        .max()
+        .unwrap_or(0);
+    assert_eq!(routed, CLUSTERS, "the egress listener names every cluster");
+    println!(
+        "scrape+parse of {CLUSTERS} clusters, {} upstreams with traffic: CPU {cpu:?} per scrape (wall {wall:?})",
+        last.upstreams.len()
+    );
+    let cpu0 = cpu_time();
+    let wall0 = std::time::Instant::now();
+    for _ in 0..CONFIG_SCRAPES {
+        // A new cache: the configuration is read as after a change.
+        let mut fresh = TopologyCache::default();
+        last = scrape_once(&admin, &target, &host, Some(&last), &mut fresh).await;
+    }
+    let cpu = (cpu_time() - cpu0) / CONFIG_SCRAPES;
+    let wall = wall0.elapsed() / CONFIG_SCRAPES;
+    assert_eq!(last.listeners.len(), 2, "{:?}", last.error);
+    println!(
+        "scrape+parse with /config_dump read again ({CLUSTERS} routes): CPU {cpu:?} per scrape (wall {wall:?})"
+    );
 
     let bin = std::env::var("MESHCAT_AGENT_BIN").unwrap_or_else(|_| {
         let target = std::env::var("CARGO_TARGET_DIR")

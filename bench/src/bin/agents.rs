@@ -1,6 +1,7 @@
 //! Ingest benchmark: starts the ingest runner (or targets a running aggregator), then N
 //! simulated agents — real quinn clients with agent certificates — each sending a
-//! report of real-shaped instances every interval. Measures connections established,
+//! report of real-shaped instances every interval, each instance with `--upstreams`
+//! upstream clusters whose traffic counters move on every report. Measures connections established,
 //! reports accepted and rejected, report-to-acknowledgement latency (the ingest server
 //! acknowledges after the sink applied the report, so this is report-to-visible) and
 //! the ingest process's CPU from /proc/<pid>/stat and its resident memory (now and
@@ -13,21 +14,16 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Command as Process, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Parser;
 use meshcat_bench::process::{cpu_ticks, memory_kib};
-use meshcat_common::model::InstanceMetrics;
+use meshcat_bench::sim::{self, SimAgent, Stats};
 use meshcat_common::tls;
-use meshcat_common::transport::{read_frame, write_frame};
-use meshcat_common::wire::{
-    AgentMessage, DEFAULT_MAX_MESSAGE, Hello, InstanceReport, Report, ServerMessage,
-    UpstreamCluster, UpstreamHost,
-};
-use rand::Rng;
+use meshcat_common::wire::{AgentMessage, InstanceReport, Report};
 
 #[derive(Debug, Parser)]
 #[command(about = "Simulated agents against the QUIC ingest server.")]
@@ -38,6 +34,10 @@ struct Args {
     /// Instances per report.
     #[arg(long, default_value_t = 10)]
     instances: usize,
+    /// Upstream clusters with traffic per instance (0: reports as an agent older than
+    /// the graph sends them).
+    #[arg(long, default_value_t = 5)]
+    upstreams: usize,
     /// Time between reports of one agent.
     #[arg(long, default_value = "5s", value_parser = meshcat_common::config::parse_positive_duration)]
     interval: Duration,
@@ -62,19 +62,6 @@ struct Args {
     /// Process whose CPU is measured when --addr is given.
     #[arg(long)]
     pid: Option<u32>,
-}
-
-/// Shared counters of all simulated agents.
-#[derive(Debug, Default)]
-struct Stats {
-    connected: AtomicU64,
-    connect_failures: AtomicU64,
-    accepted: AtomicU64,
-    rejected: AtomicU64,
-    errors: AtomicU64,
-    /// Acknowledgement latencies in microseconds, while measuring.
-    latencies: Mutex<Vec<u32>>,
-    measuring: std::sync::atomic::AtomicBool,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -121,16 +108,18 @@ async fn run(args: Args) -> anyhow::Result<()> {
 
     let sample = AgentMessage::Report(Report {
         sent_at_ms: 0,
-        instances: reports_for(0, args.instances),
+        instances: reports_for(0, args.instances, args.upstreams),
     });
     println!(
-        "report of {} instances: {} bytes framed",
+        "report of {} instances with {} upstreams each: {} bytes framed",
         args.instances,
+        args.upstreams,
         meshcat_common::wire::encode(&sample, usize::MAX)?.len()
     );
     let client = tls::client_config(&files.ca, Some((&files.agent_cert, &files.agent_key)))?;
     let stats = Arc::new(Stats::default());
     let stop = Arc::new(tokio::sync::Notify::new());
+    let traffic = Arc::new(AtomicBool::new(true));
     let mut endpoints = Vec::new();
     let mut tasks = Vec::new();
     let ramp_start = Instant::now();
@@ -144,8 +133,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
         let endpoint = endpoints.last().expect("an endpoint").clone();
         let agent = SimAgent {
             id: format!("bench-agent-{i}"),
-            instances: reports_for(i, args.instances),
+            instances: reports_for(i, args.instances, args.upstreams),
             interval: args.interval,
+            traffic: traffic.clone(),
         };
         tasks.push(tokio::spawn(agent.run(
             endpoint,
@@ -243,174 +233,24 @@ async fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-struct SimAgent {
-    id: String,
-    instances: Vec<InstanceReport>,
-    interval: Duration,
-}
-
-impl SimAgent {
-    async fn run(
-        self,
-        endpoint: quinn::Endpoint,
-        addr: SocketAddr,
-        stats: Arc<Stats>,
-        stop: Arc<tokio::sync::Notify>,
-    ) {
-        // The control stream stays open for the connection's life.
-        let (conn, _control) = match self.hello(&endpoint, addr).await {
-            Ok(opened) => opened,
-            Err(e) => {
-                eprintln!("{}: {e:#}", self.id);
-                stats.connect_failures.fetch_add(1, Ordering::Relaxed);
-                return;
-            }
-        };
-        stats.connected.fetch_add(1, Ordering::Relaxed);
-        // Spread the agents over the interval, as real ones started at random times.
-        let offset = self.interval.mul_f64(rand::rng().random_range(0.0..1.0));
-        tokio::time::sleep(offset).await;
-        let mut ticker = tokio::time::interval(self.interval);
-        loop {
-            tokio::select! {
-                _ = ticker.tick() => {}
-                () = stop.notified() => return,
-            }
-            let started = Instant::now();
-            match send_report(&conn, &self.instances).await {
-                Ok(true) => {
-                    stats.accepted.fetch_add(1, Ordering::Relaxed);
-                    if stats.measuring.load(Ordering::Relaxed) {
-                        let us = started.elapsed().as_micros().min(u32::MAX as u128) as u32;
-                        stats.latencies.lock().expect("latencies").push(us);
-                    }
-                }
-                Ok(false) => {
-                    stats.rejected.fetch_add(1, Ordering::Relaxed);
-                }
-                Err(e) => {
-                    stats.errors.fetch_add(1, Ordering::Relaxed);
-                    eprintln!("{}: {e:#}", self.id);
-                    if conn.close_reason().is_some() {
-                        return;
-                    }
-                }
-            }
-        }
-    }
-
-    async fn hello(
-        &self,
-        endpoint: &quinn::Endpoint,
-        addr: SocketAddr,
-    ) -> anyhow::Result<(quinn::Connection, (quinn::SendStream, quinn::RecvStream))> {
-        let conn = endpoint.connect(addr, "localhost")?.await?;
-        let (mut send, mut recv) = conn.open_bi().await?;
-        let hello = AgentMessage::Hello(Hello {
-            agent_id: self.id.clone(),
-            agent_version: "bench".into(),
-            token: None,
-        });
-        write_frame(&mut send, &hello, DEFAULT_MAX_MESSAGE).await?;
-        match read_frame::<ServerMessage>(&mut recv, DEFAULT_MAX_MESSAGE).await? {
-            Some(ServerMessage::Welcome { .. }) => Ok((conn, (send, recv))),
-            other => bail!("hello refused: {other:?}"),
-        }
-    }
-}
-
-async fn send_report(
-    conn: &quinn::Connection,
-    instances: &[InstanceReport],
-) -> anyhow::Result<bool> {
-    let (mut send, mut recv) = conn.open_bi().await?;
-    let report = AgentMessage::Report(Report {
-        sent_at_ms: 0,
-        instances: instances.to_vec(),
-    });
-    write_frame(&mut send, &report, DEFAULT_MAX_MESSAGE).await?;
-    send.finish()?;
-    match read_frame::<ServerMessage>(&mut recv, DEFAULT_MAX_MESSAGE).await? {
-        Some(ServerMessage::ReportAccepted { .. }) => Ok(true),
-        Some(ServerMessage::Rejected { .. }) => Ok(false),
-        other => bail!("unexpected answer: {other:?}"),
-    }
-}
-
-/// Real-shaped snapshots: filled metrics and a few upstream clusters with hosts.
-fn reports_for(agent: usize, count: usize) -> Vec<InstanceReport> {
+/// Real-shaped snapshots of agent `agent`'s `count` instances, one cluster per
+/// agent (`service-<agent % 200>` in `zone-<agent % 4>`), each calling `upstreams`
+/// other services of its zone.
+fn reports_for(agent: usize, count: usize, upstreams: usize) -> Vec<InstanceReport> {
+    let service = agent % 200;
+    let calls: Vec<String> = (1..=upstreams)
+        .map(|k| format!("service-{}", (service + 4 * k) % 200))
+        .collect();
     (0..count)
         .map(|i| {
-            let requests = 10_000 + (agent * 37 + i * 11) as i64;
-            let metrics = InstanceMetrics {
-                mesh_metrics_version: "1".into(),
-                total_requests: requests,
-                http_requests: requests,
-                all_requests: requests,
-                all_routes: "/".into(),
-                latency_avg: 4.2,
-                latency_count: requests,
-                latency_max: 250,
-                latency_min: 1,
-                latency_sum: requests * 4,
-                latency_p50: 3,
-                latency_p90: 8,
-                latency_p95: 12,
-                latency_p99: 40,
-                latency_p9990: 120,
-                latency_p9999: 240,
-                errors_count: requests / 100,
-                in_throughput: requests * 900,
-                out_throughput: requests * 4_000,
-                num_goroutines: 2,
-                start_time: 1_700_000_000_000,
-                cpu_pct: 12.5,
-                cpu_cores: 4,
-                os: "linux".into(),
-                os_arch: "x86_64".into(),
-                memory_available: 8 << 30,
-                memory_used: 4 << 30,
-                process_memory_used: 48 << 20,
-                memory_used_percent: 50.0,
-                ..InstanceMetrics::default()
-            };
-            let clusters = ["local_service", "auth", "catalog", "edge"]
-                .iter()
-                .enumerate()
-                .map(|(c, name)| UpstreamCluster {
-                    name: (*name).into(),
-                    added_via_api: c > 0,
-                    hosts: (0..2)
-                        .map(|h| UpstreamHost {
-                            address: format!("10.{}.{}.{}:8080", c, agent % 250, h + 1),
-                            cx_active: 3,
-                            cx_connect_fail: 0,
-                            cx_total: 120,
-                            rq_active: 1,
-                            rq_error: 2,
-                            rq_total: 4_000,
-                            health_flags: "healthy".into(),
-                        })
-                        .collect(),
-                })
-                .collect();
-            InstanceReport {
-                admin_address: "127.0.0.1:9901".into(),
-                reachable: true,
-                start_time_ms: 1_700_000_000_000,
-                server_state: "LIVE".into(),
-                envoy_version: "1.40.0/Clean/RELEASE/BoringSSL".into(),
-                log_level: Some("info".into()),
-                requests_total: requests as u64,
-                errors_5xx_total: (requests / 100) as u64,
-                metrics,
-                clusters,
-                ..InstanceReport::unread(
-                    format!("zone-{}", agent % 4),
-                    format!("service-{}", agent % 200),
-                    format!("pod-{agent}-{i}"),
-                )
-            }
+            sim::instance(
+                format!("zone-{}", agent % 4),
+                format!("service-{service}"),
+                format!("pod-{agent}-{i}"),
+                agent,
+                i,
+                &calls,
+            )
         })
         .collect()
 }

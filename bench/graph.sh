@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Benchmark of the dependency graph (see docs/benchmarks.md): builds the release
+# binaries, starts the aggregator (--dev) on free ports with a temporary data
+# directory, registers CLUSTERS clusters in ZONES zones, then meshcat-bench-graph
+# runs AGENTS simulated agents over the real QUIC ingest reporting one instance of
+# every cluster, first without upstream traffic and then each calling UPSTREAMS
+# clusters of its zone (CLUSTERS x UPSTREAMS edges). It reads the aggregator's
+# resident memory without and with the edges (memory per edge: the difference
+# divided by the edge count) and measures GET /graph over one keep-alive connection
+# with Accept-Encoding: gzip for DURATION.
+#
+# The last line reads `graph: p99 <ms> ms, <bytes> bytes per edge, <nodes> nodes,
+# <edges> edges`.
+#
+# Environment: CLUSTERS (10000), ZONES (20), UPSTREAMS (5), AGENTS (100),
+# DURATION (20s), WINDOW (60s, the aggregator's --graph-window, waited out before
+# memory is read), CARGO_TARGET_DIR (./target).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
+
+CLUSTERS=${CLUSTERS:-10000}
+ZONES=${ZONES:-20}
+UPSTREAMS=${UPSTREAMS:-5}
+AGENTS=${AGENTS:-100}
+DURATION=${DURATION:-20s}
+WINDOW=${WINDOW:-60s}
+target=${CARGO_TARGET_DIR:-$root/target}
+
+echo "==> building release"
+cargo build --release -p meshcat-aggregator -p meshcat-bench
+bin="$target/release/meshcat-aggregator"
+
+work=$(mktemp -d)
+pid=""
+cleanup() {
+    [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+echo "==> starting the aggregator"
+# --dev: the simulated agents present the development agent certificate; they all
+# share it, so its bound on instances is raised to the cluster count.
+start_aggregator "$bin" --dev --graph-window "$WINDOW" \
+    --max-instances-per-credential "$((CLUSTERS * 2))"
+wait_quic
+
+echo "==> registering $CLUSTERS clusters in $ZONES zones"
+"$target/release/meshcat-bench-writes" --api "http://$api" --writers 8 --bulk 500 \
+    --clusters "$CLUSTERS" --zones "$ZONES" --prefix svc
+
+echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+"$target/release/meshcat-bench-graph" --api "http://$api" --quic "$quic" --pid "$pid" \
+    --data-dir "$work/data" --clusters "$CLUSTERS" --zones "$ZONES" --prefix svc \
+    --upstreams "$UPSTREAMS" --agents "$AGENTS" --window "$WINDOW" --duration "$DURATION" \
+    | tee "$work/graph.out"
+echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'); load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+tail -1 "$work/graph.out"
