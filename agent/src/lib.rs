@@ -9,6 +9,7 @@ pub mod commands;
 pub mod config;
 pub mod debugwindow;
 pub mod discovery;
+pub mod drift;
 pub mod envoy;
 pub mod logtail;
 pub mod metrics_object;

@@ -15,6 +15,7 @@ use tracing::{debug, error, info, warn};
 use crate::Agent;
 use crate::board::{Board, Lease};
 use crate::config::parse_host_port;
+use crate::drift;
 use crate::envoy::{EnvoyAdmin, EnvoyError, seed_level};
 use crate::metrics_object::{self, HostSampler};
 use crate::topology::{self, TopologyCache};
@@ -248,11 +249,16 @@ async fn scrape_fallible(
         upstreams: topology::upstream_traffic(&stats, &topology.topology().tls_clusters),
         listeners: topology.topology().listeners.clone(),
         local_cluster: target.local_cluster.clone(),
+        config_hash: topology.hashes().map(|h| h.config.clone()),
+        config_hashes: topology
+            .hashes()
+            .map(|h| h.kinds.clone())
+            .unwrap_or_default(),
     })
 }
 
-/// Reads the sidecar's `/config_dump` into `cache`; a failed read is tried again at
-/// the next scrape and leaves the last topology in place.
+/// Reads the sidecar's `/config_dump` into `cache` (its topology and drift hashes); a
+/// failed read is tried again at the next scrape and leaves the last ones in place.
 async fn read_topology(
     admin: &EnvoyAdmin,
     target: &Target,
@@ -279,10 +285,12 @@ async fn read_topology(
         }
     };
     match dump {
-        Ok(text) => match topology::parse_config_dump(&text, &bound, own_host) {
-            Ok(t) => {
-                debug!(instance = %target.instance, listeners = t.listeners.len(), "Sidecar configuration read.");
-                cache.store(version, t);
+        Ok(text) => match serde_json::from_str::<serde_json::Value>(&text) {
+            Ok(dump) => {
+                let t = topology::from_config_dump(&dump, &bound, own_host);
+                let hashes = drift::config_hashes(&dump);
+                debug!(instance = %target.instance, listeners = t.listeners.len(), config_hash = %hashes.config, "Sidecar configuration read.");
+                cache.store(version, t, hashes);
             }
             Err(e) => {
                 warn!(instance = %target.instance, error = %e, "Sidecar /config_dump cannot be parsed.");

@@ -1,7 +1,8 @@
 //! What the graph needs from one sidecar: each upstream cluster's traffic (from the
 //! stats of every scrape) and the sidecar's listeners with the clusters their routes
 //! name, plus which clusters use TLS (from `/config_dump`, read again only when the
-//! counters of listener, cluster or route changes move).
+//! counters of listener, cluster or route changes move). The drift hashes
+//! ([`crate::drift`]) are computed at that same read and kept beside the topology.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{Hash, Hasher};
@@ -9,6 +10,7 @@ use std::hash::{Hash, Hasher};
 use meshcat_common::wire::{ListenerRoutes, UpstreamTraffic};
 use serde_json::Value;
 
+use crate::drift::ConfigHashes;
 use crate::envoy::model::StatsSnapshot;
 
 /// Most listeners and most clusters per listener reported for one sidecar.
@@ -27,12 +29,15 @@ pub struct Topology {
     pub tls_clusters: BTreeSet<String>,
 }
 
-/// The topology of the last `/config_dump` read and the configuration counters it
-/// was read at; one per scraped sidecar.
+/// The topology and drift hashes of the last `/config_dump` read and the
+/// configuration counters it was read at; one per scraped sidecar.
 #[derive(Debug, Default)]
 pub struct TopologyCache {
     read_at: Option<u64>,
     topology: Topology,
+    /// `None` until a dump was read: a sidecar whose configuration is unknown has no
+    /// hash rather than the hash of nothing.
+    hashes: Option<ConfigHashes>,
 }
 
 impl TopologyCache {
@@ -41,28 +46,35 @@ impl TopologyCache {
         self.read_at != Some(version)
     }
 
-    /// Keeps `topology`, read when the configuration counters were at `version`.
-    pub fn store(&mut self, version: u64, topology: Topology) {
+    /// Keeps `topology` and `hashes`, read when the configuration counters were at
+    /// `version`.
+    pub fn store(&mut self, version: u64, topology: Topology, hashes: ConfigHashes) {
         self.read_at = Some(version);
         self.topology = topology;
+        self.hashes = Some(hashes);
     }
 
     pub fn topology(&self) -> &Topology {
         &self.topology
     }
+
+    pub fn hashes(&self) -> Option<&ConfigHashes> {
+        self.hashes.as_ref()
+    }
 }
 
-/// A number that changes when the sidecar's listeners, clusters or routes change:
-/// Envoy's counters of listener and cluster additions, modifications and removals
-/// and of route reloads, with the sidecar's start time (a restarted sidecar counts
-/// from zero again).
+/// A number that changes when the sidecar's listeners, clusters, routes or SDS
+/// secrets change: Envoy's counters of listener and cluster additions, modifications
+/// and removals, of route reloads and of TLS contexts updated by SDS, with the
+/// sidecar's start time (a restarted sidecar counts from zero again).
 pub fn config_version(stats: &StatsSnapshot, start_time_ms: i64) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     start_time_ms.hash(&mut h);
     for (name, v) in &stats.values {
         let config = name.starts_with("listener_manager.listener_")
             || name.starts_with("cluster_manager.cluster_")
-            || (name.starts_with("http.") && name.ends_with(".config_reload"));
+            || (name.starts_with("http.") && name.ends_with(".config_reload"))
+            || name.ends_with("_ssl_socket_factory.ssl_context_update_by_sds");
         if config {
             name.hash(&mut h);
             v.hash(&mut h);
@@ -132,17 +144,16 @@ pub fn upstream_traffic(
     out
 }
 
-/// Reads the listeners, their routes' clusters and the TLS clusters from the text of
+/// Reads the listeners, their routes' clusters and the TLS clusters from a parsed
 /// `/config_dump`. A listener's address is the one it is bound to (`bound`, from
 /// `/listeners`, by listener name), else the configured one; a wildcard host
 /// (`0.0.0.0`, `::`) is given as `own_host`, the host the sidecar is reached at, so
 /// that other sidecars' upstream host addresses can match it.
-pub fn parse_config_dump(
-    text: &str,
+pub fn from_config_dump(
+    dump: &Value,
     bound: &BTreeMap<String, (String, u32)>,
     own_host: &str,
-) -> Result<Topology, serde_json::Error> {
-    let dump: Value = serde_json::from_str(text)?;
+) -> Topology {
     let configs = dump.get("configs").and_then(Value::as_array);
     let of_type = |suffix: &'static str| {
         configs.into_iter().flatten().filter(move |c| {
@@ -226,10 +237,10 @@ pub fn parse_config_dump(
             }
         }
     }
-    Ok(Topology {
+    Topology {
         listeners,
         tls_clusters,
-    })
+    }
 }
 
 /// `host:port` of a listener's socket address, a wildcard host replaced by `own_host`.
@@ -305,5 +316,46 @@ fn collect_clusters<'a>(
             }
         }
         _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stats(values: &[(&str, u64)]) -> StatsSnapshot {
+        StatsSnapshot {
+            values: values.iter().map(|(n, v)| ((*n).to_owned(), *v)).collect(),
+            ..StatsSnapshot::default()
+        }
+    }
+
+    #[test]
+    fn the_config_version_moves_with_configuration_counters_and_restarts_only() {
+        let base = [
+            ("listener_manager.listener_added", 2),
+            ("cluster_manager.cluster_added", 3),
+            ("http.ingress_http.rds.routes.config_reload", 1),
+            (
+                "cluster.payments.client_ssl_socket_factory.ssl_context_update_by_sds",
+                1,
+            ),
+            (
+                "listener.10.0.0.1_8443.server_ssl_socket_factory.ssl_context_update_by_sds",
+                1,
+            ),
+            ("cluster.payments.upstream_rq_total", 10),
+        ];
+        let v = config_version(&stats(&base), 1_000);
+        let with = |i: usize, value: u64| {
+            let mut s = base;
+            s[i].1 = value;
+            config_version(&stats(&s), 1_000)
+        };
+        for (i, (name, _)) in base.iter().enumerate().take(5) {
+            assert_ne!(with(i, 9), v, "{name}");
+        }
+        assert_eq!(with(5, 99), v, "traffic is not configuration");
+        assert_ne!(config_version(&stats(&base), 2_000), v, "a restart");
     }
 }

@@ -46,6 +46,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/clusters/{clusterName}"),
     ("PUT", "/clusters/{clusterName}"),
     ("DELETE", "/clusters/{clusterName}"),
+    ("GET", "/clusters/{clusterName}/drift"),
     ("GET", "/metrics/{clusterName}/{instanceId}"),
     ("GET", "/metrics/{name}/{version}/{instanceId}"),
     ("GET", "/zones"),
@@ -174,6 +175,7 @@ pub fn app_with_limits(
         )
         .route("/diagnose/{clusterName}", get(d::diagnose))
         .route("/graph", get(graph::graph))
+        .route("/clusters/{clusterName}/drift", get(graph::drift))
         .route("/openapi.json", get(h::openapi))
         .route(d::PEER_EVIDENCE, get(d::peer_evidence))
         .route(crate::replicas::PEER_TRAFFIC, get(graph::peer_traffic))

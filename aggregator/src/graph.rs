@@ -230,7 +230,7 @@ pub fn build(store: &Store, now: Instant) -> Built {
                     status: Some(f.status),
                     owner: f.owner.clone(),
                     instances: f.instances,
-                    drifted: false,
+                    drifted: f.drifted,
                 },
             )
         })

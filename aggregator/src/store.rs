@@ -18,6 +18,7 @@
 
 mod aggregate;
 pub mod changes;
+pub mod drift;
 pub mod etcd;
 mod instances;
 pub mod persist;

@@ -6,6 +6,8 @@
 //! The version is checked before the message is decoded, so a peer speaking another
 //! version gets a clear refusal rather than a decode error.
 
+use std::collections::BTreeMap;
+
 use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
@@ -105,6 +107,15 @@ pub struct InstanceReport {
     /// The sidecar's own (local) cluster, when its target names it.
     #[serde(default)]
     pub local_cluster: Option<String>,
+    /// The drift hash: 16 lowercase hex digits of the sidecar's configuration without
+    /// what is per instance (docs/agent.md, "The drift hash"). `None` until the agent
+    /// read a `/config_dump`, and from agents older than drift.
+    #[serde(default)]
+    pub config_hash: Option<String>,
+    /// The same per resource kind (`listeners`, `clusters`, `routes`, `secrets`):
+    /// which kinds two drifted instances differ in. Empty with no `config_hash`.
+    #[serde(default)]
+    pub config_hashes: BTreeMap<String, String>,
 }
 
 /// One upstream cluster's traffic as the sidecar counted it: counters since the
@@ -156,6 +167,8 @@ impl InstanceReport {
             upstreams: Vec::new(),
             listeners: Vec::new(),
             local_cluster: None,
+            config_hash: None,
+            config_hashes: BTreeMap::new(),
         }
     }
 }
@@ -444,6 +457,81 @@ mod tests {
         assert_eq!((new.requests_total, new.errors_5xx_total), (3, 1));
         assert!(new.upstreams.is_empty() && new.listeners.is_empty());
         assert_eq!(new.local_cluster, None);
+        assert_eq!(new.config_hash, None);
+        assert!(new.config_hashes.is_empty());
+    }
+
+    /// An instance report as agents with the graph but before drift send it.
+    #[derive(Serialize)]
+    struct ReportBeforeDrift {
+        zone_name: String,
+        cluster_name: String,
+        instance: String,
+        admin_address: String,
+        reachable: bool,
+        error: Option<String>,
+        start_time_ms: i64,
+        server_state: String,
+        envoy_version: String,
+        log_level: Option<String>,
+        requests_total: u64,
+        errors_5xx_total: u64,
+        metrics: InstanceMetrics,
+        clusters: Vec<UpstreamCluster>,
+        upstreams: Vec<UpstreamTraffic>,
+        listeners: Vec<ListenerRoutes>,
+        local_cluster: Option<String>,
+    }
+
+    #[test]
+    fn reports_of_agents_before_drift_still_decode_and_new_ones_carry_the_hashes() {
+        let old = ReportBeforeDrift {
+            zone_name: "z".into(),
+            cluster_name: "c".into(),
+            instance: "i".into(),
+            admin_address: "127.0.0.1:9901".into(),
+            reachable: true,
+            error: None,
+            start_time_ms: 7,
+            server_state: "LIVE".into(),
+            envoy_version: "1.40.0".into(),
+            log_level: None,
+            requests_total: 3,
+            errors_5xx_total: 1,
+            metrics: InstanceMetrics::default(),
+            clusters: vec![],
+            upstreams: vec![],
+            listeners: vec![ListenerRoutes {
+                address: "10.0.0.1:8080".into(),
+                clusters: vec!["orders".into()],
+            }],
+            local_cluster: Some("local_orders".into()),
+        };
+        let packed = rmp_serde::to_vec(&old).unwrap();
+        let new: InstanceReport = rmp_serde::from_slice(&packed).unwrap();
+        assert_eq!(new.local_cluster.as_deref(), Some("local_orders"));
+        assert_eq!(new.listeners.len(), 1);
+        assert_eq!(new.config_hash, None);
+        assert!(new.config_hashes.is_empty());
+
+        let mut report = InstanceReport::unread("z".into(), "c".into(), "i".into());
+        report.config_hash = Some("0123456789abcdef".into());
+        report.config_hashes = [("routes", "fedcba9876543210")]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        let frame = encode(
+            &AgentMessage::Report(Report {
+                sent_at_ms: 1,
+                instances: vec![report.clone()],
+            }),
+            DEFAULT_MAX_MESSAGE,
+        )
+        .unwrap();
+        let AgentMessage::Report(back) = decode(&frame[4..]).unwrap() else {
+            panic!("a report");
+        };
+        assert_eq!(back.instances, vec![report]);
     }
 
     #[test]

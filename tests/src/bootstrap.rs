@@ -234,6 +234,8 @@ pub struct Bootstrap {
     pub stats_flush_ms: u64,
     /// Admin port; 0 picks one (a restart reuses the learned port).
     pub admin_port: u16,
+    /// The node (id, cluster, metadata, locality); none: Envoy's empty node.
+    pub node: Option<Value>,
 }
 
 impl Bootstrap {
@@ -294,10 +296,14 @@ impl Bootstrap {
         listeners.extend(self.raw_listeners.iter().cloned());
         let mut clusters: Vec<Value> = self.clusters.iter().map(Cluster::render).collect();
         clusters.extend(self.raw_clusters.iter().cloned());
-        json!({
+        let mut b = json!({
             "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": self.admin_port}}},
             "stats_flush_interval": format!("{}s", self.stats_flush_ms as f64 / 1000.0),
             "static_resources": {"listeners": listeners, "clusters": clusters},
-        })
+        });
+        if let Some(node) = &self.node {
+            b["node"] = node.clone();
+        }
+        b
     }
 }

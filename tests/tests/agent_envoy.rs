@@ -1,6 +1,7 @@
 //! The agent against real Envoy 1.40 sidecars: scraping with traffic driven
-//! through them, unreachable sidecars, targets-file reload, and the ops port's
-//! `/logging` really changing Envoy's level.
+//! through them, unreachable sidecars, targets-file reload, the ops port's
+//! `/logging` really changing Envoy's level, and the drift hash of sidecars that
+//! share a configuration or not.
 
 use std::time::Duration;
 
@@ -9,6 +10,7 @@ use meshcat_agent::envoy::EnvoyAdmin;
 use meshcat_agent::metrics_object::{HostSampler, check_invariants};
 use meshcat_agent::scrape::{Target, scrape_once};
 use meshcat_agent::topology::TopologyCache;
+use meshcat_tests::bootstrap::{Cluster, HttpListener};
 use meshcat_tests::{Bootstrap, Envoy, Upstream, wait_for};
 use tokio::sync::oneshot;
 
@@ -364,4 +366,93 @@ async fn targets_file_changes_are_followed() {
         .unwrap();
     assert_eq!(r.status(), 200);
     agent.stop().await;
+}
+
+/// A service sidecar's bootstrap whose ingress routes `prefix` to its upstream, with
+/// its own node identity.
+fn orders_sidecar(upstream: &Upstream, node: &str, zone: &str, prefix: &str) -> Bootstrap {
+    let mut b = Bootstrap::new()
+        .listener(HttpListener::new("ingress", "ingress_http").route(prefix, "local_service"))
+        .cluster(Cluster::new("local_service", &[upstream.addr]));
+    b.node = Some(serde_json::json!({
+        "id": node,
+        "cluster": "orders",
+        "metadata": {"pod": node},
+        "locality": {"zone": zone},
+    }));
+    b
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sidecars_of_one_configuration_share_the_drift_hash_and_a_changed_route_differs() {
+    let (ua, ub, uc) = (
+        Upstream::start().await.unwrap(),
+        Upstream::start().await.unwrap(),
+        Upstream::start().await.unwrap(),
+    );
+    let a = Envoy::start(orders_sidecar(&ua, "orders-a", "z1", "/"))
+        .await
+        .unwrap();
+    let mut b = Envoy::start(orders_sidecar(&ub, "orders-b", "z2", "/"))
+        .await
+        .unwrap();
+    // A restart pins the ports b learned into its bootstrap: its listener and admin
+    // then carry their own port numbers where a's say 0.
+    b.restart().await.unwrap();
+    let c = Envoy::start(orders_sidecar(&uc, "orders-c", "z1", "/v2"))
+        .await
+        .unwrap();
+    assert_ne!(a.listener("ingress").port(), b.listener("ingress").port());
+    let dump = b.admin_get("/config_dump").await.unwrap();
+    let port = format!("\"port_value\": {}", b.listener("ingress").port());
+    assert!(
+        dump.contains(&port),
+        "b's listener port is in its configuration"
+    );
+
+    let host = HostSampler::new();
+    let scrape = |envoy: &Envoy, instance: &str| {
+        let t = target(envoy, instance);
+        let admin = EnvoyAdmin::new(&envoy.admin_addr(), Duration::from_secs(2)).unwrap();
+        let host = &host;
+        async move {
+            let mut cache = TopologyCache::default();
+            let r = scrape_once(&admin, &t, host, None, &mut cache).await;
+            assert!(r.reachable, "{:?}", r.error);
+            // The hashes are kept with the topology until the configuration moves.
+            assert_eq!(cache.hashes().map(|h| &h.config), r.config_hash.as_ref());
+            let again = scrape_once(&admin, &t, host, Some(&r), &mut cache).await;
+            assert_eq!(again.config_hash, r.config_hash);
+            assert_eq!(again.config_hashes, r.config_hashes);
+            r
+        }
+    };
+    let (ra, rb, rc) = (
+        scrape(&a, "orders-a").await,
+        scrape(&b, "orders-b").await,
+        scrape(&c, "orders-c").await,
+    );
+
+    let hash = ra.config_hash.clone().expect("a drift hash");
+    assert_eq!(hash.len(), 16);
+    assert!(
+        hash.bytes()
+            .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c)),
+        "{hash}"
+    );
+    let kinds: Vec<&str> = ra.config_hashes.keys().map(String::as_str).collect();
+    assert_eq!(kinds, ["clusters", "listeners", "routes", "secrets"]);
+    // Different node, admin port, listener port, upstream port and access-log path.
+    assert_ne!(a.access_log_path(), b.access_log_path());
+    assert_eq!(rb.config_hash, ra.config_hash);
+    assert_eq!(rb.config_hashes, ra.config_hashes);
+
+    assert_ne!(rc.config_hash, ra.config_hash);
+    let differs: Vec<&str> = ra
+        .config_hashes
+        .iter()
+        .filter(|(k, v)| rc.config_hashes.get(*k) != Some(v))
+        .map(|(k, _)| k.as_str())
+        .collect();
+    assert_eq!(differs, ["routes"]);
 }

@@ -132,3 +132,51 @@ pub async fn peer_traffic(
     ))
 }
 
+/// The query of `GET /clusters/{clusterName}/drift`.
+#[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Query, rename_all = "camelCase")]
+pub struct DriftQuery {
+    /// The cluster's zone.
+    pub zone_name: String,
+}
+
+impl DriftQuery {
+    fn parse(raw: Option<&str>) -> Result<DriftQuery, ApiError> {
+        let q =
+            super::query::RequiredZoneQuery::parse(raw, "Query parameter zoneName is required.")?;
+        Ok(DriftQuery {
+            zone_name: q.zone_name,
+        })
+    }
+}
+
+#[utoipa::path(
+    get,
+    path = "/clusters/{clusterName}/drift",
+    summary = "Configuration drift: the cluster's live instances grouped by the hash of their sidecar's effective configuration.",
+    params(super::paths::ClusterPath, DriftQuery),
+    responses(
+        (status = 200, description = "The groups, the largest first; without drift one group with every live instance and `differs` empty.", body = crate::store::drift::DriftView),
+        (status = 400, description = "zoneName missing or malformed.", body = ErrorBody),
+        ReadTokenMissing,
+        NotFound,
+    ),
+)]
+pub async fn drift(
+    State(s): Shared,
+    _r: Reader,
+    super::paths::Valid(super::paths::ClusterPath {
+        cluster_name: cluster,
+    }): super::paths::Valid<super::paths::ClusterPath>,
+    RawQuery(q): RawQuery,
+) -> Result<axum::Json<crate::store::drift::DriftView>, ApiError> {
+    let zone = DriftQuery::parse(q.as_deref())?.zone_name;
+    s.store
+        .drift(&zone, &cluster)
+        .map(axum::Json)
+        .ok_or_else(|| {
+            ApiError::not_found(format!(
+                "Cluster {cluster} is neither registered nor reported in zone {zone}."
+            ))
+        })
+}

@@ -41,6 +41,7 @@ use super::{diagnose, events, graph, handlers, logging};
         logging::post_debug_window,
         diagnose::diagnose,
         graph::graph,
+        graph::drift,
         events::events,
     ),
     modifiers(&Shared),

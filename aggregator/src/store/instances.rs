@@ -27,6 +27,9 @@ pub const MAX_INSTANCES: u64 = 200_000;
 /// Identifies one reported instance: (zone, cluster, instance).
 pub type InstanceKey = (String, String, String);
 
+/// Longest configuration hash kept (the agent sends 16 hex digits).
+const MAX_CONFIG_HASH: usize = 64;
+
 /// One instance as its agent last reported it. The fields the store reads on every
 /// report are kept apart, the graph's fields (upstream traffic, listeners, local
 /// cluster) in [`super::traffic`]; the rest of the report (metrics, upstream
@@ -48,6 +51,9 @@ pub struct LiveInstance {
     pub reachable: bool,
     /// When the sidecar started (ms since the epoch).
     pub start_time_ms: i64,
+    /// The hash of the sidecar's effective configuration (drift), when its agent
+    /// sends one.
+    pub config_hash: Option<Arc<str>>,
     /// The sidecar's request and 5xx counters, for the next report's window.
     requests_total: u64,
     errors_5xx_total: u64,
@@ -81,6 +87,11 @@ impl LiveInstance {
             window_errors: window.1,
             reachable: report.reachable,
             start_time_ms: report.start_time_ms,
+            config_hash: report
+                .config_hash
+                .as_deref()
+                .filter(|h| h.len() <= MAX_CONFIG_HASH)
+                .map(Arc::from),
             requests_total: report.requests_total,
             errors_5xx_total: report.errors_5xx_total,
             packed,

@@ -484,6 +484,8 @@ pub struct ClusterFacts {
     pub instances: u64,
     /// Declared dependencies as (zone, cluster).
     pub dependencies: Vec<(String, String)>,
+    /// Whether its live instances run different configurations.
+    pub drifted: bool,
 }
 
 impl super::Store {
@@ -504,6 +506,7 @@ impl super::Store {
                     status: e.status,
                     owner: record.map(|r| r.owner.clone()).unwrap_or_default(),
                     instances: e.live,
+                    drifted: super::drift::drifted(e.instances.values()),
                     dependencies: record
                         .map(|r| {
                             r.dependencies
