@@ -193,7 +193,8 @@ impl<'a> TopologyReader<'a> {
                 };
                 let mut names = Names::default();
                 collect_clusters(l, &mut names, 0);
-                self.listeners.push((address, names.clusters, names.route_configs));
+                self.listeners
+                    .push((address, names.clusters, names.route_configs));
             }
             Item::RouteConfig(rc) => {
                 if let Some(name) = rc.get("name").and_then(Value::as_str) {

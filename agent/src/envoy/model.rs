@@ -244,12 +244,21 @@ impl<'de> Deserialize<'de> for StatValue {
             fn visit_unit<E>(self) -> Result<StatValue, E> {
                 Ok(StatValue(None))
             }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut a: A) -> Result<StatValue, A::Error> {
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut a: A,
+            ) -> Result<StatValue, A::Error> {
                 while a.next_element::<serde::de::IgnoredAny>()?.is_some() {}
                 Ok(StatValue(None))
             }
-            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut a: A) -> Result<StatValue, A::Error> {
-                while a.next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?.is_some() {}
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut a: A,
+            ) -> Result<StatValue, A::Error> {
+                while a
+                    .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+                    .is_some()
+                {}
                 Ok(StatValue(None))
             }
         }
