@@ -8,16 +8,15 @@
 
 pub mod snapshot;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
-use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use meshcat_common::model::Status;
 use serde::Serialize;
 
 use crate::store::Store;
-use crate::store::traffic::address_key;
+use crate::store::traffic::{AddressMap, AddressSet};
 
 /// Default and largest `depth` of a focused graph.
 pub const DEFAULT_DEPTH: u32 = 1;
@@ -210,53 +209,125 @@ impl Built {
     }
 }
 
-/// The whole graph at `now`.
+/// The nodes of a graph being built, found by (zone, cluster) without building
+/// their ids.
+#[derive(Debug, Default)]
+struct Nodes {
+    all: Vec<Node>,
+    /// Cluster nodes: zone, then cluster name, to position in `all`.
+    clusters: HashMap<String, HashMap<String, u32>>,
+    /// External nodes: zone, then upstream name, to position in `all`.
+    externals: HashMap<String, HashMap<String, u32>>,
+}
+
+impl Nodes {
+    fn push(&mut self, node: Node) -> u32 {
+        let at = self.all.len() as u32;
+        let by_zone = if node.kind == "external" {
+            &mut self.externals
+        } else {
+            &mut self.clusters
+        };
+        by_zone
+            .entry(node.zone_name.clone())
+            .or_default()
+            .insert(node.cluster_name.clone(), at);
+        self.all.push(node);
+        at
+    }
+
+    fn cluster(&self, zone: &str, cluster: &str) -> Option<u32> {
+        self.clusters.get(zone)?.get(cluster).copied()
+    }
+
+    /// The external node of `upstream` in `zone`, added when missing.
+    fn external(&mut self, zone: &str, upstream: &str) -> u32 {
+        if let Some(at) = self.externals.get(zone).and_then(|z| z.get(upstream)) {
+            return *at;
+        }
+        self.push(Node {
+            id: external_id(zone, upstream),
+            kind: "external",
+            zone_name: zone.to_owned(),
+            cluster_name: upstream.to_owned(),
+            registered: false,
+            status: None,
+            owner: String::new(),
+            instances: 0,
+            drifted: false,
+        })
+    }
+
+    /// The node of a declared dependency: the cluster, or one known only from the
+    /// declaration (added when missing).
+    fn declared(&mut self, zone: &str, cluster: &str) -> u32 {
+        if let Some(at) = self.cluster(zone, cluster) {
+            return at;
+        }
+        self.push(Node {
+            id: node_id(zone, cluster),
+            kind: "cluster",
+            zone_name: zone.to_owned(),
+            cluster_name: cluster.to_owned(),
+            registered: false,
+            status: Some(Status::Down),
+            owner: String::new(),
+            instances: 0,
+            drifted: false,
+        })
+    }
+}
+
+/// The whole graph at `now`. Nodes and links are found by position: a mesh's graph
+/// is built from every upstream of every live instance (hundreds of thousands on a
+/// big mesh), once a second, so no id is built or compared per upstream.
 pub fn build(store: &Store, now: Instant) -> Built {
     let window = store.graph_window();
     let facts = store.cluster_facts();
-    // Keyed by shared ids: the edges found below name their ends without copies.
-    let mut nodes: BTreeMap<Arc<str>, Node> = facts
-        .iter()
-        .map(|f| {
-            let id = node_id(&f.zone, &f.cluster);
-            (
-                Arc::from(id.as_str()),
-                Node {
-                    id,
-                    kind: "cluster",
-                    zone_name: f.zone.clone(),
-                    cluster_name: f.cluster.clone(),
-                    registered: f.registered,
-                    status: Some(f.status),
-                    owner: f.owner.clone(),
-                    instances: f.instances,
-                    drifted: f.drifted,
-                },
-            )
-        })
-        .collect();
+    let mut nodes = Nodes::default();
+    for f in &facts {
+        nodes.push(Node {
+            id: node_id(&f.zone, &f.cluster),
+            kind: "cluster",
+            zone_name: f.zone.clone(),
+            cluster_name: f.cluster.clone(),
+            registered: f.registered,
+            status: Some(f.status),
+            owner: f.owner.clone(),
+            instances: f.instances,
+            drifted: f.drifted,
+        });
+    }
     // Who listens where, and which addresses other sidecars send traffic to (by
     // their keys: upstream hosts are kept hashed).
-    let mut listening: HashMap<u64, (String, String)> = HashMap::new();
-    let mut called: HashSet<u64> = HashSet::new();
-    let mut upstreams = 0;
+    let mut listening: AddressMap<u32> = AddressMap::default();
+    let mut called = AddressSet::default();
     store.each_traffic(|(zone, cluster, _), t| {
-        for l in &t.listeners {
-            listening.insert(address_key(&l.address), (zone.clone(), cluster.clone()));
+        if let Some(at) = nodes.cluster(zone, cluster) {
+            for key in &t.listener_keys {
+                listening.insert(*key, at);
+            }
         }
         for u in &t.upstreams {
             called.extend(u.hosts.iter().copied());
         }
-        upstreams += t.upstreams.len();
     });
     let epoch_now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64);
-    let declared: usize = facts.iter().map(|f| f.dependencies.len()).sum();
-    let mut found: Vec<(Arc<str>, Arc<str>, Link)> = Vec::with_capacity(upstreams + declared);
-    let link = |observed: bool| Link {
-        source: 0,
-        target: 0,
+    let mut links: Vec<Link> = Vec::new();
+    // (source, target) to position in `links`.
+    let mut found: HashMap<(u32, u32), usize> = HashMap::new();
+    let mut add = |links: &mut Vec<Link>, l: Link| match found.entry((l.source, l.target)) {
+        std::collections::hash_map::Entry::Occupied(at) => links[*at.get()].merge(&l),
+        std::collections::hash_map::Entry::Vacant(v) => {
+            v.insert(links.len());
+            links.push(l);
+        }
+    };
+    let link = |source: u32, target: u32, observed: bool| Link {
+        source,
+        target,
         requests: 0,
         errors: 0,
         p50_ms: None,
@@ -269,19 +340,17 @@ pub fn build(store: &Store, now: Instant) -> Built {
     store.each_traffic(|(zone, cluster, _), t| {
         // Traffic of an instance no longer live (expired while the graph was built)
         // draws no edge.
-        let Some(source) = nodes
-            .get_key_value(node_id(zone, cluster).as_str())
-            .map(|(k, _)| k.clone())
-        else {
+        let Some(source) = nodes.cluster(zone, cluster) else {
             return;
         };
         // The sidecar's own cluster: named by the target, or by the routes of a
         // listener other sidecars send traffic to (its inbound listener).
         let mut local: BTreeSet<&str> = t.local_cluster.iter().map(String::as_str).collect();
-        for l in t
+        for (l, _) in t
             .listeners
             .iter()
-            .filter(|l| called.contains(&address_key(&l.address)))
+            .zip(t.listener_keys.iter())
+            .filter(|(_, key)| called.contains(*key))
         {
             local.extend(l.clusters.iter().map(String::as_str));
         }
@@ -294,36 +363,11 @@ pub fn build(store: &Store, now: Instant) -> Built {
             if w.requests + w.errors == 0 {
                 continue;
             }
-            let same_zone = nodes
-                .get_key_value(node_id(zone, name).as_str())
-                .filter(|(_, n)| n.kind == "cluster")
-                .map(|(k, _)| k.clone());
-            let target = match same_zone.or_else(|| {
-                u.hosts
-                    .iter()
-                    .filter_map(|h| listening.get(h))
-                    .find_map(|(z, c)| nodes.get_key_value(node_id(z, c).as_str()))
-                    .map(|(k, _)| k.clone())
-            }) {
-                Some(k) => k,
-                None => {
-                    let id = external_id(zone, name);
-                    let key: Arc<str> = Arc::from(id.as_str());
-                    nodes.entry(key.clone()).or_insert_with(|| Node {
-                        id,
-                        kind: "external",
-                        zone_name: zone.clone(),
-                        cluster_name: name.to_owned(),
-                        registered: false,
-                        status: None,
-                        owner: String::new(),
-                        instances: 0,
-                        drifted: false,
-                    });
-                    nodes.get_key_value(&key).map_or(key, |(k, _)| k.clone())
-                }
-            };
-            let mut l = link(true);
+            let target = nodes
+                .cluster(zone, name)
+                .or_else(|| u.hosts.iter().find_map(|h| listening.get(h).copied()))
+                .unwrap_or_else(|| nodes.external(zone, name));
+            let mut l = link(source, target, true);
             l.requests = w.requests;
             l.errors = w.errors;
             l.p50_ms = u.p50_ms;
@@ -332,50 +376,35 @@ pub fn build(store: &Store, now: Instant) -> Built {
             l.last_seen_ms = w
                 .last_seen
                 .map(|at| epoch_now - now.saturating_duration_since(at).as_millis() as i64);
-            found.push((source.clone(), target, l));
+            add(&mut links, l);
         }
     });
     for f in &facts {
-        let source: Arc<str> = Arc::from(node_id(&f.zone, &f.cluster).as_str());
+        let source = nodes
+            .cluster(&f.zone, &f.cluster)
+            .expect("every cluster of the facts is a node");
         for (z, c) in &f.dependencies {
-            let id = node_id(z, c);
-            let key: Arc<str> = Arc::from(id.as_str());
-            nodes.entry(key.clone()).or_insert_with(|| Node {
-                id,
-                kind: "cluster",
-                zone_name: z.clone(),
-                cluster_name: c.clone(),
-                registered: false,
-                status: Some(Status::Down),
-                owner: String::new(),
-                instances: 0,
-                drifted: false,
-            });
-            found.push((source.clone(), key, link(false)));
+            let target = nodes.declared(z, c);
+            add(&mut links, link(source, target, false));
         }
     }
-    found.sort_unstable_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
-    let nodes: Vec<Node> = nodes.into_values().collect();
-    let at = |id: &str| {
-        nodes
-            .binary_search_by(|n| n.id.as_str().cmp(id))
-            .expect("every edge end is a node") as u32
-    };
-    let mut links: Vec<Link> = Vec::with_capacity(found.len());
-    let mut last: Option<(Arc<str>, Arc<str>)> = None;
-    for (source, target, mut l) in found {
-        if let (Some((s, t)), Some(prev)) = (&last, links.last_mut())
-            && *s == source
-            && *t == target
-        {
-            prev.merge(&l);
-            continue;
-        }
-        l.source = at(&source);
-        l.target = at(&target);
-        links.push(l);
-        last = Some((source, target));
+    // Nodes sorted by id, links by (source, target): then by their ends' positions.
+    let mut order: Vec<u32> = (0..nodes.all.len() as u32).collect();
+    order.sort_unstable_by(|a, b| nodes.all[*a as usize].id.cmp(&nodes.all[*b as usize].id));
+    let mut position = vec![0u32; order.len()];
+    for (new, old) in order.iter().enumerate() {
+        position[*old as usize] = new as u32;
     }
+    let mut all: Vec<Option<Node>> = nodes.all.into_iter().map(Some).collect();
+    let nodes: Vec<Node> = order
+        .iter()
+        .map(|old| all[*old as usize].take().expect("each node once"))
+        .collect();
+    for l in &mut links {
+        l.source = position[l.source as usize];
+        l.target = position[l.target as usize];
+    }
+    links.sort_unstable_by_key(|l| (l.source, l.target));
     links.shrink_to_fit();
     Built {
         window_seconds: window.as_secs(),

@@ -646,6 +646,56 @@ mod tests {
     }
 
     #[test]
+    fn the_build_finds_each_edge_by_name_listener_or_as_external_beside_the_declared() {
+        let (_dir, store) = mesh();
+        let g = build(&store, Instant::now());
+        let ids: Vec<&str> = g.nodes.iter().map(|n| n.id.as_str()).collect();
+        assert_eq!(
+            ids,
+            [
+                "y/d",
+                "y/external:e",
+                "z/a",
+                "z/b",
+                "z/c",
+                "z/external:ext",
+                "z/ghost"
+            ]
+        );
+        let ghost = &g.nodes[6];
+        assert_eq!(
+            (ghost.kind, ghost.registered, ghost.status),
+            ("cluster", false, Some(meshcat_common::model::Status::Down))
+        );
+        assert_eq!((g.nodes[1].kind, g.nodes[1].status), ("external", None));
+        let edges: Vec<(&str, &str, u64, u64, bool, bool)> = (0..g.links.len())
+            .map(|i| {
+                let e = g.edge_json(i);
+                let l = &g.links[i];
+                (
+                    e.source, e.target, l.requests, l.errors, l.observed, l.declared,
+                )
+            })
+            .collect();
+        // Reports of 100 then 150 requests (a tenth of them 5xx): 50 and 5 in the
+        // window, per instance and upstream.
+        assert_eq!(
+            edges,
+            [
+                ("y/d", "y/external:e", 50, 5, true, false),
+                ("z/a", "y/d", 0, 0, false, true),
+                ("z/a", "z/b", 50, 5, true, true),
+                ("z/a", "z/c", 50, 5, true, false),
+                ("z/a", "z/external:ext", 50, 5, true, false),
+                ("z/a", "z/ghost", 0, 0, false, true),
+                ("z/b", "z/c", 50, 5, true, false),
+                // d-out's host is d's listener.
+                ("z/c", "y/d", 50, 5, true, false),
+            ]
+        );
+    }
+
+    #[test]
     fn every_scope_answers_as_a_build_from_the_store_does() {
         let (_dir, store) = mesh();
         let snapshot = Snapshot::build(&store);

@@ -36,6 +36,8 @@ pub const WINDOW_BUCKETS: usize = 12;
 pub struct InstanceTraffic {
     pub local_cluster: Option<String>,
     pub listeners: Vec<ListenerRoutes>,
+    /// The listeners' addresses as [`address_key`]s, in the same order.
+    pub listener_keys: Box<[u64]>,
     /// Sorted by name.
     pub upstreams: Vec<UpstreamState>,
 }
@@ -78,6 +80,33 @@ pub fn address_key(address: &str) -> u64 {
     address.hash(&mut h);
     h.finish()
 }
+
+/// Hashes an [`address_key`] as itself: the key already is a hash, and the graph
+/// looks up every upstream host of every instance once a second.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+
+    fn write_u64(&mut self, key: u64) {
+        self.0 = key;
+    }
+}
+
+/// A map keyed by [`address_key`]s.
+pub type AddressMap<V> =
+    std::collections::HashMap<u64, V, std::hash::BuildHasherDefault<KeyHasher>>;
+/// A set of [`address_key`]s.
+pub type AddressSet = std::collections::HashSet<u64, std::hash::BuildHasherDefault<KeyHasher>>;
 
 /// Where in the windows' buckets `now` falls: buckets are numbered from `epoch`.
 #[derive(Debug, Clone, Copy)]
@@ -190,6 +219,7 @@ impl Traffic {
         let clock = Clock::at(self.epoch, now, window);
         let mut t = self.instances.entry(key).or_default();
         t.local_cluster = local_cluster;
+        t.listener_keys = listeners.iter().map(|l| address_key(&l.address)).collect();
         t.listeners = listeners;
         // Both sorted by name: one walk pairs each upstream with its previous state.
         // An upstream the sidecar no longer lists (removed from its configuration) is
@@ -416,6 +446,7 @@ impl Traffic {
                     .filter(|l| l.len() <= MAX_NAME)
                     .cloned(),
                 listeners: c.listeners.iter().take(MAX_LISTENERS).cloned().collect(),
+                listener_keys: Box::default(),
                 upstreams: c
                     .upstreams
                     .iter()
@@ -426,6 +457,11 @@ impl Traffic {
             };
             t.upstreams.sort_unstable_by(|a, b| a.name.cmp(&b.name));
             t.upstreams.dedup_by(|a, b| a.name == b.name);
+            t.listener_keys = t
+                .listeners
+                .iter()
+                .map(|l| address_key(&l.address))
+                .collect();
             self.remote.insert(
                 (
                     c.zone_name.clone(),
