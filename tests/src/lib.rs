@@ -8,7 +8,7 @@
 //! a real three-member etcd cluster ([`etcd`]) with aggregator replicas as processes
 //! on it ([`replicas`]), reads `GET /events` streams ([`sse`]), and drives the
 //! dashboard in a real browser ([`browser`]). Processes told their ports up front
-//! take them from [`ports`].
+//! take them from [`ports`]; the Prometheus tools are found by [`promtool`].
 
 pub mod bootstrap;
 pub mod browser;
@@ -18,6 +18,7 @@ pub mod envoy;
 pub mod etcd;
 pub mod mesh;
 pub mod ports;
+pub mod promtool;
 pub mod replicas;
 pub mod scenario;
 pub mod sse;

@@ -6,38 +6,16 @@
 //! cluster's job.
 
 use std::collections::BTreeSet;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use meshcat_tests::ports::free_port;
+use meshcat_tests::promtool::{check_metrics, tool};
 use meshcat_tests::{Catalog, MeshAgent, Sidecar, wait_for};
 use serde_json::{Value, json};
 
 const DEADLINE: Duration = Duration::from_secs(30);
-
-/// A Prometheus tool from PATH. A missing one fails the test with the way to
-/// install it: these tests never skip silently.
-fn tool(name: &str) -> PathBuf {
-    let found = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join(name))
-            .find(|p| p.is_file())
-    });
-    match found {
-        Some(p) => p,
-        None => panic!(
-            "{name} not found in PATH{}: install Debian's prometheus package \
-             (apt-get install prometheus; scripts/test.sh does it)",
-            if std::env::var("CI").as_deref() == Ok("true") {
-                " under CI=true"
-            } else {
-                ""
-            }
-        ),
-    }
-}
 
 /// An aggregator with some API traffic and a real agent scraping a real sidecar.
 struct Mesh {
@@ -84,33 +62,6 @@ async fn mesh() -> Mesh {
         catalog,
         agent,
         _sidecar: sidecar,
-    }
-}
-
-/// Runs `promtool check metrics` on an exposition; its complaints on failure.
-fn promtool_check(text: &str) -> Result<(), String> {
-    let mut child = Command::new(tool("promtool"))
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| e.to_string())?;
-    child
-        .stdin
-        .take()
-        .expect("stdin piped")
-        .write_all(text.as_bytes())
-        .map_err(|e| e.to_string())?;
-    let out = child.wait_with_output().map_err(|e| e.to_string())?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ))
     }
 }
 
@@ -216,7 +167,7 @@ async fn promtool_accepts_both_expositions_and_a_real_prometheus_scrapes_them() 
     let aggregator = m.catalog.ops_metrics().await.unwrap();
     let agent = m.agent.metrics().await.unwrap();
     for (who, text) in [("aggregator", &aggregator), ("agent", &agent)] {
-        if let Err(e) = promtool_check(text) {
+        if let Err(e) = check_metrics(text) {
             panic!("promtool check metrics refuses the {who}'s exposition:\n{e}\n{text}");
         }
     }
