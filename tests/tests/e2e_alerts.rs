@@ -4,8 +4,12 @@
 //! `/metrics` carries each cluster's status and instances with its owner and the
 //! edge's counters, valid for `promtool check metrics`; the counters only grow, the
 //! status flips when svc-a's agent stops, a deleted cluster's series go, and
-//! `--cluster-metrics=false` leaves them all out.
+//! `--cluster-metrics=false` leaves them all out. The alerting rules and the Grafana
+//! dashboard of `deploy/kubernetes/monitoring/` name only series that this real
+//! aggregator exposes.
 
+use std::collections::BTreeSet;
+use std::path::Path;
 use std::time::Duration;
 
 use meshcat_aggregator::config::Config;
@@ -281,4 +285,51 @@ async fn cluster_metrics_false_leaves_every_cluster_and_edge_series_out() {
         "{text}"
     );
     check_metrics(&text).unwrap();
+}
+
+/// Every `meshcat_*` metric name in a file of the repository (PromQL in a rules
+/// file or a dashboard): words starting with `meshcat_`, which no other name in
+/// those files does (recorded series are named `meshcat:...`).
+fn names_in(path: &str) -> BTreeSet<String> {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path);
+    let text = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let word = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    text.split(|c: char| !word(c))
+        .filter(|w| w.starts_with("meshcat_"))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The names of the samples and families of an exposition.
+fn exposed(text: &str) -> BTreeSet<String> {
+    text.lines()
+        .filter_map(|l| match l.strip_prefix("# TYPE ") {
+            Some(rest) => rest.split_whitespace().next(),
+            None if l.starts_with('#') => None,
+            None => l.split(['{', ' ']).next(),
+        })
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rules_and_the_dashboard_name_only_series_the_aggregator_exposes() {
+    let m = mesh(|_| {}).await;
+    let text = m.traffic_until(0.0, -1.0, |c| c == 200).await;
+    let exposed = exposed(&text);
+    for path in [
+        "deploy/kubernetes/monitoring/alerts.yml",
+        "deploy/kubernetes/monitoring/dashboard.json",
+    ] {
+        let used = names_in(path);
+        assert!(
+            used.len() >= 5,
+            "{path} names too few series to be checked: {used:?}"
+        );
+        let unknown: Vec<&String> = used.difference(&exposed).collect();
+        assert!(
+            unknown.is_empty(),
+            "{path} names series the aggregator does not expose: {unknown:?}\nexposed: {exposed:?}"
+        );
+    }
 }
