@@ -6,7 +6,8 @@
 //! status flips when svc-a's agent stops, a deleted cluster's series go, and
 //! `--cluster-metrics=false` leaves them all out. The alerting rules and the Grafana
 //! dashboard of `deploy/kubernetes/monitoring/` name only series that this real
-//! aggregator exposes.
+//! aggregator exposes, and a real Prometheus evaluating the rules on its series
+//! finds the owner of each cluster and edge.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -15,7 +16,7 @@ use std::time::Duration;
 use meshcat_aggregator::config::Config;
 use meshcat_tests::bootstrap::{Cluster, HttpListener};
 use meshcat_tests::mesh::metric_sum;
-use meshcat_tests::promtool::check_metrics;
+use meshcat_tests::monitoring::{Prometheus, check_metrics};
 use meshcat_tests::{Bootstrap, Catalog, Envoy, MeshAgent, Upstream, wait_for};
 use serde_json::json;
 
@@ -312,15 +313,14 @@ fn exposed(text: &str) -> BTreeSet<String> {
         .collect()
 }
 
+const RULES: &str = "deploy/kubernetes/monitoring/alerts.yml";
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_rules_and_the_dashboard_name_only_series_the_aggregator_exposes() {
     let m = mesh(|_| {}).await;
     let text = m.traffic_until(0.0, -1.0, |c| c == 200).await;
     let exposed = exposed(&text);
-    for path in [
-        "deploy/kubernetes/monitoring/alerts.yml",
-        "deploy/kubernetes/monitoring/dashboard.json",
-    ] {
+    for path in [RULES, "deploy/kubernetes/monitoring/dashboard.json"] {
         let used = names_in(path);
         assert!(
             used.len() >= 5,
@@ -332,4 +332,38 @@ async fn the_rules_and_the_dashboard_name_only_series_the_aggregator_exposes() {
             "{path} names series the aggregator does not expose: {unknown:?}\nexposed: {exposed:?}"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_prometheus_with_the_rules_finds_the_owners_of_clusters_and_edges() {
+    let m = mesh(|_| {}).await;
+    m.traffic_until(0.0, -1.0, |c| c == 200).await;
+    let rules = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(RULES);
+    let prometheus = Prometheus::with_rules(
+        &[("meshcat", m.catalog.config.ops_addr.to_string())],
+        &[&rules],
+    );
+    prometheus
+        .series(&format!(
+            r#"meshcat:cluster_status:max{{zone="{ZONE}",cluster="svc-a",owner="team-a",status="stable"}} == 1"#
+        ))
+        .await;
+    // The edge's errors would go to the target's owner.
+    let owner = prometheus
+        .series(r#"meshcat:edge_owner{source="svc-a",target="svc-b"}"#)
+        .await;
+    assert_eq!(owner.len(), 1, "{owner:?}");
+    assert_eq!(owner[0]["metric"]["owner"], "team-b", "{owner:?}");
+    assert_eq!(owner[0]["metric"]["owner_of"], "target", "{owner:?}");
+    // With calls going on, the edge has an error ratio: 0, all calls answered.
+    let ratio = wait_for("the edge's error ratio", DEADLINE, || async {
+        assert!(m.call_b(3).await.iter().all(|c| *c == 200));
+        prometheus
+            .query(r#"meshcat:edge_error_ratio:rate5m{source="svc-a",target="svc-b"}"#)
+            .await
+            .filter(|r| !r.is_empty())
+    })
+    .await
+    .unwrap();
+    assert_eq!(ratio[0]["value"][1], "0", "{ratio:?}");
 }

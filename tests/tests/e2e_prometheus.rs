@@ -6,12 +6,11 @@
 //! cluster's job.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::Duration;
 
+use meshcat_tests::monitoring::{Prometheus, check_metrics};
 use meshcat_tests::ports::free_port;
-use meshcat_tests::promtool::{check_metrics, tool};
 use meshcat_tests::{Catalog, MeshAgent, Sidecar, wait_for};
 use serde_json::{Value, json};
 
@@ -72,93 +71,6 @@ fn families(text: &str) -> BTreeSet<String> {
         .filter_map(|l| l.split_whitespace().next())
         .map(str::to_owned)
         .collect()
-}
-
-/// A Prometheus server process, killed on drop.
-struct Prometheus {
-    child: Child,
-    url: String,
-    log: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Prometheus {
-    /// Starts Prometheus on a free 127.0.0.1 port scraping `targets` (job, address)
-    /// every second.
-    fn start(targets: &[(&str, String)]) -> Prometheus {
-        // Prometheus cannot report a port it chose itself: take a free one from the
-        // system, let it go, and hand it over.
-        Self::start_on(free_port().unwrap(), targets)
-    }
-
-    /// As [`Prometheus::start`] on a port chosen beforehand, for a server whose URL
-    /// must be known before the aggregator that it scrapes starts.
-    fn start_on(port: u16, targets: &[(&str, String)]) -> Prometheus {
-        let dir = tempfile::tempdir().unwrap();
-        let mut config = String::from(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n",
-        );
-        for (job, addr) in targets {
-            config.push_str(&format!(
-                "  - job_name: {job}\n    static_configs:\n      - targets: ['{addr}']\n"
-            ));
-        }
-        let config_file = dir.path().join("prometheus.yml");
-        std::fs::write(&config_file, config).unwrap();
-        let log = dir.path().join("prometheus.log");
-        let child = Command::new(tool("prometheus"))
-            .arg(format!("--config.file={}", config_file.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.path().join("data").display()
-            ))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("prometheus starts");
-        Prometheus {
-            child,
-            url: format!("http://127.0.0.1:{port}"),
-            log,
-            _dir: dir,
-        }
-    }
-
-    /// The result vector of an instant query.
-    async fn query(&self, q: &str) -> Option<Vec<Value>> {
-        let r = reqwest::Client::new()
-            .get(format!("{}/api/v1/query", self.url))
-            .query(&[("query", q)])
-            .send()
-            .await
-            .ok()?;
-        let body: Value = r.json().await.ok()?;
-        (body["status"] == "success").then_some(())?;
-        body["data"]["result"].as_array().cloned()
-    }
-
-    /// Waits until `q` returns at least one series, and returns them.
-    async fn series(&self, q: &str) -> Vec<Value> {
-        let found = wait_for(q, DEADLINE, || async {
-            self.query(q).await.filter(|r| !r.is_empty())
-        })
-        .await;
-        match found {
-            Ok(v) => v,
-            Err(e) => panic!(
-                "{e}\nprometheus log:\n{}",
-                std::fs::read_to_string(&self.log).unwrap_or_default()
-            ),
-        }
-    }
-}
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
