@@ -4,7 +4,9 @@
 //! ([`snapshot`]): the build is kept as a shared snapshot that every `GET /graph`
 //! reads until the next, and a watcher moves the catalog index and sends a `graph`
 //! event when an edge appears, disappears, or changes `observed` or `declared` (not
-//! when only its figures move).
+//! when only its figures move). Each shared build also counts the traffic reported
+//! since the last one on the edges it resolves: the edges' monotonic counters of the
+//! ops port's `/metrics`.
 
 pub mod snapshot;
 
@@ -114,8 +116,15 @@ fn external_id(zone: &str, upstream: &str) -> String {
 pub struct Link {
     pub source: u32,
     pub target: u32,
+    /// Requests and errors within the window.
     pub requests: u64,
     pub errors: u64,
+    /// Requests and errors counted on the edge since this process started, the
+    /// `meshcat_edge_*_total` counters: what the build claimed from the reports
+    /// since the build before, to which the snapshot adds the previous snapshot's
+    /// totals of the same edge ([`snapshot::Snapshot::count_from`]).
+    pub requests_total: u64,
+    pub errors_total: u64,
     pub p50_ms: Option<f64>,
     pub p99_ms: Option<f64>,
     pub last_seen_ms: Option<i64>,
@@ -129,6 +138,8 @@ impl Link {
     fn merge(&mut self, o: &Link) {
         self.requests += o.requests;
         self.errors += o.errors;
+        self.requests_total += o.requests_total;
+        self.errors_total += o.errors_total;
         self.p50_ms = max_opt(self.p50_ms, o.p50_ms);
         self.p99_ms = max_opt(self.p99_ms, o.p99_ms);
         self.last_seen_ms = self.last_seen_ms.max(o.last_seen_ms);
@@ -166,6 +177,14 @@ pub struct EdgeJson<'a> {
 }
 
 impl Built {
+    /// The ids of a link's source and target.
+    pub fn ends(&self, l: &Link) -> (&str, &str) {
+        (
+            self.nodes[l.source as usize].id.as_str(),
+            self.nodes[l.target as usize].id.as_str(),
+        )
+    }
+
     /// Link `i` as shown.
     pub fn edge_json(&self, i: usize) -> EdgeJson<'_> {
         let l = &self.links[i];
@@ -207,6 +226,18 @@ impl Built {
             last_seen_ms: e.last_seen_ms,
         }
     }
+}
+
+/// Whether a build takes the traffic reported since the last build that took it
+/// into its edges' counters (`requests_total`, `errors_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counters {
+    /// For the build that becomes the shared snapshot: what it takes is counted
+    /// once, on the edges it resolves.
+    Claim,
+    /// For a build that is thrown away after one use (a diagnosis, a test's
+    /// oracle): it leaves the counts to the next shared build, its counters are 0.
+    Leave,
 }
 
 /// The nodes of a graph being built, found by (zone, cluster) without building
@@ -281,7 +312,7 @@ impl Nodes {
 /// The whole graph at `now`. Nodes and links are found by position: a mesh's graph
 /// is built from every upstream of every live instance (hundreds of thousands on a
 /// big mesh), once a second, so no id is built or compared per upstream.
-pub fn build(store: &Store, now: Instant) -> Built {
+pub fn build(store: &Store, now: Instant, counters: Counters) -> Built {
     let window = store.graph_window();
     let facts = store.cluster_facts();
     let mut nodes = Nodes::default();
@@ -330,6 +361,8 @@ pub fn build(store: &Store, now: Instant) -> Built {
         target,
         requests: 0,
         errors: 0,
+        requests_total: 0,
+        errors_total: 0,
         p50_ms: None,
         p99_ms: None,
         last_seen_ms: None,
@@ -356,6 +389,12 @@ pub fn build(store: &Store, now: Instant) -> Built {
         }
         for u in &t.upstreams {
             let name = &*u.name;
+            // Claimed whatever becomes of it: the sidecar's own cluster is no edge,
+            // and what it counted now is not counted later on one.
+            let claimed = match counters {
+                Counters::Claim => u.claim(),
+                Counters::Leave => (0, 0),
+            };
             if local.contains(name) {
                 continue;
             }
@@ -370,6 +409,7 @@ pub fn build(store: &Store, now: Instant) -> Built {
             let mut l = link(source, target, true);
             l.requests = w.requests;
             l.errors = w.errors;
+            (l.requests_total, l.errors_total) = claimed;
             l.p50_ms = u.p50_ms;
             l.p99_ms = u.p99_ms;
             l.tls = u.tls;
@@ -426,7 +466,7 @@ fn max_opt(a: Option<f64>, b: Option<f64>) -> Option<f64> {
 #[cfg(test)]
 pub fn view(store: &Store, scope: &Scope, now: Instant) -> Result<GraphView, GraphError> {
     let index = store.index();
-    let built = build(store, now);
+    let built = build(store, now, Counters::Leave);
     let mut nodes = built.nodes.clone();
     let mut edges: Vec<Edge> = (0..built.links.len()).map(|i| built.edge(i)).collect();
     if let Some(zone) = &scope.zone {

@@ -253,6 +253,7 @@ async fn serve_with(
         store: agg.store.clone(),
         telemetry: agg.telemetry.clone(),
         ready: AtomicBool::new(false),
+        cluster_series: c.ops.cluster_metrics.then(|| graphs.clone()),
     });
     let api_addr = api.local_addr()?;
     let ops_addr = ops.local_addr()?;

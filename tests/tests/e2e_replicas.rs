@@ -10,6 +10,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use meshcat_tests::etcd::EtcdCluster;
+use meshcat_tests::mesh::metric_sum;
 use meshcat_tests::replicas::Replicas;
 use meshcat_tests::sse::EventStream;
 use meshcat_tests::wait_for;
@@ -1172,6 +1173,49 @@ async fn every_replica_answers_the_same_graph() -> anyhow::Result<()> {
         let e = &g["edges"][0];
         assert!(e["requests"].as_u64() > Some(0), "replica {i}: {g}");
     }
+
+    // The ops port (docs/metrics.md, "With replicas on etcd"): every replica
+    // exposes the same cluster series; the edge's counters count each replica's
+    // own agents, so only replica 0, where svc-a's agent reports, counts its calls.
+    let scrape = |i: usize| {
+        let url = format!("{}/metrics", set.replicas[i].ops_url());
+        let client = &client;
+        async move { client.get(url).send().await?.text().await }
+    };
+    let cluster_lines = |text: &str| -> Vec<String> {
+        text.lines()
+            .filter(|l| l.starts_with("meshcat_cluster_"))
+            .map(str::to_owned)
+            .collect()
+    };
+    let edge = [
+        ("source_zone", "z"),
+        ("source", "svc-a"),
+        ("target_zone", "z"),
+        ("target", "svc-b"),
+    ];
+    let texts = wait_for(
+        "the same cluster series on every replica",
+        Duration::from_secs(30),
+        || async {
+            let mut texts = Vec::new();
+            for i in 0..3 {
+                texts.push(scrape(i).await.ok()?);
+            }
+            let first = cluster_lines(&texts[0]);
+            let stable = r#"meshcat_cluster_status{zone="z",cluster="svc-a",owner="team",status="stable"} 1"#;
+            (first.iter().any(|l| l == stable)
+                && texts.iter().all(|t| cluster_lines(t) == first))
+            .then_some(texts)
+        },
+    )
+    .await?;
+    let counted: Vec<f64> = texts
+        .iter()
+        .map(|t| metric_sum(t, "meshcat_edge_requests_total", &edge).unwrap_or(f64::NAN))
+        .collect();
+    assert!(counted[0] > 0.0, "{counted:?}");
+    assert_eq!(&counted[1..], [0.0, 0.0], "{counted:?}");
     agent_a.stop().await?;
     agent_b.stop().await?;
     Ok(())

@@ -17,7 +17,9 @@ use bytes::Bytes;
 use serde::Serialize;
 use tokio::sync::watch;
 
-use super::{Built, EdgeJson, GraphError, GraphView, Node, Scope, WATCH_PERIOD, Watcher, build};
+use super::{
+    Built, Counters, EdgeJson, GraphError, GraphView, Node, Scope, WATCH_PERIOD, Watcher, build,
+};
 use crate::store::Store;
 
 /// Most rendered answers kept per snapshot: the whole graph and zones, in two
@@ -121,14 +123,42 @@ impl Snapshot {
     }
 
     /// Builds the whole graph from the store now.
-    pub fn build(store: &Store) -> Self {
+    pub fn build(store: &Store, counters: Counters) -> Self {
         let index = store.index();
-        Snapshot::new(index, build(store, Instant::now()))
+        Snapshot::new(index, build(store, Instant::now(), counters))
+    }
+
+    /// Makes the edges' counters run on from `previous`'s: adds its totals of the
+    /// same edge to what this build claimed. An edge that left the graph in between
+    /// starts again from 0 when it comes back (Prometheus reads that as a counter
+    /// reset).
+    pub fn count_from(&mut self, previous: Option<&Snapshot>) {
+        let Some(previous) = previous else {
+            return;
+        };
+        let (g, p) = (&mut self.graph, &previous.graph);
+        // Both sorted by (source id, target id): one walk pairs them.
+        let mut before = p.links.iter().peekable();
+        for i in 0..g.links.len() {
+            let here = g.ends(&g.links[i]);
+            while before.next_if(|l| p.ends(l) < here).is_some() {}
+            let found = before.next_if(|l| p.ends(l) == here);
+            if let Some(old) = found {
+                let l = &mut g.links[i];
+                l.requests_total = l.requests_total.saturating_add(old.requests_total);
+                l.errors_total = l.errors_total.saturating_add(old.errors_total);
+            }
+        }
     }
 
     /// The catalog index the snapshot shows.
     pub fn index(&self) -> u64 {
         self.index
+    }
+
+    /// The graph itself: nodes sorted by id, links by source and target.
+    pub fn graph(&self) -> &Built {
+        &self.graph
     }
 
     pub fn edge_count(&self) -> usize {
@@ -357,7 +387,9 @@ impl Snapshot {
 pub struct Graphs {
     latest: RwLock<Option<Arc<Snapshot>>>,
     /// One build at a time: requests that find the snapshot stale wait for the build
-    /// under way, then read it.
+    /// under way, then read it. It also keeps the edges' counters whole: each build
+    /// claims the traffic reported since the one before and runs on from the
+    /// snapshot it replaces.
     building: tokio::sync::Mutex<()>,
     watcher: Mutex<Watcher>,
 }
@@ -380,6 +412,14 @@ impl Graphs {
             .replace(snapshot)
     }
 
+    /// The latest snapshot, whatever catalog index it shows.
+    fn latest(&self) -> Option<Arc<Snapshot>> {
+        self.latest
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
     /// The snapshot of the catalog's current index: the latest, or one built now
     /// when the catalog moved since it was built.
     pub async fn fresh(&self, store: &Arc<Store>) -> Arc<Snapshot> {
@@ -392,11 +432,17 @@ impl Graphs {
             return s;
         }
         let from = store.clone();
-        let snapshot = match tokio::task::spawn_blocking(move || Snapshot::build(&from)).await {
-            Ok(s) => Arc::new(s),
+        let mut snapshot = match tokio::task::spawn_blocking(move || {
+            Snapshot::build(&from, Counters::Claim)
+        })
+        .await
+        {
+            Ok(s) => s,
             // The build panicked: build here rather than fail the request.
-            Err(_) => Arc::new(Snapshot::build(store)),
+            Err(_) => Snapshot::build(store, Counters::Claim),
         };
+        snapshot.count_from(self.latest().as_deref());
+        let snapshot = Arc::new(snapshot);
         self.install(snapshot.clone());
         snapshot
     }
@@ -431,10 +477,11 @@ impl Graphs {
 
     /// The watcher's tick: builds the graph, moves the catalog index and sends the
     /// `graph` events of the zones whose shape changed, makes the build the latest
-    /// snapshot, and renders the answers read from the one it replaces.
+    /// snapshot, and renders the answers read from the one it replaces. Called with
+    /// `building` held, as [`watch`] does.
     pub fn rebuild(&self, store: &Store) {
         let before = store.index();
-        let graph = build(store, Instant::now());
+        let graph = build(store, Instant::now(), Counters::Claim);
         let changed = self
             .watcher
             .lock()
@@ -447,17 +494,14 @@ impl Graphs {
             Some((previous, index)) if previous == before => index,
             _ => before,
         };
-        let snapshot = Arc::new(Snapshot::new(index, graph));
+        let mut snapshot = Snapshot::new(index, graph);
+        let previous = self.latest();
+        snapshot.count_from(previous.as_deref());
         // Rendered before the snapshot is shown, so that no request waits for it.
-        let previous = self
-            .latest
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
         if let Some(previous) = previous {
             snapshot.render_read_in(&previous);
         }
-        self.install(snapshot);
+        self.install(Arc::new(snapshot));
     }
 }
 
@@ -648,7 +692,7 @@ mod tests {
     #[test]
     fn the_build_finds_each_edge_by_name_listener_or_as_external_beside_the_declared() {
         let (_dir, store) = mesh();
-        let g = build(&store, Instant::now());
+        let g = build(&store, Instant::now(), Counters::Leave);
         let ids: Vec<&str> = g.nodes.iter().map(|n| n.id.as_str()).collect();
         assert_eq!(
             ids,
@@ -698,7 +742,7 @@ mod tests {
     #[test]
     fn every_scope_answers_as_a_build_from_the_store_does() {
         let (_dir, store) = mesh();
-        let snapshot = Snapshot::build(&store);
+        let snapshot = Snapshot::build(&store, Counters::Leave);
         assert!(snapshot.edge_count() >= 6, "{:?}", snapshot.graph.links);
         for scope in scopes() {
             let oracle = super::super::view(&store, &scope, Instant::now()).map(timeless);
@@ -731,6 +775,67 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// The counters of edge (source, target) in `graphs`' latest snapshot.
+    fn totals(graphs: &Graphs, source: &str, target: &str) -> (u64, u64) {
+        let latest = graphs.latest().expect("a snapshot");
+        let g = latest.graph();
+        g.links
+            .iter()
+            .find(|l| g.ends(l) == (source, target))
+            .map(|l| (l.requests_total, l.errors_total))
+            .unwrap_or_else(|| panic!("no edge {source} -> {target}"))
+    }
+
+    #[test]
+    fn edge_counters_only_grow_whoever_comes_and_goes() {
+        let (_dir, store) = mesh();
+        let graphs = Graphs::default();
+        // The mesh's instances reported 100 then 150 requests (a tenth of them
+        // errors): the first report only sets where differences start.
+        graphs.rebuild(&store);
+        assert_eq!(totals(&graphs, "z/a", "z/b"), (50, 5));
+        assert_eq!(totals(&graphs, "z/a", "z/external:ext"), (50, 5));
+        assert_eq!(totals(&graphs, "z/a", "z/ghost"), (0, 0), "declared only");
+        // A build thrown away (a diagnosis's) takes nothing from the next one.
+        let once = Snapshot::build(&store, Counters::Leave);
+        assert!(once.graph().links.iter().all(|l| l.requests_total == 0));
+        graphs.rebuild(&store);
+        assert_eq!(totals(&graphs, "z/a", "z/b"), (50, 5), "nothing new");
+
+        // A second instance of a calls b too, under another agent, then leaves: what
+        // it counted stays counted.
+        let now = Instant::now();
+        let second = |n| {
+            let mut r = report("z", "a", &[("b", "10.0.0.2:80")], None, n);
+            r.instance = "a-2".into();
+            vec![r]
+        };
+        store.apply_reports("agent-2", second(1000), now);
+        store.apply_reports("agent-2", second(1020), now);
+        graphs.rebuild(&store);
+        assert_eq!(totals(&graphs, "z/a", "z/b"), (70, 7));
+        store.agent_gone("agent-2");
+        graphs.rebuild(&store);
+        assert_eq!(totals(&graphs, "z/a", "z/b"), (70, 7));
+
+        // The first instance's sidecar restarts: its counters start from zero, and
+        // what it counted since is new.
+        let restarted = report(
+            "z",
+            "a",
+            &[
+                ("b", "10.0.0.2:80"),
+                ("c", "10.0.0.3:80"),
+                ("ext", "1.1.1.1:443"),
+            ],
+            Some("10.0.0.1:80"),
+            30,
+        );
+        store.apply_reports("agent", vec![restarted], now);
+        graphs.rebuild(&store);
+        assert_eq!(totals(&graphs, "z/a", "z/b"), (100, 10));
     }
 
     #[tokio::test]

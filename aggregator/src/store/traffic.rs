@@ -9,9 +9,15 @@
 //! kept as [`WINDOW_BUCKETS`] buckets of a twelfth of it each, so the figures over
 //! the window are exact to one bucket (5 s of the default 60 s); host addresses are
 //! kept as 64-bit hashes, which is all the graph compares them by.
+//!
+//! The same differences are also kept apart until the graph's next build claims
+//! them ([`UpstreamState::claim`]): the build adds them to the edge they belong to,
+//! which is how the edges' `meshcat_edge_*_total` counters only ever grow, whatever
+//! instances come and go (see `docs/metrics.md`).
 
 use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
@@ -56,6 +62,10 @@ pub struct UpstreamState {
     head: u64,
     /// When the last report that added requests or errors arrived.
     last_seen: Option<Instant>,
+    /// Requests and errors added by reports since the graph's last build claimed
+    /// them. Atomic because the build claims them while reading the traffic
+    /// shared with other readers; reports add to them under the map's write guard.
+    unclaimed: [AtomicU64; 2],
     pub p50_ms: Option<f64>,
     pub p99_ms: Option<f64>,
     pub tls: bool,
@@ -144,6 +154,15 @@ impl UpstreamState {
         if requests + errors > 0 {
             self.last_seen = Some(self.last_seen.map_or(now, |t| t.max(now)));
         }
+    }
+
+    /// Takes the requests and errors reported since the last claim. Each report's
+    /// differences are claimed once, by one build of the graph.
+    pub fn claim(&self) -> (u64, u64) {
+        (
+            self.unclaimed[0].swap(0, Ordering::Relaxed),
+            self.unclaimed[1].swap(0, Ordering::Relaxed),
+        )
     }
 
     /// Requests and errors within `window` before `now` (to one bucket), from the
@@ -269,6 +288,10 @@ impl Traffic {
         };
         s.last = totals;
         s.add(clock, now, added.0, added.1);
+        for (slot, n) in s.unclaimed.iter_mut().zip([added.0, added.1]) {
+            let v = slot.get_mut();
+            *v = v.saturating_add(n);
+        }
         s.p50_ms = u.p50_ms.filter(|v| v.is_finite());
         s.p99_ms = u.p99_ms.filter(|v| v.is_finite());
         s.tls = u.tls;
@@ -339,7 +362,8 @@ pub struct UpstreamWindow {
 
 impl UpstreamState {
     /// An upstream known only from a peer's summary received at `at`: its window
-    /// figures in the bucket of the time traffic was last seen.
+    /// figures in the bucket of the time traffic was last seen. It has nothing to
+    /// claim: the peer's own edge counters count that traffic.
     fn from_window(u: &UpstreamWindow, epoch: Instant, at: Instant, window: Duration) -> Self {
         let seen = u
             .last_seen_ago_ms
