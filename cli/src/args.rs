@@ -167,7 +167,7 @@ pub enum DescribeWhat {
 pub struct ApplyArgs {
     /// A YAML or JSON file, a directory (its .yaml, .yml and .json files), or `-`
     /// for YAML on standard input. Repeatable.
-    #[arg(short = 'f', long = "filename", required = true)]
+    #[arg(short = 'f', long = "filename", value_name = "PATH", required = true)]
     pub files: Vec<PathBuf>,
     /// Also delete the clusters of the zones the files name that the files do not list.
     #[arg(long)]

@@ -280,6 +280,14 @@ mod tests {
     }
 
     #[test]
+    fn yaml_keeps_strings_that_look_like_other_types() {
+        let v = serde_json::json!({"version": "1.0", "b": "true", "n": "123", "x": "null",
+            "t": "~", "y": "yes", "colon": "a: b", "multi": "a\nb", "e": ""});
+        let back: Value = serde_saphyr::from_str(&yaml(&v).unwrap()).unwrap();
+        assert_eq!(back, v);
+    }
+
+    #[test]
     fn yaml_of_an_answer() {
         let v = serde_json::json!([{"zoneName": "z", "useTls": false, "n": 1}]);
         let y = yaml(&v).unwrap();
