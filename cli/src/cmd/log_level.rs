@@ -5,7 +5,7 @@
 
 use std::io::Write;
 
-use futures::future::join_all;
+use futures::StreamExt;
 use reqwest::Method;
 use serde_json::Value;
 
@@ -38,6 +38,9 @@ pub async fn run(ctx: &Ctx, action: LogLevelAction, out: &mut dyn Write) -> Resu
     }
     Ok(())
 }
+
+/// Instances asked at once: each answer waits on a sidecar through its agent.
+const PARALLEL: usize = 16;
 
 type Rows = (Vec<(String, Result<String, String>)>, usize);
 
@@ -88,13 +91,16 @@ async fn get(ctx: &Ctx, t: &LogTarget) -> Result<Rows, CliError> {
         return Ok((vec![(i.clone(), Ok(level.trim().to_owned()))], 0));
     }
     let names = instances(ctx, t).await?;
-    let answers = join_all(names.iter().map(|i| async move {
-        ctx.api
-            .text(Method::GET, &instance_call(t, i))
-            .await
-            .map(|l| l.trim().to_owned())
-    }))
-    .await;
+    let answers: Vec<Result<String, CliError>> = futures::stream::iter(names.iter())
+        .map(|i| async move {
+            ctx.api
+                .text(Method::GET, &instance_call(t, i))
+                .await
+                .map(|l| l.trim().to_owned())
+        })
+        .buffered(PARALLEL)
+        .collect()
+        .await;
     let failed = answers.iter().filter(|a| a.is_err()).count();
     let rows = names
         .into_iter()
