@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use meshcat_tests::mesh::{Catalog, MeshAgent, Sidecar};
+use meshcat_tests::mesh::{Catalog, MeshAgent, Sidecar, metric_sum};
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 
@@ -146,6 +146,13 @@ async fn the_operators_command_line_against_a_live_mesh() {
     assert_eq!((r.code, r.lines()), (0, CREATED.to_vec()), "{r:?}");
     let (_, clusters) = catalog.get("/clusters").await.unwrap();
     assert_eq!(clusters.as_array().unwrap().len(), 6, "{clusters}");
+    // Six clusters, one bulk POST /clusters.
+    let posts = metric_sum(
+        &catalog.ops_metrics().await.unwrap(),
+        "meshcat_api_requests_total",
+        &[("route", "/clusters"), ("method", "POST"), ("code", "201")],
+    );
+    assert_eq!(posts, Some(1.0));
     let reports = catalog.cluster("backoffice", "reports").await.unwrap();
     assert_eq!(
         reports["dependencies"],
