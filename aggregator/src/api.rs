@@ -15,6 +15,7 @@ pub mod openapi;
 mod paths;
 pub mod query;
 pub mod responses;
+mod status;
 pub mod tls;
 mod troubleshoot;
 
@@ -28,7 +29,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 
-pub use auth::Tokens;
+pub use auth::{CallerAccess, TokenCheck, Tokens};
 pub use error::ApiError;
 
 use crate::config::EventsConfig;
@@ -70,6 +71,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ),
     ("GET", "/diagnose/{clusterName}"),
     ("GET", "/graph"),
+    ("GET", "/status"),
     ("GET", "/openapi.json"),
     ("GET", "/events"),
 ];
@@ -175,6 +177,7 @@ pub fn app_with_limits(
         )
         .route("/diagnose/{clusterName}", get(d::diagnose))
         .route("/graph", get(graph::graph))
+        .route("/status", get(status::status))
         .route("/clusters/{clusterName}/drift", get(graph::drift))
         .route("/openapi.json", get(h::openapi))
         .route(d::PEER_EVIDENCE, get(d::peer_evidence))

@@ -11,6 +11,7 @@ pub mod ingest;
 pub mod ops;
 pub mod peer_signature;
 pub mod process;
+pub mod replica_status;
 pub mod replicas;
 pub mod sidecars;
 pub mod status;

@@ -1247,3 +1247,60 @@ async fn graph_agent(
     );
     meshcat_tests::MeshAgent::start(&args).await
 }
+
+/// `GET /status` on replicas (what `meshcat check` reads): each answers for itself.
+/// The agent reports to replica 0, which counts it among its agents; replica 1 shows
+/// the zone's instance as reported through a peer, so the zone is still seen as
+/// reported there. Each names itself and its store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_replica_tells_its_own_agents_and_the_instances_its_peers_report() -> anyhow::Result<()>
+{
+    let etcd = EtcdCluster::start().await?;
+    let set = Replicas::start(BIN, 2, &etcd.store_url("/status"), &[]).await?;
+    assert_eq!(
+        set.post(0, "/zones", &zone("z")).await?.0,
+        StatusCode::CREATED
+    );
+    let sidecar = meshcat_tests::Sidecar::start().await?;
+    let agent = agent_of(&set, &[0], &sidecar, "svc", "1s", &[]).await?;
+    let zone_z = |status: &Value| {
+        status["zones"]
+            .as_array()
+            .and_then(|z| z.iter().find(|z| z["zoneName"] == "z").cloned())
+    };
+    let on_peer = wait_for(
+        "the instance in replica 1's status",
+        Duration::from_secs(20),
+        || async {
+            let (s, body) = set.get(1, "/status").await.ok()?;
+            (s == StatusCode::OK && zone_z(&body)?["peerInstances"] == 1).then_some(body)
+        },
+    )
+    .await?;
+    assert_eq!(
+        zone_z(&on_peer),
+        Some(
+            json!({"zoneName": "z", "registered": true, "agents": 0, "instances": 0, "peerInstances": 1})
+        ),
+        "{on_peer}"
+    );
+    assert_eq!(on_peer["agentsConnected"], 0, "{on_peer}");
+    let (s, own) = set.get(0, "/status").await?;
+    assert_eq!(s, StatusCode::OK, "{own}");
+    assert_eq!(
+        zone_z(&own),
+        Some(
+            json!({"zoneName": "z", "registered": true, "agents": 1, "instances": 1, "peerInstances": 0})
+        ),
+        "{own}"
+    );
+    assert_eq!(own["agentsConnected"], 1, "{own}");
+    for status in [&own, &on_peer] {
+        assert_eq!(status["store"], "etcd", "{status}");
+        assert_eq!(status["ready"], true, "{status}");
+        assert!(status["replica"].is_string(), "{status}");
+    }
+    assert_ne!(own["replica"], on_peer["replica"]);
+    agent.stop().await?;
+    Ok(())
+}
