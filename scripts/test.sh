@@ -49,6 +49,9 @@ scripts/deps.sh build etcd
 etcd_bin=$(command -v etcd || echo /usr/bin/etcd)
 echo "etcd: $("$etcd_bin" --version | head -1)"
 
+# zsh and fish (Debian), whose completion scripts the CLI tests parse.
+scripts/deps.sh shells
+
 # Chromium (Debian) and Playwright (PyPI, into .venv) for the dashboard's browser test.
 # Playwright drives the system's Chromium (executable_path); `playwright install` is
 # never run, so no browser is downloaded.
