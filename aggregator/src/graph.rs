@@ -10,7 +10,7 @@
 
 pub mod snapshot;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -18,7 +18,7 @@ use meshcat_common::model::Status;
 use serde::Serialize;
 
 use crate::store::Store;
-use crate::store::traffic::{AddressMap, AddressSet};
+use crate::store::traffic::AddressMap;
 
 /// Default and largest `depth` of a focused graph.
 pub const DEFAULT_DEPTH: u32 = 1;
@@ -240,72 +240,73 @@ pub enum Counters {
     Leave,
 }
 
-/// The nodes of a graph being built, found by (zone, cluster) without building
-/// their ids.
+/// Names to node positions; foldhash rather than SipHash: the graph looks up every
+/// upstream of every instance once a second.
+type Positions = foldhash::HashMap<String, u32>;
+
+/// Positions of a graph's nodes in the making, found by zone then name without
+/// building their ids.
 #[derive(Debug, Default)]
-struct Nodes {
-    all: Vec<Node>,
-    /// Cluster nodes: zone, then cluster name, to position in `all`.
-    clusters: HashMap<String, HashMap<String, u32>>,
-    /// External nodes: zone, then upstream name, to position in `all`.
-    externals: HashMap<String, HashMap<String, u32>>,
-}
+struct ByZone(foldhash::HashMap<String, Positions>);
 
-impl Nodes {
-    fn push(&mut self, node: Node) -> u32 {
-        let at = self.all.len() as u32;
-        let by_zone = if node.kind == "external" {
-            &mut self.externals
-        } else {
-            &mut self.clusters
-        };
-        by_zone
-            .entry(node.zone_name.clone())
-            .or_default()
-            .insert(node.cluster_name.clone(), at);
-        self.all.push(node);
-        at
+impl ByZone {
+    fn get(&self, zone: &str, name: &str) -> Option<u32> {
+        self.0.get(zone)?.get(name).copied()
     }
 
-    fn cluster(&self, zone: &str, cluster: &str) -> Option<u32> {
-        self.clusters.get(zone)?.get(cluster).copied()
+    /// The nodes of `zone`, by name.
+    fn zone(&self, zone: &str) -> Option<&Positions> {
+        self.0.get(zone)
     }
 
-    /// The external node of `upstream` in `zone`, added when missing.
-    fn external(&mut self, zone: &str, upstream: &str) -> u32 {
-        if let Some(at) = self.externals.get(zone).and_then(|z| z.get(upstream)) {
-            return *at;
-        }
-        self.push(Node {
-            id: external_id(zone, upstream),
-            kind: "external",
-            zone_name: zone.to_owned(),
-            cluster_name: upstream.to_owned(),
-            registered: false,
-            status: None,
-            owner: String::new(),
-            instances: 0,
-            drifted: false,
-        })
-    }
-
-    /// The node of a declared dependency: the cluster, or one known only from the
-    /// declaration (added when missing).
-    fn declared(&mut self, zone: &str, cluster: &str) -> u32 {
-        if let Some(at) = self.cluster(zone, cluster) {
+    /// The position of (zone, name), or of `node()` added to `all` when missing.
+    fn get_or_push(
+        &mut self,
+        all: &mut Vec<Node>,
+        zone: &str,
+        name: &str,
+        node: impl FnOnce() -> Node,
+    ) -> u32 {
+        if let Some(at) = self.get(zone, name) {
             return at;
         }
-        self.push(Node {
-            id: node_id(zone, cluster),
-            kind: "cluster",
-            zone_name: zone.to_owned(),
-            cluster_name: cluster.to_owned(),
-            registered: false,
-            status: Some(Status::Down),
-            owner: String::new(),
-            instances: 0,
-            drifted: false,
-        })
+        let at = all.len() as u32;
+        all.push(node());
+        self.0
+            .entry(zone.to_owned())
+            .or_default()
+            .insert(name.to_owned(), at);
+        at
+    }
+}
+
+/// The node of an upstream that is no cluster of the mesh.
+fn external_node(zone: &str, upstream: &str) -> Node {
+    Node {
+        id: external_id(zone, upstream),
+        kind: "external",
+        zone_name: zone.to_owned(),
+        cluster_name: upstream.to_owned(),
+        registered: false,
+        status: None,
+        owner: String::new(),
+        instances: 0,
+        drifted: false,
+    }
+}
+
+/// The node of a cluster known only from a declared dependency.
+fn declared_node(zone: &str, cluster: &str) -> Node {
+    Node {
+        id: node_id(zone, cluster),
+        kind: "cluster",
+        zone_name: zone.to_owned(),
+        cluster_name: cluster.to_owned(),
+        registered: false,
+        status: Some(Status::Down),
+        owner: String::new(),
+        instances: 0,
+        drifted: false,
     }
 }
 
@@ -315,9 +316,11 @@ impl Nodes {
 pub fn build(store: &Store, now: Instant, counters: Counters) -> Built {
     let window = store.graph_window();
     let facts = store.cluster_facts();
-    let mut nodes = Nodes::default();
+    let mut all: Vec<Node> = Vec::with_capacity(facts.len());
+    let mut clusters = ByZone::default();
+    let mut externals = ByZone::default();
     for f in &facts {
-        nodes.push(Node {
+        clusters.get_or_push(&mut all, &f.zone, &f.cluster, || Node {
             id: node_id(&f.zone, &f.cluster),
             kind: "cluster",
             zone_name: f.zone.clone(),
@@ -329,18 +332,23 @@ pub fn build(store: &Store, now: Instant, counters: Counters) -> Built {
             drifted: f.drifted,
         });
     }
-    // Who listens where, and which addresses other sidecars send traffic to (by
-    // their keys: upstream hosts are kept hashed).
-    let mut listening: AddressMap<u32> = AddressMap::default();
-    let mut called = AddressSet::default();
+    // Who listens where (by address key: upstream hosts are kept hashed), and
+    // whether another sidecar sends traffic there.
+    let mut listening: AddressMap<(u32, bool)> = AddressMap::default();
     store.each_traffic(|(zone, cluster, _), t| {
-        if let Some(at) = nodes.cluster(zone, cluster) {
+        if let Some(at) = clusters.get(zone, cluster) {
             for key in &t.listener_keys {
-                listening.insert(*key, at);
+                listening.insert(*key, (at, false));
             }
         }
+    });
+    store.each_traffic(|_, t| {
         for u in &t.upstreams {
-            called.extend(u.hosts.iter().copied());
+            for h in u.hosts.iter() {
+                if let Some((_, called)) = listening.get_mut(h) {
+                    *called = true;
+                }
+            }
         }
     });
     let epoch_now = SystemTime::now()
@@ -348,7 +356,7 @@ pub fn build(store: &Store, now: Instant, counters: Counters) -> Built {
         .map_or(0, |d| d.as_millis() as i64);
     let mut links: Vec<Link> = Vec::new();
     // (source, target) to position in `links`.
-    let mut found: HashMap<(u32, u32), usize> = HashMap::new();
+    let mut found: foldhash::HashMap<(u32, u32), usize> = foldhash::HashMap::default();
     let mut add = |links: &mut Vec<Link>, l: Link| match found.entry((l.source, l.target)) {
         std::collections::hash_map::Entry::Occupied(at) => links[*at.get()].merge(&l),
         std::collections::hash_map::Entry::Vacant(v) => {
@@ -373,17 +381,21 @@ pub fn build(store: &Store, now: Instant, counters: Counters) -> Built {
     store.each_traffic(|(zone, cluster, _), t| {
         // Traffic of an instance no longer live (expired while the graph was built)
         // draws no edge.
-        let Some(source) = nodes.cluster(zone, cluster) else {
+        let Some(same_zone) = clusters.zone(zone) else {
+            return;
+        };
+        let Some(source) = same_zone.get(cluster.as_str()).copied() else {
             return;
         };
         // The sidecar's own cluster: named by the target, or by the routes of a
-        // listener other sidecars send traffic to (its inbound listener).
-        let mut local: BTreeSet<&str> = t.local_cluster.iter().map(String::as_str).collect();
+        // listener other sidecars send traffic to (its inbound listener). A few
+        // names: a list compares them fastest.
+        let mut local: Vec<&str> = t.local_cluster.iter().map(String::as_str).collect();
         for (l, _) in t
             .listeners
             .iter()
             .zip(t.listener_keys.iter())
-            .filter(|(_, key)| called.contains(*key))
+            .filter(|(_, key)| listening.get(*key).is_some_and(|(_, called)| *called))
         {
             local.extend(l.clusters.iter().map(String::as_str));
         }
@@ -395,17 +407,24 @@ pub fn build(store: &Store, now: Instant, counters: Counters) -> Built {
                 Counters::Claim => u.claim(),
                 Counters::Leave => (0, 0),
             };
-            if local.contains(name) {
+            if local.contains(&name) {
                 continue;
             }
             let w = store.traffic_window(u, now);
             if w.requests + w.errors == 0 {
                 continue;
             }
-            let target = nodes
-                .cluster(zone, name)
-                .or_else(|| u.hosts.iter().find_map(|h| listening.get(h).copied()))
-                .unwrap_or_else(|| nodes.external(zone, name));
+            let target = same_zone
+                .get(name)
+                .copied()
+                .or_else(|| {
+                    u.hosts
+                        .iter()
+                        .find_map(|h| listening.get(h).map(|(at, _)| *at))
+                })
+                .unwrap_or_else(|| {
+                    externals.get_or_push(&mut all, zone, name, || external_node(zone, name))
+                });
             let mut l = link(source, target, true);
             l.requests = w.requests;
             l.errors = w.errors;
@@ -420,22 +439,22 @@ pub fn build(store: &Store, now: Instant, counters: Counters) -> Built {
         }
     });
     for f in &facts {
-        let source = nodes
-            .cluster(&f.zone, &f.cluster)
+        let source = clusters
+            .get(&f.zone, &f.cluster)
             .expect("every cluster of the facts is a node");
         for (z, c) in &f.dependencies {
-            let target = nodes.declared(z, c);
+            let target = clusters.get_or_push(&mut all, z, c, || declared_node(z, c));
             add(&mut links, link(source, target, false));
         }
     }
     // Nodes sorted by id, links by (source, target): then by their ends' positions.
-    let mut order: Vec<u32> = (0..nodes.all.len() as u32).collect();
-    order.sort_unstable_by(|a, b| nodes.all[*a as usize].id.cmp(&nodes.all[*b as usize].id));
+    let mut order: Vec<u32> = (0..all.len() as u32).collect();
+    order.sort_unstable_by(|a, b| all[*a as usize].id.cmp(&all[*b as usize].id));
     let mut position = vec![0u32; order.len()];
     for (new, old) in order.iter().enumerate() {
         position[*old as usize] = new as u32;
     }
-    let mut all: Vec<Option<Node>> = nodes.all.into_iter().map(Some).collect();
+    let mut all: Vec<Option<Node>> = all.into_iter().map(Some).collect();
     let nodes: Vec<Node> = order
         .iter()
         .map(|old| all[*old as usize].take().expect("each node once"))
@@ -472,11 +491,12 @@ pub fn view(store: &Store, scope: &Scope, now: Instant) -> Result<GraphView, Gra
     if let Some(zone) = &scope.zone {
         edges
             .retain(|e| zone_of(&e.source) == zone.as_str() || zone_of(&e.target) == zone.as_str());
-        let ends: BTreeSet<&str> = edges
+        let ends: std::collections::BTreeSet<&str> = edges
             .iter()
             .flat_map(|e| [e.source.as_str(), e.target.as_str()])
             .collect();
-        let ends: BTreeSet<String> = ends.into_iter().map(str::to_owned).collect();
+        let ends: std::collections::BTreeSet<String> =
+            ends.into_iter().map(str::to_owned).collect();
         nodes.retain(|n| n.zone_name == *zone || ends.contains(&n.id));
     }
     if let (Some(zone), Some((cluster, depth))) = (&scope.zone, &scope.focus) {

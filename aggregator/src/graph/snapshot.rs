@@ -1,17 +1,23 @@
 //! The graph as last built, shared by every `GET /graph` until the next build, with
 //! its unfocused answers (whole, or one zone) rendered once per encoding.
 //!
-//! The watcher ([`watch`]) rebuilds the snapshot every [`WATCH_PERIOD`], so the
-//! traffic figures lag the reports by at most one period. Catalog changes are not
-//! late: a snapshot carries the catalog index it was built at, and a request that
-//! finds the index moved since builds a new one (one build at a time; the requests
-//! that want it meanwhile wait for it). Answers read from one snapshot are rendered
-//! for the next by the watcher, before a request asks for them, so a reader that
-//! polls the graph does not pay for its serialization.
+//! A build walks every upstream of every live instance (hundreds of thousands on a
+//! big mesh), so the watcher ([`watch`]) looks every [`WATCH_PERIOD`] and rebuilds
+//! only when the graph may differ or is wanted: when the traffic changed in a way
+//! that could change its shape ([`Store::traffic_shape`]), when the window moved on
+//! by a bucket (an edge may have aged out; figures change with time only then),
+//! when the catalog index moved, or when a request read the graph since the last
+//! build (a reader keeps its figures at most one period old). A request never reads
+//! a snapshot older than [`MAX_AGE`] or of another catalog index: it builds one (one
+//! build at a time; the requests that want it meanwhile wait for it). Answers read
+//! from one snapshot are rendered for the next by the watcher, before a request
+//! asks for them, so a reader that polls the graph does not pay for its
+//! serialization.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use serde::Serialize;
@@ -25,6 +31,10 @@ use crate::store::Store;
 /// Most rendered answers kept per snapshot: the whole graph and zones, in two
 /// encodings. Answers past it are rendered for each request.
 const MAX_BODIES: usize = 64;
+
+/// Oldest snapshot a request reads; an older one is built again first. Longer than
+/// [`WATCH_PERIOD`], so that a reader the watcher keeps up with never waits.
+pub const MAX_AGE: Duration = Duration::from_secs(2);
 
 /// Which unfocused answer a rendered body is.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -47,6 +57,8 @@ struct Body {
 pub struct Snapshot {
     /// The catalog index the snapshot shows.
     index: u64,
+    /// When it was built.
+    built: Instant,
     graph: Built,
     /// The links touching node `i`, both directions, as ascending positions in
     /// `graph.links`: `near[near_at[i]..near_at[i + 1]]`.
@@ -114,6 +126,7 @@ impl Snapshot {
         }
         Snapshot {
             index,
+            built: Instant::now(),
             graph,
             near_at,
             near,
@@ -392,15 +405,18 @@ pub struct Graphs {
     /// snapshot it replaces.
     building: tokio::sync::Mutex<()>,
     watcher: Mutex<Watcher>,
+    /// Whether a request read the graph since the watcher last looked.
+    read: AtomicBool,
 }
 
 impl Graphs {
+    /// The latest snapshot when it shows `index` and is at most [`MAX_AGE`] old.
     fn latest_at(&self, index: u64) -> Option<Arc<Snapshot>> {
         self.latest
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .as_ref()
-            .filter(|s| s.index == index)
+            .filter(|s| s.index == index && s.built.elapsed() <= MAX_AGE)
             .cloned()
     }
 
@@ -421,8 +437,10 @@ impl Graphs {
     }
 
     /// The snapshot of the catalog's current index: the latest, or one built now
-    /// when the catalog moved since it was built.
+    /// when the catalog moved since it was built or it is older than [`MAX_AGE`].
+    /// Marks the graph read, so that the watcher builds it again at its next look.
     pub async fn fresh(&self, store: &Arc<Store>) -> Arc<Snapshot> {
+        self.read.store(true, Ordering::Relaxed);
         if let Some(s) = self.latest_at(store.index()) {
             return s;
         }
@@ -505,15 +523,36 @@ impl Graphs {
     }
 }
 
-/// Rebuilds the graph every [`WATCH_PERIOD`] until `stop` turns true.
+/// What the graph was last built from, as the watcher compares it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Inputs {
+    shape: u64,
+    bucket: u64,
+    index: u64,
+}
+
+/// Looks every [`WATCH_PERIOD`] until `stop` turns true, and rebuilds the graph when
+/// its inputs moved or it was read since (see the module's documentation).
 pub async fn watch(store: Arc<Store>, graphs: Arc<Graphs>, mut stop: watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(WATCH_PERIOD);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last: Option<Inputs> = None;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             _ = stop.wait_for(|s| *s) => return,
         }
+        // Read before the build: a change during it is seen at the next look.
+        let now = Inputs {
+            shape: store.traffic_shape(),
+            bucket: store.graph_bucket(Instant::now()),
+            index: store.index(),
+        };
+        let read = graphs.read.swap(false, Ordering::Relaxed);
+        if !read && last == Some(now) {
+            continue;
+        }
+        last = Some(now);
         let _building = graphs.building.lock().await;
         let (g, s) = (graphs.clone(), store.clone());
         if let Err(e) = tokio::task::spawn_blocking(move || g.rebuild(&s)).await {

@@ -115,8 +115,6 @@ impl Hasher for KeyHasher {
 /// A map keyed by [`address_key`]s.
 pub type AddressMap<V> =
     std::collections::HashMap<u64, V, std::hash::BuildHasherDefault<KeyHasher>>;
-/// A set of [`address_key`]s.
-pub type AddressSet = std::collections::HashSet<u64, std::hash::BuildHasherDefault<KeyHasher>>;
 
 /// Where in the windows' buckets `now` falls: buckets are numbered from `epoch`.
 #[derive(Debug, Clone, Copy)]
@@ -192,6 +190,11 @@ pub struct Traffic {
     remote: DashMap<InstanceKey, InstanceTraffic>,
     /// Where the windows' buckets are numbered from.
     epoch: Instant,
+    /// Moves whenever a change could change the graph's shape: an instance's
+    /// traffic appearing or going, an upstream, host, listener or local cluster
+    /// coming or going, or traffic on an upstream idle over the window. Figures
+    /// moving alone leave it (see [`Traffic::shape`]).
+    shape: AtomicU64,
 }
 
 impl Default for Traffic {
@@ -200,6 +203,7 @@ impl Default for Traffic {
             instances: DashMap::new(),
             remote: DashMap::new(),
             epoch: Instant::now(),
+            shape: AtomicU64::new(0),
         }
     }
 }
@@ -216,7 +220,9 @@ impl Traffic {
             r.instance.clone(),
         );
         if r.upstreams.is_empty() && r.listeners.is_empty() && r.local_cluster.is_none() {
-            self.instances.remove(&key);
+            if self.instances.remove(&key).is_some() {
+                self.reshaped();
+            }
             return;
         }
         let mut incoming = std::mem::take(&mut r.upstreams);
@@ -236,9 +242,20 @@ impl Traffic {
             .take()
             .filter(|c| !c.is_empty() && c.len() <= MAX_NAME);
         let clock = Clock::at(self.epoch, now, window);
-        let mut t = self.instances.entry(key).or_default();
+        let listener_keys: Box<[u64]> = listeners.iter().map(|l| address_key(&l.address)).collect();
+        let mut reshaped = false;
+        let mut t = self.instances.entry(key).or_insert_with(|| {
+            reshaped = true;
+            InstanceTraffic::default()
+        });
+        reshaped |= t.local_cluster != local_cluster
+            || t.listener_keys != listener_keys
+            || t.listeners
+                .iter()
+                .map(|l| &l.clusters)
+                .ne(listeners.iter().map(|l| &l.clusters));
         t.local_cluster = local_cluster;
-        t.listener_keys = listeners.iter().map(|l| address_key(&l.address)).collect();
+        t.listener_keys = listener_keys;
         t.listeners = listeners;
         // Both sorted by name: one walk pairs each upstream with its previous state.
         // An upstream the sidecar no longer lists (removed from its configuration) is
@@ -249,25 +266,50 @@ impl Traffic {
         listed.sort_unstable_by(|a, b| a.name.cmp(&b.name));
         let mut upstreams = Vec::with_capacity(incoming.len());
         for u in incoming {
-            while previous.next_if(|p| *p.name < *u.name).is_some() {}
+            while previous.next_if(|p| *p.name < *u.name).is_some() {
+                reshaped = true;
+            }
             let state = previous.next_if(|p| *p.name == *u.name);
             let hosts = listed
                 .binary_search_by(|c| c.name.as_str().cmp(&u.name))
                 .ok()
                 .map(|i| listed[i]);
-            upstreams.push(Self::update(state, u, hosts, clock, now));
+            let (state, changed) = self.update(state, u, hosts, clock, now, window);
+            reshaped |= changed;
+            upstreams.push(state);
         }
+        reshaped |= previous.next().is_some();
         t.upstreams = upstreams;
+        drop(t);
+        if reshaped {
+            self.reshaped();
+        }
     }
 
-    /// An upstream's state after one report.
+    /// Notes a change that could change the graph's shape.
+    fn reshaped(&self) {
+        self.shape.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A number that moves whenever the traffic changed in a way that could change
+    /// the graph's shape (an edge appearing or going); figures moving alone, or the
+    /// window moving on, leave it.
+    pub fn shape(&self) -> u64 {
+        self.shape.load(Ordering::Relaxed)
+    }
+
+    /// An upstream's state after one report, and whether the report could change
+    /// the graph's shape (a new upstream, other hosts, or traffic on an upstream
+    /// idle over the window).
     fn update(
+        &self,
         state: Option<UpstreamState>,
         u: UpstreamTraffic,
         listed: Option<&UpstreamCluster>,
         clock: Clock,
         now: Instant,
-    ) -> UpstreamState {
+        window: Duration,
+    ) -> (UpstreamState, bool) {
         let totals = (
             u.requests_total,
             u.errors_5xx_total.saturating_add(u.connect_fail_total),
@@ -287,6 +329,11 @@ impl Traffic {
             (totals.0 - s.last.0, totals.1 - s.last.1)
         };
         s.last = totals;
+        let mut reshaped = fresh;
+        if added.0 + added.1 > 0 {
+            let w = s.window(self.epoch, now, window);
+            reshaped |= w.requests + w.errors == 0;
+        }
         s.add(clock, now, added.0, added.1);
         for (slot, n) in s.unclaimed.iter_mut().zip([added.0, added.1]) {
             let v = slot.get_mut();
@@ -304,16 +351,20 @@ impl Traffic {
                 .map(|h| address_key(&h.address));
             if !hosts.clone().eq(s.hosts.iter().copied()) {
                 s.hosts = hosts.collect();
+                reshaped = true;
             }
-        } else {
+        } else if !s.hosts.is_empty() {
             s.hosts = Box::default();
+            reshaped = true;
         }
-        s
+        (s, reshaped)
     }
 
     /// Forgets an instance (it left or expired).
     pub fn forget(&self, key: &InstanceKey) {
-        self.instances.remove(key);
+        if self.instances.remove(key).is_some() {
+            self.reshaped();
+        }
     }
 
     /// Calls `f` with every instance's traffic, this replica's and its peers'.
@@ -495,12 +546,16 @@ impl Traffic {
                 t,
             );
         }
+        // A summary is the peer's whole view, replaced each time: its shape is not
+        // compared, it may have changed.
+        self.reshaped();
     }
 
     /// Forgets replica `peer`'s summary (it left).
     pub fn forget_remote(&self, peer: &str) {
         let instance = remote_instance(peer);
         self.remote.retain(|(_, _, i), _| *i != instance);
+        self.reshaped();
     }
 
     /// The peers whose summaries are held.
@@ -585,6 +640,17 @@ impl super::Store {
     /// Calls `f` with every instance's traffic.
     pub fn each_traffic(&self, f: impl FnMut(&InstanceKey, &InstanceTraffic)) {
         self.traffic.each(f);
+    }
+
+    /// See [`Traffic::shape`].
+    pub fn traffic_shape(&self) -> u64 {
+        self.traffic.shape()
+    }
+
+    /// The window bucket `now` falls in: the graph's figures change with time only
+    /// when it moves (a bucket leaves the window).
+    pub fn graph_bucket(&self, now: Instant) -> u64 {
+        Clock::at(self.traffic.epoch(), now, self.rules.graph_window).bucket
     }
 
     /// An upstream's figures over the graph window before `now`.
@@ -680,6 +746,66 @@ mod tests {
         let mut n = 0;
         t.each(|_, _| n += 1);
         assert_eq!(n, 0);
+    }
+
+    #[test]
+    fn the_shape_moves_with_what_can_change_an_edge_and_not_with_figures() {
+        let t = Traffic::default();
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let win = Duration::from_secs(60);
+        let mut moved = {
+            let mut last = t.shape();
+            move |t: &Traffic| {
+                let now = t.shape();
+                let m = now != last;
+                last = now;
+                m
+            }
+        };
+        t.record(&mut report(100, 1), at(0), win);
+        assert!(moved(&t), "a new instance and upstream");
+        t.record(&mut report(130, 1), at(5), win);
+        assert!(moved(&t), "traffic on an idle upstream");
+        t.record(&mut report(160, 2), at(10), win);
+        assert!(!moved(&t), "figures alone");
+        t.record(&mut report(160, 2), at(15), win);
+        assert!(!moved(&t), "no traffic");
+        let mut with_hosts = report(190, 2);
+        with_hosts.clusters = vec![UpstreamCluster {
+            name: "b".into(),
+            added_via_api: false,
+            hosts: vec![meshcat_common::wire::UpstreamHost {
+                address: "10.0.0.2:80".into(),
+                cx_active: 0,
+                cx_connect_fail: 0,
+                cx_total: 0,
+                rq_active: 0,
+                rq_error: 0,
+                rq_total: 0,
+                health_flags: "healthy".into(),
+            }],
+        }];
+        t.record(&mut with_hosts, at(20), win);
+        assert!(moved(&t), "other hosts");
+        let mut with_listener = report(220, 2);
+        with_listener.clusters = with_hosts.clusters.clone();
+        with_listener.listeners = vec![ListenerRoutes {
+            address: "10.0.0.1:80".into(),
+            clusters: vec!["local".into()],
+        }];
+        t.record(&mut with_listener, at(25), win);
+        assert!(moved(&t), "a listener");
+        let mut other = report(10, 0);
+        other.upstreams[0].name = "c".into();
+        other.clusters = with_hosts.clusters.clone();
+        other.listeners = with_listener.listeners.clone();
+        t.record(&mut other, at(30), win);
+        assert!(moved(&t), "an upstream gone and another new");
+        t.forget(&("z".into(), "a".into(), "a-1".into()));
+        assert!(moved(&t), "the instance gone");
+        t.forget(&("z".into(), "a".into(), "a-1".into()));
+        assert!(!moved(&t), "nothing more to forget");
     }
 
     #[test]
