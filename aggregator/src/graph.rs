@@ -335,17 +335,17 @@ pub fn build(store: &Store, now: Instant, counters: Counters) -> Built {
     // Who listens where (by address key: upstream hosts are kept hashed), and
     // whether another sidecar sends traffic there.
     let mut listening: AddressMap<(u32, bool)> = AddressMap::default();
-    store.each_traffic(|(zone, cluster, _), t| {
+    store.each_calls(|zone, cluster, c| {
         if let Some(at) = clusters.get(zone, cluster) {
-            for key in &t.listener_keys {
-                listening.insert(*key, (at, false));
+            for (key, _) in c.listeners() {
+                listening.insert(key, (at, false));
             }
         }
     });
-    store.each_traffic(|_, t| {
-        for u in &t.upstreams {
-            for h in u.hosts.iter() {
-                if let Some((_, called)) = listening.get_mut(h) {
+    store.each_calls(|_, _, c| {
+        for u in c.upstreams() {
+            for h in u.hosts() {
+                if let Some((_, called)) = listening.get_mut(&h) {
                     *called = true;
                 }
             }
@@ -378,29 +378,31 @@ pub fn build(store: &Store, now: Instant, counters: Counters) -> Built {
         observed,
         declared: !observed,
     };
-    store.each_traffic(|(zone, cluster, _), t| {
-        // Traffic of an instance no longer live (expired while the graph was built)
-        // draws no edge.
+    let now_bucket = store.graph_bucket(now);
+    store.each_calls(|zone, cluster, c| {
+        // The calls of a cluster no longer known (its last instance expired while the
+        // graph was built) draw no edge.
         let Some(same_zone) = clusters.zone(zone) else {
             return;
         };
-        let Some(source) = same_zone.get(cluster.as_str()).copied() else {
+        let Some(source) = same_zone.get(cluster).copied() else {
             return;
         };
-        // The sidecar's own cluster: named by the target, or by the routes of a
-        // listener other sidecars send traffic to (its inbound listener). A few
+        // The sidecars' own cluster: named by their targets, or by the routes of a
+        // listener other sidecars send traffic to (an inbound listener). A few
         // names: a list compares them fastest.
-        let mut local: Vec<&str> = t.local_cluster.iter().map(String::as_str).collect();
-        for (l, _) in t
-            .listeners
-            .iter()
-            .zip(t.listener_keys.iter())
-            .filter(|(_, key)| listening.get(*key).is_some_and(|(_, called)| *called))
-        {
-            local.extend(l.clusters.iter().map(String::as_str));
+        let mut local: Vec<&str> = c.local_clusters().collect();
+        for (key, l) in c.listeners() {
+            if listening.get(&key).is_some_and(|(_, called)| *called) {
+                for name in &l.clusters {
+                    if !local.contains(&name.as_str()) {
+                        local.push(name);
+                    }
+                }
+            }
         }
-        for u in &t.upstreams {
-            let name = &*u.name;
+        for u in c.upstreams() {
+            let name = u.name();
             // Claimed whatever becomes of it: the sidecar's own cluster is no edge,
             // and what it counted now is not counted later on one.
             let claimed = match counters {
@@ -410,18 +412,14 @@ pub fn build(store: &Store, now: Instant, counters: Counters) -> Built {
             if local.contains(&name) {
                 continue;
             }
-            let w = store.traffic_window(u, now);
+            let w = store.calls_window(u, now);
             if w.requests + w.errors == 0 {
                 continue;
             }
             let target = same_zone
                 .get(name)
                 .copied()
-                .or_else(|| {
-                    u.hosts
-                        .iter()
-                        .find_map(|h| listening.get(h).map(|(at, _)| *at))
-                })
+                .or_else(|| u.hosts().find_map(|h| listening.get(&h).map(|(at, _)| *at)))
                 .unwrap_or_else(|| {
                     externals.get_or_push(&mut all, zone, name, || external_node(zone, name))
                 });
@@ -429,9 +427,8 @@ pub fn build(store: &Store, now: Instant, counters: Counters) -> Built {
             l.requests = w.requests;
             l.errors = w.errors;
             (l.requests_total, l.errors_total) = claimed;
-            l.p50_ms = u.p50_ms;
-            l.p99_ms = u.p99_ms;
-            l.tls = u.tls;
+            (l.p50_ms, l.p99_ms) = u.latency(now_bucket);
+            l.tls = u.tls();
             l.last_seen_ms = w
                 .last_seen
                 .map(|at| epoch_now - now.saturating_duration_since(at).as_millis() as i64);

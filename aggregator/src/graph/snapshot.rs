@@ -499,7 +499,14 @@ impl Graphs {
     /// `building` held, as [`watch`] does.
     pub fn rebuild(&self, store: &Store) {
         let before = store.index();
-        let graph = build(store, Instant::now(), Counters::Claim);
+        let started = Instant::now();
+        let graph = build(store, started, Counters::Claim);
+        tracing::debug!(
+            nodes = graph.nodes.len(),
+            edges = graph.links.len(),
+            ms = started.elapsed().as_secs_f64() * 1e3,
+            "Graph built."
+        );
         let changed = self
             .watcher
             .lock()

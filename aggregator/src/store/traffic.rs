@@ -1,27 +1,34 @@
-//! What each instance's sidecar saw of its upstream clusters, over the graph window:
-//! the differences between its reports' counters (a restarted sidecar counts from
-//! zero again: its first counts are all new, never a negative spike), its latest
-//! latency and TLS, the upstreams' host addresses, and its listeners. The graph
-//! ([`crate::graph`]) is built from this and the registrations.
+//! What the sidecars saw of their upstream clusters, over the graph window, kept per
+//! calling cluster: the graph ([`crate::graph`]) is a graph of clusters, so each
+//! report is folded into its cluster's calls as it arrives, and a build of the
+//! graph walks clusters and their upstreams, never every instance.
 //!
-//! One upstream of one instance is one edge's share, and a mesh has many: its state
-//! is kept small and of a fixed size whatever the report interval. The window is
-//! kept as [`WINDOW_BUCKETS`] buckets of a twelfth of it each, so the figures over
-//! the window are exact to one bucket (5 s of the default 60 s); host addresses are
-//! kept as 64-bit hashes, which is all the graph compares them by.
+//! Per instance, only what taking its next report (or its leaving) back out needs:
+//! each upstream's last counters (a restarted sidecar counts from zero again: its
+//! first counts are all new, never a negative spike), its hosts, its listeners and
+//! its local cluster. Per cluster ([`ClusterCalls`]): for each upstream the instances
+//! that list it, the counter differences over the window ([`ring`]), the highest
+//! recent latency, TLS, and the upstream's host addresses (as 64-bit keys, which is
+//! all the graph compares them by); the instances' listeners and local clusters.
+//! Traffic an instance reported stays in its cluster's window after the instance
+//! left (it happened); an upstream no live instance lists any more is dropped.
 //!
 //! The same differences are also kept apart until the graph's next build claims
-//! them ([`UpstreamState::claim`]): the build adds them to the edge they belong to,
-//! which is how the edges' `meshcat_edge_*_total` counters only ever grow, whatever
-//! instances come and go (see `docs/metrics.md`).
+//! them ([`Calls::claim`]): the build adds them to the edge they belong to, which is
+//! how the edges' `meshcat_edge_*_total` counters only ever grow, whatever instances
+//! come and go (see `docs/metrics.md`).
 
-use std::collections::BTreeMap;
-use std::hash::{Hash, Hasher};
+mod ring;
+
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
 use meshcat_common::wire::{InstanceReport, ListenerRoutes, UpstreamCluster, UpstreamTraffic};
+
+pub use ring::{AddressMap, Window, address_key};
+use ring::{Clock, Ring};
 
 use super::instances::InstanceKey;
 
@@ -30,128 +37,120 @@ const MAX_UPSTREAMS: usize = 4096;
 /// Most listeners kept per instance, and clusters per listener.
 const MAX_LISTENERS: usize = 256;
 const MAX_LISTENER_CLUSTERS: usize = 1024;
-/// Most host addresses kept per upstream cluster.
+/// Most host addresses kept per upstream cluster of an instance, and of a cluster
+/// (its instances' together: one matching host is all the graph needs).
 const MAX_HOSTS: usize = 64;
+const MAX_CLUSTER_HOSTS: usize = 256;
 /// Longest upstream cluster name or address kept.
 const MAX_NAME: usize = 512;
-/// Buckets of the graph window.
-pub const WINDOW_BUCKETS: usize = 12;
+/// Buckets over which the highest latency reported is kept: an instance reports at
+/// least every other bucket (every 5 s against buckets of 5 s by default).
+const RECENT_BUCKETS: usize = 3;
 
-/// One instance's traffic.
+/// One instance's graph fields, as its last report left them: what is needed to take
+/// its next report, or its leaving, out of its cluster's calls.
 #[derive(Debug, Default)]
-pub struct InstanceTraffic {
-    pub local_cluster: Option<String>,
-    pub listeners: Vec<ListenerRoutes>,
+struct InstanceTraffic {
+    local_cluster: Option<Arc<str>>,
+    listeners: Vec<ListenerRoutes>,
     /// The listeners' addresses as [`address_key`]s, in the same order.
-    pub listener_keys: Box<[u64]>,
+    listener_keys: Box<[u64]>,
     /// Sorted by name.
-    pub upstreams: Vec<UpstreamState>,
+    upstreams: Vec<InstanceUpstream>,
 }
 
 /// One upstream cluster of one instance.
-#[derive(Debug, Default)]
-pub struct UpstreamState {
-    pub name: Box<str>,
+#[derive(Debug)]
+struct InstanceUpstream {
+    /// Shared with its cluster's [`Calls`].
+    name: Arc<str>,
     /// The counters of the last report: requests, and errors (5xx and connect
     /// failures).
     last: (u64, u64),
-    /// Requests and errors added by the reports of each bucket, bucket `n` at
-    /// `n % WINDOW_BUCKETS`.
-    buckets: [(u32, u32); WINDOW_BUCKETS],
-    /// The newest bucket written; older ones within the ring are its predecessors.
-    head: u64,
-    /// When the last report that added requests or errors arrived.
-    last_seen: Option<Instant>,
+    /// Its host addresses' keys, as the sidecar's `/clusters` lists them.
+    hosts: Box<[u64]>,
+}
+
+/// What the instances of one cluster (or a peer's summary of them) reported of
+/// their calls, summed.
+#[derive(Debug, Default)]
+pub struct ClusterCalls {
+    /// Instances whose graph fields are in.
+    instances: u32,
+    /// Local clusters the instances' targets name, and how many name each.
+    local: Vec<(Arc<str>, u32)>,
+    /// The instances' listeners by address key, and how many have each.
+    listeners: AddressMap<(ListenerRoutes, u32)>,
+    /// Sorted by name.
+    upstreams: Vec<Calls>,
+}
+
+/// One upstream cluster of a cluster: its calls over the window.
+#[derive(Debug)]
+pub struct Calls {
+    name: Arc<str>,
+    /// Live instances that list it.
+    instances: u32,
+    ring: Ring,
+    /// The highest p50 and p99 and whether TLS was used, per recent bucket.
+    recent: [Recent; RECENT_BUCKETS],
+    /// What the last report said of TLS: kept when no report is recent.
+    tls: bool,
+    /// Host address keys and how many instances list each, sorted by key.
+    hosts: Vec<(u64, u32)>,
     /// Requests and errors added by reports since the graph's last build claimed
-    /// them. Atomic because the build claims them while reading the traffic
-    /// shared with other readers; reports add to them under the map's write guard.
+    /// them. Atomic because the build claims them while reading the calls shared
+    /// with other readers; reports add to them under the map's write guard.
     unclaimed: [AtomicU64; 2],
-    pub p50_ms: Option<f64>,
-    pub p99_ms: Option<f64>,
-    pub tls: bool,
-    /// The upstream's host addresses, as the sidecar's `/clusters` lists them,
-    /// hashed by [`address_key`].
-    pub hosts: Box<[u64]>,
 }
 
-/// An upstream's figures over the window.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Window {
-    pub requests: u64,
-    pub errors: u64,
-    /// When the last report that added requests or errors arrived.
-    pub last_seen: Option<Instant>,
-}
-
-/// The key a host or listener address is compared by.
-pub fn address_key(address: &str) -> u64 {
-    // Fixed keys: the same address hashes alike in every call of the process.
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    address.hash(&mut h);
-    h.finish()
-}
-
-/// Hashes an [`address_key`] as itself: the key already is a hash, and the graph
-/// looks up every upstream host of every instance once a second.
+/// The latency and TLS that the reports of one bucket said.
 #[derive(Debug, Default, Clone, Copy)]
-pub struct KeyHasher(u64);
-
-impl Hasher for KeyHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
-        }
-    }
-
-    fn write_u64(&mut self, key: u64) {
-        self.0 = key;
-    }
-}
-
-/// A map keyed by [`address_key`]s.
-pub type AddressMap<V> =
-    std::collections::HashMap<u64, V, std::hash::BuildHasherDefault<KeyHasher>>;
-
-/// Where in the windows' buckets `now` falls: buckets are numbered from `epoch`.
-#[derive(Debug, Clone, Copy)]
-struct Clock {
+struct Recent {
+    /// The bucket, plus one (0: never written).
     bucket: u64,
+    p50_ms: Option<f64>,
+    p99_ms: Option<f64>,
+    tls: bool,
 }
 
-impl Clock {
-    fn at(epoch: Instant, now: Instant, window: Duration) -> Self {
-        let width = (window.as_millis() / WINDOW_BUCKETS as u128).max(1);
-        Clock {
-            bucket: (now.saturating_duration_since(epoch).as_millis() / width) as u64,
+impl Calls {
+    fn new(name: Arc<str>) -> Self {
+        Calls {
+            name,
+            instances: 0,
+            ring: Ring::default(),
+            recent: [Recent::default(); RECENT_BUCKETS],
+            tls: false,
+            hosts: Vec::new(),
+            unclaimed: [AtomicU64::new(0), AtomicU64::new(0)],
         }
     }
-}
 
-impl UpstreamState {
-    /// Adds one report's requests and errors in the bucket of `clock`.
-    fn add(&mut self, clock: Clock, now: Instant, requests: u64, errors: u64) {
-        let n = WINDOW_BUCKETS as u64;
-        if clock.bucket > self.head {
-            // The buckets between the newest written and this one saw no report.
-            for b in (self.head + 1).max(clock.bucket.saturating_sub(n - 1))..=clock.bucket {
-                self.buckets[(b % n) as usize] = (0, 0);
-            }
-            self.head = clock.bucket;
-        } else if self.head - clock.bucket >= n {
-            // Older than the whole window (a report applied late).
-            return;
-        }
-        let slot = &mut self.buckets[(clock.bucket % n) as usize];
-        let clamp = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
-        slot.0 = slot.0.saturating_add(clamp(requests));
-        slot.1 = slot.1.saturating_add(clamp(errors));
-        if requests + errors > 0 {
-            self.last_seen = Some(self.last_seen.map_or(now, |t| t.max(now)));
-        }
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its hosts' address keys.
+    pub fn hosts(&self) -> impl Iterator<Item = u64> + '_ {
+        self.hosts.iter().map(|(k, _)| *k)
+    }
+
+    /// Whether the connections use TLS, as the last reports said.
+    pub fn tls(&self) -> bool {
+        self.recent.iter().any(|r| r.bucket > 0 && r.tls) || self.tls
+    }
+
+    /// The highest p50 and p99 the instances reported within the recent buckets
+    /// before `now_bucket`; none when unknown.
+    pub fn latency(&self, now_bucket: u64) -> (Option<f64>, Option<f64>) {
+        let oldest = now_bucket.saturating_sub(RECENT_BUCKETS as u64 - 1) + 1;
+        self.recent
+            .iter()
+            .filter(|r| r.bucket >= oldest)
+            .fold((None, None), |(p50, p99), r| {
+                (max_opt(p50, r.p50_ms), max_opt(p99, r.p99_ms))
+            })
     }
 
     /// Takes the requests and errors reported since the last claim. Each report's
@@ -163,31 +162,160 @@ impl UpstreamState {
         )
     }
 
-    /// Requests and errors within `window` before `now` (to one bucket), from the
-    /// buckets numbered from `epoch`.
-    pub fn window(&self, epoch: Instant, now: Instant, window: Duration) -> Window {
-        let n = WINDOW_BUCKETS as u64;
-        let now_bucket = Clock::at(epoch, now, window).bucket;
-        let mut w = Window::default();
-        let oldest = now_bucket.saturating_sub(n - 1);
-        for b in oldest.max(self.head.saturating_sub(n - 1))..=self.head.min(now_bucket) {
-            let (r, e) = self.buckets[(b % n) as usize];
-            w.requests += u64::from(r);
-            w.errors += u64::from(e);
+    /// Takes one report's differences in.
+    fn report(&mut self, clock: Clock, now: Instant, added: (u64, u64), u: &UpstreamTraffic) {
+        self.ring.add(clock, now, added.0, added.1);
+        for (slot, n) in self.unclaimed.iter_mut().zip([added.0, added.1]) {
+            let v = slot.get_mut();
+            *v = v.saturating_add(n);
         }
-        w.last_seen = self
-            .last_seen
-            .filter(|at| Clock::at(epoch, *at, window).bucket >= oldest);
-        w
+        self.note(clock, u.p50_ms, u.p99_ms, u.tls);
+    }
+
+    /// Keeps what a report said of latency and TLS in its bucket.
+    fn note(&mut self, clock: Clock, p50: Option<f64>, p99: Option<f64>, tls: bool) {
+        let slot = &mut self.recent[(clock.bucket % RECENT_BUCKETS as u64) as usize];
+        if slot.bucket != clock.bucket + 1 {
+            *slot = Recent {
+                bucket: clock.bucket + 1,
+                ..Recent::default()
+            };
+        }
+        slot.p50_ms = max_opt(slot.p50_ms, p50.filter(|v| v.is_finite()));
+        slot.p99_ms = max_opt(slot.p99_ms, p99.filter(|v| v.is_finite()));
+        slot.tls |= tls;
+        self.tls = tls;
+    }
+
+    fn add_hosts(&mut self, hosts: &[u64]) {
+        for h in hosts {
+            match self.hosts.binary_search_by_key(h, |(k, _)| *k) {
+                Ok(i) => self.hosts[i].1 += 1,
+                Err(i) if self.hosts.len() < MAX_CLUSTER_HOSTS => self.hosts.insert(i, (*h, 1)),
+                // One matching host is all the graph needs; past the bound, none is kept.
+                Err(_) => {}
+            }
+        }
+    }
+
+    fn remove_hosts(&mut self, hosts: &[u64]) {
+        for h in hosts {
+            if let Ok(i) = self.hosts.binary_search_by_key(h, |(k, _)| *k) {
+                self.hosts[i].1 -= 1;
+                if self.hosts[i].1 == 0 {
+                    self.hosts.remove(i);
+                }
+            }
+        }
     }
 }
 
-/// The traffic of every instance that reported any, by (zone, cluster, instance).
+impl ClusterCalls {
+    /// The local clusters its instances' targets name.
+    pub fn local_clusters(&self) -> impl Iterator<Item = &str> {
+        self.local.iter().map(|(n, _)| &**n)
+    }
+
+    /// Its instances' listeners, by address key.
+    pub fn listeners(&self) -> impl Iterator<Item = (u64, &ListenerRoutes)> {
+        self.listeners.iter().map(|(k, (l, _))| (*k, l))
+    }
+
+    /// Sorted by name.
+    pub fn upstreams(&self) -> &[Calls] {
+        &self.upstreams
+    }
+
+    fn calls_mut(&mut self, name: &str) -> Option<&mut Calls> {
+        let i = self
+            .upstreams
+            .binary_search_by(|c| (*c.name).cmp(name))
+            .ok()?;
+        Some(&mut self.upstreams[i])
+    }
+
+    /// An instance lists `name`: the shared name to keep.
+    fn join(&mut self, name: &str, hosts: &[u64]) -> Arc<str> {
+        let i = match self.upstreams.binary_search_by(|c| (*c.name).cmp(name)) {
+            Ok(i) => i,
+            Err(i) => {
+                self.upstreams.insert(i, Calls::new(Arc::from(name)));
+                i
+            }
+        };
+        let c = &mut self.upstreams[i];
+        c.instances += 1;
+        c.add_hosts(hosts);
+        c.name.clone()
+    }
+
+    /// An instance no longer lists `u`: dropped with the last one.
+    fn leave(&mut self, u: &InstanceUpstream) {
+        if let Ok(i) = self.upstreams.binary_search_by(|c| (*c.name).cmp(&u.name)) {
+            let c = &mut self.upstreams[i];
+            c.remove_hosts(&u.hosts);
+            c.instances -= 1;
+            if c.instances == 0 {
+                self.upstreams.remove(i);
+            }
+        }
+    }
+
+    fn add_local(&mut self, name: &Arc<str>) {
+        match self.local.iter_mut().find(|(n, _)| n == name) {
+            Some((_, count)) => *count += 1,
+            None => self.local.push((name.clone(), 1)),
+        }
+    }
+
+    fn remove_local(&mut self, name: &Arc<str>) {
+        if let Some(i) = self.local.iter().position(|(n, _)| n == name) {
+            self.local[i].1 -= 1;
+            if self.local[i].1 == 0 {
+                self.local.swap_remove(i);
+            }
+        }
+    }
+
+    fn add_listener(&mut self, key: u64, l: &ListenerRoutes) {
+        self.listeners
+            .entry(key)
+            .and_modify(|(_, count)| *count += 1)
+            .or_insert_with(|| (l.clone(), 1));
+    }
+
+    fn remove_listener(&mut self, key: u64) {
+        if let Some((_, count)) = self.listeners.get_mut(&key) {
+            *count -= 1;
+            if *count == 0 {
+                self.listeners.remove(&key);
+            }
+        }
+    }
+
+    /// Takes everything `t` added out (the instance left).
+    fn remove_instance(&mut self, t: &InstanceTraffic) {
+        self.instances -= 1;
+        if let Some(l) = &t.local_cluster {
+            self.remove_local(l);
+        }
+        for key in &t.listener_keys {
+            self.remove_listener(*key);
+        }
+        for u in &t.upstreams {
+            self.leave(u);
+        }
+    }
+}
+
+/// The traffic of every calling cluster, and of the instances it sums.
 #[derive(Debug)]
 pub struct Traffic {
     instances: DashMap<InstanceKey, InstanceTraffic>,
-    /// Peers' summaries, one pseudo-instance per (zone, cluster, peer).
-    remote: DashMap<InstanceKey, InstanceTraffic>,
+    /// Keyed by (zone, cluster).
+    clusters: DashMap<(String, String), ClusterCalls>,
+    /// Peers' summaries, keyed by (zone, cluster, peer).
+    remote: DashMap<(String, String, String), ClusterCalls>,
     /// Where the windows' buckets are numbered from.
     epoch: Instant,
     /// Moves whenever a change could change the graph's shape: an instance's
@@ -201,6 +329,7 @@ impl Default for Traffic {
     fn default() -> Self {
         Traffic {
             instances: DashMap::new(),
+            clusters: DashMap::new(),
             remote: DashMap::new(),
             epoch: Instant::now(),
             shape: AtomicU64::new(0),
@@ -209,10 +338,11 @@ impl Default for Traffic {
 }
 
 impl Traffic {
-    /// Takes one report's graph fields (its upstreams, listeners and local cluster,
-    /// moved out of the report): adds each upstream's counter differences since the
-    /// instance's previous report. A report without them (an agent older than the
-    /// graph, or a sidecar that calls nothing) keeps nothing.
+    /// Takes one report's graph fields in (its upstreams, listeners and local
+    /// cluster, moved out of the report): adds each upstream's counter differences
+    /// since the instance's previous report to its cluster's calls. A report
+    /// without them (an agent older than the graph, or a sidecar that calls
+    /// nothing) takes the instance out.
     pub fn record(&self, r: &mut InstanceReport, now: Instant, window: Duration) {
         let key = (
             r.zone_name.clone(),
@@ -220,9 +350,7 @@ impl Traffic {
             r.instance.clone(),
         );
         if r.upstreams.is_empty() && r.listeners.is_empty() && r.local_cluster.is_none() {
-            if self.instances.remove(&key).is_some() {
-                self.reshaped();
-            }
+            self.forget(&key);
             return;
         }
         let mut incoming = std::mem::take(&mut r.upstreams);
@@ -237,49 +365,128 @@ impl Traffic {
             l.clusters.retain(|c| c.len() <= MAX_NAME);
             l.clusters.truncate(MAX_LISTENER_CLUSTERS);
         }
-        let local_cluster = r
+        let listener_keys: Box<[u64]> = listeners.iter().map(|l| address_key(&l.address)).collect();
+        let local_cluster: Option<Arc<str>> = r
             .local_cluster
             .take()
-            .filter(|c| !c.is_empty() && c.len() <= MAX_NAME);
+            .filter(|c| !c.is_empty() && c.len() <= MAX_NAME)
+            .map(Arc::from);
+        // The hosts of each upstream, found by name (a sidecar may list thousands).
+        let mut listed: Vec<&UpstreamCluster> = r.clusters.iter().collect();
+        listed.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+        let hosts_of = |name: &str| -> Box<[u64]> {
+            listed
+                .binary_search_by(|c| c.name.as_str().cmp(name))
+                .ok()
+                .map(|i| {
+                    listed[i]
+                        .hosts
+                        .iter()
+                        .filter(|h| h.address.len() <= MAX_NAME)
+                        .take(MAX_HOSTS)
+                        .map(|h| address_key(&h.address))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
         let clock = Clock::at(self.epoch, now, window);
-        let listener_keys: Box<[u64]> = listeners.iter().map(|l| address_key(&l.address)).collect();
         let mut reshaped = false;
+        // Lock order: the instance, then its cluster (as in `forget`).
         let mut t = self.instances.entry(key).or_insert_with(|| {
             reshaped = true;
             InstanceTraffic::default()
         });
-        reshaped |= t.local_cluster != local_cluster
-            || t.listener_keys != listener_keys
-            || t.listeners
+        let joined = reshaped;
+        let mut c = self
+            .clusters
+            .entry((r.zone_name.clone(), r.cluster_name.clone()))
+            .or_default();
+        if joined {
+            c.instances += 1;
+        }
+        if t.local_cluster != local_cluster {
+            if let Some(old) = &t.local_cluster {
+                c.remove_local(old);
+            }
+            if let Some(new) = &local_cluster {
+                c.add_local(new);
+            }
+            t.local_cluster = local_cluster;
+            reshaped = true;
+        }
+        let same_listeners = t.listener_keys == listener_keys
+            && t.listeners
                 .iter()
                 .map(|l| &l.clusters)
-                .ne(listeners.iter().map(|l| &l.clusters));
-        t.local_cluster = local_cluster;
-        t.listener_keys = listener_keys;
+                .eq(listeners.iter().map(|l| &l.clusters));
+        if !same_listeners {
+            for key in &t.listener_keys {
+                c.remove_listener(*key);
+            }
+            for (key, l) in listener_keys.iter().zip(&listeners) {
+                c.add_listener(*key, l);
+            }
+            reshaped = true;
+        }
         t.listeners = listeners;
+        t.listener_keys = listener_keys;
         // Both sorted by name: one walk pairs each upstream with its previous state.
-        // An upstream the sidecar no longer lists (removed from its configuration) is
-        // dropped: it carries nothing from now on.
         let mut previous = std::mem::take(&mut t.upstreams).into_iter().peekable();
-        // The hosts of each upstream, found by name (a sidecar may list thousands).
-        let mut listed: Vec<&UpstreamCluster> = r.clusters.iter().collect();
-        listed.sort_unstable_by(|a, b| a.name.cmp(&b.name));
         let mut upstreams = Vec::with_capacity(incoming.len());
         for u in incoming {
-            while previous.next_if(|p| *p.name < *u.name).is_some() {
+            while let Some(gone) = previous.next_if(|p| *p.name < *u.name) {
+                c.leave(&gone);
                 reshaped = true;
             }
-            let state = previous.next_if(|p| *p.name == *u.name);
-            let hosts = listed
-                .binary_search_by(|c| c.name.as_str().cmp(&u.name))
-                .ok()
-                .map(|i| listed[i]);
-            let (state, changed) = self.update(state, u, hosts, clock, now, window);
-            reshaped |= changed;
-            upstreams.push(state);
+            let hosts = hosts_of(&u.name);
+            let totals = (
+                u.requests_total,
+                u.errors_5xx_total.saturating_add(u.connect_fail_total),
+            );
+            match previous.next_if(|p| *p.name == *u.name) {
+                // Nothing to take a difference from: counted from the next report.
+                None => {
+                    let name = c.join(&u.name, &hosts);
+                    if let Some(calls) = c.calls_mut(&u.name) {
+                        calls.note(clock, u.p50_ms, u.p99_ms, u.tls);
+                    }
+                    upstreams.push(InstanceUpstream {
+                        name,
+                        last: totals,
+                        hosts,
+                    });
+                    reshaped = true;
+                }
+                Some(mut p) => {
+                    let added = if totals.0 < p.last.0 || totals.1 < p.last.1 {
+                        // The sidecar restarted: all it counted since is new.
+                        totals
+                    } else {
+                        (totals.0 - p.last.0, totals.1 - p.last.1)
+                    };
+                    p.last = totals;
+                    let calls = c.calls_mut(&u.name).expect("a listed upstream has calls");
+                    if hosts != p.hosts {
+                        calls.remove_hosts(&p.hosts);
+                        calls.add_hosts(&hosts);
+                        p.hosts = hosts;
+                        reshaped = true;
+                    }
+                    if added.0 + added.1 > 0 {
+                        let w = calls.ring.window(self.epoch, now, window);
+                        reshaped |= w.requests + w.errors == 0;
+                    }
+                    calls.report(clock, now, added, &u);
+                    upstreams.push(p);
+                }
+            }
         }
-        reshaped |= previous.next().is_some();
+        for gone in previous {
+            c.leave(&gone);
+            reshaped = true;
+        }
         t.upstreams = upstreams;
+        drop(c);
         drop(t);
         if reshaped {
             self.reshaped();
@@ -298,91 +505,39 @@ impl Traffic {
         self.shape.load(Ordering::Relaxed)
     }
 
-    /// An upstream's state after one report, and whether the report could change
-    /// the graph's shape (a new upstream, other hosts, or traffic on an upstream
-    /// idle over the window).
-    fn update(
-        &self,
-        state: Option<UpstreamState>,
-        u: UpstreamTraffic,
-        listed: Option<&UpstreamCluster>,
-        clock: Clock,
-        now: Instant,
-        window: Duration,
-    ) -> (UpstreamState, bool) {
-        let totals = (
-            u.requests_total,
-            u.errors_5xx_total.saturating_add(u.connect_fail_total),
-        );
-        let fresh = state.is_none();
-        let mut s = state.unwrap_or_else(|| UpstreamState {
-            name: u.name.into_boxed_str(),
-            ..UpstreamState::default()
-        });
-        let added = if fresh {
-            // Nothing to take a difference from: counted from the next report.
-            (0, 0)
-        } else if totals.0 < s.last.0 || totals.1 < s.last.1 {
-            // The sidecar restarted: all it counted since is new.
-            totals
-        } else {
-            (totals.0 - s.last.0, totals.1 - s.last.1)
-        };
-        s.last = totals;
-        let mut reshaped = fresh;
-        if added.0 + added.1 > 0 {
-            let w = s.window(self.epoch, now, window);
-            reshaped |= w.requests + w.errors == 0;
-        }
-        s.add(clock, now, added.0, added.1);
-        for (slot, n) in s.unclaimed.iter_mut().zip([added.0, added.1]) {
-            let v = slot.get_mut();
-            *v = v.saturating_add(n);
-        }
-        s.p50_ms = u.p50_ms.filter(|v| v.is_finite());
-        s.p99_ms = u.p99_ms.filter(|v| v.is_finite());
-        s.tls = u.tls;
-        if let Some(c) = listed {
-            let hosts = c
-                .hosts
-                .iter()
-                .filter(|h| h.address.len() <= MAX_NAME)
-                .take(MAX_HOSTS)
-                .map(|h| address_key(&h.address));
-            if !hosts.clone().eq(s.hosts.iter().copied()) {
-                s.hosts = hosts.collect();
-                reshaped = true;
-            }
-        } else if !s.hosts.is_empty() {
-            s.hosts = Box::default();
-            reshaped = true;
-        }
-        (s, reshaped)
-    }
-
-    /// Forgets an instance (it left or expired).
+    /// Takes an instance out (it left or expired): its cluster's calls keep the
+    /// traffic it reported, without its upstreams, hosts and listeners.
     pub fn forget(&self, key: &InstanceKey) {
-        if self.instances.remove(key).is_some() {
-            self.reshaped();
+        let Some((_, t)) = self.instances.remove(key) else {
+            return;
+        };
+        let cluster = (key.0.clone(), key.1.clone());
+        if let Some(mut c) = self.clusters.get_mut(&cluster) {
+            c.remove_instance(&t);
+        }
+        self.clusters.remove_if(&cluster, |_, c| c.instances == 0);
+        self.reshaped();
+    }
+
+    /// Calls `f` with every cluster's calls, this replica's and its peers'.
+    pub fn each(&self, mut f: impl FnMut(&str, &str, &ClusterCalls)) {
+        for e in self.clusters.iter() {
+            f(&e.key().0, &e.key().1, e.value());
+        }
+        for e in self.remote.iter() {
+            f(&e.key().0, &e.key().1, e.value());
         }
     }
 
-    /// Calls `f` with every instance's traffic, this replica's and its peers'.
-    pub fn each(&self, mut f: impl FnMut(&InstanceKey, &InstanceTraffic)) {
-        for e in self.instances.iter().chain(self.remote.iter()) {
-            f(e.key(), e.value());
-        }
-    }
-
-    /// Where the windows' buckets are numbered from, for [`UpstreamState::window`].
+    /// Where the windows' buckets are numbered from.
     pub fn epoch(&self) -> Instant {
         self.epoch
     }
 }
 
-/// What one replica's agents saw of one cluster's calls over the window, summed
-/// over the instances that report to it: what a peer needs to draw the same graph
-/// (`GET /peer/traffic`). Figures are over the window, not counters.
+/// What one replica's agents saw of one cluster's calls over the window: what a peer
+/// needs to draw the same graph (`GET /peer/traffic`). Figures are over the window,
+/// not counters.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ClusterTraffic {
@@ -411,97 +566,53 @@ pub struct UpstreamWindow {
     pub hosts: Vec<u64>,
 }
 
-impl UpstreamState {
-    /// An upstream known only from a peer's summary received at `at`: its window
-    /// figures in the bucket of the time traffic was last seen. It has nothing to
-    /// claim: the peer's own edge counters count that traffic.
-    fn from_window(u: &UpstreamWindow, epoch: Instant, at: Instant, window: Duration) -> Self {
-        let seen = u
-            .last_seen_ago_ms
-            .and_then(|ms| at.checked_sub(Duration::from_millis(ms)))
-            .unwrap_or(at);
-        let mut s = UpstreamState {
-            name: u.name.clone().into_boxed_str(),
-            p50_ms: u.p50_ms.filter(|v| v.is_finite()),
-            p99_ms: u.p99_ms.filter(|v| v.is_finite()),
-            tls: u.tls,
-            hosts: u.hosts.iter().take(MAX_HOSTS).copied().collect(),
-            ..UpstreamState::default()
-        };
-        s.add(Clock::at(epoch, seen, window), seen, u.requests, u.errors);
-        s
-    }
-}
-
 impl Traffic {
-    /// The traffic of the instances that report to this replica, per cluster, over
+    /// The calls of the clusters whose instances report to this replica, over
     /// `window` before `now`; peers' summaries are not included.
     pub fn summary(&self, now: Instant, window: Duration) -> Vec<ClusterTraffic> {
-        let mut by_cluster: BTreeMap<(String, String), ClusterTraffic> = BTreeMap::new();
-        for e in self.instances.iter() {
-            let (zone, cluster, _) = e.key();
-            let t = e.value();
-            let c = by_cluster
-                .entry((zone.clone(), cluster.clone()))
-                .or_insert_with(|| ClusterTraffic {
+        let now_bucket = Clock::at(self.epoch, now, window).bucket;
+        let mut out: Vec<ClusterTraffic> = self
+            .clusters
+            .iter()
+            .map(|e| {
+                let ((zone, cluster), c) = (e.key(), e.value());
+                let mut listeners: Vec<ListenerRoutes> =
+                    c.listeners.values().map(|(l, _)| l.clone()).collect();
+                listeners.sort_by(|a, b| a.address.cmp(&b.address));
+                ClusterTraffic {
                     zone_name: zone.clone(),
                     cluster_name: cluster.clone(),
-                    local_clusters: Vec::new(),
-                    listeners: Vec::new(),
-                    upstreams: Vec::new(),
-                });
-            if let Some(local) = &t.local_cluster
-                && !c.local_clusters.contains(local)
-            {
-                c.local_clusters.push(local.clone());
-            }
-            for l in &t.listeners {
-                if !c.listeners.contains(l) {
-                    c.listeners.push(l.clone());
-                }
-            }
-            for u in &t.upstreams {
-                let name = &*u.name;
-                let w = u.window(self.epoch, now, window);
-                let ago = w
-                    .last_seen
-                    .map(|at| now.saturating_duration_since(at).as_millis() as u64);
-                match c.upstreams.iter_mut().find(|x| x.name == name) {
-                    Some(x) => {
-                        x.requests += w.requests;
-                        x.errors += w.errors;
-                        x.last_seen_ago_ms = match (x.last_seen_ago_ms, ago) {
-                            (Some(a), Some(b)) => Some(a.min(b)),
-                            (a, b) => a.or(b),
-                        };
-                        x.p50_ms = max_opt(x.p50_ms, u.p50_ms);
-                        x.p99_ms = max_opt(x.p99_ms, u.p99_ms);
-                        x.tls |= u.tls;
-                        for h in &u.hosts {
-                            if x.hosts.len() < MAX_HOSTS && !x.hosts.contains(h) {
-                                x.hosts.push(*h);
+                    local_clusters: c.local_clusters().map(str::to_owned).collect(),
+                    listeners,
+                    upstreams: c
+                        .upstreams
+                        .iter()
+                        .map(|u| {
+                            let w = u.ring.window(self.epoch, now, window);
+                            let (p50_ms, p99_ms) = u.latency(now_bucket);
+                            UpstreamWindow {
+                                name: u.name.to_string(),
+                                requests: w.requests,
+                                errors: w.errors,
+                                last_seen_ago_ms: w
+                                    .last_seen
+                                    .map(|at| now.saturating_duration_since(at).as_millis() as u64),
+                                p50_ms,
+                                p99_ms,
+                                tls: u.tls(),
+                                hosts: u.hosts().collect(),
                             }
-                        }
-                    }
-                    None => c.upstreams.push(UpstreamWindow {
-                        name: name.to_owned(),
-                        requests: w.requests,
-                        errors: w.errors,
-                        last_seen_ago_ms: ago,
-                        p50_ms: u.p50_ms,
-                        p99_ms: u.p99_ms,
-                        tls: u.tls,
-                        hosts: u.hosts.to_vec(),
-                    }),
+                        })
+                        .collect(),
                 }
-            }
-        }
-        by_cluster.into_values().collect()
+            })
+            .collect();
+        out.sort_by(|a, b| (&a.zone_name, &a.cluster_name).cmp(&(&b.zone_name, &b.cluster_name)));
+        out
     }
 
     /// Replaces what replica `peer` last said about its instances' traffic, received
-    /// at `at`; each of its clusters shows in [`Traffic::each`] as one instance named
-    /// after the peer.
+    /// at `at`.
     pub fn set_remote(
         &self,
         peer: &str,
@@ -509,41 +620,51 @@ impl Traffic {
         at: Instant,
         window: Duration,
     ) {
-        let instance = remote_instance(peer);
-        self.remote.retain(|(_, _, i), _| *i != instance);
+        self.remote.retain(|(_, _, p), _| p != peer);
+        let clock = Clock::at(self.epoch, at, window);
         for c in clusters {
-            let mut t = InstanceTraffic {
-                // The instances of one cluster name one local cluster (their
-                // targets are alike); the inbound listeners' routes name it too.
-                local_cluster: c
-                    .local_clusters
-                    .first()
-                    .filter(|l| l.len() <= MAX_NAME)
-                    .cloned(),
-                listeners: c.listeners.iter().take(MAX_LISTENERS).cloned().collect(),
-                listener_keys: Box::default(),
-                upstreams: c
-                    .upstreams
-                    .iter()
-                    .take(MAX_UPSTREAMS)
-                    .filter(|u| !u.name.is_empty() && u.name.len() <= MAX_NAME)
-                    .map(|u| UpstreamState::from_window(u, self.epoch, at, window))
-                    .collect(),
+            let mut calls = ClusterCalls {
+                instances: 1,
+                ..ClusterCalls::default()
             };
-            t.upstreams.sort_unstable_by(|a, b| a.name.cmp(&b.name));
-            t.upstreams.dedup_by(|a, b| a.name == b.name);
-            t.listener_keys = t
-                .listeners
+            // The instances of one cluster name one local cluster (their targets
+            // are alike); the inbound listeners' routes name it too.
+            if let Some(l) = c.local_clusters.first().filter(|l| l.len() <= MAX_NAME) {
+                calls.add_local(&Arc::from(l.as_str()));
+            }
+            for l in c.listeners.iter().take(MAX_LISTENERS) {
+                calls.add_listener(address_key(&l.address), l);
+            }
+            let mut names: Vec<&UpstreamWindow> = c
+                .upstreams
                 .iter()
-                .map(|l| address_key(&l.address))
+                .take(MAX_UPSTREAMS)
+                .filter(|u| !u.name.is_empty() && u.name.len() <= MAX_NAME)
                 .collect();
+            names.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+            names.dedup_by(|a, b| a.name == b.name);
+            for u in names {
+                let hosts: Vec<u64> = u.hosts.iter().take(MAX_HOSTS).copied().collect();
+                calls.join(&u.name, &hosts);
+                let x = calls.calls_mut(&u.name).expect("just joined");
+                // Its window figures in the bucket of the time traffic was last
+                // seen. It has nothing to claim: the peer's own edge counters count
+                // that traffic.
+                let seen = u
+                    .last_seen_ago_ms
+                    .and_then(|ms| at.checked_sub(Duration::from_millis(ms)))
+                    .unwrap_or(at);
+                x.ring.add(
+                    Clock::at(self.epoch, seen, window),
+                    seen,
+                    u.requests,
+                    u.errors,
+                );
+                x.note(clock, u.p50_ms, u.p99_ms, u.tls);
+            }
             self.remote.insert(
-                (
-                    c.zone_name.clone(),
-                    c.cluster_name.clone(),
-                    instance.clone(),
-                ),
-                t,
+                (c.zone_name.clone(), c.cluster_name.clone(), peer.to_owned()),
+                calls,
             );
         }
         // A summary is the peer's whole view, replaced each time: its shape is not
@@ -553,30 +674,17 @@ impl Traffic {
 
     /// Forgets replica `peer`'s summary (it left).
     pub fn forget_remote(&self, peer: &str) {
-        let instance = remote_instance(peer);
-        self.remote.retain(|(_, _, i), _| *i != instance);
+        self.remote.retain(|(_, _, p), _| p != peer);
         self.reshaped();
     }
 
     /// The peers whose summaries are held.
     pub fn remote_peers(&self) -> Vec<String> {
-        let mut peers: Vec<String> = self
-            .remote
-            .iter()
-            .filter_map(|e| e.key().2.strip_prefix(REMOTE_PREFIX).map(str::to_owned))
-            .collect();
+        let mut peers: Vec<String> = self.remote.iter().map(|e| e.key().2.clone()).collect();
         peers.sort();
         peers.dedup();
         peers
     }
-}
-
-/// Instance names of peers' summaries start with this, which no agent's instance
-/// name can (names are letters, digits, `.`, `_` and `-`).
-const REMOTE_PREFIX: &str = "@replica:";
-
-fn remote_instance(peer: &str) -> String {
-    format!("{REMOTE_PREFIX}{peer}")
 }
 
 fn max_opt(a: Option<f64>, b: Option<f64>) -> Option<f64> {
@@ -637,8 +745,8 @@ impl super::Store {
         out
     }
 
-    /// Calls `f` with every instance's traffic.
-    pub fn each_traffic(&self, f: impl FnMut(&InstanceKey, &InstanceTraffic)) {
+    /// Calls `f` with every cluster's calls (zone, cluster, calls).
+    pub fn each_calls(&self, f: impl FnMut(&str, &str, &ClusterCalls)) {
         self.traffic.each(f);
     }
 
@@ -654,8 +762,9 @@ impl super::Store {
     }
 
     /// An upstream's figures over the graph window before `now`.
-    pub fn traffic_window(&self, u: &UpstreamState, now: Instant) -> Window {
-        u.window(self.traffic.epoch(), now, self.rules.graph_window)
+    pub fn calls_window(&self, u: &Calls, now: Instant) -> Window {
+        u.ring
+            .window(self.traffic.epoch(), now, self.rules.graph_window)
     }
 
     /// The traffic this replica's agents reported, per cluster, for its peers.
@@ -683,9 +792,12 @@ impl super::Store {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use meshcat_common::wire::UpstreamTraffic;
+    use meshcat_common::wire::{UpstreamHost, UpstreamTraffic};
 
-    fn report(requests: u64, errors: u64) -> InstanceReport {
+    const WIN: Duration = Duration::from_secs(60);
+
+    /// A report of instance `instance` of z/a calling `b` with these counters.
+    fn report_of(instance: &str, requests: u64, errors: u64) -> InstanceReport {
         InstanceReport {
             upstreams: vec![UpstreamTraffic {
                 name: "b".into(),
@@ -696,14 +808,42 @@ mod tests {
                 p99_ms: None,
                 tls: false,
             }],
-            ..InstanceReport::unread("z".into(), "a".into(), "a-1".into())
+            ..InstanceReport::unread("z".into(), "a".into(), instance.into())
         }
     }
 
+    fn report(requests: u64, errors: u64) -> InstanceReport {
+        report_of("a-1", requests, errors)
+    }
+
+    fn listing(address: &str) -> UpstreamCluster {
+        UpstreamCluster {
+            name: "b".into(),
+            added_via_api: false,
+            hosts: vec![UpstreamHost {
+                address: address.into(),
+                cx_active: 0,
+                cx_connect_fail: 0,
+                cx_total: 0,
+                rq_active: 0,
+                rq_error: 0,
+                rq_total: 0,
+                health_flags: "healthy".into(),
+            }],
+        }
+    }
+
+    /// z/a's calls to its first upstream over the window before `now`.
     fn window(t: &Traffic, now: Instant) -> Window {
         let mut w = Window::default();
-        t.each(|_, i| w = i.upstreams[0].window(t.epoch(), now, Duration::from_secs(60)));
+        t.each(|_, _, c| w = c.upstreams()[0].ring.window(t.epoch(), now, WIN));
         w
+    }
+
+    fn clusters(t: &Traffic) -> usize {
+        let mut n = 0;
+        t.each(|_, _, _| n += 1);
+        n
     }
 
     #[test]
@@ -711,41 +851,92 @@ mod tests {
         let t = Traffic::default();
         let t0 = Instant::now();
         let at = |s: u64| t0 + Duration::from_secs(s);
-        let win = Duration::from_secs(60);
-        t.record(&mut report(100, 1), at(0), win);
+        t.record(&mut report(100, 1), at(0), WIN);
         assert_eq!(
             window(&t, at(0)).requests,
             0,
             "nothing to take a difference from"
         );
-        t.record(&mut report(130, 4), at(5), win);
+        t.record(&mut report(130, 4), at(5), WIN);
         assert_eq!(
             (window(&t, at(5)).requests, window(&t, at(5)).errors),
             (30, 3)
         );
         // The sidecar restarted: its counters start again from zero.
-        t.record(&mut report(7, 0), at(10), win);
+        t.record(&mut report(7, 0), at(10), WIN);
         assert_eq!(
             (window(&t, at(10)).requests, window(&t, at(10)).errors),
             (37, 3)
         );
-        // The window is kept in twelve buckets of 5 s: a sample counts until its
-        // bucket leaves the window.
-        t.record(&mut report(7, 0), at(65), win);
+        // A report counts until its bucket leaves the window.
+        t.record(&mut report(7, 0), at(65), WIN);
         let w = window(&t, at(65));
         assert_eq!((w.requests, w.errors, w.last_seen), (7, 0, Some(at(10))));
-        t.record(&mut report(7, 0), at(70), win);
+        t.record(&mut report(7, 0), at(70), WIN);
         let w = window(&t, at(70));
         assert_eq!((w.requests, w.errors, w.last_seen), (0, 0, None));
-        // An agent older than the graph sends nothing: the instance is forgotten.
+        // An agent older than the graph sends nothing: the instance is taken out,
+        // and with the last one its cluster.
         t.record(
             &mut InstanceReport::unread("z".into(), "a".into(), "a-1".into()),
             at(71),
-            win,
+            WIN,
         );
-        let mut n = 0;
-        t.each(|_, _| n += 1);
-        assert_eq!(n, 0);
+        assert_eq!(clusters(&t), 0);
+    }
+
+    #[test]
+    fn a_clusters_instances_add_up_and_an_upstream_goes_with_its_last_instance() {
+        let t = Traffic::default();
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut one = report_of("a-1", 100, 0);
+        one.clusters = vec![listing("10.0.0.2:80")];
+        one.upstreams[0].p99_ms = Some(9.0);
+        one.upstreams[0].tls = true;
+        let mut two = report_of("a-2", 10, 0);
+        two.clusters = vec![listing("10.0.0.3:80")];
+        t.record(&mut one.clone(), at(0), WIN);
+        t.record(&mut two.clone(), at(0), WIN);
+        one.upstreams[0].requests_total = 150;
+        two.upstreams[0].requests_total = 30;
+        two.upstreams[0].p99_ms = Some(20.0);
+        t.record(&mut one.clone(), at(5), WIN);
+        t.record(&mut two.clone(), at(5), WIN);
+        assert_eq!(clusters(&t), 1, "one cluster, two instances");
+        let now_bucket = Clock::at(t.epoch(), at(5), WIN).bucket;
+        t.each(|_, _, c| {
+            let u = &c.upstreams()[0];
+            assert_eq!(u.ring.window(t.epoch(), at(5), WIN).requests, 70);
+            assert_eq!(
+                u.latency(now_bucket),
+                (Some(1.5), Some(20.0)),
+                "the highest"
+            );
+            assert!(u.tls(), "one instance uses TLS");
+            assert_eq!(u.hosts().count(), 2, "both instances' hosts");
+        });
+        // a-2 leaves: what it reported stays in the window, its host goes.
+        t.forget(&("z".into(), "a".into(), "a-2".into()));
+        t.each(|_, _, c| {
+            let u = &c.upstreams()[0];
+            assert_eq!(u.ring.window(t.epoch(), at(6), WIN).requests, 70);
+            assert_eq!(u.hosts().collect::<Vec<_>>(), [address_key("10.0.0.2:80")]);
+        });
+        // a-1 stops listing b: no live instance lists it, it goes.
+        let mut none = report_of("a-1", 0, 0);
+        none.upstreams[0].name = "c".into();
+        t.record(&mut none, at(10), WIN);
+        t.each(|_, _, c| {
+            let names: Vec<&str> = c.upstreams().iter().map(Calls::name).collect();
+            assert_eq!(names, ["c"]);
+        });
+        // Latency is kept over three buckets; past them it is unknown.
+        t.record(&mut none, at(30), WIN);
+        t.each(|_, _, c| {
+            let later = Clock::at(t.epoch(), at(60), WIN).bucket;
+            assert_eq!(c.upstreams()[0].latency(later), (None, None));
+        });
     }
 
     #[test]
@@ -753,7 +944,6 @@ mod tests {
         let t = Traffic::default();
         let t0 = Instant::now();
         let at = |s: u64| t0 + Duration::from_secs(s);
-        let win = Duration::from_secs(60);
         let mut moved = {
             let mut last = t.shape();
             move |t: &Traffic| {
@@ -763,30 +953,17 @@ mod tests {
                 m
             }
         };
-        t.record(&mut report(100, 1), at(0), win);
+        t.record(&mut report(100, 1), at(0), WIN);
         assert!(moved(&t), "a new instance and upstream");
-        t.record(&mut report(130, 1), at(5), win);
+        t.record(&mut report(130, 1), at(5), WIN);
         assert!(moved(&t), "traffic on an idle upstream");
-        t.record(&mut report(160, 2), at(10), win);
+        t.record(&mut report(160, 2), at(10), WIN);
         assert!(!moved(&t), "figures alone");
-        t.record(&mut report(160, 2), at(15), win);
+        t.record(&mut report(160, 2), at(15), WIN);
         assert!(!moved(&t), "no traffic");
         let mut with_hosts = report(190, 2);
-        with_hosts.clusters = vec![UpstreamCluster {
-            name: "b".into(),
-            added_via_api: false,
-            hosts: vec![meshcat_common::wire::UpstreamHost {
-                address: "10.0.0.2:80".into(),
-                cx_active: 0,
-                cx_connect_fail: 0,
-                cx_total: 0,
-                rq_active: 0,
-                rq_error: 0,
-                rq_total: 0,
-                health_flags: "healthy".into(),
-            }],
-        }];
-        t.record(&mut with_hosts, at(20), win);
+        with_hosts.clusters = vec![listing("10.0.0.2:80")];
+        t.record(&mut with_hosts, at(20), WIN);
         assert!(moved(&t), "other hosts");
         let mut with_listener = report(220, 2);
         with_listener.clusters = with_hosts.clusters.clone();
@@ -794,13 +971,13 @@ mod tests {
             address: "10.0.0.1:80".into(),
             clusters: vec!["local".into()],
         }];
-        t.record(&mut with_listener, at(25), win);
+        t.record(&mut with_listener, at(25), WIN);
         assert!(moved(&t), "a listener");
         let mut other = report(10, 0);
         other.upstreams[0].name = "c".into();
         other.clusters = with_hosts.clusters.clone();
         other.listeners = with_listener.listeners.clone();
-        t.record(&mut other, at(30), win);
+        t.record(&mut other, at(30), WIN);
         assert!(moved(&t), "an upstream gone and another new");
         t.forget(&("z".into(), "a".into(), "a-1".into()));
         assert!(moved(&t), "the instance gone");
@@ -809,14 +986,13 @@ mod tests {
     }
 
     #[test]
-    fn a_peers_summary_shows_as_one_instance_with_the_same_figures() {
+    fn a_peers_summary_shows_as_the_same_figures() {
         let here = Traffic::default();
         let t0 = Instant::now();
-        let win = Duration::from_secs(60);
-        here.record(&mut report(100, 1), t0, win);
-        here.record(&mut report(130, 4), t0 + Duration::from_secs(5), win);
+        here.record(&mut report(100, 1), t0, WIN);
+        here.record(&mut report(130, 4), t0 + Duration::from_secs(5), WIN);
         let now = t0 + Duration::from_secs(6);
-        let summary = here.summary(now, win);
+        let summary = here.summary(now, WIN);
         assert_eq!(summary.len(), 1);
         assert_eq!(
             (
@@ -830,18 +1006,16 @@ mod tests {
         let summary: Vec<ClusterTraffic> =
             serde_json::from_slice(&serde_json::to_vec(&summary).unwrap()).unwrap();
         let there = Traffic::default();
-        there.set_remote("r1", &summary, now, win);
+        there.set_remote("r1", &summary, now, WIN);
         let w = window(&there, now);
         assert_eq!((w.requests, w.errors), (30, 3));
         assert_eq!(w.last_seen, Some(t0 + Duration::from_secs(5)));
         assert_eq!(there.remote_peers(), ["r1"]);
         // A new summary replaces the old one; a peer that left is forgotten.
-        there.set_remote("r1", &[], now, win);
+        there.set_remote("r1", &[], now, WIN);
         assert!(there.remote_peers().is_empty());
-        there.set_remote("r1", &summary, now, win);
+        there.set_remote("r1", &summary, now, WIN);
         there.forget_remote("r1");
-        let mut n = 0;
-        there.each(|_, _| n += 1);
-        assert_eq!(n, 0);
+        assert_eq!(clusters(&there), 0);
     }
 }

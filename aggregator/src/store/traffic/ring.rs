@@ -1,0 +1,148 @@
+//! The graph window as a ring of buckets, and the keys addresses are compared by.
+//!
+//! The window (`--graph-window`) is kept as [`WINDOW_BUCKETS`] buckets of a twelfth
+//! of it each, numbered from the traffic's epoch, so the figures over the window are
+//! exact to one bucket (5 s of the default 60 s) and a ring is of a fixed size
+//! whatever the report interval.
+
+use std::hash::{Hash, Hasher};
+use std::time::{Duration, Instant};
+
+/// Buckets of the graph window.
+pub const WINDOW_BUCKETS: usize = 12;
+
+/// Where in the windows' buckets an instant falls: buckets are numbered from an
+/// epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Clock {
+    pub bucket: u64,
+}
+
+impl Clock {
+    pub fn at(epoch: Instant, now: Instant, window: Duration) -> Self {
+        let width = (window.as_millis() / WINDOW_BUCKETS as u128).max(1);
+        Clock {
+            bucket: (now.saturating_duration_since(epoch).as_millis() / width) as u64,
+        }
+    }
+}
+
+/// Figures over the window.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Window {
+    pub requests: u64,
+    pub errors: u64,
+    /// When the last report that added requests or errors arrived.
+    pub last_seen: Option<Instant>,
+}
+
+/// Requests and errors per bucket over the window.
+#[derive(Debug, Default, Clone)]
+pub struct Ring {
+    /// Requests and errors added in each bucket, bucket `n` at `n % WINDOW_BUCKETS`.
+    buckets: [(u32, u32); WINDOW_BUCKETS],
+    /// The newest bucket written; older ones within the ring are its predecessors.
+    head: u64,
+    /// When the last report that added requests or errors arrived.
+    last_seen: Option<Instant>,
+}
+
+impl Ring {
+    /// Adds requests and errors in the bucket of `clock`, reported at `now`.
+    pub fn add(&mut self, clock: Clock, now: Instant, requests: u64, errors: u64) {
+        let n = WINDOW_BUCKETS as u64;
+        if clock.bucket > self.head {
+            // The buckets between the newest written and this one saw no report.
+            for b in (self.head + 1).max(clock.bucket.saturating_sub(n - 1))..=clock.bucket {
+                self.buckets[(b % n) as usize] = (0, 0);
+            }
+            self.head = clock.bucket;
+        } else if self.head - clock.bucket >= n {
+            // Older than the whole window (a report applied late).
+            return;
+        }
+        let slot = &mut self.buckets[(clock.bucket % n) as usize];
+        let clamp = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
+        slot.0 = slot.0.saturating_add(clamp(requests));
+        slot.1 = slot.1.saturating_add(clamp(errors));
+        if requests + errors > 0 {
+            self.last_seen = Some(self.last_seen.map_or(now, |t| t.max(now)));
+        }
+    }
+
+    /// Requests and errors within `window` before `now` (to one bucket), from the
+    /// buckets numbered from `epoch`.
+    pub fn window(&self, epoch: Instant, now: Instant, window: Duration) -> Window {
+        let n = WINDOW_BUCKETS as u64;
+        let now_bucket = Clock::at(epoch, now, window).bucket;
+        let mut w = Window::default();
+        let oldest = now_bucket.saturating_sub(n - 1);
+        for b in oldest.max(self.head.saturating_sub(n - 1))..=self.head.min(now_bucket) {
+            let (r, e) = self.buckets[(b % n) as usize];
+            w.requests += u64::from(r);
+            w.errors += u64::from(e);
+        }
+        w.last_seen = self
+            .last_seen
+            .filter(|at| Clock::at(epoch, *at, window).bucket >= oldest);
+        w
+    }
+}
+
+/// The key a host or listener address is compared by.
+pub fn address_key(address: &str) -> u64 {
+    // Fixed keys: the same address hashes alike in every call of the process.
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    address.hash(&mut h);
+    h.finish()
+}
+
+/// Hashes an [`address_key`] as itself: the key already is a hash.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+
+    fn write_u64(&mut self, key: u64) {
+        self.0 = key;
+    }
+}
+
+/// A map keyed by [`address_key`]s.
+pub type AddressMap<V> =
+    std::collections::HashMap<u64, V, std::hash::BuildHasherDefault<KeyHasher>>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_report_counts_until_its_bucket_leaves_the_window() {
+        let epoch = Instant::now();
+        let at = |s: u64| epoch + Duration::from_secs(s);
+        let win = Duration::from_secs(60);
+        let mut r = Ring::default();
+        r.add(Clock::at(epoch, at(2), win), at(2), 30, 3);
+        r.add(Clock::at(epoch, at(12), win), at(12), 7, 0);
+        let w = r.window(epoch, at(12), win);
+        assert_eq!((w.requests, w.errors, w.last_seen), (37, 3, Some(at(12))));
+        // Twelve buckets of 5 s: the first leaves the window at 60 s.
+        assert_eq!(r.window(epoch, at(59), win).requests, 37);
+        assert_eq!(r.window(epoch, at(60), win).requests, 7);
+        let w = r.window(epoch, at(70), win);
+        assert_eq!((w.requests, w.last_seen), (0, None));
+        // A late report older than the window adds nothing.
+        r.add(Clock::at(epoch, at(80), win), at(80), 1, 0);
+        r.add(Clock::at(epoch, at(5), win), at(5), 100, 0);
+        assert_eq!(r.window(epoch, at(80), win).requests, 1);
+    }
+}
