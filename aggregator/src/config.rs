@@ -12,6 +12,7 @@ use meshcat_common::config::{
 };
 
 use crate::api::Tokens;
+use crate::history::HistoryConfig;
 use crate::ingest::{IngestLimits, SecurityOptions};
 use crate::store::Rules;
 
@@ -200,6 +201,13 @@ pub struct ServeArgs {
     /// default: --api-addr, which must then not be a wildcard address).
     #[arg(long, env = "MESHCAT_ADVERTISE_ADDR", value_parser = parse_host_port, value_name = "HOST:PORT")]
     pub advertise_addr: Option<String>,
+    /// How long the history (<data-dir>/history.redb) keeps an entry (like 12h, 7d).
+    #[arg(long, env = "MESHCAT_HISTORY_RETENTION", default_value = "7d", value_parser = parse_positive_duration, value_name = "DURATION")]
+    pub history_retention: Duration,
+    /// Most entries the history keeps, the oldest dropped first (at most
+    /// 100000000); 0 keeps no history.
+    #[arg(long, env = "MESHCAT_HISTORY_MAX_ENTRIES", default_value = "1000000", value_parser = clap::value_parser!(u64).range(0..=100_000_000), value_name = "N")]
+    pub history_max_entries: u64,
     /// Log line format.
     #[arg(long, env = "MESHCAT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -337,6 +345,8 @@ pub struct Config {
     pub diagnosis: DiagnosisConfig,
     /// `GET /events` streams and the change feed behind them.
     pub events: EventsConfig,
+    /// The history: how long and how much it keeps.
+    pub history: HistoryConfig,
     /// Header timeout and connection bound of the API and ops listeners.
     pub http: meshcat_common::http::ServerLimits,
     /// The API's bearer tokens (never logged); writes are open without a write token
@@ -650,6 +660,10 @@ impl Config {
                 buffer: a.event_buffer as usize,
                 max_streams: a.max_event_streams as usize,
                 lag: crate::store::changes::DEFAULT_BUFFER,
+            },
+            history: HistoryConfig {
+                retention: a.history_retention,
+                max_entries: a.history_max_entries,
             },
             http: a.http.limits(),
             tokens,
