@@ -674,6 +674,27 @@ impl Config {
     }
 }
 
+impl Config {
+    /// The history's file in the data directory: `history.redb`, or with an etcd
+    /// store `history-<port>.redb` by the port of the advertised address (replicas
+    /// on one machine may share the data directory; a restart keeps its port).
+    pub fn history_file(&self) -> String {
+        match self.store.spec {
+            StoreSpec::Redb => crate::history::DB_FILE.to_owned(),
+            StoreSpec::Etcd { .. } => {
+                let port = self
+                    .replicas
+                    .advertise_addr
+                    .as_deref()
+                    .and_then(|a| a.rsplit_once(':'))
+                    .and_then(|(_, p)| p.parse::<u16>().ok())
+                    .unwrap_or(self.api.addr.port());
+                crate::history::replica_file(port)
+            }
+        }
+    }
+}
+
 impl ServeArgs {
     /// The flags with every value at its default (ignoring the environment).
     fn try_parse_from_defaults() -> Result<ServeArgs, clap::Error> {

@@ -24,7 +24,7 @@ use tokio::sync::{mpsc, watch};
 use tracing::warn;
 
 pub use entry::{ChangedBy, Detail, GroupDetail, Kind, LeftReason, Pending, StatusReason};
-pub use log::{HistoryDb, HistoryError, Query, Retention, Row};
+pub use log::{DB_FILE, HistoryDb, HistoryError, Query, Retention, Row, replica_file};
 pub use metrics::HistoryMetrics;
 pub use writer::HistoryEvent;
 
@@ -82,13 +82,14 @@ pub struct History {
 }
 
 impl History {
-    /// Opens `history.redb` in `dir` and starts its writer.
+    /// Opens the history `file` in `dir` and starts its writer.
     pub fn open(
         dir: &std::path::Path,
+        file: &str,
         config: HistoryConfig,
         metrics: HistoryMetrics,
     ) -> Result<History, HistoryError> {
-        let db = HistoryDb::open(dir)?;
+        let db = HistoryDb::open(dir, file)?;
         let appender = db.appender(Retention {
             max_age: config.retention,
             max_entries: config.max_entries,

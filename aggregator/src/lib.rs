@@ -91,7 +91,12 @@ impl Aggregator {
         let telemetry = Telemetry::new()?;
         if config.history.is_on() {
             let metrics = history::HistoryMetrics::register(&telemetry.registry)?;
-            let h = history::History::open(&config.store.data_dir, config.history, metrics)?;
+            let h = history::History::open(
+                &config.store.data_dir,
+                &config.history_file(),
+                config.history,
+                metrics,
+            )?;
             let _ = store.set_history(h);
         }
         Ok(Aggregator {

@@ -323,11 +323,23 @@ impl MeshAgent {
         instance: &str,
         interval: &str,
     ) -> anyhow::Result<Self> {
+        Self::for_envoy(catalog, &sidecar.envoy, zone, cluster, instance, interval).await
+    }
+
+    /// Starts an agent for one Envoy reporting to `catalog` every `interval`.
+    pub async fn for_envoy(
+        catalog: &Catalog,
+        envoy: &Envoy,
+        zone: &str,
+        cluster: &str,
+        instance: &str,
+        interval: &str,
+    ) -> anyhow::Result<Self> {
         let mut args = catalog.agent_args();
         args.extend(
             [
                 "--sidecar-admin",
-                &sidecar.envoy.admin_addr(),
+                &envoy.admin_addr(),
                 "--zone",
                 zone,
                 "--cluster",

@@ -29,8 +29,15 @@ const BY_KIND: TableDefinition<'_, (u8, u64), ()> = TableDefinition::new("by_kin
 const META: TableDefinition<'_, &str, u64> = TableDefinition::new("meta");
 const NEXT_ID: &str = "next_id";
 
-/// File name of the history inside the data directory.
+/// File name of the history inside the data directory, with the redb store.
 pub const DB_FILE: &str = "history.redb";
+
+/// File name of the history of a replica on an etcd store: replicas on one machine
+/// may share a data directory (the development certificates), each keeps its own
+/// history, named by the port of its advertised address, which a restart keeps.
+pub fn replica_file(advertised_port: u16) -> String {
+    format!("history-{advertised_port}.redb")
+}
 
 /// Pages of the history kept in memory: the newest entries and the indexes' upper
 /// levels, which every query reads. The rest is read from the file when asked.
@@ -120,15 +127,15 @@ pub struct HistoryDb {
 }
 
 impl HistoryDb {
-    /// Opens (or creates) `history.redb` in `dir`.
-    pub fn open(dir: &Path) -> Result<HistoryDb, HistoryError> {
+    /// Opens (or creates) the history `file` in `dir`.
+    pub fn open(dir: &Path, file: &str) -> Result<HistoryDb, HistoryError> {
         std::fs::create_dir_all(dir).map_err(|error| HistoryError::Dir {
             path: dir.display().to_string(),
             error,
         })?;
         let db = Database::builder()
             .set_cache_size(CACHE_BYTES)
-            .create(dir.join(DB_FILE))?;
+            .create(dir.join(file))?;
         // Tables exist from the first start on, so reads never meet a missing table.
         let tx = db.begin_write()?;
         tx.open_table(ENTRIES)?;
@@ -260,9 +267,9 @@ impl HistoryDb {
         Ok(out)
     }
 
-    /// Bytes the database file takes on disk.
-    pub fn file_bytes(dir: &Path) -> std::io::Result<u64> {
-        Ok(std::fs::metadata(dir.join(DB_FILE))?.len())
+    /// Bytes the database file `file` in `dir` takes on disk.
+    pub fn file_bytes(dir: &Path, file: &str) -> std::io::Result<u64> {
+        Ok(std::fs::metadata(dir.join(file))?.len())
     }
 }
 
@@ -495,7 +502,7 @@ mod tests {
     fn ids_grow_across_reopening_and_newest_come_first() {
         let dir = tempfile::tempdir().unwrap();
         {
-            let db = HistoryDb::open(dir.path()).unwrap();
+            let db = HistoryDb::open(dir.path(), DB_FILE).unwrap();
             let mut a = db.appender(KEEP_ALL).unwrap();
             let batch: Vec<Pending> = (0..5)
                 .map(|i| entry(1000 + i, Kind::InstanceLeft, "c", "i"))
@@ -508,7 +515,7 @@ mod tests {
                 vec![(1, 1000), (2, 1001), (3, 1002), (4, 1003), (5, 1004)]
             );
         }
-        let db = HistoryDb::open(dir.path()).unwrap();
+        let db = HistoryDb::open(dir.path(), DB_FILE).unwrap();
         let mut a = db.appender(KEEP_ALL).unwrap();
         // An entry from before the newest takes the newest's time.
         a.append(&[entry(10, Kind::InstanceLeft, "c", "i")], 2000, |id, s| {
@@ -521,7 +528,7 @@ mod tests {
     #[test]
     fn filters_use_the_indexes_and_time_bounds() {
         let dir = tempfile::tempdir().unwrap();
-        let db = HistoryDb::open(dir.path()).unwrap();
+        let db = HistoryDb::open(dir.path(), DB_FILE).unwrap();
         let mut a = db.appender(KEEP_ALL).unwrap();
         let mut batch = Vec::new();
         for i in 0..300 {
@@ -592,7 +599,7 @@ mod tests {
     #[test]
     fn retention_drops_the_oldest_first_by_count_and_by_age() {
         let dir = tempfile::tempdir().unwrap();
-        let db = HistoryDb::open(dir.path()).unwrap();
+        let db = HistoryDb::open(dir.path(), DB_FILE).unwrap();
         let mut a = db
             .appender(Retention {
                 max_age: Duration::from_secs(60),

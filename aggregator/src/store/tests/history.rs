@@ -17,6 +17,7 @@ fn open_with_history() -> (tempfile::TempDir, Store) {
 fn attach(s: &Store, dir: &std::path::Path) {
     let h = History::open(
         dir,
+        crate::history::DB_FILE,
         HistoryConfig::default(),
         HistoryMetrics::unregistered(),
     )
