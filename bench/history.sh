@@ -10,9 +10,10 @@
 # The last line reads `history: <n> appends/s, newest 100 p99 <ms> ms, <bytes> bytes
 # per entry, <n> entries`.
 #
-# Environment: ENTRIES (1000000), REQUESTS (2000), ROUNDS (2; 0 skips the ingest
-# comparison), INGEST_AGENTS (2000), INGEST_DURATION (15s), CARGO_TARGET_DIR
-# (./target).
+# Environment: ENTRIES (1000000), CHURN (0: entries recorded beyond ENTRIES, each
+# making the history drop its oldest, as a full history does), REQUESTS (2000),
+# ROUNDS (2; 0 skips the ingest comparison), INGEST_AGENTS (2000), INGEST_DURATION
+# (15s), CARGO_TARGET_DIR (./target).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -20,6 +21,7 @@ cd "$root"
 . bench/lib.sh
 
 ENTRIES=${ENTRIES:-1000000}
+CHURN=${CHURN:-0}
 REQUESTS=${REQUESTS:-2000}
 ROUNDS=${ROUNDS:-2}
 INGEST_AGENTS=${INGEST_AGENTS:-2000}
@@ -40,8 +42,9 @@ cleanup() {
 trap cleanup EXIT
 
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "==> recording $ENTRIES entries"
-"$bench" fill --data-dir "$work/data" --entries "$ENTRIES" | tee "$work/fill.out"
+echo "==> recording $((ENTRIES + CHURN)) entries, keeping $ENTRIES"
+"$bench" fill --data-dir "$work/data" --entries "$((ENTRIES + CHURN))" --keep "$ENTRIES" \
+    | tee "$work/fill.out"
 appends=$(grep -o '[0-9]* appends/s' "$work/fill.out" | cut -d' ' -f1)
 per_entry=$(grep -o '[0-9]* bytes per entry' "$work/fill.out" | cut -d' ' -f1)
 

@@ -266,11 +266,6 @@ impl HistoryDb {
         }
         Ok(out)
     }
-
-    /// Bytes the database file `file` in `dir` takes on disk.
-    pub fn file_bytes(dir: &Path, file: &str) -> std::io::Result<u64> {
-        Ok(std::fs::metadata(dir.join(file))?.len())
-    }
 }
 
 /// The ids held: `first..next`.

@@ -16,6 +16,7 @@
 // The figures on standard output are this program's whole purpose.
 #![allow(clippy::print_stdout)]
 
+use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -43,6 +44,10 @@ enum Step {
         data_dir: PathBuf,
         #[arg(long, default_value_t = 1_000_000)]
         entries: u64,
+        /// The history's --history-max-entries (default: --entries); fewer makes the
+        /// fill evict the oldest as it goes, as a full history does.
+        #[arg(long)]
+        keep: Option<u64>,
         /// Entries recorded before waiting for them to be stored (at most the
         /// writer's queue, 65,536, so none is dropped).
         #[arg(long, default_value_t = 32_768)]
@@ -137,11 +142,11 @@ fn entry(n: u64) -> Pending {
     Pending::new(kind, &zone, &name, &instance, detail)
 }
 
-fn fill(dir: &std::path::Path, entries: u64, burst: u64) -> anyhow::Result<()> {
+fn fill(dir: &std::path::Path, entries: u64, keep: u64, burst: u64) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir)?;
     let metrics = HistoryMetrics::unregistered();
     let config = HistoryConfig {
-        max_entries: entries,
+        max_entries: keep,
         ..HistoryConfig::default()
     };
     let history = History::open(dir, DB_FILE, config, metrics.clone())?;
@@ -161,16 +166,20 @@ fn fill(dir: &std::path::Path, entries: u64, burst: u64) -> anyhow::Result<()> {
         bail!("{} entries were dropped", metrics.dropped.get());
     }
     let held = HistoryDb::open(dir, DB_FILE)?.len()?;
-    let bytes = HistoryDb::file_bytes(dir, DB_FILE)?;
+    let file = std::fs::metadata(dir.join(DB_FILE))?;
+    // The file grows in steps (doubling, then by region) and its unwritten part is
+    // a hole: the blocks taken are what is on disk.
+    let (on_disk, length) = (file.blocks() * 512, file.len());
     println!(
         "appended {entries} entries in {:.1}s: {:.0} appends/s (recorded, stored durably)",
         took.as_secs_f64(),
         entries as f64 / took.as_secs_f64()
     );
     println!(
-        "{held} entries held in {:.1} MiB: {:.0} bytes per entry",
-        bytes as f64 / (1 << 20) as f64,
-        bytes as f64 / held.max(1) as f64
+        "{held} entries held in {:.1} MiB on disk (file length {:.1} MiB): {:.0} bytes per entry",
+        on_disk as f64 / (1 << 20) as f64,
+        length as f64 / (1 << 20) as f64,
+        on_disk as f64 / held.max(1) as f64
     );
     Ok(())
 }
@@ -228,8 +237,12 @@ async fn main() -> anyhow::Result<()> {
         Step::Fill {
             data_dir,
             entries,
+            keep,
             burst,
-        } => tokio::task::spawn_blocking(move || fill(&data_dir, entries, burst)).await?,
+        } => {
+            let keep = keep.unwrap_or(entries);
+            tokio::task::spawn_blocking(move || fill(&data_dir, entries, keep, burst)).await?
+        }
         Step::Read { api, requests } => read(&api, requests).await,
     }
 }
