@@ -803,6 +803,38 @@ mod tests {
     }
 
     #[test]
+    fn the_history_keeps_its_bounds_and_a_file_per_replica() {
+        let d = Config::from_args(parse(&[]).unwrap()).unwrap();
+        assert_eq!(d.history, HistoryConfig::default());
+        assert_eq!(d.history.retention, Duration::from_secs(7 * 24 * 3600));
+        assert_eq!(d.history_file(), "history.redb");
+        let a = parse(&["--history-retention", "12h", "--history-max-entries", "0"]).unwrap();
+        let c = Config::from_args(a).unwrap();
+        assert_eq!(c.history.retention, Duration::from_secs(12 * 3600));
+        assert!(!c.history.is_on());
+        assert!(parse(&["--history-retention", "0s"]).is_err());
+        assert!(parse(&["--history-max-entries", "100000001"]).is_err());
+        assert!(parse(&["--history-max-entries", "-1"]).is_err());
+        let etcd = |extra: &[&str]| {
+            let mut args = vec![
+                "--store",
+                "etcd://127.0.0.1:2379",
+                "--api-addr",
+                "127.0.0.1:9080",
+            ];
+            args.extend_from_slice(extra);
+            Config::from_args(parse(&args).unwrap())
+                .unwrap()
+                .history_file()
+        };
+        assert_eq!(etcd(&[]), "history-9080.redb");
+        assert_eq!(
+            etcd(&["--advertise-addr", "10.0.0.7:19081"]),
+            "history-19081.redb"
+        );
+    }
+
+    #[test]
     fn serve_is_optional() {
         let a = parse(&["--api-addr", "127.0.0.1:1"]).unwrap();
         assert_eq!(a.api_addr.map(|a| a.port()), Some(1));
