@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use meshcat_common::model::HistoryEntry;
 use meshcat_common::validate::{is_valid_instance, is_valid_name};
 use utoipa::IntoParams;
-use utoipa::openapi::schema::{Object, ObjectBuilder, Type};
+use utoipa::openapi::schema::{Array, ArrayBuilder, ObjectBuilder, Type};
 
 use super::auth::Reader;
 use super::error::{ApiError, ErrorBody};
@@ -24,10 +24,14 @@ pub const DEFAULT_LIMIT: usize = 100;
 /// Most entries one answer holds.
 pub const MAX_LIMIT: usize = 1000;
 
-fn kinds() -> Object {
-    ObjectBuilder::new()
-        .schema_type(Type::String)
-        .enum_values(Some(Kind::ALL.map(Kind::as_str)))
+/// `kind`: repeatable, each one of the kinds.
+fn kinds() -> Array {
+    ArrayBuilder::new()
+        .items(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .enum_values(Some(Kind::ALL.map(Kind::as_str))),
+        )
         .build()
 }
 
