@@ -2,7 +2,8 @@
 
 # start_aggregator BINARY [FLAGS...]: starts `BINARY serve FLAGS` on free loopback
 # ports with its data in $work/data and its JSON log in $work/log, and waits until it
-# logs its API address. Sets pid and api; exits with the log when it does not start.
+# logs its API and ops addresses. Sets pid, api and ops; exits with the log when it
+# does not start.
 start_aggregator() {
     local binary=$1
     shift
@@ -11,12 +12,14 @@ start_aggregator() {
         --data-dir "$work/data" --log-format json 2>"$work/log" &
     pid=$!
     api=""
+    ops=""
     for _ in $(seq 1 200); do
         api=$(grep -o '"api":"[^"]*"' "$work/log" | head -1 | cut -d'"' -f4 || true)
-        [ -n "$api" ] && break
+        ops=$(grep -o '"ops":"[^"]*"' "$work/log" | head -1 | cut -d'"' -f4 || true)
+        [ -n "$api" ] && [ -n "$ops" ] && break
         sleep 0.05
     done
-    [ -n "$api" ] || { echo "aggregator did not start"; cat "$work/log"; exit 1; }
+    [ -n "$api" ] && [ -n "$ops" ] || { echo "aggregator did not start"; cat "$work/log"; exit 1; }
     echo "api: http://$api (pid $pid)"
 }
 

@@ -8,6 +8,8 @@
 #                           tests and `deploy/local/mesh.sh up --ha`
 #   scripts/deps.sh browser Chromium (chromium): the dashboard's browser test drives it
 #                           with Playwright, which never downloads a browser of its own
+#   scripts/deps.sh shells  zsh and fish: the CLI's tests parse the completion scripts
+#                           `meshcat completion` prints for them (bash is always there)
 # Needs root (or sudo) only when something is missing. Package services are kept from
 # starting: a policy-rc.d answering 101 denies them while the packages install.
 set -euo pipefail
@@ -26,7 +28,11 @@ for what in "$@"; do
     browser)
       command -v chromium >/dev/null 2>&1 || need+=(chromium)
       ;;
-    *) echo "deps.sh: unknown group $what (build, etcd, browser)" >&2; exit 64 ;;
+    shells)
+      command -v zsh >/dev/null 2>&1 || need+=(zsh)
+      command -v fish >/dev/null 2>&1 || need+=(fish)
+      ;;
+    *) echo "deps.sh: unknown group $what (build, etcd, browser, shells)" >&2; exit 64 ;;
   esac
 done
 [ ${#need[@]} -eq 0 ] && exit 0

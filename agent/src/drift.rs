@@ -28,13 +28,19 @@
 //!   `generic_secret`): only that a value is set, and file names, are hashed. Trust
 //!   (`validation_context`) is hashed whole: it is shared and public.
 //!
-//! The hash is the first 8 bytes of the SHA-256 of the canonical JSON (keys sorted, no
-//! spaces) as 16 lowercase hex digits. Resources of one kind are sorted by name (then
-//! by their canonical text), since Envoy's order of them carries no meaning.
+//! Each resource is hashed alone, as it is read ([`crate::config_dump`]): the SHA-256
+//! of its canonical JSON (keys sorted, no spaces). A kind's hash is the SHA-256 of its
+//! resources' digests sorted by (name, digest), since Envoy's order of them carries no
+//! meaning; the whole hash is the SHA-256 of the kinds' hashes, the bootstrap's fields'
+//! digests and the other sections' digests. Each is sent as its first 8 bytes in 16
+//! lowercase hex digits.
 
 use std::collections::BTreeMap;
 
-use serde_json::{Map, Value};
+use ring::digest::{Context, SHA256};
+use serde_json::Value;
+
+use crate::config_dump::Item;
 
 /// Depth beyond which a dump is not walked: real dumps are far shallower.
 const MAX_DEPTH: usize = 64;
@@ -81,122 +87,108 @@ pub struct ConfigHashes {
     pub kinds: BTreeMap<String, String>,
 }
 
-/// The drift hashes of a parsed `/config_dump`.
-pub fn config_hashes(dump: &Value) -> ConfigHashes {
-    let mut kinds: BTreeMap<ResourceKind, Vec<(String, Value)>> = ResourceKind::ALL
-        .into_iter()
-        .map(|k| (k, Vec::new()))
-        .collect();
-    let mut bootstrap = Value::Null;
-    let mut other: BTreeMap<String, Value> = BTreeMap::new();
-    let configs = dump.get("configs").and_then(Value::as_array);
-    for section in configs.into_iter().flatten() {
-        let ty = section.get("@type").and_then(Value::as_str).unwrap_or("");
-        let short = ty.rsplit('.').next().unwrap_or("");
-        let mut push = |kind: ResourceKind, resource: Option<&Value>| {
-            if let Some(r) = resource {
-                let mut r = r.clone();
-                scrub(&mut r, 0);
-                match kind {
-                    ResourceKind::Listeners => strip_listener(&mut r),
-                    ResourceKind::Clusters => strip_cluster(&mut r),
-                    ResourceKind::Routes | ResourceKind::Secrets => {}
+/// A full SHA-256 digest.
+type Digest = [u8; 32];
+
+/// Hashes the resources of one `/config_dump` as they are read, keeping only their
+/// digests.
+#[derive(Debug, Default)]
+pub struct DriftHasher {
+    /// Each kind's resources as (name, digest).
+    kinds: BTreeMap<ResourceKind, Vec<(String, Digest)>>,
+    /// The bootstrap's fields by name, without the node and admin.
+    bootstrap: BTreeMap<String, Digest>,
+    /// Sections of other types by `@type`, without their stamps.
+    other: BTreeMap<String, Digest>,
+    /// The canonical text of the resource being hashed (kept to reuse its memory).
+    text: String,
+}
+
+impl DriftHasher {
+    /// Takes one resource of the dump.
+    pub fn take(&mut self, item: Item) {
+        let (kind, mut r) = match item {
+            Item::Bootstrap(name, mut v) => {
+                // Node identity and the admin listener are the instance's own.
+                if name != "node" && name != "admin" {
+                    scrub(&mut v, 0);
+                    let d = self.digest(&v);
+                    self.bootstrap.insert(name, d);
                 }
-                let name = r.get("name").and_then(Value::as_str).unwrap_or("");
-                kinds.entry(kind).or_default().push((name.to_owned(), r));
+                return;
             }
+            Item::Section(ty, mut v) => {
+                // Endpoints (only there with `?include_eds`) are upstream membership.
+                if !ty.ends_with(".EndpointsConfigDump") {
+                    strip_stamps(&mut v, 0);
+                    scrub(&mut v, 0);
+                    let d = self.digest(&v);
+                    self.other.insert(ty, d);
+                }
+                return;
+            }
+            Item::Listener(v) => (ResourceKind::Listeners, v),
+            Item::Cluster(v) => (ResourceKind::Clusters, v),
+            Item::RouteConfig(v) | Item::ScopedRoutes(v) => (ResourceKind::Routes, v),
+            Item::Secret(v) => (ResourceKind::Secrets, v),
         };
-        match short {
-            "BootstrapConfigDump" => {
-                if let Some(Value::Object(b)) = section.get("bootstrap") {
-                    let mut b = b.clone();
-                    for k in ["node", "admin", "static_resources"] {
-                        b.remove(k);
-                    }
-                    let mut b = Value::Object(b);
-                    scrub(&mut b, 0);
-                    bootstrap = b;
-                }
+        scrub(&mut r, 0);
+        match kind {
+            ResourceKind::Listeners => strip_listener(&mut r),
+            ResourceKind::Clusters => strip_cluster(&mut r),
+            ResourceKind::Routes | ResourceKind::Secrets => {}
+        }
+        let name = r
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned();
+        let d = self.digest(&r);
+        self.kinds.entry(kind).or_default().push((name, d));
+    }
+
+    fn digest(&mut self, v: &Value) -> Digest {
+        self.text.clear();
+        write_canonical(v, &mut self.text);
+        let mut out = [0u8; 32];
+        out.copy_from_slice(ring::digest::digest(&SHA256, self.text.as_bytes()).as_ref());
+        out
+    }
+
+    /// The hashes of every resource taken; every kind is present (an empty kind
+    /// hashes no digests).
+    pub fn finish(mut self) -> ConfigHashes {
+        let mut whole = Context::new(&SHA256);
+        let mut kinds = BTreeMap::new();
+        for kind in ResourceKind::ALL {
+            let mut resources = self.kinds.remove(&kind).unwrap_or_default();
+            resources.sort_unstable();
+            let mut h = Context::new(&SHA256);
+            for (_, d) in &resources {
+                h.update(d);
             }
-            "ListenersConfigDump" => {
-                for l in items(section, "static_listeners") {
-                    push(ResourceKind::Listeners, l.get("listener"));
-                }
-                for l in items(section, "dynamic_listeners") {
-                    let active = l.get("active_state").and_then(|a| a.get("listener"));
-                    push(ResourceKind::Listeners, active);
-                }
-            }
-            "ClustersConfigDump" => {
-                for key in ["static_clusters", "dynamic_active_clusters"] {
-                    for c in items(section, key) {
-                        push(ResourceKind::Clusters, c.get("cluster"));
-                    }
-                }
-            }
-            "RoutesConfigDump" => {
-                for key in ["static_route_configs", "dynamic_route_configs"] {
-                    for r in items(section, key) {
-                        push(ResourceKind::Routes, r.get("route_config"));
-                    }
-                }
-            }
-            "ScopedRoutesConfigDump" => {
-                for key in [
-                    "inline_scoped_route_configs",
-                    "dynamic_scoped_route_configs",
-                ] {
-                    for s in items(section, key) {
-                        let scoped = serde_json::json!({
-                            "name": s.get("name"),
-                            "scoped_route_configs": s.get("scoped_route_configs"),
-                        });
-                        push(ResourceKind::Routes, Some(&scoped));
-                    }
-                }
-            }
-            "SecretsConfigDump" => {
-                for key in ["static_secrets", "dynamic_active_secrets"] {
-                    for s in items(section, key) {
-                        push(ResourceKind::Secrets, s.get("secret"));
-                    }
-                }
-            }
-            "EndpointsConfigDump" => {}
-            _ => {
-                let mut s = section.clone();
-                strip_stamps(&mut s, 0);
-                scrub(&mut s, 0);
-                other.insert(ty.to_owned(), s);
+            let h = h.finish();
+            whole.update(kind.as_str().as_bytes());
+            whole.update(h.as_ref());
+            kinds.insert(kind.as_str().to_owned(), hex8(h.as_ref()));
+        }
+        for (part, digests) in [("bootstrap", &self.bootstrap), ("other", &self.other)] {
+            whole.update(part.as_bytes());
+            for (name, d) in digests {
+                whole.update(name.as_bytes());
+                whole.update(d);
             }
         }
-    }
-    let mut whole = Map::new();
-    let mut hashes = BTreeMap::new();
-    for (kind, mut resources) in kinds {
-        resources.sort_by_cached_key(|(name, r)| (name.clone(), canonical(r)));
-        let list = Value::Array(resources.into_iter().map(|(_, r)| r).collect());
-        hashes.insert(kind.as_str().to_owned(), hash(&list));
-        whole.insert(kind.as_str().to_owned(), list);
-    }
-    whole.insert("bootstrap".to_owned(), bootstrap);
-    whole.insert(
-        "other".to_owned(),
-        Value::Object(other.into_iter().collect()),
-    );
-    ConfigHashes {
-        config: hash(&Value::Object(whole)),
-        kinds: hashes,
+        ConfigHashes {
+            config: hex8(whole.finish().as_ref()),
+            kinds,
+        }
     }
 }
 
-/// The elements of a section's list `key`.
-fn items<'a>(section: &'a Value, key: &str) -> impl Iterator<Item = &'a Value> {
-    section
-        .get(key)
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
+/// The first 8 bytes of a digest as 16 lowercase hex digits.
+fn hex8(digest: &[u8]) -> String {
+    digest[..8].iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// A listener without its socket addresses and its HTTP connection managers' inline
@@ -362,14 +354,15 @@ fn hide_material(v: &mut Value, depth: usize) {
     }
 }
 
-/// JSON text with object keys sorted and no spaces, the same for equal values
-/// whatever order Envoy wrote keys in.
+/// `v` as canonical JSON text ([`write_canonical`]).
 fn canonical(v: &Value) -> String {
     let mut out = String::new();
     write_canonical(v, &mut out);
     out
 }
 
+/// Writes `v` as JSON text with object keys sorted and no spaces, the same for equal
+/// values whatever order Envoy wrote keys in.
 fn write_canonical(v: &Value, out: &mut String) {
     match v {
         Value::Object(m) => {
@@ -380,7 +373,7 @@ fn write_canonical(v: &Value, out: &mut String) {
                 if i > 0 {
                     out.push(',');
                 }
-                out.push_str(&Value::String(k.clone()).to_string());
+                write_string(k, out);
                 out.push(':');
                 write_canonical(&m[k], out);
             }
@@ -396,22 +389,28 @@ fn write_canonical(v: &Value, out: &mut String) {
             }
             out.push(']');
         }
+        Value::String(text) => write_string(text, out),
         scalar => out.push_str(&scalar.to_string()),
     }
 }
 
-/// The first 8 bytes of the SHA-256 of `v`'s canonical JSON, in lowercase hex.
-fn hash(v: &Value) -> String {
-    let digest = ring::digest::digest(&ring::digest::SHA256, canonical(v).as_bytes());
-    digest.as_ref()[..8]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+/// A JSON string literal, escaped as serde_json escapes it.
+fn write_string(s: &str, out: &mut String) {
+    let mut buf = Vec::with_capacity(s.len() + 2);
+    serde_json::to_writer(&mut buf, s).expect("a string serializes");
+    out.push_str(std::str::from_utf8(&buf).expect("serde_json writes UTF-8"));
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The drift hashes of a whole dump, read as the agent reads it.
+    fn config_hashes(dump: &Value) -> ConfigHashes {
+        let mut h = DriftHasher::default();
+        crate::config_dump::read(dump.to_string().as_bytes(), |item| h.take(item)).unwrap();
+        h.finish()
+    }
 
     /// Real Envoy 1.40 dumps (`agent/tests/fixtures/config_dumps/capture.py`).
     fn fixture(name: &str) -> Value {
@@ -579,7 +578,7 @@ mod tests {
             .find(|c| c["@type"].as_str().unwrap().ends_with("SecretsConfigDump"))
             .unwrap();
         let mut all = String::new();
-        for s in items(section, "static_secrets") {
+        for s in section["static_secrets"].as_array().unwrap() {
             let mut s = s["secret"].clone();
             scrub(&mut s, 0);
             all.push_str(&canonical(&s));

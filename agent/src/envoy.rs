@@ -94,7 +94,14 @@ impl EnvoyAdmin {
         &self.addr
     }
 
-    async fn call(&self, post: bool, path: &str, limit: usize) -> Result<String, EnvoyError> {
+    /// The answer's bytes, read up to `limit`; a non-2xx status is an error carrying
+    /// the first line of the body.
+    async fn call_bytes(
+        &self,
+        post: bool,
+        path: &str,
+        limit: usize,
+    ) -> Result<Vec<u8>, EnvoyError> {
         let url = format!("http://{}{}", self.addr, path);
         let req = if post {
             self.client.post(&url)
@@ -105,25 +112,31 @@ impl EnvoyAdmin {
             addr: self.addr.clone(),
             source: e,
         };
+        let too_large = || EnvoyError::TooLarge {
+            path: path.to_owned(),
+            limit,
+        };
         let mut resp = req.send().await.map_err(transport)?;
         let status = resp.status();
-        let mut body = Vec::new();
+        // Sized once when Envoy says how much it sends: a large answer (megabytes on a
+        // big mesh) is then never copied while it grows.
+        let expected = resp.content_length().unwrap_or(0);
+        if expected > limit as u64 {
+            return Err(too_large());
+        }
+        let mut body = Vec::with_capacity(expected as usize);
         while let Some(chunk) = resp.chunk().await.map_err(transport)? {
             if body.len() + chunk.len() > limit {
-                return Err(EnvoyError::TooLarge {
-                    path: path.to_owned(),
-                    limit,
-                });
+                return Err(too_large());
             }
             body.extend_from_slice(&chunk);
         }
-        let text = String::from_utf8_lossy(&body).into_owned();
         if !status.is_success() {
             return Err(EnvoyError::Status {
                 addr: self.addr.clone(),
                 path: path.to_owned(),
                 status: status.as_u16(),
-                body: text
+                body: String::from_utf8_lossy(&body)
                     .lines()
                     .next()
                     .unwrap_or_default()
@@ -132,12 +145,19 @@ impl EnvoyAdmin {
                     .collect(),
             });
         }
-        Ok(text)
+        Ok(body)
+    }
+
+    /// The answer as text (invalid UTF-8 replaced, which Envoy does not send).
+    async fn call(&self, post: bool, path: &str, limit: usize) -> Result<String, EnvoyError> {
+        let body = self.call_bytes(post, path, limit).await?;
+        Ok(String::from_utf8(body)
+            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
     }
 
     async fn get_json<T: serde::de::DeserializeOwned>(&self, path: &str) -> Result<T, EnvoyError> {
-        let text = self.call(false, path, MAX_ANSWER).await?;
-        serde_json::from_str(&text).map_err(|e| EnvoyError::Parse(format!("{path}: {e}")))
+        let body = self.call_bytes(false, path, MAX_ANSWER).await?;
+        serde_json::from_slice(&body).map_err(|e| EnvoyError::Parse(format!("{path}: {e}")))
     }
 
     /// `GET /server_info`.
@@ -159,11 +179,7 @@ impl EnvoyAdmin {
     /// `GET /stats?format=json&usedonly` with [`STATS_FILTER`] and detailed
     /// (cumulative, fine-grained) histogram buckets.
     pub async fn stats(&self) -> Result<StatsSnapshot, EnvoyError> {
-        let path = format!(
-            "/stats?format=json&usedonly&histogram_buckets=detailed&filter={}",
-            encode_query(STATS_FILTER)
-        );
-        let r: StatsResponse = self.get_json(&path).await?;
+        let r: StatsResponse = self.get_json(&stats_path()).await?;
         Ok(r.into())
     }
 
@@ -249,6 +265,21 @@ impl EnvoyAdmin {
     pub async fn config_dump(&self) -> Result<String, EnvoyError> {
         self.call(false, "/config_dump", MAX_CONFIG_DUMP).await
     }
+
+    /// `GET /config_dump` as the bytes Envoy sent (JSON), for reading in place.
+    pub async fn config_dump_bytes(&self) -> Result<Vec<u8>, EnvoyError> {
+        self.call_bytes(false, "/config_dump", MAX_CONFIG_DUMP)
+            .await
+    }
+}
+
+/// The path of the scrape's `/stats` call: [`STATS_FILTER`], used stats only,
+/// detailed histogram buckets.
+pub fn stats_path() -> String {
+    format!(
+        "/stats?format=json&usedonly&histogram_buckets=detailed&filter={}",
+        encode_query(STATS_FILTER)
+    )
 }
 
 /// Envoy's name for a level the API accepts: the seed's four, plus `warning`

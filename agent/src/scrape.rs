@@ -269,7 +269,7 @@ async fn read_topology(
         .admin
         .rsplit_once(':')
         .map_or("", |(h, _)| h.trim_start_matches('[').trim_end_matches(']'));
-    let (dump, listeners) = tokio::join!(admin.config_dump(), admin.listeners());
+    let (dump, listeners) = tokio::join!(admin.config_dump_bytes(), admin.listeners());
     let bound = match listeners {
         Ok(l) => l
             .listener_statuses
@@ -284,19 +284,30 @@ async fn read_topology(
             Default::default()
         }
     };
-    match dump {
-        Ok(text) => match serde_json::from_str::<serde_json::Value>(&text) {
-            Ok(dump) => {
-                let t = topology::from_config_dump(&dump, &bound, own_host);
-                let hashes = drift::config_hashes(&dump);
-                debug!(instance = %target.instance, listeners = t.listeners.len(), config_hash = %hashes.config, "Sidecar configuration read.");
-                cache.store(version, t, hashes);
-            }
-            Err(e) => {
-                warn!(instance = %target.instance, error = %e, "Sidecar /config_dump cannot be parsed.");
-            }
-        },
-        Err(e) => debug!(instance = %target.instance, error = %e, "Sidecar /config_dump not read."),
+    let text = match dump {
+        Ok(text) => text,
+        Err(e) => {
+            debug!(instance = %target.instance, error = %e, "Sidecar /config_dump not read.");
+            return;
+        }
+    };
+    let mut reader = topology::TopologyReader::new(&bound, own_host);
+    let mut hasher = drift::DriftHasher::default();
+    let read = crate::config_dump::read(&text, |item| {
+        reader.take(&item);
+        hasher.take(item);
+    });
+    drop(text);
+    match read {
+        Ok(()) => {
+            let t = reader.finish();
+            let hashes = hasher.finish();
+            debug!(instance = %target.instance, listeners = t.listeners.len(), config_hash = %hashes.config, "Sidecar configuration read.");
+            cache.store(version, t, hashes);
+        }
+        Err(e) => {
+            warn!(instance = %target.instance, error = %e, "Sidecar /config_dump cannot be parsed.");
+        }
     }
 }
 

@@ -10,6 +10,7 @@ use std::hash::{Hash, Hasher};
 use meshcat_common::wire::{ListenerRoutes, UpstreamTraffic};
 use serde_json::Value;
 
+use crate::config_dump::Item;
 use crate::drift::ConfigHashes;
 use crate::envoy::model::StatsSnapshot;
 
@@ -144,102 +145,102 @@ pub fn upstream_traffic(
     out
 }
 
-/// Reads the listeners, their routes' clusters and the TLS clusters from a parsed
-/// `/config_dump`. A listener's address is the one it is bound to (`bound`, from
-/// `/listeners`, by listener name), else the configured one; a wildcard host
-/// (`0.0.0.0`, `::`) is given as `own_host`, the host the sidecar is reached at, so
-/// that other sidecars' upstream host addresses can match it.
-pub fn from_config_dump(
-    dump: &Value,
-    bound: &BTreeMap<String, (String, u32)>,
-    own_host: &str,
-) -> Topology {
-    let configs = dump.get("configs").and_then(Value::as_array);
-    let of_type = |suffix: &'static str| {
-        configs.into_iter().flatten().filter(move |c| {
-            c.get("@type")
-                .and_then(Value::as_str)
-                .is_some_and(|t| t.ends_with(suffix))
-        })
-    };
-    // Route configurations by name, for listeners that name theirs (RDS).
-    let mut route_configs: BTreeMap<&str, &Value> = BTreeMap::new();
-    for dump in of_type(".RoutesConfigDump") {
-        for key in ["static_route_configs", "dynamic_route_configs"] {
-            for rc in dump
-                .get(key)
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-            {
-                if let Some(rc) = rc.get("route_config")
-                    && let Some(name) = rc.get("name").and_then(Value::as_str)
-                {
-                    route_configs.insert(name, rc);
+/// Reads the listeners, their routes' clusters and the TLS clusters from the
+/// resources of a `/config_dump` ([`crate::config_dump::read`]), one at a time. A
+/// listener's address is the one it is bound to (`bound`, from `/listeners`, by
+/// listener name), else the configured one; a wildcard host (`0.0.0.0`, `::`) is
+/// given as `own_host`, the host the sidecar is reached at, so that other sidecars'
+/// upstream host addresses can match it.
+#[derive(Debug)]
+pub struct TopologyReader<'a> {
+    bound: &'a BTreeMap<String, (String, u32)>,
+    own_host: &'a str,
+    /// The clusters each route configuration names, by its name: listeners that name
+    /// theirs (RDS) are resolved at the end, whatever the order of the dump.
+    route_clusters: BTreeMap<String, BTreeSet<String>>,
+    /// Each listener's address, the clusters its filters name inline, and the route
+    /// configurations it names.
+    listeners: Vec<(String, BTreeSet<String>, BTreeSet<String>)>,
+    tls_clusters: BTreeSet<String>,
+}
+
+impl<'a> TopologyReader<'a> {
+    pub fn new(bound: &'a BTreeMap<String, (String, u32)>, own_host: &'a str) -> Self {
+        TopologyReader {
+            bound,
+            own_host,
+            route_clusters: BTreeMap::new(),
+            listeners: Vec::new(),
+            tls_clusters: BTreeSet::new(),
+        }
+    }
+
+    /// Takes what the topology needs from one resource.
+    pub fn take(&mut self, item: &Item) {
+        match item {
+            Item::Listener(l) => {
+                if self.listeners.len() >= MAX_LISTENERS {
+                    return;
+                }
+                let name = l.get("name").and_then(Value::as_str).unwrap_or("");
+                let Some(address) = self
+                    .bound
+                    .get(name)
+                    .map(|(h, p)| socket_address(h, u64::from(*p), self.own_host))
+                    .or_else(|| listener_address(l, self.own_host))
+                else {
+                    return;
+                };
+                let mut names = Names::default();
+                collect_clusters(l, &mut names, 0);
+                self.listeners
+                    .push((address, names.clusters, names.route_configs));
+            }
+            Item::RouteConfig(rc) => {
+                if let Some(name) = rc.get("name").and_then(Value::as_str) {
+                    let mut names = Names::default();
+                    collect_clusters(rc, &mut names, 0);
+                    self.route_clusters.insert(name.to_owned(), names.clusters);
                 }
             }
-        }
-    }
-    let mut listeners = Vec::new();
-    for dump in of_type(".ListenersConfigDump") {
-        let statics = dump
-            .get("static_listeners")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .filter_map(|l| l.get("listener"));
-        let dynamics = dump
-            .get("dynamic_listeners")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .filter_map(|l| l.get("active_state")?.get("listener"));
-        for l in statics.chain(dynamics) {
-            if listeners.len() >= MAX_LISTENERS {
-                break;
-            }
-            let name = l.get("name").and_then(Value::as_str).unwrap_or("");
-            let Some(address) = bound
-                .get(name)
-                .map(|(h, p)| socket_address(h, u64::from(*p), own_host))
-                .or_else(|| listener_address(l, own_host))
-            else {
-                continue;
-            };
-            let mut clusters = BTreeSet::new();
-            collect_clusters(l, &route_configs, &mut clusters, 0);
-            listeners.push(ListenerRoutes {
-                address,
-                clusters: clusters.into_iter().take(MAX_LISTENER_CLUSTERS).collect(),
-            });
-        }
-    }
-    listeners.sort_by(|a, b| a.address.cmp(&b.address));
-    listeners.dedup_by(|a, b| a.address == b.address);
-    let mut tls_clusters = BTreeSet::new();
-    for dump in of_type(".ClustersConfigDump") {
-        for key in ["static_clusters", "dynamic_active_clusters"] {
-            for c in dump
-                .get(key)
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-            {
-                let Some(c) = c.get("cluster") else { continue };
+            Item::Cluster(c) => {
                 let tls = c
                     .get("transport_socket")
                     .and_then(|t| t.get("name"))
                     .and_then(Value::as_str)
                     .is_some_and(|n| n.contains("tls"));
                 if tls && let Some(name) = c.get("name").and_then(Value::as_str) {
-                    tls_clusters.insert(name.to_owned());
+                    self.tls_clusters.insert(name.to_owned());
                 }
             }
+            _ => {}
         }
     }
-    Topology {
-        listeners,
-        tls_clusters,
+
+    /// The topology of every resource taken.
+    pub fn finish(self) -> Topology {
+        let route_clusters = self.route_clusters;
+        let mut listeners: Vec<ListenerRoutes> = self
+            .listeners
+            .into_iter()
+            .map(|(address, mut clusters, route_configs)| {
+                for rc in &route_configs {
+                    if let Some(named) = route_clusters.get(rc) {
+                        clusters.extend(named.iter().cloned());
+                    }
+                }
+                ListenerRoutes {
+                    address,
+                    clusters: clusters.into_iter().take(MAX_LISTENER_CLUSTERS).collect(),
+                }
+            })
+            .collect();
+        listeners.sort_by(|a, b| a.address.cmp(&b.address));
+        listeners.dedup_by(|a, b| a.address == b.address);
+        Topology {
+            listeners,
+            tls_clusters: self.tls_clusters,
+        }
     }
 }
 
@@ -264,16 +265,19 @@ fn socket_address(host: &str, port: u64, own_host: &str) -> String {
     }
 }
 
-/// The clusters a listener's filters name: TCP proxies' `cluster`, routes' `cluster`
-/// and weighted clusters' names, inline or through the route configuration an HTTP
-/// connection manager names (`rds.route_config_name`).
-fn collect_clusters<'a>(
-    v: &'a Value,
-    route_configs: &BTreeMap<&str, &'a Value>,
-    out: &mut BTreeSet<String>,
-    depth: usize,
-) {
-    if depth > MAX_DEPTH || out.len() >= MAX_LISTENER_CLUSTERS {
+/// What a listener or route configuration names.
+#[derive(Debug, Default)]
+struct Names {
+    clusters: BTreeSet<String>,
+    /// Route configurations named through RDS (`rds.route_config_name`).
+    route_configs: BTreeSet<String>,
+}
+
+/// The clusters a resource's filters name: TCP proxies' `cluster`, routes' `cluster`
+/// and weighted clusters' names, and the route configurations HTTP connection
+/// managers name (`rds.route_config_name`).
+fn collect_clusters(v: &Value, out: &mut Names, depth: usize) {
+    if depth > MAX_DEPTH || out.clusters.len() >= MAX_LISTENER_CLUSTERS {
         return;
     }
     match v {
@@ -282,15 +286,14 @@ fn collect_clusters<'a>(
                 .get("rds")
                 .and_then(|r| r.get("route_config_name"))
                 .and_then(Value::as_str)
-                && let Some(rc) = route_configs.get(name)
             {
-                collect_clusters(rc, route_configs, out, depth + 1);
+                out.route_configs.insert(name.to_owned());
             }
             for (k, child) in m {
                 match (k.as_str(), child) {
                     // A route's or a TCP proxy's target.
                     ("cluster", Value::String(c)) => {
-                        out.insert(c.clone());
+                        out.clusters.insert(c.clone());
                     }
                     ("weighted_clusters", w) => {
                         for c in w
@@ -300,19 +303,19 @@ fn collect_clusters<'a>(
                             .flatten()
                         {
                             if let Some(n) = c.get("name").and_then(Value::as_str) {
-                                out.insert(n.to_owned());
+                                out.clusters.insert(n.to_owned());
                             }
                         }
                     }
                     // Not targets: access log and tracing sinks, filter services.
                     ("access_log" | "tracing" | "http_filters" | "transport_socket", _) => {}
-                    _ => collect_clusters(child, route_configs, out, depth + 1),
+                    _ => collect_clusters(child, out, depth + 1),
                 }
             }
         }
         Value::Array(a) => {
             for child in a {
-                collect_clusters(child, route_configs, out, depth + 1);
+                collect_clusters(child, out, depth + 1);
             }
         }
         _ => {}

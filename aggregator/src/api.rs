@@ -16,6 +16,7 @@ pub mod openapi;
 mod paths;
 pub mod query;
 pub mod responses;
+mod status;
 pub mod tls;
 mod troubleshoot;
 
@@ -29,7 +30,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 
-pub use auth::Tokens;
+pub use auth::{CallerAccess, TokenCheck, Tokens};
 pub use error::ApiError;
 
 use crate::config::EventsConfig;
@@ -73,6 +74,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/diagnose/{clusterName}"),
     ("GET", "/graph"),
     ("GET", "/history"),
+    ("GET", "/status"),
     ("GET", "/openapi.json"),
     ("GET", "/events"),
 ];
@@ -178,6 +180,7 @@ pub fn app_with_limits(
         )
         .route("/diagnose/{clusterName}", get(d::diagnose))
         .route("/graph", get(graph::graph))
+        .route("/status", get(status::status))
         .route("/clusters/{clusterName}/drift", get(graph::drift))
         .route("/history", get(history::history))
         .route(

@@ -56,6 +56,11 @@ pub struct ServeArgs {
     /// Address of the ops endpoints: Prometheus /metrics, /healthz, /readyz (TCP) [default: 0.0.0.0:9091; 127.0.0.1:9091 with --dev].
     #[arg(long, env = "MESHCAT_OPS_ADDR", value_name = "HOST:PORT")]
     pub ops_addr: Option<SocketAddr>,
+    /// Whether /metrics carries a series per registered cluster (status and live
+    /// instances, labelled with its owner) and two per edge of the dependency graph
+    /// (requests and errors); false leaves them out for very large catalogs.
+    #[arg(long, env = "MESHCAT_CLUSTER_METRICS", default_value_t = true, action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new(), value_name = "true|false")]
+    pub cluster_metrics: bool,
     /// Directory of the durable registrations (zones and clusters).
     #[arg(
         long,
@@ -334,6 +339,8 @@ pub struct Config {
     pub api: ApiConfig,
     /// Address of the ops endpoints (`--ops-addr`).
     pub ops_addr: SocketAddr,
+    /// What the ops endpoints expose.
+    pub ops: OpsConfig,
     /// The agent ingest (QUIC).
     pub ingest: IngestSettings,
     /// Where registrations live and the status rules.
@@ -387,6 +394,13 @@ pub struct ApiConfig {
     pub max_concurrency: usize,
     /// `--max-body`.
     pub max_body: usize,
+}
+
+/// What the ops endpoints expose.
+#[derive(Debug, Clone, Copy)]
+pub struct OpsConfig {
+    /// `--cluster-metrics`: the per-cluster and per-edge series on `/metrics`.
+    pub cluster_metrics: bool,
 }
 
 /// The agent ingest: its address, how agents authenticate, what a report may hold.
@@ -614,6 +628,9 @@ impl Config {
                 max_body: a.max_body as usize,
             },
             ops_addr,
+            ops: OpsConfig {
+                cluster_metrics: a.cluster_metrics,
+            },
             ingest: IngestSettings {
                 addr: quic_addr,
                 tls: TlsFiles::pair(a.tls_cert, a.tls_key),
@@ -848,6 +865,16 @@ mod tests {
         .unwrap();
         assert_eq!(b.api_addr.map(|a| a.port()), Some(2));
         assert_eq!(b.instance_ttl, Duration::from_millis(500));
+    }
+
+    #[test]
+    fn cluster_metrics_are_on_unless_turned_off() {
+        let on = |args: &[&str]| Config::from_args(parse(args).unwrap()).unwrap();
+        assert!(on(&[]).ops.cluster_metrics);
+        assert!(!on(&["--cluster-metrics=false"]).ops.cluster_metrics);
+        assert!(!on(&["--cluster-metrics", "false"]).ops.cluster_metrics);
+        assert!(on(&["--cluster-metrics=true"]).ops.cluster_metrics);
+        assert!(parse(&["--cluster-metrics=maybe"]).is_err());
     }
 
     #[test]

@@ -313,7 +313,7 @@ fn failing_callee(
         focus: Some((cluster.to_owned(), 1)),
     };
     // Built afresh: a diagnosis is rare and wants the figures of now.
-    let view = crate::graph::snapshot::Snapshot::build(store)
+    let view = crate::graph::snapshot::Snapshot::build(store, crate::graph::Counters::Leave)
         .view(&scope)
         .ok()?;
     let (nodes, edges) = (view.nodes, view.edges);

@@ -4,20 +4,21 @@
 //! ([`snapshot`]): the build is kept as a shared snapshot that every `GET /graph`
 //! reads until the next, and a watcher moves the catalog index and sends a `graph`
 //! event when an edge appears, disappears, or changes `observed` or `declared` (not
-//! when only its figures move).
+//! when only its figures move). Each shared build also counts the traffic reported
+//! since the last one on the edges it resolves: the edges' monotonic counters of the
+//! ops port's `/metrics`.
 
 pub mod snapshot;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
-use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use meshcat_common::model::Status;
 use serde::Serialize;
 
 use crate::store::Store;
-use crate::store::traffic::address_key;
+use crate::store::traffic::AddressMap;
 
 /// Default and largest `depth` of a focused graph.
 pub const DEFAULT_DEPTH: u32 = 1;
@@ -115,8 +116,15 @@ fn external_id(zone: &str, upstream: &str) -> String {
 pub struct Link {
     pub source: u32,
     pub target: u32,
+    /// Requests and errors within the window.
     pub requests: u64,
     pub errors: u64,
+    /// Requests and errors counted on the edge since this process started, the
+    /// `meshcat_edge_*_total` counters: what the build claimed from the reports
+    /// since the build before, to which the snapshot adds the previous snapshot's
+    /// totals of the same edge ([`snapshot::Snapshot::count_from`]).
+    pub requests_total: u64,
+    pub errors_total: u64,
     pub p50_ms: Option<f64>,
     pub p99_ms: Option<f64>,
     pub last_seen_ms: Option<i64>,
@@ -130,6 +138,8 @@ impl Link {
     fn merge(&mut self, o: &Link) {
         self.requests += o.requests;
         self.errors += o.errors;
+        self.requests_total += o.requests_total;
+        self.errors_total += o.errors_total;
         self.p50_ms = max_opt(self.p50_ms, o.p50_ms);
         self.p99_ms = max_opt(self.p99_ms, o.p99_ms);
         self.last_seen_ms = self.last_seen_ms.max(o.last_seen_ms);
@@ -167,6 +177,14 @@ pub struct EdgeJson<'a> {
 }
 
 impl Built {
+    /// The ids of a link's source and target.
+    pub fn ends(&self, l: &Link) -> (&str, &str) {
+        (
+            self.nodes[l.source as usize].id.as_str(),
+            self.nodes[l.target as usize].id.as_str(),
+        )
+    }
+
     /// Link `i` as shown.
     pub fn edge_json(&self, i: usize) -> EdgeJson<'_> {
         let l = &self.links[i];
@@ -210,55 +228,149 @@ impl Built {
     }
 }
 
-/// The whole graph at `now`.
-pub fn build(store: &Store, now: Instant) -> Built {
+/// Whether a build takes the traffic reported since the last build that took it
+/// into its edges' counters (`requests_total`, `errors_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counters {
+    /// For the build that becomes the shared snapshot: what it takes is counted
+    /// once, on the edges it resolves.
+    Claim,
+    /// For a build that is thrown away after one use (a diagnosis, a test's
+    /// oracle): it leaves the counts to the next shared build, its counters are 0.
+    Leave,
+}
+
+/// Names to node positions; foldhash rather than SipHash: the graph looks up every
+/// upstream of every instance once a second.
+type Positions = foldhash::HashMap<String, u32>;
+
+/// Positions of a graph's nodes in the making, found by zone then name without
+/// building their ids.
+#[derive(Debug, Default)]
+struct ByZone(foldhash::HashMap<String, Positions>);
+
+impl ByZone {
+    fn get(&self, zone: &str, name: &str) -> Option<u32> {
+        self.0.get(zone)?.get(name).copied()
+    }
+
+    /// The nodes of `zone`, by name.
+    fn zone(&self, zone: &str) -> Option<&Positions> {
+        self.0.get(zone)
+    }
+
+    /// The position of (zone, name), or of `node()` added to `all` when missing.
+    fn get_or_push(
+        &mut self,
+        all: &mut Vec<Node>,
+        zone: &str,
+        name: &str,
+        node: impl FnOnce() -> Node,
+    ) -> u32 {
+        if let Some(at) = self.get(zone, name) {
+            return at;
+        }
+        let at = all.len() as u32;
+        all.push(node());
+        self.0
+            .entry(zone.to_owned())
+            .or_default()
+            .insert(name.to_owned(), at);
+        at
+    }
+}
+
+/// The node of an upstream that is no cluster of the mesh.
+fn external_node(zone: &str, upstream: &str) -> Node {
+    Node {
+        id: external_id(zone, upstream),
+        kind: "external",
+        zone_name: zone.to_owned(),
+        cluster_name: upstream.to_owned(),
+        registered: false,
+        status: None,
+        owner: String::new(),
+        instances: 0,
+        drifted: false,
+    }
+}
+
+/// The node of a cluster known only from a declared dependency.
+fn declared_node(zone: &str, cluster: &str) -> Node {
+    Node {
+        id: node_id(zone, cluster),
+        kind: "cluster",
+        zone_name: zone.to_owned(),
+        cluster_name: cluster.to_owned(),
+        registered: false,
+        status: Some(Status::Down),
+        owner: String::new(),
+        instances: 0,
+        drifted: false,
+    }
+}
+
+/// The whole graph at `now`. Nodes and links are found by position: a mesh's graph
+/// is built from every upstream of every live instance (hundreds of thousands on a
+/// big mesh), once a second, so no id is built or compared per upstream.
+pub fn build(store: &Store, now: Instant, counters: Counters) -> Built {
     let window = store.graph_window();
     let facts = store.cluster_facts();
-    // Keyed by shared ids: the edges found below name their ends without copies.
-    let mut nodes: BTreeMap<Arc<str>, Node> = facts
-        .iter()
-        .map(|f| {
-            let id = node_id(&f.zone, &f.cluster);
-            (
-                Arc::from(id.as_str()),
-                Node {
-                    id,
-                    kind: "cluster",
-                    zone_name: f.zone.clone(),
-                    cluster_name: f.cluster.clone(),
-                    registered: f.registered,
-                    status: Some(f.status),
-                    owner: f.owner.clone(),
-                    instances: f.instances,
-                    drifted: f.drifted,
-                },
-            )
-        })
-        .collect();
-    // Who listens where, and which addresses other sidecars send traffic to (by
-    // their keys: upstream hosts are kept hashed).
-    let mut listening: HashMap<u64, (String, String)> = HashMap::new();
-    let mut called: HashSet<u64> = HashSet::new();
-    let mut upstreams = 0;
+    let mut all: Vec<Node> = Vec::with_capacity(facts.len());
+    let mut clusters = ByZone::default();
+    let mut externals = ByZone::default();
+    for f in &facts {
+        clusters.get_or_push(&mut all, &f.zone, &f.cluster, || Node {
+            id: node_id(&f.zone, &f.cluster),
+            kind: "cluster",
+            zone_name: f.zone.clone(),
+            cluster_name: f.cluster.clone(),
+            registered: f.registered,
+            status: Some(f.status),
+            owner: f.owner.clone(),
+            instances: f.instances,
+            drifted: f.drifted,
+        });
+    }
+    // Who listens where (by address key: upstream hosts are kept hashed), and
+    // whether another sidecar sends traffic there.
+    let mut listening: AddressMap<(u32, bool)> = AddressMap::default();
     store.each_traffic(|(zone, cluster, _), t| {
-        for l in &t.listeners {
-            listening.insert(address_key(&l.address), (zone.clone(), cluster.clone()));
+        if let Some(at) = clusters.get(zone, cluster) {
+            for key in &t.listener_keys {
+                listening.insert(*key, (at, false));
+            }
         }
+    });
+    store.each_traffic(|_, t| {
         for u in &t.upstreams {
-            called.extend(u.hosts.iter().copied());
+            for h in u.hosts.iter() {
+                if let Some((_, called)) = listening.get_mut(h) {
+                    *called = true;
+                }
+            }
         }
-        upstreams += t.upstreams.len();
     });
     let epoch_now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64);
-    let declared: usize = facts.iter().map(|f| f.dependencies.len()).sum();
-    let mut found: Vec<(Arc<str>, Arc<str>, Link)> = Vec::with_capacity(upstreams + declared);
-    let link = |observed: bool| Link {
-        source: 0,
-        target: 0,
+    let mut links: Vec<Link> = Vec::new();
+    // (source, target) to position in `links`.
+    let mut found: foldhash::HashMap<(u32, u32), usize> = foldhash::HashMap::default();
+    let mut add = |links: &mut Vec<Link>, l: Link| match found.entry((l.source, l.target)) {
+        std::collections::hash_map::Entry::Occupied(at) => links[*at.get()].merge(&l),
+        std::collections::hash_map::Entry::Vacant(v) => {
+            v.insert(links.len());
+            links.push(l);
+        }
+    };
+    let link = |source: u32, target: u32, observed: bool| Link {
+        source,
+        target,
         requests: 0,
         errors: 0,
+        requests_total: 0,
+        errors_total: 0,
         p50_ms: None,
         p99_ms: None,
         last_seen_ms: None,
@@ -269,113 +381,89 @@ pub fn build(store: &Store, now: Instant) -> Built {
     store.each_traffic(|(zone, cluster, _), t| {
         // Traffic of an instance no longer live (expired while the graph was built)
         // draws no edge.
-        let Some(source) = nodes
-            .get_key_value(node_id(zone, cluster).as_str())
-            .map(|(k, _)| k.clone())
-        else {
+        let Some(same_zone) = clusters.zone(zone) else {
+            return;
+        };
+        let Some(source) = same_zone.get(cluster.as_str()).copied() else {
             return;
         };
         // The sidecar's own cluster: named by the target, or by the routes of a
-        // listener other sidecars send traffic to (its inbound listener).
-        let mut local: BTreeSet<&str> = t.local_cluster.iter().map(String::as_str).collect();
-        for l in t
+        // listener other sidecars send traffic to (its inbound listener). A few
+        // names: a list compares them fastest.
+        let mut local: Vec<&str> = t.local_cluster.iter().map(String::as_str).collect();
+        for (l, _) in t
             .listeners
             .iter()
-            .filter(|l| called.contains(&address_key(&l.address)))
+            .zip(t.listener_keys.iter())
+            .filter(|(_, key)| listening.get(*key).is_some_and(|(_, called)| *called))
         {
             local.extend(l.clusters.iter().map(String::as_str));
         }
         for u in &t.upstreams {
             let name = &*u.name;
-            if local.contains(name) {
+            // Claimed whatever becomes of it: the sidecar's own cluster is no edge,
+            // and what it counted now is not counted later on one.
+            let claimed = match counters {
+                Counters::Claim => u.claim(),
+                Counters::Leave => (0, 0),
+            };
+            if local.contains(&name) {
                 continue;
             }
             let w = store.traffic_window(u, now);
             if w.requests + w.errors == 0 {
                 continue;
             }
-            let same_zone = nodes
-                .get_key_value(node_id(zone, name).as_str())
-                .filter(|(_, n)| n.kind == "cluster")
-                .map(|(k, _)| k.clone());
-            let target = match same_zone.or_else(|| {
-                u.hosts
-                    .iter()
-                    .filter_map(|h| listening.get(h))
-                    .find_map(|(z, c)| nodes.get_key_value(node_id(z, c).as_str()))
-                    .map(|(k, _)| k.clone())
-            }) {
-                Some(k) => k,
-                None => {
-                    let id = external_id(zone, name);
-                    let key: Arc<str> = Arc::from(id.as_str());
-                    nodes.entry(key.clone()).or_insert_with(|| Node {
-                        id,
-                        kind: "external",
-                        zone_name: zone.clone(),
-                        cluster_name: name.to_owned(),
-                        registered: false,
-                        status: None,
-                        owner: String::new(),
-                        instances: 0,
-                        drifted: false,
-                    });
-                    nodes.get_key_value(&key).map_or(key, |(k, _)| k.clone())
-                }
-            };
-            let mut l = link(true);
+            let target = same_zone
+                .get(name)
+                .copied()
+                .or_else(|| {
+                    u.hosts
+                        .iter()
+                        .find_map(|h| listening.get(h).map(|(at, _)| *at))
+                })
+                .unwrap_or_else(|| {
+                    externals.get_or_push(&mut all, zone, name, || external_node(zone, name))
+                });
+            let mut l = link(source, target, true);
             l.requests = w.requests;
             l.errors = w.errors;
+            (l.requests_total, l.errors_total) = claimed;
             l.p50_ms = u.p50_ms;
             l.p99_ms = u.p99_ms;
             l.tls = u.tls;
             l.last_seen_ms = w
                 .last_seen
                 .map(|at| epoch_now - now.saturating_duration_since(at).as_millis() as i64);
-            found.push((source.clone(), target, l));
+            add(&mut links, l);
         }
     });
     for f in &facts {
-        let source: Arc<str> = Arc::from(node_id(&f.zone, &f.cluster).as_str());
+        let source = clusters
+            .get(&f.zone, &f.cluster)
+            .expect("every cluster of the facts is a node");
         for (z, c) in &f.dependencies {
-            let id = node_id(z, c);
-            let key: Arc<str> = Arc::from(id.as_str());
-            nodes.entry(key.clone()).or_insert_with(|| Node {
-                id,
-                kind: "cluster",
-                zone_name: z.clone(),
-                cluster_name: c.clone(),
-                registered: false,
-                status: Some(Status::Down),
-                owner: String::new(),
-                instances: 0,
-                drifted: false,
-            });
-            found.push((source.clone(), key, link(false)));
+            let target = clusters.get_or_push(&mut all, z, c, || declared_node(z, c));
+            add(&mut links, link(source, target, false));
         }
     }
-    found.sort_unstable_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
-    let nodes: Vec<Node> = nodes.into_values().collect();
-    let at = |id: &str| {
-        nodes
-            .binary_search_by(|n| n.id.as_str().cmp(id))
-            .expect("every edge end is a node") as u32
-    };
-    let mut links: Vec<Link> = Vec::with_capacity(found.len());
-    let mut last: Option<(Arc<str>, Arc<str>)> = None;
-    for (source, target, mut l) in found {
-        if let (Some((s, t)), Some(prev)) = (&last, links.last_mut())
-            && *s == source
-            && *t == target
-        {
-            prev.merge(&l);
-            continue;
-        }
-        l.source = at(&source);
-        l.target = at(&target);
-        links.push(l);
-        last = Some((source, target));
+    // Nodes sorted by id, links by (source, target): then by their ends' positions.
+    let mut order: Vec<u32> = (0..all.len() as u32).collect();
+    order.sort_unstable_by(|a, b| all[*a as usize].id.cmp(&all[*b as usize].id));
+    let mut position = vec![0u32; order.len()];
+    for (new, old) in order.iter().enumerate() {
+        position[*old as usize] = new as u32;
     }
+    let mut all: Vec<Option<Node>> = all.into_iter().map(Some).collect();
+    let nodes: Vec<Node> = order
+        .iter()
+        .map(|old| all[*old as usize].take().expect("each node once"))
+        .collect();
+    for l in &mut links {
+        l.source = position[l.source as usize];
+        l.target = position[l.target as usize];
+    }
+    links.sort_unstable_by_key(|l| (l.source, l.target));
     links.shrink_to_fit();
     Built {
         window_seconds: window.as_secs(),
@@ -397,17 +485,18 @@ fn max_opt(a: Option<f64>, b: Option<f64>) -> Option<f64> {
 #[cfg(test)]
 pub fn view(store: &Store, scope: &Scope, now: Instant) -> Result<GraphView, GraphError> {
     let index = store.index();
-    let built = build(store, now);
+    let built = build(store, now, Counters::Leave);
     let mut nodes = built.nodes.clone();
     let mut edges: Vec<Edge> = (0..built.links.len()).map(|i| built.edge(i)).collect();
     if let Some(zone) = &scope.zone {
         edges
             .retain(|e| zone_of(&e.source) == zone.as_str() || zone_of(&e.target) == zone.as_str());
-        let ends: BTreeSet<&str> = edges
+        let ends: std::collections::BTreeSet<&str> = edges
             .iter()
             .flat_map(|e| [e.source.as_str(), e.target.as_str()])
             .collect();
-        let ends: BTreeSet<String> = ends.into_iter().map(str::to_owned).collect();
+        let ends: std::collections::BTreeSet<String> =
+            ends.into_iter().map(str::to_owned).collect();
         nodes.retain(|n| n.zone_name == *zone || ends.contains(&n.id));
     }
     if let (Some(zone), Some((cluster, depth))) = (&scope.zone, &scope.focus) {

@@ -22,7 +22,7 @@ use tracing::{info, warn};
 
 pub use agents::{Agents, CommandError, MAX_PENDING_COMMANDS};
 pub use auth::{AgentAuth, AuthError, SecurityOptions, ZoneGrant, cert_grant};
-pub use metrics::IngestMetrics;
+pub use metrics::{IngestMetrics, RECENT_REJECTIONS};
 pub use recording::{RecordingSink, agent_of};
 
 /// Most instances one report may carry.

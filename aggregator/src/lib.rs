@@ -12,6 +12,7 @@ pub mod ingest;
 pub mod ops;
 pub mod peer_signature;
 pub mod process;
+pub mod replica_status;
 pub mod replicas;
 pub mod sidecars;
 pub mod status;
@@ -266,6 +267,7 @@ async fn serve_with(
         store: agg.store.clone(),
         telemetry: agg.telemetry.clone(),
         ready: AtomicBool::new(false),
+        cluster_series: c.ops.cluster_metrics.then(|| graphs.clone()),
     });
     let api_addr = api.local_addr()?;
     let ops_addr = ops.local_addr()?;

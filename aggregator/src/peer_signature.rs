@@ -40,8 +40,12 @@ pub const MAX_SKEW: Duration = Duration::from_secs(30);
 /// alone refuses their replays once they are stale.
 pub const MAX_REMEMBERED: usize = 100_000;
 
-/// What the front replica granted the caller.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+/// What the front replica granted the caller (and what `GET /status` tells a caller
+/// its own token grants).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, utoipa::ToSchema,
+)]
+#[serde(rename_all = "lowercase")]
 pub enum Access {
     None,
     Read,

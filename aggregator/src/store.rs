@@ -41,7 +41,9 @@ use tracing::warn;
 pub use aggregate::{ZoneAggregate, status_index};
 use changes::Changes;
 use instances::Live;
-pub use instances::{LiveInstance, MAX_INSTANCES, Member, Membership, RemoteInstance, Reporter};
+pub use instances::{
+    LiveInstance, MAX_INSTANCES, Member, Membership, RemoteInstance, Reporter, ZoneReporters,
+};
 pub use persist::{PersistError, RedbRegistrations};
 use read::ReadCache;
 pub use read::{Cached, CachedKind, MetricsLookup, Totals};

@@ -1,6 +1,10 @@
 //! meshcat's own metric families, each with its `register` function. Names carry the
 //! `meshcat_` prefix, counters end in `_total`, durations are in seconds, and labels
-//! stay low-cardinality (route templates, not paths).
+//! stay low-cardinality (route templates, not paths). The one exception, the
+//! per-cluster and per-edge series that alerts route by owner, is rendered from the
+//! graph at each scrape ([`clusters`]).
+
+pub mod clusters;
 
 use std::time::Duration;
 
@@ -137,6 +141,28 @@ impl CatalogMetrics {
     }
 }
 
+/// Whether this aggregator is ready, as `GET /readyz` answers: an alert on a
+/// replica that stays unready needs a series, not a probe.
+#[derive(Debug, Clone)]
+pub struct ReadinessMetrics {
+    ready: IntGauge,
+}
+
+impl ReadinessMetrics {
+    pub fn register(registry: &Registry) -> prometheus::Result<ReadinessMetrics> {
+        let ready = IntGauge::new(
+            "meshcat_ready",
+            "1 while GET /readyz answers 200 (registrations loaded, listeners serving), else 0.",
+        )?;
+        registry.register(Box::new(ready.clone()))?;
+        Ok(ReadinessMetrics { ready })
+    }
+
+    pub fn set(&self, ready: bool) {
+        self.ready.set(i64::from(ready));
+    }
+}
+
 /// Every family of the aggregator in one registry; other parts of the aggregator
 /// register theirs into `registry` too.
 #[derive(Debug, Clone)]
@@ -144,6 +170,7 @@ pub struct Telemetry {
     pub registry: Registry,
     pub api: ApiMetrics,
     pub catalog: CatalogMetrics,
+    pub readiness: ReadinessMetrics,
 }
 
 impl Telemetry {
@@ -151,10 +178,12 @@ impl Telemetry {
         let registry = Registry::new();
         let api = ApiMetrics::register(&registry)?;
         let catalog = CatalogMetrics::register(&registry)?;
+        let readiness = ReadinessMetrics::register(&registry)?;
         Ok(Telemetry {
             registry,
             api,
             catalog,
+            readiness,
         })
     }
 }

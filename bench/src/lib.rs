@@ -6,6 +6,18 @@ pub mod sim;
 pub mod process {
     use anyhow::Context;
 
+    /// Clock ticks per second of [`cpu_ticks`] (`getconf CLK_TCK`), 100 when it
+    /// cannot be asked.
+    pub fn clock_ticks() -> f64 {
+        std::process::Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(100.0)
+    }
+
     /// utime + stime of a process, in clock ticks.
     pub fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;

@@ -7,8 +7,9 @@
 # `up` builds the binaries (cargo build --release), installs Envoy (scripts/envoy.sh),
 # then starts on 127.0.0.1: the aggregator (--dev, data in .local-mesh/data), an edge
 # Envoy and two service Envoys (catalog, reviews) each in front of a python3
-# http.server upstream, one agent per Envoy; registers the zone `local` and the two
-# clusters, sends some traffic through the edge, and prints what to try.
+# http.server upstream, one agent per Envoy; registers the zone `local` and its three
+# clusters (`meshcat apply -f deploy/local/catalog.yaml`), sends some traffic through
+# the edge, and prints what to try.
 # Every process runs in its own session, so `up` returns and the mesh stays up; their
 # pids go to .local-mesh/pids and `stop` ends exactly those. With --foreground, `up`
 # stays attached and Ctrl-C stops the mesh. --envoy-only starts just the Envoys and
@@ -296,22 +297,8 @@ start_meshcat() {
     wait_for "agent ops :$ops" 20 curl -fsS "http://127.0.0.1:$ops/healthz"
   done
 
-  say "registrations"
-  post /zones "{\"zoneName\":\"$ZONE\",\"serverAddress\":\"127.0.0.1:$EDGE_ADMIN\",\"requestCluster\":\"edge\",\"useTls\":false,\"caPath\":\"\",\"certPath\":\"\",\"keyPath\":\"\"}"
-  post /clusters "{\"clusterName\":\"catalog\",\"zoneName\":\"$ZONE\",\"name\":\"Catalog\",\"version\":\"1.0.0\",\"owner\":\"shop-team\",\"capability\":\"product catalog\",\"runtime\":\"python\",\"documentation\":\"/docs/catalog\",\"prometheusJob\":\"catalog\",\"minInstances\":1,\"maxInstances\":3,\"protocols\":[\"HTTP\"],\"enableInstanceMetrics\":true,\"enableHistoricalMetrics\":false,\"businessImpact\":\"high\",\"metricsPort\":$CATALOG_ADMIN}"
-  post /clusters "{\"clusterName\":\"reviews\",\"zoneName\":\"$ZONE\",\"name\":\"Reviews\",\"version\":\"2.1.0\",\"owner\":\"community-team\",\"capability\":\"customer reviews\",\"runtime\":\"python\",\"documentation\":\"/docs/reviews\",\"prometheusJob\":\"reviews\",\"minInstances\":1,\"maxInstances\":0,\"protocols\":[\"HTTP\"],\"enableInstanceMetrics\":true,\"enableHistoricalMetrics\":false,\"businessImpact\":\"medium\",\"metricsPort\":$REVIEWS_ADMIN}"
-}
-
-# POSTs a registration; 409 (already there from an earlier run) is fine.
-post() {
-  local code
-  code=$(curl -sS -o "$state/last-answer.json" -w '%{http_code}' -X POST \
-    -H 'Content-Type: application/json' --data "$2" "$API$1")
-  case "$code" in
-    201) echo "POST $1: created" ;;
-    409) echo "POST $1: already registered" ;;
-    *) die "POST $1 answered $code: $(cat "$state/last-answer.json")" ;;
-  esac
+  say "registrations (meshcat apply -f deploy/local/catalog.yaml)"
+  "$bin/meshcat" --api "$API" apply -f "$root/deploy/local/catalog.yaml"
 }
 
 traffic() {
@@ -337,10 +324,13 @@ TXT
   catalog API         $API/summary   $API/services   $API/openapi.json
   aggregator metrics  http://127.0.0.1:$OPS_PORT/metrics
 
-Try:
-  curl -s '$API/clusters?zoneName=$ZONE' | python3 -m json.tool
+Try (docs/cli.md):
+  export MESHCAT_API=$API PATH="${CARGO_TARGET_DIR:-$root/target}/release:\$PATH"
+  meshcat get clusters
+  meshcat describe cluster catalog --zone $ZONE
+  meshcat check
+  meshcat diagnose catalog --zone $ZONE --symptom no_healthy_upstream
   curl -s '$API/metrics/catalog/catalog-1?zoneName=$ZONE' | python3 -m json.tool
-  curl -s '$API/diagnose/catalog?zoneName=$ZONE&symptom=no_healthy_upstream' | python3 -m json.tool
 TXT
   fi
   echo
@@ -433,7 +423,7 @@ cmd_up() {
   if [ "$envoy_only" = 0 ]; then
     say "building meshcat (cargo build --release)"
     "$root/scripts/deps.sh" build
-    (cd "$root" && cargo build --release --locked -p meshcat-aggregator -p meshcat-agent)
+    (cd "$root" && cargo build --release --locked -p meshcat-aggregator -p meshcat-agent -p meshcat-cli)
   fi
   start_data_plane
   if [ "$envoy_only" = 0 ]; then

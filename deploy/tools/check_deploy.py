@@ -4,12 +4,13 @@ Run by scripts/check-deploy.sh inside the project's .venv (kubernetes-validate a
 PyYAML). It checks, and reports every problem before failing:
 
 1. layout: every YAML file is a kustomization, a file a kustomization generates a
-   ConfigMap from, or a manifest some kustomization lists; every path a kustomization
-   names exists;
+   ConfigMap from, a manifest some kustomization lists, or a `promtool test rules`
+   file (top-level `rule_files` and `tests`, run by scripts/check-monitoring.sh)
+   whose rule files exist; every path a kustomization names exists;
 2. schema: every manifest (and, when kubectl is present, every rendered kustomization)
    validates against the pinned Kubernetes version in strict mode; only the optional
    CRD kinds listed in OPTIONAL_CRDS may lack a schema, and only outside the default
-   kustomization;
+   kustomization, where they get a structural check instead;
 3. command lines: every `--flag` and `MESHCAT_*` variable given to a meshcat container
    is one its binary accepts (from `--help`, or from docs/configuration.md);
 4. contract: ports 9080/TCP, 9443/UDP, 9091/TCP (aggregator) and 9092/TCP (agent),
@@ -50,7 +51,8 @@ from pathlib import Path
 import yaml
 import kubernetes_validate
 
-OPTIONAL_CRDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
+OPTIONAL_CRDS = {("monitoring.coreos.com/v1", "ServiceMonitor"),
+                 ("monitoring.coreos.com/v1", "PrometheusRule")}
 WORKLOAD_KINDS = {"Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "Pod"}
 AGGREGATOR, AGENT = "meshcat-aggregator", "meshcat-agent"
 # Contract section 1 and 9: default listen addresses.
@@ -146,13 +148,19 @@ class Checker:
                 except yaml.YAMLError as e:
                     self.fail(self.rel(f), f"not valid YAML: {e}")
                 continue
-            if rf not in listed:
-                self.fail(self.rel(f), "not listed by any kustomization.yaml")
             try:
                 docs = [d for d in yaml.safe_load_all(f.read_text()) if d is not None]
             except yaml.YAMLError as e:
                 self.fail(self.rel(f), f"not valid YAML: {e}")
                 continue
+            if len(docs) == 1 and isinstance(docs[0], dict) and {"rule_files", "tests"} <= docs[0].keys():
+                # A promtool unit test of rules, not a manifest.
+                for rules in docs[0].get("rule_files") or []:
+                    if not (f.parent / rules).is_file():
+                        self.fail(self.rel(f), f"rule file {rules} does not exist")
+                continue
+            if rf not in listed:
+                self.fail(self.rel(f), "not listed by any kustomization.yaml")
             manifests[rf] = docs
         return manifests, default_reach, [k.parent for k in kustomizations]
 
@@ -165,7 +173,10 @@ class Checker:
             kubernetes_validate.validate(doc, self.version, strict=True)
         except kubernetes_validate.SchemaNotFoundError:
             if (api, kind) in OPTIONAL_CRDS and optional_ok:
-                self.check_servicemonitor(label, doc)
+                if kind == "ServiceMonitor":
+                    self.check_servicemonitor(label, doc)
+                else:
+                    self.check_prometheusrule(label, doc)
                 return
             self.fail(label, f"no schema for {api} {kind} in Kubernetes {self.version}")
         except kubernetes_validate.ValidationError as e:
@@ -184,6 +195,17 @@ class Checker:
                 self.fail(label, f"endpoint path {ep.get('path')} is not /metrics")
             if "port" not in ep and "targetPort" not in ep:
                 self.fail(label, "endpoint names no port")
+
+    def check_prometheusrule(self, label: str, doc: dict) -> None:
+        groups = (doc.get("spec") or {}).get("groups") or []
+        if not groups:
+            self.fail(label, "spec.groups is required")
+        for g in groups:
+            if not g.get("name"):
+                self.fail(label, "a group has no name")
+            for r in g.get("rules") or []:
+                if not r.get("expr") or ("alert" in r) == ("record" in r):
+                    self.fail(label, f"group {g.get('name')}: a rule needs expr and one of alert, record")
 
     def schema(self, manifests: dict[Path, list[dict]], default_reach: set[Path]) -> None:
         for f, docs in manifests.items():

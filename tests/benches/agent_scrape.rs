@@ -24,17 +24,18 @@ const SCRAPES: u32 = 30;
 /// Scrapes that read and parse `/config_dump` again.
 const CONFIG_SCRAPES: u32 = 10;
 
-/// CPU time (user + system) of this process, from /proc/self/stat.
+/// CPU time this process's threads have run, in nanoseconds, from each thread's
+/// `/proc/self/task/<tid>/schedstat` (the scheduler's own count: `/proc/self/stat`
+/// counts in 10 ms clock ticks, coarser than a scrape).
 fn cpu_time() -> Duration {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<u64> = after
-        .split_whitespace()
-        .filter_map(|x| x.parse().ok())
-        .collect();
-    // Fields 14 and 15 (utime, stime) are at 11 and 12 after the state field.
-    let ticks = f.get(10).copied().unwrap_or(0) + f.get(11).copied().unwrap_or(0);
-    Duration::from_millis(ticks * 10)
+    let ns: u64 = std::fs::read_dir("/proc/self/task")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum();
+    Duration::from_nanos(ns)
 }
 
 fn status_kib(pid: u32, key: &str) -> u64 {
@@ -70,6 +71,17 @@ async fn main() -> anyhow::Result<()> {
             .get(format!("{}/service_{i:04}/x", envoy.url("egress")))
             .send()
             .await?;
+    }
+    for path in [
+        "/clusters?format=json",
+        &meshcat_agent::envoy::stats_path(),
+        "/config_dump",
+    ] {
+        let size = envoy.admin_get(path).await?.len();
+        println!(
+            "answer {}: {size} bytes",
+            path.split('&').next().unwrap_or(path)
+        );
     }
     let admin = EnvoyAdmin::new(&envoy.admin_addr(), Duration::from_secs(5))?;
     let host = HostSampler::new();
@@ -127,7 +139,18 @@ async fn main() -> anyhow::Result<()> {
             .unwrap_or_else(|_| format!("{}/../target", env!("CARGO_MANIFEST_DIR")));
         format!("{target}/release/meshcat-agent")
     });
-    let mut child = std::process::Command::new(&bin)
+    // MESHCAT_AGENT_WRAPPER runs the agent under another program (for example
+    // `valgrind --tool=massif --massif-out-file=/tmp/agent.massif`) to see where its
+    // memory goes; the RSS figures are then the wrapper's.
+    let wrapper: Vec<String> = std::env::var("MESHCAT_AGENT_WRAPPER")
+        .map(|w| w.split_whitespace().map(str::to_owned).collect())
+        .unwrap_or_default();
+    let (program, pre) = match wrapper.split_first() {
+        Some((p, rest)) => (p.clone(), [rest, std::slice::from_ref(&bin)].concat()),
+        None => (bin.clone(), Vec::new()),
+    };
+    let mut child = std::process::Command::new(&program)
+        .args(&pre)
         .args([
             "--sidecar-admin",
             &envoy.admin_addr(),
@@ -147,7 +170,10 @@ async fn main() -> anyhow::Result<()> {
         peak = peak.max(status_kib(pid, "VmRSS:"));
     }
     let hwm = status_kib(pid, "VmHWM:");
-    let _ = child.kill();
+    // SIGTERM, so that the agent (and a wrapper's report) ends cleanly.
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status();
     let _ = child.wait();
     println!(
         "agent RSS scraping every 5 s for 40 s: max VmRSS {:.1} MiB, VmHWM {:.1} MiB",

@@ -8,7 +8,8 @@
 //! a real three-member etcd cluster ([`etcd`]) with aggregator replicas as processes
 //! on it ([`replicas`]), reads `GET /events` streams ([`sse`]), and drives the
 //! dashboard in a real browser ([`browser`]). Processes told their ports up front
-//! take them from [`ports`].
+//! take them from [`ports`]; promtool and a real Prometheus server are in
+//! [`monitoring`].
 
 pub mod bootstrap;
 pub mod browser;
@@ -17,6 +18,7 @@ pub mod diagnose_stack;
 pub mod envoy;
 pub mod etcd;
 pub mod mesh;
+pub mod monitoring;
 pub mod ports;
 pub mod replicas;
 pub mod scenario;

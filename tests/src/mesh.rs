@@ -326,7 +326,7 @@ impl MeshAgent {
         Self::for_envoy(catalog, &sidecar.envoy, zone, cluster, instance, interval).await
     }
 
-    /// Starts an agent for one Envoy reporting to `catalog` every `interval`.
+    /// Starts an agent for any Envoy reporting to `catalog` every `interval`.
     pub async fn for_envoy(
         catalog: &Catalog,
         envoy: &Envoy,

@@ -6,38 +6,15 @@
 //! cluster's job.
 
 use std::collections::BTreeSet;
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::Duration;
 
+use meshcat_tests::monitoring::{Prometheus, check_metrics};
 use meshcat_tests::ports::free_port;
 use meshcat_tests::{Catalog, MeshAgent, Sidecar, wait_for};
 use serde_json::{Value, json};
 
 const DEADLINE: Duration = Duration::from_secs(30);
-
-/// A Prometheus tool from PATH. A missing one fails the test with the way to
-/// install it: these tests never skip silently.
-fn tool(name: &str) -> PathBuf {
-    let found = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join(name))
-            .find(|p| p.is_file())
-    });
-    match found {
-        Some(p) => p,
-        None => panic!(
-            "{name} not found in PATH{}: install Debian's prometheus package \
-             (apt-get install prometheus; scripts/test.sh does it)",
-            if std::env::var("CI").as_deref() == Ok("true") {
-                " under CI=true"
-            } else {
-                ""
-            }
-        ),
-    }
-}
 
 /// An aggregator with some API traffic and a real agent scraping a real sidecar.
 struct Mesh {
@@ -87,33 +64,6 @@ async fn mesh() -> Mesh {
     }
 }
 
-/// Runs `promtool check metrics` on an exposition; its complaints on failure.
-fn promtool_check(text: &str) -> Result<(), String> {
-    let mut child = Command::new(tool("promtool"))
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| e.to_string())?;
-    child
-        .stdin
-        .take()
-        .expect("stdin piped")
-        .write_all(text.as_bytes())
-        .map_err(|e| e.to_string())?;
-    let out = child.wait_with_output().map_err(|e| e.to_string())?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ))
-    }
-}
-
 /// The metric families of an exposition, from its `# TYPE` lines.
 fn families(text: &str) -> BTreeSet<String> {
     text.lines()
@@ -123,100 +73,13 @@ fn families(text: &str) -> BTreeSet<String> {
         .collect()
 }
 
-/// A Prometheus server process, killed on drop.
-struct Prometheus {
-    child: Child,
-    url: String,
-    log: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Prometheus {
-    /// Starts Prometheus on a free 127.0.0.1 port scraping `targets` (job, address)
-    /// every second.
-    fn start(targets: &[(&str, String)]) -> Prometheus {
-        // Prometheus cannot report a port it chose itself: take a free one from the
-        // system, let it go, and hand it over.
-        Self::start_on(free_port().unwrap(), targets)
-    }
-
-    /// As [`Prometheus::start`] on a port chosen beforehand, for a server whose URL
-    /// must be known before the aggregator that it scrapes starts.
-    fn start_on(port: u16, targets: &[(&str, String)]) -> Prometheus {
-        let dir = tempfile::tempdir().unwrap();
-        let mut config = String::from(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n",
-        );
-        for (job, addr) in targets {
-            config.push_str(&format!(
-                "  - job_name: {job}\n    static_configs:\n      - targets: ['{addr}']\n"
-            ));
-        }
-        let config_file = dir.path().join("prometheus.yml");
-        std::fs::write(&config_file, config).unwrap();
-        let log = dir.path().join("prometheus.log");
-        let child = Command::new(tool("prometheus"))
-            .arg(format!("--config.file={}", config_file.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.path().join("data").display()
-            ))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("prometheus starts");
-        Prometheus {
-            child,
-            url: format!("http://127.0.0.1:{port}"),
-            log,
-            _dir: dir,
-        }
-    }
-
-    /// The result vector of an instant query.
-    async fn query(&self, q: &str) -> Option<Vec<Value>> {
-        let r = reqwest::Client::new()
-            .get(format!("{}/api/v1/query", self.url))
-            .query(&[("query", q)])
-            .send()
-            .await
-            .ok()?;
-        let body: Value = r.json().await.ok()?;
-        (body["status"] == "success").then_some(())?;
-        body["data"]["result"].as_array().cloned()
-    }
-
-    /// Waits until `q` returns at least one series, and returns them.
-    async fn series(&self, q: &str) -> Vec<Value> {
-        let found = wait_for(q, DEADLINE, || async {
-            self.query(q).await.filter(|r| !r.is_empty())
-        })
-        .await;
-        match found {
-            Ok(v) => v,
-            Err(e) => panic!(
-                "{e}\nprometheus log:\n{}",
-                std::fs::read_to_string(&self.log).unwrap_or_default()
-            ),
-        }
-    }
-}
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn promtool_accepts_both_expositions_and_a_real_prometheus_scrapes_them() {
     let m = mesh().await;
     let aggregator = m.catalog.ops_metrics().await.unwrap();
     let agent = m.agent.metrics().await.unwrap();
     for (who, text) in [("aggregator", &aggregator), ("agent", &agent)] {
-        if let Err(e) = promtool_check(text) {
+        if let Err(e) = check_metrics(text) {
             panic!("promtool check metrics refuses the {who}'s exposition:\n{e}\n{text}");
         }
     }

@@ -10,6 +10,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use meshcat_tests::etcd::EtcdCluster;
+use meshcat_tests::mesh::metric_sum;
 use meshcat_tests::replicas::Replicas;
 use meshcat_tests::sse::EventStream;
 use meshcat_tests::wait_for;
@@ -1172,6 +1173,49 @@ async fn every_replica_answers_the_same_graph() -> anyhow::Result<()> {
         let e = &g["edges"][0];
         assert!(e["requests"].as_u64() > Some(0), "replica {i}: {g}");
     }
+
+    // The ops port (docs/metrics.md, "With replicas on etcd"): every replica
+    // exposes the same cluster series; the edge's counters count each replica's
+    // own agents, so only replica 0, where svc-a's agent reports, counts its calls.
+    let scrape = |i: usize| {
+        let url = format!("{}/metrics", set.replicas[i].ops_url());
+        let client = &client;
+        async move { client.get(url).send().await?.text().await }
+    };
+    let cluster_lines = |text: &str| -> Vec<String> {
+        text.lines()
+            .filter(|l| l.starts_with("meshcat_cluster_"))
+            .map(str::to_owned)
+            .collect()
+    };
+    let edge = [
+        ("source_zone", "z"),
+        ("source", "svc-a"),
+        ("target_zone", "z"),
+        ("target", "svc-b"),
+    ];
+    let texts = wait_for(
+        "the same cluster series on every replica",
+        Duration::from_secs(30),
+        || async {
+            let mut texts = Vec::new();
+            for i in 0..3 {
+                texts.push(scrape(i).await.ok()?);
+            }
+            let first = cluster_lines(&texts[0]);
+            let stable = r#"meshcat_cluster_status{zone="z",cluster="svc-a",owner="team",status="stable"} 1"#;
+            (first.iter().any(|l| l == stable)
+                && texts.iter().all(|t| cluster_lines(t) == first))
+            .then_some(texts)
+        },
+    )
+    .await?;
+    let counted: Vec<f64> = texts
+        .iter()
+        .map(|t| metric_sum(t, "meshcat_edge_requests_total", &edge).unwrap_or(f64::NAN))
+        .collect();
+    assert!(counted[0] > 0.0, "{counted:?}");
+    assert_eq!(&counted[1..], [0.0, 0.0], "{counted:?}");
     agent_a.stop().await?;
     agent_b.stop().await?;
     Ok(())
@@ -1202,4 +1246,61 @@ async fn graph_agent(
         .map(str::to_owned),
     );
     meshcat_tests::MeshAgent::start(&args).await
+}
+
+/// `GET /status` on replicas (what `meshcat check` reads): each answers for itself.
+/// The agent reports to replica 0, which counts it among its agents; replica 1 shows
+/// the zone's instance as reported through a peer, so the zone is still seen as
+/// reported there. Each names itself and its store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_replica_tells_its_own_agents_and_the_instances_its_peers_report() -> anyhow::Result<()>
+{
+    let etcd = EtcdCluster::start().await?;
+    let set = Replicas::start(BIN, 2, &etcd.store_url("/status"), &[]).await?;
+    assert_eq!(
+        set.post(0, "/zones", &zone("z")).await?.0,
+        StatusCode::CREATED
+    );
+    let sidecar = meshcat_tests::Sidecar::start().await?;
+    let agent = agent_of(&set, &[0], &sidecar, "svc", "1s", &[]).await?;
+    let zone_z = |status: &Value| {
+        status["zones"]
+            .as_array()
+            .and_then(|z| z.iter().find(|z| z["zoneName"] == "z").cloned())
+    };
+    let on_peer = wait_for(
+        "the instance in replica 1's status",
+        Duration::from_secs(20),
+        || async {
+            let (s, body) = set.get(1, "/status").await.ok()?;
+            (s == StatusCode::OK && zone_z(&body)?["peerInstances"] == 1).then_some(body)
+        },
+    )
+    .await?;
+    assert_eq!(
+        zone_z(&on_peer),
+        Some(
+            json!({"zoneName": "z", "registered": true, "agents": 0, "instances": 0, "peerInstances": 1})
+        ),
+        "{on_peer}"
+    );
+    assert_eq!(on_peer["agentsConnected"], 0, "{on_peer}");
+    let (s, own) = set.get(0, "/status").await?;
+    assert_eq!(s, StatusCode::OK, "{own}");
+    assert_eq!(
+        zone_z(&own),
+        Some(
+            json!({"zoneName": "z", "registered": true, "agents": 1, "instances": 1, "peerInstances": 0})
+        ),
+        "{own}"
+    );
+    assert_eq!(own["agentsConnected"], 1, "{own}");
+    for status in [&own, &on_peer] {
+        assert_eq!(status["store"], "etcd", "{status}");
+        assert_eq!(status["ready"], true, "{status}");
+        assert!(status["replica"].is_string(), "{status}");
+    }
+    assert_ne!(own["replica"], on_peer["replica"]);
+    agent.stop().await?;
+    Ok(())
 }

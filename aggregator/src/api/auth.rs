@@ -113,6 +113,59 @@ impl Tokens {
     }
 }
 
+/// What became of the bearer token a caller sent, for `GET /status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum TokenCheck {
+    /// No `Authorization: Bearer` header.
+    Absent,
+    /// It is the read or the write token.
+    Accepted,
+    /// Tokens are configured and it is neither.
+    Refused,
+    /// No token is configured: the token is not looked at.
+    Unused,
+}
+
+impl Tokens {
+    /// Whether the caller's token is one this aggregator knows.
+    pub fn check_token(&self, parts: &Parts) -> TokenCheck {
+        if bearer(parts).is_none() {
+            TokenCheck::Absent
+        } else if self.read.is_none() && self.write.is_none() {
+            TokenCheck::Unused
+        } else if (self.read.is_some() && matches(self.read.as_ref(), parts))
+            || (self.write.is_some() && matches(self.write.as_ref(), parts))
+        {
+            TokenCheck::Accepted
+        } else {
+            TokenCheck::Refused
+        }
+    }
+}
+
+/// What the caller's token grants and whether it was recognised; taken by
+/// `GET /status`, which answers every caller.
+#[derive(Debug, Clone, Copy)]
+pub struct CallerAccess {
+    pub access: Access,
+    pub token: TokenCheck,
+}
+
+impl FromRequestParts<Arc<AppState>> for CallerAccess {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &Arc<AppState>,
+    ) -> Result<Self, ApiError> {
+        Ok(CallerAccess {
+            access: state.tokens.access(parts),
+            token: state.tokens.check_token(parts),
+        })
+    }
+}
+
 /// The caller of a read: whether it may see live data.
 #[derive(Debug, Clone, Copy)]
 pub struct Caller {

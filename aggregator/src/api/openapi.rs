@@ -11,7 +11,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{RefOr, Response, ResponseBuilder, content::ContentBuilder};
 use utoipa::{Modify, OpenApi};
 
-use super::{diagnose, events, graph, handlers, history, logging};
+use super::{diagnose, events, graph, handlers, history, logging, status};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -44,6 +44,7 @@ use super::{diagnose, events, graph, handlers, history, logging};
         graph::drift,
         history::history,
         history::cluster_history,
+        status::status,
         events::events,
     ),
     modifiers(&Shared),

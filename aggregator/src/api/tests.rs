@@ -129,6 +129,70 @@ async fn router_serves_exactly_the_route_table() {
     assert!(is_error_body(&body));
 }
 
+/// `GET /status` answers every caller with this replica's facts; a single
+/// aggregator without ingest has no agents and no rejections.
+#[tokio::test]
+async fn status_tells_the_replica_and_the_callers_access() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = router(dir.path());
+    let zone = br#"{"zoneName":"z","serverAddress":"cp:1"}"#;
+    let (status, _, _) = call(&app, "POST", "/zones", Some(zone)).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, _, v) = call(&app, "GET", "/status", None).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(v["replica"], Value::Null);
+    assert_eq!(v["store"], "redb");
+    assert_eq!(v["ready"], true);
+    // No token configured, writes open: anyone may write, a token is not looked at.
+    assert_eq!(v["access"], "write");
+    assert_eq!(v["token"], "absent");
+    assert_eq!(v["ingest"], false);
+    assert_eq!(v["agentsConnected"], 0);
+    assert_eq!(
+        v["zones"],
+        json!([{"zoneName": "z", "registered": true, "agents": 0, "instances": 0, "peerInstances": 0}])
+    );
+    assert_eq!(
+        v["rejections"],
+        json!({"windowSeconds": 300, "total": 0, "byReason": {}})
+    );
+    let (status, _, v) = call(&app, "GET", "/status?zoneName=z", None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+}
+
+#[test]
+fn token_checks_tell_accepted_from_refused_and_unused() {
+    use super::auth::TokenCheck;
+    let parts = |token: Option<&str>| {
+        let mut b = Request::builder().uri("/status");
+        if let Some(t) = token {
+            b = b.header(header::AUTHORIZATION, format!("Bearer {t}"));
+        }
+        b.body(()).unwrap().into_parts().0
+    };
+    let none = Tokens::default();
+    assert_eq!(none.check_token(&parts(None)), TokenCheck::Absent);
+    assert_eq!(none.check_token(&parts(Some("x"))), TokenCheck::Unused);
+    let both = Tokens {
+        read: Some("r".into()),
+        write: Some("w".into()),
+        anonymous_writes: false,
+    };
+    assert_eq!(both.check_token(&parts(Some("r"))), TokenCheck::Accepted);
+    assert_eq!(both.check_token(&parts(Some("w"))), TokenCheck::Accepted);
+    assert_eq!(both.check_token(&parts(Some("x"))), TokenCheck::Refused);
+    assert_eq!(both.check_token(&parts(None)), TokenCheck::Absent);
+    let write_only = Tokens {
+        write: Some("w".into()),
+        ..Tokens::default()
+    };
+    assert_eq!(
+        write_only.check_token(&parts(Some("r"))),
+        TokenCheck::Refused
+    );
+}
+
 #[test]
 fn openapi_document_matches_the_route_table() {
     let doc = openapi::document();

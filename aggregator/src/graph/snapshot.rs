@@ -1,28 +1,40 @@
 //! The graph as last built, shared by every `GET /graph` until the next build, with
 //! its unfocused answers (whole, or one zone) rendered once per encoding.
 //!
-//! The watcher ([`watch`]) rebuilds the snapshot every [`WATCH_PERIOD`], so the
-//! traffic figures lag the reports by at most one period. Catalog changes are not
-//! late: a snapshot carries the catalog index it was built at, and a request that
-//! finds the index moved since builds a new one (one build at a time; the requests
-//! that want it meanwhile wait for it). Answers read from one snapshot are rendered
-//! for the next by the watcher, before a request asks for them, so a reader that
-//! polls the graph does not pay for its serialization.
+//! A build walks every upstream of every live instance (hundreds of thousands on a
+//! big mesh), so the watcher ([`watch`]) looks every [`WATCH_PERIOD`] and rebuilds
+//! only when the graph may differ or is wanted: when the traffic changed in a way
+//! that could change its shape ([`Store::traffic_shape`]), when the window moved on
+//! by a bucket (an edge may have aged out; figures change with time only then),
+//! when the catalog index moved, or when a request read the graph since the last
+//! build (a reader keeps its figures at most one period old). A request never reads
+//! a snapshot older than [`MAX_AGE`] or of another catalog index: it builds one (one
+//! build at a time; the requests that want it meanwhile wait for it). Answers read
+//! from one snapshot are rendered for the next by the watcher, before a request
+//! asks for them, so a reader that polls the graph does not pay for its
+//! serialization.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use serde::Serialize;
 use tokio::sync::watch;
 
-use super::{Built, EdgeJson, GraphError, GraphView, Node, Scope, WATCH_PERIOD, Watcher, build};
+use super::{
+    Built, Counters, EdgeJson, GraphError, GraphView, Node, Scope, WATCH_PERIOD, Watcher, build,
+};
 use crate::store::Store;
 
 /// Most rendered answers kept per snapshot: the whole graph and zones, in two
 /// encodings. Answers past it are rendered for each request.
 const MAX_BODIES: usize = 64;
+
+/// Oldest snapshot a request reads; an older one is built again first. Longer than
+/// [`WATCH_PERIOD`], so that a reader the watcher keeps up with never waits.
+pub const MAX_AGE: Duration = Duration::from_secs(2);
 
 /// Which unfocused answer a rendered body is.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -45,6 +57,8 @@ struct Body {
 pub struct Snapshot {
     /// The catalog index the snapshot shows.
     index: u64,
+    /// When it was built.
+    built: Instant,
     graph: Built,
     /// The links touching node `i`, both directions, as ascending positions in
     /// `graph.links`: `near[near_at[i]..near_at[i + 1]]`.
@@ -112,6 +126,7 @@ impl Snapshot {
         }
         Snapshot {
             index,
+            built: Instant::now(),
             graph,
             near_at,
             near,
@@ -121,14 +136,42 @@ impl Snapshot {
     }
 
     /// Builds the whole graph from the store now.
-    pub fn build(store: &Store) -> Self {
+    pub fn build(store: &Store, counters: Counters) -> Self {
         let index = store.index();
-        Snapshot::new(index, build(store, Instant::now()))
+        Snapshot::new(index, build(store, Instant::now(), counters))
+    }
+
+    /// Makes the edges' counters run on from `previous`'s: adds its totals of the
+    /// same edge to what this build claimed. An edge that left the graph in between
+    /// starts again from 0 when it comes back (Prometheus reads that as a counter
+    /// reset).
+    pub fn count_from(&mut self, previous: Option<&Snapshot>) {
+        let Some(previous) = previous else {
+            return;
+        };
+        let (g, p) = (&mut self.graph, &previous.graph);
+        // Both sorted by (source id, target id): one walk pairs them.
+        let mut before = p.links.iter().peekable();
+        for i in 0..g.links.len() {
+            let here = g.ends(&g.links[i]);
+            while before.next_if(|l| p.ends(l) < here).is_some() {}
+            let found = before.next_if(|l| p.ends(l) == here);
+            if let Some(old) = found {
+                let l = &mut g.links[i];
+                l.requests_total = l.requests_total.saturating_add(old.requests_total);
+                l.errors_total = l.errors_total.saturating_add(old.errors_total);
+            }
+        }
     }
 
     /// The catalog index the snapshot shows.
     pub fn index(&self) -> u64 {
         self.index
+    }
+
+    /// The graph itself: nodes sorted by id, links by source and target.
+    pub fn graph(&self) -> &Built {
+        &self.graph
     }
 
     pub fn edge_count(&self) -> usize {
@@ -357,18 +400,23 @@ impl Snapshot {
 pub struct Graphs {
     latest: RwLock<Option<Arc<Snapshot>>>,
     /// One build at a time: requests that find the snapshot stale wait for the build
-    /// under way, then read it.
+    /// under way, then read it. It also keeps the edges' counters whole: each build
+    /// claims the traffic reported since the one before and runs on from the
+    /// snapshot it replaces.
     building: tokio::sync::Mutex<()>,
     watcher: Mutex<Watcher>,
+    /// Whether a request read the graph since the watcher last looked.
+    read: AtomicBool,
 }
 
 impl Graphs {
+    /// The latest snapshot when it shows `index` and is at most [`MAX_AGE`] old.
     fn latest_at(&self, index: u64) -> Option<Arc<Snapshot>> {
         self.latest
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .as_ref()
-            .filter(|s| s.index == index)
+            .filter(|s| s.index == index && s.built.elapsed() <= MAX_AGE)
             .cloned()
     }
 
@@ -380,9 +428,19 @@ impl Graphs {
             .replace(snapshot)
     }
 
+    /// The latest snapshot, whatever catalog index it shows.
+    fn latest(&self) -> Option<Arc<Snapshot>> {
+        self.latest
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
     /// The snapshot of the catalog's current index: the latest, or one built now
-    /// when the catalog moved since it was built.
+    /// when the catalog moved since it was built or it is older than [`MAX_AGE`].
+    /// Marks the graph read, so that the watcher builds it again at its next look.
     pub async fn fresh(&self, store: &Arc<Store>) -> Arc<Snapshot> {
+        self.read.store(true, Ordering::Relaxed);
         if let Some(s) = self.latest_at(store.index()) {
             return s;
         }
@@ -392,11 +450,17 @@ impl Graphs {
             return s;
         }
         let from = store.clone();
-        let snapshot = match tokio::task::spawn_blocking(move || Snapshot::build(&from)).await {
-            Ok(s) => Arc::new(s),
+        let mut snapshot = match tokio::task::spawn_blocking(move || {
+            Snapshot::build(&from, Counters::Claim)
+        })
+        .await
+        {
+            Ok(s) => s,
             // The build panicked: build here rather than fail the request.
-            Err(_) => Arc::new(Snapshot::build(store)),
+            Err(_) => Snapshot::build(store, Counters::Claim),
         };
+        snapshot.count_from(self.latest().as_deref());
+        let snapshot = Arc::new(snapshot);
         self.install(snapshot.clone());
         snapshot
     }
@@ -431,10 +495,11 @@ impl Graphs {
 
     /// The watcher's tick: builds the graph, moves the catalog index and sends the
     /// `graph` events of the zones whose shape changed, makes the build the latest
-    /// snapshot, and renders the answers read from the one it replaces.
+    /// snapshot, and renders the answers read from the one it replaces. Called with
+    /// `building` held, as [`watch`] does.
     pub fn rebuild(&self, store: &Store) {
         let before = store.index();
-        let graph = build(store, Instant::now());
+        let graph = build(store, Instant::now(), Counters::Claim);
         let changed = self
             .watcher
             .lock()
@@ -447,29 +512,47 @@ impl Graphs {
             Some((previous, index)) if previous == before => index,
             _ => before,
         };
-        let snapshot = Arc::new(Snapshot::new(index, graph));
+        let mut snapshot = Snapshot::new(index, graph);
+        let previous = self.latest();
+        snapshot.count_from(previous.as_deref());
         // Rendered before the snapshot is shown, so that no request waits for it.
-        let previous = self
-            .latest
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
         if let Some(previous) = previous {
             snapshot.render_read_in(&previous);
         }
-        self.install(snapshot);
+        self.install(Arc::new(snapshot));
     }
 }
 
-/// Rebuilds the graph every [`WATCH_PERIOD`] until `stop` turns true.
+/// What the graph was last built from, as the watcher compares it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Inputs {
+    shape: u64,
+    bucket: u64,
+    index: u64,
+}
+
+/// Looks every [`WATCH_PERIOD`] until `stop` turns true, and rebuilds the graph when
+/// its inputs moved or it was read since (see the module's documentation).
 pub async fn watch(store: Arc<Store>, graphs: Arc<Graphs>, mut stop: watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(WATCH_PERIOD);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last: Option<Inputs> = None;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             _ = stop.wait_for(|s| *s) => return,
         }
+        // Read before the build: a change during it is seen at the next look.
+        let now = Inputs {
+            shape: store.traffic_shape(),
+            bucket: store.graph_bucket(Instant::now()),
+            index: store.index(),
+        };
+        let read = graphs.read.swap(false, Ordering::Relaxed);
+        if !read && last == Some(now) {
+            continue;
+        }
+        last = Some(now);
         let _building = graphs.building.lock().await;
         let (g, s) = (graphs.clone(), store.clone());
         if let Err(e) = tokio::task::spawn_blocking(move || g.rebuild(&s)).await {
@@ -646,9 +729,59 @@ mod tests {
     }
 
     #[test]
+    fn the_build_finds_each_edge_by_name_listener_or_as_external_beside_the_declared() {
+        let (_dir, store) = mesh();
+        let g = build(&store, Instant::now(), Counters::Leave);
+        let ids: Vec<&str> = g.nodes.iter().map(|n| n.id.as_str()).collect();
+        assert_eq!(
+            ids,
+            [
+                "y/d",
+                "y/external:e",
+                "z/a",
+                "z/b",
+                "z/c",
+                "z/external:ext",
+                "z/ghost"
+            ]
+        );
+        let ghost = &g.nodes[6];
+        assert_eq!(
+            (ghost.kind, ghost.registered, ghost.status),
+            ("cluster", false, Some(meshcat_common::model::Status::Down))
+        );
+        assert_eq!((g.nodes[1].kind, g.nodes[1].status), ("external", None));
+        let edges: Vec<(&str, &str, u64, u64, bool, bool)> = (0..g.links.len())
+            .map(|i| {
+                let e = g.edge_json(i);
+                let l = &g.links[i];
+                (
+                    e.source, e.target, l.requests, l.errors, l.observed, l.declared,
+                )
+            })
+            .collect();
+        // Reports of 100 then 150 requests (a tenth of them 5xx): 50 and 5 in the
+        // window, per instance and upstream.
+        assert_eq!(
+            edges,
+            [
+                ("y/d", "y/external:e", 50, 5, true, false),
+                ("z/a", "y/d", 0, 0, false, true),
+                ("z/a", "z/b", 50, 5, true, true),
+                ("z/a", "z/c", 50, 5, true, false),
+                ("z/a", "z/external:ext", 50, 5, true, false),
+                ("z/a", "z/ghost", 0, 0, false, true),
+                ("z/b", "z/c", 50, 5, true, false),
+                // d-out's host is d's listener.
+                ("z/c", "y/d", 50, 5, true, false),
+            ]
+        );
+    }
+
+    #[test]
     fn every_scope_answers_as_a_build_from_the_store_does() {
         let (_dir, store) = mesh();
-        let snapshot = Snapshot::build(&store);
+        let snapshot = Snapshot::build(&store, Counters::Leave);
         assert!(snapshot.edge_count() >= 6, "{:?}", snapshot.graph.links);
         for scope in scopes() {
             let oracle = super::super::view(&store, &scope, Instant::now()).map(timeless);
@@ -681,6 +814,67 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// The counters of edge (source, target) in `graphs`' latest snapshot.
+    fn totals(graphs: &Graphs, source: &str, target: &str) -> (u64, u64) {
+        let latest = graphs.latest().expect("a snapshot");
+        let g = latest.graph();
+        g.links
+            .iter()
+            .find(|l| g.ends(l) == (source, target))
+            .map(|l| (l.requests_total, l.errors_total))
+            .unwrap_or_else(|| panic!("no edge {source} -> {target}"))
+    }
+
+    #[test]
+    fn edge_counters_only_grow_whoever_comes_and_goes() {
+        let (_dir, store) = mesh();
+        let graphs = Graphs::default();
+        // The mesh's instances reported 100 then 150 requests (a tenth of them
+        // errors): the first report only sets where differences start.
+        graphs.rebuild(&store);
+        assert_eq!(totals(&graphs, "z/a", "z/b"), (50, 5));
+        assert_eq!(totals(&graphs, "z/a", "z/external:ext"), (50, 5));
+        assert_eq!(totals(&graphs, "z/a", "z/ghost"), (0, 0), "declared only");
+        // A build thrown away (a diagnosis's) takes nothing from the next one.
+        let once = Snapshot::build(&store, Counters::Leave);
+        assert!(once.graph().links.iter().all(|l| l.requests_total == 0));
+        graphs.rebuild(&store);
+        assert_eq!(totals(&graphs, "z/a", "z/b"), (50, 5), "nothing new");
+
+        // A second instance of a calls b too, under another agent, then leaves: what
+        // it counted stays counted.
+        let now = Instant::now();
+        let second = |n| {
+            let mut r = report("z", "a", &[("b", "10.0.0.2:80")], None, n);
+            r.instance = "a-2".into();
+            vec![r]
+        };
+        store.apply_reports("agent-2", second(1000), now);
+        store.apply_reports("agent-2", second(1020), now);
+        graphs.rebuild(&store);
+        assert_eq!(totals(&graphs, "z/a", "z/b"), (70, 7));
+        store.agent_gone("agent-2");
+        graphs.rebuild(&store);
+        assert_eq!(totals(&graphs, "z/a", "z/b"), (70, 7));
+
+        // The first instance's sidecar restarts: its counters start from zero, and
+        // what it counted since is new.
+        let restarted = report(
+            "z",
+            "a",
+            &[
+                ("b", "10.0.0.2:80"),
+                ("c", "10.0.0.3:80"),
+                ("ext", "1.1.1.1:443"),
+            ],
+            Some("10.0.0.1:80"),
+            30,
+        );
+        store.apply_reports("agent", vec![restarted], now);
+        graphs.rebuild(&store);
+        assert_eq!(totals(&graphs, "z/a", "z/b"), (100, 10));
     }
 
     #[tokio::test]

@@ -196,6 +196,12 @@ impl Agents {
         self.inner.by_agent.len()
     }
 
+    /// Rejections of agents' connections and reports by reason over the last
+    /// [`super::metrics::RECENT_REJECTIONS`], sorted by reason.
+    pub fn recent_rejections(&self, now: std::time::Instant) -> Vec<(&'static str, u64)> {
+        self.inner.metrics.recent_rejections.counts(now)
+    }
+
     /// Whether some connected agent reports this instance.
     pub fn knows(&self, zone: &str, cluster: &str, instance: &str) -> bool {
         self.session_of(zone, cluster, instance).is_some()

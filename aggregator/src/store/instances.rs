@@ -140,6 +140,23 @@ pub enum Reporter {
     Replica(Arc<str>),
 }
 
+/// Who reports one zone's instances, as this replica sees it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ZoneReporters {
+    pub zone_name: String,
+    /// Whether the zone is registered (agents may report into a zone nobody
+    /// registered).
+    pub registered: bool,
+    /// Agents connected to this replica that report at least one instance of the zone.
+    pub agents: u64,
+    /// Instances of the zone those agents report (live or not, within the TTL).
+    pub instances: u64,
+    /// Instances of the zone that agents of other replicas report, from what those
+    /// replicas publish in etcd; always 0 with one aggregator.
+    pub peer_instances: u64,
+}
+
 /// An instance another replica owns, as it published it.
 #[derive(Debug, Clone)]
 pub struct RemoteInstance {
@@ -682,6 +699,55 @@ impl Store {
             }
         }
         out
+    }
+
+    /// Who reports each zone's instances: every registered zone, and every zone an
+    /// agent reports into without a registration, sorted by name. Walks every
+    /// instance once: it answers `GET /status`, an operator's occasional read, not a
+    /// dashboard's poll.
+    pub fn reporters_by_zone(&self) -> Vec<ZoneReporters> {
+        let mut by_zone: std::collections::BTreeMap<String, (ZoneReporters, HashSet<Arc<str>>)> =
+            self.zones
+                .iter()
+                .map(|z| {
+                    let zone = ZoneReporters {
+                        zone_name: z.key().clone(),
+                        registered: true,
+                        ..ZoneReporters::default()
+                    };
+                    (z.key().clone(), (zone, HashSet::new()))
+                })
+                .collect();
+        for by_zone_entry in self.clusters.iter() {
+            for (zone, e) in by_zone_entry.iter() {
+                if e.instances.is_empty() {
+                    continue;
+                }
+                let (z, agents) = by_zone.entry(zone.clone()).or_insert_with(|| {
+                    let z = ZoneReporters {
+                        zone_name: zone.clone(),
+                        ..ZoneReporters::default()
+                    };
+                    (z, HashSet::new())
+                });
+                for i in e.instances.values() {
+                    match &i.reporter {
+                        Reporter::Agent(a) => {
+                            agents.insert(a.clone());
+                            z.instances += 1;
+                        }
+                        Reporter::Replica(_) => z.peer_instances += 1,
+                    }
+                }
+            }
+        }
+        by_zone
+            .into_values()
+            .map(|(mut z, agents)| {
+                z.agents = agents.len() as u64;
+                z
+            })
+            .collect()
     }
 
     /// Drops an agent's instances at once (it said goodbye or its connection closed).

@@ -700,4 +700,63 @@ async fn writes_from_tasks_and_threads_are_shown_in_commit_order() {
     }
 }
 
+/// `GET /status` counts, per zone, this replica's agents and the instances other
+/// replicas' agents report, for registered zones and zones reported without one.
+#[test]
+fn reporters_by_zone_tell_agents_from_peer_replicas() {
+    let (_d, s) = open();
+    let now = Instant::now();
+    s.apply_changes(&[
+        Committed::PutZone(zone("z")),
+        Committed::PutZone(zone("quiet")),
+    ]);
+    s.apply_reports(
+        "agent-1",
+        vec![report("z", "a", "a-0", 0, 0), report("z", "b", "b-0", 0, 0)],
+        now,
+    );
+    s.apply_report("agent-2", report("z", "a", "a-1", 0, 0), now);
+    s.apply_report("agent-2", report("elsewhere", "c", "c-0", 0, 0), now);
+    s.put_remote(remote("a-2", true, 0));
+    let by_zone = s.reporters_by_zone();
+    let z = |name: &str| {
+        by_zone
+            .iter()
+            .find(|z| z.zone_name == name)
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(
+        by_zone
+            .iter()
+            .map(|z| z.zone_name.as_str())
+            .collect::<Vec<_>>(),
+        ["elsewhere", "quiet", "z"]
+    );
+    assert_eq!(
+        (
+            z("z").registered,
+            z("z").agents,
+            z("z").instances,
+            z("z").peer_instances
+        ),
+        (true, 2, 3, 1)
+    );
+    assert_eq!((z("quiet").agents, z("quiet").instances), (0, 0));
+    assert!(z("quiet").registered);
+    assert_eq!(
+        (z("elsewhere").registered, z("elsewhere").agents),
+        (false, 1)
+    );
+    s.agent_gone("agent-2");
+    assert_eq!(
+        s.reporters_by_zone()
+            .iter()
+            .find(|z| z.zone_name == "z")
+            .unwrap()
+            .agents,
+        1
+    );
+}
+
 mod history;

@@ -9,9 +9,15 @@
 //! kept as [`WINDOW_BUCKETS`] buckets of a twelfth of it each, so the figures over
 //! the window are exact to one bucket (5 s of the default 60 s); host addresses are
 //! kept as 64-bit hashes, which is all the graph compares them by.
+//!
+//! The same differences are also kept apart until the graph's next build claims
+//! them ([`UpstreamState::claim`]): the build adds them to the edge they belong to,
+//! which is how the edges' `meshcat_edge_*_total` counters only ever grow, whatever
+//! instances come and go (see `docs/metrics.md`).
 
 use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
@@ -36,6 +42,8 @@ pub const WINDOW_BUCKETS: usize = 12;
 pub struct InstanceTraffic {
     pub local_cluster: Option<String>,
     pub listeners: Vec<ListenerRoutes>,
+    /// The listeners' addresses as [`address_key`]s, in the same order.
+    pub listener_keys: Box<[u64]>,
     /// Sorted by name.
     pub upstreams: Vec<UpstreamState>,
 }
@@ -54,6 +62,10 @@ pub struct UpstreamState {
     head: u64,
     /// When the last report that added requests or errors arrived.
     last_seen: Option<Instant>,
+    /// Requests and errors added by reports since the graph's last build claimed
+    /// them. Atomic because the build claims them while reading the traffic
+    /// shared with other readers; reports add to them under the map's write guard.
+    unclaimed: [AtomicU64; 2],
     pub p50_ms: Option<f64>,
     pub p99_ms: Option<f64>,
     pub tls: bool,
@@ -78,6 +90,31 @@ pub fn address_key(address: &str) -> u64 {
     address.hash(&mut h);
     h.finish()
 }
+
+/// Hashes an [`address_key`] as itself: the key already is a hash, and the graph
+/// looks up every upstream host of every instance once a second.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+
+    fn write_u64(&mut self, key: u64) {
+        self.0 = key;
+    }
+}
+
+/// A map keyed by [`address_key`]s.
+pub type AddressMap<V> =
+    std::collections::HashMap<u64, V, std::hash::BuildHasherDefault<KeyHasher>>;
 
 /// Where in the windows' buckets `now` falls: buckets are numbered from `epoch`.
 #[derive(Debug, Clone, Copy)]
@@ -117,6 +154,15 @@ impl UpstreamState {
         }
     }
 
+    /// Takes the requests and errors reported since the last claim. Each report's
+    /// differences are claimed once, by one build of the graph.
+    pub fn claim(&self) -> (u64, u64) {
+        (
+            self.unclaimed[0].swap(0, Ordering::Relaxed),
+            self.unclaimed[1].swap(0, Ordering::Relaxed),
+        )
+    }
+
     /// Requests and errors within `window` before `now` (to one bucket), from the
     /// buckets numbered from `epoch`.
     pub fn window(&self, epoch: Instant, now: Instant, window: Duration) -> Window {
@@ -144,6 +190,11 @@ pub struct Traffic {
     remote: DashMap<InstanceKey, InstanceTraffic>,
     /// Where the windows' buckets are numbered from.
     epoch: Instant,
+    /// Moves whenever a change could change the graph's shape: an instance's
+    /// traffic appearing or going, an upstream, host, listener or local cluster
+    /// coming or going, or traffic on an upstream idle over the window. Figures
+    /// moving alone leave it (see [`Traffic::shape`]).
+    shape: AtomicU64,
 }
 
 impl Default for Traffic {
@@ -152,6 +203,7 @@ impl Default for Traffic {
             instances: DashMap::new(),
             remote: DashMap::new(),
             epoch: Instant::now(),
+            shape: AtomicU64::new(0),
         }
     }
 }
@@ -168,7 +220,9 @@ impl Traffic {
             r.instance.clone(),
         );
         if r.upstreams.is_empty() && r.listeners.is_empty() && r.local_cluster.is_none() {
-            self.instances.remove(&key);
+            if self.instances.remove(&key).is_some() {
+                self.reshaped();
+            }
             return;
         }
         let mut incoming = std::mem::take(&mut r.upstreams);
@@ -188,8 +242,20 @@ impl Traffic {
             .take()
             .filter(|c| !c.is_empty() && c.len() <= MAX_NAME);
         let clock = Clock::at(self.epoch, now, window);
-        let mut t = self.instances.entry(key).or_default();
+        let listener_keys: Box<[u64]> = listeners.iter().map(|l| address_key(&l.address)).collect();
+        let mut reshaped = false;
+        let mut t = self.instances.entry(key).or_insert_with(|| {
+            reshaped = true;
+            InstanceTraffic::default()
+        });
+        reshaped |= t.local_cluster != local_cluster
+            || t.listener_keys != listener_keys
+            || t.listeners
+                .iter()
+                .map(|l| &l.clusters)
+                .ne(listeners.iter().map(|l| &l.clusters));
         t.local_cluster = local_cluster;
+        t.listener_keys = listener_keys;
         t.listeners = listeners;
         // Both sorted by name: one walk pairs each upstream with its previous state.
         // An upstream the sidecar no longer lists (removed from its configuration) is
@@ -200,25 +266,50 @@ impl Traffic {
         listed.sort_unstable_by(|a, b| a.name.cmp(&b.name));
         let mut upstreams = Vec::with_capacity(incoming.len());
         for u in incoming {
-            while previous.next_if(|p| *p.name < *u.name).is_some() {}
+            while previous.next_if(|p| *p.name < *u.name).is_some() {
+                reshaped = true;
+            }
             let state = previous.next_if(|p| *p.name == *u.name);
             let hosts = listed
                 .binary_search_by(|c| c.name.as_str().cmp(&u.name))
                 .ok()
                 .map(|i| listed[i]);
-            upstreams.push(Self::update(state, u, hosts, clock, now));
+            let (state, changed) = self.update(state, u, hosts, clock, now, window);
+            reshaped |= changed;
+            upstreams.push(state);
         }
+        reshaped |= previous.next().is_some();
         t.upstreams = upstreams;
+        drop(t);
+        if reshaped {
+            self.reshaped();
+        }
     }
 
-    /// An upstream's state after one report.
+    /// Notes a change that could change the graph's shape.
+    fn reshaped(&self) {
+        self.shape.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A number that moves whenever the traffic changed in a way that could change
+    /// the graph's shape (an edge appearing or going); figures moving alone, or the
+    /// window moving on, leave it.
+    pub fn shape(&self) -> u64 {
+        self.shape.load(Ordering::Relaxed)
+    }
+
+    /// An upstream's state after one report, and whether the report could change
+    /// the graph's shape (a new upstream, other hosts, or traffic on an upstream
+    /// idle over the window).
     fn update(
+        &self,
         state: Option<UpstreamState>,
         u: UpstreamTraffic,
         listed: Option<&UpstreamCluster>,
         clock: Clock,
         now: Instant,
-    ) -> UpstreamState {
+        window: Duration,
+    ) -> (UpstreamState, bool) {
         let totals = (
             u.requests_total,
             u.errors_5xx_total.saturating_add(u.connect_fail_total),
@@ -238,7 +329,16 @@ impl Traffic {
             (totals.0 - s.last.0, totals.1 - s.last.1)
         };
         s.last = totals;
+        let mut reshaped = fresh;
+        if added.0 + added.1 > 0 {
+            let w = s.window(self.epoch, now, window);
+            reshaped |= w.requests + w.errors == 0;
+        }
         s.add(clock, now, added.0, added.1);
+        for (slot, n) in s.unclaimed.iter_mut().zip([added.0, added.1]) {
+            let v = slot.get_mut();
+            *v = v.saturating_add(n);
+        }
         s.p50_ms = u.p50_ms.filter(|v| v.is_finite());
         s.p99_ms = u.p99_ms.filter(|v| v.is_finite());
         s.tls = u.tls;
@@ -251,16 +351,20 @@ impl Traffic {
                 .map(|h| address_key(&h.address));
             if !hosts.clone().eq(s.hosts.iter().copied()) {
                 s.hosts = hosts.collect();
+                reshaped = true;
             }
-        } else {
+        } else if !s.hosts.is_empty() {
             s.hosts = Box::default();
+            reshaped = true;
         }
-        s
+        (s, reshaped)
     }
 
     /// Forgets an instance (it left or expired).
     pub fn forget(&self, key: &InstanceKey) {
-        self.instances.remove(key);
+        if self.instances.remove(key).is_some() {
+            self.reshaped();
+        }
     }
 
     /// Calls `f` with every instance's traffic, this replica's and its peers'.
@@ -309,7 +413,8 @@ pub struct UpstreamWindow {
 
 impl UpstreamState {
     /// An upstream known only from a peer's summary received at `at`: its window
-    /// figures in the bucket of the time traffic was last seen.
+    /// figures in the bucket of the time traffic was last seen. It has nothing to
+    /// claim: the peer's own edge counters count that traffic.
     fn from_window(u: &UpstreamWindow, epoch: Instant, at: Instant, window: Duration) -> Self {
         let seen = u
             .last_seen_ago_ms
@@ -416,6 +521,7 @@ impl Traffic {
                     .filter(|l| l.len() <= MAX_NAME)
                     .cloned(),
                 listeners: c.listeners.iter().take(MAX_LISTENERS).cloned().collect(),
+                listener_keys: Box::default(),
                 upstreams: c
                     .upstreams
                     .iter()
@@ -426,6 +532,11 @@ impl Traffic {
             };
             t.upstreams.sort_unstable_by(|a, b| a.name.cmp(&b.name));
             t.upstreams.dedup_by(|a, b| a.name == b.name);
+            t.listener_keys = t
+                .listeners
+                .iter()
+                .map(|l| address_key(&l.address))
+                .collect();
             self.remote.insert(
                 (
                     c.zone_name.clone(),
@@ -435,12 +546,16 @@ impl Traffic {
                 t,
             );
         }
+        // A summary is the peer's whole view, replaced each time: its shape is not
+        // compared, it may have changed.
+        self.reshaped();
     }
 
     /// Forgets replica `peer`'s summary (it left).
     pub fn forget_remote(&self, peer: &str) {
         let instance = remote_instance(peer);
         self.remote.retain(|(_, _, i), _| *i != instance);
+        self.reshaped();
     }
 
     /// The peers whose summaries are held.
@@ -525,6 +640,17 @@ impl super::Store {
     /// Calls `f` with every instance's traffic.
     pub fn each_traffic(&self, f: impl FnMut(&InstanceKey, &InstanceTraffic)) {
         self.traffic.each(f);
+    }
+
+    /// See [`Traffic::shape`].
+    pub fn traffic_shape(&self) -> u64 {
+        self.traffic.shape()
+    }
+
+    /// The window bucket `now` falls in: the graph's figures change with time only
+    /// when it moves (a bucket leaves the window).
+    pub fn graph_bucket(&self, now: Instant) -> u64 {
+        Clock::at(self.traffic.epoch(), now, self.rules.graph_window).bucket
     }
 
     /// An upstream's figures over the graph window before `now`.
@@ -620,6 +746,66 @@ mod tests {
         let mut n = 0;
         t.each(|_, _| n += 1);
         assert_eq!(n, 0);
+    }
+
+    #[test]
+    fn the_shape_moves_with_what_can_change_an_edge_and_not_with_figures() {
+        let t = Traffic::default();
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let win = Duration::from_secs(60);
+        let mut moved = {
+            let mut last = t.shape();
+            move |t: &Traffic| {
+                let now = t.shape();
+                let m = now != last;
+                last = now;
+                m
+            }
+        };
+        t.record(&mut report(100, 1), at(0), win);
+        assert!(moved(&t), "a new instance and upstream");
+        t.record(&mut report(130, 1), at(5), win);
+        assert!(moved(&t), "traffic on an idle upstream");
+        t.record(&mut report(160, 2), at(10), win);
+        assert!(!moved(&t), "figures alone");
+        t.record(&mut report(160, 2), at(15), win);
+        assert!(!moved(&t), "no traffic");
+        let mut with_hosts = report(190, 2);
+        with_hosts.clusters = vec![UpstreamCluster {
+            name: "b".into(),
+            added_via_api: false,
+            hosts: vec![meshcat_common::wire::UpstreamHost {
+                address: "10.0.0.2:80".into(),
+                cx_active: 0,
+                cx_connect_fail: 0,
+                cx_total: 0,
+                rq_active: 0,
+                rq_error: 0,
+                rq_total: 0,
+                health_flags: "healthy".into(),
+            }],
+        }];
+        t.record(&mut with_hosts, at(20), win);
+        assert!(moved(&t), "other hosts");
+        let mut with_listener = report(220, 2);
+        with_listener.clusters = with_hosts.clusters.clone();
+        with_listener.listeners = vec![ListenerRoutes {
+            address: "10.0.0.1:80".into(),
+            clusters: vec!["local".into()],
+        }];
+        t.record(&mut with_listener, at(25), win);
+        assert!(moved(&t), "a listener");
+        let mut other = report(10, 0);
+        other.upstreams[0].name = "c".into();
+        other.clusters = with_hosts.clusters.clone();
+        other.listeners = with_listener.listeners.clone();
+        t.record(&mut other, at(30), win);
+        assert!(moved(&t), "an upstream gone and another new");
+        t.forget(&("z".into(), "a".into(), "a-1".into()));
+        assert!(moved(&t), "the instance gone");
+        t.forget(&("z".into(), "a".into(), "a-1".into()));
+        assert!(!moved(&t), "nothing more to forget");
     }
 
     #[test]

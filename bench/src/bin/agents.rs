@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Parser;
-use meshcat_bench::process::{cpu_ticks, memory_kib};
+use meshcat_bench::process::{clock_ticks, cpu_ticks, memory_kib};
 use meshcat_bench::sim::{self, SimAgent, Stats};
 use meshcat_common::tls;
 use meshcat_common::wire::{AgentMessage, InstanceReport, Report};
@@ -253,15 +253,4 @@ fn reports_for(agent: usize, count: usize, upstreams: usize) -> Vec<InstanceRepo
             )
         })
         .collect()
-}
-
-/// Clock ticks per second (`getconf CLK_TCK`), 100 when it cannot be asked.
-fn clock_ticks() -> f64 {
-    Process::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(100.0)
 }

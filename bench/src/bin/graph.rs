@@ -10,7 +10,14 @@
 //!   the difference per edge is taken from the larger of the two;
 //! - `GET /graph` over one keep-alive connection with `Accept-Encoding: gzip`, one
 //!   request after the other for `--duration`: latency percentiles (time to the
-//!   last byte of the body).
+//!   last byte of the body);
+//! - with `--ops`, the ops port's `GET /metrics` with the per-cluster and per-edge
+//!   series at this size: the exposition's size and series, `--scrapes` scrapes one
+//!   after the other in identity encoding and as many with `Accept-Encoding: gzip`
+//!   (time to the last byte, the aggregator's CPU per scrape), then as many gzip
+//!   scrapes each after a registration change (so that each builds the graph
+//!   afresh); its line reads `metrics: <bytes> bytes (<bytes> gzip), <series>
+//!   series, ...`.
 //!
 //! The last line reads `graph: p99 <ms> ms, <bytes> bytes per edge, <nodes> nodes,
 //! <edges> edges`.
@@ -26,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Parser;
-use meshcat_bench::process::memory_kib;
+use meshcat_bench::process::{clock_ticks, cpu_ticks, memory_kib};
 use meshcat_bench::sim::{self, SimAgent, Stats};
 use meshcat_common::tls;
 use serde_json::Value;
@@ -68,6 +75,13 @@ struct Args {
     /// Time `GET /graph` is measured.
     #[arg(long, default_value = "20s", value_parser = meshcat_common::config::parse_positive_duration)]
     duration: Duration,
+    /// The aggregator's ops base URL (http://host:port): `GET /metrics` is measured
+    /// too.
+    #[arg(long)]
+    ops: Option<String>,
+    /// Scrapes of `/metrics` measured in a row, then as many after a change each.
+    #[arg(long, default_value_t = 20)]
+    scrapes: usize,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -203,12 +217,19 @@ async fn run(args: Args) -> anyhow::Result<()> {
     println!(
         "aggregator RSS {without} KiB without the edges, {with} KiB with them, {after} KiB after the requests ({per_edge:.0} bytes per edge); identity body {plain} bytes"
     );
+    let metrics = match &args.ops {
+        Some(ops) => Some(measure_metrics(&http, ops, &args.api, args.pid, args.scrapes).await?),
+        None => None,
+    };
     println!(
         "reports accepted {}, rejected {}, errors {}",
         stats.accepted.load(Ordering::Relaxed),
         stats.rejected.load(Ordering::Relaxed),
         stats.errors.load(Ordering::Relaxed)
     );
+    if let Some(line) = metrics {
+        println!("{line}");
+    }
     stop.notify_waiters();
     endpoint.close(0u32.into(), b"bench over");
     for t in tasks {
@@ -219,6 +240,139 @@ async fn run(args: Args) -> anyhow::Result<()> {
         pct(0.99)
     );
     Ok(())
+}
+
+/// The families of the per-cluster and per-edge series (`--cluster-metrics`).
+const CLUSTER_FAMILIES: [&str; 4] = [
+    "meshcat_cluster_status",
+    "meshcat_cluster_instances",
+    "meshcat_edge_requests_total",
+    "meshcat_edge_errors_total",
+];
+
+/// Measures `GET /metrics` on the ops port: the exposition, `scrapes` scrapes in a
+/// row in identity encoding and as many with `Accept-Encoding: gzip` (as Prometheus
+/// scrapes), each with the aggregator's CPU time per scrape (less what it spends
+/// meanwhile without scrapes), then `scrapes` gzip scrapes each after a
+/// registration change. Returns the summary line.
+async fn measure_metrics(
+    http: &reqwest::Client,
+    ops: &str,
+    api: &str,
+    pid: u32,
+    scrapes: usize,
+) -> anyhow::Result<String> {
+    let url = format!("{ops}/metrics");
+    let scrape = |gzip: bool| {
+        let req = http.get(&url);
+        let req = if gzip {
+            req.header("accept-encoding", "gzip")
+        } else {
+            req
+        };
+        async move {
+            let t = Instant::now();
+            let res = req.send().await?.error_for_status()?;
+            let gzipped =
+                res.headers().get("content-encoding").map(|v| v.as_bytes()) == Some(b"gzip");
+            if gzipped != gzip {
+                bail!("GET /metrics answered gzip {gzipped} when asked {gzip}");
+            }
+            let body = res.bytes().await?;
+            anyhow::Ok((t.elapsed(), body))
+        }
+    };
+    // Scrapes in a row: their times, and the aggregator's CPU per scrape.
+    let in_a_row = |gzip: bool| async move {
+        let mut times = Vec::with_capacity(scrapes);
+        let ticks = cpu_ticks(pid)?;
+        let started = Instant::now();
+        for _ in 0..scrapes {
+            times.push(scrape(gzip).await?.0);
+        }
+        let (busy, spent) = (cpu_ticks(pid)? - ticks, started.elapsed());
+        // The same time without scrapes: what the agents' reports cost meanwhile.
+        let ticks = cpu_ticks(pid)?;
+        tokio::time::sleep(spent).await;
+        let idle = cpu_ticks(pid)? - ticks;
+        let cpu_ms = busy.saturating_sub(idle) as f64 * 1000.0 / clock_ticks() / scrapes as f64;
+        anyhow::Ok((times, cpu_ms))
+    };
+    let ms = |d: &[Duration], p: f64| {
+        let mut d = d.to_vec();
+        d.sort_unstable();
+        let i = ((d.len() as f64 * p).ceil() as usize).clamp(1, d.len()) - 1;
+        d[i].as_secs_f64() * 1000.0
+    };
+    let figures = |d: &[Duration]| {
+        format!(
+            "ms p50 {:.1} p90 {:.1} p99 {:.1} max {:.1}",
+            ms(d, 0.5),
+            ms(d, 0.9),
+            ms(d, 0.99),
+            ms(d, 1.0)
+        )
+    };
+
+    let (_, body) = scrape(false).await?;
+    let (_, zipped) = scrape(true).await?;
+    println!("==> GET /metrics on the ops port, {scrapes} scrapes in a row, identity");
+    let (plain, plain_cpu) = in_a_row(false).await?;
+    println!(
+        "{}; aggregator CPU {plain_cpu:.1} ms per scrape",
+        figures(&plain)
+    );
+    println!("==> {scrapes} scrapes in a row, Accept-Encoding: gzip");
+    let (gzip, gzip_cpu) = in_a_row(true).await?;
+    println!(
+        "{}; aggregator CPU {gzip_cpu:.1} ms per scrape",
+        figures(&gzip)
+    );
+    println!("==> {scrapes} gzip scrapes, each after a registration change");
+    let mut changed = Vec::with_capacity(scrapes);
+    for i in 0..scrapes {
+        http.post(format!("{api}/clusters"))
+            .json(&serde_json::json!({
+                "zoneName": "zone-00",
+                "clusterName": format!("bench-metrics-{i:04}"),
+                "name": "A cluster written to move the catalog index.",
+                "owner": "team-bench",
+            }))
+            .send()
+            .await?
+            .error_for_status()?;
+        changed.push(scrape(true).await?.0);
+    }
+    println!("{}", figures(&changed));
+
+    let text = std::str::from_utf8(&body)?;
+    let samples: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+    let ours: Vec<&&str> = samples
+        .iter()
+        .filter(|l| CLUSTER_FAMILIES.iter().any(|f| l.starts_with(f)))
+        .collect();
+    let ours_bytes: usize = ours.iter().map(|l| l.len() + 1).sum();
+    println!(
+        "exposition {} bytes, {} gzip; {} series, of which {} cluster and edge series in {ours_bytes} bytes ({:.0} bytes each)",
+        body.len(),
+        zipped.len(),
+        samples.len(),
+        ours.len(),
+        ours_bytes as f64 / ours.len().max(1) as f64
+    );
+    Ok(format!(
+        "metrics: {} bytes ({} gzip), {} series ({} cluster and edge); scrape p50 {:.1} ms p99 {:.1} ms ({plain_cpu:.1} ms CPU), gzip p50 {:.1} ms p99 {:.1} ms ({gzip_cpu:.1} ms CPU), after a change p50 {:.1} ms p99 {:.1} ms",
+        body.len(),
+        zipped.len(),
+        samples.len(),
+        ours.len(),
+        ms(&plain, 0.5),
+        ms(&plain, 0.99),
+        ms(&gzip, 0.5),
+        ms(&gzip, 0.99),
+        ms(&changed, 0.5),
+        ms(&changed, 0.99)
+    ))
 }
 
 /// Waits until `n` reports were accepted (each agent's first ones).

@@ -1,0 +1,35 @@
+//! `GET /status`: what this replica tells about itself, for `meshcat check`. It
+//! answers every caller (each learns what its own token grants); it shows counts, no
+//! live data of any cluster.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{RawQuery, State};
+
+use super::AppState;
+use super::auth::CallerAccess;
+use super::error::ApiError;
+use crate::replica_status::{ReplicaStatus, replica_status};
+
+#[utoipa::path(
+    get,
+    path = "/status",
+    summary = "This replica's version, readiness, agents per zone, recent agent rejections (last 5 minutes) and what the caller's token grants.",
+    responses((status = 200, description = "The replica's status; with replicas on etcd each answers for itself.", body = ReplicaStatus)),
+)]
+pub async fn status(
+    State(s): State<Arc<AppState>>,
+    caller: CallerAccess,
+    RawQuery(q): RawQuery,
+) -> Result<Json<ReplicaStatus>, ApiError> {
+    super::query::parse(q.as_deref(), &[])?;
+    let stopping = *s.events.stopping.borrow();
+    Ok(Json(replica_status(
+        &s.store,
+        s.agents.as_ref(),
+        stopping,
+        caller,
+        std::time::Instant::now(),
+    )))
+}

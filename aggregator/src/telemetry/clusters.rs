@@ -1,0 +1,258 @@
+//! The per-cluster and per-edge series of the ops port (contract section 16), so
+//! that an alert reaches the team that owns the cluster: each registered cluster's
+//! status and live instances labelled with the catalog's `owner`, and each edge of
+//! the dependency graph's requests and errors as counters.
+//!
+//! They are rendered at each scrape from the graph's snapshot (built once a second,
+//! or afresh when the catalog moved since), straight into the text format. With
+//! 10,000 clusters and 50,000 edges they are some 140,000 series: as the
+//! `prometheus` crate's metric vectors they would be label maps kept in memory,
+//! set again at every scrape and pruned of deleted clusters; rendered from the
+//! snapshot they cost nothing between scrapes, the report path does no work for
+//! them, and a deleted cluster's series are gone with it. `--cluster-metrics=false`
+//! leaves them out.
+
+use std::io::Write;
+
+use meshcat_common::model::Status;
+
+use crate::graph::{Built, Link, Node};
+
+/// One family of these series: its name, its type and its help line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Family {
+    pub name: &'static str,
+    /// `gauge` or `counter`, as the `# TYPE` line says.
+    pub kind: &'static str,
+    pub help: &'static str,
+}
+
+/// `meshcat_cluster_status{zone,cluster,owner,status}`.
+pub const CLUSTER_STATUS: Family = Family {
+    name: "meshcat_cluster_status",
+    kind: "gauge",
+    help: "Status of each registered cluster: 1 for the current one of stable, warning and down, 0 for the other two.",
+};
+
+/// `meshcat_cluster_instances{zone,cluster,owner}`.
+pub const CLUSTER_INSTANCES: Family = Family {
+    name: "meshcat_cluster_instances",
+    kind: "gauge",
+    help: "Live instances of each registered cluster.",
+};
+
+/// `meshcat_edge_requests_total{source_zone,source,target_zone,target}`.
+pub const EDGE_REQUESTS: Family = Family {
+    name: "meshcat_edge_requests_total",
+    kind: "counter",
+    help: "Requests on each edge of the dependency graph, from the reports of the agents connected to this aggregator.",
+};
+
+/// `meshcat_edge_errors_total{source_zone,source,target_zone,target}`.
+pub const EDGE_ERRORS: Family = Family {
+    name: "meshcat_edge_errors_total",
+    kind: "counter",
+    help: "5xx answers and connect failures on each edge of the dependency graph, from the reports of the agents connected to this aggregator.",
+};
+
+/// Every family, in the order they are rendered.
+pub const FAMILIES: [Family; 4] = [
+    CLUSTER_STATUS,
+    CLUSTER_INSTANCES,
+    EDGE_REQUESTS,
+    EDGE_ERRORS,
+];
+
+/// Bytes one series takes in the text format, about: to size the buffer once.
+const SERIES_BYTES: usize = 120;
+
+/// Appends the families of `graph` to a text exposition.
+pub fn render(graph: &Built, out: &mut Vec<u8>) {
+    let clusters: Vec<&Node> = graph
+        .nodes
+        .iter()
+        .filter(|n| n.kind == "cluster" && n.registered)
+        .collect();
+    out.reserve(SERIES_BYTES * (clusters.len() * 4 + graph.links.len() * 2));
+    // The labels of each cluster, written once for its four series.
+    let labels: Vec<Vec<u8>> = clusters
+        .iter()
+        .map(|n| {
+            let mut l = Vec::with_capacity(64);
+            label(&mut l, "zone", &n.zone_name, true);
+            label(&mut l, "cluster", &n.cluster_name, false);
+            label(&mut l, "owner", &n.owner, false);
+            l
+        })
+        .collect();
+    header(out, &CLUSTER_STATUS);
+    for (n, l) in clusters.iter().zip(&labels) {
+        for s in Status::ALL {
+            sample(out, CLUSTER_STATUS.name, l, Some(("status", s.as_str())));
+            value(out, u64::from(n.status == Some(s)));
+        }
+    }
+    header(out, &CLUSTER_INSTANCES);
+    for (n, l) in clusters.iter().zip(&labels) {
+        sample(out, CLUSTER_INSTANCES.name, l, None);
+        value(out, n.instances);
+    }
+    let edge_labels: Vec<Vec<u8>> = graph
+        .links
+        .iter()
+        .map(|link| {
+            let (s, t) = (
+                &graph.nodes[link.source as usize],
+                &graph.nodes[link.target as usize],
+            );
+            let mut l = Vec::with_capacity(96);
+            label(&mut l, "source_zone", &s.zone_name, true);
+            label(&mut l, "source", within_zone(s), false);
+            label(&mut l, "target_zone", &t.zone_name, false);
+            label(&mut l, "target", within_zone(t), false);
+            l
+        })
+        .collect();
+    let mut edges = |family: &Family, count: fn(&Link) -> u64| {
+        header(out, family);
+        for (link, l) in graph.links.iter().zip(&edge_labels) {
+            sample(out, family.name, l, None);
+            value(out, count(link));
+        }
+    };
+    edges(&EDGE_REQUESTS, |l| l.requests_total);
+    edges(&EDGE_ERRORS, |l| l.errors_total);
+}
+
+/// A node's name within its zone: its id without `<zone>/`, so the cluster name,
+/// or `external:<upstream>` for an external node (as the graph names it).
+fn within_zone(n: &Node) -> &str {
+    n.id.strip_prefix(n.zone_name.as_str())
+        .and_then(|rest| rest.strip_prefix('/'))
+        .unwrap_or(&n.cluster_name)
+}
+
+fn header(out: &mut Vec<u8>, f: &Family) {
+    let _ = writeln!(out, "# HELP {} {}", f.name, f.help);
+    let _ = writeln!(out, "# TYPE {} {}", f.name, f.kind);
+}
+
+/// `name{labels[,extra]} ` (the value follows).
+fn sample(out: &mut Vec<u8>, name: &str, labels: &[u8], extra: Option<(&str, &str)>) {
+    out.extend_from_slice(name.as_bytes());
+    out.push(b'{');
+    out.extend_from_slice(labels);
+    if let Some((k, v)) = extra {
+        label(out, k, v, labels.is_empty());
+    }
+    out.extend_from_slice(b"} ");
+}
+
+fn value(out: &mut Vec<u8>, v: u64) {
+    let _ = writeln!(out, "{v}");
+}
+
+/// `name="value"`, preceded by a comma unless it is the first, the value escaped as
+/// the text format wants it (backslash, double quote and line feed).
+fn label(out: &mut Vec<u8>, name: &str, value: &str, first: bool) {
+    if !first {
+        out.push(b',');
+    }
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(b"=\"");
+    if !value.bytes().any(|b| matches!(b, b'\\' | b'"' | b'\n')) {
+        out.extend_from_slice(value.as_bytes());
+    } else {
+        for b in value.bytes() {
+            match b {
+                b'\\' => out.extend_from_slice(b"\\\\"),
+                b'"' => out.extend_from_slice(b"\\\""),
+                b'\n' => out.extend_from_slice(b"\\n"),
+                _ => out.push(b),
+            }
+        }
+    }
+    out.push(b'"');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(zone: &str, cluster: &str, kind: &'static str, owner: &str) -> Node {
+        let id = if kind == "external" {
+            format!("{zone}/external:{cluster}")
+        } else {
+            format!("{zone}/{cluster}")
+        };
+        Node {
+            id,
+            kind,
+            zone_name: zone.into(),
+            cluster_name: cluster.into(),
+            registered: kind == "cluster" && owner != "-",
+            status: (kind == "cluster").then_some(Status::Warning),
+            owner: owner.into(),
+            instances: 2,
+            drifted: false,
+        }
+    }
+
+    fn link(source: u32, target: u32, requests_total: u64, errors_total: u64) -> Link {
+        Link {
+            source,
+            target,
+            requests: 0,
+            errors: 0,
+            requests_total,
+            errors_total,
+            p50_ms: None,
+            p99_ms: None,
+            last_seen_ms: None,
+            tls: false,
+            observed: true,
+            declared: false,
+        }
+    }
+
+    #[test]
+    fn clusters_and_edges_render_with_owners_and_escaped_labels() {
+        // Sorted by id, as a build leaves them: a registered cluster whose owner
+        // needs escaping, an external service and a cluster nobody registered.
+        let graph = Built {
+            window_seconds: 60,
+            nodes: vec![
+                node("z", "a", "cluster", "team \"a\"\\ops"),
+                node("z", "api.example", "external", ""),
+                node("z", "b", "cluster", "-"),
+            ],
+            links: vec![link(0, 1, 30, 3), link(0, 2, 7, 0)],
+        };
+        let mut out = Vec::new();
+        render(&graph, &mut out);
+        let text = String::from_utf8(out).unwrap();
+        let owner = r#"owner="team \"a\"\\ops""#;
+        for line in [
+            format!(r#"meshcat_cluster_status{{zone="z",cluster="a",{owner},status="stable"}} 0"#),
+            format!(r#"meshcat_cluster_status{{zone="z",cluster="a",{owner},status="warning"}} 1"#),
+            format!(r#"meshcat_cluster_status{{zone="z",cluster="a",{owner},status="down"}} 0"#),
+            format!(r#"meshcat_cluster_instances{{zone="z",cluster="a",{owner}}} 2"#),
+            r#"meshcat_edge_requests_total{source_zone="z",source="a",target_zone="z",target="external:api.example"} 30"#.into(),
+            r#"meshcat_edge_errors_total{source_zone="z",source="a",target_zone="z",target="external:api.example"} 3"#.into(),
+            r#"meshcat_edge_requests_total{source_zone="z",source="a",target_zone="z",target="b"} 7"#.into(),
+            "# TYPE meshcat_edge_errors_total counter".into(),
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line}\nnot in\n{text}");
+        }
+        assert!(
+            !text.contains(r#"cluster="b""#),
+            "no cluster series for what nobody registered:\n{text}"
+        );
+        // One HELP and TYPE per family, every other line a sample.
+        assert_eq!(text.matches("# TYPE ").count(), FAMILIES.len());
+        assert_eq!(
+            text.lines().filter(|l| !l.starts_with('#')).count(),
+            3 + 1 + 2 * 2
+        );
+    }
+}

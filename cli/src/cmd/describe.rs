@@ -1,0 +1,461 @@
+//! `meshcat describe cluster NAME --zone Z`: everything an operator asks first about
+//! one cluster, from four reads made at once: the record and its instances
+//! (`GET /clusters/{c}`), callers and callees (`GET /graph` around it, depth 1),
+//! drift (`GET /clusters/{c}/drift`) and the last 10 history entries
+//! (`GET /clusters/{c}/history`). A section whose read fails says why and the others
+//! are still shown; only the record is required.
+
+use std::fmt::Write as _;
+use std::io::Write;
+
+use serde_json::Value;
+
+use super::{Ctx, emit, graph, history};
+use crate::args::DescribeWhat;
+use crate::client::{Call, CliError};
+use crate::render::{self, Cell, Table, now_ms, paint, s};
+
+/// History entries shown.
+const HISTORY: u32 = 10;
+
+pub async fn run(ctx: &Ctx, what: DescribeWhat, out: &mut dyn Write) -> Result<(), CliError> {
+    let DescribeWhat::Cluster { name, zone } = what;
+    let record = Call::new(&["clusters", &name]).q("zoneName", &zone);
+    let graph = Call::new(&["graph"])
+        .q("zoneName", &zone)
+        .q("clusterName", &name)
+        .q("depth", "1");
+    let drift = Call::new(&["clusters", &name, "drift"]).q("zoneName", &zone);
+    let history = Call::new(&["clusters", &name, "history"])
+        .q("zoneName", &zone)
+        .q("limit", HISTORY.to_string());
+    let (record, graph, drift, history) = tokio::join!(
+        ctx.api.get(&record),
+        ctx.api.get(&graph),
+        ctx.api.get(&drift),
+        ctx.api.get(&history),
+    );
+    let view = record?
+        .as_array()
+        .and_then(|a| a.first().cloned())
+        .ok_or_else(|| CliError::Body {
+            what: format!("GET /clusters/{name}"),
+            reason: "an empty list".into(),
+        })?;
+    let sections = Sections {
+        graph: graph.map_err(|e| e.to_string()),
+        drift: drift.map_err(|e| e.to_string()),
+        history: history.map_err(|e| e.to_string()),
+    };
+    emit(out, &describe(&view, &sections, now_ms(), ctx.width))
+}
+
+/// The reads besides the record, each with its answer or why it failed.
+#[derive(Debug)]
+pub struct Sections {
+    pub graph: Result<Value, String>,
+    pub drift: Result<Value, String>,
+    pub history: Result<Value, String>,
+}
+
+/// Labels and keys of the record's fields, in the order shown; empty optional
+/// fields are left out.
+const FIELDS: &[(&str, &str, bool)] = &[
+    ("Name", "name", true),
+    ("Owner", "owner", true),
+    ("Owner URL", "ownerURL", false),
+    ("Version", "version", true),
+    ("Capability", "capability", false),
+    ("Business impact", "businessImpact", false),
+    ("Runtime", "runtime", false),
+    ("Description", "description", false),
+    ("Documentation", "documentation", false),
+    ("API endpoint", "apiEndpoint", false),
+    ("API spec", "apiSpecEndpoint", false),
+    ("Prometheus job", "prometheusJob", false),
+    ("Metrics template", "metricsTemplate", false),
+    ("Cluster ID", "clusterID", false),
+    ("Mesh ID", "meshID", false),
+];
+
+const LABEL: usize = 18;
+
+fn field(out: &mut String, label: &str, value: &str) {
+    let _ = writeln!(
+        out,
+        "{}{value}",
+        paint(render::BOLD, &format!("{label:<LABEL$}"))
+    );
+}
+
+/// The description as text.
+pub fn describe(view: &Value, sections: &Sections, now: i64, width: Option<usize>) -> String {
+    let mut out = String::new();
+    let zone = s(view, "zoneName");
+    let cluster = s(view, "clusterName");
+    field(&mut out, "Cluster:", cluster);
+    field(&mut out, "Zone:", zone);
+    for (label, key, always) in FIELDS {
+        let v = s(view, key);
+        if *always || !v.is_empty() {
+            field(&mut out, &format!("{label}:"), &render::or_dash(v));
+        }
+    }
+    let list = |key: &str| {
+        view[key]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|v| v.as_str().unwrap_or("").to_owned())
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default()
+    };
+    for (label, key) in [
+        ("Protocols:", "protocols"),
+        ("Dependencies:", "dependencies"),
+    ] {
+        let items = list(key);
+        if !items.is_empty() {
+            field(&mut out, label, &items.join(", "));
+        }
+    }
+    for l in view["externalLinks"].as_array().into_iter().flatten() {
+        field(
+            &mut out,
+            "Link:",
+            &format!("{} {}", s(l, "name"), s(l, "link")),
+        );
+    }
+    let (min, max) = (
+        view["minInstances"].as_i64().unwrap_or(0),
+        view["maxInstances"].as_i64().unwrap_or(0),
+    );
+    field(
+        &mut out,
+        "Instances wanted:",
+        &if max > 0 {
+            format!("{min} to {max}")
+        } else {
+            format!("at least {min}")
+        },
+    );
+    field(
+        &mut out,
+        "Metrics:",
+        &format!(
+            "instance {}, historical {}, port {}",
+            on_off(&view["enableInstanceMetrics"]),
+            on_off(&view["enableHistoricalMetrics"]),
+            view["metricsPort"].as_i64().unwrap_or(0)
+        ),
+    );
+
+    let status = s(view, "status");
+    field(
+        &mut out,
+        "Status:",
+        &format!(
+            "{} ({})",
+            paint(render::status_style(status), status),
+            status_reason(view)
+        ),
+    );
+    let entries: &[Value] = sections
+        .history
+        .as_ref()
+        .map_or(&[], |h| history::entries(h));
+    if let Some(change) = entries.iter().find(|e| s(e, "kind") == "status-changed") {
+        field(
+            &mut out,
+            "Last change:",
+            &format!(
+                "{} ago, {}",
+                render::age(change["atMs"].as_i64().unwrap_or(0), now),
+                history::detail("status-changed", &change["detail"])
+            ),
+        );
+    }
+
+    out.push('\n');
+    let instances = view["instances"].as_array().map_or(&[][..], Vec::as_slice);
+    if view["authorized"] == Value::Bool(false) {
+        out.push_str("Instances: hidden (live data needs the read token)\n");
+    } else if instances.is_empty() {
+        out.push_str("Instances: none live\n");
+    } else {
+        let _ = writeln!(out, "Instances ({}):", instances.len());
+        let mut t = Table::new(&["NAME", "STARTED", "AGE"]);
+        for i in instances {
+            let start = i["startTime"].as_i64().unwrap_or(0);
+            t.row(vec![
+                s(i, "name").into(),
+                render::time(start).into(),
+                render::age(start, now).into(),
+            ]);
+        }
+        out.push_str(&indent(&t.render(width.map(|w| w.saturating_sub(2)))));
+    }
+
+    out.push('\n');
+    match &sections.graph {
+        Ok(g) => {
+            let id = format!("{zone}/{cluster}");
+            let window = g["windowSeconds"].as_u64().unwrap_or(0);
+            let edges = g["edges"].as_array().map_or(&[][..], Vec::as_slice);
+            for (title, mine, other) in [
+                ("Callers", "target", "source"),
+                ("Callees", "source", "target"),
+            ] {
+                let list: Vec<&Value> = edges.iter().filter(|e| s(e, mine) == id).collect();
+                if list.is_empty() {
+                    let _ = writeln!(out, "{title}: none");
+                    continue;
+                }
+                let _ = writeln!(out, "{title} ({}):", list.len());
+                let mut t =
+                    Table::new(&[if title == "Callers" { "FROM" } else { "TO" }, "TRAFFIC"]);
+                for e in list {
+                    let style = if e["errorRatio"].as_f64().unwrap_or(0.0) > 0.05 {
+                        render::RED
+                    } else {
+                        render::PLAIN
+                    };
+                    t.row(vec![
+                        s(e, other).into(),
+                        Cell::styled(graph::edge_words(e, window), style),
+                    ]);
+                }
+                out.push_str(&indent(&t.render(width.map(|w| w.saturating_sub(2)))));
+            }
+        }
+        Err(why) => {
+            let _ = writeln!(out, "Callers and callees: unavailable: {why}");
+        }
+    }
+
+    out.push('\n');
+    match &sections.drift {
+        Ok(d) => out.push_str(&drift(d)),
+        Err(why) => {
+            let _ = writeln!(out, "Drift: unavailable: {why}");
+        }
+    }
+
+    out.push('\n');
+    match &sections.history {
+        Ok(_) if entries.is_empty() => out.push_str("History: no entries\n"),
+        Ok(_) => {
+            let _ = writeln!(out, "History (last {}, newest first):", entries.len());
+            out.push_str(&indent(
+                &history::table(entries, false).render(width.map(|w| w.saturating_sub(2))),
+            ));
+        }
+        Err(why) => {
+            let _ = writeln!(out, "History: unavailable: {why}");
+        }
+    }
+    out
+}
+
+fn on_off(v: &Value) -> &'static str {
+    if v.as_bool().unwrap_or(false) {
+        "on"
+    } else {
+        "off"
+    }
+}
+
+fn indent(text: &str) -> String {
+    text.lines().map(|l| format!("  {l}\n")).collect()
+}
+
+/// Why the cluster has its status, from the rules of `docs/status.md` and what the
+/// view shows: the live instances against minInstances and maxInstances; a warning
+/// within those bounds can only be the error ratio.
+pub fn status_reason(view: &Value) -> String {
+    if view["authorized"] == Value::Bool(false) {
+        return "the reason needs the read token: instances are live data".into();
+    }
+    let live = view["instances"].as_array().map_or(0, Vec::len) as i64;
+    let min = view["minInstances"].as_i64().unwrap_or(0);
+    let max = view["maxInstances"].as_i64().unwrap_or(0);
+    let n = |k: i64| format!("{k} live instance{}", if k == 1 { "" } else { "s" });
+    match s(view, "status") {
+        "down" => "no live instance".into(),
+        "warning" if live < min => format!("{}, fewer than minInstances {min}", n(live)),
+        "warning" if max > 0 && live > max => {
+            format!("{}, more than maxInstances {max}", n(live))
+        }
+        "warning" => format!(
+            "{}, but the error ratio of the last report window is above the warning threshold",
+            n(live)
+        ),
+        "stable" => format!(
+            "{} within the wanted count, error ratio under the warning threshold",
+            n(live)
+        ),
+        other => format!("status {other}"),
+    }
+}
+
+/// The drift section.
+fn drift(d: &Value) -> String {
+    let groups = d["groups"].as_array().map_or(&[][..], Vec::as_slice);
+    let mut out = String::new();
+    if d["drifted"] != Value::Bool(true) {
+        let hash = groups
+            .first()
+            .and_then(|g| g["configHash"].as_str())
+            .map_or_else(String::new, |h| format!(" (configuration {h})"));
+        let _ = writeln!(
+            out,
+            "Drift: none{}",
+            if groups.is_empty() {
+                ": no live instance".to_owned()
+            } else {
+                format!(": every live instance runs one configuration{hash}")
+            }
+        );
+        return out;
+    }
+    let differs: Vec<&str> = d["differs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    let _ = writeln!(
+        out,
+        "Drift: {} ({} configurations; {} differ)",
+        paint(render::YELLOW, "drifted"),
+        groups.len(),
+        differs.join(", ")
+    );
+    for g in groups {
+        let names: Vec<&str> = g["instances"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        let _ = writeln!(
+            out,
+            "  {}: {}",
+            g["configHash"].as_str().unwrap_or("no hash reported"),
+            names.join(", ")
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn view(status: &str, instances: usize, min: i64, max: i64) -> Value {
+        let list: Vec<Value> = (0..instances)
+            .map(|i| json!({"name": format!("catalog-{i}"), "startTime": 1_700_000_000_000i64}))
+            .collect();
+        json!({"zoneName": "local", "clusterName": "catalog", "name": "Catalog",
+               "owner": "team-catalog", "ownerURL": "https://teams.example/catalog",
+               "version": "1.4.2", "minInstances": min, "maxInstances": max,
+               "dependencies": ["ledger"], "protocols": ["http"],
+               "enableInstanceMetrics": true, "metricsPort": 9901,
+               "authorized": true, "instances": list, "status": status})
+    }
+
+    #[test]
+    fn status_reasons_follow_the_rules() {
+        assert_eq!(status_reason(&view("down", 0, 1, 0)), "no live instance");
+        assert_eq!(
+            status_reason(&view("warning", 1, 2, 0)),
+            "1 live instance, fewer than minInstances 2"
+        );
+        assert_eq!(
+            status_reason(&view("warning", 3, 1, 2)),
+            "3 live instances, more than maxInstances 2"
+        );
+        assert!(status_reason(&view("warning", 2, 1, 0)).contains("error ratio"));
+        assert!(status_reason(&view("stable", 2, 1, 0)).starts_with("2 live instances within"));
+        let mut hidden = view("stable", 0, 0, 0);
+        hidden["authorized"] = json!(false);
+        assert!(status_reason(&hidden).contains("read token"));
+    }
+
+    #[test]
+    fn a_whole_description() {
+        let graph = json!({"windowSeconds": 60, "nodes": [], "edges": [
+            {"source": "local/edge", "target": "local/catalog", "requests": 12, "rps": 0.2,
+             "errors": 0, "errorRatio": 0.0, "p50Ms": 1.0, "p99Ms": 4.0, "tls": false,
+             "observed": true, "declared": true, "lastSeenMs": 1},
+            {"source": "local/catalog", "target": "local/ledger", "requests": 0, "rps": 0.0,
+             "errors": 0, "errorRatio": 0.0, "p50Ms": null, "p99Ms": null, "tls": false,
+             "observed": false, "declared": true, "lastSeenMs": null}]});
+        let drift = json!({"drifted": true, "differs": ["routes"], "groups": [
+            {"configHash": "3f2a", "instances": ["catalog-0"]},
+            {"configHash": "9c1d", "instances": ["catalog-1"]}]});
+        let history = json!([
+            {"id": 2, "atMs": 1_700_000_300_000i64, "kind": "status-changed", "zoneName": "local",
+             "clusterName": "catalog", "instance": "",
+             "detail": {"from": "down", "to": "stable", "reason": "1 live instance"}},
+            {"id": 1, "atMs": 1_700_000_000_000i64, "kind": "cluster-registered", "zoneName": "local",
+             "clusterName": "catalog", "instance": "", "detail": {}}]);
+        let sections = Sections {
+            graph: Ok(graph),
+            drift: Ok(drift),
+            history: Ok(history),
+        };
+        let now = 1_700_000_600_000;
+        let text =
+            anstream::adapter::strip_str(&describe(&view("stable", 2, 1, 0), &sections, now, None))
+                .to_string();
+        for want in [
+            "Cluster:          catalog\n",
+            "Zone:             local\n",
+            "Owner:            team-catalog\n",
+            "Owner URL:        https://teams.example/catalog\n",
+            "Dependencies:     ledger\n",
+            "Instances wanted: at least 1\n",
+            "Status:           stable (2 live instances within",
+            "Last change:      5m ago, down -> stable: 1 live instance\n",
+            "Instances (2):\n  NAME        STARTED                AGE\n  catalog-0   2023-11-14T22:13:20Z   10m\n",
+            "Callers (1):\n  FROM         TRAFFIC\n  local/edge   12 requests (0.2/s), 0 errors (0.0%), p50 1ms, p99 4ms, plaintext, observed, declared\n",
+            "Callees (1):\n  TO             TRAFFIC\n  local/ledger   0 requests",
+            "Drift: drifted (2 configurations; routes differ)\n  3f2a: catalog-0\n  9c1d: catalog-1\n",
+            "History (last 2, newest first):\n  TIME ",
+            "cluster-registered",
+        ] {
+            assert!(text.contains(want), "{want:?} in:\n{text}");
+        }
+        assert!(
+            !text.contains("Capability:"),
+            "empty optional fields are left out: {text}"
+        );
+
+        let failed = Sections {
+            graph: Err("GET /graph: A read token is configured (403 forbidden)".into()),
+            drift: Ok(
+                json!({"drifted": false, "differs": [], "groups": [{"configHash": "3f2a", "instances": ["catalog-0"]}]}),
+            ),
+            history: Err("GET /clusters/catalog/history: No resource (404 not_found)".into()),
+        };
+        let text =
+            anstream::adapter::strip_str(&describe(&view("down", 0, 1, 0), &failed, now, None))
+                .to_string();
+        assert!(
+            text.contains("Callers and callees: unavailable: GET /graph: A read token"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "Drift: none: every live instance runs one configuration (configuration 3f2a)"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("History: unavailable: "), "{text}");
+        assert!(text.contains("Instances: none live"), "{text}");
+    }
+}

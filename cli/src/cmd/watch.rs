@@ -1,0 +1,256 @@
+//! `meshcat watch`: one line per event of `GET /events` (contract section 11) until
+//! interrupted. A stream that ends or goes silent past its heartbeats is reopened
+//! with `Last-Event-ID`, so nothing is missed while the aggregator keeps the events;
+//! a `reset` (too far behind, or another replica) is printed and the stream is
+//! reopened from now. SIGINT or SIGTERM ends it with status 0.
+
+use std::io::Write;
+use std::time::Duration;
+
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use super::{Ctx, emit, history};
+use crate::args::{WatchArgs, WatchFormat};
+use crate::client::{Api, Call, CliError, error_chain};
+use crate::render::{self, now_ms, s};
+use crate::sse::{Event, Parser};
+
+/// Silence after which the stream is taken for dead: the aggregator sends a comment
+/// every 15 s by default.
+const IDLE: Duration = Duration::from_secs(60);
+/// Reconnection delays: from the first, doubling up to the last.
+const BACKOFF_MIN: Duration = Duration::from_millis(500);
+const BACKOFF_MAX: Duration = Duration::from_secs(10);
+
+pub async fn run(ctx: &Ctx, args: WatchArgs, out: &mut dyn Write) -> Result<(), CliError> {
+    let api = ctx.api.streaming()?;
+    let stop = stopped();
+    tokio::pin!(stop);
+    tokio::select! {
+        r = follow(&api, &args, out) => r,
+        () = &mut stop => Ok(()),
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn stopped() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// How one stream ended.
+enum Ended {
+    /// The server sent `reset`: reopen from now.
+    Reset,
+    /// It closed or went silent: reopen from the last id.
+    Closed(String),
+}
+
+async fn follow(api: &Api, args: &WatchArgs, out: &mut dyn Write) -> Result<(), CliError> {
+    let mut last_id: Option<String> = None;
+    let mut opened_once = false;
+    let mut delay = BACKOFF_MIN;
+    loop {
+        match stream(api, args, &mut opened_once, &mut last_id, out).await {
+            Ok(Ended::Reset) => {
+                last_id = None;
+                delay = BACKOFF_MIN;
+                continue;
+            }
+            Ok(Ended::Closed(why)) => {
+                eprintln!("meshcat: the event stream {why}; reconnecting.");
+            }
+            // Until a stream has opened, a refusal or an unreachable API is the
+            // command's error; afterwards the aggregator may be restarting.
+            Err(e) if !opened_once || matches!(e, CliError::Closed) => return Err(e),
+            Err(e) => eprintln!("meshcat: {e}; reconnecting in {delay:?}."),
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(BACKOFF_MAX);
+    }
+}
+
+async fn stream(
+    api: &Api,
+    args: &WatchArgs,
+    opened_once: &mut bool,
+    last_id: &mut Option<String>,
+    out: &mut dyn Write,
+) -> Result<Ended, CliError> {
+    let call = Call::new(&["events"])
+        .q_opt("zoneName", args.zone.clone())
+        .q_opt("clusterName", args.cluster.clone());
+    let since = last_id.clone();
+    let mut headers = vec![("accept", "text/event-stream")];
+    if let Some(id) = &since {
+        headers.push(("last-event-id", id.as_str()));
+    }
+    let mut resp = api.send(Method::GET, &call, None, &headers).await?;
+    if !*opened_once {
+        eprintln!(
+            "meshcat: watching the events of {} (Ctrl-C stops).",
+            api.base()
+        );
+        *opened_once = true;
+    }
+    let mut parser = Parser::default();
+    loop {
+        let chunk = match tokio::time::timeout(IDLE, resp.chunk()).await {
+            Err(_) => return Ok(Ended::Closed(format!("was silent for {IDLE:?}"))),
+            Ok(Err(e)) => return Ok(Ended::Closed(format!("broke: {}", error_chain(&e)))),
+            Ok(Ok(None)) => return Ok(Ended::Closed("ended".into())),
+            Ok(Ok(Some(c))) => c,
+        };
+        let events = parser
+            .push(&chunk)
+            .map_err(|e| CliError::Failed(e.to_string()))?;
+        for e in events {
+            if let Some(id) = &e.id {
+                *last_id = Some(id.clone());
+            }
+            let text = match args.output {
+                WatchFormat::Table => format!("{}\n", line(&e, now_ms())),
+                WatchFormat::Json => format!("{}\n", json_line(&e)),
+            };
+            emit(out, &text)?;
+            if e.event == "reset" {
+                return Ok(Ended::Reset);
+            }
+        }
+    }
+}
+
+/// An event as one JSON object: `{"id", "event", "data"}`, data parsed when it is JSON.
+pub fn json_line(e: &Event) -> Value {
+    json!({
+        "id": e.id,
+        "event": e.event,
+        "data": serde_json::from_str::<Value>(&e.data).unwrap_or_else(|_| Value::String(e.data.clone())),
+    })
+}
+
+/// An event as one line: the time it arrived, its name, and what it says.
+pub fn line(e: &Event, now: i64) -> String {
+    let d: Value = serde_json::from_str(&e.data).unwrap_or(Value::Null);
+    let place = |d: &Value| {
+        [s(d, "zoneName"), s(d, "clusterName"), s(d, "instance")]
+            .into_iter()
+            .filter(|p| !p.is_empty())
+            .collect::<Vec<_>>()
+            .join("/")
+    };
+    let what = match e.event.as_str() {
+        "cluster" => {
+            let status = s(&d, "status");
+            let instances = if d["authorized"] == Value::Bool(false) {
+                "instances hidden".to_owned()
+            } else {
+                let n = d["instances"].as_array().map_or(0, Vec::len);
+                format!("{n} instance{}", if n == 1 { "" } else { "s" })
+            };
+            format!(
+                "{} {}, {instances}",
+                place(&d),
+                render::paint(render::status_style(status), status)
+            )
+        }
+        "cluster-deleted" | "zone-deleted" | "graph" => place(&d),
+        "zone" => format!("{} (server {})", place(&d), s(&d, "serverAddress")),
+        "summary" => format!(
+            "{} clusters: {} stable, {} warning, {} down; {} instances",
+            d["clusterCount"],
+            d["clusterStableCount"],
+            d["clusterWarningCount"],
+            d["clusterDownCount"],
+            d["instanceCount"]
+        ),
+        "history" => format!(
+            "{} {} {}",
+            s(&d, "kind"),
+            place(&d),
+            history::detail(s(&d, "kind"), &d["detail"])
+        ),
+        "reset" => "events were missed; following from now on".to_owned(),
+        _ => e.data.clone(),
+    };
+    format!("{} {} {what}", render::time(now), e.event)
+        .trim_end()
+        .to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(name: &str, data: Value) -> Event {
+        Event {
+            id: Some("42".into()),
+            event: name.into(),
+            data: data.to_string(),
+        }
+    }
+
+    #[test]
+    fn one_line_per_event() {
+        let now = 1_700_000_000_000;
+        let plain = |e: &Event| anstream::adapter::strip_str(&line(e, now)).to_string();
+        assert_eq!(
+            plain(&event(
+                "cluster",
+                json!({"zoneName": "local", "clusterName": "catalog", "status": "stable",
+                       "authorized": true, "instances": [{"name": "catalog-0", "startTime": 1}]})
+            )),
+            "2023-11-14T22:13:20Z cluster local/catalog stable, 1 instance"
+        );
+        assert_eq!(
+            plain(&event(
+                "cluster-deleted",
+                json!({"zoneName": "local", "clusterName": "catalog"})
+            )),
+            "2023-11-14T22:13:20Z cluster-deleted local/catalog"
+        );
+        assert_eq!(
+            plain(&event(
+                "summary",
+                json!({"zoneCount": 1, "clusterCount": 3, "clusterStableCount": 2,
+                "clusterWarningCount": 1, "clusterDownCount": 0, "instanceCount": 4})
+            )),
+            "2023-11-14T22:13:20Z summary 3 clusters: 2 stable, 1 warning, 0 down; 4 instances"
+        );
+        assert_eq!(
+            plain(&event(
+                "history",
+                json!({"id": 9, "atMs": now, "kind": "instance-left", "zoneName": "local",
+                "clusterName": "catalog", "instance": "catalog-0", "detail": {"reason": "expired"}})
+            )),
+            "2023-11-14T22:13:20Z history instance-left local/catalog/catalog-0 reason: expired"
+        );
+        assert_eq!(
+            plain(&event("reset", json!({}))),
+            "2023-11-14T22:13:20Z reset events were missed; following from now on"
+        );
+        let j = json_line(&event("zone-deleted", json!({"zoneName": "z"})));
+        assert_eq!(
+            j,
+            json!({"id": "42", "event": "zone-deleted", "data": {"zoneName": "z"}})
+        );
+    }
+}

@@ -1,0 +1,732 @@
+//! The `meshcat` binary end to end, as an operator runs it: against a real aggregator
+//! (write token set) with a real Envoy sidecar and its agent. One mesh serves the
+//! whole story, in order: catalog as code from `examples/catalog/` (refused without
+//! the token, dry run, create, re-apply, edit, prune, a bad document), `get` in its
+//! three formats and colours only on a terminal, `describe`, the sidecar's log level
+//! through to Envoy, `graph`, `delete`, `check` on a healthy mesh, `watch` until
+//! SIGINT, and `check` failing once the agent stops. Cheaper checks (completion
+//! scripts, bad usage, an unreachable API) have their own tests.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use meshcat_tests::mesh::{Catalog, MeshAgent, Sidecar, metric_sum};
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+
+const TOKEN: &str = "e2e-write-token";
+const DEADLINE: Duration = Duration::from_secs(30);
+
+/// What a run of the binary left.
+#[derive(Debug)]
+struct Run {
+    code: i32,
+    out: String,
+    err: String,
+}
+
+impl Run {
+    fn lines(&self) -> Vec<&str> {
+        self.out.lines().collect()
+    }
+}
+
+fn binary() -> &'static str {
+    env!("CARGO_BIN_EXE_meshcat")
+}
+
+/// The binary with a clean environment: no `MESHCAT_*` or colour settings leak in.
+fn command(args: &[&str]) -> tokio::process::Command {
+    let mut c = tokio::process::Command::new(binary());
+    c.args(args)
+        .env_remove("MESHCAT_API")
+        .env_remove("MESHCAT_TOKEN_FILE")
+        .env_remove("MESHCAT_TIMEOUT")
+        .env_remove("NO_COLOR")
+        .env_remove("CLICOLOR_FORCE")
+        .env_remove("CLICOLOR")
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    c
+}
+
+async fn run(args: &[&str]) -> Run {
+    let out = tokio::time::timeout(Duration::from_secs(60), command(args).output())
+        .await
+        .expect("meshcat ends by itself")
+        .expect("meshcat runs");
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        out: String::from_utf8_lossy(&out.stdout).into_owned(),
+        err: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// Runs with the API and the write token.
+async fn admin(api: &str, token: &Path, args: &[&str]) -> Run {
+    let token = token.display().to_string();
+    let mut all = vec!["--api", api, "--token-file", token.as_str()];
+    all.extend_from_slice(args);
+    run(&all).await
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+    }
+}
+
+fn examples() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/catalog")
+}
+
+/// Rewrites a catalog file.
+fn edit(path: &Path, f: impl FnOnce(String) -> String) {
+    let text = std::fs::read_to_string(path).unwrap();
+    let new = f(text.clone());
+    assert_ne!(new, text, "the edit changes {}", path.display());
+    std::fs::write(path, new).unwrap();
+}
+
+/// Drops the YAML document that holds `needle`.
+fn without_document(text: String, needle: &str) -> String {
+    text.split("\n---\n")
+        .filter(|d| !d.contains(needle))
+        .collect::<Vec<_>>()
+        .join("\n---\n")
+}
+
+const CREATED: [&str; 8] = [
+    "created zone/backoffice",
+    "created zone/shop",
+    "created cluster/backoffice/ledger",
+    "created cluster/backoffice/reports",
+    "created cluster/shop/catalog",
+    "created cluster/shop/checkout",
+    "created cluster/shop/edge",
+    "created cluster/shop/reviews",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operators_command_line_against_a_live_mesh() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("write.token");
+    std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
+    let catalog = Catalog::start(|c| {
+        c.tokens.write = Some(TOKEN.into());
+        c.tokens.anonymous_writes = false;
+    })
+    .await
+    .unwrap();
+    let api = catalog.api_url();
+    let files = dir.path().join("catalog");
+    copy_dir(&examples(), &files);
+    let files_arg = files.display().to_string();
+
+    // Without the token the first write is refused: exit 1 with the API's message,
+    // nothing written.
+    let r = run(&["--api", &api, "apply", "-f", &files_arg]).await;
+    assert_eq!(r.code, 1, "{r:?}");
+    assert!(
+        r.err
+            .contains("zone/backoffice: POST /zones: This request needs a valid bearer token. (401 unauthorized)"),
+        "{r:?}"
+    );
+    assert_eq!(catalog.get("/zones").await.unwrap().1, Value::Array(vec![]));
+
+    // A dry run prints what it would do and writes nothing.
+    let r = admin(&api, &token, &["apply", "-f", &files_arg, "--dry-run"]).await;
+    assert_eq!((r.code, r.lines()), (0, CREATED.to_vec()), "{r:?}");
+    assert_eq!(catalog.get("/zones").await.unwrap().1, Value::Array(vec![]));
+
+    let r = admin(&api, &token, &["apply", "-f", &files_arg]).await;
+    assert_eq!((r.code, r.lines()), (0, CREATED.to_vec()), "{r:?}");
+    let (_, clusters) = catalog.get("/clusters").await.unwrap();
+    assert_eq!(clusters.as_array().unwrap().len(), 6, "{clusters}");
+    // Six clusters, one bulk POST /clusters.
+    let posts = metric_sum(
+        &catalog.ops_metrics().await.unwrap(),
+        "meshcat_api_requests_total",
+        &[("route", "/clusters"), ("method", "POST"), ("code", "201")],
+    );
+    assert_eq!(posts, Some(1.0));
+    let reports = catalog.cluster("backoffice", "reports").await.unwrap();
+    assert_eq!(
+        reports["dependencies"],
+        serde_json::json!(["ledger", "shop/catalog"])
+    );
+
+    // The same files again: nothing to do.
+    let r = admin(&api, &token, &["apply", "-f", &files_arg]).await;
+    assert_eq!(r.code, 0, "{r:?}");
+    assert_eq!(r.lines().len(), 8, "{r:?}");
+    assert!(
+        r.lines().iter().all(|l| l.starts_with("unchanged ")),
+        "{r:?}"
+    );
+
+    // An edit is an update; under --dry-run it changes nothing.
+    let shop = files.join("shop.yaml");
+    edit(&shop, |t| {
+        t.replacen("owner: team-catalog\n", "owner: team-search\n", 1)
+    });
+    for dry in [true, false] {
+        let mut args = vec!["apply", "-f", &files_arg];
+        if dry {
+            args.push("--dry-run");
+        }
+        let r = admin(&api, &token, &args).await;
+        assert_eq!(r.code, 0, "{r:?}");
+        let updated: Vec<&str> = r
+            .lines()
+            .into_iter()
+            .filter(|l| !l.starts_with("unchanged "))
+            .collect();
+        assert_eq!(updated, ["updated cluster/shop/catalog"], "{r:?}");
+        let owner = catalog.cluster("shop", "catalog").await.unwrap()["owner"].clone();
+        assert_eq!(
+            owner,
+            if dry { "team-catalog" } else { "team-search" },
+            "dry run {dry}"
+        );
+    }
+
+    // A cluster left out of the files stays, unless --prune.
+    edit(&shop, |t| without_document(t, "clusterName: reviews"));
+    let r = admin(&api, &token, &["apply", "-f", &files_arg]).await;
+    assert!(
+        r.lines().iter().all(|l| l.starts_with("unchanged ")),
+        "{r:?}"
+    );
+    assert!(catalog.cluster("shop", "reviews").await.is_ok());
+    let r = admin(&api, &token, &["apply", "-f", &files_arg, "--prune"]).await;
+    assert_eq!(r.code, 0, "{r:?}");
+    assert_eq!(
+        r.lines().last(),
+        Some(&"deleted cluster/shop/reviews"),
+        "{r:?}"
+    );
+    assert_eq!(
+        catalog
+            .get("/clusters/reviews?zoneName=shop")
+            .await
+            .unwrap()
+            .0,
+        404
+    );
+
+    // A bad document: exit 2 naming the file, the document and why; the good
+    // document beside it is not written either.
+    let bad = files.join("bad.yaml");
+    std::fs::write(
+        &bad,
+        "kind: Cluster\nzoneName: shop\nclusterName: search\nname: Search\n---\n\
+         kind: Cluster\nzoneName: shop\nclusterName: broken\nname: Broken\nminInstances: 3\nmaxInstances: 1\n",
+    )
+    .unwrap();
+    let r = admin(&api, &token, &["apply", "-f", &files_arg]).await;
+    assert_eq!(r.code, 2, "{r:?}");
+    assert!(r.out.is_empty(), "{r:?}");
+    assert!(
+        r.err.contains(&format!(
+            "{}: document 2 (cluster/shop/broken): minInstances must not exceed maxInstances",
+            bad.display()
+        )),
+        "{r:?}"
+    );
+    assert_eq!(
+        catalog
+            .get("/clusters/search?zoneName=shop")
+            .await
+            .unwrap()
+            .0,
+        404,
+        "nothing written"
+    );
+    std::fs::remove_file(&bad).unwrap();
+
+    get_in_three_formats(&catalog, &api).await;
+
+    // The live part: a real Envoy for shop/catalog and its agent.
+    let sidecar = Sidecar::start().await.unwrap();
+    let agent = MeshAgent::for_sidecar(&catalog, &sidecar, "shop", "catalog", "catalog-0", "300ms")
+        .await
+        .unwrap();
+    catalog
+        .wait_cluster("catalog live", "shop", "catalog", DEADLINE, |c| {
+            c["status"] == "stable"
+        })
+        .await
+        .unwrap();
+
+    describe(&api).await;
+    log_level(&api, &token, &sidecar).await;
+    graph(&catalog, &api).await;
+
+    // Down to what runs: the zone backoffice goes, and the shop keeps only catalog.
+    let r = admin(&api, &token, &["delete", "zone", "backoffice"]).await;
+    assert_eq!(
+        (r.code, r.out.as_str()),
+        (0, "deleted zone/backoffice\n"),
+        "{r:?}"
+    );
+    assert_eq!(catalog.get("/zones/backoffice").await.unwrap().0, 404);
+    std::fs::remove_file(files.join("backoffice.json")).unwrap();
+    edit(&files.join("zones.yaml"), |t| {
+        without_document(t, "zoneName: backoffice")
+    });
+    for gone in ["clusterName: edge", "clusterName: checkout"] {
+        edit(&shop, |t| without_document(t, gone));
+    }
+    let r = admin(&api, &token, &["apply", "-f", &files_arg, "--prune"]).await;
+    assert_eq!(
+        (r.code, r.lines()),
+        (
+            0,
+            vec![
+                "unchanged zone/shop",
+                "unchanged cluster/shop/catalog",
+                "deleted cluster/shop/checkout",
+                "deleted cluster/shop/edge",
+            ]
+        ),
+        "{r:?}"
+    );
+
+    // A healthy mesh: every item passes.
+    let r = admin(&api, &token, &["check"]).await;
+    assert_eq!(r.code, 0, "{r:?}");
+    for want in [
+        "[ok]   API reachable\n",
+        "[ok]   API ready\n",
+        "[ok]   token accepted: grants write\n",
+        "[ok]   zone shop has a connected agent: 1 agent reporting 1 instance\n",
+        "[ok]   no cluster down\n",
+        "[ok]   no drifted cluster\n",
+        "[ok]   no recent agent rejections: none in the last 5m\n",
+        "Status check results are ok\n",
+    ] {
+        assert!(r.out.contains(want), "{want:?}: {r:?}");
+    }
+
+    watch(&api, &token).await;
+    let r = admin(
+        &api,
+        &token,
+        &["delete", "cluster", "search", "--zone", "shop"],
+    )
+    .await;
+    assert_eq!(
+        (r.code, r.out.as_str()),
+        (0, "deleted cluster/shop/search\n"),
+        "{r:?}"
+    );
+    let r = admin(
+        &api,
+        &token,
+        &["delete", "cluster", "search", "--zone", "shop"],
+    )
+    .await;
+    assert_eq!(r.code, 1, "{r:?}");
+    assert!(r.err.contains("(404 not_found)"), "{r:?}");
+
+    // The agent stops: its zone has no agent and catalog is down; check says so.
+    agent.stop().await.unwrap();
+    catalog
+        .wait_cluster("catalog down", "shop", "catalog", DEADLINE, |c| {
+            c["status"] == "down"
+        })
+        .await
+        .unwrap();
+    let r = admin(&api, &token, &["check"]).await;
+    assert_eq!(r.code, 1, "{r:?}");
+    assert!(
+        r.out.contains(
+            "[FAIL] zone shop has a connected agent: no connected agent reports an instance of it\n"
+        ),
+        "{r:?}"
+    );
+    assert!(
+        r.out
+            .contains("[FAIL] no cluster down: 1 down: shop/catalog\n"),
+        "{r:?}"
+    );
+    assert!(
+        r.err
+            .contains("check failed: zone shop has a connected agent; no cluster down"),
+        "{r:?}"
+    );
+}
+
+/// `get clusters|zones|cluster` as tables, JSON (the API's answer) and YAML (the same
+/// data), with filters; colours only on a terminal, and not under NO_COLOR.
+async fn get_in_three_formats(catalog: &Catalog, api: &str) {
+    let r = run(&["--api", api, "get", "clusters"]).await;
+    assert_eq!(r.code, 0, "{r:?}");
+    let lines = r.lines();
+    assert_eq!(
+        lines[0].split_whitespace().collect::<Vec<_>>(),
+        ["ZONE", "CLUSTER", "OWNER", "STATUS", "INSTANCES", "VERSION"]
+    );
+    assert_eq!(lines.len(), 6, "{r:?}");
+    assert_eq!(
+        lines[3].split_whitespace().collect::<Vec<_>>(),
+        ["shop", "catalog", "team-search", "down", "0", "2.3.1"],
+        "{r:?}"
+    );
+    assert!(!r.out.contains('\u{1b}'), "no colours into a pipe: {r:?}");
+
+    for (args, path) in [
+        (vec!["get", "clusters"], "/clusters"),
+        (vec!["get", "zones"], "/zones"),
+        (
+            vec!["get", "cluster", "catalog", "--zone", "shop"],
+            "/clusters/catalog?zoneName=shop",
+        ),
+        (
+            vec!["get", "clusters", "--owner", "team-finance"],
+            "/clusters?owner=team-finance",
+        ),
+    ] {
+        let (_, want) = catalog.get(path).await.unwrap();
+        for format in ["json", "yaml"] {
+            let mut all = vec!["--api", api];
+            all.extend_from_slice(&args);
+            all.extend(["-o", format]);
+            let r = run(&all).await;
+            assert_eq!(r.code, 0, "{r:?}");
+            let got: Value = if format == "json" {
+                serde_json::from_str(&r.out).unwrap()
+            } else {
+                serde_saphyr::from_str(&r.out).unwrap()
+            };
+            assert_eq!(got, want, "{args:?} -o {format}");
+        }
+    }
+    let r = run(&["--api", api, "get", "zones"]).await;
+    assert_eq!(
+        r.lines()[0].split_whitespace().collect::<Vec<_>>(),
+        ["ZONE", "SERVER-ADDRESS", "REQUEST-CLUSTER", "TLS"]
+    );
+    assert!(r.out.contains("control.shop.svc:50000"), "{r:?}");
+    let r = run(&["--api", api, "get", "clusters", "--status", "stable"]).await;
+    assert_eq!(r.lines().len(), 1, "only the header: {r:?}");
+    let r = run(&["--api", api, "get", "cluster", "nope", "--zone", "shop"]).await;
+    assert_eq!(r.code, 1, "{r:?}");
+    assert!(r.err.contains("(404 not_found)"), "{r:?}");
+
+    // On a terminal the statuses have colours, unless NO_COLOR.
+    let line = format!("{} --api {api} get clusters", binary());
+    for (no_color, coloured) in [(false, true), (true, false)] {
+        let mut c = tokio::process::Command::new("script");
+        c.args(["-qec", &line, "/dev/null"])
+            .env_remove("CLICOLOR_FORCE")
+            .env_remove("CLICOLOR")
+            .env("TERM", "xterm")
+            .stdin(Stdio::null());
+        if no_color {
+            c.env("NO_COLOR", "1");
+        } else {
+            c.env_remove("NO_COLOR");
+        }
+        let out = c.output().await.expect("script(1) runs");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{text}");
+        assert!(text.contains("catalog"), "{text}");
+        assert_eq!(
+            text.contains("\u{1b}["),
+            coloured,
+            "NO_COLOR={no_color}: {text:?}"
+        );
+    }
+}
+
+async fn describe(api: &str) {
+    let r = run(&[
+        "--api", api, "describe", "cluster", "catalog", "--zone", "shop",
+    ])
+    .await;
+    assert_eq!(r.code, 0, "{r:?}");
+    for want in [
+        "Cluster:          catalog\n",
+        "Zone:             shop\n",
+        "Owner:            team-search\n",
+        "Documentation:    https://docs.example.com/shop/catalog\n",
+        "Link:             runbook https://runbooks.example.com/catalog\n",
+        "Instances wanted: 1 to 6\n",
+        "Status:           stable (1 live instance within the wanted count",
+        "Instances (1):\n  NAME        STARTED ",
+        "Callers (3):\n",
+        "  shop/edge ",
+        "Callees (1):\n  TO             TRAFFIC\n  shop/reviews   0 requests (0.0/s), 0 errors (0.0%), plaintext, no traffic in the last 60s, declared\n",
+        "Drift: none: every live instance runs one configuration (configuration ",
+    ] {
+        assert!(r.out.contains(want), "{want:?} in:\n{}", r.out);
+    }
+    let instance = r
+        .lines()
+        .into_iter()
+        .find(|l| l.trim_start().starts_with("catalog-0 "))
+        .unwrap_or_else(|| panic!("an instance row: {}", r.out));
+    let cells: Vec<&str> = instance.split_whitespace().collect();
+    assert!(
+        cells[1].ends_with('Z') && cells[1].contains('T'),
+        "start time: {instance}"
+    );
+    assert!(
+        cells[2].ends_with('s') || cells[2].ends_with('m'),
+        "age: {instance}"
+    );
+    let r = run(&[
+        "--api", api, "describe", "cluster", "nope", "--zone", "shop",
+    ])
+    .await;
+    assert_eq!(r.code, 1, "{r:?}");
+}
+
+/// The level reaches the real Envoy: read through its admin API after each change.
+async fn log_level(api: &str, token: &Path, sidecar: &Sidecar) {
+    let envoy = || async { sidecar.envoy.uniform_log_level().await.unwrap() };
+    let base = ["log-level"];
+    let target = ["--zone", "shop", "--cluster", "catalog"];
+    let with = |action: &[&'static str], extra: &[&'static str]| -> Vec<&'static str> {
+        base.iter()
+            .chain(action)
+            .chain(&target)
+            .chain(extra)
+            .copied()
+            .collect()
+    };
+    let r = admin(api, token, &with(&["get"], &[])).await;
+    assert_eq!(
+        (r.code, r.lines()),
+        (0, vec!["INSTANCE    LEVEL", "catalog-0   info"]),
+        "{r:?}"
+    );
+    assert_eq!(envoy().await.as_deref(), Some("info"));
+
+    let r = admin(api, token, &with(&["set", "warn"], &[])).await;
+    assert_eq!(
+        (r.code, r.lines()),
+        (0, vec!["INSTANCE    LEVEL", "catalog-0   warn"]),
+        "{r:?}"
+    );
+    assert_eq!(envoy().await.as_deref(), Some("warning"));
+
+    let r = admin(
+        api,
+        token,
+        &with(&["set", "debug"], &["--instance", "catalog-0"]),
+    )
+    .await;
+    assert_eq!(
+        (r.code, r.lines()),
+        (0, vec!["INSTANCE    LEVEL", "catalog-0   debug"]),
+        "{r:?}"
+    );
+    assert_eq!(envoy().await.as_deref(), Some("debug"));
+    let r = admin(api, token, &with(&["get"], &["--instance", "catalog-0"])).await;
+    assert_eq!(
+        r.lines(),
+        ["INSTANCE    LEVEL", "catalog-0   debug"],
+        "{r:?}"
+    );
+
+    // Without the write token: refused, Envoy untouched.
+    let mut args = vec!["--api", api];
+    args.extend(with(&["set", "error"], &[]));
+    let r = run(&args).await;
+    assert_eq!(r.code, 1, "{r:?}");
+    assert!(r.err.contains("(401 unauthorized)"), "{r:?}");
+    assert_eq!(envoy().await.as_deref(), Some("debug"));
+    // An unknown instance is the API's 404.
+    let r = admin(api, token, &with(&["get"], &["--instance", "catalog-9"])).await;
+    assert_eq!(r.code, 1, "{r:?}");
+    let r = admin(api, token, &with(&["set", "info"], &[])).await;
+    assert_eq!(r.code, 0, "{r:?}");
+    assert_eq!(envoy().await.as_deref(), Some("info"));
+}
+
+async fn graph(catalog: &Catalog, api: &str) {
+    let r = run(&["--api", api, "graph", "--zone", "shop", "-o", "json"]).await;
+    assert_eq!(r.code, 0, "{r:?}");
+    let got: Value = serde_json::from_str(&r.out).unwrap();
+    let (_, want) = catalog.get("/graph?zoneName=shop").await.unwrap();
+    assert_eq!(got["nodes"], want["nodes"]);
+    assert_eq!(
+        got["edges"].as_array().map(Vec::len),
+        want["edges"].as_array().map(Vec::len)
+    );
+    let r = run(&[
+        "--api",
+        api,
+        "graph",
+        "--zone",
+        "shop",
+        "--cluster",
+        "catalog",
+        "-o",
+        "dot",
+    ])
+    .await;
+    assert_eq!(r.code, 0, "{r:?}");
+    assert!(r.out.starts_with("digraph meshcat {\n"), "{r:?}");
+    assert!(
+        r.out.contains(
+            "\"shop/catalog\" -> \"shop/reviews\" [label=\"0 req, 0.0% err\", style=dashed];"
+        ),
+        "{r:?}"
+    );
+    let r = run(&["--api", api, "graph"]).await;
+    assert_eq!(r.code, 0, "{r:?}");
+    assert!(r.out.starts_with("NODE "), "{r:?}");
+    assert!(r.out.contains("\nSOURCE "), "{r:?}");
+    // --depth needs --cluster, which needs --zone: bad usage.
+    let r = run(&["--api", api, "graph", "--depth", "2"]).await;
+    assert_eq!(r.code, 2, "{r:?}");
+}
+
+/// `watch` prints a line for a change made while it runs and stops on SIGINT.
+async fn watch(api: &str, token: &Path) {
+    let mut child = command(&["--api", api, "watch", "--zone", "shop"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap()).lines();
+    let first = tokio::time::timeout(DEADLINE, err.next_line())
+        .await
+        .expect("watch says it follows the stream")
+        .unwrap()
+        .unwrap_or_default();
+    assert!(first.contains("watching the events of"), "{first}");
+    let search = tempfile::NamedTempFile::with_suffix(".yaml").unwrap();
+    std::fs::write(
+        search.path(),
+        "kind: Cluster\nzoneName: shop\nclusterName: search\nname: Search\nowner: team-search\n",
+    )
+    .unwrap();
+    let r = admin(
+        api,
+        token,
+        &["apply", "-f", &search.path().display().to_string()],
+    )
+    .await;
+    assert_eq!(r.lines(), ["created cluster/shop/search"], "{r:?}");
+    let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(DEADLINE, async {
+        loop {
+            let line = out.next_line().await.unwrap().expect("watch goes on");
+            if line.contains(" cluster shop/search ") {
+                break line;
+            }
+        }
+    })
+    .await
+    .expect("the watch line of cluster search");
+    assert!(
+        line.ends_with(" cluster shop/search down, 0 instances"),
+        "{line}"
+    );
+    let pid = child.id().unwrap().to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let status = tokio::time::timeout(Duration::from_secs(5), child.wait())
+        .await
+        .expect("watch stops on SIGINT")
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    let mut rest = String::new();
+    let _ = err.into_inner().read_to_string(&mut rest).await;
+    assert!(
+        !rest.contains("meshcat: "),
+        "no error on the way out: {rest}"
+    );
+}
+
+#[tokio::test]
+async fn completion_scripts_for_bash_zsh_and_fish() {
+    for shell in ["bash", "zsh", "fish"] {
+        let r = run(&["completion", shell]).await;
+        assert_eq!(r.code, 0, "{r:?}");
+        for word in ["meshcat", "apply", "log-level", "token-file", "prune"] {
+            assert!(r.out.contains(word), "{shell} lacks {word}");
+        }
+        let script = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(script.path(), &r.out).unwrap();
+        let check: &[&str] = match shell {
+            "bash" => &["bash", "-n"],
+            "zsh" => &["zsh", "-n"],
+            _ => &["fish", "--no-execute"],
+        };
+        let parsed = std::process::Command::new(check[0])
+            .args(&check[1..])
+            .arg(script.path())
+            .output();
+        match parsed {
+            Ok(o) => assert!(
+                o.status.success(),
+                "{shell} does not parse its script: {}",
+                String::from_utf8_lossy(&o.stderr)
+            ),
+            // The test command installs zsh and fish (scripts/deps.sh shells); run
+            // outside it, a shell that is not installed is not checked, except in CI.
+            Err(e)
+                if shell != "bash"
+                    && e.kind() == std::io::ErrorKind::NotFound
+                    && std::env::var_os("CI").is_none() => {}
+            Err(e) => panic!("{shell}: {e}"),
+        }
+    }
+    let r = run(&["completion", "tcsh"]).await;
+    assert_eq!(r.code, 2, "{r:?}");
+}
+
+#[tokio::test]
+async fn bad_usage_and_an_unreachable_api_exit_2() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let api = format!("http://127.0.0.1:{port}");
+    let r = run(&["--api", &api, "get", "zones"]).await;
+    assert_eq!(r.code, 2, "{r:?}");
+    assert!(
+        r.err
+            .starts_with(&format!("meshcat: cannot reach the catalog API at {api}")),
+        "{r:?}"
+    );
+    let r = run(&["--api", &api, "check"]).await;
+    assert_eq!(r.code, 2, "{r:?}");
+    assert!(
+        r.out.contains("[FAIL] API reachable: cannot reach"),
+        "{r:?}"
+    );
+    let r = run(&["--api", &api, "watch"]).await;
+    assert_eq!(r.code, 2, "{r:?}");
+
+    let dir = tempfile::tempdir().unwrap();
+    for args in [
+        vec!["get"],
+        vec!["log-level", "set", "loud", "--zone", "z", "--cluster", "c"],
+        vec!["describe", "cluster", "c"],
+        vec!["--api", "not a url", "get", "zones"],
+        vec!["--token-file", "/nonexistent/token", "get", "zones"],
+        vec!["apply"],
+    ] {
+        let r = run(&args).await;
+        assert_eq!(r.code, 2, "{args:?}: {r:?}");
+    }
+    // Files are read and checked before the API is asked anything.
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let r = run(&["--api", &api, "apply", "-f", &empty.display().to_string()]).await;
+    assert_eq!(r.code, 2, "{r:?}");
+    assert!(r.err.contains("no Zone or Cluster document found"), "{r:?}");
+}
