@@ -9,7 +9,8 @@
 # and the aggregator's memory over DURATION after the ramp-up and one interval.
 #
 # Environment: AGENTS (10000), INSTANCES (10), UPSTREAMS (5), INTERVAL (5s),
-# DURATION (30s), CONNECT_RATE (300), CARGO_TARGET_DIR (./target).
+# DURATION (30s), CONNECT_RATE (300), AGGREGATOR_FLAGS (more flags for the aggregator,
+# e.g. `--history-max-entries 0`), CARGO_TARGET_DIR (./target).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -39,7 +40,8 @@ trap cleanup EXIT
 echo "==> starting the aggregator"
 # Every simulated agent presents the development certificate: its bound on
 # instances is raised to the fleet's.
-start_aggregator "$bin" --dev --max-instances-per-credential "$((AGENTS * INSTANCES * 2))"
+read -r -a extra <<< "${AGGREGATOR_FLAGS:-}"
+start_aggregator "$bin" --dev --max-instances-per-credential "$((AGENTS * INSTANCES * 2))" "${extra[@]}"
 wait_quic
 # The aggregator on core 1, the load generator on core 0: on a 2-core machine they
 # would otherwise take each other's time.

@@ -9,6 +9,7 @@ pub mod events;
 pub mod forward;
 mod graph;
 mod handlers;
+mod history;
 pub mod limits;
 mod logging;
 pub mod openapi;
@@ -48,6 +49,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("PUT", "/clusters/{clusterName}"),
     ("DELETE", "/clusters/{clusterName}"),
     ("GET", "/clusters/{clusterName}/drift"),
+    ("GET", "/clusters/{clusterName}/history"),
     ("GET", "/metrics/{clusterName}/{instanceId}"),
     ("GET", "/metrics/{name}/{version}/{instanceId}"),
     ("GET", "/zones"),
@@ -71,6 +73,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ),
     ("GET", "/diagnose/{clusterName}"),
     ("GET", "/graph"),
+    ("GET", "/history"),
     ("GET", "/status"),
     ("GET", "/openapi.json"),
     ("GET", "/events"),
@@ -179,6 +182,11 @@ pub fn app_with_limits(
         .route("/graph", get(graph::graph))
         .route("/status", get(status::status))
         .route("/clusters/{clusterName}/drift", get(graph::drift))
+        .route("/history", get(history::history))
+        .route(
+            "/clusters/{clusterName}/history",
+            get(history::cluster_history),
+        )
         .route("/openapi.json", get(h::openapi))
         .route(d::PEER_EVIDENCE, get(d::peer_evidence))
         .route(crate::replicas::PEER_TRAFFIC, get(graph::peer_traffic))

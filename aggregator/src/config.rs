@@ -12,6 +12,7 @@ use meshcat_common::config::{
 };
 
 use crate::api::Tokens;
+use crate::history::HistoryConfig;
 use crate::ingest::{IngestLimits, SecurityOptions};
 use crate::store::Rules;
 
@@ -205,6 +206,13 @@ pub struct ServeArgs {
     /// default: --api-addr, which must then not be a wildcard address).
     #[arg(long, env = "MESHCAT_ADVERTISE_ADDR", value_parser = parse_host_port, value_name = "HOST:PORT")]
     pub advertise_addr: Option<String>,
+    /// How long the history (<data-dir>/history.redb) keeps an entry (like 12h, 7d).
+    #[arg(long, env = "MESHCAT_HISTORY_RETENTION", default_value = "7d", value_parser = parse_positive_duration, value_name = "DURATION")]
+    pub history_retention: Duration,
+    /// Most entries the history keeps, the oldest dropped first (at most
+    /// 100000000); 0 keeps no history.
+    #[arg(long, env = "MESHCAT_HISTORY_MAX_ENTRIES", default_value = "1000000", value_parser = clap::value_parser!(u64).range(0..=100_000_000), value_name = "N")]
+    pub history_max_entries: u64,
     /// Log line format.
     #[arg(long, env = "MESHCAT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -344,6 +352,8 @@ pub struct Config {
     pub diagnosis: DiagnosisConfig,
     /// `GET /events` streams and the change feed behind them.
     pub events: EventsConfig,
+    /// The history: how long and how much it keeps.
+    pub history: HistoryConfig,
     /// Header timeout and connection bound of the API and ops listeners.
     pub http: meshcat_common::http::ServerLimits,
     /// The API's bearer tokens (never logged); writes are open without a write token
@@ -668,12 +678,37 @@ impl Config {
                 max_streams: a.max_event_streams as usize,
                 lag: crate::store::changes::DEFAULT_BUFFER,
             },
+            history: HistoryConfig {
+                retention: a.history_retention,
+                max_entries: a.history_max_entries,
+            },
             http: a.http.limits(),
             tokens,
             dev: a.dev,
             exposed,
             log_format: a.log_format,
         })
+    }
+}
+
+impl Config {
+    /// The history's file in the data directory: `history.redb`, or with an etcd
+    /// store `history-<port>.redb` by the port of the advertised address (replicas
+    /// on one machine may share the data directory; a restart keeps its port).
+    pub fn history_file(&self) -> String {
+        match self.store.spec {
+            StoreSpec::Redb => crate::history::DB_FILE.to_owned(),
+            StoreSpec::Etcd { .. } => {
+                let port = self
+                    .replicas
+                    .advertise_addr
+                    .as_deref()
+                    .and_then(|a| a.rsplit_once(':'))
+                    .and_then(|(_, p)| p.parse::<u16>().ok())
+                    .unwrap_or(self.api.addr.port());
+                crate::history::replica_file(port)
+            }
+        }
     }
 }
 
@@ -782,6 +817,38 @@ mod tests {
             Config::from_args(a),
             Err(ConfigError::EventBuffer)
         ));
+    }
+
+    #[test]
+    fn the_history_keeps_its_bounds_and_a_file_per_replica() {
+        let d = Config::from_args(parse(&[]).unwrap()).unwrap();
+        assert_eq!(d.history, HistoryConfig::default());
+        assert_eq!(d.history.retention, Duration::from_secs(7 * 24 * 3600));
+        assert_eq!(d.history_file(), "history.redb");
+        let a = parse(&["--history-retention", "12h", "--history-max-entries", "0"]).unwrap();
+        let c = Config::from_args(a).unwrap();
+        assert_eq!(c.history.retention, Duration::from_secs(12 * 3600));
+        assert!(!c.history.is_on());
+        assert!(parse(&["--history-retention", "0s"]).is_err());
+        assert!(parse(&["--history-max-entries", "100000001"]).is_err());
+        assert!(parse(&["--history-max-entries", "-1"]).is_err());
+        let etcd = |extra: &[&str]| {
+            let mut args = vec![
+                "--store",
+                "etcd://127.0.0.1:2379",
+                "--api-addr",
+                "127.0.0.1:9080",
+            ];
+            args.extend_from_slice(extra);
+            Config::from_args(parse(&args).unwrap())
+                .unwrap()
+                .history_file()
+        };
+        assert_eq!(etcd(&[]), "history-9080.redb");
+        assert_eq!(
+            etcd(&["--advertise-addr", "10.0.0.7:19081"]),
+            "history-19081.redb"
+        );
     }
 
     #[test]

@@ -19,6 +19,7 @@ use meshcat_diagnose::{
 use tracing::{info, warn};
 
 use crate::config::DiagnosisConfig;
+use crate::history::{Detail, Kind, Pending, Query};
 use crate::sidecars::{Answer, Ask, Sidecars, window_deadline};
 use crate::store::Store;
 
@@ -47,6 +48,8 @@ pub struct Request {
     /// Most clusters diagnosed along a failing chain, the one asked about included
     /// (at least 1).
     pub max_hops: usize,
+    /// How far back the report's `recentChanges` reach.
+    pub lookback: Duration,
 }
 
 impl Default for Request {
@@ -56,9 +59,17 @@ impl Default for Request {
             path: None,
             debug_seconds: None,
             max_hops: DEFAULT_MAX_HOPS,
+            lookback: DEFAULT_LOOKBACK,
         }
     }
 }
+
+/// How far back `recentChanges` reach by default (`lookback`).
+pub const DEFAULT_LOOKBACK: Duration = Duration::from_secs(15 * 60);
+/// The longest `lookback`: older changes are for `GET /history`.
+pub const MAX_LOOKBACK: Duration = Duration::from_secs(24 * 3600);
+/// Most entries in `recentChanges`, the newest.
+pub const MAX_RECENT_CHANGES: usize = 100;
 
 /// Clusters a diagnosis follows by default (`maxHops`).
 pub const DEFAULT_MAX_HOPS: usize = 3;
@@ -193,9 +204,68 @@ impl Diagnosis {
             reports.push(report);
             hops.push((to_zone, to));
         }
-        let report = across_hops(&self.store, reports);
-        info!(zone = %zone.zone_name, %cluster, symptom = req.symptom.map_or("all", Symptom::as_str), hops = report.hops.len(), conclusion = %report.conclusion, "Diagnosis run.");
+        let mut report = across_hops(&self.store, reports);
+        report.recent_changes = self.recent_changes(&hops, req.lookback).await;
+        info!(zone = %zone.zone_name, %cluster, symptom = req.symptom.map_or("all", Symptom::as_str), hops = report.hops.len(), recent_changes = report.recent_changes.len(), conclusion = %report.conclusion, "Diagnosis run.");
+        let detail = Detail::Diagnosed {
+            symptom: req.symptom.map(Symptom::as_str),
+            conclusion: report.conclusion.clone(),
+            root_cause: report
+                .root_cause
+                .as_ref()
+                .and_then(|r| serde_json::to_value(r).ok()),
+        };
+        self.store
+            .note(|| Pending::new(Kind::Diagnosed, &zone.zone_name, cluster, "", detail));
         Ok(report)
+    }
+
+    /// The history entries of the clusters followed within `lookback` before now,
+    /// newest first, at most [`MAX_RECENT_CHANGES`]. A history that cannot be read
+    /// leaves them out (the diagnosis itself stands).
+    async fn recent_changes(
+        &self,
+        hops: &[(String, String)],
+        lookback: Duration,
+    ) -> Vec<meshcat_common::model::HistoryEntry> {
+        let Some(db) = self.store.history().map(|h| h.db().clone()) else {
+            return Vec::new();
+        };
+        let since = crate::history::entry::now_ms()
+            .saturating_sub(i64::try_from(lookback.as_millis()).unwrap_or(i64::MAX));
+        let queries: Vec<Query> = hops
+            .iter()
+            .map(|(zone, cluster)| Query {
+                zone: Some(zone.clone()),
+                cluster: Some(cluster.clone()),
+                since: Some(since),
+                limit: MAX_RECENT_CHANGES,
+                ..Query::default()
+            })
+            .collect();
+        let read = tokio::task::spawn_blocking(move || {
+            let mut rows = Vec::new();
+            for q in &queries {
+                rows.extend(db.query(q)?);
+            }
+            Ok::<_, crate::history::HistoryError>(rows)
+        })
+        .await;
+        let mut rows = match read {
+            Ok(Ok(rows)) => rows,
+            Ok(Err(e)) => {
+                warn!(error = %e, "Recent changes not read.");
+                return Vec::new();
+            }
+            Err(e) => {
+                warn!(error = %e, "Recent changes not read.");
+                return Vec::new();
+            }
+        };
+        rows.sort_by_key(|r| std::cmp::Reverse(r.id));
+        rows.dedup_by_key(|r| r.id);
+        rows.truncate(MAX_RECENT_CHANGES);
+        rows.iter().map(|r| r.stored().to_entry(r.id)).collect()
     }
 
     /// Diagnoses one cluster with `edge` in the edge's role: collects the evidence,

@@ -7,6 +7,7 @@ pub mod config;
 pub mod diagnosis;
 pub mod edge;
 pub mod graph;
+pub mod history;
 pub mod ingest;
 pub mod ops;
 pub mod peer_signature;
@@ -51,6 +52,8 @@ pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(4);
 pub enum RunError {
     #[error("cannot open the registrations store: {0}")]
     Store(#[from] PersistError),
+    #[error("cannot open the history: {0}")]
+    History(#[from] history::HistoryError),
     #[error("cannot register metrics: {0}")]
     Telemetry(#[from] prometheus::Error),
     #[error("cannot bind {what} {addr}: {error}")]
@@ -87,6 +90,16 @@ impl Aggregator {
             .changes()
             .configure(lag, lag.max(changes::DEFAULT_RETAINED));
         let telemetry = Telemetry::new()?;
+        if config.history.is_on() {
+            let metrics = history::HistoryMetrics::register(&telemetry.registry)?;
+            let h = history::History::open(
+                &config.store.data_dir,
+                &config.history_file(),
+                config.history,
+                metrics,
+            )?;
+            let _ = store.set_history(h);
+        }
         Ok(Aggregator {
             config,
             store: Arc::new(store),
@@ -293,6 +306,17 @@ async fn serve_with(
         stop_rx.clone(),
     ));
     let sync_task = tokio::spawn(store::etcd::sync(agg.store.clone(), stop_rx.clone()));
+    let history_task = agg
+        .store
+        .history()
+        .and_then(history::History::take_events)
+        .map(|events| {
+            tokio::spawn(history::publish_events(
+                agg.store.clone(),
+                events,
+                stop_rx.clone(),
+            ))
+        });
     // With etcd, the instances this replica's agents report are published for the
     // other replicas.
     let publish_task = agg.store.etcd().map(|e| {
@@ -362,6 +386,9 @@ async fn serve_with(
     let drain = async {
         let (a, o, _, _, _) = tokio::join!(api_task, ops_task, expiry_task, graph_task, sync_task);
         if let Some(t) = publish_task {
+            let _ = t.await;
+        }
+        if let Some(t) = history_task {
             let _ = t.await;
         }
         if let Some(t) = traffic_task {

@@ -11,6 +11,7 @@ use std::time::Duration;
 use meshcat_common::level;
 use meshcat_common::wire::{Command, CommandOutput, DebugWindowOutput, EvidenceOutput};
 
+use crate::history::{ChangedBy, Detail, Kind, Pending};
 use crate::ingest::{Agents, CommandError};
 use crate::replicas::{PeerCallError, Replicas};
 use crate::store::Store;
@@ -211,6 +212,10 @@ impl Sidecars {
         }
     }
 
+    /// Runs `ask` through this replica's agent. Changes of the sidecar's level are
+    /// noted in the history here, where the command reaches the sidecar (the
+    /// instance's owner): the level before (asked first), a debug window when it
+    /// starts and the level it restores when it ends.
     async fn run_here(
         &self,
         (zone, cluster, instance): (&str, &str, &str),
@@ -218,6 +223,55 @@ impl Sidecars {
         deadline: Duration,
     ) -> Result<Answer, SidecarError> {
         let agents = self.agents.as_ref().ok_or(SidecarError::IngestOff)?;
+        let window = match &ask {
+            Ask::DebugWindow { seconds } => Some(*seconds),
+            Ask::Evidence { debug_seconds, .. } => *debug_seconds,
+            _ => None,
+        };
+        let changes_level = window.is_some() || matches!(ask, Ask::SetLevel(_));
+        let before = if changes_level && self.store.history().is_some() {
+            match agents
+                .command(zone, cluster, instance, Command::GetLogLevel, deadline)
+                .await
+            {
+                Ok(CommandOutput::LogLevel(l)) => Some(level::seed_name(&l).to_owned()),
+                _ => None,
+            }
+        } else {
+            None
+        };
+        let note = |kind: Kind, detail: Detail| {
+            self.store
+                .note(|| Pending::new(kind, zone, cluster, instance, detail));
+        };
+        let level_changed = |from: &str, to: &str, by: ChangedBy| {
+            if from != to {
+                note(
+                    Kind::LogLevelChanged,
+                    Detail::LogLevel {
+                        from: from.to_owned(),
+                        to: to.to_owned(),
+                        by,
+                    },
+                );
+            }
+        };
+        if let Some(seconds) = window {
+            note(Kind::DebugWindow, Detail::DebugWindow { seconds });
+            if let Some(b) = &before {
+                level_changed(b, "debug", ChangedBy::DebugWindow);
+            }
+        }
+        // The level a finished window set back.
+        let restored = |w: &DebugWindowOutput| {
+            if w.restored {
+                level_changed(
+                    "debug",
+                    level::seed_name(&w.previous_level),
+                    ChangedBy::DebugWindow,
+                );
+            }
+        };
         let command = match ask {
             Ask::GetLevel => Command::GetLogLevel,
             Ask::SetLevel(seed) => Command::SetLogLevel {
@@ -242,9 +296,23 @@ impl Sidecars {
                 error,
             })?;
         match out {
-            CommandOutput::LogLevel(l) => Ok(Answer::Level(level::seed_name(&l).to_owned())),
-            CommandOutput::DebugWindow(w) => Ok(Answer::DebugWindow(w)),
-            CommandOutput::Evidence(e) => Ok(Answer::Evidence(Box::new(e))),
+            CommandOutput::LogLevel(l) => {
+                let now = level::seed_name(&l).to_owned();
+                if let (true, Some(b)) = (changes_level, &before) {
+                    level_changed(b, &now, ChangedBy::Api);
+                }
+                Ok(Answer::Level(now))
+            }
+            CommandOutput::DebugWindow(w) => {
+                restored(&w);
+                Ok(Answer::DebugWindow(w))
+            }
+            CommandOutput::Evidence(e) => {
+                if let Some(w) = &e.debug_window {
+                    restored(w);
+                }
+                Ok(Answer::Evidence(Box::new(e)))
+            }
             CommandOutput::ConfigDump(_) => Err(SidecarError::Unexpected {
                 instance: instance.to_owned(),
             }),

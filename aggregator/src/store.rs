@@ -30,7 +30,7 @@ pub mod traffic;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -50,6 +50,7 @@ pub use read::{Cached, CachedKind, MetricsLookup, Totals};
 use registrations::Sequencer;
 pub use registrations::{Committed, Loaded, Refusal, Registrations, Write};
 
+use crate::history::{Detail, History, Kind, Pending, StatusReason};
 use crate::status::{self, Inputs};
 
 /// Most clusters a zone's edge sidecar may contribute to `GET /services`.
@@ -98,6 +99,9 @@ pub struct Entry {
     /// Requests and 5xx answers in the last window, summed over the live instances and
     /// kept with every change of `instances`, so a report never rescans the cluster.
     window: (u64, u64),
+    /// Whether the live instances ran more than one configuration when last looked
+    /// at: the history notes when that flips.
+    drifted: bool,
 }
 
 impl Entry {
@@ -109,6 +113,7 @@ impl Entry {
             status: Status::Down,
             live: 0,
             window: (0, 0),
+            drifted: false,
         }
     }
 
@@ -172,6 +177,8 @@ pub struct Store {
     rules: Rules,
     /// The change feed: events, replay window, index watch.
     changes: Changes,
+    /// Where what changes is recorded, when the history is on (set once).
+    history: OnceLock<History>,
 }
 
 // The guarded value is `()`: a panic elsewhere leaves nothing inconsistent to see.
@@ -245,6 +252,24 @@ impl Store {
             cache: ReadCache::default(),
             rules,
             changes: Changes::new(start),
+            history: OnceLock::new(),
+        }
+    }
+
+    /// Records what changes in `history` from now on (set once).
+    pub fn set_history(&self, history: History) -> Result<(), History> {
+        self.history.set(history)
+    }
+
+    /// The history, when it is on.
+    pub fn history(&self) -> Option<&History> {
+        self.history.get()
+    }
+
+    /// Records the entry `make` builds, when the history is on. Never waits.
+    pub fn note(&self, make: impl FnOnce() -> Pending) {
+        if let Some(h) = self.history.get() {
+            h.record(make());
         }
     }
 
@@ -269,21 +294,49 @@ impl Store {
     }
 
     /// Recomputes an entry's status from its live sums (no scan); keeps the global
-    /// live total. Returns the previous (status, live).
+    /// live total; notes a registered cluster's status change in the history.
+    /// Returns the previous (status, live).
     fn refresh(&self, e: &mut Entry, before: (Status, u64)) -> (Status, u64) {
+        self.refresh_noting(e, before, true)
+    }
+
+    /// [`Self::refresh`], noting the status change only when `note` (not for a
+    /// cluster just registered, whose status nobody saw before, nor at loading).
+    fn refresh_noting(&self, e: &mut Entry, before: (Status, u64), note: bool) -> (Status, u64) {
         let (min, max) = e.record.as_deref().map_or((0, 0), |r| {
             (r.min_instances.max(0) as u64, r.max_instances.max(0) as u64)
         });
-        e.status = status::evaluate(
-            Inputs {
-                live: e.live,
-                min_instances: min,
-                max_instances: max,
-                window_requests: e.window.0,
-                window_errors: e.window.1,
-            },
-            self.rules.error_ratio_warning,
-        );
+        let inputs = Inputs {
+            live: e.live,
+            min_instances: min,
+            max_instances: max,
+            window_requests: e.window.0,
+            window_errors: e.window.1,
+        };
+        e.status = status::evaluate(inputs, self.rules.error_ratio_warning);
+        if note
+            && e.status != before.0
+            && let Some(r) = &e.record
+        {
+            let (from, to) = (before.0, e.status);
+            let error_ratio_warning = self.rules.error_ratio_warning;
+            self.note(|| {
+                Pending::new(
+                    Kind::StatusChanged,
+                    &r.zone_name,
+                    &r.cluster_name,
+                    "",
+                    Detail::Status {
+                        from,
+                        to,
+                        reason: StatusReason {
+                            inputs,
+                            error_ratio_warning,
+                        },
+                    },
+                )
+            });
+        }
         let live = e.live;
         if live >= before.1 {
             self.live_total.fetch_add(live - before.1, Ordering::AcqRel);

@@ -63,6 +63,11 @@ const ASSETS: &[Asset] = &[
         body: include_bytes!("../ui/graph-draw.js"),
     },
     Asset {
+        name: "history.js",
+        content_type: "text/javascript; charset=utf-8",
+        body: include_bytes!("../ui/history.js"),
+    },
+    Asset {
         name: "style.css",
         content_type: "text/css; charset=utf-8",
         body: include_bytes!("../ui/style.css"),

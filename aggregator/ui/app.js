@@ -1,12 +1,14 @@
 // meshcat dashboard: the views. The overview (summary, zones, a cluster table that
 // renders only the rows in sight, so 10,000 clusters cost what 20 do), the cluster
-// view (metadata, callers and callees, instances with their metrics and a chart of
-// recent values, the sidecar log level, the diagnosis) and the graph view
+// view (metadata, drift, recent changes, callers and callees, instances with their
+// metrics and a chart of recent values, the sidecar log level, the diagnosis and
+// its recent changes) and the graph view
 // (graph.js). Every element tests rely on carries the data-testid of the contract.
 
 import { ApiError, Catalog, call, clusterKey, enc, setToken, sleep, token } from "./live.js";
 import { STATUS_ICON, badge, fmtInt, fmtNum, h } from "./dom.js";
 import { ClusterCalls, GraphPage, graphHash, parseGraphHash } from "./graph.js";
+import { ClusterHistory, entryItem } from "./history.js";
 
 const $ = (id) => document.getElementById(id);
 const VERDICT_ICON = { pass: "\u2714", fail: "\u2716", skipped: "\u2013" };
@@ -369,6 +371,7 @@ class ClusterPage {
     this.closed = false;
     this.root = h("section", { class: "cluster", dataset: { testid: "cluster-view", cluster, zone, status: "" } });
     this.calls = new ClusterCalls(zone, cluster, graphApp);
+    this.history = new ClusterHistory(zone, cluster, catalog);
     $("cluster-page").replaceChildren(this.root);
     this.render();
     this.loop();
@@ -379,6 +382,7 @@ class ClusterPage {
     this.closed = true;
     clearInterval(this.ticker);
     this.calls.close();
+    this.history.close();
   }
 
   record() {
@@ -401,7 +405,7 @@ class ClusterPage {
       return;
     }
     if (!this.skeleton) this.build();
-    this.title.replaceChildren(h("h1", {}, c.name && c.name !== c.clusterName ? `${c.name} (${c.clusterName})` : c.clusterName), badge(c.status));
+    this.title.replaceChildren(h("h1", {}, c.name && c.name !== c.clusterName ? `${c.name} (${c.clusterName})` : c.clusterName), badge(c.status), this.history.badge);
     this.meta.replaceChildren(...metaRows(c));
     this.renderInstances(c);
   }
@@ -418,6 +422,7 @@ class ClusterPage {
       this.title,
       h("p", { class: "muted" }, `Zone ${this.zone}`),
       h("section", { class: "card", "aria-labelledby": "meta-h" }, h("h2", { id: "meta-h" }, "Metadata"), this.meta),
+      this.history.el,
       this.calls.el,
       h("section", { class: "card", "aria-labelledby": "inst-h" }, h("h2", { id: "inst-h" }, "Instances"), this.instNote, this.instList, this.clusterLevel()),
       h("section", { class: "card", "aria-labelledby": "diag-h" }, h("h2", { id: "diag-h" }, "Diagnosis"), this.diagForm(), this.diag));
@@ -654,6 +659,9 @@ function diagnosisView(r) {
     h("p", { class: "muted" }, `Cluster ${r.cluster} in zone ${r.zone}`, r.symptom ? `, symptom ${r.symptom}` : ", every check"),
     h("ol", { class: "steps" }, ...steps),
     h("p", { class: "conclusion", dataset: { testid: "diagnose-conclusion" } }, h("strong", {}, "Conclusion: "), r.conclusion || "\u2014"),
+    (r.recentChanges || []).length ? h("div", {},
+      h("h3", {}, "Recent changes of the clusters followed"),
+      h("ol", { class: "timeline" }, ...r.recentChanges.map((e) => entryItem(e, "diagnose-change")))) : null,
   ];
 }
 
@@ -667,6 +675,10 @@ const catalog = new Catalog((what) => {
   renderLive();
   if (page && (what.has("clusters") || what.has("zones"))) page.render();
   const graphZones = catalog.takeGraphZones();
+  if (what.has("history")) {
+    const entries = catalog.takeHistory();
+    if (page) page.history.add(entries);
+  }
   if (page) page.calls.changed(what);
   if (graphPage) graphPage.changed(what, graphZones);
 });
@@ -679,6 +691,7 @@ catalog.refresh = () => {
   read.then(() => {
     if (graphPage) graphPage.refresher.now();
     if (page) page.calls.refresher.now();
+    if (page) page.history.load();
   });
 };
 

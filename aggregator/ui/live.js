@@ -2,7 +2,8 @@
 // sessionStorage, so for this tab only), JSON calls with readable errors, and the
 // live catalog: a snapshot of the clusters, zones and counts, then GET /events
 // (Server-Sent Events read through fetch, so the token travels in a header) or, where
-// the API has no event stream, polling of the read routes. A `graph` event (the
+// the API has no event stream, polling of the read routes. A `history` event goes
+// to the cluster view's timeline. A `graph` event (the
 // dependency graph changed shape) is passed on as "graph", with its zone.
 
 const TOKEN_KEY = "meshcat-token";
@@ -85,6 +86,8 @@ export class Catalog {
     this.zoneRefresh = new Set();
     /** Zones named by `graph` events since the views last looked. */
     this.graphZones = new Set();
+    /** History entries of `history` events since the views last looked. */
+    this.historyEntries = [];
     this.stopped = false;
   }
 
@@ -299,6 +302,13 @@ export class Catalog {
         this.graphZones.add(d.zoneName);
         this.emit(["graph"]);
         break;
+      case "history":
+        // A stored history entry (only for a tab holding the read token): the
+        // cluster view's timeline takes it. Bounded while no view looks.
+        this.historyEntries.push(d);
+        if (this.historyEntries.length > 500) this.historyEntries.splice(0, 250);
+        this.emit(["history"]);
+        break;
       default:
         return "ignored";
     }
@@ -313,6 +323,13 @@ export class Catalog {
   liveHidden() {
     const first = this.clusters.values().next().value;
     return !!first && first.authorized === false && this.readWith === token();
+  }
+
+  /** The entries of the `history` events since the last call. */
+  takeHistory() {
+    const e = this.historyEntries;
+    this.historyEntries = [];
+    return e;
   }
 
   /** The zones of the `graph` events since the last call. */

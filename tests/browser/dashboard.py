@@ -230,6 +230,53 @@ def main():
         check(page.inner_text(f"[data-testid=instance-row][data-instance='{inst}'] .inst-head").count("age") == 1, "instances show their age")
         shot(page, "cluster.png", full=True)
 
+        # ---- the cluster's recent changes and its drift, as the API has them.
+        hist = api(f"/clusters/{busy}/history?zoneName={ZONE}&limit=50")
+        ids = [str(e["id"]) for e in hist]
+        page.wait_for_function(
+            "ids => { const got = [...document.querySelectorAll('[data-testid=history] [data-testid=history-entry]')]"
+            ".map(e => e.dataset.id); return got.length === ids.length && got.every((v, i) => v === ids[i]); }",
+            arg=ids, timeout=WAIT_MS,
+        )
+        check(bool(ids), f"the timeline shows the API's {len(ids)} entries, newest first")
+        kinds = page.eval_on_selector_all("[data-testid=history-entry]", "els => els.map(e => e.dataset.kind)")
+        check(kinds == [e["kind"] for e in hist], f"the timeline's kinds are the API's {kinds}")
+        marked = page.eval_on_selector_all(
+            "[data-testid=history-entry][data-status-change=true]", "els => els.map(e => [e.dataset.from, e.dataset.to])")
+        want_marked = [[e["detail"]["from"], e["detail"]["to"]] for e in hist if e["kind"] == "status-changed"]
+        check(marked and marked == want_marked, f"status changes are marked with where they went {marked}")
+        drift = api(f"/clusters/{busy}/drift?zoneName={ZONE}")
+        check(not drift["drifted"], "the API says the busy cluster runs one configuration")
+        page.wait_for_selector(
+            f"[data-testid=drift][data-drifted=false][data-groups='{len(drift['groups'])}']", timeout=WAIT_MS)
+        check(page.locator("[data-testid=drift-group]").count() == 0, "no drift groups are listed without drift")
+        # A registration edit reaches the timeline without a reload.
+        page.evaluate("() => { window.__sameDocument = true; }")
+        api(f"/clusters/{busy}?zoneName={ZONE}", "PUT", body=SPEC["busyEdit"])
+        page.wait_for_selector("[data-testid=history] [data-testid=history-entry]:first-child[data-kind=cluster-updated]",
+                               timeout=WAIT_MS)
+        check(page.evaluate("() => window.__sameDocument === true"), "the edit shows at the top of the timeline live")
+        check("version" in page.inner_text("[data-testid=history-entry][data-kind=cluster-updated]"),
+              "the edit names the field it changed")
+
+        # ---- a drifted cluster: its badge and its groups, as the API has them.
+        drifted = SPEC["drifted"]
+        page.evaluate(f"() => {{ location.hash = '#/c/{ZONE}/{drifted}'; }}")
+        drift = api(f"/clusters/{drifted}/drift?zoneName={ZONE}")
+        check(drift["drifted"], f"the API says {drifted} is drifted")
+        page.wait_for_selector(
+            f"[data-testid=cluster-view][data-cluster='{drifted}'] [data-testid=drift][data-drifted=true][data-groups='{len(drift['groups'])}']",
+            timeout=WAIT_MS)
+        groups = page.eval_on_selector_all(
+            "[data-testid=drift-group]", "els => els.map(e => [e.dataset.configHash, e.dataset.instances])")
+        want_groups = [[g["configHash"], ",".join(g["instances"])] for g in drift["groups"]]
+        check(sorted(groups) == sorted(want_groups), f"the drift groups are the API's {groups}")
+        page.wait_for_selector("[data-testid=history-entry][data-kind=drift-started]", timeout=WAIT_MS)
+        check(True, "the timeline holds the drift's start")
+        shot(page, "cluster-drift.png", full=True)
+        page.evaluate(f"() => {{ location.hash = '#/c/{ZONE}/{busy}'; }}")
+        page.wait_for_selector(f"[data-testid=instance-metrics][data-instance='{inst}'][data-requests]", timeout=WAIT_MS)
+
         # ---- the diagnosis, as the API runs it.
         page.click("[data-testid=diagnose-button]")
         page.wait_for_selector("[data-testid=diagnose-conclusion]", timeout=60_000)
@@ -239,6 +286,10 @@ def main():
         check(all(v in ("pass", "fail", "skipped") for _, v in steps), "every step has a verdict")
         shown = page.inner_text("[data-testid=diagnose-conclusion]")
         check(report["conclusion"] and report["conclusion"] in shown, f"the API's conclusion is rendered ({shown})")
+        changes = page.eval_on_selector_all("[data-testid=diagnose-change]", "els => els.map(e => Number(e.dataset.id))")
+        recorded = {e["id"] for e in api(f"/clusters/{busy}/history?zoneName={ZONE}&limit=1000")}
+        check(changes and set(changes) <= recorded and changes == sorted(changes, reverse=True),
+              f"the diagnosis lists the cluster's recent changes, newest first ({len(changes)})")
         page.locator("[data-testid=diagnose-conclusion]").scroll_into_view_if_needed()
         shot(page, "diagnosis.png", full=True)
 

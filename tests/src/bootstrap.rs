@@ -267,6 +267,19 @@ impl Bootstrap {
             .cluster(Cluster::new("local_service", &[upstream]))
     }
 
+    /// A sidecar of `cluster` with its own node identity `node`: listener `ingress`
+    /// routing `prefix` to cluster `local_service` at `upstream`. Two of them with
+    /// the same prefix run the same configuration but for what is per instance (the
+    /// node, the ports, the upstream address); another prefix is another route.
+    pub fn routed_sidecar(upstream: SocketAddr, cluster: &str, node: &str, prefix: &str) -> Self {
+        let mut b = Self::new()
+            .listener(HttpListener::new("ingress", "ingress_http").route(prefix, "local_service"))
+            .cluster(Cluster::new("local_service", &[upstream]));
+        b.node =
+            Some(serde_json::json!({"id": node, "cluster": cluster, "metadata": {"pod": node}}));
+        b
+    }
+
     /// An edge sidecar: listener `edge` (stat prefix `edge_http`) routing each
     /// `(prefix, cluster, sidecar address)` to a cluster of that name, retrying on
     /// connect failure and 503. With `tls`, each cluster presents it upstream.

@@ -357,6 +357,21 @@ impl Envoy {
         self.launch().await
     }
 
+    /// Kills and starts again with another configuration, on the same admin port
+    /// and the same ports for listeners of the same names (a rollout of a new
+    /// configuration to this sidecar).
+    pub async fn restart_with(&mut self, mut bootstrap: Bootstrap) -> anyhow::Result<()> {
+        self.kill();
+        bootstrap.admin_port = self.bootstrap.admin_port;
+        for l in &mut bootstrap.listeners {
+            if let Some(old) = self.bootstrap.listeners.iter().find(|o| o.name == l.name) {
+                l.port = old.port;
+            }
+        }
+        self.bootstrap = bootstrap;
+        self.launch().await
+    }
+
     /// POSTs to the admin API and returns the body (for example `/logging`).
     pub async fn admin_post(&self, path: &str) -> anyhow::Result<String> {
         let r = reqwest::Client::new()

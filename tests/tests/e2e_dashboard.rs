@@ -1,7 +1,8 @@
 //! The dashboard (contract section 12) in a real browser: Debian's Chromium driven by
 //! Playwright (`tests/browser/dashboard.py`) against a real aggregator with read and
-//! write tokens, real agents and real Envoy sidecars. The script checks the page
-//! against the API; this side builds the mesh, stops an agent when the script asks,
+//! write tokens, real agents and real Envoy sidecars (two of one cluster on
+//! different routes, drifted). The script checks the page against the API; this side
+//! builds the mesh, stops an agent when the script asks,
 //! and keeps the screenshots in `target/e2e-dashboard/` (with
 //! `MESHCAT_UPDATE_SCREENSHOT=1`, the overview also becomes `docs/dashboard.png`,
 //! the README's picture).
@@ -10,7 +11,7 @@ use std::time::Duration;
 
 use meshcat_tests::browser::{BrowserTools, output_dir};
 use meshcat_tests::mesh::instance_names;
-use meshcat_tests::{Catalog, MeshAgent, Sidecar, wait_for};
+use meshcat_tests::{Bootstrap, Catalog, Envoy, MeshAgent, Sidecar, Upstream, wait_for};
 use serde_json::{Value, json};
 
 const ZONE: &str = "east";
@@ -89,6 +90,10 @@ async fn dashboard_in_a_real_browser() {
             "billing",
             json!({"owner": "team-money", "capability": "invoicing", "minInstances": 1})
         ),
+        cluster(
+            "ledger",
+            json!({"owner": "team-books", "capability": "accounts"})
+        ),
     ]);
     post(&catalog, "/clusters", named).await.unwrap();
     let filler: Vec<Value> = (0..FILLER)
@@ -116,6 +121,35 @@ async fn dashboard_in_a_real_browser() {
             .await
             .unwrap();
     shop_a.send("/", REQUESTS as usize, 200).await.unwrap();
+    // ledger: two instances whose sidecars route differently, drifted.
+    let (ledger_up_a, ledger_up_b) = (
+        Upstream::start().await.unwrap(),
+        Upstream::start().await.unwrap(),
+    );
+    let ledger_a = Envoy::start(Bootstrap::routed_sidecar(
+        ledger_up_a.addr,
+        "ledger",
+        "ledger-a",
+        "/",
+    ))
+    .await
+    .unwrap();
+    let ledger_b = Envoy::start(Bootstrap::routed_sidecar(
+        ledger_up_b.addr,
+        "ledger",
+        "ledger-b",
+        "/v2",
+    ))
+    .await
+    .unwrap();
+    let _agent_ledger_a =
+        MeshAgent::for_envoy(&catalog, &ledger_a, ZONE, "ledger", "ledger-a", INTERVAL)
+            .await
+            .unwrap();
+    let _agent_ledger_b =
+        MeshAgent::for_envoy(&catalog, &ledger_b, ZONE, "ledger", "ledger-b", INTERVAL)
+            .await
+            .unwrap();
 
     wait_for("shop stable with two instances", DEADLINE, || async {
         let c = record(&catalog, "shop").await?;
@@ -126,6 +160,18 @@ async fn dashboard_in_a_real_browser() {
     wait_for("catalog in warning with one instance", DEADLINE, || async {
         let c = record(&catalog, "catalog").await?;
         (c["status"] == "warning" && instance_names(&c) == ["catalog-a"]).then_some(())
+    })
+    .await
+    .unwrap();
+    wait_for("ledger drifted", DEADLINE, || async {
+        let (_, d) = catalog
+            .get_as(
+                &format!("/clusters/ledger/drift?zoneName={ZONE}"),
+                Some(TOKEN),
+            )
+            .await
+            .ok()?;
+        (d["drifted"] == true).then_some(())
     })
     .await
     .unwrap();
@@ -155,6 +201,14 @@ async fn dashboard_in_a_real_browser() {
         "busy": "shop",
         "busyInstance": "shop-a",
         "busyRequests": REQUESTS,
+        // A registration edit of the busy cluster, made while its view is open.
+        "busyEdit": cluster(
+            "shop",
+            json!({"name": "Storefront", "owner": "team-web", "capability": "checkout",
+            "minInstances": 1, "businessImpact": "high", "documentation": "https://docs.example/shop",
+            "version": "1.4.3"})
+        ),
+        "drifted": "ledger",
         "stop": "catalog",
     });
     let mut script = tools
@@ -181,6 +235,7 @@ async fn dashboard_in_a_real_browser() {
     for view in [
         "overview.png",
         "cluster.png",
+        "cluster-drift.png",
         "diagnosis.png",
         "token-dialog.png",
         "phone-overview.png",

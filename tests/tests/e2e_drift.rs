@@ -5,41 +5,20 @@
 
 use std::time::Duration;
 
-use meshcat_tests::bootstrap::{Cluster, HttpListener};
 use meshcat_tests::{Bootstrap, Catalog, Envoy, MeshAgent, Upstream, wait_for};
 use serde_json::{Value, json};
 
 const DEADLINE: Duration = Duration::from_secs(30);
 const ZONE: &str = "zone-d";
 
-/// A sidecar of `orders` whose ingress routes `prefix` to its own upstream, with its
-/// own node identity.
 fn orders_sidecar(upstream: &Upstream, node: &str, prefix: &str) -> Bootstrap {
-    let mut b = Bootstrap::new()
-        .listener(HttpListener::new("ingress", "ingress_http").route(prefix, "local_service"))
-        .cluster(Cluster::new("local_service", &[upstream.addr]));
-    b.node = Some(json!({"id": node, "cluster": "orders", "metadata": {"pod": node}}));
-    b
+    Bootstrap::routed_sidecar(upstream.addr, "orders", node, prefix)
 }
 
 async fn agent(catalog: &Catalog, envoy: &Envoy, instance: &str) -> MeshAgent {
-    let mut args = catalog.agent_args();
-    args.extend(
-        [
-            "--sidecar-admin",
-            &envoy.admin_addr(),
-            "--zone",
-            ZONE,
-            "--cluster",
-            "orders",
-            "--instance",
-            instance,
-            "--interval",
-            "300ms",
-        ]
-        .map(str::to_owned),
-    );
-    MeshAgent::start(&args).await.unwrap()
+    MeshAgent::for_envoy(catalog, envoy, ZONE, "orders", instance, "300ms")
+        .await
+        .unwrap()
 }
 
 fn instances(group: &Value) -> Vec<&str> {

@@ -303,7 +303,19 @@ async fn the_graph_shows_observed_and_declared_calls_and_a_failing_hop() {
         "{conclusion}"
     );
     assert!(conclusion.contains(&dead), "{conclusion}");
-    assert_eq!(report["recentChanges"], json!([]), "{report:#}");
+    // The recent changes are the history of the clusters followed, newest first.
+    let recent = report["recentChanges"].as_array().unwrap();
+    let clusters: std::collections::BTreeSet<&str> = recent
+        .iter()
+        .filter_map(|e| e["clusterName"].as_str())
+        .collect();
+    assert_eq!(
+        clusters,
+        ["svc-a", "svc-b"].into_iter().collect(),
+        "{report:#}"
+    );
+    let ids: Vec<u64> = recent.iter().filter_map(|e| e["id"].as_u64()).collect();
+    assert!(ids.windows(2).all(|w| w[0] > w[1]), "{ids:?}");
     // maxHops=1 keeps to the cluster asked about.
     let (_, one) = catalog
         .get("/diagnose/svc-a?zoneName=zone-g&maxHops=1")

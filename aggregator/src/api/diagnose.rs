@@ -2,6 +2,8 @@
 //! caller, handed to the diagnosis service ([`crate::diagnosis`]); and the replicas'
 //! own evidence route, which a peer's diagnosis asks of the owner of an instance.
 
+use std::time::Duration;
+
 use axum::Json;
 use axum::extract::{RawQuery, State};
 use meshcat_common::validate::is_valid_name;
@@ -17,7 +19,10 @@ use super::paths::{ClusterPath, Valid};
 use super::query;
 use super::responses::NotFound;
 use super::troubleshoot::{Shared, cluster_or_404, sidecars, unexpected, zone_or_404};
-use crate::diagnosis::{DEFAULT_MAX_HOPS, Diagnosis, EVIDENCE_LOG_LINES, MAX_HOPS, Request};
+use crate::diagnosis::{
+    DEFAULT_LOOKBACK, DEFAULT_MAX_HOPS, Diagnosis, EVIDENCE_LOG_LINES, MAX_HOPS, MAX_LOOKBACK,
+    Request,
+};
 use crate::peer_signature::Access;
 use crate::sidecars::{Answer, Ask, Owner, Target, window_deadline};
 
@@ -43,6 +48,10 @@ struct DiagnoseQuery {
     /// included (default 3).
     #[param(minimum = 1, maximum = 5)]
     max_hops: Option<usize>,
+    /// How far back `recentChanges` reach: a duration like 15m (the default), 2h, or
+    /// 1d at most.
+    #[param(value_type = Option<String>)]
+    lookback: Option<Duration>,
 }
 
 fn diagnose_query(raw: Option<&str>) -> Result<DiagnoseQuery, ApiError> {
@@ -51,9 +60,17 @@ fn diagnose_query(raw: Option<&str>) -> Result<DiagnoseQuery, ApiError> {
     let mut path = None;
     let mut debug_seconds = None;
     let mut max_hops = None;
+    let mut lookback = None;
     for (k, v) in query::parse(
         raw,
-        &["zoneName", "symptom", "path", "debugSeconds", "maxHops"],
+        &[
+            "zoneName",
+            "symptom",
+            "path",
+            "debugSeconds",
+            "maxHops",
+            "lookback",
+        ],
     )? {
         let twice = || ApiError::bad_query(format!("Query parameter {k} is given twice."));
         match k.as_str() {
@@ -108,6 +125,20 @@ fn diagnose_query(raw: Option<&str>) -> Result<DiagnoseQuery, ApiError> {
                     })?;
                 max_hops = Some(n);
             }
+            "lookback" => {
+                if lookback.is_some() {
+                    return Err(twice());
+                }
+                let d = meshcat_common::config::parse_duration(&v)
+                    .ok()
+                    .filter(|d| *d >= Duration::from_secs(1) && *d <= MAX_LOOKBACK)
+                    .ok_or_else(|| {
+                        ApiError::bad_query(format!(
+                            "Query parameter lookback must be a duration from 1s to 1d, like 15m, not {v:?}."
+                        ))
+                    })?;
+                lookback = Some(d);
+            }
             _ => {
                 if debug_seconds.is_some() {
                     return Err(twice());
@@ -122,6 +153,7 @@ fn diagnose_query(raw: Option<&str>) -> Result<DiagnoseQuery, ApiError> {
         path,
         debug_seconds,
         max_hops,
+        lookback,
     })
 }
 
@@ -236,6 +268,7 @@ pub async fn diagnose(
         path: q.path,
         debug_seconds: q.debug_seconds,
         max_hops: q.max_hops.unwrap_or(DEFAULT_MAX_HOPS),
+        lookback: q.lookback.unwrap_or(DEFAULT_LOOKBACK),
     };
     let report = diagnosis
         .run(&zone, &cluster, &request)
@@ -264,6 +297,13 @@ mod tests {
         assert_eq!(q.path.as_deref(), Some("/catalog/items"));
         assert_eq!(q.debug_seconds, Some(300));
         assert_eq!(q.max_hops, None);
+        assert_eq!(q.lookback, None);
+        assert_eq!(
+            diagnose_query(Some("zoneName=east&lookback=1h"))
+                .unwrap()
+                .lookback,
+            Some(Duration::from_secs(3600))
+        );
         assert_eq!(
             diagnose_query(Some("zoneName=east&maxHops=5"))
                 .unwrap()
@@ -287,6 +327,10 @@ mod tests {
             "zoneName=east&maxHops=0",
             "zoneName=east&maxHops=6",
             "zoneName=east&maxHops=2&maxHops=3",
+            "zoneName=east&lookback=0s",
+            "zoneName=east&lookback=2d",
+            "zoneName=east&lookback=soon",
+            "zoneName=east&lookback=1m&lookback=2m",
         ] {
             let e = diagnose_query(Some(bad)).err();
             assert_eq!(e.map(|e| e.status), Some(StatusCode::BAD_REQUEST), "{bad}");

@@ -90,7 +90,7 @@ fn too_many_streams() -> ApiError {
 #[utoipa::path(
     get,
     path = "/events",
-    summary = "Server-Sent Events stream of catalog changes: cluster, cluster-deleted, zone, zone-deleted, summary and reset events, each with the change's index as id.",
+    summary = "Server-Sent Events stream of catalog changes: cluster, cluster-deleted, zone, zone-deleted, graph, history (with the read token), summary and reset events, each with the change's index as id.",
     params(
         EventsQuery,
         ("Last-Event-ID" = Option<String>, Header, description = "Resume after this index (`since` wins)."),

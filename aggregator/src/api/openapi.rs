@@ -11,7 +11,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{RefOr, Response, ResponseBuilder, content::ContentBuilder};
 use utoipa::{Modify, OpenApi};
 
-use super::{diagnose, events, graph, handlers, logging, status};
+use super::{diagnose, events, graph, handlers, history, logging, status};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -42,6 +42,8 @@ use super::{diagnose, events, graph, handlers, logging, status};
         diagnose::diagnose,
         graph::graph,
         graph::drift,
+        history::history,
+        history::cluster_history,
         status::status,
         events::events,
     ),

@@ -72,7 +72,8 @@ fn next_index(last: u64) -> u64 {
 /// One event of a change, as the stream sends it.
 #[derive(Debug)]
 pub struct Event {
-    /// `cluster`, `cluster-deleted`, `zone`, `zone-deleted`, `graph` or `summary`.
+    /// `cluster`, `cluster-deleted`, `zone`, `zone-deleted`, `graph`, `history` or
+    /// `summary`.
     pub kind: &'static str,
     /// Zone it concerns (empty for `summary`), for `?zoneName=`.
     pub zone: String,
@@ -83,6 +84,8 @@ pub struct Event {
     pub frame: Bytes,
     /// The same for other callers, when it differs (`authorized`, `instances`).
     pub frame_unauthorized: Option<Bytes>,
+    /// Shown only to callers holding the read token (live data: `history`).
+    pub private: bool,
 }
 
 /// One rendered event: `data` is compact JSON, one line.
@@ -113,6 +116,7 @@ impl Event {
             cluster: cluster.map(str::to_owned),
             frame: frame(kind, index, data),
             frame_unauthorized: unauthorized.map(|d| frame(kind, index, d)),
+            private: false,
         }
     }
 }
@@ -270,6 +274,13 @@ impl Store {
         }
         // A change no event shows (only `GET /services` moved) is kept too, without
         // events: its index may come back as a `since` (a reader's last index).
+        self.push_change(&mut f, index, events);
+        (previous, index)
+    }
+
+    /// Keeps change `index` in the window and sends it; the caller holds the feed's
+    /// lock and has numbered the change.
+    fn push_change(&self, f: &mut Feed, index: u64, events: Vec<Event>) {
         let change = Arc::new(Change { index, events });
         if f.window.len() >= f.retained {
             f.evict();
@@ -281,7 +292,31 @@ impl Store {
         }
         // Under the lock too: the watch never moves backwards.
         self.changes.index.send_replace(index);
-        (previous, index)
+    }
+
+    /// Sends stored history entries as `history` events, one change for the batch
+    /// (the history is something a reader can see: `GET /history`). Only callers
+    /// holding the read token see them.
+    pub fn publish_history(&self, entries: &[crate::history::HistoryEvent]) {
+        if entries.is_empty() {
+            return;
+        }
+        let mut f = self.feed_lock();
+        let index = next_index(f.last);
+        self.generation.store(index, Ordering::Release);
+        f.last = index;
+        let events = entries
+            .iter()
+            .map(|e| Event {
+                kind: "history",
+                zone: e.zone.clone(),
+                cluster: (!e.cluster.is_empty()).then(|| e.cluster.clone()),
+                frame: frame("history", index, &e.json),
+                frame_unauthorized: None,
+                private: true,
+            })
+            .collect();
+        self.push_change(&mut f, index, events);
     }
 
     /// Moves the index without events (loading, which nobody could have watched).

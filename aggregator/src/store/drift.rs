@@ -1,15 +1,18 @@
 //! Configuration drift (contract section 15): the live instances of a cluster
 //! grouped by the hash of their sidecar's effective configuration, which each agent
 //! computes without what is per instance by nature (`docs/agent.md`, "The drift
-//! hash"). Instances with different hashes are drifted.
+//! hash"). Instances with different hashes are drifted. The history notes when a
+//! cluster's drift starts and ends, with these groups.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use serde::Serialize;
 
-use super::Store;
 use super::instances::LiveInstance;
+use super::{Entry, Store};
+use crate::history::GroupDetail;
+use crate::history::entry::{MAX_GROUP_NAMES, MAX_GROUPS};
 
 /// `GET /clusters/{c}/drift`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
@@ -52,20 +55,45 @@ pub(super) fn drifted<'a>(instances: impl Iterator<Item = &'a LiveInstance>) -> 
     false
 }
 
+/// The live instances of `e` by configuration, the largest group first; known
+/// configurations before unknown ones.
+fn groups_of(e: &Entry) -> Vec<(Option<Arc<str>>, Vec<&String>)> {
+    let mut groups: BTreeMap<Option<Arc<str>>, Vec<&String>> = BTreeMap::new();
+    for (name, i) in e.instances.iter().filter(|(_, i)| i.is_live()) {
+        groups.entry(i.config_hash.clone()).or_default().push(name);
+    }
+    let mut groups: Vec<_> = groups.into_iter().collect();
+    groups.sort_by(|(ha, a), (hb, b)| {
+        b.len()
+            .cmp(&a.len())
+            .then(ha.is_none().cmp(&hb.is_none()))
+            .then(ha.cmp(hb))
+    });
+    groups
+}
+
+/// The groups as a history entry holds them: bounded in groups and names.
+pub(super) fn group_details(e: &Entry) -> Vec<GroupDetail> {
+    groups_of(e)
+        .into_iter()
+        .take(MAX_GROUPS)
+        .map(|(h, names)| GroupDetail {
+            config_hash: h.map(|h| h.to_string()),
+            instance_count: names.len(),
+            instances: names.into_iter().take(MAX_GROUP_NAMES).cloned().collect(),
+        })
+        .collect()
+}
+
 impl Store {
     /// The drift of (zone, cluster); `None` when the cluster is neither registered
     /// nor reported there.
     pub fn drift(&self, zone: &str, cluster: &str) -> Option<DriftView> {
         let by_zone = self.clusters.get(cluster)?;
         let e = by_zone.get(zone)?;
-        let mut groups: BTreeMap<Option<Arc<str>>, Vec<String>> = BTreeMap::new();
         // One instance per configuration, whose report says its kinds' hashes.
         let mut sample: BTreeMap<Arc<str>, &LiveInstance> = BTreeMap::new();
-        for (name, i) in e.instances.iter().filter(|(_, i)| i.is_live()) {
-            groups
-                .entry(i.config_hash.clone())
-                .or_default()
-                .push(name.clone());
+        for i in e.instances.values().filter(|i| i.is_live()) {
             if let Some(h) = &i.config_hash {
                 sample.entry(h.clone()).or_insert(i);
             }
@@ -83,21 +111,13 @@ impl Store {
         } else {
             Vec::new()
         };
-        let mut groups: Vec<DriftGroup> = groups
+        let groups = groups_of(e)
             .into_iter()
             .map(|(h, instances)| DriftGroup {
                 config_hash: h.map(|h| h.to_string()),
-                instances,
+                instances: instances.into_iter().cloned().collect(),
             })
             .collect();
-        // The largest first; known configurations before unknown ones.
-        groups.sort_by(|a, b| {
-            b.instances
-                .len()
-                .cmp(&a.instances.len())
-                .then(a.config_hash.is_none().cmp(&b.config_hash.is_none()))
-                .then(a.config_hash.cmp(&b.config_hash))
-        });
         Some(DriftView {
             drifted,
             groups,

@@ -26,6 +26,7 @@ use tracing::{info, warn};
 
 use super::registrations::Outcome;
 use super::{Committed, Loaded, PersistError, Refusal, Registrations, Store, Write};
+use crate::history::LeftReason;
 
 /// Longest wait for etcd to commit a write. etcd without quorum holds a request
 /// until its own timeout (7 s in 3.4); answering 503 sooner keeps the API's answer
@@ -517,10 +518,14 @@ fn instance_event(store: &Store, e: &EtcdRegistrations, path: &str, value: Optio
         return;
     };
     match value {
-        None => store.drop_remote(zone, cluster, instance),
+        // A withdrawal without its marked publication before it: the lease ended.
+        None => store.drop_remote(zone, cluster, instance, LeftReason::Expired),
         Some(v) => match serde_json::from_slice::<membership::Published>(v) {
             Ok(p) if p.owner == e.owner => {}
-            Ok(p) => store.put_remote(p.remote(zone, cluster, instance)),
+            Ok(p) => match p.left {
+                Some(reason) => store.drop_remote(zone, cluster, instance, reason),
+                None => store.put_remote(p.remote(zone, cluster, instance)),
+            },
             Err(err) => warn!(key = path, error = %err, "Instance publication cannot be decoded."),
         },
     }
@@ -576,7 +581,7 @@ async fn relist(store: &Store, e: &EtcdRegistrations) -> Result<i64, etcd_client
         instances.iter().map(|(p, _)| p.as_str()).collect();
     for (z, c, i) in store.remote_instances() {
         if !listed.contains(format!("{z}/{c}/{i}").as_str()) {
-            store.drop_remote(&z, &c, &i);
+            store.drop_remote(&z, &c, &i, LeftReason::Expired);
         }
     }
     for (path, value) in &instances {

@@ -19,6 +19,7 @@ use tracing::{debug, warn};
 use super::changes::Touch;
 use super::read::MetricsLookup;
 use super::{Entry, MAX_EDGE_CLUSTERS, Store, shared};
+use crate::history::{Detail, Kind, LeftReason, Pending};
 
 /// Most reported instances kept at once: reports for further new instances are
 /// dropped (and logged) until others expire, so no set of agents can exhaust memory.
@@ -167,6 +168,9 @@ pub struct RemoteInstance {
     pub reachable: bool,
     pub window_requests: u64,
     pub window_errors: u64,
+    /// The drift hash and its per-kind hashes, when the owner's agent sends them.
+    pub config_hash: Option<String>,
+    pub config_hashes: std::collections::BTreeMap<String, String>,
 }
 
 /// An instance this replica owns, as published to its peers.
@@ -179,6 +183,8 @@ pub struct Member<'a> {
     pub reachable: bool,
     pub window_requests: u64,
     pub window_errors: u64,
+    pub config_hash: Option<&'a str>,
+    pub config_hashes: &'a std::collections::BTreeMap<String, String>,
 }
 
 /// Where a replica publishes instance membership so that replicas sharing a backend
@@ -186,8 +192,8 @@ pub struct Member<'a> {
 pub trait Membership: Send + Sync + fmt::Debug {
     /// An owned instance was reported (new, or with new status inputs).
     fn publish(&self, member: Member<'_>);
-    /// An owned instance is gone (expired, or its agent left).
-    fn withdraw(&self, zone: &str, cluster: &str, instance: &str);
+    /// An owned instance is gone (expired, or its agent left), for `reason`.
+    fn withdraw(&self, zone: &str, cluster: &str, instance: &str, reason: LeftReason);
 }
 
 /// Who reports what.
@@ -223,8 +229,13 @@ enum Put {
     /// Held by another reporter that may not be displaced (`instance_in_use`):
     /// (zone, cluster, instance).
     Refused(String, String, String),
-    /// Stored; `shown` when a reader sees the change.
-    Done { shown: bool, joined: Option<Joined> },
+    /// Stored; `shown` when a reader sees the change; `drift` when the cluster's
+    /// drift may have moved (a configuration or a live instance with one changed).
+    Done {
+        shown: bool,
+        joined: Option<Joined>,
+        drift: bool,
+    },
 }
 
 /// An instance the reporting agent did not report before: its name, and the agent
@@ -232,6 +243,17 @@ enum Put {
 struct Joined {
     instance: String,
     previous: Option<Arc<str>>,
+}
+
+/// An instance as a report (or a peer's publication) shows it now, for the history.
+struct Seen<'a> {
+    zone: &'a str,
+    cluster: &'a str,
+    instance: &'a str,
+    reachable: bool,
+    start_time_ms: i64,
+    config_hash: Option<&'a str>,
+    config_hashes: &'a std::collections::BTreeMap<String, String>,
 }
 
 /// Room for one packed instance report (about 500 bytes for a real-shaped one) in
@@ -334,6 +356,7 @@ impl Store {
             let e = by_zone.entry(zone.clone()).or_insert_with(Entry::new);
             let before = (e.status, e.live);
             let mut shown_here = false;
+            let mut drift_here = false;
             let mut report = Some(first);
             while let Some(r) = report.take() {
                 match self.put_instance(e, &agent, r, now, may_take) {
@@ -341,9 +364,14 @@ impl Store {
                     Put::Refused(zone, cluster, instance) => {
                         refused.push((zone, cluster, instance));
                     }
-                    Put::Done { shown, joined: j } => {
+                    Put::Done {
+                        shown,
+                        joined: j,
+                        drift,
+                    } => {
                         stored = true;
                         shown_here |= shown;
+                        drift_here |= drift;
                         if let Some(j) = j {
                             let key = (zone.clone(), cluster.clone(), j.instance);
                             if let Some(p) = j.previous {
@@ -356,6 +384,9 @@ impl Store {
                 report = reports.next_if(|n| n.zone_name == zone && n.cluster_name == cluster);
             }
             self.refresh(e, before);
+            if drift_here {
+                self.note_drift(&zone, &cluster, e);
+            }
             shown_here |= before.0 != e.status;
             visible |= shown_here;
             if e.record.is_some() {
@@ -422,6 +453,18 @@ impl Store {
             None => report.reachable,
             Some(p) => p.reachable != report.reachable || p.start_time_ms != report.start_time_ms,
         };
+        let drift = self.note_instance(
+            prev,
+            &Seen {
+                zone: &report.zone_name,
+                cluster: &report.cluster_name,
+                instance: &report.instance,
+                reachable: report.reachable,
+                start_time_ms: report.start_time_ms,
+                config_hash: report.config_hash.as_deref(),
+                config_hashes: &report.config_hashes,
+            },
+        );
         let joined = match prev.map(|p| &p.reporter) {
             Some(Reporter::Agent(same)) if same == agent => None,
             previous => Some(Joined {
@@ -441,6 +484,8 @@ impl Store {
                 reachable: report.reachable,
                 window_requests,
                 window_errors,
+                config_hash: report.config_hash.as_deref(),
+                config_hashes: &report.config_hashes,
             });
         }
         // The graph's fields move to the traffic: the packed report goes without them.
@@ -457,7 +502,102 @@ impl Store {
         if let Some(old) = e.instances.insert(name, fresh) {
             e.count(&old, false);
         }
-        Put::Done { shown, joined }
+        Put::Done {
+            shown,
+            joined,
+            drift,
+        }
+    }
+
+    /// Notes in the history what `next` changes of an instance last seen as `prev`:
+    /// it joined (new and live, or live again), left (its sidecar stopped
+    /// answering), restarted (its start time moved), or runs another configuration.
+    /// Returns whether the cluster's drift may have moved.
+    fn note_instance(&self, prev: Option<&LiveInstance>, next: &Seen<'_>) -> bool {
+        let Some(history) = self.history() else {
+            return false;
+        };
+        let entry = |kind, detail| {
+            history.record(Pending::new(
+                kind,
+                next.zone,
+                next.cluster,
+                next.instance,
+                detail,
+            ))
+        };
+        let joined = Detail::Joined {
+            start_time: next.start_time_ms,
+        };
+        let Some(p) = prev else {
+            if next.reachable {
+                entry(Kind::InstanceJoined, joined);
+            }
+            return next.reachable && next.config_hash.is_some();
+        };
+        match (p.reachable, next.reachable) {
+            (true, false) => entry(
+                Kind::InstanceLeft,
+                Detail::Left {
+                    reason: LeftReason::Unreachable,
+                },
+            ),
+            (false, true) => entry(Kind::InstanceJoined, joined),
+            _ => {}
+        }
+        if next.reachable
+            && p.start_time_ms != next.start_time_ms
+            && p.start_time_ms != 0
+            && next.start_time_ms != 0
+        {
+            entry(
+                Kind::InstanceRestarted,
+                Detail::Restarted {
+                    start_time: next.start_time_ms,
+                    previous_start_time: p.start_time_ms,
+                },
+            );
+        }
+        let hash_moved = p.config_hash.as_deref() != next.config_hash;
+        if let (Some(from), Some(to)) = (&p.config_hash, next.config_hash)
+            && **from != *to
+        {
+            let before = p.report().config_hashes;
+            let mut resources: Vec<String> = before
+                .keys()
+                .chain(next.config_hashes.keys())
+                .filter(|k| before.get(*k) != next.config_hashes.get(*k))
+                .cloned()
+                .collect();
+            resources.sort();
+            resources.dedup();
+            entry(
+                Kind::ConfigChanged,
+                Detail::Config {
+                    from: from.to_string(),
+                    to: to.to_owned(),
+                    resources,
+                },
+            );
+        }
+        hash_moved || (p.reachable != next.reachable && next.config_hash.is_some())
+    }
+
+    /// Notes `drift-started` or `drift-ended` when the live instances of `e` went
+    /// from one configuration to several or back; the caller holds `e`'s guard.
+    fn note_drift(&self, zone: &str, cluster: &str, e: &mut Entry) {
+        let drifted = super::drift::drifted(e.instances.values());
+        if drifted == e.drifted {
+            return;
+        }
+        e.drifted = drifted;
+        let kind = if drifted {
+            Kind::DriftStarted
+        } else {
+            Kind::DriftEnded
+        };
+        let groups = super::drift::group_details(e);
+        self.note(|| Pending::new(kind, zone, cluster, "", Detail::Drift { groups }));
     }
 
     /// Shows (or updates) an instance another replica owns. The shared store is the
@@ -472,6 +612,24 @@ impl Store {
                 return;
             }
             let before = (e.status, e.live);
+            // The first listing of a replica is a load: nothing in it is news.
+            let note = self.is_loaded();
+            let drift = if note {
+                self.note_instance(
+                    e.instances.get(&r.instance),
+                    &Seen {
+                        zone: &r.zone,
+                        cluster: &r.cluster,
+                        instance: &r.instance,
+                        reachable: r.reachable,
+                        start_time_ms: r.start_time_ms,
+                        config_hash: r.config_hash.as_deref(),
+                        config_hashes: &r.config_hashes,
+                    },
+                )
+            } else {
+                false
+            };
             let fresh = LiveInstance::new(
                 Reporter::Replica(Arc::from(r.owner.as_str())),
                 Instant::now(),
@@ -479,6 +637,8 @@ impl Store {
                 &InstanceReport {
                     reachable: r.reachable,
                     start_time_ms: r.start_time_ms,
+                    config_hash: r.config_hash.clone(),
+                    config_hashes: r.config_hashes.clone(),
                     ..InstanceReport::unread(r.zone.clone(), r.cluster.clone(), r.instance.clone())
                 },
             );
@@ -492,7 +652,12 @@ impl Store {
                 }
                 None => r.reachable,
             };
-            self.refresh(e, before);
+            self.refresh_noting(e, before, note);
+            if drift {
+                self.note_drift(&r.zone, &r.cluster, e);
+            } else if !note {
+                e.drifted = super::drift::drifted(e.instances.values());
+            }
             let shown = shown || before.0 != e.status;
             if e.record.is_some() {
                 self.count_change(&r.zone, before, (e.status, e.live));
@@ -509,11 +674,13 @@ impl Store {
         }
     }
 
-    /// Drops an instance another replica owned (its publication is gone).
-    pub fn drop_remote(&self, zone: &str, cluster: &str, instance: &str) {
+    /// Drops an instance another replica owned (its publication is gone, or its
+    /// owner marked it as left for `reason`).
+    pub fn drop_remote(&self, zone: &str, cluster: &str, instance: &str, reason: LeftReason) {
         let _st = shared(&self.state);
         let key = (zone.to_owned(), cluster.to_owned(), instance.to_owned());
-        if self.drop_instance(&key, LiveInstance::is_remote) {
+        let reason = self.is_loaded().then_some(reason);
+        if self.drop_instance(&key, LiveInstance::is_remote, reason) {
             self.publish(self.touch_if_registered(&key).as_slice());
         }
     }
@@ -592,7 +759,11 @@ impl Store {
         let mut changed = false;
         let mut touched = Vec::new();
         for key in keys {
-            if self.drop_instance(&key, |i| i.reported_by(agent_id)) {
+            if self.drop_instance(
+                &key,
+                |i| i.reported_by(agent_id),
+                Some(LeftReason::Disconnected),
+            ) {
                 changed = true;
                 touched.extend(self.touch_if_registered(&key));
             }
@@ -629,7 +800,7 @@ impl Store {
                 None => continue,
             };
             for key in keys {
-                if self.drop_instance(&key, stale) {
+                if self.drop_instance(&key, stale, Some(LeftReason::Expired)) {
                     debug!(%agent, zone = %key.0, cluster = %key.1, instance = %key.2, "Instance expired.");
                     changed = true;
                     touched.extend(self.touch_if_registered(&key));
@@ -664,9 +835,16 @@ impl Store {
         })
     }
 
-    /// Removes one instance when `cond` holds; refreshes status and counters.
+    /// Removes one instance when `cond` holds; refreshes status and counters; notes
+    /// in the history that a live instance left for `reason` (none: quietly).
     /// Returns whether it was removed.
-    fn drop_instance(&self, key: &InstanceKey, cond: impl Fn(&LiveInstance) -> bool) -> bool {
+    fn drop_instance(
+        &self,
+        key: &InstanceKey,
+        cond: impl Fn(&LiveInstance) -> bool,
+        reason: Option<LeftReason>,
+    ) -> bool {
+        let mut owned = false;
         {
             let Some(mut by_zone) = self.clusters.get_mut(&key.1) else {
                 return false;
@@ -680,9 +858,28 @@ impl Store {
             let before = (e.status, e.live);
             if let Some(old) = e.instances.remove(&key.2) {
                 e.count(&old, false);
+                owned = !old.is_remote();
+                if let Some(reason) = reason.filter(|_| old.is_live()) {
+                    self.note(|| {
+                        Pending::new(
+                            Kind::InstanceLeft,
+                            &key.0,
+                            &key.1,
+                            &key.2,
+                            Detail::Left { reason },
+                        )
+                    });
+                }
+                if old.is_live() && old.config_hash.is_some() {
+                    if reason.is_some() {
+                        self.note_drift(&key.0, &key.1, e);
+                    } else {
+                        e.drifted = super::drift::drifted(e.instances.values());
+                    }
+                }
             }
             self.live.total.fetch_sub(1, Ordering::AcqRel);
-            self.refresh(e, before);
+            self.refresh_noting(e, before, reason.is_some());
             if e.record.is_some() {
                 self.count_change(&key.0, before, (e.status, e.live));
             }
@@ -697,8 +894,14 @@ impl Store {
             }
         }
         self.traffic.forget(key);
-        if let Some(m) = self.live.membership.get() {
-            m.withdraw(&key.0, &key.1, &key.2);
+        // Only this replica's own publications are its to withdraw.
+        if owned && let Some(m) = self.live.membership.get() {
+            m.withdraw(
+                &key.0,
+                &key.1,
+                &key.2,
+                reason.unwrap_or(LeftReason::Expired),
+            );
         }
         true
     }

@@ -15,6 +15,7 @@ use tracing::warn;
 use super::changes::Touch;
 use super::persist::PersistError;
 use super::{Entry, Store, StoreError, ZoneAggregate, ZoneState, exclusive, render};
+use crate::history::{Detail, Kind, Pending};
 
 /// One conditional write; a batch of them is committed all or nothing.
 #[derive(Debug, Clone)]
@@ -434,20 +435,27 @@ impl Store {
         self.apply(changes, false);
     }
 
+    /// Shows `changes`; with `publish` (not at loading) they are changes a reader
+    /// sees: published on the feed and noted in the history.
     fn apply(&self, changes: &[Committed], publish: bool) {
         let _st = exclusive(&self.state);
         let mut touched = Vec::new();
+        let note = |kind: Kind, zone: &str, cluster: &str, detail: Detail| {
+            if publish {
+                self.note(|| Pending::new(kind, zone, cluster, "", detail));
+            }
+        };
         for change in changes {
             match change {
                 Committed::PutZone(z) => {
                     // A listing after a lost watch puts every record again: only what
                     // differs is a change.
-                    if self
-                        .zones
-                        .get(&z.zone_name)
-                        .is_none_or(|old| *old.record != *z)
-                    {
+                    let old = self.zones.get(&z.zone_name).map(|old| old.record.clone());
+                    if old.as_deref().is_none_or(|old| *old != *z) {
                         touched.push(Touch::Zone(z.zone_name.clone()));
+                    }
+                    if old.is_none() {
+                        note(Kind::ZoneRegistered, &z.zone_name, "", Detail::Nothing {});
                     }
                     self.put_zone_in_memory(z.clone());
                 }
@@ -455,19 +463,42 @@ impl Store {
                     if let Some((_, zone)) = self.zones.remove(&z.zone_name) {
                         for cluster in &zone.clusters {
                             self.unregister_in_memory(&z.zone_name, cluster);
+                            note(
+                                Kind::ClusterDeleted,
+                                &z.zone_name,
+                                cluster,
+                                Detail::Nothing {},
+                            );
                         }
+                        note(Kind::ZoneDeleted, &z.zone_name, "", Detail::Nothing {});
                         touched.extend(Touch::zone_and_clusters(&z.zone_name, &zone.clusters));
                     }
                 }
                 Committed::PutCluster(c) => {
                     if self.zones.contains_key(&c.zone_name) {
-                        if self
-                            .record(&c.zone_name, &c.cluster_name)
-                            .is_none_or(|old| *old != *c)
-                        {
+                        let old = self.record(&c.zone_name, &c.cluster_name);
+                        if old.as_deref().is_none_or(|old| *old != *c) {
                             touched.push(Touch::cluster(&c.zone_name, &c.cluster_name));
                         }
-                        self.put_cluster_in_memory(c.clone());
+                        match &old {
+                            None => note(
+                                Kind::ClusterRegistered,
+                                &c.zone_name,
+                                &c.cluster_name,
+                                Detail::Nothing {},
+                            ),
+                            Some(old) if **old != *c => note(
+                                Kind::ClusterUpdated,
+                                &c.zone_name,
+                                &c.cluster_name,
+                                Detail::Changed {
+                                    changed: changed_fields(old, c),
+                                },
+                            ),
+                            Some(_) => {}
+                        }
+                        // A status moved by the new bounds is noted after the update.
+                        self.put_cluster_in_memory(c.clone(), publish && old.is_some());
                     } else {
                         warn!(zone = %c.zone_name, cluster = %c.cluster_name, "Cluster of an unknown zone not shown.");
                     }
@@ -475,6 +506,12 @@ impl Store {
                 Committed::DeleteCluster(c) => {
                     if self.is_registered(&c.zone_name, &c.cluster_name) {
                         touched.push(Touch::cluster(&c.zone_name, &c.cluster_name));
+                        note(
+                            Kind::ClusterDeleted,
+                            &c.zone_name,
+                            &c.cluster_name,
+                            Detail::Nothing {},
+                        );
                     }
                     self.unregister_in_memory(&c.zone_name, &c.cluster_name);
                     if let Some(mut z) = self.zones.get_mut(&c.zone_name) {
@@ -510,8 +547,9 @@ impl Store {
     }
 
     /// Sets the registration of (zone, cluster) in memory and moves the zone's
-    /// counters; the caller holds the state lock.
-    fn put_cluster_in_memory(&self, c: ClusterRecord) {
+    /// counters; the caller holds the state lock. A status change is noted in the
+    /// history when `note_status`.
+    fn put_cluster_in_memory(&self, c: ClusterRecord, note_status: bool) {
         let zone = c.zone_name.clone();
         let name = c.cluster_name.clone();
         let (old, new) = {
@@ -520,7 +558,7 @@ impl Store {
             let old = e.record.take().map(|r| (r, e.status, e.live));
             e.record_json = render::record_json(&c);
             e.record = Some(Arc::new(c));
-            self.refresh(e, (e.status, e.live));
+            self.refresh_noting(e, (e.status, e.live), note_status);
             (old, (e.record.clone().expect("just set"), e.status, e.live))
         };
         if let Some(mut z) = self.zones.get_mut(&zone) {
@@ -561,9 +599,41 @@ impl Store {
     }
 }
 
+/// The fields of a cluster record that differ between `old` and `new`, by the
+/// names the API gives them, sorted.
+fn changed_fields(old: &ClusterRecord, new: &ClusterRecord) -> Vec<String> {
+    let (Ok(serde_json::Value::Object(old)), Ok(serde_json::Value::Object(new))) =
+        (serde_json::to_value(old), serde_json::to_value(new))
+    else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> = old
+        .iter()
+        .filter(|(k, v)| new.get(*k) != Some(*v))
+        .map(|(k, _)| k.clone())
+        .chain(new.keys().filter(|k| !old.contains_key(*k)).cloned())
+        .collect();
+    names.sort();
+    names
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn changed_fields_are_named_as_the_api_names_them() {
+        let old = ClusterRecord::new("z", "c", "n");
+        let mut new = old.clone();
+        new.owner = "team-b".into();
+        new.min_instances = 2;
+        new.owner_url = "https://team-b.example".into();
+        assert_eq!(
+            changed_fields(&old, &new),
+            vec!["minInstances", "owner", "ownerURL"]
+        );
+        assert!(changed_fields(&old, &old).is_empty());
+    }
 
     #[test]
     fn the_sequencer_shows_commits_in_order() {

@@ -440,6 +440,8 @@ fn remote(instance: &str, reachable: bool, requests: u64) -> RemoteInstance {
         reachable,
         window_requests: requests,
         window_errors: 0,
+        config_hash: None,
+        config_hashes: Default::default(),
     }
 }
 
@@ -544,7 +546,7 @@ fn every_visible_change_moves_the_index_and_metrics_alone_do_not() {
     let i = s.index();
     s.put_remote(remote("r1", true, 30));
     assert_eq!(s.index(), i);
-    s.drop_remote("z", "a", "r1");
+    s.drop_remote("z", "a", "r1", crate::history::LeftReason::Expired);
     assert_eq!(events_after(&s, i).1[0], ev("cluster"));
 
     // The same record again (a listing after a lost watch) is no change.
@@ -756,3 +758,5 @@ fn reporters_by_zone_tell_agents_from_peer_replicas() {
         1
     );
 }
+
+mod history;

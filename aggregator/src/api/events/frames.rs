@@ -29,11 +29,13 @@ impl Filter {
     }
 }
 
-/// The frame of `e` a caller sees: the read-token one or the anonymous one.
-pub(super) fn frame_of(e: &Event, authorized: bool) -> &Bytes {
+/// The frame of `e` a caller sees: the read-token one or the anonymous one; none
+/// of a private event for a caller without the read token.
+pub(super) fn frame_of(e: &Event, authorized: bool) -> Option<&Bytes> {
     match (&e.frame_unauthorized, authorized) {
-        (Some(f), false) => f,
-        _ => &e.frame,
+        (_, false) if e.private => None,
+        (Some(f), false) => Some(f),
+        _ => Some(&e.frame),
     }
 }
 
@@ -95,7 +97,9 @@ impl Chunk {
             if !filter.admits(e) {
                 continue;
             }
-            let frame = frame_of(e, authorized);
+            let Some(frame) = frame_of(e, authorized) else {
+                continue;
+            };
             if !self.is_empty() && self.len() + frame.len() > limit {
                 return Some(i);
             }
@@ -136,7 +140,7 @@ pub(super) fn replay(
             .iter()
             .flat_map(|c| c.events.iter())
             .filter(|e| filter.admits(e))
-            .map(|e| frame_of(e, authorized))
+            .filter_map(|e| frame_of(e, authorized))
     };
     let (mut count, mut len) = (0usize, 0usize);
     for f in frames() {

@@ -94,7 +94,8 @@ pub struct StreamEvent {
     #[schema(inline)]
     pub event: StreamEventName,
     /// JSON: a cluster as in GET /clusters, {clusterName, zoneName}, a zone record,
-    /// {zoneName}, the summary's metadata, or {} for reset.
+    /// {zoneName}, the summary's metadata, a history entry as in GET /history (only
+    /// to callers holding the read token), or {} for reset.
     pub data: String,
     #[schema(pattern = "^[0-9]+$")]
     pub id: Option<String>,
@@ -108,6 +109,8 @@ pub enum StreamEventName {
     ClusterDeleted,
     Zone,
     ZoneDeleted,
+    Graph,
+    History,
     Summary,
     Reset,
 }

@@ -26,6 +26,7 @@ fn change(index: u64, cluster: &str) -> Arc<Change> {
             cluster: Some(cluster.into()),
             frame: Bytes::from(frame),
             frame_unauthorized: None,
+            private: false,
         }],
     })
 }
@@ -160,6 +161,7 @@ fn bulk(index: u64, n: usize, len: usize) -> Arc<Change> {
                 cluster: Some(format!("c{i}")),
                 frame: Bytes::from(format!("{head}{}\"}}\n\n", "x".repeat(pad))),
                 frame_unauthorized: None,
+                private: false,
             }
         })
         .collect();

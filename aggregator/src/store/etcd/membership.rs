@@ -8,7 +8,7 @@
 //! and its publications go with it, unless its agents' new replica already
 //! published them again.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasher, RandomState};
 use std::time::{Duration, SystemTime};
 
@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, warn};
 
+use crate::history::LeftReason;
 use crate::store::{Member, Membership, RemoteInstance, Rules};
 
 /// A publication, as stored in etcd.
@@ -28,6 +29,15 @@ pub struct Published {
     pub reachable: bool,
     pub window_requests: u64,
     pub window_errors: u64,
+    /// The drift hash, so every replica groups every instance by configuration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_hash: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub config_hashes: BTreeMap<String, String>,
+    /// Set on the last publication of an instance that left, just before it is
+    /// withdrawn: peers record why (a withdrawal alone says nothing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub left: Option<LeftReason>,
 }
 
 impl Published {
@@ -39,6 +49,7 @@ impl Published {
         self.owner != before.owner
             || self.start_time_ms != before.start_time_ms
             || self.reachable != before.reachable
+            || self.config_hash != before.config_hash
             || erroring(self) != erroring(before)
     }
 
@@ -52,6 +63,8 @@ impl Published {
             reachable: self.reachable,
             window_requests: self.window_requests,
             window_errors: self.window_errors,
+            config_hash: self.config_hash,
+            config_hashes: self.config_hashes,
         }
     }
 }
@@ -69,7 +82,7 @@ pub fn replica_id() -> String {
 
 enum Publish {
     Put(String, Published),
-    Delete(String),
+    Delete(String, LeftReason),
 }
 
 /// The [`Membership`] the store calls on every report: it only queues; the
@@ -85,7 +98,7 @@ impl std::fmt::Debug for Publish {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Publish::Put(k, _) => write!(f, "Put({k})"),
-            Publish::Delete(k) => write!(f, "Delete({k})"),
+            Publish::Delete(k, why) => write!(f, "Delete({k}, {why:?})"),
         }
     }
 }
@@ -106,14 +119,17 @@ impl Membership for EtcdMembership {
                 reachable: m.reachable,
                 window_requests: m.window_requests,
                 window_errors: m.window_errors,
+                config_hash: m.config_hash.map(str::to_owned),
+                config_hashes: m.config_hashes.clone(),
+                left: None,
             },
         ));
     }
 
-    fn withdraw(&self, zone: &str, cluster: &str, instance: &str) {
+    fn withdraw(&self, zone: &str, cluster: &str, instance: &str, reason: LeftReason) {
         let _ = self
             .tx
-            .send(Publish::Delete(self.key(zone, cluster, instance)));
+            .send(Publish::Delete(self.key(zone, cluster, instance), reason));
     }
 }
 
@@ -210,13 +226,27 @@ impl Publisher {
 
     /// Deletes a publication only while it is still ours (on our lease): an agent
     /// that moved on is published by its new replica, which must not be undone.
-    async fn delete(&mut self, key: &str) -> Result<(), String> {
+    /// The last publication, marked with why the instance left, goes first, on the
+    /// same condition: peers learn the reason from it, and a peer that sees only
+    /// the deletion (its watch was lost meanwhile) takes it as expired.
+    async fn delete(&mut self, key: &str, last: Option<Published>) -> Result<(), String> {
         let Some(lease) = self.lease else {
             return Ok(());
         };
-        let txn = Txn::new()
-            .when([Compare::lease(key, CompareOp::Equal, lease)])
-            .and_then([TxnOp::delete(key, None)]);
+        let ours = || [Compare::lease(key, CompareOp::Equal, lease)];
+        if let Some(last) = last {
+            let value = serde_json::to_vec(&last).expect("publications serialise");
+            let mark = Txn::new().when(ours()).and_then([TxnOp::put(
+                key,
+                value,
+                Some(PutOptions::new().with_lease(lease)),
+            )]);
+            tokio::time::timeout(CALL_TIMEOUT, self.client.txn(mark))
+                .await
+                .map_err(|_| "withdrawal timed out".to_owned())?
+                .map_err(|e| e.to_string())?;
+        }
+        let txn = Txn::new().when(ours()).and_then([TxnOp::delete(key, None)]);
         let call = self.client.txn(txn);
         tokio::time::timeout(CALL_TIMEOUT, call)
             .await
@@ -243,10 +273,14 @@ impl Publisher {
                         puts.push((key, p));
                     }
                 }
-                Publish::Delete(key) => {
+                Publish::Delete(key, reason) => {
                     puts.retain(|(k, _)| *k != key);
-                    self.published.remove(&key);
-                    if let Err(e) = self.delete(&key).await {
+                    let last = self.published.remove(&key).map(|p| Published {
+                        reachable: false,
+                        left: Some(reason),
+                        ..p
+                    });
+                    if let Err(e) = self.delete(&key, last).await {
                         debug!(error = %e, "Instance withdrawal failed; the lease ends it.");
                     }
                 }
@@ -371,6 +405,9 @@ mod tests {
             reachable,
             window_requests: req,
             window_errors: err,
+            config_hash: None,
+            config_hashes: BTreeMap::new(),
+            left: None,
         }
     }
 
@@ -388,6 +425,24 @@ mod tests {
         let mut restarted = base.clone();
         restarted.start_time_ms = 2;
         assert!(restarted.differs(&base, warning));
+        let mut reconfigured = base.clone();
+        reconfigured.config_hash = Some("0123456789abcdef".into());
+        assert!(reconfigured.differs(&base, warning));
+    }
+
+    #[test]
+    fn publications_of_older_replicas_still_read() {
+        let old = br#"{"owner":"a","startTimeMs":1,"reachable":true,"windowRequests":0,"windowErrors":0}"#;
+        let p: Published = serde_json::from_slice(old).unwrap();
+        assert_eq!((p.config_hash, p.left), (None, None));
+        let mut marked = base_marked();
+        marked.left = Some(LeftReason::Disconnected);
+        let text = serde_json::to_string(&marked).unwrap();
+        assert!(text.contains(r#""left":"disconnected""#), "{text}");
+    }
+
+    fn base_marked() -> Published {
+        p("a", false, 0, 0)
     }
 
     #[test]

@@ -1,0 +1,185 @@
+//! The history (contract section 15): what changed in the catalog and its sidecars,
+//! and when, durable under `--data-dir` (`history.redb`, see [`log`]).
+//!
+//! Recording never waits: the points where something happens (the store's
+//! registration, instance and status paths, the sidecar commands, the diagnosis)
+//! hand a [`Pending`] entry to a bounded queue with `try_send`, and one writer
+//! thread ([`writer`]) stores what is queued in batches, one durable commit each, at
+//! most [`writer::GATHER`] after the first entry of a batch. A full queue drops the
+//! entry and counts it (`meshcat_history_dropped_total`): the ingest and the API are
+//! never held up by the history. Stored entries reach `GET /events` as `history`
+//! events through [`publish_events`].
+
+pub mod entry;
+pub mod log;
+pub mod metrics;
+pub mod writer;
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::mpsc::{SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch};
+use tracing::warn;
+
+pub use entry::{ChangedBy, Detail, GroupDetail, Kind, LeftReason, Pending, StatusReason};
+pub use log::{DB_FILE, HistoryDb, HistoryError, Query, Retention, Row, replica_file};
+pub use metrics::HistoryMetrics;
+pub use writer::HistoryEvent;
+
+use crate::store::Store;
+use writer::Msg;
+
+/// Default `--history-retention`.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+/// Default `--history-max-entries`.
+pub const DEFAULT_MAX_ENTRIES: u64 = 1_000_000;
+/// Entries queued for the writer at most: a burst this large (every instance of a
+/// big fleet joining at once) is taken whole while the writer stores at its pace.
+pub const QUEUE: usize = 65_536;
+/// Stored batches queued for the change feed at most.
+const EVENT_BATCHES: usize = 256;
+
+/// How much history the aggregator keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HistoryConfig {
+    /// `--history-retention`: older entries are dropped.
+    pub retention: Duration,
+    /// `--history-max-entries`: beyond it the oldest are dropped; 0 keeps no history.
+    pub max_entries: u64,
+}
+
+impl Default for HistoryConfig {
+    fn default() -> Self {
+        HistoryConfig {
+            retention: DEFAULT_RETENTION,
+            max_entries: DEFAULT_MAX_ENTRIES,
+        }
+    }
+}
+
+impl HistoryConfig {
+    /// Whether any history is kept.
+    pub fn is_on(&self) -> bool {
+        self.max_entries > 0
+    }
+}
+
+/// The history of one aggregator: the queue to its writer and its database for
+/// queries. Dropping it stores what is queued and closes the database.
+#[derive(Debug)]
+pub struct History {
+    queue: SyncSender<Msg>,
+    db: HistoryDb,
+    metrics: HistoryMetrics,
+    /// When a dropped entry was last logged (ms since the epoch): at most one line a
+    /// minute.
+    warned_ms: AtomicI64,
+    /// The stored entries for the change feed, until [`publish_events`] takes them.
+    events: Mutex<Option<mpsc::Receiver<Vec<HistoryEvent>>>>,
+    writer: Option<std::thread::JoinHandle<()>>,
+}
+
+impl History {
+    /// Opens the history `file` in `dir` and starts its writer.
+    pub fn open(
+        dir: &std::path::Path,
+        file: &str,
+        config: HistoryConfig,
+        metrics: HistoryMetrics,
+    ) -> Result<History, HistoryError> {
+        let db = HistoryDb::open(dir, file)?;
+        let appender = db.appender(Retention {
+            max_age: config.retention,
+            max_entries: config.max_entries,
+        })?;
+        let (queue, rx) = std::sync::mpsc::sync_channel(QUEUE);
+        let (events_tx, events) = mpsc::channel(EVENT_BATCHES);
+        let m = metrics.clone();
+        let writer = std::thread::Builder::new()
+            .name("meshcat-history".into())
+            .spawn(move || writer::run(appender, rx, events_tx, m))
+            .map_err(HistoryError::Writer)?;
+        Ok(History {
+            queue,
+            db,
+            metrics,
+            warned_ms: AtomicI64::new(0),
+            events: Mutex::new(Some(events)),
+            writer: Some(writer),
+        })
+    }
+
+    /// Queues `entry` for the writer, never waiting: with the queue full it is
+    /// dropped and counted.
+    pub fn record(&self, entry: Pending) {
+        match self.queue.try_send(Msg::Entry(Box::new(entry))) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+                self.metrics.dropped.inc();
+                let now = entry::now_ms();
+                let last = self.warned_ms.load(Ordering::Relaxed);
+                if now - last >= 60_000
+                    && self
+                        .warned_ms
+                        .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                        .is_ok()
+                {
+                    warn!(
+                        dropped_total = self.metrics.dropped.get(),
+                        queue = QUEUE,
+                        "History entries dropped: the writer's queue is full."
+                    );
+                }
+            }
+        }
+    }
+
+    /// Returns once everything recorded before the call is stored (or the writer
+    /// is gone).
+    pub fn flush(&self) {
+        let (done, wait) = std::sync::mpsc::channel();
+        if self.queue.send(Msg::Flush(done)).is_ok() {
+            let _ = wait.recv();
+        }
+    }
+
+    /// The database, for queries (each runs in its own read transaction).
+    pub fn db(&self) -> &HistoryDb {
+        &self.db
+    }
+
+    /// The stored entries for the change feed; once.
+    pub fn take_events(&self) -> Option<mpsc::Receiver<Vec<HistoryEvent>>> {
+        self.events.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
+impl Drop for History {
+    fn drop(&mut self) {
+        // Waits for room in the queue: the writer is draining it.
+        let _ = self.queue.send(Msg::Stop);
+        if let Some(w) = self.writer.take() {
+            let _ = w.join();
+        }
+    }
+}
+
+/// Sends each stored batch on the store's change feed as `history` events until
+/// `stop` turns true.
+pub async fn publish_events(
+    store: Arc<Store>,
+    mut events: mpsc::Receiver<Vec<HistoryEvent>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            batch = events.recv() => match batch {
+                Some(batch) => store.publish_history(&batch),
+                None => return,
+            },
+            _ = stop.wait_for(|s| *s) => return,
+        }
+    }
+}

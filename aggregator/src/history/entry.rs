@@ -1,0 +1,405 @@
+//! One history entry: its kind (contract section 15), its typed detail, and its
+//! compact stored form. The detail is rendered to JSON by the writer, off the paths
+//! that record it: a status change carries its inputs, and the sentence that says why
+//! is written only there.
+
+use meshcat_common::model::Status;
+use serde::{Serialize, Serializer};
+
+use crate::status::Inputs;
+
+/// What happened. The numbers are the stored form: never reuse one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[repr(u8)]
+pub enum Kind {
+    ClusterRegistered = 1,
+    ClusterUpdated = 2,
+    ClusterDeleted = 3,
+    ZoneRegistered = 4,
+    ZoneDeleted = 5,
+    InstanceJoined = 6,
+    InstanceLeft = 7,
+    InstanceRestarted = 8,
+    StatusChanged = 9,
+    ConfigChanged = 10,
+    DriftStarted = 11,
+    DriftEnded = 12,
+    LogLevelChanged = 13,
+    DebugWindow = 14,
+    Diagnosed = 15,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 15] = [
+        Kind::ClusterRegistered,
+        Kind::ClusterUpdated,
+        Kind::ClusterDeleted,
+        Kind::ZoneRegistered,
+        Kind::ZoneDeleted,
+        Kind::InstanceJoined,
+        Kind::InstanceLeft,
+        Kind::InstanceRestarted,
+        Kind::StatusChanged,
+        Kind::ConfigChanged,
+        Kind::DriftStarted,
+        Kind::DriftEnded,
+        Kind::LogLevelChanged,
+        Kind::DebugWindow,
+        Kind::Diagnosed,
+    ];
+
+    /// The name the API uses.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::ClusterRegistered => "cluster-registered",
+            Kind::ClusterUpdated => "cluster-updated",
+            Kind::ClusterDeleted => "cluster-deleted",
+            Kind::ZoneRegistered => "zone-registered",
+            Kind::ZoneDeleted => "zone-deleted",
+            Kind::InstanceJoined => "instance-joined",
+            Kind::InstanceLeft => "instance-left",
+            Kind::InstanceRestarted => "instance-restarted",
+            Kind::StatusChanged => "status-changed",
+            Kind::ConfigChanged => "config-changed",
+            Kind::DriftStarted => "drift-started",
+            Kind::DriftEnded => "drift-ended",
+            Kind::LogLevelChanged => "log-level-changed",
+            Kind::DebugWindow => "debug-window",
+            Kind::Diagnosed => "diagnosed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+
+    pub fn code(self) -> u8 {
+        self as u8
+    }
+
+    pub fn from_code(c: u8) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|k| k.code() == c)
+    }
+}
+
+/// Why an instance left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LeftReason {
+    /// Not reported within the TTL.
+    Expired,
+    /// Its agent said goodbye or its connection closed.
+    Disconnected,
+    /// Its agent reports that the sidecar does not answer.
+    Unreachable,
+}
+
+/// Who changed a sidecar's log level.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ChangedBy {
+    /// A logging route of the API.
+    Api,
+    /// A timed debug window (the API's, or a diagnosis's `debugSeconds`).
+    DebugWindow,
+}
+
+/// Most instance names one drift group lists; `instanceCount` tells the rest.
+pub const MAX_GROUP_NAMES: usize = 32;
+/// Most drift groups one entry lists.
+pub const MAX_GROUPS: usize = 16;
+
+/// One configuration of a drift entry's cluster.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupDetail {
+    /// Null for instances whose agent sent no hash.
+    pub config_hash: Option<String>,
+    /// At most [`MAX_GROUP_NAMES`], sorted.
+    pub instances: Vec<String>,
+    pub instance_count: usize,
+}
+
+/// The rule that set a status, written as a sentence when the entry is stored.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StatusReason {
+    pub inputs: Inputs,
+    pub error_ratio_warning: f64,
+}
+
+impl Serialize for StatusReason {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&crate::status::explain(
+            self.inputs,
+            self.error_ratio_warning,
+        ))
+    }
+}
+
+/// What an entry says beyond its kind and place, by kind.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged, rename_all_fields = "camelCase")]
+pub enum Detail {
+    /// `cluster-updated`: the record's fields that changed, by their API names.
+    Changed { changed: Vec<String> },
+    /// `instance-joined`.
+    Joined { start_time: i64 },
+    /// `instance-left`.
+    Left { reason: LeftReason },
+    /// `instance-restarted`.
+    Restarted {
+        start_time: i64,
+        previous_start_time: i64,
+    },
+    /// `status-changed`.
+    Status {
+        from: Status,
+        to: Status,
+        reason: StatusReason,
+    },
+    /// `config-changed`: the hashes and the resource kinds whose hashes differ.
+    Config {
+        from: String,
+        to: String,
+        resources: Vec<String>,
+    },
+    /// `drift-started`, `drift-ended`: the groups after the change.
+    Drift { groups: Vec<GroupDetail> },
+    /// `log-level-changed` (levels by the seed's names).
+    LogLevel {
+        from: String,
+        to: String,
+        by: ChangedBy,
+    },
+    /// `debug-window`.
+    DebugWindow { seconds: u32 },
+    /// `diagnosed`.
+    Diagnosed {
+        symptom: Option<&'static str>,
+        conclusion: String,
+        root_cause: Option<serde_json::Value>,
+    },
+    /// Kinds without detail (registrations, deletions): `{}`.
+    Nothing {},
+}
+
+/// An entry as recorded, before the writer numbers and stores it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pending {
+    /// When it happened, ms since the epoch.
+    pub at_ms: i64,
+    pub kind: Kind,
+    pub zone: String,
+    /// Empty for zone entries.
+    pub cluster: String,
+    /// Empty unless the entry is about one instance.
+    pub instance: String,
+    pub detail: Detail,
+}
+
+/// Milliseconds since the epoch now.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+impl Pending {
+    /// An entry of now about (zone, cluster[, instance]).
+    pub fn new(kind: Kind, zone: &str, cluster: &str, instance: &str, detail: Detail) -> Pending {
+        Pending {
+            at_ms: now_ms(),
+            kind,
+            zone: zone.to_owned(),
+            cluster: cluster.to_owned(),
+            instance: instance.to_owned(),
+            detail,
+        }
+    }
+}
+
+/// A stored entry, borrowed from its bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stored<'a> {
+    pub at_ms: i64,
+    pub kind: Kind,
+    pub zone: &'a str,
+    pub cluster: &'a str,
+    pub instance: &'a str,
+    /// The detail's JSON.
+    pub detail: &'a [u8],
+}
+
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn take_varint(b: &mut &[u8]) -> Option<u64> {
+    let mut v = 0u64;
+    for shift in (0..64).step_by(7) {
+        let (&byte, rest) = b.split_first()?;
+        *b = rest;
+        v |= u64::from(byte & 0x7f) << shift;
+        if byte < 0x80 {
+            return Some(v);
+        }
+    }
+    None
+}
+
+fn take_str<'a>(b: &mut &'a [u8]) -> Option<&'a str> {
+    let len = usize::try_from(take_varint(b)?).ok()?;
+    if len > b.len() {
+        return None;
+    }
+    let (s, rest) = b.split_at(len);
+    *b = rest;
+    std::str::from_utf8(s).ok()
+}
+
+impl Stored<'_> {
+    /// The stored form: the time and the names' lengths as varints, the kind's
+    /// byte, the names, then the detail's JSON to the end. About 40 bytes of
+    /// names and header, where the entry as JSON with its field names takes 110.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        put_varint(out, self.at_ms.max(0) as u64);
+        out.push(self.kind.code());
+        for s in [self.zone, self.cluster, self.instance] {
+            put_varint(out, s.len() as u64);
+            out.extend_from_slice(s.as_bytes());
+        }
+        out.extend_from_slice(self.detail);
+    }
+
+    /// Reads the stored form; `None` when it is not one.
+    pub fn decode(mut b: &[u8]) -> Option<Stored<'_>> {
+        let at_ms = i64::try_from(take_varint(&mut b)?).ok()?;
+        let (&kind, rest) = b.split_first()?;
+        b = rest;
+        let kind = Kind::from_code(kind)?;
+        let zone = take_str(&mut b)?;
+        let cluster = take_str(&mut b)?;
+        let instance = take_str(&mut b)?;
+        Some(Stored {
+            at_ms,
+            kind,
+            zone,
+            cluster,
+            instance,
+            detail: b,
+        })
+    }
+
+    /// The entry as the API shows it.
+    pub fn to_entry(&self, id: u64) -> meshcat_common::model::HistoryEntry {
+        meshcat_common::model::HistoryEntry {
+            id,
+            at_ms: self.at_ms,
+            kind: self.kind.as_str().to_owned(),
+            zone_name: self.zone.to_owned(),
+            cluster_name: self.cluster.to_owned(),
+            instance: self.instance.to_owned(),
+            detail: serde_json::from_slice(self.detail)
+                .unwrap_or_else(|_| serde_json::Value::Object(Default::default())),
+        }
+    }
+}
+
+/// The key of a cluster name in the cluster index: FNV-1a, 32 bits. Stable across
+/// builds (it is stored); two names that collide only cost a filtered read.
+pub fn cluster_key(name: &str) -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in name.bytes() {
+        h ^= u32::from(b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_round_trip_by_name_and_code() {
+        for k in Kind::ALL {
+            assert_eq!(Kind::parse(k.as_str()), Some(k));
+            assert_eq!(Kind::from_code(k.code()), Some(k));
+        }
+        assert_eq!(Kind::parse("cluster"), None);
+        assert_eq!(Kind::from_code(0), None);
+    }
+
+    #[test]
+    fn the_stored_form_round_trips() {
+        let s = Stored {
+            at_ms: 1_712_345_678_901,
+            kind: Kind::InstanceJoined,
+            zone: "zone-a",
+            cluster: "orders",
+            instance: "orders-7f9c",
+            detail: br#"{"startTime":1712345678000}"#,
+        };
+        let mut out = Vec::new();
+        s.encode(&mut out);
+        assert_eq!(Stored::decode(&out), Some(s));
+        // 6 bytes of time, the kind, three lengths, the names and the detail.
+        assert_eq!(out.len(), 6 + 1 + 3 + 6 + 6 + 11 + s.detail.len());
+        assert_eq!(Stored::decode(&out[..5]), None);
+        assert_eq!(Stored::decode(&[]), None);
+    }
+
+    #[test]
+    fn details_render_as_the_contract_names_them() {
+        let j = |d: &Detail| serde_json::to_value(d).unwrap();
+        assert_eq!(
+            j(&Detail::Restarted {
+                start_time: 2,
+                previous_start_time: 1
+            }),
+            serde_json::json!({"startTime": 2, "previousStartTime": 1})
+        );
+        assert_eq!(
+            j(&Detail::Left {
+                reason: LeftReason::Unreachable
+            }),
+            serde_json::json!({"reason": "unreachable"})
+        );
+        assert_eq!(
+            j(&Detail::LogLevel {
+                from: "info".into(),
+                to: "debug".into(),
+                by: ChangedBy::DebugWindow
+            }),
+            serde_json::json!({"from": "info", "to": "debug", "by": "debug-window"})
+        );
+        assert_eq!(j(&Detail::Nothing {}), serde_json::json!({}));
+        let status = j(&Detail::Status {
+            from: Status::Stable,
+            to: Status::Warning,
+            reason: StatusReason {
+                inputs: Inputs {
+                    live: 1,
+                    min_instances: 2,
+                    ..Inputs::default()
+                },
+                error_ratio_warning: 0.05,
+            },
+        });
+        assert_eq!(status["from"], "stable");
+        assert_eq!(status["to"], "warning");
+        assert_eq!(status["reason"], "1 live instance, below minInstances 2");
+    }
+
+    #[test]
+    fn cluster_keys_are_stable() {
+        // Stored on disk: a change would orphan every index entry.
+        assert_eq!(cluster_key(""), 0x811c_9dc5);
+        assert_eq!(cluster_key("a"), 0xe40c_292c);
+        assert_ne!(cluster_key("orders"), cluster_key("payments"));
+    }
+}

@@ -1,0 +1,248 @@
+//! What the store notes in the history: registrations, instances arriving, leaving
+//! and restarting, status changes with their reason, configuration changes and
+//! drift; nothing at loading.
+
+use serde_json::json;
+
+use super::*;
+use crate::history::{HistoryConfig, HistoryMetrics};
+
+fn open_with_history() -> (tempfile::TempDir, Store) {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Store::open(dir.path(), rules()).unwrap();
+    attach(&s, dir.path());
+    (dir, s)
+}
+
+fn attach(s: &Store, dir: &std::path::Path) {
+    let h = History::open(
+        dir,
+        crate::history::DB_FILE,
+        HistoryConfig::default(),
+        HistoryMetrics::unregistered(),
+    )
+    .unwrap();
+    s.set_history(h).unwrap();
+}
+
+/// Every entry so far, oldest first, as (kind, cluster, instance, detail).
+fn entries(s: &Store) -> Vec<(String, String, String, serde_json::Value)> {
+    let h = s.history().unwrap();
+    h.flush();
+    let mut rows = h
+        .db()
+        .query(&crate::history::Query {
+            limit: 1000,
+            ..Default::default()
+        })
+        .unwrap();
+    rows.reverse();
+    rows.iter()
+        .map(|r| {
+            let e = r.stored().to_entry(r.id);
+            (e.kind, e.cluster_name, e.instance, e.detail)
+        })
+        .collect()
+}
+
+fn kinds(s: &Store) -> Vec<String> {
+    entries(s).into_iter().map(|e| e.0).collect()
+}
+
+fn hashed(instance: &str, hash: &str, routes: &str) -> InstanceReport {
+    let mut r = report("z", "a", instance, 0, 0);
+    r.config_hash = Some(hash.into());
+    r.config_hashes = [("listeners", "l1"), ("routes", routes)]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+    r
+}
+
+#[test]
+fn registrations_are_noted_with_the_fields_that_changed() {
+    let (_d, s) = open_with_history();
+    s.create_zone(zone("z")).unwrap();
+    s.create_cluster(ClusterRecord::new("z", "a", "A")).unwrap();
+    let mut edited = ClusterRecord::new("z", "a", "A");
+    edited.owner = "team-a".into();
+    edited.version = "2".into();
+    s.replace_cluster(edited.clone()).unwrap();
+    // The same record again changes nothing.
+    s.replace_cluster(edited).unwrap();
+    s.create_cluster(ClusterRecord::new("z", "b", "B")).unwrap();
+    s.delete_cluster("z", "a").unwrap();
+    s.delete_zone("z").unwrap();
+    let got = entries(&s);
+    let summary: Vec<(&str, &str)> = got.iter().map(|e| (e.0.as_str(), e.1.as_str())).collect();
+    assert_eq!(
+        summary,
+        [
+            ("zone-registered", ""),
+            ("cluster-registered", "a"),
+            ("cluster-updated", "a"),
+            ("cluster-registered", "b"),
+            ("cluster-deleted", "a"),
+            ("cluster-deleted", "b"),
+            ("zone-deleted", ""),
+        ]
+    );
+    assert_eq!(got[2].3, json!({"changed": ["owner", "version"]}));
+}
+
+#[test]
+fn loading_notes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let s = Store::open(dir.path(), rules()).unwrap();
+        s.create_zone(zone("z")).unwrap();
+        s.create_cluster(ClusterRecord::new("z", "a", "A")).unwrap();
+    }
+    let s = Store::open(dir.path(), rules()).unwrap();
+    attach(&s, dir.path());
+    assert!(kinds(&s).is_empty());
+}
+
+#[test]
+fn instances_join_leave_and_restart_with_status_reasons() {
+    let (_d, s) = open_with_history();
+    s.create_zone(zone("z")).unwrap();
+    let mut c = ClusterRecord::new("z", "a", "A");
+    c.min_instances = 2;
+    s.create_cluster(c).unwrap();
+    let now = Instant::now();
+    s.apply_report("agent-1", report("z", "a", "i1", 0, 0), now);
+    s.apply_report("agent-2", report("z", "a", "i2", 0, 0), now);
+    // Steady reports note nothing.
+    s.apply_report("agent-1", report("z", "a", "i1", 10, 0), now);
+    let mut down = report("z", "a", "i1", 10, 0);
+    down.reachable = false;
+    s.apply_report("agent-1", down, now);
+    let mut back = report("z", "a", "i1", 0, 0);
+    back.start_time_ms += 60_000;
+    s.apply_report("agent-1", back, now);
+    s.agent_gone("agent-2");
+    s.expire(now + Duration::from_secs(16));
+    // After the zone's and the cluster's registrations.
+    let got = entries(&s).split_off(2);
+    let summary: Vec<(&str, &str)> = got.iter().map(|e| (e.0.as_str(), e.2.as_str())).collect();
+    assert_eq!(
+        summary,
+        [
+            ("instance-joined", "i1"),
+            ("status-changed", ""),
+            ("instance-joined", "i2"),
+            ("status-changed", ""),
+            ("instance-left", "i1"),
+            ("status-changed", ""),
+            ("instance-joined", "i1"),
+            ("instance-restarted", "i1"),
+            ("status-changed", ""),
+            ("instance-left", "i2"),
+            ("status-changed", ""),
+            ("instance-left", "i1"),
+            ("status-changed", ""),
+        ]
+    );
+    assert_eq!(got[0].3, json!({"startTime": 1_700_000_000_000i64}));
+    assert_eq!(
+        got[1].3,
+        json!({"from": "down", "to": "warning", "reason": "1 live instance, below minInstances 2"})
+    );
+    assert_eq!(got[3].3["to"], "stable");
+    assert_eq!(got[4].3, json!({"reason": "unreachable"}));
+    assert_eq!(
+        got[7].3,
+        json!({"startTime": 1_700_000_060_000i64, "previousStartTime": 1_700_000_000_000i64})
+    );
+    assert_eq!(got[9].3, json!({"reason": "disconnected"}));
+    assert_eq!(got[11].3, json!({"reason": "expired"}));
+    assert_eq!(got[12].3["to"], "down");
+    // Raising minInstances moves the status: noted after the update.
+    s.apply_report("agent-1", report("z", "a", "i1", 0, 0), Instant::now());
+    let mut c = ClusterRecord::new("z", "a", "A");
+    c.min_instances = 1;
+    s.replace_cluster(c).unwrap();
+    let tail: Vec<String> = kinds(&s).into_iter().rev().take(2).collect();
+    assert_eq!(tail, ["status-changed", "cluster-updated"]);
+}
+
+#[test]
+fn configuration_changes_and_drift_are_noted() {
+    let (_d, s) = open_with_history();
+    s.create_zone(zone("z")).unwrap();
+    s.create_cluster(ClusterRecord::new("z", "a", "A")).unwrap();
+    let now = Instant::now();
+    s.apply_report("agent-1", hashed("i1", "h1", "r1"), now);
+    s.apply_report("agent-2", hashed("i2", "h1", "r1"), now);
+    // i2 runs another route: its configuration changed and the cluster drifted.
+    s.apply_report("agent-2", hashed("i2", "h2", "r2"), now);
+    // Back to the first: the drift ends.
+    s.apply_report("agent-2", hashed("i2", "h1", "r1"), now);
+    let got: Vec<_> = entries(&s)
+        .into_iter()
+        .filter(|e| e.0.starts_with("config-") || e.0.starts_with("drift-"))
+        .collect();
+    let names: Vec<&str> = got.iter().map(|e| e.0.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "config-changed",
+            "drift-started",
+            "config-changed",
+            "drift-ended"
+        ]
+    );
+    assert_eq!(
+        got[0].3,
+        json!({"from": "h1", "to": "h2", "resources": ["routes"]})
+    );
+    assert_eq!(got[0].2, "i2");
+    assert_eq!(
+        got[1].3,
+        json!({"groups": [
+            {"configHash": "h1", "instances": ["i1"], "instanceCount": 1},
+            {"configHash": "h2", "instances": ["i2"], "instanceCount": 1},
+        ]})
+    );
+    assert_eq!(
+        got[3].3,
+        json!({"groups": [{"configHash": "h1", "instances": ["i1", "i2"], "instanceCount": 2}]})
+    );
+    // A drifted instance that leaves ends the drift too.
+    s.apply_report("agent-2", hashed("i2", "h3", "r3"), now);
+    s.agent_gone("agent-2");
+    let tail: Vec<String> = kinds(&s).into_iter().rev().take(4).collect();
+    assert_eq!(
+        tail,
+        [
+            "drift-ended",
+            "instance-left",
+            "drift-started",
+            "config-changed"
+        ]
+    );
+}
+
+#[test]
+fn a_peers_instances_are_noted_from_its_publications() {
+    let (_d, s) = open_with_history();
+    s.create_zone(zone("z")).unwrap();
+    s.create_cluster(ClusterRecord::new("z", "a", "A")).unwrap();
+    s.put_remote(remote("r1", true, 0));
+    // A new publication with the same facts notes nothing.
+    s.put_remote(remote("r1", true, 5));
+    s.drop_remote("z", "a", "r1", crate::history::LeftReason::Disconnected);
+    let got = entries(&s);
+    let summary: Vec<(&str, &str)> = got.iter().map(|e| (e.0.as_str(), e.2.as_str())).collect();
+    assert_eq!(
+        &summary[2..],
+        [
+            ("instance-joined", "r1"),
+            ("status-changed", ""),
+            ("instance-left", "r1"),
+            ("status-changed", ""),
+        ]
+    );
+    assert_eq!(got[4].3, json!({"reason": "disconnected"}));
+}

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Benchmark of the history (see docs/benchmarks.md): builds the release binaries,
+# records ENTRIES entries into a fresh data directory through the history's own
+# queue and writer thread (appends per second, recording to durable; bytes on disk
+# per entry), starts the aggregator on that data directory and reads GET /history
+# over one keep-alive connection (the newest 100, one cluster's, two kinds', one
+# zone's), then runs bench/ingest.sh ROUNDS times with the history off and on,
+# interleaved, and compares the aggregator's CPU per report.
+#
+# The last line reads `history: <n> appends/s, newest 100 p99 <ms> ms, <bytes> bytes
+# per entry, <n> entries`.
+#
+# Environment: ENTRIES (1000000), CHURN (0: entries recorded beyond ENTRIES, each
+# making the history drop its oldest, as a full history does), REQUESTS (2000),
+# ROUNDS (2; 0 skips the ingest comparison), INGEST_AGENTS (2000), INGEST_DURATION
+# (15s), CARGO_TARGET_DIR (./target).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
+
+ENTRIES=${ENTRIES:-1000000}
+CHURN=${CHURN:-0}
+REQUESTS=${REQUESTS:-2000}
+ROUNDS=${ROUNDS:-2}
+INGEST_AGENTS=${INGEST_AGENTS:-2000}
+INGEST_DURATION=${INGEST_DURATION:-15s}
+target=${CARGO_TARGET_DIR:-$root/target}
+
+echo "==> building release"
+cargo build --release -p meshcat-aggregator -p meshcat-bench
+bin="$target/release/meshcat-aggregator"
+bench="$target/release/meshcat-bench-history"
+
+work=$(mktemp -d)
+pid=""
+cleanup() {
+    [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "==> recording $((ENTRIES + CHURN)) entries, keeping $ENTRIES"
+"$bench" fill --data-dir "$work/data" --entries "$((ENTRIES + CHURN))" --keep "$ENTRIES" \
+    | tee "$work/fill.out"
+appends=$(grep -o '[0-9]* appends/s' "$work/fill.out" | cut -d' ' -f1)
+per_entry=$(grep -o '[0-9]* bytes per entry' "$work/fill.out" | cut -d' ' -f1)
+
+echo "==> GET /history against the aggregator on that data directory"
+start_aggregator "$bin" --history-max-entries "$ENTRIES"
+"$bench" read --api "http://$api" --requests "$REQUESTS" | tee "$work/read.out"
+p99=$(grep '^GET /history (newest 100' "$work/read.out" | grep -o 'p99 [0-9.]*' | cut -d' ' -f2)
+kill "$pid" && wait "$pid" 2>/dev/null || true
+pid=""
+
+if [ "$ROUNDS" -gt 0 ]; then
+    echo "==> bench/ingest.sh, $INGEST_AGENTS agents, history off and on, interleaved"
+    for round in $(seq 1 "$ROUNDS"); do
+        for mode in off on; do
+            flags=""
+            [ "$mode" = off ] && flags="--history-max-entries 0"
+            AGENTS=$INGEST_AGENTS DURATION=$INGEST_DURATION AGGREGATOR_FLAGS="$flags" \
+                bench/ingest.sh >"$work/ingest-$mode-$round.out" 2>&1 || {
+                    cat "$work/ingest-$mode-$round.out"; exit 1; }
+            accepted=$(grep -o 'reports accepted [0-9]* ([0-9]*/s' "$work/ingest-$mode-$round.out" | grep -o '([0-9]*' | tr -d '(')
+            cpu=$(grep -o 'ingest cpu [0-9.]*%' "$work/ingest-$mode-$round.out" | grep -o '[0-9.]*')
+            p99ack=$(grep -o 'p99 [0-9.]*' "$work/ingest-$mode-$round.out" | head -1 | cut -d' ' -f2)
+            echo "round $round, history $mode: $accepted reports/s, aggregator cpu $cpu% of one core, ack p99 $p99ack ms" \
+                | tee -a "$work/ingest.summary"
+        done
+    done
+    awk '/history off/ { split($0, a, "cpu "); off += a[2] + 0; n_off++ }
+         /history on/  { split($0, a, "cpu "); on += a[2] + 0; n_on++ }
+         END { if (n_off && n_on) printf "ingest cpu: history off %.1f%%, on %.1f%% (%+.1f%%)\n",
+               off / n_off, on / n_on, (on / n_on - off / n_off) / (off / n_off) * 100 }' "$work/ingest.summary"
+fi
+echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'); load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "history: $appends appends/s, newest 100 p99 $p99 ms, $per_entry bytes per entry, $ENTRIES entries"
