@@ -115,9 +115,12 @@ pub fn detail(kind: &str, d: &Value) -> String {
             text("by")
         )),
         "debug-window" => Some(format!("{}s", text("seconds"))),
+        // A diagnosis without a symptom ran every check, as `diagnose` says it.
         "diagnosed" => Some(format!(
             "{}{}",
-            or_dash(&text("symptom")),
+            Some(text("symptom"))
+                .filter(|s| !s.is_empty())
+                .unwrap_or_else(|| "all checks".into()),
             colon(&text("conclusion"))
         )),
         _ => None,
@@ -232,6 +235,13 @@ mod tests {
                 &json!({"symptom": "no_healthy_upstream", "conclusion": "All checks passed."})
             ),
             "no_healthy_upstream: All checks passed."
+        );
+        assert_eq!(
+            detail(
+                "diagnosed",
+                &json!({"symptom": null, "conclusion": "No check failed.", "rootCause": null})
+            ),
+            "all checks: No check failed."
         );
         assert_eq!(
             detail(
