@@ -194,6 +194,41 @@ mod tests {
         assert!(text.contains("Followed: z1/svc-a -> z1/svc-b"), "{text}");
     }
 
+    /// The answer of `GET /diagnose/catalog?zoneName=local` on the local mesh
+    /// (deploy/local) after a zone and a cluster edit and two log levels set.
+    const AFTER_EDITS: &str =
+        include_str!("../../tests/fixtures/diagnose_catalog_after_edits.json");
+
+    #[test]
+    fn recent_changes_print_as_meshcat_history_prints_them() {
+        let r: Report = serde_json::from_str(AFTER_EDITS).unwrap();
+        assert_eq!(r.recent_changes.len(), 7);
+        let text = anstream::adapter::strip_str(&render(&r, None)).to_string();
+        let block = text
+            .split_once("Recent changes (newest first):\n")
+            .and_then(|(_, rest)| rest.split_once("Checklist:\n"))
+            .map(|(block, _)| block)
+            .unwrap_or_else(|| panic!("{text}"));
+        // Indented under its title, as the history table.
+        let want = [
+            "TIME                   KIND                 ZONE    CLUSTER   INSTANCE    DETAIL",
+            "2026-11-26T10:59:20Z   diagnosed            local   catalog   -           all checks: No check failed; skipped for lack of evidence: metrics_collector.",
+            "2026-11-26T10:59:17Z   log-level-changed    local   catalog   catalog-1   warn -> info by api",
+            "2026-11-26T10:59:16Z   log-level-changed    local   catalog   catalog-1   info -> warn by api",
+            "2026-11-26T10:59:14Z   cluster-updated      local   catalog   -           changed: version",
+            "2026-11-26T10:57:39Z   status-changed       local   catalog   -           down -> stable: 1 live instance, within its bounds; 0 requests in the last window, fewer than the 20 an error ratio needs",
+            "2026-11-26T10:57:39Z   instance-joined      local   catalog   catalog-1   started 2026-11-26T10:57:36Z",
+            "2026-11-26T10:57:37Z   cluster-registered   local   catalog   -",
+        ];
+        let got: Vec<&str> = block.lines().collect();
+        assert_eq!(got, want.map(|l| format!("  {l}")));
+        // On a terminal the table is cut to its width, indent included.
+        let narrow = anstream::adapter::strip_str(&render(&r, Some(80))).to_string();
+        for line in narrow.lines().filter(|l| l.contains("   local   ")) {
+            assert!(line.chars().count() <= 80, "{line:?}");
+        }
+    }
+
     #[test]
     fn passing_report() {
         let r = report(&[Verdict::Pass, Verdict::Skipped]);
