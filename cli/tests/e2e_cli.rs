@@ -490,20 +490,20 @@ async fn get_in_three_formats(catalog: &Catalog, api: &str) {
     assert_eq!(r.code, 1, "{r:?}");
     assert!(r.err.contains("(404 not_found)"), "{r:?}");
 
-    // On a terminal the statuses have colours, unless NO_COLOR.
+    // On a terminal the statuses have colours, unless NO_COLOR is set to something
+    // (an empty NO_COLOR is no setting, as no-color.org says).
     let line = format!("{} --api {api} get clusters", binary());
-    for (no_color, coloured) in [(false, true), (true, false)] {
+    for (no_color, coloured) in [(None, true), (Some("1"), false), (Some(""), true)] {
         let mut c = tokio::process::Command::new("script");
         c.args(["-qec", &line, "/dev/null"])
             .env_remove("CLICOLOR_FORCE")
             .env_remove("CLICOLOR")
             .env("TERM", "xterm")
             .stdin(Stdio::null());
-        if no_color {
-            c.env("NO_COLOR", "1");
-        } else {
-            c.env_remove("NO_COLOR");
-        }
+        match no_color {
+            Some(v) => c.env("NO_COLOR", v),
+            None => c.env_remove("NO_COLOR"),
+        };
         let out = c.output().await.expect("script(1) runs");
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "{text}");
@@ -511,7 +511,22 @@ async fn get_in_three_formats(catalog: &Catalog, api: &str) {
         assert_eq!(
             text.contains("\u{1b}["),
             coloured,
-            "NO_COLOR={no_color}: {text:?}"
+            "NO_COLOR={no_color:?}: {text:?}"
+        );
+    }
+    // Into a pipe, CLICOLOR_FORCE=1 asks for colours, and NO_COLOR still wins.
+    for (no_color, coloured) in [(false, true), (true, false)] {
+        let mut c = command(&["--api", api, "get", "clusters"]);
+        c.env("CLICOLOR_FORCE", "1");
+        if no_color {
+            c.env("NO_COLOR", "1");
+        }
+        let out = c.output().await.unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(
+            text.contains("\u{1b}["),
+            coloured,
+            "CLICOLOR_FORCE=1 NO_COLOR={no_color}: {text:?}"
         );
     }
 }
