@@ -55,6 +55,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/zones"),
     ("POST", "/zones"),
     ("GET", "/zones/{zoneName}"),
+    ("PUT", "/zones/{zoneName}"),
     ("DELETE", "/zones/{zoneName}"),
     ("GET", "/zones/{zoneName}/metadata"),
     ("GET", "/services"),
@@ -163,7 +164,10 @@ pub fn app_with_limits(
             get(h::metrics_by_version),
         )
         .route("/zones", get(h::list_zones).post(h::create_zone))
-        .route("/zones/{zoneName}", get(h::get_zone).delete(h::delete_zone))
+        .route(
+            "/zones/{zoneName}",
+            get(h::get_zone).put(h::replace_zone).delete(h::delete_zone),
+        )
         .route("/zones/{zoneName}/metadata", get(h::zone_metadata))
         .route("/services", get(h::services))
         .route(

@@ -194,6 +194,99 @@ async fn zones_crud() {
     api.agg.stop().await.unwrap();
 }
 
+/// `PUT /zones/{zoneName}` replaces the whole record and keeps the zone's clusters;
+/// 404 for an absent zone, 422 for a body naming another zone or failing the rules
+/// of `POST /zones` (the TLS files included); nothing is written when refused.
+#[tokio::test]
+async fn zones_are_replaced_whole() {
+    let api = plain().await;
+    api.zone("z").await;
+    api.cluster(json!({"clusterName": "c", "zoneName": "z", "name": "C"}))
+        .await;
+    let put = |path: &'static str, body: Value| api.send(Method::PUT, path, Some(body));
+
+    let (s, v) = put(
+        "/zones/z",
+        json!({"zoneName": "z", "serverAddress": "control.z:60000"}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(
+        v,
+        json!({"zoneName": "z", "requestCluster": "", "serverAddress": "control.z:60000",
+               "useTls": false, "caPath": "", "certPath": "", "keyPath": ""}),
+        "the whole record is replaced: requestCluster falls back to its default"
+    );
+    assert_eq!(api.get("/zones/z").await.1, v);
+    assert_eq!(api.names("").await, ["z/c"], "its clusters stay");
+
+    let (s, v) = put(
+        "/zones/ghost",
+        json!({"zoneName": "ghost", "serverAddress": "cp:1"}),
+    )
+    .await;
+    assert_eq!(
+        (s, v["code"].as_str()),
+        (StatusCode::NOT_FOUND, Some("not_found"))
+    );
+    assert_eq!(api.get("/zones/ghost").await.0, StatusCode::NOT_FOUND);
+
+    let dir = tempfile::tempdir().unwrap();
+    let not_pem = dir.path().join("plain.txt");
+    std::fs::write(&not_pem, "hello").unwrap();
+    let not_pem = not_pem.display().to_string();
+    for bad in [
+        json!({"zoneName": "other", "serverAddress": "cp:1"}),
+        json!({"zoneName": "z", "serverAddress": "no-port"}),
+        json!({"zoneName": "z"}),
+        json!({"zoneName": "z", "serverAddress": "cp:1", "useTls": true}),
+        json!({"zoneName": "z", "serverAddress": "cp:1", "useTls": true,
+               "caPath": not_pem, "certPath": not_pem, "keyPath": not_pem}),
+    ] {
+        let (s, v) = put("/zones/z", bad.clone()).await;
+        assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{bad} -> {v}");
+    }
+    let (_, v) = put(
+        "/zones/z",
+        json!({"zoneName": "other", "serverAddress": "cp:1"}),
+    )
+    .await;
+    assert!(
+        v["error"].as_str().unwrap().contains("differs"),
+        "the mismatch is named: {v}"
+    );
+    // A 422 for an absent zone too: the body is checked before the zone is looked up.
+    let (s, _) = put("/zones/ghost", json!({"zoneName": "ghost"})).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(
+        api.get("/zones/z").await.1["serverAddress"],
+        "control.z:60000",
+        "refused replacements wrote nothing"
+    );
+
+    let pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+    let mut paths = Vec::new();
+    for f in ["ca.pem", "cert.pem", "key.pem"] {
+        let p = dir.path().join(f);
+        std::fs::write(&p, pem).unwrap();
+        paths.push(p.display().to_string());
+    }
+    let (s, v) = put(
+        "/zones/z",
+        json!({"zoneName": "z", "serverAddress": "10.0.0.1:443", "useTls": true,
+               "caPath": paths[0], "certPath": paths[1], "keyPath": paths[2]}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(api.get("/zones/z").await.1["caPath"], paths[0]);
+    let (s, v) = put(
+        "/zones/z?zoneName=z",
+        json!({"zoneName": "z", "serverAddress": "cp:1"}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+}
+
 #[tokio::test]
 async fn zone_validation() {
     let api = plain().await;
@@ -789,6 +882,43 @@ async fn tokens() {
             .0,
         StatusCode::UNAUTHORIZED
     );
+    // A zone replacement needs the write token too, and it is asked for before the
+    // path, the query and the body are looked at.
+    for (path, body) in [
+        (
+            "/zones/z",
+            json!({"zoneName": "z", "serverAddress": "cp:2"}),
+        ),
+        ("/zones/z", json!({})),
+        ("/zones/bad%20name?bogus=1", json!({"zoneName": "other"})),
+        (
+            "/zones/ghost",
+            json!({"zoneName": "ghost", "serverAddress": "cp:2"}),
+        ),
+    ] {
+        for token in [None, Some("r-secret"), Some("wrong")] {
+            api.token = token.map(str::to_owned);
+            let (s, v) = api.send(Method::PUT, path, Some(body.clone())).await;
+            assert_eq!(
+                (s, v["code"].as_str()),
+                (StatusCode::UNAUTHORIZED, Some("unauthorized")),
+                "{path} {body} with {token:?}"
+            );
+        }
+    }
+    api.token = Some("w-secret".into());
+    let (s, v) = api
+        .send(
+            Method::PUT,
+            "/zones/z",
+            Some(json!({"zoneName": "z", "serverAddress": "cp:2"})),
+        )
+        .await;
+    assert_eq!(
+        (s, v["serverAddress"].as_str()),
+        (StatusCode::OK, Some("cp:2"))
+    );
+    api.token = None;
     api.agg
         .store
         .apply_report("a", report("z", "c", "i", true, 0, 0), Instant::now());
@@ -879,6 +1009,38 @@ async fn tokens() {
         (s, v["code"].as_str()),
         (StatusCode::BAD_REQUEST, Some("invalid_query"))
     );
+}
+
+/// Without a write token and without `--allow-anonymous-writes`, a zone replacement
+/// is refused like every write, before anything else is looked at.
+#[tokio::test]
+async fn zone_replacement_without_a_write_token_is_disabled() {
+    let api = start_with(|c, _| {
+        c.tokens.write = None;
+        c.tokens.anonymous_writes = false;
+    })
+    .await;
+    api.agg
+        .store
+        .create_zone(
+            serde_json::from_value(json!({"zoneName": "z", "serverAddress": "cp:1"})).unwrap(),
+        )
+        .unwrap();
+    for (path, body) in [
+        (
+            "/zones/z",
+            json!({"zoneName": "z", "serverAddress": "cp:2"}),
+        ),
+        ("/zones/ghost", json!({"zoneName": "other"})),
+    ] {
+        let (s, v) = api.send(Method::PUT, path, Some(body)).await;
+        assert_eq!(
+            (s, v["code"].as_str()),
+            (StatusCode::FORBIDDEN, Some("writes_disabled")),
+            "{path}"
+        );
+    }
+    assert_eq!(api.get("/zones/z").await.1["serverAddress"], "cp:1");
 }
 
 #[tokio::test]

@@ -388,7 +388,6 @@ fn duplicates(docs: &[Document]) -> Vec<Problem> {
 pub struct Desired {
     pub zones: BTreeMap<String, ZoneRecord>,
     pub clusters: BTreeMap<(String, String), (ClusterRecord, Origin)>,
-    pub origins: BTreeMap<String, Origin>,
 }
 
 impl Desired {
@@ -397,7 +396,6 @@ impl Desired {
         for doc in docs {
             match doc.record {
                 Record::Zone(z) => {
-                    d.origins.insert(z.zone_name.clone(), doc.origin);
                     d.zones.insert(z.zone_name.clone(), z);
                 }
                 Record::Cluster(c) => {
@@ -489,32 +487,20 @@ impl Plan {
 }
 
 /// Compares the files with the API's records (both with their defaults applied, so
-/// equal means equal as stored) and plans the writes. Refuses, before anything is
-/// written, a cluster whose zone is neither in the files nor registered, and a zone
-/// that differs from the registered one: the API has no way to replace a zone
-/// without deleting its clusters.
+/// equal means equal as stored) and plans the writes: a zone or a cluster is
+/// created when missing, replaced when it differs, left alone when equal. Refuses,
+/// before anything is written, a cluster whose zone is neither in the files nor
+/// registered.
 pub fn plan(desired: &Desired, current: &Current, prune: bool) -> Result<Plan, Vec<Problem>> {
     let mut problems = Vec::new();
     let mut plan = Plan::default();
     for (name, z) in &desired.zones {
-        match current.zones.get(name) {
-            None => plan.zones.push((Action::Created, z.clone())),
-            Some(stored) if stored == z => plan.zones.push((Action::Unchanged, z.clone())),
-            Some(stored) => {
-                let origin = &desired.origins[name];
-                problems.push(Problem {
-                    file: origin.file.clone(),
-                    document: Some(origin.document),
-                    record: Some(zone_name(name)),
-                    why: format!(
-                        "differs from the registered zone in {}; the API cannot replace a zone \
-                         without deleting its clusters: delete it (meshcat delete zone {name}) \
-                         and apply again",
-                        zone_differences(stored, z).join(", ")
-                    ),
-                });
-            }
-        }
+        let action = match current.zones.get(name) {
+            None => Action::Created,
+            Some(stored) if stored == z => Action::Unchanged,
+            Some(_) => Action::Updated,
+        };
+        plan.zones.push((action, z.clone()));
     }
     for ((zone, cluster), (c, origin)) in &desired.clusters {
         if !desired.zones.contains_key(zone) && !current.zones.contains_key(zone) {
@@ -547,20 +533,6 @@ pub fn plan(desired: &Desired, current: &Current, prune: bool) -> Result<Plan, V
     } else {
         Err(problems)
     }
-}
-
-/// The fields in which two zones differ.
-fn zone_differences(a: &ZoneRecord, b: &ZoneRecord) -> Vec<String> {
-    let (Value::Object(x), Value::Object(y)) = (
-        serde_json::to_value(a).unwrap_or_default(),
-        serde_json::to_value(b).unwrap_or_default(),
-    ) else {
-        return Vec::new();
-    };
-    x.iter()
-        .filter(|(k, v)| y.get(*k) != Some(v))
-        .map(|(k, _)| k.clone())
-        .collect()
 }
 
 #[cfg(test)]
@@ -734,28 +706,26 @@ mod tests {
     }
 
     #[test]
-    fn plans_refuse_a_missing_zone_and_a_changed_zone() {
-        let want = desired(
-            &[zone("z", "cp:9")],
-            &[ClusterRecord::new("nowhere", "a", "A")],
-        );
+    fn a_changed_zone_is_updated_and_a_missing_zone_refused() {
+        let want = desired(&[zone("z", "cp:9")], &[ClusterRecord::new("z", "a", "A")]);
         let mut current = Current::default();
         current.zones.insert("z".into(), zone("z", "cp:1"));
-        let problems = plan(&want, &current, false).unwrap_err();
-        assert_eq!(problems.len(), 2, "{problems:?}");
-        assert!(
-            problems[0]
-                .to_string()
-                .contains("zone/z): differs from the registered zone in serverAddress"),
-            "{}",
-            problems[0]
+        let p = plan(&want, &current, false).unwrap();
+        assert_eq!(p.zones, [(Action::Updated, zone("z", "cp:9"))]);
+        assert_eq!(
+            p.lines()[0],
+            (Action::Updated, "zone/z".to_owned()),
+            "zones first"
         );
+        let want = desired(&[], &[ClusterRecord::new("nowhere", "a", "A")]);
+        let problems = plan(&want, &current, false).unwrap_err();
+        assert_eq!(problems.len(), 1, "{problems:?}");
         assert!(
-            problems[1]
+            problems[0]
                 .to_string()
                 .contains("zone nowhere is neither registered nor in the files"),
             "{}",
-            problems[1]
+            problems[0]
         );
     }
 

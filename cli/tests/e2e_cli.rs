@@ -1,10 +1,12 @@
 //! The `meshcat` binary end to end, as an operator runs it: against a real aggregator
 //! (write token set) with a real Envoy sidecar and its agent. One mesh serves the
 //! whole story, in order: catalog as code from `examples/catalog/` (refused without
-//! the token, dry run, create, re-apply, edit, prune, a bad document), `get` in its
-//! three formats and colours only on a terminal, `describe`, the sidecar's log level
-//! through to Envoy, `graph`, `delete`, `check` on a healthy mesh, `watch` until
-//! SIGINT, and `check` failing once the agent stops. Cheaper checks (completion
+//! the token, dry run, create, re-apply, edits of a cluster and of a zone, prune, a
+//! bad document), `get` in its three formats and colours only on a terminal,
+//! `describe` with its history, `history` from the real history API, the sidecar's
+//! log level through to Envoy, `graph`, a diagnosis's recent changes, `delete`,
+//! `check` on a healthy mesh, `watch` (records and history entries) until SIGINT, and
+//! `check` failing once the agent stops. Cheaper checks (completion
 //! scripts, bad usage, an unreachable API) have their own tests.
 
 use std::path::{Path, PathBuf};
@@ -194,6 +196,55 @@ async fn the_operators_command_line_against_a_live_mesh() {
         );
     }
 
+    // A zone edit is an update as well (PUT /zones/shop), written before any
+    // cluster; under --dry-run nothing changes, and the zone keeps its clusters.
+    let zones = files.join("zones.yaml");
+    edit(&zones, |t| {
+        t.replacen(
+            "serverAddress: control.shop.svc:50000\n",
+            "serverAddress: control.shop.svc:50001\n",
+            1,
+        )
+    });
+    for dry in [true, false] {
+        let mut args = vec!["apply", "-f", &files_arg];
+        if dry {
+            args.push("--dry-run");
+        }
+        let r = admin(&api, &token, &args).await;
+        assert_eq!(r.code, 0, "{r:?}");
+        assert_eq!(
+            &r.lines()[..2],
+            ["unchanged zone/backoffice", "updated zone/shop"],
+            "{r:?}"
+        );
+        assert!(
+            r.lines()[2..].iter().all(|l| l.starts_with("unchanged ")),
+            "{r:?}"
+        );
+        let (_, shop) = catalog.get("/zones/shop").await.unwrap();
+        assert_eq!(
+            shop["serverAddress"],
+            if dry {
+                "control.shop.svc:50000"
+            } else {
+                "control.shop.svc:50001"
+            },
+            "dry run {dry}"
+        );
+    }
+    assert_eq!(
+        catalog
+            .get("/clusters?zoneName=shop")
+            .await
+            .unwrap()
+            .1
+            .as_array()
+            .map(Vec::len),
+        Some(4),
+        "the shop's clusters stay"
+    );
+
     // A cluster left out of the files stays, unless --prune.
     edit(&shop, |t| without_document(t, "clusterName: reviews"));
     let r = admin(&api, &token, &["apply", "-f", &files_arg]).await;
@@ -262,9 +313,30 @@ async fn the_operators_command_line_against_a_live_mesh() {
         .await
         .unwrap();
 
+    // The entries of what just happened are stored a moment after it.
+    catalog
+        .wait_history_entry(
+            "catalog's status change in the history",
+            "/clusters/catalog/history?zoneName=shop",
+            DEADLINE,
+            |e| e["kind"] == "status-changed" && e["detail"]["to"] == "stable",
+        )
+        .await
+        .unwrap();
     describe(&api).await;
+    history(&catalog, &api).await;
     log_level(&api, &token, &sidecar).await;
     graph(&catalog, &api).await;
+    catalog
+        .wait_history_entry(
+            "the last log level change in the history",
+            "/clusters/catalog/history?zoneName=shop&kind=log-level-changed",
+            DEADLINE,
+            |e| e["detail"]["to"] == "info",
+        )
+        .await
+        .unwrap();
+    diagnose(&api).await;
 
     // Down to what runs: the zone backoffice goes, and the shop keeps only catalog.
     let r = admin(&api, &token, &["delete", "zone", "backoffice"]).await;
@@ -411,27 +483,27 @@ async fn get_in_three_formats(catalog: &Catalog, api: &str) {
         r.lines()[0].split_whitespace().collect::<Vec<_>>(),
         ["ZONE", "SERVER-ADDRESS", "REQUEST-CLUSTER", "TLS"]
     );
-    assert!(r.out.contains("control.shop.svc:50000"), "{r:?}");
+    assert!(r.out.contains("control.shop.svc:50001"), "{r:?}");
     let r = run(&["--api", api, "get", "clusters", "--status", "stable"]).await;
     assert_eq!(r.lines().len(), 1, "only the header: {r:?}");
     let r = run(&["--api", api, "get", "cluster", "nope", "--zone", "shop"]).await;
     assert_eq!(r.code, 1, "{r:?}");
     assert!(r.err.contains("(404 not_found)"), "{r:?}");
 
-    // On a terminal the statuses have colours, unless NO_COLOR.
+    // On a terminal the statuses have colours, unless NO_COLOR is set to something
+    // (an empty NO_COLOR is no setting, as no-color.org says).
     let line = format!("{} --api {api} get clusters", binary());
-    for (no_color, coloured) in [(false, true), (true, false)] {
+    for (no_color, coloured) in [(None, true), (Some("1"), false), (Some(""), true)] {
         let mut c = tokio::process::Command::new("script");
         c.args(["-qec", &line, "/dev/null"])
             .env_remove("CLICOLOR_FORCE")
             .env_remove("CLICOLOR")
             .env("TERM", "xterm")
             .stdin(Stdio::null());
-        if no_color {
-            c.env("NO_COLOR", "1");
-        } else {
-            c.env_remove("NO_COLOR");
-        }
+        match no_color {
+            Some(v) => c.env("NO_COLOR", v),
+            None => c.env_remove("NO_COLOR"),
+        };
         let out = c.output().await.expect("script(1) runs");
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "{text}");
@@ -439,7 +511,22 @@ async fn get_in_three_formats(catalog: &Catalog, api: &str) {
         assert_eq!(
             text.contains("\u{1b}["),
             coloured,
-            "NO_COLOR={no_color}: {text:?}"
+            "NO_COLOR={no_color:?}: {text:?}"
+        );
+    }
+    // Into a pipe, CLICOLOR_FORCE=1 asks for colours, and NO_COLOR still wins.
+    for (no_color, coloured) in [(false, true), (true, false)] {
+        let mut c = command(&["--api", api, "get", "clusters"]);
+        c.env("CLICOLOR_FORCE", "1");
+        if no_color {
+            c.env("NO_COLOR", "1");
+        }
+        let out = c.output().await.unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(
+            text.contains("\u{1b}["),
+            coloured,
+            "CLICOLOR_FORCE=1 NO_COLOR={no_color}: {text:?}"
         );
     }
 }
@@ -463,8 +550,39 @@ async fn describe(api: &str) {
         "  shop/edge ",
         "Callees (1):\n  TO             TRAFFIC\n  shop/reviews   0 requests (0.0/s), 0 errors (0.0%), plaintext, no traffic in the last 60s, declared\n",
         "Drift: none: every live instance runs one configuration (configuration ",
+        "Last change:      ",
+        " ago, down -> stable: 1 live instance",
+        "\nHistory (last 4, newest first):\n  TIME ",
     ] {
         assert!(r.out.contains(want), "{want:?} in:\n{}", r.out);
+    }
+    assert!(!r.out.contains("unavailable"), "{}", r.out);
+    // The cluster's own entries, newest first, from the real history API.
+    let history = r.out.split("\nHistory (").nth(1).unwrap();
+    let rows: Vec<Vec<&str>> = history
+        .lines()
+        .skip(2)
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    let kinds: Vec<&str> = rows.iter().map(|r| r[1]).collect();
+    assert_eq!(
+        kinds,
+        [
+            "status-changed",
+            "instance-joined",
+            "cluster-updated",
+            "cluster-registered"
+        ],
+        "{history}"
+    );
+    assert_eq!(rows[1][2], "catalog-0", "{history}");
+    assert_eq!(rows[1][3], "started", "{history}");
+    assert_eq!(rows[2][2..], ["-", "changed:", "owner"], "{history}");
+    for row in &rows {
+        assert!(
+            row[0].ends_with('Z') && row[0].contains('T'),
+            "a time: {history}"
+        );
     }
     let instance = r
         .lines()
@@ -485,6 +603,123 @@ async fn describe(api: &str) {
     ])
     .await;
     assert_eq!(r.code, 1, "{r:?}");
+}
+
+/// `meshcat history` shows the real history API's entries, the ones this story's own
+/// actions made: as a table, as the API's JSON, and narrowed by zone, cluster and
+/// time.
+async fn history(catalog: &Catalog, api: &str) {
+    let r = run(&["--api", api, "history"]).await;
+    assert_eq!(r.code, 0, "{r:?}");
+    let rows: Vec<Vec<&str>> = r
+        .lines()
+        .iter()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        rows[0],
+        ["TIME", "KIND", "ZONE", "CLUSTER", "INSTANCE", "DETAIL"],
+        "{r:?}"
+    );
+    let has = |want: &[&str]| rows.iter().any(|row| row.get(1..=want.len()) == Some(want));
+    for want in [
+        &["zone-registered", "shop", "-", "-"][..],
+        &["zone-registered", "backoffice", "-", "-"],
+        &[
+            "zone-updated",
+            "shop",
+            "-",
+            "-",
+            "changed:",
+            "serverAddress",
+        ],
+        &["cluster-registered", "shop", "catalog", "-"],
+        &[
+            "cluster-updated",
+            "shop",
+            "catalog",
+            "-",
+            "changed:",
+            "owner",
+        ],
+        &["cluster-deleted", "shop", "reviews", "-"],
+        &["instance-joined", "shop", "catalog", "catalog-0", "started"],
+        &[
+            "status-changed",
+            "shop",
+            "catalog",
+            "-",
+            "down",
+            "->",
+            "stable:",
+        ],
+    ] {
+        assert!(has(want), "{want:?} in:\n{}", r.out);
+    }
+
+    // -o json is the API's answer as is (read just before and just after: the
+    // history is still, so both are the same).
+    let (_, before) = catalog.get("/history").await.unwrap();
+    let r = run(&["--api", api, "history", "-o", "json"]).await;
+    let (_, after) = catalog.get("/history").await.unwrap();
+    assert_eq!(r.code, 0, "{r:?}");
+    let got: Value = serde_json::from_str(&r.out).unwrap();
+    assert!(
+        got == before || got == after,
+        "{got:#} is neither of the API's answers"
+    );
+    assert!(got.as_array().is_some_and(|a| a.len() + 1 == rows.len()));
+
+    // --zone, --cluster and --since narrow it as the API does.
+    for (args, zone, cluster) in [
+        (vec!["--zone", "backoffice"], Some("backoffice"), None),
+        (vec!["--cluster", "catalog"], None, Some("catalog")),
+        (
+            vec!["--zone", "shop", "--cluster", "catalog", "--since", "1h"],
+            Some("shop"),
+            Some("catalog"),
+        ),
+    ] {
+        let mut all = vec!["--api", api, "history"];
+        all.extend(&args);
+        let r = run(&all).await;
+        assert_eq!(r.code, 0, "{r:?}");
+        let lines = r.lines();
+        assert!(lines.len() > 1, "{args:?}: entries: {r:?}");
+        for line in &lines[1..] {
+            let cells: Vec<&str> = line.split_whitespace().collect();
+            if let Some(z) = zone {
+                assert_eq!(cells[2], z, "{args:?}: {line}");
+            }
+            if let Some(c) = cluster {
+                assert_eq!(cells[3], c, "{args:?}: {line}");
+            }
+        }
+        let mut json = all.clone();
+        json.extend(["-o", "json"]);
+        let r = run(&json).await;
+        let got: Value = serde_json::from_str(&r.out).unwrap();
+        assert_eq!(
+            got.as_array().map(Vec::len),
+            Some(lines.len() - 1),
+            "{args:?}"
+        );
+    }
+    let r = run(&["--api", api, "history", "--since", "1h"]).await;
+    assert_eq!(
+        r.lines().len(),
+        rows.len(),
+        "the whole story is within the hour: {r:?}"
+    );
+    let r = run(&["--api", api, "history", "--zone", "shop", "-o", "yaml"]).await;
+    let got: Value = serde_saphyr::from_str(&r.out).unwrap();
+    assert!(
+        got.as_array()
+            .unwrap()
+            .iter()
+            .all(|e| e["zoneName"] == "shop"),
+        "{got:#}"
+    );
 }
 
 /// The level reaches the real Envoy: read through its admin API after each change.
@@ -589,6 +824,76 @@ async fn graph(catalog: &Catalog, api: &str) {
     assert_eq!(r.code, 2, "{r:?}");
 }
 
+/// A real diagnosis's recent changes print as `meshcat history` prints them: times,
+/// kinds, places and details in words, not epoch milliseconds and JSON.
+async fn diagnose(api: &str) {
+    let r = run(&["--api", api, "diagnose", "catalog", "--zone", "shop"]).await;
+    // The shop has no edge sidecar: steps fail, and the diagnosis still ran.
+    assert!(matches!(r.code, 0 | 1), "{r:?}");
+    let changes = r
+        .out
+        .split("Recent changes (newest first):\n")
+        .nth(1)
+        .unwrap_or_else(|| panic!("recent changes: {}", r.out));
+    let changes = &changes[..changes.find("Checklist:").expect("the checklist follows")];
+    let rows: Vec<Vec<&str>> = changes
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        rows[0],
+        ["TIME", "KIND", "ZONE", "CLUSTER", "INSTANCE", "DETAIL"],
+        "{changes}"
+    );
+    for row in &rows[1..] {
+        assert!(
+            row[0].ends_with('Z') && row[0].contains('T'),
+            "a time: {changes}"
+        );
+        assert_eq!(row[2..4], ["shop", "catalog"], "{changes}");
+    }
+    for want in [
+        &[
+            "log-level-changed",
+            "shop",
+            "catalog",
+            "catalog-0",
+            "debug",
+            "->",
+            "info",
+            "by",
+            "api",
+        ][..],
+        &[
+            "status-changed",
+            "shop",
+            "catalog",
+            "-",
+            "down",
+            "->",
+            "stable:",
+        ],
+        &[
+            "cluster-updated",
+            "shop",
+            "catalog",
+            "-",
+            "changed:",
+            "owner",
+        ],
+        &["cluster-registered", "shop", "catalog", "-"],
+    ] {
+        assert!(
+            rows.iter().any(|row| row.get(1..=want.len()) == Some(want)),
+            "{want:?} in:\n{changes}"
+        );
+    }
+    assert!(
+        !changes.contains('{') && !changes.contains("shop/"),
+        "no raw detail, no zone/ place: {changes}"
+    );
+}
+
 /// `watch` prints a line for a change made while it runs and stops on SIGINT.
 async fn watch(api: &str, token: &Path) {
     let mut child = command(&["--api", api, "watch", "--zone", "shop"])
@@ -616,21 +921,33 @@ async fn watch(api: &str, token: &Path) {
     )
     .await;
     assert_eq!(r.lines(), ["created cluster/shop/search"], "{r:?}");
+    // Two lines tell of it: the cluster's record, and its history entry once stored.
     let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
-    let line = tokio::time::timeout(DEADLINE, async {
-        loop {
+    let (mut record, mut entry) = (None, None);
+    tokio::time::timeout(DEADLINE, async {
+        while record.is_none() || entry.is_none() {
             let line = out.next_line().await.unwrap().expect("watch goes on");
             if line.contains(" cluster shop/search ") {
-                break line;
+                record = Some(line);
+            } else if line.contains(" history cluster-registered shop/search") {
+                entry = Some(line);
             }
         }
     })
     .await
-    .expect("the watch line of cluster search");
+    .unwrap_or_else(|_| panic!("the watch lines of cluster search: {record:?} {entry:?}"));
+    let (record, entry) = (record.unwrap(), entry.unwrap());
     assert!(
-        line.ends_with(" cluster shop/search down, 0 instances"),
-        "{line}"
+        record.ends_with(" cluster shop/search down, 0 instances"),
+        "{record}"
     );
+    let cells: Vec<&str> = entry.split(' ').collect();
+    assert_eq!(
+        cells[1..],
+        ["history", "cluster-registered", "shop/search"],
+        "{entry}"
+    );
+    assert!(cells[0].ends_with('Z'), "{entry}");
     let pid = child.id().unwrap().to_string();
     let killed = std::process::Command::new("kill")
         .args(["-INT", &pid])

@@ -251,6 +251,34 @@ impl Catalog {
         })
     }
 
+    /// Waits until the history answer of `path` (`/history?...` or
+    /// `/clusters/{c}/history?...`) holds an entry that `want` accepts, and returns
+    /// it: entries are stored a moment after what they tell happened.
+    pub async fn wait_history_entry(
+        &self,
+        what: &str,
+        path: &str,
+        deadline: Duration,
+        want: impl Fn(&Value) -> bool,
+    ) -> anyhow::Result<Value> {
+        let last = std::sync::Mutex::new(Value::Null);
+        let found = wait_for(what, deadline, || async {
+            let (status, entries) = self.get(path).await.ok()?;
+            let hit = (status == StatusCode::OK)
+                .then(|| entries.as_array()?.iter().find(|e| want(e)).cloned())
+                .flatten();
+            *last.lock().unwrap_or_else(|p| p.into_inner()) = entries;
+            hit
+        })
+        .await;
+        found.with_context(|| {
+            format!(
+                "last seen: {}",
+                last.lock().unwrap_or_else(|p| p.into_inner())
+            )
+        })
+    }
+
     /// The aggregator's own Prometheus exposition.
     pub async fn ops_metrics(&self) -> anyhow::Result<String> {
         Ok(self

@@ -36,15 +36,10 @@ async fn wait_entry(
     path: &str,
     want: impl Fn(&Value) -> bool,
 ) -> Value {
-    let last = std::sync::Mutex::new(Vec::new());
-    let found = wait_for(what, DEADLINE, || async {
-        let entries = history(catalog, path).await;
-        let hit = entries.iter().find(|e| want(e)).cloned();
-        *last.lock().unwrap() = entries;
-        hit
-    })
-    .await;
-    found.unwrap_or_else(|e| panic!("{e}; last seen {:?}", last.lock().unwrap()))
+    catalog
+        .wait_history_entry(what, path, DEADLINE, want)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 fn kinds(entries: &[Value]) -> Vec<&str> {

@@ -1,6 +1,6 @@
 //! Replicas on etcd (contract section 13): a real three-member etcd cluster on
-//! loopback and aggregator replicas as real processes. Writes on one replica show
-//! on the others within 1 s, create conflicts answer 409 from any replica, nothing
+//! loopback and aggregator replicas as real processes. Writes on one replica (zone
+//! replacements included) show on the others within 1 s, create conflicts answer 409 from any replica, nothing
 //! acknowledged is lost when a replica is killed, quorum loss turns writes into 503
 //! while reads and readiness stay, and a replica started while etcd is down is not
 //! ready until it has loaded the catalog. A `GET /events` stream on one replica
@@ -22,6 +22,8 @@ const BIN: &str = env!("CARGO_BIN_EXE_replica-aggregator");
 const VISIBLE: Duration = Duration::from_secs(1);
 /// Contract section 13: 503 within 10 s of quorum loss, writes back within 10 s.
 const QUORUM: Duration = Duration::from_secs(10);
+/// Contract section 15: an entry is durable within 1 s, and so readable.
+const HISTORY: Duration = Duration::from_secs(1);
 
 fn zone(name: &str) -> Value {
     json!({"zoneName": name, "serverAddress": "control.local:50000", "requestCluster": "edge"})
@@ -236,6 +238,50 @@ async fn writes_show_on_every_replica_and_conflicts_answer_409_anywhere() -> any
         (b[0]["owner"] == "other-team").then_some(())
     })
     .await?;
+
+    // A zone replaced on 1 shows on 0 and 2 within 1 s, with its clusters, and every
+    // replica records it in its own history; an absent zone answers 404 anywhere.
+    let mut moved = zone("z1");
+    moved["serverAddress"] = json!("control.moved:60000");
+    let (s, body) = set.send(1, Method::PUT, "/zones/z1", Some(&moved)).await?;
+    assert_eq!(s, StatusCode::OK, "PUT /zones/z1: {body}");
+    assert_eq!(body["serverAddress"], "control.moved:60000");
+    for i in [0, 2] {
+        wait_for(
+            &format!("replaced zone on replica {i}"),
+            VISIBLE,
+            || async {
+                let (_, b) = set.get(i, "/zones/z1").await.ok()?;
+                (b["serverAddress"] == "control.moved:60000").then_some(())
+            },
+        )
+        .await?;
+    }
+    for i in 0..3 {
+        assert!(
+            registered(&set, i)
+                .await?
+                .contains(&("z1".into(), "c1".into())),
+            "replica {i} keeps the zone's cluster"
+        );
+        let entry = wait_for(
+            &format!("zone-updated in replica {i}'s history"),
+            HISTORY,
+            || async {
+                let (_, b) = set.get(i, "/history?kind=zone-updated").await.ok()?;
+                b.as_array().filter(|a| !a.is_empty()).cloned()
+            },
+        )
+        .await?;
+        assert_eq!(entry.len(), 1, "replica {i}: {entry:?}");
+        assert_eq!(entry[0]["zoneName"], "z1");
+        assert_eq!(entry[0]["detail"], json!({"changed": ["serverAddress"]}));
+        let (s, body) = set
+            .send(i, Method::PUT, "/zones/ghost", Some(&zone("ghost")))
+            .await?;
+        assert_eq!(s, StatusCode::NOT_FOUND, "replica {i}: {body}");
+    }
+
     let (s, body) = set
         .send(0, Method::DELETE, "/clusters/c1?zoneName=z1", None)
         .await?;

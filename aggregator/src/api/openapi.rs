@@ -31,6 +31,7 @@ use super::{diagnose, events, graph, handlers, history, logging, status};
         handlers::list_zones,
         handlers::create_zone,
         handlers::get_zone,
+        handlers::replace_zone,
         handlers::delete_zone,
         handlers::zone_metadata,
         handlers::services,

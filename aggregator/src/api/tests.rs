@@ -297,7 +297,7 @@ async fn documented_query_parameters_are_the_parsed_ones() {
     for (method, path) in openapi::operations(&doc) {
         let op = &doc["paths"][path.as_str()][method.to_lowercase()];
         let body: Option<&[u8]> = match (method.as_str(), path.as_str()) {
-            ("POST", "/zones") => Some(zone),
+            ("POST", "/zones") | ("PUT", "/zones/{zoneName}") => Some(zone),
             ("POST" | "PUT", "/clusters" | "/clusters/{clusterName}") => Some(record),
             _ => None,
         };

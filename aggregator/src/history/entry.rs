@@ -27,14 +27,18 @@ pub enum Kind {
     LogLevelChanged = 13,
     DebugWindow = 14,
     Diagnosed = 15,
+    /// meshcat's addition to the contract's kinds: a zone's record was replaced by a
+    /// different one (`PUT /zones/{zoneName}`).
+    ZoneUpdated = 16,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 15] = [
+    pub const ALL: [Kind; 16] = [
         Kind::ClusterRegistered,
         Kind::ClusterUpdated,
         Kind::ClusterDeleted,
         Kind::ZoneRegistered,
+        Kind::ZoneUpdated,
         Kind::ZoneDeleted,
         Kind::InstanceJoined,
         Kind::InstanceLeft,
@@ -55,6 +59,7 @@ impl Kind {
             Kind::ClusterUpdated => "cluster-updated",
             Kind::ClusterDeleted => "cluster-deleted",
             Kind::ZoneRegistered => "zone-registered",
+            Kind::ZoneUpdated => "zone-updated",
             Kind::ZoneDeleted => "zone-deleted",
             Kind::InstanceJoined => "instance-joined",
             Kind::InstanceLeft => "instance-left",
@@ -140,7 +145,8 @@ impl Serialize for StatusReason {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(untagged, rename_all_fields = "camelCase")]
 pub enum Detail {
-    /// `cluster-updated`: the record's fields that changed, by their API names.
+    /// `cluster-updated`, `zone-updated`: the record's fields that changed, by their
+    /// API names.
     Changed { changed: Vec<String> },
     /// `instance-joined`.
     Joined { start_time: i64 },

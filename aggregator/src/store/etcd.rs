@@ -257,7 +257,7 @@ impl EtcdRegistrations {
         let mut seen = std::collections::HashSet::new();
         for (i, w) in batch.iter().enumerate() {
             let key = match w {
-                Write::CreateZone(z) => self.zone_key(&z.zone_name),
+                Write::CreateZone(z) | Write::ReplaceZone(z) => self.zone_key(&z.zone_name),
                 Write::DeleteZone(z) => self.zone_key(z),
                 Write::CreateCluster(c) | Write::ReplaceCluster(c) => {
                     self.cluster_key(&c.zone_name, &c.cluster_name)
@@ -284,6 +284,10 @@ impl EtcdRegistrations {
             match w {
                 Write::CreateZone(z) => {
                     compares.push(Compare::create_revision(key.clone(), CompareOp::Equal, 0));
+                    ops.push(TxnOp::put(key, to_json(z), None));
+                }
+                Write::ReplaceZone(z) => {
+                    compares.push(Compare::version(key.clone(), CompareOp::Greater, 0));
                     ops.push(TxnOp::put(key, to_json(z), None));
                 }
                 Write::DeleteZone(z) => {
@@ -352,7 +356,7 @@ impl EtcdRegistrations {
                     .ok_or_else(|| unavailable("a deleted record could not be read back"))
             };
             changes.push(match w {
-                Write::CreateZone(z) => Committed::PutZone(z),
+                Write::CreateZone(z) | Write::ReplaceZone(z) => Committed::PutZone(z),
                 Write::CreateCluster(c) | Write::ReplaceCluster(c) => Committed::PutCluster(c),
                 Write::DeleteZone(_) => Committed::DeleteZone(from_json(&deleted()?)?),
                 Write::DeleteCluster { .. } => Committed::DeleteCluster(from_json(&deleted()?)?),
@@ -383,6 +387,9 @@ fn refusal(
         let error = match w {
             Write::CreateZone(z) if exists(&e.zone_key(&z.zone_name)) => {
                 Refusal::zone_exists(&z.zone_name)
+            }
+            Write::ReplaceZone(z) if !exists(&e.zone_key(&z.zone_name)) => {
+                Refusal::no_zone(&z.zone_name)
             }
             Write::DeleteZone(z) if !exists(&e.zone_key(z)) => Refusal::no_zone(z),
             Write::CreateCluster(c) | Write::ReplaceCluster(c)

@@ -207,6 +207,9 @@ fn apply_batch(
             Write::CreateZone(z) => (zones.get(z.zone_name.as_str())?.is_some()
                 || made_zones.contains(&z.zone_name.as_str()))
             .then(|| Refusal::zone_exists(&z.zone_name)),
+            Write::ReplaceZone(z) => (zones.get(z.zone_name.as_str())?.is_none()
+                && !made_zones.contains(&z.zone_name.as_str()))
+            .then(|| Refusal::no_zone(&z.zone_name)),
             Write::DeleteZone(name) => zones
                 .get(name.as_str())?
                 .is_none()
@@ -243,7 +246,7 @@ fn apply_batch(
     let mut changes = Vec::with_capacity(batch.len());
     for w in batch {
         match w {
-            Write::CreateZone(z) => {
+            Write::CreateZone(z) | Write::ReplaceZone(z) => {
                 let v = serde_json::to_vec(z).expect("records serialise");
                 zones.insert(z.zone_name.as_str(), v.as_slice())?;
                 changes.push(Committed::PutZone(z.clone()));
@@ -420,6 +423,49 @@ mod tests {
             .unwrap(),
         );
         assert_eq!(seq, 2, "refused batches take no commit number");
+    }
+
+    #[test]
+    fn a_replaced_zone_keeps_its_clusters_and_a_missing_one_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = RedbRegistrations::open(dir.path()).unwrap();
+        committed(
+            p.commit(vec![
+                Write::CreateZone(zone("z")),
+                Write::CreateCluster(ClusterRecord::new("z", "a", "A")),
+            ])
+            .unwrap(),
+        );
+        let moved = ZoneRecord {
+            server_address: "cp:60000".into(),
+            ..zone("z")
+        };
+        let (_, changes) = committed(p.commit(vec![Write::ReplaceZone(moved.clone())]).unwrap());
+        assert_eq!(changes, vec![Committed::PutZone(moved.clone())]);
+        let o = p.commit(vec![Write::ReplaceZone(zone("y"))]).unwrap();
+        assert!(matches!(
+            o,
+            Outcome::Refused {
+                index: 0,
+                error: Refusal::NotFound(_)
+            }
+        ));
+        // A zone created earlier in the same batch may be replaced by it.
+        committed(
+            p.commit(vec![
+                Write::CreateZone(zone("y")),
+                Write::ReplaceZone(ZoneRecord {
+                    request_cluster: "edge".into(),
+                    ..zone("y")
+                }),
+            ])
+            .unwrap(),
+        );
+        drop(p);
+        let l = RedbRegistrations::open(dir.path()).unwrap().load().unwrap();
+        assert_eq!(l.zones[1], moved);
+        assert_eq!(l.zones[0].request_cluster, "edge");
+        assert_eq!(l.clusters, vec![ClusterRecord::new("z", "a", "A")]);
     }
 
     #[test]

@@ -22,6 +22,9 @@ use crate::history::{Detail, Kind, Pending};
 pub enum Write {
     /// Create a zone; refused with a conflict when it exists.
     CreateZone(ZoneRecord),
+    /// Replace an existing zone's record (its clusters stay); refused when it does not
+    /// exist.
+    ReplaceZone(ZoneRecord),
     /// Delete a zone and every cluster in it; refused when it does not exist.
     DeleteZone(String),
     /// Create a cluster in an existing zone; refused with a conflict when it exists.
@@ -54,7 +57,7 @@ impl Committed {
         }
     }
 
-    /// The record a zone write committed (created or deleted).
+    /// The record a zone write committed (created, replaced or deleted).
     pub fn into_zone(self) -> ZoneRecord {
         match self {
             Committed::PutZone(z) | Committed::DeleteZone(z) => z,
@@ -383,6 +386,12 @@ impl Store {
         Ok(self.commit_one(Write::CreateZone(z))?.into_zone())
     }
 
+    /// Replaces a registered zone's record; its clusters stay. Blocks on the durable
+    /// commit.
+    pub fn replace_zone(&self, z: ZoneRecord) -> Result<ZoneRecord, StoreError> {
+        Ok(self.commit_one(Write::ReplaceZone(z))?.into_zone())
+    }
+
     /// Deletes a zone and its clusters. Blocks on the durable commit.
     pub fn delete_zone(&self, name: &str) -> Result<ZoneRecord, StoreError> {
         Ok(self
@@ -454,8 +463,17 @@ impl Store {
                     if old.as_deref().is_none_or(|old| *old != *z) {
                         touched.push(Touch::Zone(z.zone_name.clone()));
                     }
-                    if old.is_none() {
-                        note(Kind::ZoneRegistered, &z.zone_name, "", Detail::Nothing {});
+                    match &old {
+                        None => note(Kind::ZoneRegistered, &z.zone_name, "", Detail::Nothing {}),
+                        Some(old) if **old != *z => note(
+                            Kind::ZoneUpdated,
+                            &z.zone_name,
+                            "",
+                            Detail::Changed {
+                                changed: changed_fields(&**old, z),
+                            },
+                        ),
+                        Some(_) => {}
                     }
                     self.put_zone_in_memory(z.clone());
                 }
@@ -492,7 +510,7 @@ impl Store {
                                 &c.zone_name,
                                 &c.cluster_name,
                                 Detail::Changed {
-                                    changed: changed_fields(old, c),
+                                    changed: changed_fields(&**old, c),
                                 },
                             ),
                             Some(_) => {}
@@ -599,9 +617,9 @@ impl Store {
     }
 }
 
-/// The fields of a cluster record that differ between `old` and `new`, by the
-/// names the API gives them, sorted.
-fn changed_fields(old: &ClusterRecord, new: &ClusterRecord) -> Vec<String> {
+/// The fields of a record (zone or cluster) that differ between `old` and `new`, by
+/// the names the API gives them, sorted.
+fn changed_fields<T: serde::Serialize>(old: &T, new: &T) -> Vec<String> {
     let (Ok(serde_json::Value::Object(old)), Ok(serde_json::Value::Object(new))) =
         (serde_json::to_value(old), serde_json::to_value(new))
     else {
@@ -633,6 +651,24 @@ mod tests {
             vec!["minInstances", "owner", "ownerURL"]
         );
         assert!(changed_fields(&old, &old).is_empty());
+        let zone = ZoneRecord {
+            zone_name: "z".into(),
+            request_cluster: "edge".into(),
+            server_address: "cp:1".into(),
+            use_tls: false,
+            ca_path: String::new(),
+            cert_path: String::new(),
+            key_path: String::new(),
+        };
+        let moved = ZoneRecord {
+            server_address: "cp:2".into(),
+            request_cluster: String::new(),
+            ..zone.clone()
+        };
+        assert_eq!(
+            changed_fields(&zone, &moved),
+            vec!["requestCluster", "serverAddress"]
+        );
     }
 
     #[test]

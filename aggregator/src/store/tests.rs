@@ -583,6 +583,32 @@ fn every_visible_change_moves_the_index_and_metrics_alone_do_not() {
 }
 
 #[test]
+fn a_replaced_zone_keeps_its_clusters_and_is_one_zone_event() {
+    let (_d, s) = open();
+    s.create_zone(zone("z")).unwrap();
+    s.create_cluster(ClusterRecord::new("z", "a", "A")).unwrap();
+    let moved = ZoneRecord {
+        server_address: "cp:60000".into(),
+        ..zone("z")
+    };
+    let i = s.index();
+    assert_eq!(s.replace_zone(moved.clone()).unwrap(), moved);
+    assert_eq!(s.zone("z"), Some(moved.clone()));
+    assert!(s.is_registered("z", "a"), "its clusters stay");
+    let (n, events) = events_after(&s, i);
+    assert_eq!(n, 1);
+    assert_eq!(events, [("zone".to_owned(), String::new())]);
+    // The same record again is no change.
+    let i = s.index();
+    s.replace_zone(moved).unwrap();
+    assert_eq!(s.index(), i);
+    assert!(matches!(
+        s.replace_zone(zone("nope")),
+        Err(StoreError::NotFound(_))
+    ));
+}
+
+#[test]
 fn a_stored_report_reads_back_whole() {
     let (_d, s) = open();
     let mut r = report("z", "a", "i1", 1200, 7);

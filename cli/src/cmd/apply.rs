@@ -1,10 +1,10 @@
 //! `meshcat apply -f PATH...`: makes the catalog match the files. Every document is
 //! read and validated first ([`crate::catalog`]); then the API's records of the
 //! zones the files name are read and compared; then, and only when nothing was
-//! refused, the writes are made in order: zones created, clusters created (in bulk,
-//! one `POST /clusters` per chunk), replaced, then deleted (`--prune`). Each line is
-//! printed once its write is acknowledged; `--dry-run` prints them all and writes
-//! nothing.
+//! refused, the writes are made in order: zones created (`POST /zones`) or replaced
+//! (`PUT /zones/{z}`), clusters created (in bulk, one `POST /clusters` per chunk),
+//! replaced, then deleted (`--prune`). Each line is printed once its write is
+//! acknowledged; `--dry-run` prints them all and writes nothing.
 
 use std::io::Write;
 
@@ -121,9 +121,14 @@ fn for_record(name: &str, e: CliError) -> CliError {
 async fn execute(ctx: &Ctx, plan: &Plan, out: &mut dyn Write) -> Result<(), CliError> {
     for (action, z) in &plan.zones {
         let name = catalog::zone_name(&z.zone_name);
-        if *action == Action::Created {
+        let write = match action {
+            Action::Created => Some((Method::POST, Call::new(&["zones"]))),
+            Action::Updated => Some((Method::PUT, Call::new(&["zones", &z.zone_name]))),
+            Action::Unchanged | Action::Deleted => None,
+        };
+        if let Some((method, call)) = write {
             ctx.api
-                .json(Method::POST, &Call::new(&["zones"]), Some(&body(z)))
+                .json(method, &call, Some(&body(z)))
                 .await
                 .map_err(|e| for_record(&name, e))?;
         }

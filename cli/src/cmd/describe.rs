@@ -8,6 +8,7 @@
 use std::fmt::Write as _;
 use std::io::Write;
 
+use meshcat_common::model::HistoryEntry;
 use serde_json::Value;
 
 use super::{Ctx, emit, graph, history};
@@ -45,7 +46,9 @@ pub async fn run(ctx: &Ctx, what: DescribeWhat, out: &mut dyn Write) -> Result<(
     let sections = Sections {
         graph: graph.map_err(|e| e.to_string()),
         drift: drift.map_err(|e| e.to_string()),
-        history: history.map_err(|e| e.to_string()),
+        history: history
+            .map_err(|e| e.to_string())
+            .and_then(|h| history::entries(&h)),
     };
     emit(out, &describe(&view, &sections, now_ms(), ctx.width))
 }
@@ -55,7 +58,7 @@ pub async fn run(ctx: &Ctx, what: DescribeWhat, out: &mut dyn Write) -> Result<(
 pub struct Sections {
     pub graph: Result<Value, String>,
     pub drift: Result<Value, String>,
-    pub history: Result<Value, String>,
+    pub history: Result<Vec<HistoryEntry>, String>,
 }
 
 /// Labels and keys of the record's fields, in the order shown; empty optional
@@ -161,18 +164,15 @@ pub fn describe(view: &Value, sections: &Sections, now: i64, width: Option<usize
             status_reason(view)
         ),
     );
-    let entries: &[Value] = sections
-        .history
-        .as_ref()
-        .map_or(&[], |h| history::entries(h));
-    if let Some(change) = entries.iter().find(|e| s(e, "kind") == "status-changed") {
+    let entries: &[HistoryEntry] = sections.history.as_deref().unwrap_or_default();
+    if let Some(change) = entries.iter().find(|e| e.kind == "status-changed") {
         field(
             &mut out,
             "Last change:",
             &format!(
                 "{} ago, {}",
-                render::age(change["atMs"].as_i64().unwrap_or(0), now),
-                history::detail("status-changed", &change["detail"])
+                render::age(change.at_ms, now),
+                history::detail(&change.kind, &change.detail)
             ),
         );
     }
@@ -406,7 +406,7 @@ mod tests {
         let sections = Sections {
             graph: Ok(graph),
             drift: Ok(drift),
-            history: Ok(history),
+            history: history::entries(&history),
         };
         let now = 1_700_000_600_000;
         let text =

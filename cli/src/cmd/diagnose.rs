@@ -9,7 +9,7 @@ use std::io::Write;
 
 use meshcat_diagnose::{DiagnosisReport, Verdict};
 
-use super::{Ctx, emit};
+use super::{Ctx, emit, history};
 use crate::args::{DiagnoseArgs, DiagnoseFormat};
 use crate::client::{Call, CliError};
 
@@ -33,7 +33,7 @@ pub async fn run(ctx: &Ctx, args: DiagnoseArgs, out: &mut dyn Write) -> Result<(
         reason: format!("not a diagnosis report: {e}"),
     })?;
     let text = match args.output {
-        DiagnoseFormat::Text => render(&report),
+        DiagnoseFormat::Text => render(&report, ctx.width),
         DiagnoseFormat::Json => format!("{raw:#}\n"),
     };
     emit(out, &text)?;
@@ -53,9 +53,9 @@ pub fn failed(report: &Report) -> bool {
 }
 
 /// Renders the report for a terminal: the root cause and its owner first, the
-/// clusters followed and the recent changes, then a checklist of the asked cluster's
-/// steps.
-pub fn render(report: &Report) -> String {
+/// clusters followed and the recent changes (the table of `meshcat history`, cut
+/// to `width` when given), then a checklist of the asked cluster's steps.
+pub fn render(report: &Report, width: Option<usize>) -> String {
     let mut out = String::new();
     let symptom = report.symptom.map_or("all checks", |s| s.as_str());
     let _ = writeln!(
@@ -88,17 +88,9 @@ pub fn render(report: &Report) -> String {
     }
     if !report.recent_changes.is_empty() {
         let _ = writeln!(out, "Recent changes (newest first):");
-        for c in &report.recent_changes {
-            let place = [c.cluster_name.as_str(), c.instance.as_str()]
-                .into_iter()
-                .filter(|p| !p.is_empty())
-                .collect::<Vec<_>>()
-                .join("/");
-            let _ = writeln!(
-                out,
-                "  {} {} {}/{place} {}",
-                c.at_ms, c.kind, c.zone_name, c.detail
-            );
+        let table = history::table(&report.recent_changes, true);
+        for line in table.render(width.map(|w| w.saturating_sub(2))).lines() {
+            let _ = writeln!(out, "  {line}");
         }
     }
     let _ = writeln!(out, "Checklist:");
@@ -157,7 +149,7 @@ mod tests {
     fn failures_show_evidence_and_action() {
         let r = report(&[Verdict::Pass, Verdict::Fail, Verdict::Skipped]);
         assert!(failed(&r));
-        let text = render(&r);
+        let text = render(&r, None);
         assert!(text.contains("[pass] edge_discovery"));
         assert!(text.contains("[FAIL] service_discovery"));
         assert!(text.contains("| evidence 1"));
@@ -192,7 +184,7 @@ mod tests {
             step: StepName::ServiceLogs,
             finding: "503 UF from 127.0.0.1:9".into(),
         });
-        let text = render(&r);
+        let text = render(&r, None);
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(
             lines[1],
@@ -200,6 +192,41 @@ mod tests {
         );
         assert_eq!(lines[2], "  service_logs failed: 503 UF from 127.0.0.1:9");
         assert!(text.contains("Followed: z1/svc-a -> z1/svc-b"), "{text}");
+    }
+
+    /// The answer of `GET /diagnose/catalog?zoneName=local` on the local mesh
+    /// (deploy/local) after a zone and a cluster edit and two log levels set.
+    const AFTER_EDITS: &str =
+        include_str!("../../tests/fixtures/diagnose_catalog_after_edits.json");
+
+    #[test]
+    fn recent_changes_print_as_meshcat_history_prints_them() {
+        let r: Report = serde_json::from_str(AFTER_EDITS).unwrap();
+        assert_eq!(r.recent_changes.len(), 7);
+        let text = anstream::adapter::strip_str(&render(&r, None)).to_string();
+        let block = text
+            .split_once("Recent changes (newest first):\n")
+            .and_then(|(_, rest)| rest.split_once("Checklist:\n"))
+            .map(|(block, _)| block)
+            .unwrap_or_else(|| panic!("{text}"));
+        // Indented under its title, as the history table.
+        let want = [
+            "TIME                   KIND                 ZONE    CLUSTER   INSTANCE    DETAIL",
+            "2026-11-26T10:59:20Z   diagnosed            local   catalog   -           all checks: No check failed; skipped for lack of evidence: metrics_collector.",
+            "2026-11-26T10:59:17Z   log-level-changed    local   catalog   catalog-1   warn -> info by api",
+            "2026-11-26T10:59:16Z   log-level-changed    local   catalog   catalog-1   info -> warn by api",
+            "2026-11-26T10:59:14Z   cluster-updated      local   catalog   -           changed: version",
+            "2026-11-26T10:57:39Z   status-changed       local   catalog   -           down -> stable: 1 live instance, within its bounds; 0 requests in the last window, fewer than the 20 an error ratio needs",
+            "2026-11-26T10:57:39Z   instance-joined      local   catalog   catalog-1   started 2026-11-26T10:57:36Z",
+            "2026-11-26T10:57:37Z   cluster-registered   local   catalog   -",
+        ];
+        let got: Vec<&str> = block.lines().collect();
+        assert_eq!(got, want.map(|l| format!("  {l}")));
+        // On a terminal the table is cut to its width, indent included.
+        let narrow = anstream::adapter::strip_str(&render(&r, Some(80))).to_string();
+        for line in narrow.lines().filter(|l| l.contains("   local   ")) {
+            assert!(line.chars().count() <= 80, "{line:?}");
+        }
     }
 
     #[test]

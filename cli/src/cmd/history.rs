@@ -1,15 +1,17 @@
 //! `meshcat history`: what changed, newest first (`GET /history`, contract section
-//! 15), and the rendering of history entries that `describe` shares.
+//! 15), and the rendering of history entries that `describe`, `diagnose` (a
+//! report's recent changes) and `watch` (`history` events) share.
 
 use std::io::Write;
 use std::time::Duration;
 
+use meshcat_common::model::HistoryEntry;
 use serde_json::Value;
 
 use super::{Ctx, emit};
 use crate::args::{Format, HistoryArgs};
 use crate::client::{Call, CliError};
-use crate::render::{self, Table, now_ms, or_dash, s};
+use crate::render::{self, Table, now_ms, or_dash};
 
 pub async fn run(ctx: &Ctx, args: HistoryArgs, out: &mut dyn Write) -> Result<(), CliError> {
     let since = args.since.map(|d| since_ms(now_ms(), d).to_string());
@@ -20,7 +22,13 @@ pub async fn run(ctx: &Ctx, args: HistoryArgs, out: &mut dyn Write) -> Result<()
         .q_opt("limit", args.limit.map(|n| n.to_string()));
     let answer = ctx.api.get(&call).await?;
     let text = match args.output.output {
-        Format::Table => table(entries(&answer), true).render(ctx.width),
+        Format::Table => {
+            let list = entries(&answer).map_err(|reason| CliError::Body {
+                what: "GET /history".into(),
+                reason,
+            })?;
+            table(&list, true).render(ctx.width)
+        }
         f => render::data(&answer, f)?,
     };
     emit(out, &text)
@@ -32,32 +40,29 @@ pub fn since_ms(now: i64, ago: Duration) -> i64 {
         .max(0)
 }
 
-/// The entries of an answer: the API answers an array, newest first.
-pub fn entries(answer: &Value) -> &[Value] {
-    answer
-        .as_array()
-        .or_else(|| answer["entries"].as_array())
-        .map_or(&[], Vec::as_slice)
+/// The entries of an answer of `GET /history` or `GET /clusters/{c}/history`: an
+/// array of entries, newest first.
+pub fn entries(answer: &Value) -> Result<Vec<HistoryEntry>, String> {
+    serde_json::from_value(answer.clone()).map_err(|e| format!("not history entries: {e}"))
 }
 
 /// `TIME KIND ZONE CLUSTER INSTANCE DETAIL`; `describe` leaves out the zone and the
-/// cluster (`whole` false), which it names already.
-pub fn table(entries: &[Value], whole: bool) -> Table {
+/// cluster (`whole` false), which it names already. `-` where an entry has no
+/// cluster (a zone's own entries) or no instance.
+pub fn table(entries: &[HistoryEntry], whole: bool) -> Table {
     let mut t = if whole {
         Table::new(&["TIME", "KIND", "ZONE", "CLUSTER", "INSTANCE", "DETAIL"])
     } else {
         Table::new(&["TIME", "KIND", "INSTANCE", "DETAIL"])
     };
     for e in entries {
-        let time = render::time(e["atMs"].as_i64().unwrap_or(0));
-        let kind = s(e, "kind");
-        let mut row = vec![time.into(), kind.into()];
+        let mut row = vec![render::time(e.at_ms).into(), e.kind.as_str().into()];
         if whole {
-            row.push(or_dash(s(e, "zoneName")).into());
-            row.push(or_dash(s(e, "clusterName")).into());
+            row.push(or_dash(&e.zone_name).into());
+            row.push(or_dash(&e.cluster_name).into());
         }
-        row.push(or_dash(s(e, "instance")).into());
-        row.push(detail(kind, &e["detail"]).into());
+        row.push(or_dash(&e.instance).into());
+        row.push(detail(&e.kind, &e.detail).into());
         t.row(row);
     }
     t
@@ -80,7 +85,7 @@ pub fn detail(kind: &str, d: &Value) -> String {
         })
     };
     let known = match kind {
-        "cluster-updated" => list("changed").map(|c| format!("changed: {c}")),
+        "cluster-updated" | "zone-updated" => list("changed").map(|c| format!("changed: {c}")),
         "instance-joined" => d["startTime"]
             .as_i64()
             .map(|t| format!("started {}", render::time(t))),
@@ -110,9 +115,12 @@ pub fn detail(kind: &str, d: &Value) -> String {
             text("by")
         )),
         "debug-window" => Some(format!("{}s", text("seconds"))),
+        // A diagnosis without a symptom ran every check, as `diagnose` says it.
         "diagnosed" => Some(format!(
             "{}{}",
-            or_dash(&text("symptom")),
+            Some(text("symptom"))
+                .filter(|s| !s.is_empty())
+                .unwrap_or_else(|| "all checks".into()),
             colon(&text("conclusion"))
         )),
         _ => None,
@@ -177,8 +185,8 @@ mod tests {
 
     #[test]
     fn entries_render_newest_first_with_their_detail() {
-        let text =
-            anstream::adapter::strip_str(&table(entries(&sample()), true).render(None)).to_string();
+        let list = entries(&sample()).unwrap();
+        let text = anstream::adapter::strip_str(&table(&list, true).render(None)).to_string();
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 8, "{text}");
         assert!(lines[0].starts_with("TIME "), "{text}");
@@ -228,8 +236,22 @@ mod tests {
             ),
             "no_healthy_upstream: All checks passed."
         );
-        let wrapped = json!({"entries": sample()});
-        assert_eq!(entries(&wrapped).len(), 7);
+        assert_eq!(
+            detail(
+                "diagnosed",
+                &json!({"symptom": null, "conclusion": "No check failed.", "rootCause": null})
+            ),
+            "all checks: No check failed."
+        );
+        assert_eq!(
+            detail(
+                "zone-updated",
+                &json!({"changed": ["requestCluster", "serverAddress"]})
+            ),
+            "changed: requestCluster, serverAddress"
+        );
+        let e = entries(&json!({"entries": sample()})).unwrap_err();
+        assert!(e.starts_with("not history entries: "), "{e}");
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! The zone routes: list, create, get, delete, and a zone's metadata.
+//! The zone routes: list, create, get, replace, delete, and a zone's metadata.
 
 use super::*;
 
@@ -66,6 +66,43 @@ pub async fn get_zone(
         .zone(&name)
         .map(Json)
         .ok_or_else(|| ApiError::not_found(format!("Zone {name} does not exist.")))
+}
+
+#[utoipa::path(
+    put,
+    path = "/zones/{zoneName}",
+    summary = "Replace a zone's record; its clusters stay.",
+    params(ZonePath),
+    request_body = ZoneRecord,
+    responses(
+        (status = 200, description = "The stored zone.", body = ZoneRecord),
+        WriteTokenMissing,
+        NotFound,
+        BodyRefused,
+    ),
+)]
+pub async fn replace_zone(
+    State(s): Shared,
+    _w: Writer,
+    Valid(ZonePath { zone_name: name }): Valid<ZonePath>,
+    RawQuery(q): RawQuery,
+    JsonBody(z): JsonBody<ZoneRecord>,
+) -> Result<Json<ZoneRecord>, ApiError> {
+    no_query(q.as_deref())?;
+    validate::zone(&z).map_err(|e| ApiError::invalid(e.0))?;
+    if z.zone_name != name {
+        return Err(ApiError::invalid(format!(
+            "zoneName {:?} in the body differs from {name:?} in the path.",
+            z.zone_name
+        )));
+    }
+    let stored = blocking(&s.store, move |st| {
+        validate::zone_files(&z).map_err(|e| StoreError::Invalid(e.0))?;
+        st.replace_zone(z)
+    })
+    .await?;
+    info!(zone = %stored.zone_name, "Zone replaced.");
+    Ok(Json(stored))
 }
 
 #[utoipa::path(

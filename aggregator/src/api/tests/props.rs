@@ -59,6 +59,37 @@ fn cluster_body() -> impl Strategy<Value = Value> {
         })
 }
 
+const ZONE_FIELDS: &[&str] = &[
+    "zoneName",
+    "serverAddress",
+    "requestCluster",
+    "useTls",
+    "caPath",
+];
+
+/// A zone body of any fields and values; with `named`, zoneName is `z`.
+fn zone_body(named: bool) -> impl Strategy<Value = Value> {
+    prop::collection::btree_map(
+        prop_oneof![
+            prop::sample::select(ZONE_FIELDS).prop_map(str::to_owned),
+            "[a-z]{1,5}",
+        ],
+        prop_oneof![
+            "[a-z0-9]{1,6}".prop_map(Value::String),
+            Just(json!("cp:443")),
+            Just(json!("10.0.0.1:0")),
+            any_json(),
+        ],
+        0..6,
+    )
+    .prop_map(move |mut m| {
+        if named {
+            m.insert("zoneName".into(), json!("z"));
+        }
+        Value::Object(m.into_iter().collect())
+    })
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 192, ..ProptestConfig::default() })]
 
@@ -94,21 +125,7 @@ proptest! {
     }
 
     #[test]
-    fn any_zone_body_is_stored_whole_or_refused(
-        body in prop::collection::btree_map(
-            prop_oneof![
-                prop::sample::select(&["zoneName", "serverAddress", "requestCluster", "useTls", "caPath"][..]).prop_map(str::to_owned),
-                "[a-z]{1,5}",
-            ],
-            prop_oneof![
-                "[a-z0-9]{1,6}".prop_map(Value::String),
-                Just(json!("cp:443")),
-                Just(json!("10.0.0.1:0")),
-                any_json(),
-            ],
-            0..6,
-        ).prop_map(|m| Value::Object(m.into_iter().collect()))
-    ) {
+    fn any_zone_body_is_stored_whole_or_refused(body in zone_body(false)) {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let dir = tempfile::tempdir().unwrap();
         let app = router(dir.path());
@@ -130,13 +147,49 @@ proptest! {
         })?;
     }
 
+    /// A replacement is stored whole, or refused and the zone and its clusters are
+    /// as they were.
+    #[test]
+    fn any_zone_replacement_is_stored_whole_or_refused(
+        body in prop_oneof![zone_body(true), zone_body(false)]
+    ) {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let app = router(dir.path());
+        rt.block_on(async {
+            let zone = json!({"zoneName": "z", "serverAddress": "cp:50000", "requestCluster": "edge"});
+            let raw = zone.to_string();
+            let (s, _, _) = call(&app, "POST", "/zones", Some(raw.as_bytes())).await;
+            prop_assert_eq!(s, StatusCode::CREATED);
+            let cluster = br#"{"clusterName":"c","zoneName":"z","name":"C"}"#;
+            let (s, _, _) = call(&app, "POST", "/clusters", Some(cluster)).await;
+            prop_assert_eq!(s, StatusCode::CREATED);
+            let raw = body.to_string();
+            let (status, _, answer) = call(&app, "PUT", "/zones/z", Some(raw.as_bytes())).await;
+            let (_, _, stored) = call(&app, "GET", "/zones/z", None).await;
+            if status == StatusCode::OK {
+                let sent: ZoneRecord = serde_json::from_value(body.clone()).unwrap();
+                prop_assert_eq!(serde_json::from_value::<ZoneRecord>(answer).unwrap(), sent.clone());
+                prop_assert_eq!(serde_json::from_value::<ZoneRecord>(stored).unwrap(), sent);
+            } else {
+                prop_assert!(status.is_client_error(), "{} for {}", status, raw);
+                prop_assert!(is_error_body(&answer), "{}", answer);
+                let before: ZoneRecord = serde_json::from_value(zone).unwrap();
+                prop_assert_eq!(serde_json::from_value::<ZoneRecord>(stored).unwrap(), before);
+            }
+            let (s, _, _) = call(&app, "GET", "/clusters/c?zoneName=z", None).await;
+            prop_assert_eq!(s, StatusCode::OK, "the zone's cluster stays");
+            Ok(())
+        })?;
+    }
+
     #[test]
     fn any_bytes_as_body_never_fail_the_server(raw in prop::collection::vec(any::<u8>(), 0..64)) {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let dir = tempfile::tempdir().unwrap();
         let app = router(dir.path());
         rt.block_on(async {
-            for (m, uri) in [("POST", "/clusters"), ("PUT", "/clusters/x"), ("POST", "/zones")] {
+            for (m, uri) in [("POST", "/clusters"), ("PUT", "/clusters/x"), ("POST", "/zones"), ("PUT", "/zones/x")] {
                 let (status, _, answer) = call(&app, m, uri, Some(&raw)).await;
                 prop_assert!(status.is_client_error(), "{} {}: {}", m, uri, status);
                 prop_assert!(is_error_body(&answer), "{}", answer);

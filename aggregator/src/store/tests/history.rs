@@ -71,6 +71,10 @@ fn registrations_are_noted_with_the_fields_that_changed() {
     // The same record again changes nothing.
     s.replace_cluster(edited).unwrap();
     s.create_cluster(ClusterRecord::new("z", "b", "B")).unwrap();
+    let mut moved = zone("z");
+    moved.server_address = "cp:60000".into();
+    s.replace_zone(moved.clone()).unwrap();
+    s.replace_zone(moved).unwrap();
     s.delete_cluster("z", "a").unwrap();
     s.delete_zone("z").unwrap();
     let got = entries(&s);
@@ -82,12 +86,14 @@ fn registrations_are_noted_with_the_fields_that_changed() {
             ("cluster-registered", "a"),
             ("cluster-updated", "a"),
             ("cluster-registered", "b"),
+            ("zone-updated", ""),
             ("cluster-deleted", "a"),
             ("cluster-deleted", "b"),
             ("zone-deleted", ""),
         ]
     );
     assert_eq!(got[2].3, json!({"changed": ["owner", "version"]}));
+    assert_eq!(got[4].3, json!({"changed": ["serverAddress"]}));
 }
 
 #[test]
