@@ -277,12 +277,10 @@ async fn a_stream_past_the_cap_is_refused_until_one_closes() {
 
 /// With the default buffer (256 KiB): a bulk write of 1000 records is one change of
 /// several hundred KiB of events, so a resume from before it is `reset`; a resume
-/// from after it replays the rest and goes on live. Without the history: its
-/// entries of the bulk write are a change of their own, published once stored,
-/// before or after the index read as `after`.
+/// from after it replays the rest and goes on live.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resume_past_the_default_buffer_gets_reset_and_one_within_it_replays() {
-    let p = spawn(&[("MESHCAT_HISTORY_MAX_ENTRIES", "0")]);
+    let p = spawn(&[]);
     let before = index(&p).await;
     write(
         &p,
