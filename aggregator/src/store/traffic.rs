@@ -43,18 +43,21 @@ const MAX_HOSTS: usize = 64;
 const MAX_CLUSTER_HOSTS: usize = 256;
 /// Longest upstream cluster name or address kept.
 const MAX_NAME: usize = 512;
-/// Buckets over which the highest latency reported is kept: an instance reports at
-/// least every other bucket (every 5 s against buckets of 5 s by default).
-const RECENT_BUCKETS: usize = 3;
+/// Buckets over which the highest latency reported is kept: the current one and the
+/// one before, which hold each live instance's latest report when instances report
+/// at least once a bucket (every 5 s against buckets of 5 s by default).
+const RECENT_BUCKETS: usize = 2;
 
 /// One instance's graph fields, as its last report left them: what is needed to take
 /// its next report, or its leaving, out of its cluster's calls.
 #[derive(Debug, Default)]
 struct InstanceTraffic {
     local_cluster: Option<Arc<str>>,
-    listeners: Vec<ListenerRoutes>,
-    /// The listeners' addresses as [`address_key`]s, in the same order.
+    /// The listeners' addresses as [`address_key`]s (their routes are kept with the
+    /// cluster's calls).
     listener_keys: Box<[u64]>,
+    /// A hash of the listeners' routes, to tell when they change.
+    listener_routes: u64,
     /// Sorted by name.
     upstreams: Vec<InstanceUpstream>,
 }
@@ -104,14 +107,31 @@ pub struct Calls {
     unclaimed: [AtomicU64; 2],
 }
 
-/// The latency and TLS that the reports of one bucket said.
-#[derive(Debug, Default, Clone, Copy)]
+/// The latency and TLS that the reports of one bucket said. A mesh has an entry per
+/// edge: latencies are kept as `f64` with NaN for none, half an `Option<f64>`.
+#[derive(Debug, Clone, Copy)]
 struct Recent {
     /// The bucket, plus one (0: never written).
     bucket: u64,
-    p50_ms: Option<f64>,
-    p99_ms: Option<f64>,
+    p50_ms: f64,
+    p99_ms: f64,
     tls: bool,
+}
+
+impl Default for Recent {
+    fn default() -> Self {
+        Recent {
+            bucket: 0,
+            p50_ms: f64::NAN,
+            p99_ms: f64::NAN,
+            tls: false,
+        }
+    }
+}
+
+/// `v`, none when NaN.
+fn known(v: f64) -> Option<f64> {
+    (!v.is_nan()).then_some(v)
 }
 
 impl Calls {
@@ -149,7 +169,7 @@ impl Calls {
             .iter()
             .filter(|r| r.bucket >= oldest)
             .fold((None, None), |(p50, p99), r| {
-                (max_opt(p50, r.p50_ms), max_opt(p99, r.p99_ms))
+                (max_opt(p50, known(r.p50_ms)), max_opt(p99, known(r.p99_ms)))
             })
     }
 
@@ -181,8 +201,11 @@ impl Calls {
                 ..Recent::default()
             };
         }
-        slot.p50_ms = max_opt(slot.p50_ms, p50.filter(|v| v.is_finite()));
-        slot.p99_ms = max_opt(slot.p99_ms, p99.filter(|v| v.is_finite()));
+        let higher = |kept: f64, new: Option<f64>| {
+            max_opt(known(kept), new.filter(|v| v.is_finite())).unwrap_or(f64::NAN)
+        };
+        slot.p50_ms = higher(slot.p50_ms, p50);
+        slot.p99_ms = higher(slot.p99_ms, p99);
         slot.tls |= tls;
         self.tls = tls;
     }
@@ -414,12 +437,14 @@ impl Traffic {
             t.local_cluster = local_cluster;
             reshaped = true;
         }
-        let same_listeners = t.listener_keys == listener_keys
-            && t.listeners
-                .iter()
-                .map(|l| &l.clusters)
-                .eq(listeners.iter().map(|l| &l.clusters));
-        if !same_listeners {
+        let listener_routes = {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            for l in &listeners {
+                std::hash::Hash::hash(&l.clusters, &mut h);
+            }
+            std::hash::Hasher::finish(&h)
+        };
+        if t.listener_keys != listener_keys || t.listener_routes != listener_routes {
             for key in &t.listener_keys {
                 c.remove_listener(*key);
             }
@@ -428,8 +453,8 @@ impl Traffic {
             }
             reshaped = true;
         }
-        t.listeners = listeners;
         t.listener_keys = listener_keys;
+        t.listener_routes = listener_routes;
         // Both sorted by name: one walk pairs each upstream with its previous state.
         let mut previous = std::mem::take(&mut t.upstreams).into_iter().peekable();
         let mut upstreams = Vec::with_capacity(incoming.len());
@@ -484,6 +509,10 @@ impl Traffic {
         for gone in previous {
             c.leave(&gone);
             reshaped = true;
+        }
+        if reshaped {
+            // Upstreams come and go rarely; a mesh has one of these per edge.
+            c.upstreams.shrink_to_fit();
         }
         t.upstreams = upstreams;
         drop(c);
@@ -662,6 +691,7 @@ impl Traffic {
                 );
                 x.note(clock, u.p50_ms, u.p99_ms, u.tls);
             }
+            calls.upstreams.shrink_to_fit();
             self.remote.insert(
                 (c.zone_name.clone(), c.cluster_name.clone(), peer.to_owned()),
                 calls,
@@ -931,7 +961,7 @@ mod tests {
             let names: Vec<&str> = c.upstreams().iter().map(Calls::name).collect();
             assert_eq!(names, ["c"]);
         });
-        // Latency is kept over three buckets; past them it is unknown.
+        // Latency is kept over two buckets; past them it is unknown.
         t.record(&mut none, at(30), WIN);
         t.each(|_, _, c| {
             let later = Clock::at(t.epoch(), at(60), WIN).bucket;
