@@ -3,11 +3,13 @@
 # start_aggregator BINARY [FLAGS...]: starts `BINARY serve FLAGS` on free loopback
 # ports with its data in $work/data and its JSON log in $work/log, and waits until it
 # logs its API and ops addresses. Sets pid, api and ops; exits with the log when it
-# does not start.
+# does not start. BENCH_RUST_LOG replaces its log filter (for example
+# `warn,meshcat_aggregator=info,meshcat_aggregator::graph=debug` logs each graph
+# build with its duration).
 start_aggregator() {
     local binary=$1
     shift
-    RUST_LOG=warn,meshcat_aggregator=info "$binary" serve "$@" \
+    RUST_LOG=${BENCH_RUST_LOG:-warn,meshcat_aggregator=info} "$binary" serve "$@" \
         --api-addr 127.0.0.1:0 --ops-addr 127.0.0.1:0 --quic-addr 127.0.0.1:0 \
         --data-dir "$work/data" --log-format json 2>"$work/log" &
     pid=$!
