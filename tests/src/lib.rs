@@ -7,13 +7,15 @@
 //! whole troubleshooting stack around them ([`diagnose_stack`]), and runs
 //! a real three-member etcd cluster ([`etcd`]) with aggregator replicas as processes
 //! on it ([`replicas`]), reads `GET /events` streams ([`sse`]), and drives the
-//! dashboard in a real browser ([`browser`]). Processes told their ports up front
+//! dashboard in a real browser ([`browser`]). The graph's tests share a three-tier
+//! chain of sidecars ([`chain`]). Processes told their ports up front
 //! take them from [`ports`]; promtool and a real Prometheus server are in
 //! [`monitoring`].
 
 pub mod bootstrap;
 pub mod browser;
 pub mod certs;
+pub mod chain;
 pub mod diagnose_stack;
 pub mod envoy;
 pub mod etcd;

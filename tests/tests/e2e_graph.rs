@@ -5,53 +5,12 @@
 
 use std::time::Duration;
 
-use meshcat_tests::bootstrap::{Cluster, HttpListener};
-use meshcat_tests::{Bootstrap, Catalog, Envoy, MeshAgent, Upstream, wait_for};
+use meshcat_tests::chain::{Chain, link, node, send};
+use meshcat_tests::{Catalog, wait_for};
 use serde_json::{Value, json};
 
 const DEADLINE: Duration = Duration::from_secs(30);
 const ZONE: &str = "zone-g";
-
-fn node<'a>(g: &'a Value, id: &str) -> Option<&'a Value> {
-    g["nodes"].as_array()?.iter().find(|n| n["id"] == id)
-}
-
-fn link<'a>(g: &'a Value, source: &str, target: &str) -> Option<&'a Value> {
-    g["edges"]
-        .as_array()?
-        .iter()
-        .find(|e| e["source"] == source && e["target"] == target)
-}
-
-async fn agent(catalog: &Catalog, envoy: &Envoy, cluster: &str) -> MeshAgent {
-    let mut args = catalog.agent_args();
-    args.extend(
-        [
-            "--sidecar-admin",
-            &envoy.admin_addr(),
-            "--zone",
-            ZONE,
-            "--cluster",
-            cluster,
-            "--instance",
-            &format!("{cluster}-1"),
-            "--interval",
-            "300ms",
-            "--sidecar-log-file",
-            &envoy.access_log_path().display().to_string(),
-        ]
-        .map(str::to_owned),
-    );
-    MeshAgent::start(&args).await.unwrap()
-}
-
-async fn send(client: &reqwest::Client, url: &str, n: usize) -> Vec<u16> {
-    let mut out = Vec::with_capacity(n);
-    for _ in 0..n {
-        out.push(client.get(url).send().await.unwrap().status().as_u16());
-    }
-    out
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_graph_shows_observed_and_declared_calls_and_a_failing_hop() {
@@ -77,60 +36,15 @@ async fn the_graph_shows_observed_and_declared_calls_and_a_failing_hop() {
     let a = catalog.cluster(ZONE, "svc-a").await.unwrap();
     assert_eq!(a["dependencies"], json!(["svc-b", "ghost"]), "{a}");
 
-    let mut b_service = Upstream::start().await.unwrap();
-    let b = Envoy::start(Bootstrap::service_sidecar(b_service.addr, None))
-        .await
-        .unwrap();
-    let external = Upstream::start().await.unwrap();
-    let a_service = Upstream::start().await.unwrap();
-    let a = Envoy::start(
-        Bootstrap::service_sidecar(a_service.addr, None)
-            .listener(
-                HttpListener::new("egress", "egress_http")
-                    .route("/b", "svc-b")
-                    .route("/ext", "external-api"),
-            )
-            .cluster(Cluster::new("svc-b", &[b.listener("ingress")]))
-            .cluster(Cluster::new("external-api", &[external.addr])),
-    )
-    .await
-    .unwrap();
-    let edge = Envoy::start(Bootstrap::edge_sidecar(
-        &[("/", "svc-a", a.listener("ingress"))],
-        None,
-    ))
-    .await
-    .unwrap();
-    let _agents = [
-        agent(&catalog, &edge, "edge").await,
-        agent(&catalog, &a, "svc-a").await,
-        agent(&catalog, &b, "svc-b").await,
-    ];
-
+    let mut chain = Chain::start(&catalog, ZONE).await.unwrap();
     let client = reqwest::Client::new();
     let (_, before) = catalog.get("/graph").await.unwrap();
     let before_index = before["index"].as_u64().unwrap();
     // Traffic goes on while the agents report: each edge needs two reports that
     // differ.
     let graph = wait_for("the observed chain", DEADLINE, || async {
-        assert!(
-            send(&client, &format!("{}/orders", edge.url("edge")), 3)
-                .await
-                .iter()
-                .all(|s| *s == 200)
-        );
-        assert!(
-            send(&client, &format!("{}/b", a.url("egress")), 3)
-                .await
-                .iter()
-                .all(|s| *s == 200)
-        );
-        assert!(
-            send(&client, &format!("{}/ext", a.url("egress")), 2)
-                .await
-                .iter()
-                .all(|s| *s == 200)
-        );
+        let codes = chain.traffic(&client).await;
+        assert!(codes.iter().all(|s| *s == 200), "{codes:?}");
         let (status, g) = catalog.get("/graph").await.ok()?;
         assert_eq!(status, 200);
         let observed = |s: &str, t: &str| {
@@ -244,9 +158,9 @@ async fn the_graph_shows_observed_and_declared_calls_and_a_failing_hop() {
 
     // svc-b's service dies: svc-a's calls to it fail, and its edge shows the errors
     // within one window.
-    b_service.stop().await;
+    chain.b_service.stop().await;
     let failing = wait_for("errors on svc-a -> svc-b", DEADLINE, || async {
-        let codes = send(&client, &format!("{}/b", a.url("egress")), 3).await;
+        let codes = send(&client, &format!("{}/b", chain.a.url("egress")), 3).await;
         assert!(codes.iter().all(|c| *c >= 500), "{codes:?}");
         let (_, g) = catalog.get("/graph").await.ok()?;
         let e = link(&g, "zone-g/svc-a", "zone-g/svc-b")?.clone();
@@ -259,7 +173,7 @@ async fn the_graph_shows_observed_and_declared_calls_and_a_failing_hop() {
 
     // The diagnosis of svc-a follows its failing calls to svc-b, whose own checks
     // find the dead service behind its sidecar: the root cause, with its owner.
-    let dead = b_service.addr.to_string();
+    let dead = chain.b_service.addr.to_string();
     let (status, report) = catalog
         .get("/diagnose/svc-a?zoneName=zone-g")
         .await

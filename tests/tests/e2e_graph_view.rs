@@ -12,9 +12,9 @@
 use std::cell::RefCell;
 use std::time::{Duration, Instant};
 
-use meshcat_tests::bootstrap::{Cluster, HttpListener};
 use meshcat_tests::browser::{BrowserTools, output_dir};
-use meshcat_tests::{Bootstrap, Catalog, Envoy, MeshAgent, Upstream, wait_for};
+use meshcat_tests::chain::{Chain, link, send};
+use meshcat_tests::{Catalog, wait_for};
 use serde_json::{Value, json};
 
 const ZONE: &str = "zone-g";
@@ -25,41 +25,6 @@ const WINDOW: Duration = Duration::from_secs(900);
 /// How long the edges' figures must hold still before the browser starts: a few
 /// report intervals, so the last traffic has been reported.
 const SETTLED: Duration = Duration::from_millis(1500);
-
-fn link<'a>(g: &'a Value, source: &str, target: &str) -> Option<&'a Value> {
-    g["edges"]
-        .as_array()?
-        .iter()
-        .find(|e| e["source"] == source && e["target"] == target)
-}
-
-async fn agent(catalog: &Catalog, envoy: &Envoy, cluster: &str) -> MeshAgent {
-    let mut args = catalog.agent_args();
-    args.extend(
-        [
-            "--sidecar-admin",
-            &envoy.admin_addr(),
-            "--zone",
-            ZONE,
-            "--cluster",
-            cluster,
-            "--instance",
-            &format!("{cluster}-1"),
-            "--interval",
-            "300ms",
-        ]
-        .map(str::to_owned),
-    );
-    MeshAgent::start(&args).await.unwrap()
-}
-
-async fn send(client: &reqwest::Client, url: &str, n: usize) -> Vec<u16> {
-    let mut out = Vec::with_capacity(n);
-    for _ in 0..n {
-        out.push(client.get(url).send().await.unwrap().status().as_u16());
-    }
-    out
-}
 
 async fn graph(catalog: &Catalog) -> Option<Value> {
     let (status, g) = catalog.get_as("/graph", Some(TOKEN)).await.ok()?;
@@ -111,57 +76,13 @@ async fn the_graph_view_in_a_real_browser() {
         .await
         .unwrap();
 
-    let mut b_service = Upstream::start().await.unwrap();
-    let b = Envoy::start(Bootstrap::service_sidecar(b_service.addr, None))
-        .await
-        .unwrap();
-    let external = Upstream::start().await.unwrap();
-    let a_service = Upstream::start().await.unwrap();
-    let a = Envoy::start(
-        Bootstrap::service_sidecar(a_service.addr, None)
-            .listener(
-                HttpListener::new("egress", "egress_http")
-                    .route("/b", "svc-b")
-                    .route("/ext", "external-api"),
-            )
-            .cluster(Cluster::new("svc-b", &[b.listener("ingress")]))
-            .cluster(Cluster::new("external-api", &[external.addr])),
-    )
-    .await
-    .unwrap();
-    let edge = Envoy::start(Bootstrap::edge_sidecar(
-        &[("/", "svc-a", a.listener("ingress"))],
-        None,
-    ))
-    .await
-    .unwrap();
-    let _agents = [
-        agent(&catalog, &edge, "edge").await,
-        agent(&catalog, &a, "svc-a").await,
-        agent(&catalog, &b, "svc-b").await,
-    ];
+    let mut chain = Chain::start(&catalog, ZONE).await.unwrap();
 
     // Traffic until the sidecars' reports show the whole chain.
     let client = reqwest::Client::new();
     wait_for("the observed chain", DEADLINE, || async {
-        assert!(
-            send(&client, &format!("{}/orders", edge.url("edge")), 3)
-                .await
-                .iter()
-                .all(|s| *s == 200)
-        );
-        assert!(
-            send(&client, &format!("{}/b", a.url("egress")), 3)
-                .await
-                .iter()
-                .all(|s| *s == 200)
-        );
-        assert!(
-            send(&client, &format!("{}/ext", a.url("egress")), 2)
-                .await
-                .iter()
-                .all(|s| *s == 200)
-        );
+        let codes = chain.traffic(&client).await;
+        assert!(codes.iter().all(|s| *s == 200), "{codes:?}");
         let g = graph(&catalog).await?;
         let observed = |s: &str, t: &str| link(&g, s, t).is_some_and(|e| e["observed"] == true);
         (observed("zone-g/edge", "zone-g/svc-a")
@@ -172,9 +93,9 @@ async fn the_graph_view_in_a_real_browser() {
     .await
     .unwrap();
     // svc-b's service dies: svc-a's calls to it fail.
-    b_service.stop().await;
+    chain.b_service.stop().await;
     wait_for("errors on svc-a -> svc-b", DEADLINE, || async {
-        send(&client, &format!("{}/b", a.url("egress")), 3).await;
+        send(&client, &format!("{}/b", chain.a.url("egress")), 3).await;
         let g = graph(&catalog).await?;
         let e = link(&g, "zone-g/svc-a", "zone-g/svc-b")?;
         (e["errors"].as_u64() > Some(0)).then_some(())
