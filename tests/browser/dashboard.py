@@ -8,50 +8,12 @@ watches the row turn `down` without a reload. Any failure raises; the exit statu
 whether every check passed. Progress goes to stderr.
 """
 
-import json
-import os
 import re
 import sys
-import time
-import urllib.request
 
 from playwright.sync_api import sync_playwright
 
-SPEC = json.loads(sys.argv[1])
-API = SPEC["api"]
-TOKEN = SPEC["token"]
-OUT = SPEC["out"]
-ZONE = SPEC["zone"]
-WAIT_MS = 20_000
-
-
-def log(*a):
-    print("dashboard.py:", *a, file=sys.stderr, flush=True)
-
-
-def api(path, method="GET", token=True, body=None):
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(API + path, method=method, data=data)
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
-    if token:
-        req.add_header("Authorization", "Bearer " + TOKEN)
-    with urllib.request.urlopen(req, timeout=30) as r:
-        body = r.read()
-        ctype = r.headers.get("Content-Type", "")
-        return json.loads(body) if "json" in ctype else body.decode()
-
-
-def check(cond, what):
-    if not cond:
-        raise AssertionError(what)
-    log("ok:", what)
-
-
-def shot(page, name, full=False):
-    path = os.path.join(OUT, name)
-    page.screenshot(path=path, full_page=full)
-    log("screenshot", path)
+from pagecheck import API, SPEC, TOKEN, WAIT_MS, ZONE, api, check, log, open_page, shot
 
 
 def rows(page):
@@ -90,36 +52,17 @@ UNLABELLED_JS = """
 
 
 def main():
-    os.makedirs(OUT, exist_ok=True)
     problems = []  # console errors, page errors, failed asset loads
     allowed_401 = [False]
 
+    def expected_401(text):
+        if allowed_401[0] and "401" in text:
+            log("expected:", text)
+            return True
+        return False
+
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(
-            executable_path=SPEC["chromium"],
-            headless=True,
-            args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"],
-        )
-        ctx = browser.new_context(viewport={"width": 1280, "height": 800})
-        page = ctx.new_page()
-
-        def on_console(m):
-            if m.type != "error":
-                return
-            if allowed_401[0] and "401" in m.text:
-                log("expected:", m.text)
-                return
-            problems.append(f"console error: {m.text} at {m.location}")
-
-        page.on("console", on_console)
-        page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
-        page.on("requestfailed", lambda r: problems.append(f"request failed: {r.url}") if "/events" not in r.url else None)
-        page.on(
-            "response",
-            lambda r: problems.append(f"{r.status} for {r.url}")
-            if r.status >= 400 and ("/ui/" in r.url or "favicon" in r.url)
-            else None,
-        )
+        browser, page = open_page(pw, problems, expected_401)
 
         # ---- first load: GET / lands on /ui/; without the read token live data is hidden.
         page.goto(API + "/")

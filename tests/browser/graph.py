@@ -12,46 +12,12 @@ the graph one click away. Any failure raises; the exit status says whether every
 passed. Progress goes to stderr.
 """
 
-import json
-import os
 import sys
-import urllib.request
 
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from playwright.sync_api import sync_playwright
 
-SPEC = json.loads(sys.argv[1])
-API = SPEC["api"]
-TOKEN = SPEC["token"]
-OUT = SPEC["out"]
-ZONE = SPEC["zone"]
-WAIT_MS = 20_000
-
-
-def log(*a):
-    print("graph.py:", *a, file=sys.stderr, flush=True)
-
-
-def api(path, method="GET", body=None):
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(API + path, method=method, data=data)
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
-    req.add_header("Authorization", "Bearer " + TOKEN)
-    with urllib.request.urlopen(req, timeout=30) as r:
-        return json.loads(r.read())
-
-
-def check(cond, what):
-    if not cond:
-        raise AssertionError(what)
-    log("ok:", what)
-
-
-def shot(page, name, full=False):
-    path = os.path.join(OUT, name)
-    page.screenshot(path=path, full_page=full)
-    log("screenshot", path)
+from pagecheck import API, TOKEN, WAIT_MS, ZONE, api, check, log, open_page, shot
 
 
 def expected(g):
@@ -166,32 +132,17 @@ def register_zones(total):
             break
         name = f"zz-{i:03d}"
         if name not in have:
-            api("/zones", "POST", {"zoneName": name, "serverAddress": "control.local:50000"})
+            api("/zones", "POST", body={"zoneName": name, "serverAddress": "control.local:50000"})
             have.add(name)
 
 
 def main():
-    os.makedirs(OUT, exist_ok=True)
     problems = []
 
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(
-            executable_path=SPEC["chromium"],
-            headless=True,
-            args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"],
-        )
-        ctx = browser.new_context(viewport={"width": 1280, "height": 800})
-        page = ctx.new_page()
-
         # No 403 either: a page that knows it lacks the read token asks for it
         # rather than calling.
-        page.on("console", lambda m: problems.append(f"console error: {m.text} at {m.location}") if m.type == "error" else None)
-        page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
-        page.on("requestfailed", lambda r: problems.append(f"request failed: {r.url}") if "/events" not in r.url else None)
-        page.on(
-            "response",
-            lambda r: problems.append(f"{r.status} for {r.url}") if r.status >= 400 and "/ui/" in r.url else None,
-        )
+        browser, page = open_page(pw, problems)
 
         # ---- the navigation leads to the graph; without the read token it asks for it.
         page.goto(API + "/ui/")
@@ -275,9 +226,9 @@ def main():
         # ---- live: a registration that declares a call reaches the graph without a reload.
         page.select_option("#graph-zone", "")
         page.wait_for_url("**/ui/#/graph", timeout=WAIT_MS)
-        api("/zones", "POST", {"zoneName": "zone-h", "serverAddress": "control.local:50000"})
-        api("/clusters", "POST", {"zoneName": "zone-h", "clusterName": "reports", "name": "Reports",
-                                  "owner": "team-h", "dependencies": [f"{ZONE}/svc-b"]})
+        api("/zones", "POST", body={"zoneName": "zone-h", "serverAddress": "control.local:50000"})
+        api("/clusters", "POST", body={"zoneName": "zone-h", "clusterName": "reports", "name": "Reports",
+                                       "owner": "team-h", "dependencies": [f"{ZONE}/svc-b"]})
         hooks_equal_api(page, "/graph", "after zone-h/reports declared a call to svc-b")
         check(page.evaluate("() => window.__sameDocument === true"), "the new edge came without a reload")
         check(page.query_selector(f"[data-testid=graph-edge][data-source='zone-h/reports'][data-target='{z('svc-b')}'][data-observed=false][data-declared=true]") is not None,
