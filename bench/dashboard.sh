@@ -26,26 +26,17 @@ cd "$root"
 CLUSTERS=${CLUSTERS:-10000}
 ZONES=${ZONES:-20}
 RUNS=${RUNS:-5}
-target=${CARGO_TARGET_DIR:-$root/target}
 chromium=${MESHCAT_CHROMIUM:-$(command -v chromium || echo /usr/bin/chromium)}
 
-echo "==> building release"
-cargo build --release -p meshcat-aggregator -p meshcat-bench
-bin="$target/release/meshcat-aggregator"
+build_release
 
-work=$(mktemp -d)
-pid=""
-cleanup() {
-    [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
-    rm -rf "$work"
-}
-trap cleanup EXIT
+new_work
 
 echo "==> starting the aggregator"
 # Writes without a token: the benchmark registers through the API on loopback.
 start_aggregator "$bin" --allow-anonymous-writes
 
-machine="machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')"
+machine=$(machine)
 if [ "$mode" = "--graph" ]; then
     echo "==> the graph view, $RUNS loads in $("$chromium" --version 2>/dev/null | head -1); $machine"
     # Last, so the script's own last line is the output's last line.

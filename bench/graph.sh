@@ -27,19 +27,10 @@ UPSTREAMS=${UPSTREAMS:-5}
 AGENTS=${AGENTS:-100}
 DURATION=${DURATION:-20s}
 WINDOW=${WINDOW:-60s}
-target=${CARGO_TARGET_DIR:-$root/target}
 
-echo "==> building release"
-cargo build --release -p meshcat-aggregator -p meshcat-bench
-bin="$target/release/meshcat-aggregator"
+build_release
 
-work=$(mktemp -d)
-pid=""
-cleanup() {
-    [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
-    rm -rf "$work"
-}
-trap cleanup EXIT
+new_work
 
 echo "==> starting the aggregator"
 # --dev: the simulated agents present the development agent certificate; they all
@@ -57,5 +48,5 @@ echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
     --data-dir "$work/data" --clusters "$CLUSTERS" --zones "$ZONES" --prefix svc \
     --upstreams "$UPSTREAMS" --agents "$AGENTS" --window "$WINDOW" --duration "$DURATION" \
     | tee "$work/graph.out"
-echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'); load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+machine
 tail -1 "$work/graph.out"

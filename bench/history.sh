@@ -26,20 +26,11 @@ REQUESTS=${REQUESTS:-2000}
 ROUNDS=${ROUNDS:-2}
 INGEST_AGENTS=${INGEST_AGENTS:-2000}
 INGEST_DURATION=${INGEST_DURATION:-15s}
-target=${CARGO_TARGET_DIR:-$root/target}
 
-echo "==> building release"
-cargo build --release -p meshcat-aggregator -p meshcat-bench
-bin="$target/release/meshcat-aggregator"
+build_release
 bench="$target/release/meshcat-bench-history"
 
-work=$(mktemp -d)
-pid=""
-cleanup() {
-    [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
-    rm -rf "$work"
-}
-trap cleanup EXIT
+new_work
 
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "==> recording $((ENTRIES + CHURN)) entries, keeping $ENTRIES"
@@ -76,5 +67,5 @@ if [ "$ROUNDS" -gt 0 ]; then
          END { if (n_off && n_on) printf "ingest cpu: history off %.1f%%, on %.1f%% (%+.1f%%)\n",
                off / n_off, on / n_on, (on / n_on - off / n_off) / (off / n_off) * 100 }' "$work/ingest.summary"
 fi
-echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'); load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+machine
 echo "history: $appends appends/s, newest 100 p99 $p99 ms, $per_entry bytes per entry, $ENTRIES entries"

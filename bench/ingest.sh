@@ -23,19 +23,10 @@ UPSTREAMS=${UPSTREAMS:-5}
 INTERVAL=${INTERVAL:-5s}
 DURATION=${DURATION:-30s}
 CONNECT_RATE=${CONNECT_RATE:-300}
-target=${CARGO_TARGET_DIR:-$root/target}
 
-echo "==> building release"
-cargo build --release -p meshcat-aggregator -p meshcat-bench
-bin="$target/release/meshcat-aggregator"
+build_release
 
-work=$(mktemp -d)
-pid=""
-cleanup() {
-    [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
-    rm -rf "$work"
-}
-trap cleanup EXIT
+new_work
 
 echo "==> starting the aggregator"
 # Every simulated agent presents the development certificate: its bound on
@@ -52,4 +43,4 @@ echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 taskset -c 0 "$target/release/meshcat-bench-agents" --agents "$AGENTS" --instances "$INSTANCES" \
     --upstreams "$UPSTREAMS" --interval "$INTERVAL" --duration "$DURATION" \
     --connect-rate "$CONNECT_RATE" --addr "$quic" --pid "$pid" --data-dir "$work/data"
-echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'); load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+machine

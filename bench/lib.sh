@@ -1,5 +1,32 @@
 # Shared by the bench scripts (sourced, not run).
 
+# build_release: builds the release aggregator and the bench tools; sets target (the
+# cargo target folder, CARGO_TARGET_DIR or ./target) and bin (the aggregator).
+build_release() {
+    target=${CARGO_TARGET_DIR:-$root/target}
+    echo "==> building release"
+    cargo build --release -p meshcat-aggregator -p meshcat-bench
+    bin="$target/release/meshcat-aggregator"
+}
+
+# new_work: a temporary folder, $work, removed at exit with the aggregator that
+# start_aggregator starts in it ($pid).
+new_work() {
+    work=$(mktemp -d)
+    pid=""
+    trap stop_work EXIT
+}
+
+stop_work() {
+    [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
+    rm -rf "$work"
+}
+
+# machine: a line naming the machine and its load average now.
+machine() {
+    echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'); load average: $(cut -d' ' -f1-3 /proc/loadavg)"
+}
+
 # start_aggregator BINARY [FLAGS...]: starts `BINARY serve FLAGS` on free loopback
 # ports with its data in $work/data and its JSON log in $work/log, and waits until it
 # logs its API and ops addresses. Sets pid, api and ops; exits with the log when it

@@ -19,24 +19,15 @@ STREAMS=${STREAMS:-1000}
 RATE=${RATE:-100}
 DURATION=${DURATION:-30}
 CLUSTERS=${CLUSTERS:-100}
-target=${CARGO_TARGET_DIR:-$root/target}
-
-echo "==> building release"
-cargo build --release -p meshcat-aggregator -p meshcat-bench
+build_release
 
 # Every stream is a socket on both sides.
 ulimit -n "$(ulimit -Hn)"
 
-work=$(mktemp -d)
-pid=""
-cleanup() {
-    [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
-    rm -rf "$work"
-}
-trap cleanup EXIT
+new_work
 
 echo "==> starting the aggregator"
-start_aggregator "$target/release/meshcat-aggregator" --dev
+start_aggregator "$bin" --dev
 
 live() {
     "$target/release/meshcat-bench-live" --api "http://$api" --pid "$pid" --rate "$RATE" \
@@ -49,5 +40,5 @@ echo
 echo "==> $STREAMS streams, $RATE changes/s for ${DURATION}s"
 live --streams "$STREAMS" --prefix live
 echo
-echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')"
+machine
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -30,19 +30,10 @@ AGENTS=${AGENTS:-100}
 SCRAPES=${SCRAPES:-20}
 WINDOW=${WINDOW:-60s}
 DURATION=${DURATION:-5s}
-target=${CARGO_TARGET_DIR:-$root/target}
 
-echo "==> building release"
-cargo build --release -p meshcat-aggregator -p meshcat-bench
-bin="$target/release/meshcat-aggregator"
+build_release
 
-work=$(mktemp -d)
-pid=""
-cleanup() {
-    [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
-    rm -rf "$work"
-}
-trap cleanup EXIT
+new_work
 
 echo "==> starting the aggregator"
 # --dev: the simulated agents share the development agent certificate, whose bound
@@ -61,5 +52,5 @@ echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
     --upstreams "$UPSTREAMS" --agents "$AGENTS" --window "$WINDOW" --duration "$DURATION" \
     --ops "http://$ops" --scrapes "$SCRAPES" \
     | tee "$work/metrics.out"
-echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'); load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+machine
 grep '^metrics: ' "$work/metrics.out"

@@ -27,22 +27,13 @@ SINGLES=${SINGLES:-1000}
 DESCRIPTION=${DESCRIPTION:-600}
 RATE=${RATE:-100}
 DURATION=${DURATION:-10}
-target=${CARGO_TARGET_DIR:-$root/target}
-
-echo "==> building release"
-cargo build --release -p meshcat-aggregator -p meshcat-bench
-binary=${AGGREGATOR:-$target/release/meshcat-aggregator}
+build_release
+binary=${AGGREGATOR:-$bin}
 
 # Every stream is a socket on both sides.
 ulimit -n "$(ulimit -Hn)"
 
-work=$(mktemp -d)
-pid=""
-cleanup() {
-    [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
-    rm -rf "$work"
-}
-trap cleanup EXIT
+new_work
 
 # Room for every stream of the run (a binary without the cap has no such flag).
 flags=(--dev)
@@ -56,5 +47,5 @@ start_aggregator "$binary" "${flags[@]}"
     --readers "$READERS" --stalled "$STALLED" --bulk "$BULK" --bulk-size "$BULK_SIZE" \
     --singles "$SINGLES" --description "$DESCRIPTION" --rate "$RATE" --duration "$DURATION" --clk-tck "$(getconf CLK_TCK)"
 echo
-echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')"
+machine
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
