@@ -2,6 +2,28 @@
 //! ops endpoints and the process life cycle. [`run`] takes already bound listeners
 //! and a shutdown future so tests bind port 0; [`start`] is the convenience form.
 
+/// `From` each of redb's error types for `$error`, through its `Db(redb::Error)`
+/// variant: the registrations' store and the history both keep a redb file.
+macro_rules! from_redb_errors {
+    ($error:ty) => {
+        $crate::from_redb_errors!(
+            $error: redb::DatabaseError,
+            redb::TransactionError,
+            redb::TableError,
+            redb::StorageError,
+            redb::CommitError
+        );
+    };
+    ($error:ty: $($t:ty),*) => {$(
+        impl From<$t> for $error {
+            fn from(e: $t) -> Self {
+                Self::Db(e.into())
+            }
+        }
+    )*};
+}
+pub(crate) use from_redb_errors;
+
 pub mod api;
 pub mod config;
 pub mod diagnosis;

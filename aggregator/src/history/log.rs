@@ -58,22 +58,7 @@ pub enum HistoryError {
     Writer(std::io::Error),
 }
 
-macro_rules! db_err {
-    ($($t:ty),*) => {$(
-        impl From<$t> for HistoryError {
-            fn from(e: $t) -> Self {
-                HistoryError::Db(e.into())
-            }
-        }
-    )*};
-}
-db_err!(
-    redb::DatabaseError,
-    redb::TransactionError,
-    redb::TableError,
-    redb::StorageError,
-    redb::CommitError
-);
+crate::from_redb_errors!(HistoryError);
 
 /// How long and how much the log keeps (`--history-retention`,
 /// `--history-max-entries`); the oldest entries go first.

@@ -44,22 +44,7 @@ impl PersistError {
     }
 }
 
-macro_rules! db_err {
-    ($($t:ty),*) => {$(
-        impl From<$t> for PersistError {
-            fn from(e: $t) -> Self {
-                PersistError::Db(e.into())
-            }
-        }
-    )*};
-}
-db_err!(
-    redb::DatabaseError,
-    redb::TransactionError,
-    redb::TableError,
-    redb::StorageError,
-    redb::CommitError
-);
+crate::from_redb_errors!(PersistError);
 
 /// The redb backend of [`Registrations`]: one database file. Writers hand their
 /// batches to one committer thread, which commits every batch waiting at that moment
