@@ -273,15 +273,7 @@ fn field_names<T: serde::Serialize>(sample: &T) -> BTreeSet<String> {
 }
 
 fn sample_zone() -> ZoneRecord {
-    ZoneRecord {
-        zone_name: String::new(),
-        request_cluster: String::new(),
-        server_address: String::new(),
-        use_tls: false,
-        ca_path: String::new(),
-        cert_path: String::new(),
-        key_path: String::new(),
-    }
+    ZoneRecord::new("", "")
 }
 
 /// One document as a record, checked by the model's own rules. The error names the

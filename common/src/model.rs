@@ -220,6 +220,22 @@ pub struct ZoneRecord {
     pub key_path: String,
 }
 
+impl ZoneRecord {
+    /// A record with the required fields set, without TLS and without a request
+    /// cluster.
+    pub fn new(zone_name: &str, server_address: &str) -> Self {
+        Self {
+            zone_name: zone_name.to_owned(),
+            request_cluster: String::new(),
+            server_address: server_address.to_owned(),
+            use_tls: false,
+            ca_path: String::new(),
+            cert_path: String::new(),
+            key_path: String::new(),
+        }
+    }
+}
+
 /// Seed 2.4: the answer of `GET /zones/{zoneName}/metadata`.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]

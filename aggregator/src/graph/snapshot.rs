@@ -582,13 +582,8 @@ mod tests {
 
     fn zone(name: &str) -> ZoneRecord {
         ZoneRecord {
-            zone_name: name.into(),
             request_cluster: "edge".into(),
-            server_address: "cp:50000".into(),
-            use_tls: false,
-            ca_path: String::new(),
-            cert_path: String::new(),
-            key_path: String::new(),
+            ..ZoneRecord::new(name, "cp:50000")
         }
     }
 

@@ -444,15 +444,7 @@ impl Registrations for EtcdBackend {
 
 /// A record deleted by name only: showing a deletion needs only the names.
 fn zone_named(zone: &str) -> ZoneRecord {
-    ZoneRecord {
-        zone_name: zone.to_owned(),
-        request_cluster: String::new(),
-        server_address: String::new(),
-        use_tls: false,
-        ca_path: String::new(),
-        cert_path: String::new(),
-        key_path: String::new(),
-    }
+    ZoneRecord::new(zone, "")
 }
 
 /// Decodes a key under the prefix (`rest` is the part after `<prefix>/`) into the
