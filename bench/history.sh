@@ -5,7 +5,8 @@
 # per entry), starts the aggregator on that data directory and reads GET /history
 # over one keep-alive connection (the newest 100, one cluster's, two kinds', one
 # zone's), then runs bench/ingest.sh ROUNDS times with the history off and on,
-# interleaved, and compares the aggregator's CPU per report.
+# interleaved (each round in the other order), and compares the aggregator's CPU per
+# report.
 #
 # The last line reads `history: <n> appends/s, newest 100 p99 <ms> ms, <bytes> bytes
 # per entry, <n> entries`.
@@ -49,7 +50,11 @@ pid=""
 if [ "$ROUNDS" -gt 0 ]; then
     echo "==> bench/ingest.sh, $INGEST_AGENTS agents, history off and on, interleaved"
     for round in $(seq 1 "$ROUNDS"); do
-        for mode in off on; do
+        # Each round in the other order: whichever runs second gets a machine the
+        # first just warmed.
+        order="off on"
+        [ $((round % 2)) = 0 ] && order="on off"
+        for mode in $order; do
             flags=""
             [ "$mode" = off ] && flags="--history-max-entries 0"
             AGENTS=$INGEST_AGENTS DURATION=$INGEST_DURATION AGGREGATOR_FLAGS="$flags" \
