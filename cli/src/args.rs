@@ -229,6 +229,8 @@ pub struct LogTarget {
     /// Only this instance (every live instance of the cluster without it).
     #[arg(long)]
     pub instance: Option<String>,
+    #[command(flatten)]
+    pub output: OutputArg,
 }
 
 /// A sidecar log level, as the API spells it (`warn` is Envoy's `warning`).

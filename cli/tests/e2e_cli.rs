@@ -14,7 +14,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use meshcat_tests::mesh::{Catalog, MeshAgent, Sidecar, metric_sum};
-use serde_json::Value;
+use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 
 const TOKEN: &str = "e2e-write-token";
@@ -767,6 +767,14 @@ async fn log_level(api: &str, token: &Path, sidecar: &Sidecar) {
     assert_eq!(
         r.lines(),
         ["INSTANCE    LEVEL", "catalog-0   debug"],
+        "{r:?}"
+    );
+    let r = admin(api, token, &with(&["get"], &["-o", "json"])).await;
+    assert_eq!(r.code, 0, "{r:?}");
+    let got: Value = serde_json::from_str(&r.out).expect("log-level -o json is JSON");
+    assert_eq!(
+        got,
+        json!([{"instance": "catalog-0", "level": "debug"}]),
         "{r:?}"
     );
 

@@ -7,29 +7,37 @@ use std::io::Write;
 
 use futures::StreamExt;
 use reqwest::Method;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use super::{Ctx, emit};
-use crate::args::{Level, LogLevelAction, LogTarget};
+use crate::args::{Format, Level, LogLevelAction, LogTarget};
 use crate::client::{Call, CliError};
 use crate::render::{self, Cell, Table, s};
 
 pub async fn run(ctx: &Ctx, action: LogLevelAction, out: &mut dyn Write) -> Result<(), CliError> {
-    let (rows, failed) = match action {
-        LogLevelAction::Get { target } => get(ctx, &target).await?,
-        LogLevelAction::Set { level, target } => set(ctx, level, &target).await?,
+    let (format, (rows, failed)) = match action {
+        LogLevelAction::Get { target } => (target.output.output, get(ctx, &target).await?),
+        LogLevelAction::Set { level, target } => {
+            (target.output.output, set(ctx, level, &target).await?)
+        }
     };
-    let mut t = Table::new(&["INSTANCE", "LEVEL"]);
-    for (instance, outcome) in &rows {
-        t.row(vec![
-            instance.as_str().into(),
-            match outcome {
-                Ok(level) => Cell::from(level.as_str()),
-                Err(why) => Cell::styled(format!("failed: {why}"), render::RED),
-            },
-        ]);
-    }
-    emit(out, &t.render(ctx.width))?;
+    let text = match format {
+        Format::Table => {
+            let mut t = Table::new(&["INSTANCE", "LEVEL"]);
+            for (instance, outcome) in &rows {
+                t.row(vec![
+                    instance.as_str().into(),
+                    match outcome {
+                        Ok(level) => Cell::from(level.as_str()),
+                        Err(why) => Cell::styled(format!("failed: {why}"), render::RED),
+                    },
+                ]);
+            }
+            t.render(ctx.width)
+        }
+        f => render::data(&as_data(&rows), f)?,
+    };
+    emit(out, &text)?;
     if failed > 0 {
         return Err(CliError::Failed(format!(
             "{failed} of {} instances failed",
@@ -37,6 +45,17 @@ pub async fn run(ctx: &Ctx, action: LogLevelAction, out: &mut dyn Write) -> Resu
         )));
     }
     Ok(())
+}
+
+/// The rows for `-o json|yaml`: `[{"instance", "level"} | {"instance", "error"}]`,
+/// one per instance, in the table's order.
+fn as_data(rows: &[(String, Result<String, String>)]) -> Value {
+    rows.iter()
+        .map(|(instance, outcome)| match outcome {
+            Ok(level) => json!({"instance": instance, "level": level}),
+            Err(why) => json!({"instance": instance, "error": why}),
+        })
+        .collect()
 }
 
 /// Instances asked at once: each answer waits on a sidecar through its agent.
@@ -154,8 +173,6 @@ fn api_message(e: &CliError) -> String {
 
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
-
     use super::*;
 
     #[test]
@@ -171,6 +188,12 @@ mod tests {
         assert_eq!(
             rows[1].1,
             Err("The agent of instance catalog-1 did not answer within 5s. (agent_timeout)".into())
+        );
+        assert_eq!(
+            as_data(&rows),
+            json!([{"instance": "catalog-0", "level": "warn"},
+                   {"instance": "catalog-1",
+                    "error": "The agent of instance catalog-1 did not answer within 5s. (agent_timeout)"}])
         );
     }
 }
