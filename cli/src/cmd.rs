@@ -14,6 +14,7 @@ pub mod log_level;
 pub mod watch;
 
 use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::client::{Api, CliError};
 
@@ -25,14 +26,31 @@ pub struct Ctx {
     pub width: Option<usize>,
 }
 
-/// Writes `text` to `out`. A closed pipe (`meshcat get clusters | head`) ends the
-/// command quietly; any other write error is one.
+/// Set once standard output's reader has left.
+static OUTPUT_CLOSED: AtomicBool = AtomicBool::new(false);
+
+/// Writes `text` to `out`. A closed pipe (`meshcat apply -f dir | head -1`) is not
+/// the command's failure: it goes on with its work, writing nothing more (an apply
+/// finishes its writes, a check or a diagnosis still ends with its own status), and
+/// [`output_closed`] tells a command that would print forever to stop. Any other
+/// write error is one.
 pub fn emit(out: &mut dyn Write, text: &str) -> Result<(), CliError> {
+    if output_closed() {
+        return Ok(());
+    }
     match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
         Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(CliError::Closed),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+            OUTPUT_CLOSED.store(true, Ordering::Relaxed);
+            Ok(())
+        }
         Err(e) => Err(CliError::Failed(format!(
             "cannot write to standard output: {e}"
         ))),
     }
+}
+
+/// Whether standard output's reader has left (a write met a closed pipe).
+pub fn output_closed() -> bool {
+    OUTPUT_CLOSED.load(Ordering::Relaxed)
 }

@@ -176,10 +176,26 @@ async fn execute(ctx: &Ctx, plan: &Plan, out: &mut dyn Write) -> Result<(), CliE
             .map_err(|e| for_record(&name, e))
     }))
     .buffered(PARALLEL_UPDATES);
+    // Every update sent is waited for, so that each one the API took is printed even
+    // when another failed; the first refusal is then the command's (the others are
+    // said on standard error) and nothing is deleted.
+    let mut refused: Vec<CliError> = Vec::new();
     while let Some(done) = updates.next().await {
-        emit(out, &line(Action::Updated, &done?))?;
+        match done {
+            Ok(name) => emit(out, &line(Action::Updated, &name))?,
+            Err(e) => refused.push(e),
+        }
     }
     drop(updates);
+    let mut refused = refused.into_iter();
+    if let Some(first) = refused.next() {
+        for other in refused {
+            for text in other.to_string().lines() {
+                eprintln!("meshcat: {text}");
+            }
+        }
+        return Err(first);
+    }
     let text: String = plan
         .unchanged
         .iter()
