@@ -10,7 +10,7 @@ use std::time::Duration;
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use super::{Ctx, emit, history};
+use super::{Ctx, emit, history, output_closed};
 use crate::args::{WatchArgs, WatchFormat};
 use crate::client::{Api, Call, CliError, error_chain};
 use crate::render::{self, now_ms, s};
@@ -60,23 +60,73 @@ async fn stopped() {
 enum Ended {
     /// The server sent `reset`: reopen from now.
     Reset,
-    /// It closed or went silent: reopen from the last id.
-    Closed(String),
+    /// It closed or went silent: reopen where it stopped. Whether it had delivered
+    /// an event (a stream that did starts the retry delays over).
+    Closed(String, bool),
+}
+
+/// Where to reopen the stream. A change's events share its index as their id, and
+/// the server may split them over two writes, so a stream that breaks may have
+/// delivered only part of the last change: the next one resumes after the change
+/// before it (`Last-Event-ID: id - 1`) and leaves out the events of the last change
+/// already printed, which the server sends again in the same order.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Resume {
+    /// The id of the last event printed.
+    id: Option<u64>,
+    /// How many events with that id were printed.
+    printed: usize,
+}
+
+impl Resume {
+    /// The `Last-Event-ID` to reopen with.
+    pub fn last_event_id(&self) -> Option<String> {
+        self.id.map(|id| id.saturating_sub(1).to_string())
+    }
+
+    /// How many events to leave out at the start of a reopened stream: those of the
+    /// last change already printed.
+    pub fn to_skip(&self) -> usize {
+        self.printed
+    }
+
+    /// Takes an event of a stream opened with [`Self::last_event_id`], `skip` set by
+    /// [`Self::to_skip`] when it opened: whether to print it.
+    pub fn admit(&mut self, id: Option<&str>, skip: &mut usize) -> bool {
+        let Some(id) = id.and_then(|i| i.parse::<u64>().ok()) else {
+            return true;
+        };
+        if Some(id) == self.id {
+            if *skip > 0 {
+                *skip -= 1;
+                return false;
+            }
+            self.printed += 1;
+        } else {
+            self.id = Some(id);
+            self.printed = 1;
+            *skip = 0;
+        }
+        true
+    }
 }
 
 async fn follow(api: &Api, args: &WatchArgs, out: &mut dyn Write) -> Result<(), CliError> {
-    let mut last_id: Option<String> = None;
+    let mut resume = Resume::default();
     let mut opened_once = false;
     let mut delay = BACKOFF_MIN;
     loop {
-        match stream(api, args, &mut opened_once, &mut last_id, out).await {
+        match stream(api, args, &mut opened_once, &mut resume, out).await {
             Ok(Ended::Reset) => {
-                last_id = None;
+                resume = Resume::default();
                 delay = BACKOFF_MIN;
                 continue;
             }
-            Ok(Ended::Closed(why)) => {
-                eprintln!("meshcat: the event stream {why}; reconnecting.");
+            Ok(Ended::Closed(why, delivered)) => {
+                if delivered {
+                    delay = BACKOFF_MIN;
+                }
+                eprintln!("meshcat: the event stream {why}; reconnecting in {delay:?}.");
             }
             // Until a stream has opened, a refusal or an unreachable API is the
             // command's error; afterwards the aggregator may be restarting.
@@ -92,13 +142,13 @@ async fn stream(
     api: &Api,
     args: &WatchArgs,
     opened_once: &mut bool,
-    last_id: &mut Option<String>,
+    resume: &mut Resume,
     out: &mut dyn Write,
 ) -> Result<Ended, CliError> {
     let call = Call::new(&["events"])
         .q_opt("zoneName", args.zone.clone())
         .q_opt("clusterName", args.cluster.clone());
-    let since = last_id.clone();
+    let since = resume.last_event_id();
     let mut headers = vec![("accept", "text/event-stream")];
     if let Some(id) = &since {
         headers.push(("last-event-id", id.as_str()));
@@ -112,25 +162,38 @@ async fn stream(
         *opened_once = true;
     }
     let mut parser = Parser::default();
+    let mut skip = resume.to_skip();
+    let mut delivered = false;
     loop {
         let chunk = match tokio::time::timeout(IDLE, resp.chunk()).await {
-            Err(_) => return Ok(Ended::Closed(format!("was silent for {IDLE:?}"))),
-            Ok(Err(e)) => return Ok(Ended::Closed(format!("broke: {}", error_chain(&e)))),
-            Ok(Ok(None)) => return Ok(Ended::Closed("ended".into())),
+            Err(_) => {
+                return Ok(Ended::Closed(format!("was silent for {IDLE:?}"), delivered));
+            }
+            Ok(Err(e)) => {
+                return Ok(Ended::Closed(
+                    format!("broke: {}", error_chain(&e)),
+                    delivered,
+                ));
+            }
+            Ok(Ok(None)) => return Ok(Ended::Closed("ended".into(), delivered)),
             Ok(Ok(Some(c))) => c,
         };
         let events = parser
             .push(&chunk)
             .map_err(|e| CliError::Failed(e.to_string()))?;
         for e in events {
-            if let Some(id) = &e.id {
-                *last_id = Some(id.clone());
+            if !resume.admit(e.id.as_deref(), &mut skip) {
+                continue;
             }
+            delivered = true;
             let text = match args.output {
                 WatchFormat::Table => format!("{}\n", line(&e, now_ms())),
                 WatchFormat::Json => format!("{}\n", json_line(&e)),
             };
             emit(out, &text)?;
+            if output_closed() {
+                return Err(CliError::Closed);
+            }
             if e.event == "reset" {
                 return Ok(Ended::Reset);
             }
@@ -199,6 +262,32 @@ pub fn line(e: &Event, now: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A stream broken inside change 8 (two of its three events printed) reopens
+    /// after change 7 and prints the third event of 8 once, then what follows.
+    #[test]
+    fn a_reopened_stream_prints_each_event_once() {
+        let mut r = Resume::default();
+        assert_eq!(r.last_event_id(), None);
+        let mut skip = r.to_skip();
+        let first: Vec<bool> = [Some("7"), None, Some("8"), Some("8")]
+            .into_iter()
+            .map(|id| r.admit(id, &mut skip))
+            .collect();
+        assert_eq!(first, [true, true, true, true]);
+        assert_eq!(r.last_event_id().as_deref(), Some("7"));
+        let mut skip = r.to_skip();
+        let again: Vec<bool> = [Some("8"), Some("8"), Some("8"), Some("9"), Some("9")]
+            .into_iter()
+            .map(|id| r.admit(id, &mut skip))
+            .collect();
+        assert_eq!(again, [false, false, true, true, true]);
+        assert_eq!(r.last_event_id().as_deref(), Some("8"));
+        // The change printed whole is not in the replay (the server had moved on).
+        let mut skip = r.to_skip();
+        assert!(r.admit(Some("10"), &mut skip));
+        assert!(r.admit(Some("10"), &mut skip));
+    }
 
     fn event(name: &str, data: Value) -> Event {
         Event {
