@@ -155,11 +155,19 @@ pub fn terminal_width() -> Option<usize> {
         .filter(|w| *w >= 20)
 }
 
-/// Milliseconds since the epoch as UTC RFC 3339, to the second.
+/// Milliseconds since the epoch as UTC RFC 3339, to the second; past the year 9999
+/// (which RFC 3339 cannot write) the number as it came.
 pub fn time(ms: i64) -> String {
     match u64::try_from(ms) {
         Ok(ms) if ms > 0 => {
-            humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
+            use std::fmt::Write as _;
+            let mut text = String::new();
+            let at = humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(ms));
+            if write!(text, "{at}").is_ok() {
+                text
+            } else {
+                ms.to_string()
+            }
         }
         _ => "-".to_owned(),
     }
@@ -277,6 +285,9 @@ mod tests {
         assert_eq!(age(0, now), "-");
         assert_eq!(time(1_700_000_000_000), "2023-11-14T22:13:20Z");
         assert_eq!(time(0), "-");
+        // An agent's clock far in the future: said as it came, not a panic.
+        assert_eq!(time(300_000_000_000_000), "300000000000000");
+        assert_eq!(time(i64::MAX), i64::MAX.to_string());
     }
 
     #[test]
