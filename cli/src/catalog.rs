@@ -232,8 +232,9 @@ fn read(p: &Path) -> Result<String, String> {
     String::from_utf8(bytes).map_err(|_| "not UTF-8 text".to_owned())
 }
 
-/// The documents of a file with their 1-based positions; empty YAML documents are
-/// skipped but counted.
+/// The documents of a file with their 1-based positions. Empty YAML documents
+/// (nothing, only comments or `null` between two `---`) are skipped and not counted
+/// (serde-saphyr leaves them out): "document N" is the Nth that holds something.
 pub fn parse_file(name: &str, text: &str, json: bool) -> Result<Vec<(usize, Value)>, Problem> {
     if json {
         let v: Value = serde_json::from_str(text)
@@ -259,7 +260,6 @@ pub fn parse_file(name: &str, text: &str, json: bool) -> Result<Vec<(usize, Valu
     Ok(docs
         .into_iter()
         .enumerate()
-        .filter(|(_, v)| !v.is_null())
         .map(|(i, v)| (i + 1, v))
         .collect())
 }
@@ -561,6 +561,21 @@ mod tests {
         want.min_instances = 2;
         want.dependencies = vec!["d".into(), "other/e".into()];
         assert_eq!(**c, want);
+    }
+
+    #[test]
+    fn empty_yaml_documents_are_not_counted() {
+        let v = parse_file(
+            "f.yaml",
+            "kind: Zone\n---\n# gone\n---\nkind: Cluster\n---\nnull\n---\nkind: X\n",
+            false,
+        )
+        .unwrap();
+        let at: Vec<(usize, &str)> = v
+            .iter()
+            .map(|(i, d)| (*i, d["kind"].as_str().unwrap()))
+            .collect();
+        assert_eq!(at, [(1, "Zone"), (2, "Cluster"), (3, "X")]);
     }
 
     #[test]

@@ -59,7 +59,12 @@ fn every_subcommand_and_flag_is_in_the_cli_guide() {
     let cmd = Cli::command();
     for sub in cmd.get_subcommands().filter(|s| s.get_name() != "help") {
         let heading = format!("\n## meshcat {}\n", sub.get_name());
-        assert!(text.contains(&heading), "docs/cli.md lacks {heading:?}");
+        let Some(at) = text.find(&heading) else {
+            panic!("docs/cli.md lacks {heading:?}");
+        };
+        // The subcommand's own section: up to the next `## ` heading.
+        let body = &text[at + heading.len()..];
+        let section = &body[..body.find("\n## ").unwrap_or(body.len())];
         let mut stack = vec![sub.clone()];
         while let Some(c) = stack.pop() {
             for a in c.get_arguments() {
@@ -70,8 +75,9 @@ fn every_subcommand_and_flag_is_in_the_cli_guide() {
                     let flag = format!("--{long}");
                     let short = a.get_short().map(|s| format!("-{s} "));
                     assert!(
-                        text.contains(&flag) || short.is_some_and(|s| text.contains(&s)),
-                        "docs/cli.md does not name {flag} of meshcat {}",
+                        section.contains(&flag) || short.is_some_and(|s| section.contains(&s)),
+                        "docs/cli.md's section of meshcat {} does not name {flag} of {}",
+                        sub.get_name(),
                         c.get_name()
                     );
                 }
