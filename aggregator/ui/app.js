@@ -331,9 +331,13 @@ const graphApp = {
   askToken: (why) => askToken(why),
   zones: () => [...catalog.zones.keys()].sort(),
   liveHidden: () => catalog.liveHidden(),
+  ready: () => catalog.ready,
 };
 
 function route() {
+  // A control that changed the address (the graph's zone or depth) has its focus
+  // back in the view built anew.
+  const focusedId = document.activeElement && document.activeElement.id;
   const m = location.hash.match(/^#\/c\/([^/]+)\/([^/]+)$/);
   const graph = m ? null : parseGraphHash(location.hash);
   if (page) { page.close(); page = null; }
@@ -353,7 +357,9 @@ function route() {
     window.scrollTo(0, 0);
   } else if (graph) {
     graphPage = new GraphPage($("graph-page"), graph, graphApp);
-    window.scrollTo(0, 0);
+    const again = focusedId && focusedId.startsWith("graph-") ? document.getElementById(focusedId) : null;
+    if (again) again.focus();
+    else window.scrollTo(0, 0);
   } else {
     readRowHeight();
     refilter();

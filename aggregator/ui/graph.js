@@ -117,7 +117,8 @@ function statusCell(node) {
 export class GraphPage {
   /**
    * `scope`: {zone, cluster, depth}; `app`: {withToken(fn, why), askToken(why),
-   * zones() (sorted zone names), liveHidden() (the read token is missing)}.
+   * zones() (sorted zone names), liveHidden() (the read token is missing), ready()
+   * (settles once the catalog's records are first read: liveHidden() is known)}.
    */
   constructor(root, scope, app) {
     this.root = root;
@@ -228,6 +229,7 @@ export class GraphPage {
   }
 
   async load() {
+    await this.app.ready();
     if (this.closed) return;
     const why = "The graph is live data: it needs the read token.";
     // Known to lack the read token: ask (once per view) rather than call for a 403.
@@ -284,7 +286,11 @@ export class GraphPage {
     const placed = layout(nodes, drawn, focus, box.height > 0 ? box.width / box.height : 2);
     this.layoutMs = performance.now() - t0;
     this.data = g;
-    this.canvas.setData({ nodes, edges: drawn, x: placed.x, y: placed.y, blocks: placed.blocks, bounds: placed, focus }, !this.first, this.first);
+    // The view is kept across refreshes once it showed something; an empty graph's
+    // view (a 1 x 1 box) is fitted again when nodes come.
+    const keepView = !this.first && this.shownNodes > 0;
+    this.shownNodes = nodes.length;
+    this.canvas.setData({ nodes, edges: drawn, x: placed.x, y: placed.y, blocks: placed.blocks, bounds: placed, focus }, keepView, this.first);
     if (this.selectedId !== null) {
       const i = index.get(this.selectedId);
       this.canvas.setSelected(i === undefined ? null : { node: i });
@@ -497,6 +503,8 @@ export class ClusterCalls {
   async load() {
     let res;
     try {
+      await this.app.ready();
+      if (this.closed) return;
       // Known to lack the read token: say so rather than call for a 403.
       if (this.app.liveHidden()) throw new ApiError(403, "forbidden", "");
       res = await call(graphPath({ zone: this.zone, cluster: this.cluster, depth: 1 }));

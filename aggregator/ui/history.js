@@ -99,6 +99,8 @@ export class ClusterHistory {
 
   /** Reads the timeline and the drift afresh (on open, and when the token changes). */
   async load() {
+    await this.catalog.ready;
+    if (this.closed) return;
     if (this.catalog.liveHidden()) {
       this.note.textContent = "The history and the drift are hidden without the read token.";
       this.showDrift(null);
@@ -112,8 +114,14 @@ export class ClusterHistory {
         .sort((a, b) => b.id - a.id).slice(0, SHOWN);
       this.render();
     } catch (e) {
-      if (!this.closed) this.note.textContent = e instanceof ApiError && e.needsToken
-        ? "The history is hidden without the read token." : e.message;
+      if (this.closed) return;
+      if (e instanceof ApiError && e.needsToken) {
+        // The drift is live data too: no second refusal to ask for.
+        this.note.textContent = "The history and the drift are hidden without the read token.";
+        this.showDrift(null);
+        return;
+      }
+      this.note.textContent = e.message;
     }
     this.readDrift();
   }

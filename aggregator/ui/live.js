@@ -89,6 +89,11 @@ export class Catalog {
     /** History entries of `history` events since the views last looked. */
     this.historyEntries = [];
     this.stopped = false;
+    /**
+     * Settles once the first snapshot was read (or failed): views of live data wait
+     * for it, since liveHidden() cannot tell before the records are in.
+     */
+    this.ready = new Promise((resolve) => { this.markReady = resolve; });
   }
 
   emit(what) {
@@ -116,6 +121,7 @@ export class Catalog {
         backoff = 1000;
       } catch (e) {
         this.lastError = e;
+        this.markReady();
         this.setMode("offline");
         // An API that wants a token for reads: ask rather than retry in vain.
         if (e instanceof ApiError && e.needsToken && this.askToken &&
@@ -151,6 +157,7 @@ export class Catalog {
     this.lastError = null;
     if (!this.loaded) moved.push("clusters", "zones", "summary");
     this.loaded = true;
+    this.markReady();
     this.emit(moved.length ? moved : ["mode"]);
     return clusters.index;
   }

@@ -6,7 +6,8 @@ clusters of the mesh). The mesh's traffic has stopped and the graph window is lo
 the figures hold still while the page is compared with the API. The script checks
 the hooks of contract section 14 against `GET /graph` (whole, one zone, around one
 cluster), clicks a node on the canvas and checks the cluster view's callers and
-callees, focuses the graph from the cluster view, watches a registration reach the
+callees, focuses the graph from the cluster view, opens deep links afresh without
+the read token (no refused call), watches a registration reach the
 graph without a reload, and checks that 20 and 200 zones leave the cluster table and
 the graph one click away. Any failure raises; the exit status says whether every check
 passed. Progress goes to stderr.
@@ -144,6 +145,19 @@ def main():
         # rather than calling.
         browser, page = open_page(pw, problems)
 
+        # ---- deep links opened afresh (a reload) wait for the records before reading
+        # live data: without the read token they ask for it rather than call for a 403.
+        page.goto(API + f"/ui/#/c/{ZONE}/svc-a")
+        page.wait_for_selector("[data-testid=cluster-view][data-cluster=svc-a]", timeout=WAIT_MS)
+        page.wait_for_selector("#calls-h ~ div >> text=need the read token", timeout=WAIT_MS)
+        page.wait_for_selector("text=hidden without the read token", timeout=WAIT_MS)
+        check(True, "a reloaded cluster view asks for the read token for its calls and history")
+        page.goto(API + "/ui/#/graph")
+        page.wait_for_selector("#token-dialog[open]", timeout=WAIT_MS)
+        page.click("#token-form button[value=cancel]")
+        page.wait_for_selector("#token-dialog:not([open])", state="attached", timeout=WAIT_MS)
+        check(True, "a reloaded graph view asks for the read token")
+
         # ---- the navigation leads to the graph; without the read token it asks for it.
         page.goto(API + "/ui/")
         page.wait_for_selector("[data-testid=cluster-row]", timeout=WAIT_MS)
@@ -219,9 +233,12 @@ def main():
         page.click("[data-testid=nav-graph]")
         page.wait_for_url("**/ui/#/graph", timeout=WAIT_MS)
         hooks_equal_api(page, "/graph", "whole mesh again")
+        page.focus("#graph-zone")
         page.select_option("#graph-zone", ZONE)
         page.wait_for_url(f"**/ui/#/graph/z/{ZONE}", timeout=WAIT_MS)
         hooks_equal_api(page, f"/graph?zoneName={ZONE}", f"zone {ZONE}")
+        focused = page.evaluate("() => document.activeElement.id")
+        check(focused == "graph-zone", f"the zone selector keeps the focus in the view built anew ({focused!r})")
 
         # ---- live: a registration that declares a call reaches the graph without a reload.
         page.select_option("#graph-zone", "")
