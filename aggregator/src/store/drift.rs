@@ -14,6 +14,34 @@ use super::{Entry, Store};
 use crate::history::GroupDetail;
 use crate::history::entry::{MAX_GROUP_NAMES, MAX_GROUPS};
 
+/// The resource kinds that carry a hash of their own (contract section 15).
+pub const RESOURCE_KINDS: [&str; 4] = ["listeners", "clusters", "routes", "secrets"];
+
+/// Longest configuration hash kept (the agent sends 16 hex digits).
+pub const MAX_CONFIG_HASH: usize = 64;
+
+/// Whether `h` has the form of a configuration hash: 1 to [`MAX_CONFIG_HASH`] hex
+/// digits.
+pub fn is_config_hash(h: &str) -> bool {
+    !h.is_empty() && h.len() <= MAX_CONFIG_HASH && h.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// Keeps of what a report (or a peer's publication) says about an instance's
+/// configuration only what has the agent's form: the hash when it is one, and the
+/// per-kind hashes of the four resource kinds that are hashes, none without the
+/// hash. Whatever else an agent sends never reaches the history, the drift answer
+/// or the publications to other replicas.
+pub fn sanitise_hashes(hash: &mut Option<String>, kinds: &mut BTreeMap<String, String>) {
+    if hash.as_deref().is_some_and(|h| !is_config_hash(h)) {
+        *hash = None;
+    }
+    if hash.is_none() {
+        kinds.clear();
+        return;
+    }
+    kinds.retain(|k, v| RESOURCE_KINDS.contains(&k.as_str()) && is_config_hash(v));
+}
+
 /// `GET /clusters/{c}/drift`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]

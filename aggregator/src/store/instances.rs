@@ -28,9 +28,6 @@ pub const MAX_INSTANCES: u64 = 200_000;
 /// Identifies one reported instance: (zone, cluster, instance).
 pub type InstanceKey = (String, String, String);
 
-/// Longest configuration hash kept (the agent sends 16 hex digits).
-const MAX_CONFIG_HASH: usize = 64;
-
 /// One instance as its agent last reported it. The fields the store reads on every
 /// report are kept apart, the graph's fields (upstream traffic, listeners, local
 /// cluster) in [`super::traffic`]; the rest of the report (metrics, upstream
@@ -88,11 +85,8 @@ impl LiveInstance {
             window_errors: window.1,
             reachable: report.reachable,
             start_time_ms: report.start_time_ms,
-            config_hash: report
-                .config_hash
-                .as_deref()
-                .filter(|h| h.len() <= MAX_CONFIG_HASH)
-                .map(Arc::from),
+            // Sanitised where the report came in (`sanitise_hashes`).
+            config_hash: report.config_hash.as_deref().map(Arc::from),
             requests_total: report.requests_total,
             errors_5xx_total: report.errors_5xx_total,
             packed,
@@ -429,6 +423,7 @@ impl Store {
         now: Instant,
         may_take: &dyn Fn(&str) -> bool,
     ) -> Put {
+        super::drift::sanitise_hashes(&mut report.config_hash, &mut report.config_hashes);
         let prev = e.instances.get(&report.instance);
         if let Some(Reporter::Agent(other)) = prev.map(|p| &p.reporter)
             && other != agent
@@ -602,7 +597,8 @@ impl Store {
 
     /// Shows (or updates) an instance another replica owns. The shared store is the
     /// truth: its latest publication replaces whatever this replica had.
-    pub fn put_remote(&self, r: RemoteInstance) {
+    pub fn put_remote(&self, mut r: RemoteInstance) {
+        super::drift::sanitise_hashes(&mut r.config_hash, &mut r.config_hashes);
         let _st = shared(&self.state);
         let touched = {
             let mut by_zone = self.clusters.entry(r.cluster.clone()).or_default();
