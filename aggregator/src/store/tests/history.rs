@@ -327,3 +327,55 @@ fn only_well_formed_hashes_reach_the_history_and_the_drift() {
         "{d:?}"
     );
 }
+
+/// Without drift the answer is one group with every live instance, those whose
+/// agent sent no hash included, as the contract has it; with drift, one group per
+/// hash and the instances without one apart.
+#[test]
+fn the_drift_answer_without_drift_is_one_group_of_every_live_instance() {
+    let (_d, s) = open_with_history();
+    s.create_zone(zone("z")).unwrap();
+    s.create_cluster(ClusterRecord::new("z", "a", "A")).unwrap();
+    let group = |g: &crate::store::drift::DriftGroup| (g.config_hash.clone(), g.instances.clone());
+    let d = s.drift("z", "a").unwrap();
+    assert!(!d.drifted);
+    assert_eq!(
+        d.groups.iter().map(group).collect::<Vec<_>>(),
+        [(None, vec![])]
+    );
+    assert!(d.differs.is_empty());
+    let now = Instant::now();
+    s.apply_report("agent-1", hashed("i1", "a1", "b1"), now);
+    s.apply_report("agent-2", report("z", "a", "i2", 0, 0), now);
+    let d = s.drift("z", "a").unwrap();
+    assert!(!d.drifted);
+    assert_eq!(
+        d.groups.iter().map(group).collect::<Vec<_>>(),
+        [(
+            Some("a1".to_owned()),
+            vec!["i1".to_owned(), "i2".to_owned()]
+        )]
+    );
+    s.apply_report("agent-3", hashed("i3", "c3", "b2"), now);
+    let d = s.drift("z", "a").unwrap();
+    assert!(d.drifted);
+    assert_eq!(
+        d.groups.iter().map(group).collect::<Vec<_>>(),
+        [
+            (Some("a1".to_owned()), vec!["i1".to_owned()]),
+            (Some("c3".to_owned()), vec!["i3".to_owned()]),
+            (None, vec!["i2".to_owned()]),
+        ]
+    );
+    assert_eq!(d.differs, ["routes"]);
+    // The drift entries' groups are the answer's.
+    s.agent_gone("agent-3");
+    let ended = entries(&s)
+        .into_iter()
+        .rfind(|e| e.0 == "drift-ended")
+        .unwrap();
+    assert_eq!(
+        ended.3,
+        json!({"groups": [{"configHash": "a1", "instances": ["i1", "i2"], "instanceCount": 2}]})
+    );
+}
