@@ -697,11 +697,11 @@ impl Store {
         out
     }
 
-    /// Who reports each zone's instances: every registered zone, and every zone an
-    /// agent reports into without a registration, sorted by name. Walks every
-    /// instance once: it answers `GET /status`, an operator's occasional read, not a
-    /// dashboard's poll.
-    pub fn reporters_by_zone(&self) -> Vec<ZoneReporters> {
+    /// Who reports each zone's instances: every registered zone, and (with
+    /// `unregistered`) every zone an agent reports into without a registration,
+    /// sorted by name. Walks every instance once: it answers `GET /status`, an
+    /// operator's occasional read, not a dashboard's poll, on the blocking pool.
+    pub fn reporters_by_zone(&self, unregistered: bool) -> Vec<ZoneReporters> {
         let mut by_zone: std::collections::BTreeMap<String, (ZoneReporters, HashSet<Arc<str>>)> =
             self.zones
                 .iter()
@@ -716,7 +716,7 @@ impl Store {
                 .collect();
         for by_zone_entry in self.clusters.iter() {
             for (zone, e) in by_zone_entry.iter() {
-                if e.instances.is_empty() {
+                if e.instances.is_empty() || (!unregistered && !by_zone.contains_key(zone)) {
                     continue;
                 }
                 let (z, agents) = by_zone.entry(zone.clone()).or_insert_with(|| {
