@@ -24,7 +24,7 @@ use tokio::sync::{mpsc, watch};
 use tracing::warn;
 
 pub use entry::{ChangedBy, Detail, GroupDetail, Kind, LeftReason, Pending, StatusReason};
-pub use log::{DB_FILE, HistoryDb, HistoryError, Query, Retention, Row, replica_file};
+pub use log::{DB_FILE, Found, HistoryDb, HistoryError, Query, Retention, Row, replica_file};
 pub use metrics::HistoryMetrics;
 pub use writer::HistoryEvent;
 

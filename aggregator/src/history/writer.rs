@@ -2,7 +2,8 @@
 //! at most [`GATHER`] after the first entry (or [`MAX_BATCH`] entries), stores the
 //! batch in one durable commit, then hands the stored entries to the change feed as
 //! `history` events. Retention runs with every commit and every
-//! [`EXPIRE_EVERY`] when nothing happens.
+//! [`EXPIRE_EVERY`] when nothing happens, at once again while it is behind (a long
+//! downtime or a lowered limit is caught up in short commits).
 
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
@@ -51,7 +52,13 @@ pub(super) fn run(mut log: Appender, rx: Receiver<Msg>, events: Events, metrics:
     loop {
         let mut stopping = false;
         let mut flushed = None;
-        match rx.recv_timeout(EXPIRE_EVERY) {
+        // Retention that is behind goes on as soon as nothing is queued.
+        let wait = if log.behind() {
+            Duration::ZERO
+        } else {
+            EXPIRE_EVERY
+        };
+        match rx.recv_timeout(wait) {
             Ok(Msg::Entry(p)) => batch.push(*p),
             Ok(Msg::Flush(done)) => flushed = Some(done),
             Ok(Msg::Stop) | Err(RecvTimeoutError::Disconnected) => stopping = true,

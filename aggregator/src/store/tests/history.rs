@@ -35,7 +35,8 @@ fn entries(s: &Store) -> Vec<(String, String, String, serde_json::Value)> {
             limit: 1000,
             ..Default::default()
         })
-        .unwrap();
+        .unwrap()
+        .rows;
     rows.reverse();
     rows.iter()
         .map(|r| {
