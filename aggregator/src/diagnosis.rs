@@ -243,20 +243,17 @@ impl Diagnosis {
                 ..Query::default()
             })
             .collect();
-        let read = tokio::task::spawn_blocking(move || {
-            let mut rows = Vec::new();
-            for q in &queries {
-                rows.extend(db.query(q)?);
-            }
-            Ok::<_, crate::history::HistoryError>(rows)
-        })
-        .await;
+        let read = db
+            .read(move |db| {
+                let mut rows = Vec::new();
+                for q in &queries {
+                    rows.extend(db.query(q)?.rows);
+                }
+                Ok(rows)
+            })
+            .await;
         let mut rows = match read {
-            Ok(Ok(rows)) => rows,
-            Ok(Err(e)) => {
-                warn!(error = %e, "Recent changes not read.");
-                return Vec::new();
-            }
+            Ok(rows) => rows,
             Err(e) => {
                 warn!(error = %e, "Recent changes not read.");
                 return Vec::new();

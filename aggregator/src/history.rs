@@ -8,14 +8,16 @@
 //! most [`writer::GATHER`] after the first entry of a batch. A full queue drops the
 //! entry and counts it (`meshcat_history_dropped_total`): the ingest and the API are
 //! never held up by the history. Stored entries reach `GET /events` as `history`
-//! events through [`publish_events`].
+//! events through [`publish_events`]; a batch of them the feed has no room for is
+//! counted (`meshcat_history_events_dropped_total`) and the streams that show
+//! history are reset, so that their clients read the history again.
 
 pub mod entry;
 pub mod log;
 pub mod metrics;
 pub mod writer;
 
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::mpsc::{SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -24,7 +26,7 @@ use tokio::sync::{mpsc, watch};
 use tracing::warn;
 
 pub use entry::{ChangedBy, Detail, GroupDetail, Kind, LeftReason, Pending, StatusReason};
-pub use log::{DB_FILE, HistoryDb, HistoryError, Query, Retention, Row, replica_file};
+pub use log::{DB_FILE, Found, HistoryDb, HistoryError, Query, Retention, Row, replica_file};
 pub use metrics::HistoryMetrics;
 pub use writer::HistoryEvent;
 
@@ -77,7 +79,7 @@ pub struct History {
     /// minute.
     warned_ms: AtomicI64,
     /// The stored entries for the change feed, until [`publish_events`] takes them.
-    events: Mutex<Option<mpsc::Receiver<Vec<HistoryEvent>>>>,
+    events: Mutex<Option<Feed>>,
     writer: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -95,12 +97,18 @@ impl History {
             max_entries: config.max_entries,
         })?;
         let (queue, rx) = std::sync::mpsc::sync_channel(QUEUE);
-        let (events_tx, events) = mpsc::channel(EVENT_BATCHES);
+        let (events_tx, batches) = mpsc::channel(EVENT_BATCHES);
+        let missed = Arc::new(AtomicBool::new(false));
+        let events_tx = writer::Events {
+            tx: events_tx,
+            missed: missed.clone(),
+        };
         let m = metrics.clone();
         let writer = std::thread::Builder::new()
             .name("meshcat-history".into())
             .spawn(move || writer::run(appender, rx, events_tx, m))
             .map_err(HistoryError::Writer)?;
+        let events = Feed { batches, missed };
         Ok(History {
             queue,
             db,
@@ -151,7 +159,7 @@ impl History {
     }
 
     /// The stored entries for the change feed; once.
-    pub fn take_events(&self) -> Option<mpsc::Receiver<Vec<HistoryEvent>>> {
+    pub fn take_events(&self) -> Option<Feed> {
         self.events.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
 }
@@ -166,20 +174,92 @@ impl Drop for History {
     }
 }
 
+/// The stored entries on their way to the change feed.
+#[derive(Debug)]
+pub struct Feed {
+    batches: mpsc::Receiver<Vec<HistoryEvent>>,
+    /// Set by the writer when a batch found no room.
+    missed: Arc<AtomicBool>,
+}
+
 /// Sends each stored batch on the store's change feed as `history` events until
-/// `stop` turns true.
-pub async fn publish_events(
-    store: Arc<Store>,
-    mut events: mpsc::Receiver<Vec<HistoryEvent>>,
-    mut stop: watch::Receiver<bool>,
-) {
+/// `stop` turns true. After a batch was dropped on its way here, the streams that
+/// show history are reset first: their clients missed entries.
+pub async fn publish_events(store: Arc<Store>, mut events: Feed, mut stop: watch::Receiver<bool>) {
     loop {
         tokio::select! {
-            batch = events.recv() => match batch {
-                Some(batch) => store.publish_history(&batch),
+            batch = events.batches.recv() => match batch {
+                Some(batch) => {
+                    if events.missed.swap(false, Ordering::AcqRel) {
+                        store.reset_history_streams();
+                    }
+                    store.publish_history(&batch);
+                }
                 None => return,
             },
             _ = stop.wait_for(|s| *s) => return,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Rules;
+
+    /// A stored batch that finds the change feed full is counted, and the feed's
+    /// next batch resets the streams that show history before it goes out.
+    #[tokio::test]
+    async fn events_the_feed_has_no_room_for_are_counted_and_reset_the_streams() {
+        let dir = tempfile::tempdir().unwrap();
+        let metrics = HistoryMetrics::unregistered();
+        let h = History::open(
+            dir.path(),
+            DB_FILE,
+            HistoryConfig::default(),
+            metrics.clone(),
+        )
+        .unwrap();
+        // One entry a batch: nothing takes the feed yet, so the last finds it full.
+        for _ in 0..=EVENT_BATCHES {
+            h.record(Pending::new(
+                Kind::ZoneRegistered,
+                "z",
+                "",
+                "",
+                Detail::Nothing {},
+            ));
+            h.flush();
+        }
+        assert_eq!(metrics.appended.get(), EVENT_BATCHES as u64 + 1);
+        assert_eq!(metrics.events_dropped.get(), 1);
+        assert_eq!(metrics.dropped.get(), 0, "the entries are stored");
+
+        let store = Arc::new(
+            Store::open(
+                dir.path(),
+                Rules {
+                    instance_ttl: Duration::from_secs(15),
+                    error_ratio_warning: 0.05,
+                    graph_window: Duration::from_secs(60),
+                },
+            )
+            .unwrap(),
+        );
+        let mut sub = store.changes().subscribe(None);
+        let (stop, stopping) = watch::channel(false);
+        let task = tokio::spawn(publish_events(
+            store.clone(),
+            h.take_events().unwrap(),
+            stopping,
+        ));
+        let mut kinds = Vec::new();
+        for _ in 0..3 {
+            let change = sub.feed.recv().await.unwrap();
+            kinds.push(change.events[0].kind);
+        }
+        assert_eq!(kinds, ["reset", "history", "history"]);
+        stop.send(true).unwrap();
+        task.await.unwrap();
     }
 }

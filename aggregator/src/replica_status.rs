@@ -39,7 +39,9 @@ pub struct ReplicaStatus {
     pub ingest: bool,
     /// Agents with an open, authenticated connection to this replica.
     pub agents_connected: u64,
-    /// Per zone, who reports its instances.
+    /// Per zone, who reports its instances: every registered zone, and the zones
+    /// agents report into without a registration when the caller may read live
+    /// data (the read token, when one is configured).
     pub zones: Vec<ZoneReporters>,
     /// Agent connections and reports this replica refused recently.
     pub rejections: Rejections,
@@ -65,7 +67,8 @@ pub struct Rejections {
     pub by_reason: std::collections::BTreeMap<String, u64>,
 }
 
-/// Builds this replica's status for a caller.
+/// Builds this replica's status for a caller. It walks every instance: call it on
+/// the blocking pool.
 pub fn replica_status(
     store: &Store,
     agents: Option<&Agents>,
@@ -92,7 +95,8 @@ pub fn replica_status(
         token: caller.token,
         ingest: agents.is_some(),
         agents_connected: agents.map_or(0, |a| a.connected() as u64),
-        zones: store.reporters_by_zone(),
+        // Names agents report that nobody registered are live data.
+        zones: store.reporters_by_zone(caller.access >= Access::Read),
         rejections: Rejections {
             window_seconds: RECENT_REJECTIONS.as_secs(),
             total: by_reason.values().sum(),

@@ -216,6 +216,30 @@ impl Api {
         self.json(Method::GET, call, None).await
     }
 
+    /// `GET` a JSON answer, with the value of its response header `header`.
+    pub async fn get_with_header(
+        &self,
+        call: &Call<'_>,
+        header: &str,
+    ) -> Result<(Value, Option<String>), CliError> {
+        let what = format!("GET {}", self.url(call).path());
+        let resp = self.send(Method::GET, call, None, &[]).await?;
+        let value = resp
+            .headers()
+            .get(header)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let text = read_limited(resp).await.map_err(|reason| CliError::Body {
+            what: what.clone(),
+            reason,
+        })?;
+        let json = serde_json::from_str(&text).map_err(|e| CliError::Body {
+            what,
+            reason: format!("not JSON ({e})"),
+        })?;
+        Ok((json, value))
+    }
+
     /// A request whose answer is JSON.
     pub async fn json(
         &self,

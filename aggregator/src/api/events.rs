@@ -34,7 +34,7 @@ pub const BUFFER: usize = 256 << 10;
 pub const MAX_STREAMS: usize = 1024;
 
 /// Tells the client to refetch; the stream ends after it.
-const RESET: &[u8] = b"event: reset\ndata: {}\n\n";
+const RESET: &[u8] = crate::store::changes::RESET_FRAME;
 /// The keep-alive comment line of an idle stream.
 const COMMENT: &[u8] = b":\n\n";
 
@@ -203,8 +203,18 @@ fn event_stream(
             authorized: bool,
             buffer: usize,
         ) {
-            if let Some(rest) = out.append(&change, from, &self.filter, authorized, buffer) {
-                self.carry = Some((change, rest));
+            match out.append(&change, from, &self.filter, authorized, buffer) {
+                Some(rest) => self.carry = Some((change, rest)),
+                // A `reset` it showed ends the stream.
+                None if authorized
+                    && change
+                        .events
+                        .iter()
+                        .any(|e| e.kind == crate::store::changes::RESET) =>
+                {
+                    self.done = true;
+                }
+                None => {}
             }
         }
     }
@@ -276,8 +286,9 @@ fn event_stream(
                 tokio::time::sleep_until(gather_until).await;
             }
         }
-        // Take what arrived meanwhile, while the chunk has room.
-        while l.carry.is_none() {
+        // Take what arrived meanwhile, while the chunk has room (nothing after a
+        // `reset`).
+        while l.carry.is_none() && !l.done {
             match l.feed.try_recv() {
                 Ok(change) => l.take(&mut out, change, 0, authorized, buffer),
                 Err(TryRecvError::Empty | TryRecvError::Closed) => break,

@@ -209,7 +209,8 @@ fn parse(raw: Option<&str>) -> Result<Query, ApiError> {
     summary = "The history: what changed in the catalog and its sidecars, newest first.",
     params(HistoryQuery),
     responses(
-        (status = 200, description = "Entries newest first, at most `limit`; empty when the history is off (--history-max-entries 0).", body = Vec<HistoryEntry>),
+        (status = 200, description = "Entries newest first, at most `limit`; empty when the history is off (--history-max-entries 0). A query examines at most 100,000 entries: one that stopped there before it had `limit` entries (a zone or instance filter on a large history) answers those it found with the header `X-Meshcat-History-Incomplete`, the time (ms) of the last entry examined; older entries were not looked at (ask again with `until` set to it).", body = Vec<HistoryEntry>,
+            headers(("X-Meshcat-History-Incomplete" = i64, description = "Set when the query stopped at its bound of examined entries: the time (ms since the epoch) of the last entry examined. Entries before it were not looked at."))),
         (status = 400, description = "A malformed parameter, named in the message.", body = ErrorBody),
         ReadTokenMissing,
     ),
@@ -229,7 +230,8 @@ pub async fn history(
     summary = "One cluster's history, newest first; a deleted cluster's entries stay until retention drops them.",
     params(ClusterPath, ClusterHistoryQuery),
     responses(
-        (status = 200, description = "Entries newest first, at most `limit`.", body = Vec<HistoryEntry>),
+        (status = 200, description = "Entries newest first, at most `limit`. A query examines at most 100,000 entries: one that stopped there before it had `limit` entries answers those it found with the header `X-Meshcat-History-Incomplete`, as on `GET /history`.", body = Vec<HistoryEntry>,
+            headers(("X-Meshcat-History-Incomplete" = i64, description = "Set when the query stopped at its bound of examined entries: the time (ms since the epoch) of the last entry examined. Entries before it were not looked at."))),
         (status = 400, description = "A malformed parameter, named in the message.", body = ErrorBody),
         ReadTokenMissing,
     ),
@@ -246,28 +248,38 @@ pub async fn cluster_history(
     answer(&s, q).await
 }
 
+/// The header of an answer whose query stopped at its bound of examined entries
+/// ([`crate::history::log::MAX_EXAMINED`]): the time (ms) of the last entry
+/// examined. Every entry the query admits at or after it is in the answer; older
+/// ones were not looked at (ask again with `until` set to it).
+pub const INCOMPLETE_HEADER: &str = "x-meshcat-history-incomplete";
+
 /// The entries `q` asks for, as a JSON array.
 async fn answer(s: &super::AppState, q: Query) -> Result<Response, ApiError> {
     let mut body = Vec::with_capacity(2 + q.limit.min(MAX_LIMIT) * 160);
     body.push(b'[');
+    let mut incomplete = None;
     if let Some(h) = s.store.history() {
-        let db = h.db().clone();
-        let rows = tokio::task::spawn_blocking(move || db.query(&q))
-            .await
-            .map_err(|_| ApiError::internal())?
-            .map_err(|e| {
-                tracing::warn!(error = %e, "History query failed.");
-                ApiError::internal()
-            })?;
-        for (n, row) in rows.iter().enumerate() {
+        let found = h.db().read(move |db| db.query(&q)).await.map_err(|e| {
+            tracing::warn!(error = %e, "History query failed.");
+            ApiError::internal()
+        })?;
+        for (n, row) in found.rows.iter().enumerate() {
             if n > 0 {
                 body.push(b',');
             }
             crate::history::writer::write_json(&mut body, row.id, &row.stored());
         }
+        incomplete = found.incomplete;
     }
     body.push(b']');
-    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
+    let mut response = ([(header::CONTENT_TYPE, "application/json")], body).into_response();
+    if let Some(at) = incomplete {
+        response
+            .headers_mut()
+            .insert(INCOMPLETE_HEADER, header::HeaderValue::from(at));
+    }
+    Ok(response)
 }
 
 #[cfg(test)]

@@ -17,6 +17,19 @@ use crate::store::Rules;
 use crate::telemetry::Telemetry;
 
 fn router(dir: &std::path::Path) -> Router {
+    app(
+        state(
+            dir,
+            Tokens {
+                anonymous_writes: true,
+                ..Tokens::default()
+            },
+        ),
+        1 << 20,
+    )
+}
+
+fn state(dir: &std::path::Path, tokens: Tokens) -> Arc<AppState> {
     let store = Store::open(
         dir,
         Rules {
@@ -26,12 +39,9 @@ fn router(dir: &std::path::Path) -> Router {
         },
     )
     .unwrap();
-    let state = Arc::new(AppState {
+    Arc::new(AppState {
         store: Arc::new(store),
-        tokens: Tokens {
-            anonymous_writes: true,
-            ..Tokens::default()
-        },
+        tokens,
         metrics: Telemetry::new().unwrap().api,
         agents: None,
         peers: super::forward::Peers::plain(),
@@ -44,8 +54,7 @@ fn router(dir: &std::path::Path) -> Router {
             tokio::sync::watch::channel(false).1,
         ),
         graph: Arc::default(),
-    });
-    app(state, 1 << 20)
+    })
 }
 
 async fn call(
@@ -159,6 +168,77 @@ async fn status_tells_the_replica_and_the_callers_access() {
     );
     let (status, _, v) = call(&app, "GET", "/status?zoneName=z", None).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+}
+
+/// With a read token configured, the zones agents report into without a
+/// registration are live data: `GET /status` names them only to its holders.
+#[tokio::test]
+async fn status_names_unregistered_zones_only_to_readers() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = state(
+        dir.path(),
+        Tokens {
+            read: Some("r".into()),
+            write: Some("w".into()),
+            anonymous_writes: false,
+        },
+    );
+    st.store
+        .create_zone(ZoneRecord {
+            zone_name: "z".into(),
+            request_cluster: String::new(),
+            server_address: "cp:1".into(),
+            use_tls: false,
+            ca_path: String::new(),
+            cert_path: String::new(),
+            key_path: String::new(),
+        })
+        .unwrap();
+    for zone in ["z", "elsewhere"] {
+        let mut r = meshcat_common::wire::InstanceReport::unread(
+            zone.into(),
+            "c".into(),
+            format!("{zone}-0"),
+        );
+        r.reachable = true;
+        st.store
+            .apply_report("agent-1", r, std::time::Instant::now());
+    }
+    let app = app(st, 1 << 20);
+    let zones = |token: Option<&'static str>| {
+        let app = app.clone();
+        async move {
+            let mut req = Request::builder().uri("/status");
+            if let Some(t) = token {
+                req = req.header(header::AUTHORIZATION, format!("Bearer {t}"));
+            }
+            let res = app.oneshot(req.body(Body::empty()).unwrap()).await.unwrap();
+            assert_eq!(res.status(), StatusCode::OK);
+            let v: Value =
+                serde_json::from_slice(&res.into_body().collect().await.unwrap().to_bytes())
+                    .unwrap();
+            v["zones"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|z| {
+                    (
+                        z["zoneName"].as_str().unwrap().to_owned(),
+                        z["instances"].clone(),
+                    )
+                })
+                .collect::<Vec<_>>()
+        }
+    };
+    let registered = vec![("z".to_owned(), json!(1))];
+    let all = vec![
+        ("elsewhere".to_owned(), json!(1)),
+        ("z".to_owned(), json!(1)),
+    ];
+    assert_eq!(zones(None).await, registered);
+    assert_eq!(zones(Some("nope")).await, registered);
+    assert_eq!(zones(Some("r")).await, all);
+    assert_eq!(zones(Some("w")).await, all);
 }
 
 #[test]

@@ -1,11 +1,16 @@
 //! The durable log: `<data-dir>/history.redb`, apart from the catalog's database so
 //! that its appends and evictions never share a transaction (or an fsync) with a
-//! registration. Four tables:
+//! registration. Five tables:
 //!
 //! - `entries`: id -> the entry's stored form ([`Stored`]). Ids are consecutive:
 //!   retention removes a prefix and appends add at the end, so the ids held are
-//!   exactly `first..next`, and times never go down along them (the appender
-//!   clamps), so a time bound is found by bisecting ids.
+//!   exactly `first..next`.
+//! - `runs`: the ids where the recorded time went back by more than [`RAISE`] from
+//!   the entry before (the clock stepped back, or a previous run of the process had
+//!   a clock ahead). Within a run times never go down along ids (the appender raises
+//!   an entry's time to the one before it when the two are less than [`RAISE`]
+//!   apart), so a time bound is found by bisecting the ids of each run. Clock steps
+//!   are rare: a log holds few runs, usually one.
 //! - `by_cluster`: (key of the cluster name, id), for a cluster's entries without a
 //!   scan; `by_kind`: (kind, id), the same for kinds. Both are fixed-width keys with
 //!   no value: 12 and 9 bytes an entry.
@@ -13,17 +18,20 @@
 //!   emptied the log.
 //!
 //! One [`Appender`] writes (the history's writer thread); any number of readers
-//! query at once, each in its own read transaction.
+//! query at once, each in its own read transaction, at most [`QUERIES_AT_ONCE`] on
+//! the blocking pool, each examining at most [`MAX_EXAMINED`] entries.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
+use tokio::sync::Semaphore;
 
 use super::entry::{Kind, Pending, Stored, cluster_key};
 
 const ENTRIES: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("entries");
+const RUNS: TableDefinition<'_, u64, ()> = TableDefinition::new("runs");
 const BY_CLUSTER: TableDefinition<'_, (u32, u64), ()> = TableDefinition::new("by_cluster");
 const BY_KIND: TableDefinition<'_, (u8, u64), ()> = TableDefinition::new("by_kind");
 const META: TableDefinition<'_, &str, u64> = TableDefinition::new("meta");
@@ -44,8 +52,25 @@ pub fn replica_file(advertised_port: u16) -> String {
 const CACHE_BYTES: usize = 64 << 20;
 
 /// Most entries one commit evicts: a long downtime or a lowered retention is caught
-/// up over several commits, each short.
-pub const MAX_EVICT: u64 = 100_000;
+/// up over several short commits, one after the other while nothing is recorded
+/// (see [`Appender::behind`]), so that an entry recorded meanwhile waits for one
+/// of them at most. Above [`super::writer::MAX_BATCH`], so that eviction keeps up
+/// with a log at its limit.
+pub const MAX_EVICT: u64 = 10_000;
+const _: () = assert!(MAX_EVICT >= super::writer::MAX_BATCH as u64);
+
+/// How far an entry's time is raised to the time of the entry stored before it, at
+/// most, in ms: entries recorded by threads racing by a few milliseconds keep times
+/// that never go down along ids. An entry more than this before the one before it
+/// (the clock stepped back) keeps its own time and starts a new run.
+pub const RAISE: i64 = 1000;
+
+/// Most entries one query examines (reads and decodes): a filter no index serves
+/// (a zone, an instance) on a large log stops there, and says where ([`Found`]).
+pub const MAX_EXAMINED: usize = 100_000;
+
+/// Queries running at once on the blocking pool; more wait for a place.
+pub const QUERIES_AT_ONCE: usize = 4;
 
 /// A failure of the history's database.
 #[derive(Debug, thiserror::Error)]
@@ -56,6 +81,8 @@ pub enum HistoryError {
     Db(#[from] redb::Error),
     #[error("cannot start the history writer: {0}")]
     Writer(std::io::Error),
+    #[error("the history query did not run")]
+    Query,
 }
 
 crate::from_redb_errors!(HistoryError);
@@ -105,10 +132,25 @@ impl Row {
     }
 }
 
+/// What a query found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Found {
+    /// The entries, newest first.
+    pub rows: Vec<Row>,
+    /// Set when the query examined [`MAX_EXAMINED`] entries before it had `limit`
+    /// of them: the time of the last entry examined. Every entry the query admits
+    /// at or after this time (and before `until`) is in `rows` (the examination
+    /// went on through the entries of that millisecond); older ones were not looked
+    /// at. `None` when nothing was left out.
+    pub incomplete: Option<i64>,
+}
+
 /// The history's database, shared by the writer and the readers.
 #[derive(Debug, Clone)]
 pub struct HistoryDb {
     db: Arc<Database>,
+    /// Places for queries on the blocking pool.
+    queries: Arc<Semaphore>,
 }
 
 impl HistoryDb {
@@ -124,11 +166,15 @@ impl HistoryDb {
         // Tables exist from the first start on, so reads never meet a missing table.
         let tx = db.begin_write()?;
         tx.open_table(ENTRIES)?;
+        tx.open_table(RUNS)?;
         tx.open_table(BY_CLUSTER)?;
         tx.open_table(BY_KIND)?;
         tx.open_table(META)?;
         tx.commit()?;
-        Ok(HistoryDb { db: Arc::new(db) })
+        Ok(HistoryDb {
+            db: Arc::new(db),
+            queries: Arc::new(Semaphore::new(QUERIES_AT_ONCE)),
+        })
     }
 
     /// The one writer of this database.
@@ -138,8 +184,8 @@ impl HistoryDb {
         let meta = tx.open_table(META)?;
         let (first, next) = bounds(&entries, &meta)?;
         let last_at = match entries.last()? {
-            Some((_, v)) => Stored::decode(v.value()).map_or(0, |s| s.at_ms),
-            None => 0,
+            Some((_, v)) => Stored::decode(v.value()).map(|s| s.at_ms),
+            None => None,
         };
         Ok(Appender {
             db: self.db.clone(),
@@ -147,6 +193,7 @@ impl HistoryDb {
             next,
             last_at,
             retention,
+            behind: true,
             buf: Vec::with_capacity(256),
         })
     }
@@ -161,95 +208,175 @@ impl HistoryDb {
         Ok(self.len()? == 0)
     }
 
-    /// The newest entries that `q` admits, newest first, at most `q.limit`. A
-    /// cluster is read through its index, kinds through theirs (merged), anything
-    /// else from the newest entry back; time bounds narrow every source first.
-    pub fn query(&self, q: &Query) -> Result<Vec<Row>, HistoryError> {
-        let mut out = Vec::with_capacity(q.limit.min(1024));
+    /// Runs `read` on the blocking pool once one of the [`QUERIES_AT_ONCE`] places
+    /// is free. The place is held until `read` returns, even when the caller gave
+    /// up waiting for it: abandoned queries still count.
+    pub async fn read<T: Send + 'static>(
+        &self,
+        read: impl FnOnce(&HistoryDb) -> Result<T, HistoryError> + Send + 'static,
+    ) -> Result<T, HistoryError> {
+        let place = self
+            .queries
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| HistoryError::Query)?;
+        let db = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let _place = place;
+            read(&db)
+        })
+        .await
+        .map_err(|_| HistoryError::Query)?
+    }
+
+    /// The newest entries that `q` admits, newest first, at most `q.limit`,
+    /// examining at most [`MAX_EXAMINED`] entries. A cluster is read through its
+    /// index, kinds through theirs (merged), anything else from the newest entry
+    /// back; time bounds narrow every source first.
+    pub fn query(&self, q: &Query) -> Result<Found, HistoryError> {
+        self.query_within(q, MAX_EXAMINED)
+    }
+
+    /// [`HistoryDb::query`], examining at most `budget` entries.
+    pub fn query_within(&self, q: &Query, budget: usize) -> Result<Found, HistoryError> {
+        let mut found = Found {
+            rows: Vec::with_capacity(q.limit.min(1024)),
+            incomplete: None,
+        };
         if q.limit == 0 {
-            return Ok(out);
+            return Ok(found);
         }
         let tx = self.db.begin_read()?;
         let entries = tx.open_table(ENTRIES)?;
         let meta = tx.open_table(META)?;
+        let runs = tx.open_table(RUNS)?;
         let (first, next) = bounds(&entries, &meta)?;
-        let lo = match q.since {
-            Some(t) => first_at_or_after(&entries, first, next, t)?,
-            None => first,
-        };
-        let hi = match q.until {
-            Some(t) => first_at_or_after(&entries, lo, next, t)?,
-            None => next,
-        };
-        if lo >= hi {
-            return Ok(out);
+        // The id ranges whose entries are within the time bounds, one per run.
+        let mut ranges = Vec::new();
+        for (start, end) in runs_of(&runs, first, next)? {
+            let lo = match q.since {
+                Some(t) => first_at_or_after(&entries, start, end, t)?,
+                None => start,
+            };
+            let hi = match q.until {
+                Some(t) => first_at_or_after(&entries, lo, end, t)?,
+                None => end,
+            };
+            if lo < hi {
+                ranges.push((lo, hi));
+            }
         }
-        // Takes the entry `id` when `q` admits it; says whether the answer is full.
-        let mut take = |id: u64, bytes: &[u8]| {
-            if Stored::decode(bytes).is_some_and(|s| q.admits(&s)) {
-                out.push(Row {
-                    id,
-                    bytes: bytes.to_vec(),
-                });
-            }
-            out.len() >= q.limit
+        let mut scan = Scan {
+            q,
+            out: &mut found,
+            budget,
+            examined: 0,
+            last_at: None,
         };
-        if let Some(cluster) = &q.cluster {
-            let index = tx.open_table(BY_CLUSTER)?;
-            let k = cluster_key(cluster);
-            for key in index.range((k, lo)..(k, hi))?.rev() {
-                let id = key?.0.value().1;
-                if let Some(v) = entries.get(id)?
-                    && take(id, v.value())
-                {
-                    break;
-                }
-            }
-        } else if !q.kinds.is_empty() {
-            let index = tx.open_table(BY_KIND)?;
-            let mut kinds = q.kinds.clone();
-            kinds.sort();
-            kinds.dedup();
-            let mut sources = kinds
-                .iter()
-                .map(|k| {
-                    Ok(index
-                        .range((k.code(), lo)..(k.code(), hi))?
-                        .rev()
-                        .map(|r| r.map(|(k, _)| k.value().1))
-                        .peekable())
-                })
-                .collect::<Result<Vec<_>, HistoryError>>()?;
-            // Newest first across the kinds: the largest id at the head of any.
-            loop {
-                let mut best: Option<(usize, u64)> = None;
-                for (n, s) in sources.iter_mut().enumerate() {
-                    let head = match s.peek() {
-                        Some(Ok(id)) => *id,
-                        Some(Err(_)) => return Err(s.next().expect("peeked").unwrap_err().into()),
-                        None => continue,
-                    };
-                    if best.is_none_or(|(_, id)| head > id) {
-                        best = Some((n, head));
+        let index_cluster = tx.open_table(BY_CLUSTER)?;
+        let index_kind = tx.open_table(BY_KIND)?;
+        // Newest first: the last run's range first, each from its end.
+        'ranges: for (lo, hi) in ranges.into_iter().rev() {
+            if let Some(cluster) = &q.cluster {
+                let k = cluster_key(cluster);
+                for key in index_cluster.range((k, lo)..(k, hi))?.rev() {
+                    let id = key?.0.value().1;
+                    if let Some(v) = entries.get(id)?
+                        && scan.take(id, v.value())
+                    {
+                        break 'ranges;
                     }
                 }
-                let Some((n, id)) = best else { break };
-                sources[n].next();
-                if let Some(v) = entries.get(id)?
-                    && take(id, v.value())
-                {
-                    break;
+            } else if !q.kinds.is_empty() {
+                let mut kinds = q.kinds.clone();
+                kinds.sort();
+                kinds.dedup();
+                let mut sources = kinds
+                    .iter()
+                    .map(|k| {
+                        Ok(index_kind
+                            .range((k.code(), lo)..(k.code(), hi))?
+                            .rev()
+                            .map(|r| r.map(|(k, _)| k.value().1))
+                            .peekable())
+                    })
+                    .collect::<Result<Vec<_>, HistoryError>>()?;
+                // Newest first across the kinds: the largest id at the head of any.
+                loop {
+                    let mut best: Option<(usize, u64)> = None;
+                    for (n, s) in sources.iter_mut().enumerate() {
+                        let head = match s.peek() {
+                            Some(Ok(id)) => *id,
+                            Some(Err(_)) => {
+                                return Err(s.next().expect("peeked").unwrap_err().into());
+                            }
+                            None => continue,
+                        };
+                        if best.is_none_or(|(_, id)| head > id) {
+                            best = Some((n, head));
+                        }
+                    }
+                    let Some((n, id)) = best else { break };
+                    sources[n].next();
+                    if let Some(v) = entries.get(id)?
+                        && scan.take(id, v.value())
+                    {
+                        break 'ranges;
+                    }
                 }
-            }
-        } else {
-            for row in entries.range(lo..hi)?.rev() {
-                let (k, v) = row?;
-                if take(k.value(), v.value()) {
-                    break;
+            } else {
+                for row in entries.range(lo..hi)?.rev() {
+                    let (k, v) = row?;
+                    if scan.take(k.value(), v.value()) {
+                        break 'ranges;
+                    }
                 }
             }
         }
-        Ok(out)
+        Ok(found)
+    }
+}
+
+/// One query's walk over its sources: takes what the query admits, counts what it
+/// examined, and says when to stop.
+struct Scan<'q, 'f> {
+    q: &'q Query,
+    out: &'f mut Found,
+    budget: usize,
+    examined: usize,
+    /// Once the budget is spent: the time of the last entry examined, whose
+    /// millisecond is finished before the walk stops.
+    last_at: Option<i64>,
+}
+
+impl Scan<'_, '_> {
+    /// Examines entry `id`; answers whether the walk is over (the answer is full,
+    /// or the budget is spent).
+    fn take(&mut self, id: u64, bytes: &[u8]) -> bool {
+        let Some(s) = Stored::decode(bytes) else {
+            return false;
+        };
+        if let Some(at) = self.last_at
+            && s.at_ms != at
+        {
+            self.out.incomplete = Some(at);
+            return true;
+        }
+        self.examined += 1;
+        if self.q.admits(&s) {
+            self.out.rows.push(Row {
+                id,
+                bytes: bytes.to_vec(),
+            });
+            if self.out.rows.len() >= self.q.limit {
+                return true;
+            }
+        }
+        if self.examined >= self.budget && self.last_at.is_none() {
+            self.last_at = Some(s.at_ms);
+        }
+        false
     }
 }
 
@@ -265,6 +392,26 @@ fn bounds(
     };
     let first = entries.first()?.map_or(next, |(k, _)| k.value());
     Ok((first, next))
+}
+
+/// The runs of `first..next` as id ranges, oldest first: within each, times never
+/// go down along ids.
+fn runs_of(
+    runs: &impl ReadableTable<u64, ()>,
+    first: u64,
+    next: u64,
+) -> Result<Vec<(u64, u64)>, HistoryError> {
+    let mut out = Vec::new();
+    let mut start = first;
+    if first < next {
+        for key in runs.range(first + 1..next)? {
+            let at = key?.0.value();
+            out.push((start, at));
+            start = at;
+        }
+    }
+    out.push((start, next));
+    Ok(out)
 }
 
 /// The time of entry `id`, or of the first one after it (ids are consecutive, so
@@ -283,7 +430,8 @@ fn at_of(
     })
 }
 
-/// The first id in `lo..hi` whose entry is at `at` or later (`hi` when none).
+/// The first id in `lo..hi` whose entry is at `at` or later (`hi` when none); the
+/// range lies within one run.
 fn first_at_or_after(
     entries: &impl ReadableTable<u64, &'static [u8]>,
     mut lo: u64,
@@ -311,9 +459,12 @@ pub struct Appender {
     first: u64,
     /// The id the next entry takes.
     next: u64,
-    /// The time of the newest entry: a later entry never goes before it.
-    last_at: i64,
+    /// The time of the newest entry stored (by this process or before it), if any.
+    last_at: Option<i64>,
     retention: Retention,
+    /// Whether the last eviction stopped at [`MAX_EVICT`] with more to drop (or
+    /// none ran yet).
+    behind: bool,
     /// Scratch for one entry's stored form and its detail's JSON.
     buf: Vec<u8>,
 }
@@ -328,10 +479,17 @@ impl Appender {
         self.len() == 0
     }
 
+    /// Whether retention may have more to drop than the last commit dropped: the
+    /// writer then runs [`Appender::expire`] again as soon as nothing is queued.
+    pub fn behind(&self) -> bool {
+        self.behind
+    }
+
     /// Stores `batch` in order with consecutive ids, evicts what retention drops
-    /// (at `now_ms`), and commits durably before returning. `stored` sees each entry
-    /// as stored, with its id, once the commit succeeded. Entries whose time is
-    /// before the newest stored one take its time: ids and times go up together.
+    /// (at `now_ms`, at most [`MAX_EVICT`]), and commits durably before returning.
+    /// `stored` sees each entry as stored, with its id, once the commit succeeded.
+    /// An entry whose time is before the newest stored one by at most [`RAISE`]
+    /// takes that one's time; one further back keeps its own and starts a run.
     pub fn append(
         &mut self,
         batch: &[Pending],
@@ -344,11 +502,23 @@ impl Appender {
         let (mut next, mut last_at) = (self.next, self.last_at);
         {
             let mut entries = tx.open_table(ENTRIES)?;
+            let mut runs = tx.open_table(RUNS)?;
             let mut by_cluster = tx.open_table(BY_CLUSTER)?;
             let mut by_kind = tx.open_table(BY_KIND)?;
             for p in batch {
-                let at_ms = p.at_ms.max(last_at);
-                last_at = at_ms;
+                let id = next;
+                next += 1;
+                let at_ms = match last_at {
+                    Some(last) if p.at_ms < last.saturating_sub(RAISE) => {
+                        if id > self.first {
+                            runs.insert(id, ())?;
+                        }
+                        p.at_ms
+                    }
+                    Some(last) => p.at_ms.max(last),
+                    None => p.at_ms,
+                };
+                last_at = Some(at_ms);
                 self.buf.clear();
                 serde_json::to_writer(&mut self.buf, &p.detail).expect("details serialise");
                 let start = arena.len();
@@ -361,8 +531,6 @@ impl Appender {
                     detail: &self.buf,
                 }
                 .encode(&mut arena);
-                let id = next;
-                next += 1;
                 entries.insert(id, &arena[start..])?;
                 by_kind.insert((p.kind.code(), id), ())?;
                 if !p.cluster.is_empty() {
@@ -372,9 +540,9 @@ impl Appender {
             }
             tx.open_table(META)?.insert(NEXT_ID, next)?;
         }
-        let first = self.evict_in(&tx, self.first, next, now_ms)?;
+        let (first, behind) = self.evict_in(&tx, self.first, next, now_ms)?;
         tx.commit()?;
-        (self.first, self.next, self.last_at) = (first, next, last_at);
+        (self.first, self.next, self.last_at, self.behind) = (first, next, last_at, behind);
         for (id, start, end) in encoded {
             stored(
                 id,
@@ -385,30 +553,36 @@ impl Appender {
     }
 
     /// Applies retention alone (no entry to add): age moves on while nothing
-    /// happens. Returns how many entries went.
+    /// happens. Drops at most [`MAX_EVICT`]; returns how many entries went.
     pub fn expire(&mut self, now_ms: i64) -> Result<u64, HistoryError> {
+        // A failure is tried again at the next round, not at once.
+        self.behind = false;
         let tx = self.db.begin_write()?;
-        let first = self.evict_in(&tx, self.first, self.next, now_ms)?;
+        let (first, behind) = self.evict_in(&tx, self.first, self.next, now_ms)?;
         if first == self.first {
             tx.abort()?;
             return Ok(0);
         }
         tx.commit()?;
         let gone = first - self.first;
-        self.first = first;
+        (self.first, self.behind) = (first, behind);
         Ok(gone)
     }
 
     /// Removes the oldest entries past either bound, at most [`MAX_EVICT`], with
-    /// their index keys; returns the new first id.
+    /// their index keys; returns the new first id and whether more are due. By age,
+    /// the entries go from the oldest id on while their time is before the cutoff:
+    /// an entry stamped later than the cutoff (a run whose clock was ahead) keeps
+    /// the ones after it until it is due itself, or the count bound takes them.
     fn evict_in(
         &self,
         tx: &redb::WriteTransaction,
         first: u64,
         next: u64,
         now_ms: i64,
-    ) -> Result<u64, HistoryError> {
+    ) -> Result<(u64, bool), HistoryError> {
         let mut entries = tx.open_table(ENTRIES)?;
+        let mut runs = tx.open_table(RUNS)?;
         let held = next - first;
         let mut to = first;
         if held > self.retention.max_entries {
@@ -416,12 +590,19 @@ impl Appender {
         }
         let max_age = i64::try_from(self.retention.max_age.as_millis()).unwrap_or(i64::MAX);
         let cutoff = now_ms.saturating_sub(max_age);
-        if at_of(&entries, to, next)? < cutoff {
-            to = first_at_or_after(&entries, to, next, cutoff)?;
+        for (start, end) in runs_of(&runs, first, next)? {
+            if end <= to {
+                continue;
+            }
+            to = first_at_or_after(&entries, start.max(to), end, cutoff)?;
+            if to < end {
+                break;
+            }
         }
+        let behind = to > first + MAX_EVICT;
         let to = to.min(first + MAX_EVICT);
         if to <= first {
-            return Ok(first);
+            return Ok((first, false));
         }
         let mut by_cluster = tx.open_table(BY_CLUSTER)?;
         let mut by_kind = tx.open_table(BY_KIND)?;
@@ -440,7 +621,9 @@ impl Appender {
             }
         }
         entries.retain_in(first..to, |_, _| false)?;
-        Ok(to)
+        // The run that holds `to` is the first now: its start is implied.
+        runs.retain_in(..=to, |_, _| false)?;
+        Ok((to, behind))
     }
 }
 
@@ -497,12 +680,14 @@ mod tests {
         }
         let db = HistoryDb::open(dir.path(), DB_FILE).unwrap();
         let mut a = db.appender(KEEP_ALL).unwrap();
-        // An entry from before the newest takes the newest's time.
+        // An entry less than a second before the newest takes the newest's time.
+        let mut seen = Vec::new();
         a.append(&[entry(10, Kind::InstanceLeft, "c", "i")], 2000, |id, s| {
-            assert_eq!((id, s.at_ms), (6, 1004));
+            seen.push((id, s.at_ms));
         })
         .unwrap();
-        assert_eq!(ids(&db.query(&all(3)).unwrap()), vec![6, 5, 4]);
+        assert_eq!(seen, vec![(6, 1004)]);
+        assert_eq!(ids(&db.query(&all(3)).unwrap().rows), vec![6, 5, 4]);
     }
 
     #[test]
@@ -526,20 +711,20 @@ mod tests {
             limit: 3,
             ..Query::default()
         };
-        assert_eq!(ids(&db.query(&q).unwrap()), vec![298, 295, 292]);
+        assert_eq!(ids(&db.query(&q).unwrap().rows), vec![298, 295, 292]);
         // With an instance filter on top (i0: even offsets).
         let q = Query {
             instance: Some("i0".into()),
             ..q
         };
-        assert_eq!(ids(&db.query(&q).unwrap()), vec![295, 289, 283]);
+        assert_eq!(ids(&db.query(&q).unwrap().rows), vec![295, 289, 283]);
         // Two kinds merged newest first.
         let q = Query {
             kinds: vec![Kind::ZoneRegistered, Kind::StatusChanged],
             limit: 4,
             ..Query::default()
         };
-        assert_eq!(ids(&db.query(&q).unwrap()), vec![300, 299, 297, 296]);
+        assert_eq!(ids(&db.query(&q).unwrap().rows), vec![300, 299, 297, 296]);
         // since inclusive, until exclusive.
         let q = Query {
             since: Some(10_010),
@@ -547,7 +732,7 @@ mod tests {
             limit: 100,
             ..Query::default()
         };
-        assert_eq!(ids(&db.query(&q).unwrap()), vec![13, 12, 11]);
+        assert_eq!(ids(&db.query(&q).unwrap().rows), vec![13, 12, 11]);
         let q = Query {
             cluster: Some("payments".into()),
             since: Some(10_010),
@@ -555,7 +740,7 @@ mod tests {
             limit: 100,
             ..Query::default()
         };
-        assert_eq!(ids(&db.query(&q).unwrap()), vec![20, 17, 14, 11]);
+        assert_eq!(ids(&db.query(&q).unwrap().rows), vec![20, 17, 14, 11]);
         // Nothing in an empty range or for an unknown cluster.
         let q = Query {
             since: Some(10_013),
@@ -563,15 +748,15 @@ mod tests {
             limit: 100,
             ..Query::default()
         };
-        assert!(db.query(&q).unwrap().is_empty());
+        assert!(db.query(&q).unwrap().rows.is_empty());
         let q = Query {
             cluster: Some("nobody".into()),
             limit: 100,
             ..Query::default()
         };
-        assert!(db.query(&q).unwrap().is_empty());
+        assert!(db.query(&q).unwrap().rows.is_empty());
         assert_eq!(
-            db.query(&all(1)).unwrap()[0].stored().kind,
+            db.query(&all(1)).unwrap().rows[0].stored().kind,
             Kind::ZoneRegistered
         );
     }
@@ -592,7 +777,7 @@ mod tests {
         a.append(&batch, 1_000_100, |_, _| {}).unwrap();
         assert_eq!(a.len(), 10);
         assert_eq!(db.len().unwrap(), 10);
-        let rows = db.query(&all(100)).unwrap();
+        let rows = db.query(&all(100)).unwrap().rows;
         assert_eq!(ids(&rows), (16..=25).rev().collect::<Vec<_>>());
         // The index lost the evicted ids too.
         let by_cluster = Query {
@@ -600,22 +785,242 @@ mod tests {
             limit: 100,
             ..Query::default()
         };
-        assert_eq!(db.query(&by_cluster).unwrap(), rows);
+        assert_eq!(db.query(&by_cluster).unwrap().rows, rows);
         // 60 s after the entry at 1_000_020 (id 21), everything before it is too old.
         assert_eq!(a.expire(1_060_020).unwrap(), 5);
-        assert_eq!(ids(&db.query(&all(100)).unwrap()).last(), Some(&21));
+        assert_eq!(ids(&db.query(&all(100)).unwrap().rows).last(), Some(&21));
         assert_eq!(a.expire(2_000_000).unwrap(), 5);
         assert!(db.is_empty().unwrap());
         // Ids keep growing when retention emptied the log, after a reopening too.
         drop(a);
         let mut a = db.appender(KEEP_ALL).unwrap();
+        let mut seen = Vec::new();
         a.append(
             &[entry(3_000_000, Kind::InstanceJoined, "c", "i")],
             3_000_000,
-            |id, _| {
-                assert_eq!(id, 26);
+            |id, _| seen.push(id),
+        )
+        .unwrap();
+        assert_eq!(seen, vec![26]);
+    }
+
+    /// A clock stepped back by more than [`RAISE`] (within a run of the process or
+    /// across a restart) gives the entry its own time, not the newest one's: later
+    /// entries are not pinned to the old time, and time bounds find them.
+    #[test]
+    fn a_clock_that_steps_back_starts_a_run_and_time_bounds_still_hold() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut seen = Vec::new();
+        {
+            let db = HistoryDb::open(dir.path(), DB_FILE).unwrap();
+            let mut a = db.appender(KEEP_ALL).unwrap();
+            let batch = [
+                entry(10_000, Kind::InstanceJoined, "c", "i"),
+                entry(10_001, Kind::InstanceJoined, "c", "i"),
+                entry(10_002, Kind::StatusChanged, "c", "i"),
+                // Five seconds back: its own time.
+                entry(5_000, Kind::InstanceJoined, "c", "i"),
+                entry(5_001, Kind::InstanceJoined, "d", "i"),
+                // Within a second of the one before: raised to it.
+                entry(4_500, Kind::StatusChanged, "c", "i"),
+            ];
+            a.append(&batch, 20_000, |id, s| seen.push((id, s.at_ms)))
+                .unwrap();
+        }
+        let db = HistoryDb::open(dir.path(), DB_FILE).unwrap();
+        let mut a = db.appender(KEEP_ALL).unwrap();
+        // The previous run's clock was ahead: the first entry after the restart
+        // keeps its time too.
+        a.append(
+            &[entry(100, Kind::InstanceLeft, "c", "i")],
+            20_000,
+            |id, s| {
+                seen.push((id, s.at_ms));
             },
         )
         .unwrap();
+        assert_eq!(
+            seen,
+            [
+                (1, 10_000),
+                (2, 10_001),
+                (3, 10_002),
+                (4, 5_000),
+                (5, 5_001),
+                (6, 5_001),
+                (7, 100)
+            ]
+        );
+        let q = |since: Option<i64>, until: Option<i64>| Query {
+            since,
+            until,
+            limit: 100,
+            ..Query::default()
+        };
+        let found = |q: Query| ids(&db.query(&q).unwrap().rows);
+        // Newest first is by id, the order they were recorded in.
+        assert_eq!(found(q(Some(5_000), None)), [6, 5, 4, 3, 2, 1]);
+        assert_eq!(found(q(None, Some(5_001))), [7, 4]);
+        assert_eq!(found(q(Some(5_001), Some(10_001))), [6, 5, 1]);
+        assert_eq!(found(q(Some(0), Some(1_000))), [7]);
+        // The same through the indexes.
+        let by_cluster = Query {
+            cluster: Some("c".into()),
+            ..q(Some(5_000), Some(10_001))
+        };
+        assert_eq!(found(by_cluster), [6, 4, 1]);
+        let by_kind = Query {
+            kinds: vec![Kind::StatusChanged, Kind::InstanceLeft],
+            ..q(Some(101), None)
+        };
+        assert_eq!(found(by_kind), [6, 3]);
+    }
+
+    /// Age retention goes from the oldest id while entries are older than the
+    /// cutoff; a run stamped later than the ones after it holds them until it is
+    /// due itself.
+    #[test]
+    fn age_retention_goes_through_runs_in_id_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = HistoryDb::open(dir.path(), DB_FILE).unwrap();
+        let mut a = db
+            .appender(Retention {
+                max_age: Duration::from_secs(60),
+                max_entries: 1_000_000,
+            })
+            .unwrap();
+        let batch: Vec<Pending> = [100_000, 100_001, 100_002, 50_000, 50_001, 50_002]
+            .into_iter()
+            .map(|at| entry(at, Kind::InstanceJoined, "c", "i"))
+            .collect();
+        a.append(&batch, 100_002, |_, _| {}).unwrap();
+        assert_eq!(a.expire(155_000).unwrap(), 0);
+        // The cutoff 100_002 passes the first two.
+        assert_eq!(a.expire(160_002).unwrap(), 2);
+        assert_eq!(ids(&db.query(&all(100)).unwrap().rows), [6, 5, 4, 3]);
+        assert_eq!(
+            ids(&db
+                .query(&Query {
+                    until: Some(60_000),
+                    limit: 100,
+                    ..Query::default()
+                })
+                .unwrap()
+                .rows),
+            [6, 5, 4]
+        );
+        // Past the first run, the second goes as far as it is old.
+        assert_eq!(a.expire(110_001).unwrap(), 0);
+        assert_eq!(a.expire(200_000).unwrap(), 4);
+        assert!(db.is_empty().unwrap());
+        a.append(
+            &[entry(300_000, Kind::InstanceJoined, "c", "i")],
+            300_000,
+            |_, _| {},
+        )
+        .unwrap();
+        assert_eq!(ids(&db.query(&all(100)).unwrap().rows), [7]);
+    }
+
+    /// A filter no index serves stops after its budget of examined entries, at the
+    /// end of a millisecond, and says where: asking again with `until` there goes
+    /// on without missing or repeating an entry.
+    #[test]
+    fn a_query_examines_at_most_its_budget_and_says_where_it_stopped() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = HistoryDb::open(dir.path(), DB_FILE).unwrap();
+        let mut a = db.appender(KEEP_ALL).unwrap();
+        // Two entries a millisecond; the zone "rare" has the first three only.
+        let batch: Vec<Pending> = (0..1000)
+            .map(|i| {
+                let mut p = entry(10_000 + i / 2, Kind::InstanceJoined, "c", "i");
+                if i < 3 {
+                    p.zone = "rare".into();
+                }
+                p
+            })
+            .collect();
+        a.append(&batch, 20_000, |_, _| {}).unwrap();
+        let rare = Query {
+            zone: Some("rare".into()),
+            limit: 10,
+            ..Query::default()
+        };
+        // Within the default budget: all of them.
+        let whole = db.query(&rare).unwrap();
+        assert_eq!((ids(&whole.rows), whole.incomplete), (vec![3, 2, 1], None));
+        // 101 examined end at id 900 (10_449), whose millisecond holds id 899 too.
+        let first = db.query_within(&rare, 101).unwrap();
+        assert_eq!((first.rows.len(), first.incomplete), (0, Some(10_449)));
+        // Page by page with `until`: every entry once.
+        let (mut got, mut pages, mut until) = (Vec::new(), 0, None);
+        loop {
+            let page = db
+                .query_within(
+                    &Query {
+                        until,
+                        ..rare.clone()
+                    },
+                    101,
+                )
+                .unwrap();
+            pages += 1;
+            got.extend(ids(&page.rows));
+            match page.incomplete {
+                Some(at) => until = Some(at),
+                None => break,
+            }
+        }
+        assert_eq!((got, pages), (vec![3, 2, 1], 10));
+        // A full answer within the budget is complete; so is one through an index.
+        let newest = db.query_within(&all(5), 5).unwrap();
+        assert_eq!((newest.rows.len(), newest.incomplete), (5, None));
+        let by_kind = Query {
+            kinds: vec![Kind::InstanceJoined],
+            instance: Some("nobody".into()),
+            limit: 10,
+            ..Query::default()
+        };
+        let found = db.query_within(&by_kind, 10).unwrap();
+        assert!(found.rows.is_empty());
+        assert_eq!(found.incomplete, Some(10_495));
+    }
+
+    /// A backlog (a lowered limit, a long downtime) goes in commits of at most
+    /// [`MAX_EVICT`], and the appender says while more is due.
+    #[test]
+    fn a_backlog_is_evicted_in_short_commits() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = HistoryDb::open(dir.path(), DB_FILE).unwrap();
+        {
+            let mut a = db.appender(KEEP_ALL).unwrap();
+            let batch: Vec<Pending> = (0..25_000)
+                .map(|i| entry(1_000 + i, Kind::InstanceJoined, "c", "i"))
+                .collect();
+            for chunk in batch.chunks(8192) {
+                a.append(chunk, 30_000, |_, _| {}).unwrap();
+            }
+            assert!(!a.behind());
+        }
+        let mut a = db
+            .appender(Retention {
+                max_age: Duration::from_secs(3600),
+                max_entries: 100,
+            })
+            .unwrap();
+        assert!(a.behind(), "retention runs once at start");
+        let mut gone = Vec::new();
+        while a.behind() {
+            gone.push(a.expire(30_000).unwrap());
+        }
+        assert_eq!(gone, [MAX_EVICT, MAX_EVICT, 4_900]);
+        assert_eq!((a.len(), db.len().unwrap()), (100, 100));
+        // The index lost them too.
+        let by_cluster = Query {
+            cluster: Some("c".into()),
+            limit: 1000,
+            ..Query::default()
+        };
+        assert_eq!(db.query(&by_cluster).unwrap().rows.len(), 100);
     }
 }

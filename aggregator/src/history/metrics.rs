@@ -11,6 +11,9 @@ pub struct HistoryMetrics {
     pub dropped: IntCounter,
     /// Entries held after the last commit.
     pub entries: IntGauge,
+    /// Stored entries whose `history` event was dropped: the change feed had no
+    /// room for their batch.
+    pub events_dropped: IntCounter,
 }
 
 impl HistoryMetrics {
@@ -27,13 +30,19 @@ impl HistoryMetrics {
             "meshcat_history_entries",
             "History entries held (at most --history-max-entries).",
         )?;
+        let events_dropped = IntCounter::new(
+            "meshcat_history_events_dropped_total",
+            "Stored history entries whose history event was dropped: the change feed was behind.",
+        )?;
         registry.register(Box::new(appended.clone()))?;
+        registry.register(Box::new(events_dropped.clone()))?;
         registry.register(Box::new(dropped.clone()))?;
         registry.register(Box::new(entries.clone()))?;
         Ok(HistoryMetrics {
             appended,
             dropped,
             entries,
+            events_dropped,
         })
     }
 

@@ -2,12 +2,18 @@
 //! at most [`GATHER`] after the first entry (or [`MAX_BATCH`] entries), stores the
 //! batch in one durable commit, then hands the stored entries to the change feed as
 //! `history` events. Retention runs with every commit and every
-//! [`EXPIRE_EVERY`] when nothing happens.
+//! [`EXPIRE_EVERY`] when nothing happens, at once again while it is behind (a long
+//! downtime or a lowered limit is caught up in short commits). A batch of events
+//! the change feed has no room for is counted (`meshcat_history_events_dropped_total`),
+//! logged, and makes the event streams that show history `reset`.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use tokio::sync::mpsc::error::TrySendError;
 use tracing::{error, warn};
 
 use super::entry::{Pending, Stored, now_ms};
@@ -42,16 +48,32 @@ pub struct HistoryEvent {
     pub json: Bytes,
 }
 
-/// Stored batches on their way to the change feed.
-pub type Events = tokio::sync::mpsc::Sender<Vec<HistoryEvent>>;
+/// Stored batches on their way to the change feed, and the mark of a batch that
+/// found no room there.
+#[derive(Debug, Clone)]
+pub struct Events {
+    pub(super) tx: tokio::sync::mpsc::Sender<Vec<HistoryEvent>>,
+    /// Set when a batch was dropped; taken by [`super::publish_events`].
+    pub(super) missed: Arc<AtomicBool>,
+}
+
+/// Most WARN lines about dropped event batches: one a minute.
+const WARN_EVERY: Duration = Duration::from_secs(60);
 
 pub(super) fn run(mut log: Appender, rx: Receiver<Msg>, events: Events, metrics: HistoryMetrics) {
     metrics.entries.set(log.len() as i64);
     let mut batch: Vec<Pending> = Vec::with_capacity(256);
+    let mut warned: Option<Instant> = None;
     loop {
         let mut stopping = false;
         let mut flushed = None;
-        match rx.recv_timeout(EXPIRE_EVERY) {
+        // Retention that is behind goes on as soon as nothing is queued.
+        let wait = if log.behind() {
+            Duration::ZERO
+        } else {
+            EXPIRE_EVERY
+        };
+        match rx.recv_timeout(wait) {
             Ok(Msg::Entry(p)) => batch.push(*p),
             Ok(Msg::Flush(done)) => flushed = Some(done),
             Ok(Msg::Stop) | Err(RecvTimeoutError::Disconnected) => stopping = true,
@@ -83,7 +105,7 @@ pub(super) fn run(mut log: Appender, rx: Receiver<Msg>, events: Events, metrics:
                 }
             }
         }
-        commit(&mut log, &mut batch, &events, &metrics);
+        commit(&mut log, &mut batch, &events, &metrics, &mut warned);
         if let Some(done) = flushed {
             let _ = done.send(());
         }
@@ -93,7 +115,13 @@ pub(super) fn run(mut log: Appender, rx: Receiver<Msg>, events: Events, metrics:
     }
 }
 
-fn commit(log: &mut Appender, batch: &mut Vec<Pending>, events: &Events, metrics: &HistoryMetrics) {
+fn commit(
+    log: &mut Appender,
+    batch: &mut Vec<Pending>,
+    events: &Events,
+    metrics: &HistoryMetrics,
+    warned: &mut Option<Instant>,
+) {
     for chunk in batch.chunks(MAX_BATCH) {
         let mut out = Vec::with_capacity(chunk.len());
         let stored = log.append(chunk, now_ms(), |id, s| {
@@ -106,8 +134,19 @@ fn commit(log: &mut Appender, batch: &mut Vec<Pending>, events: &Events, metrics
         match stored {
             Ok(()) => {
                 metrics.appended.inc_by(chunk.len() as u64);
-                // A full or closed feed only costs the events: the entries are stored.
-                let _ = events.try_send(out);
+                // A full feed only costs the events (the entries are stored): counted,
+                // logged, and the streams are told. A closed one has no streams left.
+                if let Err(TrySendError::Full(lost)) = events.tx.try_send(out) {
+                    events.missed.store(true, Ordering::Release);
+                    metrics.events_dropped.inc_by(lost.len() as u64);
+                    if warned.is_none_or(|at| at.elapsed() >= WARN_EVERY) {
+                        *warned = Some(Instant::now());
+                        warn!(
+                            dropped_total = metrics.events_dropped.get(),
+                            "History events dropped: the change feed is behind. The entries are stored; event streams that show history get reset."
+                        );
+                    }
+                }
             }
             Err(e) => {
                 metrics.dropped.inc_by(chunk.len() as u64);

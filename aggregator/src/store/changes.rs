@@ -69,11 +69,16 @@ fn next_index(last: u64) -> u64 {
     (last + 1).max(start_index())
 }
 
+/// The kind of the event that ends a stream: its client must read everything again.
+pub const RESET: &str = "reset";
+/// The whole `reset` event; it carries no id.
+pub const RESET_FRAME: &[u8] = b"event: reset\ndata: {}\n\n";
+
 /// One event of a change, as the stream sends it.
 #[derive(Debug)]
 pub struct Event {
-    /// `cluster`, `cluster-deleted`, `zone`, `zone-deleted`, `graph`, `history` or
-    /// `summary`.
+    /// `cluster`, `cluster-deleted`, `zone`, `zone-deleted`, `graph`, `history`,
+    /// `summary`, or [`RESET`] (every stream it reaches shows it and ends).
     pub kind: &'static str,
     /// Zone it concerns (empty for `summary`), for `?zoneName=`.
     pub zone: String,
@@ -317,6 +322,33 @@ impl Store {
             })
             .collect();
         self.push_change(&mut f, index, events);
+    }
+
+    /// Tells the streams that show history (those holding the read token) that
+    /// they missed `history` events, dropped on their way to the feed: each gets
+    /// `reset` and ends, whatever its filter, and no resume reaches back before
+    /// this point (a client resuming from before is reset too).
+    pub fn reset_history_streams(&self) {
+        let mut f = self.feed_lock();
+        let index = next_index(f.last);
+        self.generation.store(index, Ordering::Release);
+        f.last = index;
+        f.window.clear();
+        f.floor = index;
+        let reset = Event {
+            kind: RESET,
+            zone: String::new(),
+            cluster: None,
+            frame: Bytes::from_static(RESET_FRAME),
+            frame_unauthorized: None,
+            private: true,
+        };
+        // Not kept for replays: a resume from `index` on starts after it.
+        let _ = f.tx.send(Arc::new(Change {
+            index,
+            events: vec![reset],
+        }));
+        self.changes.index.send_replace(index);
     }
 
     /// Moves the index without events (loading, which nobody could have watched).

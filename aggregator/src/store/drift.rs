@@ -14,14 +14,44 @@ use super::{Entry, Store};
 use crate::history::GroupDetail;
 use crate::history::entry::{MAX_GROUP_NAMES, MAX_GROUPS};
 
+/// The resource kinds that carry a hash of their own (contract section 15).
+pub const RESOURCE_KINDS: [&str; 4] = ["listeners", "clusters", "routes", "secrets"];
+
+/// Longest configuration hash kept (the agent sends 16 hex digits).
+pub const MAX_CONFIG_HASH: usize = 64;
+
+/// Whether `h` has the form of a configuration hash: 1 to [`MAX_CONFIG_HASH`] hex
+/// digits.
+pub fn is_config_hash(h: &str) -> bool {
+    !h.is_empty() && h.len() <= MAX_CONFIG_HASH && h.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// Keeps of what a report (or a peer's publication) says about an instance's
+/// configuration only what has the agent's form: the hash when it is one, and the
+/// per-kind hashes of the four resource kinds that are hashes, none without the
+/// hash. Whatever else an agent sends never reaches the history, the drift answer
+/// or the publications to other replicas.
+pub fn sanitise_hashes(hash: &mut Option<String>, kinds: &mut BTreeMap<String, String>) {
+    if hash.as_deref().is_some_and(|h| !is_config_hash(h)) {
+        *hash = None;
+    }
+    if hash.is_none() {
+        kinds.clear();
+        return;
+    }
+    kinds.retain(|k, v| RESOURCE_KINDS.contains(&k.as_str()) && is_config_hash(v));
+}
+
 /// `GET /clusters/{c}/drift`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DriftView {
     /// Whether the live instances run more than one configuration.
     pub drifted: bool,
-    /// One group per configuration, the largest first; without drift, one group
-    /// with every live instance.
+    /// One group per configuration, the largest first (instances whose agent sent
+    /// no hash in a group of their own, last among groups of their size); without
+    /// drift, one group with every live instance, under the one hash they report
+    /// (null when none did), its list empty when no instance is live.
     pub groups: Vec<DriftGroup>,
     /// The resource kinds (`listeners`, `clusters`, `routes`, `secrets`) whose
     /// hashes differ between the groups; empty without drift.
@@ -32,9 +62,10 @@ pub struct DriftView {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DriftGroup {
-    /// The configuration's hash; null for instances whose agent sent none yet (an
-    /// agent older than drift, or a sidecar whose configuration was not read),
-    /// which count for no drift.
+    /// The configuration's hash; with drift, null for the instances whose agent
+    /// sent none yet (an agent older than drift, or a sidecar whose configuration
+    /// was not read), which count for no drift; without drift, the one hash the
+    /// live instances report, null when none reports one.
     pub config_hash: Option<String>,
     /// Instance names, sorted.
     pub instances: Vec<String>,
@@ -56,11 +87,20 @@ pub(super) fn drifted<'a>(instances: impl Iterator<Item = &'a LiveInstance>) -> 
 }
 
 /// The live instances of `e` by configuration, the largest group first; known
-/// configurations before unknown ones.
+/// configurations before unknown ones. Without drift (at most one known hash) there
+/// is one group: every live instance, under that hash (none when no instance sent
+/// one), as the contract's drift answer has it; with no live instance its list is
+/// empty.
 fn groups_of(e: &Entry) -> Vec<(Option<Arc<str>>, Vec<&String>)> {
     let mut groups: BTreeMap<Option<Arc<str>>, Vec<&String>> = BTreeMap::new();
     for (name, i) in e.instances.iter().filter(|(_, i)| i.is_live()) {
         groups.entry(i.config_hash.clone()).or_default().push(name);
+    }
+    if groups.keys().filter(|h| h.is_some()).count() <= 1 {
+        let hash = groups.keys().find_map(Clone::clone);
+        let mut all: Vec<&String> = groups.into_values().flatten().collect();
+        all.sort();
+        return vec![(hash, all)];
     }
     let mut groups: Vec<_> = groups.into_iter().collect();
     groups.sort_by(|(ha, a), (hb, b)| {

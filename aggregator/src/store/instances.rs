@@ -28,9 +28,6 @@ pub const MAX_INSTANCES: u64 = 200_000;
 /// Identifies one reported instance: (zone, cluster, instance).
 pub type InstanceKey = (String, String, String);
 
-/// Longest configuration hash kept (the agent sends 16 hex digits).
-const MAX_CONFIG_HASH: usize = 64;
-
 /// One instance as its agent last reported it. The fields the store reads on every
 /// report are kept apart, the graph's fields (upstream traffic, listeners, local
 /// cluster) in [`super::traffic`]; the rest of the report (metrics, upstream
@@ -88,11 +85,8 @@ impl LiveInstance {
             window_errors: window.1,
             reachable: report.reachable,
             start_time_ms: report.start_time_ms,
-            config_hash: report
-                .config_hash
-                .as_deref()
-                .filter(|h| h.len() <= MAX_CONFIG_HASH)
-                .map(Arc::from),
+            // Sanitised where the report came in (`sanitise_hashes`).
+            config_hash: report.config_hash.as_deref().map(Arc::from),
             requests_total: report.requests_total,
             errors_5xx_total: report.errors_5xx_total,
             packed,
@@ -429,6 +423,7 @@ impl Store {
         now: Instant,
         may_take: &dyn Fn(&str) -> bool,
     ) -> Put {
+        super::drift::sanitise_hashes(&mut report.config_hash, &mut report.config_hashes);
         let prev = e.instances.get(&report.instance);
         if let Some(Reporter::Agent(other)) = prev.map(|p| &p.reporter)
             && other != agent
@@ -602,7 +597,8 @@ impl Store {
 
     /// Shows (or updates) an instance another replica owns. The shared store is the
     /// truth: its latest publication replaces whatever this replica had.
-    pub fn put_remote(&self, r: RemoteInstance) {
+    pub fn put_remote(&self, mut r: RemoteInstance) {
+        super::drift::sanitise_hashes(&mut r.config_hash, &mut r.config_hashes);
         let _st = shared(&self.state);
         let touched = {
             let mut by_zone = self.clusters.entry(r.cluster.clone()).or_default();
@@ -701,11 +697,11 @@ impl Store {
         out
     }
 
-    /// Who reports each zone's instances: every registered zone, and every zone an
-    /// agent reports into without a registration, sorted by name. Walks every
-    /// instance once: it answers `GET /status`, an operator's occasional read, not a
-    /// dashboard's poll.
-    pub fn reporters_by_zone(&self) -> Vec<ZoneReporters> {
+    /// Who reports each zone's instances: every registered zone, and (with
+    /// `unregistered`) every zone an agent reports into without a registration,
+    /// sorted by name. Walks every instance once: it answers `GET /status`, an
+    /// operator's occasional read, not a dashboard's poll, on the blocking pool.
+    pub fn reporters_by_zone(&self, unregistered: bool) -> Vec<ZoneReporters> {
         let mut by_zone: std::collections::BTreeMap<String, (ZoneReporters, HashSet<Arc<str>>)> =
             self.zones
                 .iter()
@@ -720,7 +716,7 @@ impl Store {
                 .collect();
         for by_zone_entry in self.clusters.iter() {
             for (zone, e) in by_zone_entry.iter() {
-                if e.instances.is_empty() {
+                if e.instances.is_empty() || (!unregistered && !by_zone.contains_key(zone)) {
                     continue;
                 }
                 let (z, agents) = by_zone.entry(zone.clone()).or_insert_with(|| {

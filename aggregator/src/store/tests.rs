@@ -744,7 +744,7 @@ fn reporters_by_zone_tell_agents_from_peer_replicas() {
     s.apply_report("agent-2", report("z", "a", "a-1", 0, 0), now);
     s.apply_report("agent-2", report("elsewhere", "c", "c-0", 0, 0), now);
     s.put_remote(remote("a-2", true, 0));
-    let by_zone = s.reporters_by_zone();
+    let by_zone = s.reporters_by_zone(true);
     let z = |name: &str| {
         by_zone
             .iter()
@@ -774,9 +774,16 @@ fn reporters_by_zone_tell_agents_from_peer_replicas() {
         (z("elsewhere").registered, z("elsewhere").agents),
         (false, 1)
     );
+    // Without the right to read live data, unregistered zones are left out.
+    let registered: Vec<String> = s
+        .reporters_by_zone(false)
+        .into_iter()
+        .map(|z| z.zone_name)
+        .collect();
+    assert_eq!(registered, ["quiet", "z"]);
     s.agent_gone("agent-2");
     assert_eq!(
-        s.reporters_by_zone()
+        s.reporters_by_zone(true)
             .iter()
             .find(|z| z.zone_name == "z")
             .unwrap()

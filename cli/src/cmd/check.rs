@@ -219,6 +219,15 @@ pub fn items(
             )
         });
     }
+    // The aggregator names zones nobody registered only to callers who may read
+    // live data.
+    if s(status, "access") == "none" {
+        out.push(item(
+            Verdict::Warn,
+            "zones without a registration",
+            "not checked: the zones agents report into are live data and need the read token",
+        ));
+    }
     for z in zones
         .iter()
         .filter(|z| z["registered"] == Value::Bool(false))
@@ -430,14 +439,19 @@ mod tests {
                 (Verdict::Warn, "versions".into()),
                 (Verdict::Fail, "token accepted".into()),
                 (Verdict::Fail, "zone local has a connected agent".into()),
+                (Verdict::Warn, "zones without a registration".into()),
                 (Verdict::Fail, "no cluster down".into()),
                 (Verdict::Fail, "no drifted cluster".into()),
                 (Verdict::Fail, "no recent agent rejections".into()),
             ]
         );
-        assert_eq!(items[5].detail, "1 down: local/catalog");
         assert_eq!(
-            items[7].detail,
+            items[5].detail,
+            "not checked: the zones agents report into are live data and need the read token"
+        );
+        assert_eq!(items[6].detail, "1 down: local/catalog");
+        assert_eq!(
+            items[8].detail,
             "3 in the last 5m: auth 2, decode 1 (see the aggregator's log)"
         );
         assert_eq!(

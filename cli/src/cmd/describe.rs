@@ -304,6 +304,11 @@ fn drift(d: &Value) -> String {
     let groups = d["groups"].as_array().map_or(&[][..], Vec::as_slice);
     let mut out = String::new();
     if d["drifted"] != Value::Bool(true) {
+        // Without drift the answer has one group, with every live instance (an
+        // empty list when none is live).
+        let live = groups
+            .iter()
+            .any(|g| g["instances"].as_array().is_some_and(|a| !a.is_empty()));
         let hash = groups
             .first()
             .and_then(|g| g["configHash"].as_str())
@@ -311,7 +316,7 @@ fn drift(d: &Value) -> String {
         let _ = writeln!(
             out,
             "Drift: none{}",
-            if groups.is_empty() {
+            if !live {
                 ": no live instance".to_owned()
             } else {
                 format!(": every live instance runs one configuration{hash}")
@@ -457,5 +462,18 @@ mod tests {
         );
         assert!(text.contains("History: unavailable: "), "{text}");
         assert!(text.contains("Instances: none live"), "{text}");
+    }
+
+    /// Without drift the API answers one group of every live instance: an empty one
+    /// when none is live.
+    #[test]
+    fn drift_with_no_live_instance_says_so() {
+        for d in [
+            json!({"drifted": false, "differs": [], "groups": [{"configHash": null, "instances": []}]}),
+            json!({"drifted": false, "differs": [], "groups": []}),
+        ] {
+            let text = anstream::adapter::strip_str(&drift(&d)).to_string();
+            assert_eq!(text, "Drift: none: no live instance\n", "{d}");
+        }
     }
 }

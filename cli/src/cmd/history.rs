@@ -20,7 +20,13 @@ pub async fn run(ctx: &Ctx, args: HistoryArgs, out: &mut dyn Write) -> Result<()
         .q_opt("clusterName", args.cluster)
         .q_opt("since", since)
         .q_opt("limit", args.limit.map(|n| n.to_string()));
-    let answer = ctx.api.get(&call).await?;
+    let (answer, incomplete) = ctx
+        .api
+        .get_with_header(&call, "x-meshcat-history-incomplete")
+        .await?;
+    if let Some(at) = incomplete {
+        eprintln!("{}", incomplete_note(&at));
+    }
     let text = match args.output.output {
         Format::Table => {
             let list = entries(&answer).map_err(|reason| CliError::Body {
@@ -32,6 +38,17 @@ pub async fn run(ctx: &Ctx, args: HistoryArgs, out: &mut dyn Write) -> Result<()
         f => render::data(&answer, f)?,
     };
     emit(out, &text)
+}
+
+/// What standard error says when the aggregator stopped its search at its bound of
+/// examined entries (`X-Meshcat-History-Incomplete`, the time of the last one).
+fn incomplete_note(at: &str) -> String {
+    let when = at
+        .parse::<i64>()
+        .map_or_else(|_| at.to_owned(), render::time);
+    format!(
+        "meshcat: the aggregator searched the history back to {when} only (its bound of entries examined per query); narrow with --cluster or --since to see older entries."
+    )
 }
 
 /// The start of a `--since` window, in ms since the epoch.

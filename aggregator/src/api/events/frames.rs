@@ -16,6 +16,9 @@ pub struct Filter {
 
 impl Filter {
     pub(super) fn admits(&self, e: &crate::store::changes::Event) -> bool {
+        if e.kind == crate::store::changes::RESET {
+            return true;
+        }
         if e.kind == "summary" {
             return self.zone.is_none() && self.cluster.is_none();
         }

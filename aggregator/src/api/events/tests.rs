@@ -313,3 +313,58 @@ fn resume_points_come_from_since_or_a_well_formed_header() {
         assert!(p(Some(bad), None).is_err(), "{bad}");
     }
 }
+
+/// After `history` events were dropped on their way to the feed, every stream that
+/// shows history gets `reset` and ends, whatever its filter; a stream without the
+/// read token saw no history and goes on; no resume reaches back before it.
+#[tokio::test(start_paused = true)]
+async fn a_history_reset_ends_the_streams_that_show_history() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = crate::store::Store::open(
+        dir.path(),
+        crate::store::Rules {
+            instance_ttl: Duration::from_secs(15),
+            error_ratio_warning: 0.05,
+            graph_window: Duration::from_secs(60),
+        },
+    )
+    .unwrap();
+    let before = store.index();
+    let stopping = tokio::sync::watch::channel(false).1;
+    let filtered = Filter {
+        zone: Some("other".into()),
+        cluster: Some("c".into()),
+    };
+    let reader = event_stream(
+        store.changes().subscribe(None),
+        filtered,
+        true,
+        bounds(BUFFER),
+        stopping.clone(),
+        None,
+    );
+    let anonymous = event_stream(
+        store.changes().subscribe(None),
+        Filter::default(),
+        false,
+        bounds(BUFFER),
+        stopping,
+        None,
+    );
+    store.reset_history_streams();
+    let mut reader = std::pin::pin!(reader);
+    assert_eq!(text(reader.next().await), "event: reset\ndata: {}\n\n");
+    assert!(reader.next().await.is_none(), "closed after reset");
+    let mut anonymous = std::pin::pin!(anonymous);
+    let t0 = Instant::now();
+    assert_eq!(text(anonymous.next().await), ":\n\n");
+    assert_eq!(Instant::now(), t0 + BEAT, "nothing but the heartbeat");
+    assert!(store.changes().subscribe(Some(before)).replay.is_none());
+    assert!(
+        store
+            .changes()
+            .subscribe(Some(store.index()))
+            .replay
+            .is_some()
+    );
+}

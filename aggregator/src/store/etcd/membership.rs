@@ -445,6 +445,66 @@ mod tests {
         p("a", false, 0, 0)
     }
 
+    /// A report's hashes reach the other replicas only in the agent's form: the
+    /// store publishes what it sanitised, not what the agent sent.
+    #[test]
+    fn publications_carry_only_well_formed_hashes() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::Store::open(
+            dir.path(),
+            Rules {
+                instance_ttl: Duration::from_secs(15),
+                error_ratio_warning: 0.05,
+                graph_window: Duration::from_secs(60),
+            },
+        )
+        .unwrap();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        store
+            .set_membership(std::sync::Arc::new(EtcdMembership {
+                owner: "me".into(),
+                prefix: "/meshcat".into(),
+                tx,
+            }))
+            .unwrap();
+        let report = |hash: String| {
+            let mut r =
+                meshcat_common::wire::InstanceReport::unread("z".into(), "a".into(), "i".into());
+            r.reachable = true;
+            r.start_time_ms = 1;
+            r.config_hash = Some(hash);
+            r.config_hashes = [
+                ("routes", "0a"),
+                ("x-injected", "00"),
+                ("clusters", "zz"),
+                ("listeners", &"1".repeat(65)),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+            r
+        };
+        let published = |rx: &mut mpsc::UnboundedReceiver<Publish>| match rx.try_recv() {
+            Ok(Publish::Put(_, p)) => p,
+            other => panic!("a publication, not {other:?}"),
+        };
+        store.apply_report(
+            "agent",
+            report("0123456789abcdef".into()),
+            std::time::Instant::now(),
+        );
+        let p = published(&mut rx);
+        assert_eq!(p.config_hash.as_deref(), Some("0123456789abcdef"));
+        assert_eq!(
+            p.config_hashes,
+            BTreeMap::from([("routes".to_owned(), "0a".to_owned())])
+        );
+        store.apply_report("agent", report("g".repeat(16)), std::time::Instant::now());
+        let p = published(&mut rx);
+        assert_eq!(p.config_hash, None);
+        assert!(p.config_hashes.is_empty());
+    }
+
     #[test]
     fn replica_ids_differ() {
         assert_ne!(replica_id(), replica_id());

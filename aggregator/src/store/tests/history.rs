@@ -35,7 +35,8 @@ fn entries(s: &Store) -> Vec<(String, String, String, serde_json::Value)> {
             limit: 1000,
             ..Default::default()
         })
-        .unwrap();
+        .unwrap()
+        .rows;
     rows.reverse();
     rows.iter()
         .map(|r| {
@@ -52,7 +53,7 @@ fn kinds(s: &Store) -> Vec<String> {
 fn hashed(instance: &str, hash: &str, routes: &str) -> InstanceReport {
     let mut r = report("z", "a", instance, 0, 0);
     r.config_hash = Some(hash.into());
-    r.config_hashes = [("listeners", "l1"), ("routes", routes)]
+    r.config_hashes = [("listeners", "1e"), ("routes", routes)]
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .collect();
@@ -179,12 +180,12 @@ fn configuration_changes_and_drift_are_noted() {
     s.create_zone(zone("z")).unwrap();
     s.create_cluster(ClusterRecord::new("z", "a", "A")).unwrap();
     let now = Instant::now();
-    s.apply_report("agent-1", hashed("i1", "h1", "r1"), now);
-    s.apply_report("agent-2", hashed("i2", "h1", "r1"), now);
+    s.apply_report("agent-1", hashed("i1", "a1", "b1"), now);
+    s.apply_report("agent-2", hashed("i2", "a1", "b1"), now);
     // i2 runs another route: its configuration changed and the cluster drifted.
-    s.apply_report("agent-2", hashed("i2", "h2", "r2"), now);
+    s.apply_report("agent-2", hashed("i2", "a2", "b2"), now);
     // Back to the first: the drift ends.
-    s.apply_report("agent-2", hashed("i2", "h1", "r1"), now);
+    s.apply_report("agent-2", hashed("i2", "a1", "b1"), now);
     let got: Vec<_> = entries(&s)
         .into_iter()
         .filter(|e| e.0.starts_with("config-") || e.0.starts_with("drift-"))
@@ -201,22 +202,22 @@ fn configuration_changes_and_drift_are_noted() {
     );
     assert_eq!(
         got[0].3,
-        json!({"from": "h1", "to": "h2", "resources": ["routes"]})
+        json!({"from": "a1", "to": "a2", "resources": ["routes"]})
     );
     assert_eq!(got[0].2, "i2");
     assert_eq!(
         got[1].3,
         json!({"groups": [
-            {"configHash": "h1", "instances": ["i1"], "instanceCount": 1},
-            {"configHash": "h2", "instances": ["i2"], "instanceCount": 1},
+            {"configHash": "a1", "instances": ["i1"], "instanceCount": 1},
+            {"configHash": "a2", "instances": ["i2"], "instanceCount": 1},
         ]})
     );
     assert_eq!(
         got[3].3,
-        json!({"groups": [{"configHash": "h1", "instances": ["i1", "i2"], "instanceCount": 2}]})
+        json!({"groups": [{"configHash": "a1", "instances": ["i1", "i2"], "instanceCount": 2}]})
     );
     // A drifted instance that leaves ends the drift too.
-    s.apply_report("agent-2", hashed("i2", "h3", "r3"), now);
+    s.apply_report("agent-2", hashed("i2", "a3", "b3"), now);
     s.agent_gone("agent-2");
     let tail: Vec<String> = kinds(&s).into_iter().rev().take(4).collect();
     assert_eq!(
@@ -251,4 +252,131 @@ fn a_peers_instances_are_noted_from_its_publications() {
         ]
     );
     assert_eq!(got[4].3, json!({"reason": "disconnected"}));
+}
+
+/// What an agent sends beside the hashes' form (an outsized or non-hex hash, kinds
+/// the contract does not name) reaches neither the history nor the drift answer.
+#[test]
+fn only_well_formed_hashes_reach_the_history_and_the_drift() {
+    let (_d, s) = open_with_history();
+    s.create_zone(zone("z")).unwrap();
+    s.create_cluster(ClusterRecord::new("z", "a", "A")).unwrap();
+    let now = Instant::now();
+    let with = |instance: &str, hash: &str, kinds: &[(&str, &str)]| {
+        let mut r = report("z", "a", instance, 0, 0);
+        r.config_hash = Some(hash.into());
+        r.config_hashes = kinds
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        r
+    };
+    let long = "f".repeat(65);
+    let junk: &[(&str, &str)] = &[
+        ("listeners", "1e"),
+        ("routes", "b1"),
+        ("x-injected", "00"),
+        ("clusters", "not hex"),
+        ("secrets", long.as_str()),
+    ];
+    s.apply_report("agent-1", with("i1", "a1", junk), now);
+    s.apply_report("agent-2", with("i2", "a1", junk), now);
+    // A hash that is no hash counts as none: no configuration change, no drift.
+    s.apply_report("agent-2", with("i2", &long, junk), now);
+    s.apply_report("agent-2", with("i2", "<script>", junk), now);
+    assert!(
+        kinds(&s)
+            .iter()
+            .all(|k| !k.starts_with("config-") && !k.starts_with("drift-")),
+        "{:?}",
+        kinds(&s)
+    );
+    // A well-formed change names only the contract's kinds that differ.
+    let other: &[(&str, &str)] = &[
+        ("listeners", "1e"),
+        ("routes", "b2"),
+        ("x-injected", "01"),
+        ("clusters", "also not hex"),
+        ("secrets", "5e"),
+    ];
+    s.apply_report("agent-2", with("i2", "a1", junk), now);
+    s.apply_report("agent-2", with("i2", "A2", other), now);
+    let got: Vec<_> = entries(&s)
+        .into_iter()
+        .filter(|e| e.0 == "config-changed")
+        .collect();
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(
+        got[0].3,
+        json!({"from": "a1", "to": "A2", "resources": ["routes", "secrets"]})
+    );
+    let d = s.drift("z", "a").unwrap();
+    assert!(d.drifted);
+    assert_eq!(d.differs, ["routes", "secrets"]);
+    let hashes: Vec<Option<String>> = d.groups.iter().map(|g| g.config_hash.clone()).collect();
+    assert_eq!(hashes, [Some("A2".to_owned()), Some("a1".to_owned())]);
+    // A peer's publication goes through the same sieve.
+    let mut r = remote("r1", true, 0);
+    r.config_hash = Some(long.clone());
+    r.config_hashes = [("x-injected".to_owned(), "00".to_owned())].into();
+    s.put_remote(r);
+    let d = s.drift("z", "a").unwrap();
+    assert!(
+        d.groups
+            .iter()
+            .any(|g| g.config_hash.is_none() && g.instances == ["r1"]),
+        "{d:?}"
+    );
+}
+
+/// Without drift the answer is one group with every live instance, those whose
+/// agent sent no hash included, as the contract has it; with drift, one group per
+/// hash and the instances without one apart.
+#[test]
+fn the_drift_answer_without_drift_is_one_group_of_every_live_instance() {
+    let (_d, s) = open_with_history();
+    s.create_zone(zone("z")).unwrap();
+    s.create_cluster(ClusterRecord::new("z", "a", "A")).unwrap();
+    let group = |g: &crate::store::drift::DriftGroup| (g.config_hash.clone(), g.instances.clone());
+    let d = s.drift("z", "a").unwrap();
+    assert!(!d.drifted);
+    assert_eq!(
+        d.groups.iter().map(group).collect::<Vec<_>>(),
+        [(None, vec![])]
+    );
+    assert!(d.differs.is_empty());
+    let now = Instant::now();
+    s.apply_report("agent-1", hashed("i1", "a1", "b1"), now);
+    s.apply_report("agent-2", report("z", "a", "i2", 0, 0), now);
+    let d = s.drift("z", "a").unwrap();
+    assert!(!d.drifted);
+    assert_eq!(
+        d.groups.iter().map(group).collect::<Vec<_>>(),
+        [(
+            Some("a1".to_owned()),
+            vec!["i1".to_owned(), "i2".to_owned()]
+        )]
+    );
+    s.apply_report("agent-3", hashed("i3", "c3", "b2"), now);
+    let d = s.drift("z", "a").unwrap();
+    assert!(d.drifted);
+    assert_eq!(
+        d.groups.iter().map(group).collect::<Vec<_>>(),
+        [
+            (Some("a1".to_owned()), vec!["i1".to_owned()]),
+            (Some("c3".to_owned()), vec!["i3".to_owned()]),
+            (None, vec!["i2".to_owned()]),
+        ]
+    );
+    assert_eq!(d.differs, ["routes"]);
+    // The drift entries' groups are the answer's.
+    s.agent_gone("agent-3");
+    let ended = entries(&s)
+        .into_iter()
+        .rfind(|e| e.0 == "drift-ended")
+        .unwrap();
+    assert_eq!(
+        ended.3,
+        json!({"groups": [{"configHash": "a1", "instances": ["i1", "i2"], "instanceCount": 2}]})
+    );
 }
