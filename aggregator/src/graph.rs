@@ -136,10 +136,11 @@ pub struct Link {
 impl Link {
     /// Adds another instance's share of the same edge, or its declaration.
     fn merge(&mut self, o: &Link) {
-        self.requests += o.requests;
-        self.errors += o.errors;
-        self.requests_total += o.requests_total;
-        self.errors_total += o.errors_total;
+        // Claimed counters are agent-supplied differences: their sums saturate.
+        self.requests = self.requests.saturating_add(o.requests);
+        self.errors = self.errors.saturating_add(o.errors);
+        self.requests_total = self.requests_total.saturating_add(o.requests_total);
+        self.errors_total = self.errors_total.saturating_add(o.errors_total);
         self.p50_ms = max_opt(self.p50_ms, o.p50_ms);
         self.p99_ms = max_opt(self.p99_ms, o.p99_ms);
         self.last_seen_ms = self.last_seen_ms.max(o.last_seen_ms);
@@ -413,7 +414,7 @@ pub fn build(store: &Store, now: Instant, counters: Counters) -> Built {
                 continue;
             }
             let w = store.calls_window(u, now);
-            if w.requests + w.errors == 0 {
+            if w.requests == 0 && w.errors == 0 {
                 continue;
             }
             let target = same_zone

@@ -879,6 +879,33 @@ mod tests {
         assert_eq!(totals(&graphs, "z/a", "z/b"), (100, 10));
     }
 
+    #[test]
+    fn an_edge_drawn_from_two_upstreams_saturates_its_counters() {
+        let (_dir, store) = mesh();
+        // a reaches b by name and through b's listener under another name, both
+        // with counters near the top of a u64.
+        let calls = |n| {
+            let mut r = report(
+                "z",
+                "a",
+                &[("b", "10.0.0.2:80"), ("b-out", "10.0.0.2:80")],
+                Some("10.0.0.1:80"),
+                n,
+            );
+            r.instance = "a-2".into();
+            vec![r]
+        };
+        let now = Instant::now();
+        store.apply_reports("agent-2", calls(0), now);
+        store.apply_reports("agent-2", calls(u64::MAX), now);
+        let graphs = Graphs::default();
+        graphs.rebuild(&store);
+        assert_eq!(
+            totals(&graphs, "z/a", "z/b"),
+            (u64::MAX, 2 * (u64::MAX / 10) + 5)
+        );
+    }
+
     #[tokio::test]
     async fn a_catalog_change_is_seen_at_once_and_a_read_answer_is_rendered_ahead() {
         let (_dir, store) = mesh();

@@ -497,9 +497,9 @@ impl Traffic {
                         p.hosts = hosts;
                         reshaped = true;
                     }
-                    if added.0 + added.1 > 0 {
+                    if added.0 > 0 || added.1 > 0 {
                         let w = calls.ring.window(self.epoch, now, window);
-                        reshaped |= w.requests + w.errors == 0;
+                        reshaped |= w.requests == 0 && w.errors == 0;
                     }
                     calls.report(clock, now, added, &u);
                     upstreams.push(p);
@@ -1013,6 +1013,41 @@ mod tests {
         assert!(moved(&t), "the instance gone");
         t.forget(&("z".into(), "a".into(), "a-1".into()));
         assert!(!moved(&t), "nothing more to forget");
+    }
+
+    #[test]
+    fn counters_near_the_top_of_u64_saturate() {
+        let t = Traffic::default();
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        t.record(&mut report(0, 0), at(0), WIN);
+        t.record(&mut report(u64::MAX, u64::MAX), at(5), WIN);
+        let w = window(&t, at(5));
+        let most = u64::from(u32::MAX);
+        assert_eq!(
+            (w.requests, w.errors, w.last_seen),
+            (most, most, Some(at(5)))
+        );
+        let mut claimed = (0, 0);
+        t.each(|_, _, c| claimed = c.upstreams()[0].claim());
+        assert_eq!(claimed, (u64::MAX, u64::MAX));
+        // A restart from near the top, then more on top of what is unclaimed.
+        t.record(&mut report(u64::MAX - 1, u64::MAX - 1), at(10), WIN);
+        t.record(&mut report(u64::MAX, u64::MAX), at(15), WIN);
+        t.each(|_, _, c| claimed = c.upstreams()[0].claim());
+        assert_eq!(claimed, (u64::MAX, u64::MAX));
+        // Connect failures and 5xx answers add up to more than a u64.
+        let mut both = report(u64::MAX, u64::MAX);
+        both.upstreams[0].connect_fail_total = u64::MAX;
+        t.record(&mut both, at(20), WIN);
+        // A peer's summary with the largest figures.
+        let mut summary = t.summary(at(20), WIN);
+        summary[0].upstreams[0].requests = u64::MAX;
+        summary[0].upstreams[0].errors = u64::MAX;
+        let there = Traffic::default();
+        there.set_remote("r1", &summary, at(20), WIN);
+        let w = window(&there, at(20));
+        assert_eq!((w.requests, w.errors), (most, most));
     }
 
     #[test]
