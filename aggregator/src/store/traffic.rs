@@ -41,6 +41,8 @@ const MAX_LISTENER_CLUSTERS: usize = 1024;
 /// (its instances' together: one matching host is all the graph needs).
 const MAX_HOSTS: usize = 64;
 const MAX_CLUSTER_HOSTS: usize = 256;
+// Which of an instance's hosts its cluster counts is a bit each of a `u64`.
+const _: () = assert!(MAX_HOSTS <= u64::BITS as usize);
 /// Longest upstream cluster name or address kept.
 const MAX_NAME: usize = 512;
 /// Buckets over which the highest latency reported is kept: the current one and the
@@ -72,6 +74,10 @@ struct InstanceUpstream {
     last: (u64, u64),
     /// Its host addresses' keys, as the sidecar's `/clusters` lists them.
     hosts: Box<[u64]>,
+    /// Which of `hosts` its cluster's calls count for it (bit `i` for `hosts[i]`):
+    /// past [`MAX_CLUSTER_HOSTS`] a host is not kept, and its leaving must not take
+    /// away another instance's count of the same address.
+    counted: u64,
 }
 
 /// What the instances of one cluster (or a peer's summary of them) reported of
@@ -210,19 +216,28 @@ impl Calls {
         self.tls = tls;
     }
 
-    fn add_hosts(&mut self, hosts: &[u64]) {
-        for h in hosts {
+    /// Counts an instance's `hosts` (at most [`MAX_HOSTS`]); answers which of them
+    /// were counted, bit `i` for `hosts[i]`.
+    fn add_hosts(&mut self, hosts: &[u64]) -> u64 {
+        let mut counted = 0;
+        for (bit, h) in hosts.iter().take(MAX_HOSTS).enumerate() {
             match self.hosts.binary_search_by_key(h, |(k, _)| *k) {
                 Ok(i) => self.hosts[i].1 += 1,
                 Err(i) if self.hosts.len() < MAX_CLUSTER_HOSTS => self.hosts.insert(i, (*h, 1)),
                 // One matching host is all the graph needs; past the bound, none is kept.
-                Err(_) => {}
+                Err(_) => continue,
             }
+            counted |= 1 << bit;
         }
+        counted
     }
 
-    fn remove_hosts(&mut self, hosts: &[u64]) {
-        for h in hosts {
+    /// Takes back the hosts of an instance that [`Calls::add_hosts`] counted.
+    fn remove_hosts(&mut self, hosts: &[u64], counted: u64) {
+        for (bit, h) in hosts.iter().take(MAX_HOSTS).enumerate() {
+            if counted & (1 << bit) == 0 {
+                continue;
+            }
             if let Ok(i) = self.hosts.binary_search_by_key(h, |(k, _)| *k) {
                 self.hosts[i].1 -= 1;
                 if self.hosts[i].1 == 0 {
@@ -257,8 +272,9 @@ impl ClusterCalls {
         Some(&mut self.upstreams[i])
     }
 
-    /// An instance lists `name`: the shared name to keep.
-    fn join(&mut self, name: &str, hosts: &[u64]) -> Arc<str> {
+    /// An instance lists `name` with `hosts`: the shared name to keep, and which of
+    /// the hosts are counted ([`Calls::add_hosts`]).
+    fn join(&mut self, name: &str, hosts: &[u64]) -> (Arc<str>, u64) {
         let i = match self.upstreams.binary_search_by(|c| (*c.name).cmp(name)) {
             Ok(i) => i,
             Err(i) => {
@@ -268,15 +284,15 @@ impl ClusterCalls {
         };
         let c = &mut self.upstreams[i];
         c.instances += 1;
-        c.add_hosts(hosts);
-        c.name.clone()
+        let counted = c.add_hosts(hosts);
+        (c.name.clone(), counted)
     }
 
     /// An instance no longer lists `u`: dropped with the last one.
     fn leave(&mut self, u: &InstanceUpstream) {
         if let Ok(i) = self.upstreams.binary_search_by(|c| (*c.name).cmp(&u.name)) {
             let c = &mut self.upstreams[i];
-            c.remove_hosts(&u.hosts);
+            c.remove_hosts(&u.hosts, u.counted);
             c.instances -= 1;
             if c.instances == 0 {
                 self.upstreams.remove(i);
@@ -471,7 +487,7 @@ impl Traffic {
             match previous.next_if(|p| *p.name == *u.name) {
                 // Nothing to take a difference from: counted from the next report.
                 None => {
-                    let name = c.join(&u.name, &hosts);
+                    let (name, counted) = c.join(&u.name, &hosts);
                     if let Some(calls) = c.calls_mut(&u.name) {
                         calls.note(clock, u.p50_ms, u.p99_ms, u.tls);
                     }
@@ -479,6 +495,7 @@ impl Traffic {
                         name,
                         last: totals,
                         hosts,
+                        counted,
                     });
                     reshaped = true;
                 }
@@ -492,8 +509,8 @@ impl Traffic {
                     p.last = totals;
                     let calls = c.calls_mut(&u.name).expect("a listed upstream has calls");
                     if hosts != p.hosts {
-                        calls.remove_hosts(&p.hosts);
-                        calls.add_hosts(&hosts);
+                        calls.remove_hosts(&p.hosts, p.counted);
+                        p.counted = calls.add_hosts(&hosts);
                         p.hosts = hosts;
                         reshaped = true;
                     }
@@ -1013,6 +1030,59 @@ mod tests {
         assert!(moved(&t), "the instance gone");
         t.forget(&("z".into(), "a".into(), "a-1".into()));
         assert!(!moved(&t), "nothing more to forget");
+    }
+
+    #[test]
+    fn a_host_past_the_clusters_bound_is_not_taken_from_another_instance() {
+        let t = Traffic::default();
+        let now = Instant::now();
+        let calling = |instance: &str, addresses: &[String]| {
+            let mut r = report_of(instance, 10, 0);
+            let mut l = listing("unused");
+            let host = l.hosts[0].clone();
+            l.hosts = addresses
+                .iter()
+                .map(|a| UpstreamHost {
+                    address: a.clone(),
+                    ..host.clone()
+                })
+                .collect();
+            r.clusters = vec![l];
+            r
+        };
+        let hosts_of = |t: &Traffic| {
+            let mut hosts = Vec::new();
+            t.each(|_, _, c| hosts = c.upstreams()[0].hosts().collect());
+            hosts
+        };
+        // Four instances of 64 hosts each fill the cluster's 256.
+        for i in 0..4 {
+            let addresses: Vec<String> =
+                (0..MAX_HOSTS).map(|h| format!("10.{i}.0.{h}:80")).collect();
+            t.record(&mut calling(&format!("a-{i}"), &addresses), now, WIN);
+        }
+        assert_eq!(hosts_of(&t).len(), MAX_CLUSTER_HOSTS);
+        let late = vec!["10.9.9.9:80".to_owned()];
+        t.record(&mut calling("a-late", &late), now, WIN);
+        assert!(
+            !hosts_of(&t).contains(&address_key(&late[0])),
+            "past the bound"
+        );
+        // Room again: another instance lists the same address and it is kept.
+        t.forget(&("z".into(), "a".into(), "a-0".into()));
+        t.record(&mut calling("a-other", &late), now, WIN);
+        assert!(hosts_of(&t).contains(&address_key(&late[0])));
+        // The instance whose host was never counted leaves: the other's stays.
+        t.forget(&("z".into(), "a".into(), "a-late".into()));
+        assert!(hosts_of(&t).contains(&address_key(&late[0])));
+        // A host list that changes takes back only what was counted too.
+        let mut again = calling("a-late", &late);
+        t.record(&mut again, now, WIN);
+        let mut moved = calling("a-late", &["10.9.9.8:80".to_owned()]);
+        t.record(&mut moved, now, WIN);
+        assert!(hosts_of(&t).contains(&address_key(&late[0])));
+        t.forget(&("z".into(), "a".into(), "a-other".into()));
+        assert!(!hosts_of(&t).contains(&address_key(&late[0])));
     }
 
     #[test]
