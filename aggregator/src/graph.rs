@@ -429,7 +429,7 @@ pub fn build(store: &Store, now: Instant, counters: Counters) -> Built {
             l.errors = w.errors;
             (l.requests_total, l.errors_total) = claimed;
             (l.p50_ms, l.p99_ms) = u.latency(now_bucket);
-            l.tls = u.tls();
+            l.tls = u.tls(now_bucket);
             l.last_seen_ms = w
                 .last_seen
                 .map(|at| epoch_now - now.saturating_duration_since(at).as_millis() as i64);

@@ -162,21 +162,29 @@ impl Calls {
         self.hosts.iter().map(|(k, _)| *k)
     }
 
-    /// Whether the connections use TLS, as the last reports said.
-    pub fn tls(&self) -> bool {
-        self.recent.iter().any(|r| r.bucket > 0 && r.tls) || self.tls
+    /// The recent buckets' notes as of `now_bucket`: those of the last
+    /// [`RECENT_BUCKETS`] buckets up to it.
+    fn recent(&self, now_bucket: u64) -> impl Iterator<Item = &Recent> {
+        let oldest = now_bucket.saturating_sub(RECENT_BUCKETS as u64 - 1) + 1;
+        self.recent.iter().filter(move |r| r.bucket >= oldest)
+    }
+
+    /// Whether the connections use TLS: as any instance's reports within the recent
+    /// buckets before `now_bucket` said, else as the last report said.
+    pub fn tls(&self, now_bucket: u64) -> bool {
+        let mut recent = self.recent(now_bucket).peekable();
+        if recent.peek().is_none() {
+            return self.tls;
+        }
+        recent.any(|r| r.tls)
     }
 
     /// The highest p50 and p99 the instances reported within the recent buckets
     /// before `now_bucket`; none when unknown.
     pub fn latency(&self, now_bucket: u64) -> (Option<f64>, Option<f64>) {
-        let oldest = now_bucket.saturating_sub(RECENT_BUCKETS as u64 - 1) + 1;
-        self.recent
-            .iter()
-            .filter(|r| r.bucket >= oldest)
-            .fold((None, None), |(p50, p99), r| {
-                (max_opt(p50, known(r.p50_ms)), max_opt(p99, known(r.p99_ms)))
-            })
+        self.recent(now_bucket).fold((None, None), |(p50, p99), r| {
+            (max_opt(p50, known(r.p50_ms)), max_opt(p99, known(r.p99_ms)))
+        })
     }
 
     /// Takes the requests and errors reported since the last claim. Each report's
@@ -645,7 +653,7 @@ impl Traffic {
                                     .map(|at| now.saturating_duration_since(at).as_millis() as u64),
                                 p50_ms,
                                 p99_ms,
-                                tls: u.tls(),
+                                tls: u.tls(now_bucket),
                                 hosts: u.hosts().collect(),
                             }
                         })
@@ -960,7 +968,7 @@ mod tests {
                 (Some(1.5), Some(20.0)),
                 "the highest"
             );
-            assert!(u.tls(), "one instance uses TLS");
+            assert!(u.tls(now_bucket), "one instance uses TLS");
             assert_eq!(u.hosts().count(), 2, "both instances' hosts");
         });
         // a-2 leaves: what it reported stays in the window, its host goes.
@@ -1083,6 +1091,35 @@ mod tests {
         assert!(hosts_of(&t).contains(&address_key(&late[0])));
         t.forget(&("z".into(), "a".into(), "a-other".into()));
         assert!(!hosts_of(&t).contains(&address_key(&late[0])));
+    }
+
+    #[test]
+    fn tls_is_what_the_recent_reports_said() {
+        let t = Traffic::default();
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let tls_at = |t: &Traffic, s: u64| {
+            let bucket = Clock::at(t.epoch(), at(s), WIN).bucket;
+            let mut tls = None;
+            t.each(|_, _, c| tls = Some(c.upstreams()[0].tls(bucket)));
+            tls.unwrap()
+        };
+        let mut r = report(100, 0);
+        r.upstreams[0].tls = true;
+        t.record(&mut r, at(5), WIN);
+        assert!(tls_at(&t, 5));
+        // TLS turned off; reports every 10 s land in every other 5 s bucket, so one
+        // recent slot keeps the old report's note.
+        for s in [10, 20, 30] {
+            t.record(&mut report(100 + s, 0), at(s), WIN);
+        }
+        assert!(!tls_at(&t, 30), "the report of 5 s is no longer recent");
+        // Without a recent report, the last one says.
+        assert!(!tls_at(&t, 120));
+        let mut r = report(200, 0);
+        r.upstreams[0].tls = true;
+        t.record(&mut r, at(125), WIN);
+        assert!(tls_at(&t, 300));
     }
 
     #[test]
