@@ -333,17 +333,20 @@ pub fn build(store: &Store, now: Instant, counters: Counters) -> Built {
             drifted: f.drifted,
         });
     }
+    // One view for every walk: a peer's summary replaced meanwhile shows in the
+    // next build, whole.
+    let calls = store.calls_view();
     // Who listens where (by address key: upstream hosts are kept hashed), and
     // whether another sidecar sends traffic there.
     let mut listening: AddressMap<(u32, bool)> = AddressMap::default();
-    store.each_calls(|zone, cluster, c| {
+    calls.each(|zone, cluster, c| {
         if let Some(at) = clusters.get(zone, cluster) {
             for (key, _) in c.listeners() {
                 listening.insert(key, (at, false));
             }
         }
     });
-    store.each_calls(|_, _, c| {
+    calls.each(|_, _, c| {
         for u in c.upstreams() {
             for h in u.hosts() {
                 if let Some((_, called)) = listening.get_mut(&h) {
@@ -380,7 +383,7 @@ pub fn build(store: &Store, now: Instant, counters: Counters) -> Built {
         declared: !observed,
     };
     let now_bucket = store.graph_bucket(now);
-    store.each_calls(|zone, cluster, c| {
+    calls.each(|zone, cluster, c| {
         // The calls of a cluster no longer known (its last instance expired while the
         // graph was built) draw no edge.
         let Some(same_zone) = clusters.zone(zone) else {

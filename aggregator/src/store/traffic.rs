@@ -20,8 +20,9 @@
 
 mod ring;
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
@@ -355,14 +356,18 @@ impl ClusterCalls {
     }
 }
 
+/// One peer's summary: its clusters' calls, by (zone, cluster).
+type PeerCalls = Vec<((String, String), ClusterCalls)>;
+
 /// The traffic of every calling cluster, and of the instances it sums.
 #[derive(Debug)]
 pub struct Traffic {
     instances: DashMap<InstanceKey, InstanceTraffic>,
     /// Keyed by (zone, cluster).
     clusters: DashMap<(String, String), ClusterCalls>,
-    /// Peers' summaries, keyed by (zone, cluster, peer).
-    remote: DashMap<(String, String, String), ClusterCalls>,
+    /// Peers' summaries by peer, each replaced whole: a build of the graph sees a
+    /// peer's last summary or its new one, never a mix or a gap.
+    remote: RwLock<BTreeMap<String, Arc<PeerCalls>>>,
     /// Where the windows' buckets are numbered from.
     epoch: Instant,
     /// Moves whenever a change could change the graph's shape: an instance's
@@ -377,7 +382,7 @@ impl Default for Traffic {
         Traffic {
             instances: DashMap::new(),
             clusters: DashMap::new(),
-            remote: DashMap::new(),
+            remote: RwLock::default(),
             epoch: Instant::now(),
             shape: AtomicU64::new(0),
         }
@@ -574,18 +579,48 @@ impl Traffic {
     }
 
     /// Calls `f` with every cluster's calls, this replica's and its peers'.
-    pub fn each(&self, mut f: impl FnMut(&str, &str, &ClusterCalls)) {
-        for e in self.clusters.iter() {
-            f(&e.key().0, &e.key().1, e.value());
-        }
-        for e in self.remote.iter() {
-            f(&e.key().0, &e.key().1, e.value());
+    pub fn each(&self, f: impl FnMut(&str, &str, &ClusterCalls)) {
+        self.view().each(f);
+    }
+
+    /// This replica's calls, and the peers' summaries as they are now: walked
+    /// several times, a view shows each peer's same summary every time.
+    pub fn view(&self) -> TrafficView<'_> {
+        TrafficView {
+            local: &self.clusters,
+            remote: self
+                .remote
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .values()
+                .cloned()
+                .collect(),
         }
     }
 
     /// Where the windows' buckets are numbered from.
     pub fn epoch(&self) -> Instant {
         self.epoch
+    }
+}
+
+/// The calls a build of the graph walks: this replica's clusters' (as they are when
+/// walked) and the peers' summaries held when the view was taken.
+#[derive(Debug)]
+pub struct TrafficView<'a> {
+    local: &'a DashMap<(String, String), ClusterCalls>,
+    remote: Vec<Arc<PeerCalls>>,
+}
+
+impl TrafficView<'_> {
+    /// Calls `f` with every cluster's calls, this replica's and its peers'.
+    pub fn each(&self, mut f: impl FnMut(&str, &str, &ClusterCalls)) {
+        for e in self.local.iter() {
+            f(&e.key().0, &e.key().1, e.value());
+        }
+        for ((zone, cluster), calls) in self.remote.iter().flat_map(|p| p.iter()) {
+            f(zone, cluster, calls);
+        }
     }
 }
 
@@ -666,7 +701,8 @@ impl Traffic {
     }
 
     /// Replaces what replica `peer` last said about its instances' traffic, received
-    /// at `at`.
+    /// at `at`: the new summary is made whole, then takes the old one's place at
+    /// once.
     pub fn set_remote(
         &self,
         peer: &str,
@@ -674,8 +710,8 @@ impl Traffic {
         at: Instant,
         window: Duration,
     ) {
-        self.remote.retain(|(_, _, p), _| p != peer);
         let clock = Clock::at(self.epoch, at, window);
+        let mut summary: PeerCalls = Vec::with_capacity(clusters.len());
         for c in clusters {
             let mut calls = ClusterCalls {
                 instances: 1,
@@ -717,10 +753,15 @@ impl Traffic {
                 x.note(clock, u.p50_ms, u.p99_ms, u.tls);
             }
             calls.upstreams.shrink_to_fit();
-            self.remote.insert(
-                (c.zone_name.clone(), c.cluster_name.clone(), peer.to_owned()),
-                calls,
-            );
+            summary.push(((c.zone_name.clone(), c.cluster_name.clone()), calls));
+        }
+        {
+            let mut remote = self.remote.write().unwrap_or_else(PoisonError::into_inner);
+            if summary.is_empty() {
+                remote.remove(peer);
+            } else {
+                remote.insert(peer.to_owned(), Arc::new(summary));
+            }
         }
         // A summary is the peer's whole view, replaced each time: its shape is not
         // compared, it may have changed.
@@ -729,16 +770,21 @@ impl Traffic {
 
     /// Forgets replica `peer`'s summary (it left).
     pub fn forget_remote(&self, peer: &str) {
-        self.remote.retain(|(_, _, p), _| p != peer);
+        self.remote
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(peer);
         self.reshaped();
     }
 
-    /// The peers whose summaries are held.
+    /// The peers whose summaries are held, sorted.
     pub fn remote_peers(&self) -> Vec<String> {
-        let mut peers: Vec<String> = self.remote.iter().map(|e| e.key().2.clone()).collect();
-        peers.sort();
-        peers.dedup();
-        peers
+        self.remote
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .keys()
+            .cloned()
+            .collect()
     }
 }
 
@@ -800,9 +846,10 @@ impl super::Store {
         out
     }
 
-    /// Calls `f` with every cluster's calls (zone, cluster, calls).
-    pub fn each_calls(&self, f: impl FnMut(&str, &str, &ClusterCalls)) {
-        self.traffic.each(f);
+    /// The calls of every cluster, this replica's and its peers' (see
+    /// [`Traffic::view`]).
+    pub fn calls_view(&self) -> TrafficView<'_> {
+        self.traffic.view()
     }
 
     /// See [`Traffic::shape`].
@@ -1120,6 +1167,44 @@ mod tests {
         r.upstreams[0].tls = true;
         t.record(&mut r, at(125), WIN);
         assert!(tls_at(&t, 300));
+    }
+
+    #[test]
+    fn a_peers_new_summary_takes_the_old_ones_place_at_once() {
+        let here = Traffic::default();
+        let t0 = Instant::now();
+        for (n, at) in [(100, t0), (130, t0 + Duration::from_secs(5))] {
+            for cluster in ["a", "b", "c", "d", "e", "f", "g", "h"] {
+                let mut r = report(n, 1);
+                r.cluster_name = cluster.into();
+                here.record(&mut r, at, WIN);
+            }
+        }
+        let now = t0 + Duration::from_secs(6);
+        let summary = here.summary(now, WIN);
+        assert_eq!(summary.len(), 8);
+        let there = Traffic::default();
+        there.set_remote("r1", &summary, now, WIN);
+        let done = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for _ in 0..2_000 {
+                    there.set_remote("r1", &summary, now, WIN);
+                }
+                done.store(true, Ordering::Relaxed);
+            });
+            let mut walks = 0;
+            while !done.load(Ordering::Relaxed) || walks == 0 {
+                // Walked twice, as a build walks the calls: the same summary.
+                let view = there.view();
+                for _ in 0..2 {
+                    let mut seen = 0;
+                    view.each(|_, _, c| seen += c.upstreams().len());
+                    assert_eq!(seen, 8, "walk {walks}");
+                }
+                walks += 1;
+            }
+        });
     }
 
     #[test]
