@@ -99,6 +99,8 @@ pub struct Scope {
 pub enum GraphError {
     /// The focused cluster is no node of the graph.
     UnknownCluster,
+    /// The graph could not be built now (the failure is logged).
+    Unavailable,
 }
 
 /// A cluster node's id, `<zone>/<cluster>`.

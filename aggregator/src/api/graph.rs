@@ -90,6 +90,7 @@ impl GraphQuery {
         (status = 400, description = "Malformed query (clusterName without zoneName, depth out of 1 to 5).", body = ErrorBody),
         ReadTokenMissing,
         NotFound,
+        (status = 500, description = "The graph could not be built (the aggregator's log says why).", body = ErrorBody),
     ),
 )]
 pub async fn graph(
@@ -111,6 +112,7 @@ pub async fn graph(
                 "Cluster {cluster} is not in the graph of zone {zone}."
             )))
         }
+        Err(GraphError::Unavailable) => Err(ApiError::internal()),
     }
 }
 

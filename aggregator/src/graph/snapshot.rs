@@ -437,32 +437,32 @@ impl Graphs {
     }
 
     /// The snapshot of the catalog's current index: the latest, or one built now
-    /// when the catalog moved since it was built or it is older than [`MAX_AGE`].
-    /// Marks the graph read, so that the watcher builds it again at its next look.
-    pub async fn fresh(&self, store: &Arc<Store>) -> Arc<Snapshot> {
+    /// (on the blocking pool) when the catalog moved since it was built or it is
+    /// older than [`MAX_AGE`]. Marks the graph read, so that the watcher builds it
+    /// again at its next look. A build that fails (it panicked) is logged and
+    /// answers [`GraphError::Unavailable`]; the latest snapshot stays as it was.
+    pub async fn fresh(&self, store: &Arc<Store>) -> Result<Arc<Snapshot>, GraphError> {
         self.read.store(true, Ordering::Relaxed);
         if let Some(s) = self.latest_at(store.index()) {
-            return s;
+            return Ok(s);
         }
         let _building = self.building.lock().await;
         // Whoever built before may have built this one.
         if let Some(s) = self.latest_at(store.index()) {
-            return s;
+            return Ok(s);
         }
         let from = store.clone();
-        let mut snapshot = match tokio::task::spawn_blocking(move || {
-            Snapshot::build(&from, Counters::Claim)
-        })
-        .await
-        {
-            Ok(s) => s,
-            // The build panicked: build here rather than fail the request.
-            Err(_) => Snapshot::build(store, Counters::Claim),
-        };
+        let mut snapshot =
+            tokio::task::spawn_blocking(move || Snapshot::build(&from, Counters::Claim))
+                .await
+                .map_err(|e| {
+                    tracing::error!(error = %e, "Graph build failed.");
+                    GraphError::Unavailable
+                })?;
         snapshot.count_from(self.latest().as_deref());
         let snapshot = Arc::new(snapshot);
         self.install(snapshot.clone());
-        snapshot
+        Ok(snapshot)
     }
 
     /// `GET /graph`'s body for `scope` at the catalog's current index. Rendering is
@@ -473,7 +473,7 @@ impl Graphs {
         scope: Scope,
         gzip: bool,
     ) -> Result<Bytes, GraphError> {
-        let snapshot = self.fresh(store).await;
+        let snapshot = self.fresh(store).await?;
         let _one = if scope.focus.is_none() {
             let key = BodyKey {
                 zone: scope.zone.clone(),
@@ -912,7 +912,7 @@ mod tests {
         let graphs = Arc::new(Graphs::default());
         // The watcher's first build sees every zone's edges: its own change.
         graphs.rebuild(&store);
-        let first = graphs.fresh(&store).await;
+        let first = graphs.fresh(&store).await.unwrap();
         assert_eq!(
             first.index(),
             store.index(),
@@ -920,7 +920,7 @@ mod tests {
         );
         let whole = graphs.answer(&store, Scope::default(), true).await.unwrap();
         assert!(
-            Arc::ptr_eq(&first, &graphs.fresh(&store).await),
+            Arc::ptr_eq(&first, &graphs.fresh(&store).await.unwrap()),
             "no new build while the catalog stands still"
         );
         assert_eq!(
@@ -931,7 +931,7 @@ mod tests {
 
         // The next tick renders the answer read from the previous snapshot.
         graphs.rebuild(&store);
-        let second = graphs.fresh(&store).await;
+        let second = graphs.fresh(&store).await.unwrap();
         assert!(!Arc::ptr_eq(&first, &second));
         assert!(
             second
@@ -955,7 +955,7 @@ mod tests {
         store
             .create_cluster(ClusterRecord::new("z", "late", "Late"))
             .unwrap();
-        let third = graphs.fresh(&store).await;
+        let third = graphs.fresh(&store).await.unwrap();
         assert_eq!(third.index(), store.index());
         assert!(
             third
