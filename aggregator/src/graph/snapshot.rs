@@ -7,7 +7,7 @@
 //! that could change its shape ([`Store::traffic_shape`]), when the window moved on
 //! by a bucket (an edge may have aged out; figures change with time only then),
 //! when the catalog index moved, or when a request read the graph since the last
-//! build (a reader keeps its figures at most one period old). A request never reads
+//! build (a steady reader sees figures about one period old). A request never reads
 //! a snapshot older than [`MAX_AGE`] or of another catalog index: it builds one (one
 //! build at a time; the requests that want it meanwhile wait for it). Answers read
 //! from one snapshot are rendered for the next by the watcher, before a request
