@@ -12,6 +12,7 @@ pub mod snapshot;
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use meshcat_common::model::Status;
@@ -133,10 +134,17 @@ pub struct Link {
     pub tls: bool,
     pub observed: bool,
     pub declared: bool,
+    /// The source's upstream cluster the edge was drawn from: the name the source's
+    /// sidecars know the target by (its Envoy cluster), which is the target's
+    /// clusterName when the edge was found by name and another when it was found
+    /// through a listener address. Of several, the one that carried the most errors
+    /// within the window, then the most requests. None for an edge only declared.
+    pub via: Option<Arc<str>>,
 }
 
 impl Link {
-    /// Adds another instance's share of the same edge, or its declaration.
+    /// Adds another instance's share of the same edge, or its declaration (the
+    /// figures and flags; which upstream the edge names is the build's choice).
     fn merge(&mut self, o: &Link) {
         // Claimed counters are agent-supplied differences: their sums saturate.
         self.requests = self.requests.saturating_add(o.requests);
@@ -363,10 +371,29 @@ pub fn build(store: &Store, now: Instant, counters: Counters) -> Built {
     let mut links: Vec<Link> = Vec::new();
     // (source, target) to position in `links`.
     let mut found: foldhash::HashMap<(u32, u32), usize> = foldhash::HashMap::default();
+    // The errors and requests of the upstream each link names (`via`), by position.
+    let mut via_figures: Vec<(u64, u64)> = Vec::new();
     let mut add = |links: &mut Vec<Link>, l: Link| match found.entry((l.source, l.target)) {
-        std::collections::hash_map::Entry::Occupied(at) => links[*at.get()].merge(&l),
+        std::collections::hash_map::Entry::Occupied(at) => {
+            let (at, figures) = (*at.get(), (l.errors, l.requests));
+            let kept = &mut links[at];
+            if let Some(name) = &l.via {
+                // The busier upstream; of two alike, the first name (a build's order
+                // of calls is no order).
+                let busier = kept.via.as_ref().is_none_or(|k| {
+                    (figures, std::cmp::Reverse(&**name))
+                        > (via_figures[at], std::cmp::Reverse(&**k))
+                });
+                if busier {
+                    kept.via = Some(name.clone());
+                    via_figures[at] = figures;
+                }
+            }
+            kept.merge(&l);
+        }
         std::collections::hash_map::Entry::Vacant(v) => {
             v.insert(links.len());
+            via_figures.push((l.errors, l.requests));
             links.push(l);
         }
     };
@@ -383,6 +410,7 @@ pub fn build(store: &Store, now: Instant, counters: Counters) -> Built {
         tls: false,
         observed,
         declared: !observed,
+        via: None,
     };
     let now_bucket = store.graph_bucket(now);
     calls.each(|zone, cluster, c| {
@@ -435,6 +463,7 @@ pub fn build(store: &Store, now: Instant, counters: Counters) -> Built {
             (l.requests_total, l.errors_total) = claimed;
             (l.p50_ms, l.p99_ms) = u.latency(now_bucket);
             l.tls = u.tls(now_bucket);
+            l.via = Some(u.shared_name().clone());
             l.last_seen_ms = w
                 .last_seen
                 .map(|at| epoch_now - now.saturating_duration_since(at).as_millis() as i64);

@@ -192,6 +192,25 @@ impl Snapshot {
         })
     }
 
+    /// The links from the cluster `zone/cluster` with their targets, by target id;
+    /// none when the cluster is no node.
+    pub fn calls_from(&self, zone: &str, cluster: &str) -> Vec<(&super::Link, &Node)> {
+        let id = super::node_id(zone, cluster);
+        let Ok(at) = self
+            .graph
+            .nodes
+            .binary_search_by(|n| n.id.as_str().cmp(&id))
+        else {
+            return Vec::new();
+        };
+        self.near_of(at as u32)
+            .iter()
+            .map(|&e| &self.graph.links[e as usize])
+            .filter(|l| l.source as usize == at)
+            .map(|l| (l, &self.graph.nodes[l.target as usize]))
+            .collect()
+    }
+
     /// `GET /graph`'s body for `scope`, gzip-compressed when asked: an unfocused one
     /// from the rendered answers (rendered and kept when missing), a focused one
     /// rendered now.
@@ -762,6 +781,29 @@ mod tests {
                 )
             })
             .collect();
+        // Each observed edge names the upstream it was drawn from; c reaches d
+        // through d's listener, under its own name for it.
+        let vias: Vec<(&str, &str, Option<&str>)> = g
+            .links
+            .iter()
+            .map(|l| {
+                let (source, target) = g.ends(l);
+                (source, target, l.via.as_deref())
+            })
+            .collect();
+        assert_eq!(
+            vias,
+            [
+                ("y/d", "y/external:e", Some("e")),
+                ("z/a", "y/d", None),
+                ("z/a", "z/b", Some("b")),
+                ("z/a", "z/c", Some("c")),
+                ("z/a", "z/external:ext", Some("ext")),
+                ("z/a", "z/ghost", None),
+                ("z/b", "z/c", Some("c")),
+                ("z/c", "y/d", Some("d-out")),
+            ]
+        );
         // Reports of 100 then 150 requests (a tenth of them 5xx): 50 and 5 in the
         // window, per instance and upstream.
         assert_eq!(
@@ -877,6 +919,38 @@ mod tests {
         store.apply_reports("agent", vec![restarted], now);
         graphs.rebuild(&store);
         assert_eq!(totals(&graphs, "z/a", "z/b"), (100, 10));
+    }
+
+    #[test]
+    fn an_edge_names_the_upstream_with_the_most_errors() {
+        let (_dir, store) = mesh();
+        // Another instance of a reaches b through its listener under another name,
+        // with more errors than a-1's calls to b by name.
+        let calls = |n| {
+            let mut r = report("z", "a", &[("b-alias", "10.0.0.2:80")], None, n);
+            r.instance = "a-2".into();
+            vec![r]
+        };
+        let now = Instant::now();
+        store.apply_reports("agent-2", calls(1000), now);
+        store.apply_reports("agent-2", calls(2000), now);
+        let snapshot = Snapshot::build(&store, Counters::Leave);
+        let from_a: Vec<(&str, u64, Option<&str>)> = snapshot
+            .calls_from("z", "a")
+            .into_iter()
+            .map(|(l, n)| (n.id.as_str(), l.errors, l.via.as_deref()))
+            .collect();
+        assert_eq!(
+            from_a,
+            [
+                ("y/d", 0, None),
+                ("z/b", 105, Some("b-alias")),
+                ("z/c", 5, Some("c")),
+                ("z/external:ext", 5, Some("ext")),
+                ("z/ghost", 0, None),
+            ]
+        );
+        assert!(snapshot.calls_from("z", "nobody").is_empty());
     }
 
     #[test]

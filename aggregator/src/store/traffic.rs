@@ -158,6 +158,11 @@ impl Calls {
         &self.name
     }
 
+    /// The name, as its cluster's calls share it.
+    pub fn shared_name(&self) -> &Arc<str> {
+        &self.name
+    }
+
     /// Its hosts' address keys.
     pub fn hosts(&self) -> impl Iterator<Item = u64> + '_ {
         self.hosts.iter().map(|(k, _)| *k)
