@@ -294,3 +294,49 @@ fn every_tls_marker_marks_a_tls_line() {
         );
     }
 }
+#[test]
+fn a_failure_the_service_answered_is_told_from_one_on_its_way() {
+    let service_line = |code: u16, flags: &str, host: &str| {
+        let mut input = two_services("catalog");
+        input.services[0].log_lines = Some(vec![access("/catalog/a", code, flags, "c-bad", host)]);
+        diagnose(&input).failure.unwrap()
+    };
+    // The local service answered the error, or did not answer in time.
+    for (code, flags) in [(500, "-"), (503, "-"), (504, "UT"), (503, "UC")] {
+        let f = service_line(code, flags, "127.0.0.1:7");
+        assert_eq!(f.step, StepName::ServiceLogs, "{code} {flags}");
+        assert!(f.answered_by_service, "{code} {flags}: {f:?}");
+    }
+    // It refused the connection, or the sidecar has no endpoint for it.
+    for (flags, host) in [("UF", "127.0.0.1:7"), ("UH", "-")] {
+        let f = service_line(503, flags, host);
+        assert_eq!(f.step, StepName::ServiceLogs, "{flags}");
+        assert!(!f.answered_by_service, "{flags}: {f:?}");
+    }
+    // From the edge's line alone (no service log read).
+    let edge_line = |code: u16, flags: &str, host: &str| {
+        let mut input = two_services("catalog");
+        input.services.clear();
+        let edge = input.edge.as_mut().unwrap();
+        edge.log_lines = Some(vec![access("/catalog/a", code, flags, "c-bad", host)]);
+        // A line that reached no host is the cluster's by its route.
+        edge.routes = Some(vec![crate::evidence::RouteEntry {
+            route_config: "edge".into(),
+            virtual_host: "mesh".into(),
+            matcher: "prefix /catalog/".into(),
+            cluster: "catalog".into(),
+        }]);
+        diagnose(&input).failure.unwrap()
+    };
+    for (code, flags, by_service) in [
+        (503, "-", true),
+        (500, "-", true),
+        (504, "UT", true),
+        (503, "URX,UF", false),
+        (503, "UH", false),
+    ] {
+        let host = if flags == "UH" { "-" } else { "127.0.0.1:2" };
+        let f = edge_line(code, flags, host);
+        assert_eq!(f.answered_by_service, by_service, "{code} {flags}: {f:?}");
+    }
+}
