@@ -184,10 +184,10 @@ pub(super) fn edge_logs(input: &DiagnosisInput) -> Outcome {
                 Verdict::Fail,
                 evidence,
                 "Discovery problem: verify that all mesh objects for the service exist (cluster, route, shared_rules, domain and listener objects) and that instances are registered.",
-                match edge.cluster(&input.cluster) {
+                match edge.cluster(input.edge_name()) {
                     Some(c) if c.hosts.is_empty() => format!(
                         "the edge answered 503 {flags} with upstream host '-': its cluster {} has no endpoints.",
-                        input.cluster
+                        input.edge_name()
                     ),
                     _ => format!(
                         "the edge answered 503 {flags} with upstream host '-': a discovery problem."

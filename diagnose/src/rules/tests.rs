@@ -294,6 +294,79 @@ fn every_tls_marker_marks_a_tls_line() {
         );
     }
 }
+
+/// A caller's sidecar in the edge's role, reaching `svc-b` (its sidecar at :9)
+/// under its own name `b-by-address`, with a failing call and a TLS failure on
+/// that cluster.
+fn caller_naming_it_otherwise() -> DiagnosisInput {
+    let mut caller = SidecarEvidence::new(Role::Edge, "svc-a-0");
+    caller.clusters = Some(vec![
+        cluster("b-by-address", &["127.0.0.1:9"]),
+        cluster("other", &["127.0.0.1:4"]),
+    ]);
+    caller.routes = Some(vec![crate::evidence::RouteEntry {
+        route_config: "egress".into(),
+        virtual_host: "all".into(),
+        matcher: "prefix /b".into(),
+        cluster: "b-by-address".into(),
+    }]);
+    caller.log_lines = Some(vec![
+        access("/b/items", 200, "-", "b-ok", "127.0.0.1:9"),
+        access("/b/items", 503, "URX,UF", "b-bad", "127.0.0.1:9"),
+        access("/other", 200, "-", "o-ok", "127.0.0.1:4"),
+    ]);
+    caller.ssl_stats = Some(
+        [("cluster.b-by-address.ssl.connection_error".to_owned(), 2)]
+            .into_iter()
+            .collect(),
+    );
+    let mut input = DiagnosisInput::new("svc-b", "east");
+    input.edge = Some(caller);
+    input
+}
+
+#[test]
+fn the_edges_checks_ask_for_the_cluster_by_the_edges_own_name_for_it() {
+    // By the catalog's name, the caller's sidecar knows no such cluster.
+    let r = diagnose(&caller_naming_it_otherwise());
+    let discovery = r.step(StepName::EdgeDiscovery).unwrap();
+    assert_eq!(discovery.verdict, Verdict::Fail, "{discovery:#?}");
+    assert!(r.conclusion.contains("does not exist"), "{}", r.conclusion);
+
+    let mut input = caller_naming_it_otherwise();
+    input.edge_cluster = Some("b-by-address".into());
+    let r = diagnose(&input);
+    assert_eq!(
+        verdicts(&r)[..5],
+        [
+            ("edge_discovery", Verdict::Pass),
+            ("service_discovery", Verdict::Skipped),
+            ("mtls", Verdict::Fail),
+            ("edge_routes", Verdict::Pass),
+            ("edge_logs", Verdict::Fail),
+        ],
+        "{r:#?}"
+    );
+    let mtls = r.step(StepName::Mtls).unwrap();
+    assert!(
+        mtls.evidence
+            .iter()
+            .any(|e| e.contains("cluster.b-by-address.ssl.connection_error = 2")),
+        "{mtls:#?}"
+    );
+    let logs = r.step(StepName::EdgeLogs).unwrap();
+    assert!(
+        logs.evidence
+            .iter()
+            .any(|e| e.contains("2 access lines for cluster b-by-address, 1 failing")),
+        "{logs:#?}"
+    );
+    assert!(logs.evidence.iter().all(|e| !e.contains("o-ok")));
+    let failure = r.failure.unwrap();
+    assert_eq!(failure.step, StepName::Mtls);
+    assert!(!failure.answered_by_service);
+}
+
 #[test]
 fn a_failure_the_service_answered_is_told_from_one_on_its_way() {
     let service_line = |code: u16, flags: &str, host: &str| {
