@@ -246,8 +246,8 @@ pub enum Counters {
     /// For the build that becomes the shared snapshot: what it takes is counted
     /// once, on the edges it resolves.
     Claim,
-    /// For a build that is thrown away after one use (a diagnosis, a test's
-    /// oracle): it leaves the counts to the next shared build, its counters are 0.
+    /// For a build that is thrown away after one use (a test's oracle): it leaves
+    /// the counts to the next shared build, its counters are 0.
     Leave,
 }
 

@@ -881,7 +881,7 @@ mod tests {
         assert_eq!(totals(&graphs, "z/a", "z/b"), (50, 5));
         assert_eq!(totals(&graphs, "z/a", "z/external:ext"), (50, 5));
         assert_eq!(totals(&graphs, "z/a", "z/ghost"), (0, 0), "declared only");
-        // A build thrown away (a diagnosis's) takes nothing from the next one.
+        // A build thrown away takes nothing from the next one.
         let once = Snapshot::build(&store, Counters::Leave);
         assert!(once.graph().links.iter().all(|l| l.requests_total == 0));
         graphs.rebuild(&store);
