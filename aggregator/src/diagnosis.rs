@@ -6,6 +6,7 @@
 //! authorizes the request and serializes the report; nothing here speaks HTTP but
 //! the Prometheus query.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,11 +15,12 @@ use meshcat_common::model::ZoneRecord;
 use meshcat_common::wire::EvidenceOutput;
 use meshcat_diagnose::{
     DiagnosisInput, DiagnosisReport, Hop, MetricsEvidence, Reads, Role, RootCause, SidecarEvidence,
-    Symptom, Verdict, choose_edge, reports_metrics,
+    Symptom, Verdict, choose_edge, failing_upstreams, reports_metrics,
 };
 use tracing::{info, warn};
 
 use crate::config::DiagnosisConfig;
+use crate::graph::snapshot::{Graphs, Snapshot};
 use crate::history::{Detail, Kind, Pending, Query};
 use crate::sidecars::{Answer, Ask, Sidecars, window_deadline};
 use crate::store::Store;
@@ -43,7 +45,9 @@ pub struct Request {
     pub symptom: Option<Symptom>,
     /// The request path the failing traffic takes, when known.
     pub path: Option<String>,
-    /// A debug window of this many seconds on each sidecar before reading its logs.
+    /// A debug window of this many seconds on each sidecar of the cluster asked
+    /// about (and its edge) before reading their logs; the clusters followed are
+    /// read without one.
     pub debug_seconds: Option<u32>,
     /// Most clusters diagnosed along a failing chain, the one asked about included
     /// (at least 1).
@@ -83,8 +87,30 @@ pub const MAX_HOPS: usize = 5;
 enum EdgeSide {
     /// The zone's `requestCluster` (none when it is empty).
     Zone,
-    /// The caller `(zone, cluster)` the failing edge starts at.
-    Caller(String, String),
+    /// The calling cluster the failing edge starts at, and its upstream cluster of
+    /// that edge: the name its sidecars know the called cluster by.
+    Caller {
+        zone: String,
+        cluster: String,
+        upstream: String,
+    },
+}
+
+/// A called cluster the diagnosis follows, and the caller's upstream cluster that
+/// reaches it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Callee {
+    zone: String,
+    cluster: String,
+    upstream: String,
+}
+
+/// One cluster's report, with what its sidecars' access lines show of its calls:
+/// the upstream clusters whose calls failed, and how many lines each
+/// ([`failing_upstreams`]).
+struct Diagnosed {
+    report: DiagnosisReport,
+    failing_calls: BTreeMap<String, usize>,
 }
 
 /// Why a diagnosis produced no report.
@@ -97,6 +123,8 @@ pub struct DiagnosisError(String);
 pub struct Diagnosis {
     pub sidecars: Sidecars,
     pub store: Arc<Store>,
+    /// The shared graph snapshot the failing calls are read from.
+    pub graphs: Arc<Graphs>,
     /// The commands' deadline and the Prometheus client.
     pub tools: DiagnosisTools,
 }
@@ -175,34 +203,61 @@ impl Prometheus {
 }
 
 impl Diagnosis {
-    /// Diagnoses `cluster` in `zone`, then, while the cluster's calls to another
-    /// cluster fail (its edge in the graph carries errors within the window), the
-    /// called cluster the same way, up to `req.max_hops` clusters. The report is the
-    /// asked cluster's checks with the clusters followed (`hops`) and the deepest one
-    /// whose own checks fail (`rootCause`), which the conclusion starts with.
+    /// Diagnoses `cluster` in `zone`, then, while the last cluster diagnosed fails
+    /// in a way a failing call of its own can explain and one of its calls to
+    /// another cluster fails ([`fails_on_its_own`], [`failing_callee`]), the called
+    /// cluster the same way, up to `req.max_hops` clusters. The clusters followed
+    /// are read without the request's path and debug window (see [`hop_request`]).
+    /// The report is the asked cluster's checks with the clusters followed (`hops`)
+    /// and the deepest one whose own checks fail (`rootCause`), which the
+    /// conclusion starts with.
     pub async fn run(
         &self,
         zone: &ZoneRecord,
         cluster: &str,
         req: &Request,
     ) -> Result<DiagnosisReport, DiagnosisError> {
-        let max_hops = req.max_hops.clamp(1, MAX_HOPS);
-        let mut reports = vec![self.run_one(zone, cluster, req, EdgeSide::Zone).await?];
+        let max_hops = most_hops(req);
+        let warning = self.store.rules().error_ratio_warning;
+        let first = self.run_one(zone, cluster, req, &EdgeSide::Zone).await?;
+        let mut failing_calls = first.failing_calls;
+        let mut reports = vec![first.report];
         let mut hops = vec![(zone.zone_name.clone(), cluster.to_owned())];
+        let hop_req = hop_request(req);
         while hops.len() < max_hops {
+            if reports.last().is_some_and(fails_on_its_own) {
+                break;
+            }
             let (from_zone, from) = hops.last().cloned().expect("one hop at least");
-            let Some((to_zone, to)) = failing_callee(&self.store, &from_zone, &from, &hops) else {
+            // The shared snapshot: at most `MAX_AGE` old, built off the runtime's
+            // threads when it is not. A graph that cannot be built is logged there.
+            let Ok(snapshot) = self.graphs.fresh(&self.store).await else {
                 break;
             };
-            let Some(to_zone_record) = self.store.zone(&to_zone) else {
+            let Some(callee) = failing_callee(
+                &snapshot,
+                (&from_zone, &from),
+                &failing_calls,
+                warning,
+                &hops,
+            ) else {
                 break;
             };
-            info!(zone = %from_zone, cluster = %from, callee = %to, "Following a failing call.");
-            let report = self
-                .run_one(&to_zone_record, &to, req, EdgeSide::Caller(from_zone, from))
+            let Some(to_zone_record) = self.store.zone(&callee.zone) else {
+                break;
+            };
+            info!(zone = %from_zone, cluster = %from, callee = %callee.cluster, upstream = %callee.upstream, "Following a failing call.");
+            let edge = EdgeSide::Caller {
+                zone: from_zone,
+                cluster: from,
+                upstream: callee.upstream,
+            };
+            let next = self
+                .run_one(&to_zone_record, &callee.cluster, &hop_req, &edge)
                 .await?;
-            reports.push(report);
-            hops.push((to_zone, to));
+            failing_calls = next.failing_calls;
+            reports.push(next.report);
+            hops.push((callee.zone, callee.cluster));
         }
         let mut report = across_hops(&self.store, reports);
         report.recent_changes = self.recent_changes(&hops, req.lookback).await;
@@ -272,14 +327,17 @@ impl Diagnosis {
         zone: &ZoneRecord,
         cluster: &str,
         req: &Request,
-        edge: EdgeSide,
-    ) -> Result<DiagnosisReport, DiagnosisError> {
+        edge: &EdgeSide,
+    ) -> Result<Diagnosed, DiagnosisError> {
         let mut notes = Notes::default();
         let mut input = DiagnosisInput::new(cluster, &zone.zone_name);
         input.symptom = req.symptom;
         input.path = req.path.clone();
+        if let EdgeSide::Caller { upstream, .. } = edge {
+            input.edge_cluster = Some(upstream.clone());
+        }
         if req.symptom != Some(Symptom::MissingMetrics) {
-            collect_sidecars(self, zone, cluster, req, &edge, &mut input, &mut notes).await;
+            collect_sidecars(self, zone, cluster, req, edge, &mut input, &mut notes).await;
         }
         input.metrics = metrics_evidence(self, &zone.zone_name, cluster, &mut notes.metrics).await;
         if input.metrics.is_none() {
@@ -288,48 +346,97 @@ impl Diagnosis {
                 zone.zone_name
             ));
         }
-        let mut report = tokio::task::spawn_blocking(move || meshcat_diagnose::diagnose(&input))
-            .await
-            .map_err(|e| DiagnosisError(e.to_string()))?;
+        let (mut report, failing_calls) = tokio::task::spawn_blocking(move || {
+            (
+                meshcat_diagnose::diagnose(&input),
+                failing_upstreams(&input.services),
+            )
+        })
+        .await
+        .map_err(|e| DiagnosisError(e.to_string()))?;
         add_notes(&mut report, &notes);
-        Ok(report)
+        Ok(Diagnosed {
+            report,
+            failing_calls,
+        })
     }
 }
 
-/// The cluster that `(zone, cluster)` calls with errors within the graph window, the
-/// one with the most errors (then the highest error ratio, then by id), among those
-/// not yet followed; external services are not diagnosed.
+/// Most clusters a diagnosis follows, the one asked about included: `maxHops`
+/// within its bounds; only that one for `missing_metrics`, which no failing call
+/// explains.
+fn most_hops(req: &Request) -> usize {
+    match req.symptom {
+        Some(Symptom::MissingMetrics) => 1,
+        _ => req.max_hops.clamp(1, MAX_HOPS),
+    }
+}
+
+/// How a cluster reached by following a failing call is read: every access line
+/// (the request's path is the first cluster's, its internal calls have others; the
+/// newest failing line is followed), and without a debug window (one request runs
+/// at most one window, the first cluster's, so it takes at most `debugSeconds`
+/// longer whatever the hops).
+fn hop_request(req: &Request) -> Request {
+    Request {
+        path: None,
+        debug_seconds: None,
+        ..req.clone()
+    }
+}
+
+/// Whether a cluster's failure is its own: its deepest failing step on the
+/// request's way is one of the mesh's way to its service (discovery, routes, mTLS,
+/// a refused connection, no endpoint), which no failing call of its service to
+/// another cluster explains. Such a cluster is the root cause; the diagnosis goes
+/// no further. A failure its service answered itself (an error, a timeout), or
+/// none, or one of the metrics checks only, leaves its calls to be looked at.
+fn fails_on_its_own(report: &DiagnosisReport) -> bool {
+    report
+        .failure
+        .as_ref()
+        .is_some_and(|f| f.step.reads() != Reads::Metrics && !f.answered_by_service)
+}
+
+/// The cluster that `(zone, cluster)` calls and whose failure can explain the
+/// caller's: an edge of the graph from the caller to a cluster not yet followed
+/// (external services are not diagnosed) with errors within the window, and either
+/// failing access lines of the caller's sidecars to the edge's upstream
+/// (`failing_calls`) or an error ratio at or above `warning` (the status rules'
+/// warning ratio; every call failing counts as 1 when none was answered). Of
+/// several, the one with the most errors, then the highest error ratio, then by
+/// id. Answers it with the caller's upstream cluster that reaches it.
 fn failing_callee(
-    store: &Store,
-    zone: &str,
-    cluster: &str,
+    snapshot: &Snapshot,
+    (zone, cluster): (&str, &str),
+    failing_calls: &BTreeMap<String, usize>,
+    warning: f64,
     followed: &[(String, String)],
-) -> Option<(String, String)> {
-    let scope = crate::graph::Scope {
-        zone: Some(zone.to_owned()),
-        focus: Some((cluster.to_owned(), 1)),
-    };
-    // Built afresh: a diagnosis is rare and wants the figures of now.
-    let view = crate::graph::snapshot::Snapshot::build(store, crate::graph::Counters::Leave)
-        .view(&scope)
-        .ok()?;
-    let (nodes, edges) = (view.nodes, view.edges);
-    let source = crate::graph::node_id(zone, cluster);
-    edges
-        .iter()
-        .filter(|e| e.source == source && e.errors > 0)
-        .filter_map(|e| {
-            let n = nodes.iter().find(|n| n.id == e.target)?;
+) -> Option<Callee> {
+    snapshot
+        .calls_from(zone, cluster)
+        .into_iter()
+        .filter(|(l, n)| l.errors > 0 && n.kind == "cluster")
+        .filter_map(|(l, n)| {
+            let upstream = l.via.as_deref()?;
             let key = (n.zone_name.clone(), n.cluster_name.clone());
-            (n.kind == "cluster" && !followed.contains(&key)).then_some((e, key))
+            let ratio = if l.requests == 0 {
+                1.0
+            } else {
+                (l.errors as f64 / l.requests as f64).min(1.0)
+            };
+            let logged = failing_calls.get(upstream).is_some_and(|n| *n > 0);
+            (!followed.contains(&key) && (logged || ratio >= warning))
+                .then_some((l.errors, ratio, key, upstream))
         })
-        .max_by(|(a, ka), (b, kb)| {
-            a.errors
-                .cmp(&b.errors)
-                .then(a.error_ratio.total_cmp(&b.error_ratio))
-                .then(kb.cmp(ka))
+        .max_by(|(ea, ra, ka, _), (eb, rb, kb, _)| {
+            ea.cmp(eb).then(ra.total_cmp(rb)).then(kb.cmp(ka))
         })
-        .map(|(_, key)| key)
+        .map(|(_, _, (zone, cluster), upstream)| Callee {
+            zone,
+            cluster,
+            upstream: upstream.to_owned(),
+        })
 }
 
 /// One report from the reports of the clusters followed, in order: the first one's
@@ -558,7 +665,11 @@ async fn collect_sidecars(
     let deadline = window_deadline(d.tools.command_timeout, q.debug_seconds.unwrap_or(0));
     let (edge_zone, edge_cluster) = match edge {
         EdgeSide::Zone => (zone.zone_name.as_str(), zone.request_cluster.as_str()),
-        EdgeSide::Caller(z, c) => (z.as_str(), c.as_str()),
+        EdgeSide::Caller {
+            zone: z,
+            cluster: c,
+            ..
+        } => (z.as_str(), c.as_str()),
     };
     let edges: Vec<String> = if edge_cluster.is_empty() {
         notes.edge.push(format!(
@@ -614,7 +725,16 @@ async fn collect_sidecars(
         };
         notes.edge_source = Some(match edge {
             EdgeSide::Zone => format!("edge evidence from instance {i}{others}"),
-            EdgeSide::Caller(_, caller) => format!(
+            EdgeSide::Caller {
+                cluster: caller,
+                upstream,
+                ..
+            } if upstream != cluster => format!(
+                "edge evidence from instance {i} of {caller}, whose calls to {cluster} (its cluster {upstream}) fail{others}"
+            ),
+            EdgeSide::Caller {
+                cluster: caller, ..
+            } => format!(
                 "edge evidence from instance {i} of {caller}, whose calls to {cluster} fail{others}"
             ),
         });
@@ -676,7 +796,252 @@ async fn collect_edge(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use meshcat_diagnose::StepName;
+    use crate::graph::{Built, Link, Node};
+    use meshcat_common::model::{ClusterRecord, Status};
+    use meshcat_diagnose::{Failure, StepName};
+
+    fn node(id: &str, kind: &'static str) -> Node {
+        let (zone, name) = id.split_once('/').unwrap();
+        Node {
+            id: id.into(),
+            kind,
+            zone_name: zone.into(),
+            cluster_name: name.strip_prefix("external:").unwrap_or(name).into(),
+            registered: kind == "cluster",
+            status: (kind == "cluster").then_some(Status::Stable),
+            owner: String::new(),
+            instances: 1,
+            drifted: false,
+        }
+    }
+
+    /// z/a's calls: to b through b's listener (as `b-by-address`), to c by name,
+    /// to d without errors, to y/e in another zone, to an external service; its
+    /// figures as (requests, errors).
+    fn calls_of_a(figures: [(u64, u64); 5]) -> Snapshot {
+        let nodes = vec![
+            node("y/e", "cluster"),
+            node("z/a", "cluster"),
+            node("z/b", "cluster"),
+            node("z/c", "cluster"),
+            node("z/d", "cluster"),
+            node("z/external:x", "external"),
+        ];
+        let targets = [
+            (2, "b-by-address"),
+            (3, "c"),
+            (4, "d"),
+            (0, "e-out"),
+            (5, "x"),
+        ];
+        let links = targets
+            .iter()
+            .zip(figures)
+            .map(|(&(target, via), (requests, errors))| Link {
+                source: 1,
+                target,
+                requests,
+                errors,
+                requests_total: 0,
+                errors_total: 0,
+                p50_ms: None,
+                p99_ms: None,
+                last_seen_ms: None,
+                tls: false,
+                observed: true,
+                declared: false,
+                via: Some(Arc::from(via)),
+            })
+            .collect();
+        let mut graph = Built {
+            window_seconds: 60,
+            nodes,
+            links,
+        };
+        graph.links.sort_by_key(|l| (l.source, l.target));
+        Snapshot::new(1, graph)
+    }
+
+    fn callee(zone: &str, cluster: &str, upstream: &str) -> Option<Callee> {
+        Some(Callee {
+            zone: zone.into(),
+            cluster: cluster.into(),
+            upstream: upstream.into(),
+        })
+    }
+
+    #[test]
+    fn a_call_is_followed_on_failing_lines_or_an_error_ratio_at_the_warning() {
+        let from_a = ("z", "a");
+        let none = BTreeMap::new();
+        let asked = vec![("z".to_owned(), "a".to_owned())];
+        // A stray 5xx on b (1 in 1,000), c at the warning ratio, d without errors,
+        // the external service failing every call.
+        let graph = calls_of_a([(1000, 1), (100, 5), (100, 0), (0, 0), (10, 10)]);
+        assert_eq!(
+            failing_callee(&graph, from_a, &none, 0.05, &asked),
+            callee("z", "c", "c")
+        );
+        // Below the ratio, with nothing in the caller's lines: nothing to follow.
+        assert_eq!(failing_callee(&graph, from_a, &none, 0.06, &asked), None);
+        // The caller's sidecar logged failing calls to b's upstream: b, by the
+        // caller's name for it, although its ratio is low.
+        let logged = BTreeMap::from([("b-by-address".to_owned(), 1)]);
+        let graph = calls_of_a([(1000, 20), (100, 5), (100, 0), (0, 0), (10, 10)]);
+        assert_eq!(
+            failing_callee(&graph, from_a, &logged, 0.05, &asked),
+            callee("z", "b", "b-by-address")
+        );
+        // Lines of an upstream whose edge has no errors in the window do not count.
+        let graph = calls_of_a([(1000, 0), (100, 5), (100, 0), (0, 0), (10, 10)]);
+        assert_eq!(
+            failing_callee(&graph, from_a, &logged, 0.05, &asked),
+            callee("z", "c", "c")
+        );
+        // A cluster already followed is not followed again.
+        let mut followed = asked.clone();
+        followed.push(("z".into(), "c".into()));
+        assert_eq!(failing_callee(&graph, from_a, &none, 0.05, &followed), None);
+        // Calls that all failed before an answer (no request counted): ratio 1; in
+        // another zone too.
+        let graph = calls_of_a([(1000, 0), (100, 0), (100, 0), (0, 3), (10, 10)]);
+        assert_eq!(
+            failing_callee(&graph, from_a, &none, 0.5, &asked),
+            callee("y", "e", "e-out")
+        );
+        // Of several, the most errors.
+        let graph = calls_of_a([(100, 50), (100, 60), (100, 0), (0, 0), (10, 10)]);
+        assert_eq!(
+            failing_callee(&graph, from_a, &none, 0.05, &asked),
+            callee("z", "c", "c")
+        );
+        // A cluster that calls nothing, or is no node.
+        assert_eq!(failing_callee(&graph, ("z", "b"), &none, 0.0, &asked), None);
+        assert_eq!(
+            failing_callee(&graph, ("z", "nobody"), &none, 0.0, &asked),
+            None
+        );
+    }
+
+    fn report(cluster: &str, failure: Option<(StepName, bool)>) -> DiagnosisReport {
+        let mut r = meshcat_diagnose::diagnose(&DiagnosisInput::new(cluster, "z"));
+        r.failure = failure.map(|(step, answered_by_service)| Failure {
+            step,
+            finding: format!("{cluster} fails at {step}."),
+            answered_by_service,
+        });
+        if let Some(f) = &r.failure {
+            r.conclusion = format!("{} failed: {}", f.step, f.finding);
+        }
+        r
+    }
+
+    #[test]
+    fn a_failure_on_the_way_to_the_service_is_its_own() {
+        for (failure, own) in [
+            (None, false),
+            (Some((StepName::EdgeRoutes, false)), true),
+            (Some((StepName::EdgeDiscovery, false)), true),
+            (Some((StepName::ServiceDiscovery, false)), true),
+            (Some((StepName::Mtls, false)), true),
+            (Some((StepName::ServiceLogs, false)), true),
+            (Some((StepName::ServiceLogs, true)), false),
+            (Some((StepName::EdgeLogs, true)), false),
+            (Some((StepName::MetricsSettings, false)), false),
+        ] {
+            assert_eq!(fails_on_its_own(&report("a", failure)), own, "{failure:?}");
+        }
+    }
+
+    #[test]
+    fn the_root_cause_is_the_deepest_cluster_whose_own_checks_fail() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(
+            dir.path(),
+            crate::store::Rules {
+                instance_ttl: Duration::from_secs(15),
+                error_ratio_warning: 0.05,
+                graph_window: Duration::from_secs(60),
+            },
+        )
+        .unwrap();
+        store.create_zone(ZoneRecord::new("z", "cp:50000")).unwrap();
+        for (cluster, owner) in [("a", "team-a"), ("b", "team-b")] {
+            let mut r = ClusterRecord::new("z", cluster, cluster);
+            r.owner = owner.into();
+            r.owner_url = format!("https://teams.example/{cluster}");
+            store.create_cluster(r).unwrap();
+        }
+        // a's service answered 5xx; b's refuses connections behind its sidecar.
+        let r = across_hops(
+            &store,
+            vec![
+                report("a", Some((StepName::ServiceLogs, true))),
+                report("b", Some((StepName::ServiceLogs, false))),
+            ],
+        );
+        let root = r.root_cause.unwrap();
+        assert_eq!(
+            (root.cluster_name.as_str(), root.owner.as_str(), root.step),
+            ("b", "team-b", StepName::ServiceLogs)
+        );
+        assert!(
+            r.conclusion
+                .starts_with("b in zone z (owner team-b, https://teams.example/b): "),
+            "{}",
+            r.conclusion
+        );
+        assert!(
+            r.conclusion
+                .ends_with(" Followed the failing calls a -> b.")
+        );
+        assert_eq!(r.hops.len(), 2);
+        // The cluster asked about, when nothing followed fails on its own; a
+        // metrics check counts for it, not for a cluster followed.
+        let r = across_hops(
+            &store,
+            vec![
+                report("a", Some((StepName::MetricsSettings, false))),
+                report("b", Some((StepName::MetricsCollector, false))),
+            ],
+        );
+        assert_eq!(r.root_cause.unwrap().cluster_name, "a");
+        // Nothing fails: no root cause, the asked cluster's conclusion.
+        let r = across_hops(&store, vec![report("a", None)]);
+        assert!(r.root_cause.is_none());
+        assert!(
+            r.conclusion.starts_with("No check failed"),
+            "{}",
+            r.conclusion
+        );
+    }
+
+    #[test]
+    fn a_cluster_followed_is_read_without_the_path_and_the_debug_window() {
+        let req = Request {
+            symptom: Some(Symptom::UpstreamConnectError),
+            path: Some("/orders".into()),
+            debug_seconds: Some(300),
+            max_hops: 5,
+            lookback: Duration::from_secs(60),
+        };
+        let hop = hop_request(&req);
+        assert_eq!((hop.path, hop.debug_seconds), (None, None));
+        assert_eq!(
+            (hop.symptom, hop.max_hops, hop.lookback),
+            (req.symptom, 5, req.lookback)
+        );
+        assert_eq!(most_hops(&req), 5);
+        let bounded = |max_hops, symptom| {
+            most_hops(&Request {
+                max_hops,
+                symptom,
+                ..Request::default()
+            })
+        };
+        assert_eq!((bounded(0, None), bounded(9, None)), (1, MAX_HOPS));
+        assert_eq!(bounded(5, Some(Symptom::MissingMetrics)), 1);
+    }
 
     #[test]
     fn notes_go_to_the_skipped_steps_only() {

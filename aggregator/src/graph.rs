@@ -12,6 +12,7 @@ pub mod snapshot;
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use meshcat_common::model::Status;
@@ -99,6 +100,8 @@ pub struct Scope {
 pub enum GraphError {
     /// The focused cluster is no node of the graph.
     UnknownCluster,
+    /// The graph could not be built now (the failure is logged).
+    Unavailable,
 }
 
 /// A cluster node's id, `<zone>/<cluster>`.
@@ -131,15 +134,23 @@ pub struct Link {
     pub tls: bool,
     pub observed: bool,
     pub declared: bool,
+    /// The source's upstream cluster the edge was drawn from: the name the source's
+    /// sidecars know the target by (its Envoy cluster), which is the target's
+    /// clusterName when the edge was found by name and another when it was found
+    /// through a listener address. Of several, the one that carried the most errors
+    /// within the window, then the most requests. None for an edge only declared.
+    pub via: Option<Arc<str>>,
 }
 
 impl Link {
-    /// Adds another instance's share of the same edge, or its declaration.
+    /// Adds another instance's share of the same edge, or its declaration (the
+    /// figures and flags; which upstream the edge names is the build's choice).
     fn merge(&mut self, o: &Link) {
-        self.requests += o.requests;
-        self.errors += o.errors;
-        self.requests_total += o.requests_total;
-        self.errors_total += o.errors_total;
+        // Claimed counters are agent-supplied differences: their sums saturate.
+        self.requests = self.requests.saturating_add(o.requests);
+        self.errors = self.errors.saturating_add(o.errors);
+        self.requests_total = self.requests_total.saturating_add(o.requests_total);
+        self.errors_total = self.errors_total.saturating_add(o.errors_total);
         self.p50_ms = max_opt(self.p50_ms, o.p50_ms);
         self.p99_ms = max_opt(self.p99_ms, o.p99_ms);
         self.last_seen_ms = self.last_seen_ms.max(o.last_seen_ms);
@@ -235,8 +246,8 @@ pub enum Counters {
     /// For the build that becomes the shared snapshot: what it takes is counted
     /// once, on the edges it resolves.
     Claim,
-    /// For a build that is thrown away after one use (a diagnosis, a test's
-    /// oracle): it leaves the counts to the next shared build, its counters are 0.
+    /// For a build that is thrown away after one use (a test's oracle): it leaves
+    /// the counts to the next shared build, its counters are 0.
     Leave,
 }
 
@@ -332,17 +343,20 @@ pub fn build(store: &Store, now: Instant, counters: Counters) -> Built {
             drifted: f.drifted,
         });
     }
+    // One view for every walk: a peer's summary replaced meanwhile shows in the
+    // next build, whole.
+    let calls = store.calls_view();
     // Who listens where (by address key: upstream hosts are kept hashed), and
     // whether another sidecar sends traffic there.
     let mut listening: AddressMap<(u32, bool)> = AddressMap::default();
-    store.each_calls(|zone, cluster, c| {
+    calls.each(|zone, cluster, c| {
         if let Some(at) = clusters.get(zone, cluster) {
             for (key, _) in c.listeners() {
                 listening.insert(key, (at, false));
             }
         }
     });
-    store.each_calls(|_, _, c| {
+    calls.each(|_, _, c| {
         for u in c.upstreams() {
             for h in u.hosts() {
                 if let Some((_, called)) = listening.get_mut(&h) {
@@ -357,10 +371,29 @@ pub fn build(store: &Store, now: Instant, counters: Counters) -> Built {
     let mut links: Vec<Link> = Vec::new();
     // (source, target) to position in `links`.
     let mut found: foldhash::HashMap<(u32, u32), usize> = foldhash::HashMap::default();
+    // The errors and requests of the upstream each link names (`via`), by position.
+    let mut via_figures: Vec<(u64, u64)> = Vec::new();
     let mut add = |links: &mut Vec<Link>, l: Link| match found.entry((l.source, l.target)) {
-        std::collections::hash_map::Entry::Occupied(at) => links[*at.get()].merge(&l),
+        std::collections::hash_map::Entry::Occupied(at) => {
+            let (at, figures) = (*at.get(), (l.errors, l.requests));
+            let kept = &mut links[at];
+            if let Some(name) = &l.via {
+                // The busier upstream; of two alike, the first name (a build's order
+                // of calls is no order).
+                let busier = kept.via.as_ref().is_none_or(|k| {
+                    (figures, std::cmp::Reverse(&**name))
+                        > (via_figures[at], std::cmp::Reverse(&**k))
+                });
+                if busier {
+                    kept.via = Some(name.clone());
+                    via_figures[at] = figures;
+                }
+            }
+            kept.merge(&l);
+        }
         std::collections::hash_map::Entry::Vacant(v) => {
             v.insert(links.len());
+            via_figures.push((l.errors, l.requests));
             links.push(l);
         }
     };
@@ -377,9 +410,10 @@ pub fn build(store: &Store, now: Instant, counters: Counters) -> Built {
         tls: false,
         observed,
         declared: !observed,
+        via: None,
     };
     let now_bucket = store.graph_bucket(now);
-    store.each_calls(|zone, cluster, c| {
+    calls.each(|zone, cluster, c| {
         // The calls of a cluster no longer known (its last instance expired while the
         // graph was built) draw no edge.
         let Some(same_zone) = clusters.zone(zone) else {
@@ -413,7 +447,7 @@ pub fn build(store: &Store, now: Instant, counters: Counters) -> Built {
                 continue;
             }
             let w = store.calls_window(u, now);
-            if w.requests + w.errors == 0 {
+            if w.requests == 0 && w.errors == 0 {
                 continue;
             }
             let target = same_zone
@@ -428,7 +462,8 @@ pub fn build(store: &Store, now: Instant, counters: Counters) -> Built {
             l.errors = w.errors;
             (l.requests_total, l.errors_total) = claimed;
             (l.p50_ms, l.p99_ms) = u.latency(now_bucket);
-            l.tls = u.tls();
+            l.tls = u.tls(now_bucket);
+            l.via = Some(u.shared_name().clone());
             l.last_seen_ms = w
                 .last_seen
                 .map(|at| epoch_now - now.saturating_duration_since(at).as_millis() as i64);

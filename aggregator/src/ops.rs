@@ -62,8 +62,10 @@ async fn metrics(State(s): State<Arc<OpsState>>, headers: HeaderMap) -> Response
     // Prometheus asks for gzip: the cluster and edge series of a large catalog are
     // megabytes of text that compress some 40 times.
     let gzip = accepts_gzip(&headers);
+    // Without a graph (its build failed, which is logged), the cluster and edge
+    // series are left out and the process's own series still answer.
     let snapshot = match &s.cluster_series {
-        Some(graphs) => Some(graphs.fresh(&s.store).await),
+        Some(graphs) => graphs.fresh(&s.store).await.ok(),
         None => None,
     };
     // The snapshot is shared and immutable: it is walked without any lock, on the

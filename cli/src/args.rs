@@ -324,11 +324,13 @@ pub struct DiagnoseArgs {
     /// ingress_502_503 or missing_metrics. Without it every check runs.
     #[arg(long)]
     pub symptom: Option<String>,
-    /// The request path that fails, to filter the sidecar logs on.
+    /// The request path that fails, to filter the sidecar logs of the cluster on
+    /// (the clusters followed are read whole).
     #[arg(long)]
     pub path: Option<String>,
-    /// Raise the sidecars read to debug for that many seconds (1 to 300) before
-    /// collecting, to catch TLS failures; replay the failing request meanwhile.
+    /// Raise the sidecars of the cluster and its edge to debug for that many seconds
+    /// (1 to 300) before collecting, to catch TLS failures; replay the failing
+    /// request meanwhile. The clusters followed are read without a window.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_DEBUG_WINDOW_SECONDS)))]
     pub debug_seconds: Option<u32>,
     /// Follow failing calls to the clusters called, diagnosing at most this many

@@ -2,8 +2,11 @@
 //! an agent's evidence answer read into [`SidecarEvidence`], and the choice among
 //! several edge instances of the one whose evidence the edge checks read.
 
+use std::collections::BTreeMap;
+
 use meshcat_common::wire::EvidenceOutput;
 
+use crate::accesslog;
 use crate::evidence::{DiagnosisInput, Role, SidecarEvidence};
 use crate::rules::edge_weight;
 
@@ -98,6 +101,40 @@ pub fn choose_edge(input: &DiagnosisInput, answered: Vec<(String, SidecarEvidenc
     }
 }
 
+/// The upstream clusters whose calls failed in the sidecars' access lines (a 5xx
+/// answer or a connect failure), with how many failing lines each: a line's upstream
+/// host is looked up among the hosts of each cluster the same sidecar's `/clusters`
+/// lists. Read from a calling cluster's sidecars, what its calls to others show.
+pub fn failing_upstreams(sides: &[SidecarEvidence]) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    for side in sides {
+        let (Some(lines), Some(clusters)) = (&side.log_lines, &side.clusters) else {
+            continue;
+        };
+        let mut by_host: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for c in clusters {
+            for h in &c.hosts {
+                by_host.entry(h.address.as_str()).or_default().push(&c.name);
+            }
+        }
+        for (e, _) in accesslog::parse_lines(lines.iter().map(String::as_str)) {
+            let failed = e.response_code >= 500 || e.has_flag("UF") || e.has_flag("URX");
+            let Some(names) = e
+                .upstream_host
+                .as_deref()
+                .filter(|_| failed)
+                .and_then(|h| by_host.get(h))
+            else {
+                continue;
+            };
+            for name in names {
+                *out.entry((*name).to_owned()).or_insert(0) += 1;
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -115,6 +152,51 @@ mod tests {
         assert_eq!(notes.len(), 2, "{notes:?}");
         assert!(notes.iter().all(|n| n.starts_with("edge-1: ")), "{notes:?}");
         assert!(ev.log_lines.is_some());
+    }
+
+    #[test]
+    fn failing_calls_are_counted_by_the_upstream_their_host_belongs_to() {
+        let host = |address: &str| meshcat_common::wire::UpstreamHost {
+            address: address.into(),
+            cx_active: 0,
+            cx_connect_fail: 0,
+            cx_total: 0,
+            rq_active: 0,
+            rq_error: 0,
+            rq_total: 0,
+            health_flags: "healthy".into(),
+        };
+        let cluster = |name: &str, address: &str| meshcat_common::wire::UpstreamCluster {
+            name: name.into(),
+            added_via_api: false,
+            hosts: vec![host(address)],
+        };
+        let line = |code: u16, flags: &str, host: &str| {
+            format!(
+                r#"[2026-11-21T23:58:15.589Z] "GET /x HTTP/1.1" {code} {flags} 0 19 0 - "-" "ua" "id" "a" "{host}""#
+            )
+        };
+        let mut caller = SidecarEvidence::new(Role::Service, "svc-a-0");
+        caller.clusters = Some(vec![
+            cluster("b-out", "10.0.0.2:80"),
+            cluster("c", "10.0.0.3:80"),
+            cluster("local_service", "127.0.0.1:8080"),
+        ]);
+        caller.log_lines = Some(vec![
+            line(200, "-", "127.0.0.1:8080"),
+            line(503, "URX,UF", "10.0.0.2:80"),
+            line(500, "-", "10.0.0.2:80"),
+            line(200, "-", "10.0.0.3:80"),
+            line(404, "-", "10.0.0.3:80"),
+            line(503, "UH", "-"),
+            "not an access line".into(),
+        ]);
+        // Without its /clusters, no host can be told to be an upstream's.
+        let mut blind = caller.clone();
+        blind.clusters = None;
+        let got = failing_upstreams(&[caller, blind]);
+        assert_eq!(got, BTreeMap::from([("b-out".to_owned(), 2)]));
+        assert!(failing_upstreams(&[]).is_empty());
     }
 
     #[test]

@@ -177,6 +177,11 @@ pub struct DiagnosisInput {
     pub path: Option<String>,
     /// The sidecar of the zone's request cluster.
     pub edge: Option<SidecarEvidence>,
+    /// The name the edge sidecar knows the cluster by (its Envoy cluster), when it
+    /// is not the cluster's name: a calling cluster that reaches it through a
+    /// listener address names it otherwise. The edge's checks look it up by this
+    /// name.
+    pub edge_cluster: Option<String>,
     /// The sidecars of the diagnosed cluster's instances.
     pub services: Vec<SidecarEvidence>,
     /// The service sidecar's cluster to its local instance. When `None`, the clusters
@@ -186,6 +191,11 @@ pub struct DiagnosisInput {
 }
 
 impl DiagnosisInput {
+    /// The name the edge sidecar knows the cluster by.
+    pub fn edge_name(&self) -> &str {
+        self.edge_cluster.as_deref().unwrap_or(&self.cluster)
+    }
+
     /// An input with no evidence yet.
     pub fn new(cluster: impl Into<String>, zone: impl Into<String>) -> Self {
         DiagnosisInput {
@@ -194,6 +204,7 @@ impl DiagnosisInput {
             symptom: None,
             path: None,
             edge: None,
+            edge_cluster: None,
             services: Vec::new(),
             service_local_cluster: None,
             metrics: None,

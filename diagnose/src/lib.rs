@@ -13,7 +13,7 @@ pub mod report;
 pub mod rules;
 pub mod symptom;
 
-pub use collected::{EdgeChoice, choose_edge};
+pub use collected::{EdgeChoice, choose_edge, failing_upstreams};
 pub use evidence::{
     DiagnosisInput, EvidenceError, MetricsEvidence, Role, SidecarEvidence, reports_metrics,
 };

@@ -248,6 +248,12 @@ pub struct RootCause {
 pub struct Failure {
     pub step: StepName,
     pub finding: String,
+    /// The failure is an answer of the cluster's service itself: an error it
+    /// answered, or a request it did not answer in time. A failing call of the
+    /// service to another cluster can explain it, where it cannot explain a failure
+    /// on the mesh's way to the service (discovery, routes, mTLS, a refused
+    /// connection).
+    pub answered_by_service: bool,
 }
 
 impl DiagnosisReport {

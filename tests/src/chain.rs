@@ -24,6 +24,17 @@ impl Chain {
     /// Starts the chain's sidecars and their agents for `zone` (whose clusters the
     /// caller registers as it needs).
     pub async fn start(catalog: &Catalog, zone: &str) -> anyhow::Result<Chain> {
+        Chain::start_with(catalog, zone, "svc-b").await
+    }
+
+    /// As [`Chain::start`], with `svc-a`'s sidecar naming its cluster to `svc-b`'s
+    /// listener `b_upstream` (the graph then links them by that address, not by
+    /// name, unless it is `svc-b`).
+    pub async fn start_with(
+        catalog: &Catalog,
+        zone: &str,
+        b_upstream: &str,
+    ) -> anyhow::Result<Chain> {
         let b_service = Upstream::start().await?;
         let b = Envoy::start(Bootstrap::service_sidecar(b_service.addr, None)).await?;
         let external = Upstream::start().await?;
@@ -32,10 +43,10 @@ impl Chain {
             Bootstrap::service_sidecar(a_service.addr, None)
                 .listener(
                     HttpListener::new("egress", "egress_http")
-                        .route("/b", "svc-b")
+                        .route("/b", b_upstream)
                         .route("/ext", "external-api"),
                 )
-                .cluster(Cluster::new("svc-b", &[b.listener("ingress")]))
+                .cluster(Cluster::new(b_upstream, &[b.listener("ingress")]))
                 .cluster(Cluster::new("external-api", &[external.addr])),
         )
         .await?;

@@ -236,5 +236,122 @@ async fn the_graph_shows_observed_and_declared_calls_and_a_failing_hop() {
         .await
         .unwrap();
     assert_eq!(one["hops"].as_array().map(Vec::len), Some(1), "{one:#}");
-    assert_ne!(one["rootCause"]["clusterName"], "svc-b", "{one:#}");
+    // Its root cause is then its own failing check (svc-a names no metrics job),
+    // never the cluster it was not allowed to follow.
+    let root = &one["rootCause"];
+    assert_eq!(
+        (
+            root["clusterName"].as_str(),
+            root["owner"].as_str(),
+            root["step"].as_str()
+        ),
+        (Some("svc-a"), Some("team-a"), Some("metrics_settings")),
+        "{one:#}"
+    );
+}
+
+/// The chain with svc-a's sidecar reaching svc-b through its listener address under
+/// its own cluster name: the graph links them by address, and the diagnosis of the
+/// hop asks svc-a's sidecar under that name. Then svc-a's own service dies too: its
+/// failure is its own, and svc-b's failing calls do not take the root cause away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hop_found_by_address_is_diagnosed_under_the_callers_name_and_an_own_failure_stays_root()
+{
+    const ZONE: &str = "zone-l";
+    let catalog = Catalog::start(|_| {}).await.unwrap();
+    catalog.register_zone(ZONE, "edge").await.unwrap();
+    for (cluster, owner) in [("svc-a", "team-a"), ("svc-b", "team-b")] {
+        catalog
+            .register_cluster(ZONE, cluster, json!({"owner": owner}))
+            .await
+            .unwrap();
+    }
+    let mut chain = Chain::start_with(&catalog, ZONE, "b-by-address")
+        .await
+        .unwrap();
+    let client = reqwest::Client::new();
+    wait_for("svc-a -> svc-b linked by address", DEADLINE, || async {
+        let codes = chain.traffic(&client).await;
+        assert!(codes.iter().all(|s| *s == 200), "{codes:?}");
+        let (_, g) = catalog.get("/graph").await.ok()?;
+        let ab = link(&g, "zone-l/svc-a", "zone-l/svc-b")?;
+        (ab["observed"] == true && ab["requests"].as_u64() > Some(0)).then_some(())
+    })
+    .await
+    .unwrap();
+
+    chain.b_service.stop().await;
+    wait_for("errors on svc-a -> svc-b", DEADLINE, || async {
+        let codes = send(&client, &format!("{}/b", chain.a.url("egress")), 3).await;
+        assert!(codes.iter().all(|c| *c >= 500), "{codes:?}");
+        let (_, g) = catalog.get("/graph").await.ok()?;
+        let e = link(&g, "zone-l/svc-a", "zone-l/svc-b")?;
+        (e["errors"].as_u64() > Some(0)).then_some(())
+    })
+    .await
+    .unwrap();
+    let (status, report) = catalog
+        .get("/diagnose/svc-a?zoneName=zone-l")
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{report:#}");
+    let hops: Vec<&str> = report["hops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|h| h["clusterName"].as_str())
+        .collect();
+    assert_eq!(hops, ["svc-a", "svc-b"], "{report:#}");
+    // svc-a's sidecar discovers svc-b as b-by-address: the hop finds svc-b's dead
+    // service behind its sidecar, not a cluster missing by the catalog's name.
+    let dead = chain.b_service.addr.to_string();
+    let root = &report["rootCause"];
+    assert_eq!(
+        (
+            root["clusterName"].as_str(),
+            root["owner"].as_str(),
+            root["step"].as_str()
+        ),
+        (Some("svc-b"), Some("team-b"), Some("service_logs")),
+        "{report:#}"
+    );
+    assert!(
+        root["finding"].as_str().unwrap().contains(&dead),
+        "{report:#}"
+    );
+    let b_hop = report["hops"][1]["conclusion"].as_str().unwrap();
+    assert!(!b_hop.contains("does not exist"), "{b_hop}");
+
+    // svc-a's own service dies: requests through the edge fail in svc-a's sidecar.
+    chain.a_service.stop().await;
+    let codes = send(&client, &format!("{}/orders", chain.edge.url("edge")), 3).await;
+    assert!(codes.iter().all(|c| *c >= 500), "{codes:?}");
+    let (status, report) = catalog
+        .get("/diagnose/svc-a?zoneName=zone-l")
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{report:#}");
+    assert_eq!(
+        report["hops"].as_array().map(Vec::len),
+        Some(1),
+        "a failure of its own is not followed: {report:#}"
+    );
+    let own = chain.a_service.addr.to_string();
+    let root = &report["rootCause"];
+    assert_eq!(
+        (root["clusterName"].as_str(), root["step"].as_str()),
+        (Some("svc-a"), Some("service_logs")),
+        "{report:#}"
+    );
+    assert!(
+        root["finding"].as_str().unwrap().contains(&own),
+        "{report:#}"
+    );
+    assert!(
+        report["conclusion"]
+            .as_str()
+            .unwrap()
+            .starts_with("svc-a in zone zone-l (owner team-a)"),
+        "{report:#}"
+    );
 }

@@ -38,10 +38,12 @@ struct DiagnoseQuery {
     zone: String,
     /// The failure as the operator sees it; without it every check runs.
     symptom: Option<Symptom>,
-    /// Path of the failing request; access lines are filtered on it.
+    /// Path of the failing request; the access lines of the cluster asked about are
+    /// filtered on it (the clusters followed are read whole).
     path: Option<String>,
-    /// Run a debug window of that many seconds on every sidecar read before
-    /// collecting.
+    /// Run a debug window of that many seconds on the sidecars of the cluster asked
+    /// about and its edge before collecting; the clusters followed are read without
+    /// one, so a diagnosis runs one window at most.
     #[param(minimum = 1, maximum = 300)]
     debug_seconds: Option<u32>,
     /// Most clusters diagnosed along a failing chain of calls, the one asked about
@@ -261,6 +263,7 @@ pub async fn diagnose(
     let diagnosis = Diagnosis {
         sidecars,
         store: s.store.clone(),
+        graphs: s.graph.clone(),
         tools: s.diagnosis.clone(),
     };
     let request = Request {

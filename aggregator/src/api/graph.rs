@@ -86,10 +86,11 @@ impl GraphQuery {
     summary = "The dependency graph: who calls whom, observed by the sidecars over the graph window, beside the declared dependencies.",
     params(GraphQuery, BlockingQuery),
     responses(
-        (status = 200, description = "Nodes sorted by id, edges by source then target; gzip-encoded when accepted. The traffic figures are at most one graph period (1 s) old.", body = GraphView, headers(("X-Meshcat-Index" = u64, description = "The catalog index the answer was read at."))),
+        (status = 200, description = "Nodes sorted by id, edges by source then target; gzip-encoded when accepted. The traffic figures are at most 2 s old (about 1 s while the graph is read steadily).", body = GraphView, headers(("X-Meshcat-Index" = u64, description = "The catalog index the answer was read at."))),
         (status = 400, description = "Malformed query (clusterName without zoneName, depth out of 1 to 5).", body = ErrorBody),
         ReadTokenMissing,
         NotFound,
+        (status = 500, description = "The graph could not be built (the aggregator's log says why).", body = ErrorBody),
     ),
 )]
 pub async fn graph(
@@ -111,6 +112,7 @@ pub async fn graph(
                 "Cluster {cluster} is not in the graph of zone {zone}."
             )))
         }
+        Err(GraphError::Unavailable) => Err(ApiError::internal()),
     }
 }
 

@@ -274,6 +274,16 @@ fn token_checks_tell_accepted_from_refused_and_unused() {
 }
 
 #[test]
+fn the_graphs_documented_age_is_the_snapshots() {
+    let doc = openapi::document();
+    let said = doc["paths"]["/graph"]["get"]["responses"]["200"]["description"]
+        .as_str()
+        .unwrap();
+    let age = crate::graph::snapshot::MAX_AGE.as_secs();
+    assert!(said.contains(&format!("at most {age} s old")), "{said}");
+}
+
+#[test]
 fn openapi_document_matches_the_route_table() {
     let doc = openapi::document();
     assert_eq!(

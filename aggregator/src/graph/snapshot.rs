@@ -7,7 +7,7 @@
 //! that could change its shape ([`Store::traffic_shape`]), when the window moved on
 //! by a bucket (an edge may have aged out; figures change with time only then),
 //! when the catalog index moved, or when a request read the graph since the last
-//! build (a reader keeps its figures at most one period old). A request never reads
+//! build (a steady reader sees figures about one period old). A request never reads
 //! a snapshot older than [`MAX_AGE`] or of another catalog index: it builds one (one
 //! build at a time; the requests that want it meanwhile wait for it). Answers read
 //! from one snapshot are rendered for the next by the watcher, before a request
@@ -190,6 +190,25 @@ impl Snapshot {
                 .collect(),
             edges: edges.iter().map(|&i| self.graph.edge(i as usize)).collect(),
         })
+    }
+
+    /// The links from the cluster `zone/cluster` with their targets, by target id;
+    /// none when the cluster is no node.
+    pub fn calls_from(&self, zone: &str, cluster: &str) -> Vec<(&super::Link, &Node)> {
+        let id = super::node_id(zone, cluster);
+        let Ok(at) = self
+            .graph
+            .nodes
+            .binary_search_by(|n| n.id.as_str().cmp(&id))
+        else {
+            return Vec::new();
+        };
+        self.near_of(at as u32)
+            .iter()
+            .map(|&e| &self.graph.links[e as usize])
+            .filter(|l| l.source as usize == at)
+            .map(|l| (l, &self.graph.nodes[l.target as usize]))
+            .collect()
     }
 
     /// `GET /graph`'s body for `scope`, gzip-compressed when asked: an unfocused one
@@ -437,32 +456,32 @@ impl Graphs {
     }
 
     /// The snapshot of the catalog's current index: the latest, or one built now
-    /// when the catalog moved since it was built or it is older than [`MAX_AGE`].
-    /// Marks the graph read, so that the watcher builds it again at its next look.
-    pub async fn fresh(&self, store: &Arc<Store>) -> Arc<Snapshot> {
+    /// (on the blocking pool) when the catalog moved since it was built or it is
+    /// older than [`MAX_AGE`]. Marks the graph read, so that the watcher builds it
+    /// again at its next look. A build that fails (it panicked) is logged and
+    /// answers [`GraphError::Unavailable`]; the latest snapshot stays as it was.
+    pub async fn fresh(&self, store: &Arc<Store>) -> Result<Arc<Snapshot>, GraphError> {
         self.read.store(true, Ordering::Relaxed);
         if let Some(s) = self.latest_at(store.index()) {
-            return s;
+            return Ok(s);
         }
         let _building = self.building.lock().await;
         // Whoever built before may have built this one.
         if let Some(s) = self.latest_at(store.index()) {
-            return s;
+            return Ok(s);
         }
         let from = store.clone();
-        let mut snapshot = match tokio::task::spawn_blocking(move || {
-            Snapshot::build(&from, Counters::Claim)
-        })
-        .await
-        {
-            Ok(s) => s,
-            // The build panicked: build here rather than fail the request.
-            Err(_) => Snapshot::build(store, Counters::Claim),
-        };
+        let mut snapshot =
+            tokio::task::spawn_blocking(move || Snapshot::build(&from, Counters::Claim))
+                .await
+                .map_err(|e| {
+                    tracing::error!(error = %e, "Graph build failed.");
+                    GraphError::Unavailable
+                })?;
         snapshot.count_from(self.latest().as_deref());
         let snapshot = Arc::new(snapshot);
         self.install(snapshot.clone());
-        snapshot
+        Ok(snapshot)
     }
 
     /// `GET /graph`'s body for `scope` at the catalog's current index. Rendering is
@@ -473,7 +492,7 @@ impl Graphs {
         scope: Scope,
         gzip: bool,
     ) -> Result<Bytes, GraphError> {
-        let snapshot = self.fresh(store).await;
+        let snapshot = self.fresh(store).await?;
         let _one = if scope.focus.is_none() {
             let key = BodyKey {
                 zone: scope.zone.clone(),
@@ -762,6 +781,29 @@ mod tests {
                 )
             })
             .collect();
+        // Each observed edge names the upstream it was drawn from; c reaches d
+        // through d's listener, under its own name for it.
+        let vias: Vec<(&str, &str, Option<&str>)> = g
+            .links
+            .iter()
+            .map(|l| {
+                let (source, target) = g.ends(l);
+                (source, target, l.via.as_deref())
+            })
+            .collect();
+        assert_eq!(
+            vias,
+            [
+                ("y/d", "y/external:e", Some("e")),
+                ("z/a", "y/d", None),
+                ("z/a", "z/b", Some("b")),
+                ("z/a", "z/c", Some("c")),
+                ("z/a", "z/external:ext", Some("ext")),
+                ("z/a", "z/ghost", None),
+                ("z/b", "z/c", Some("c")),
+                ("z/c", "y/d", Some("d-out")),
+            ]
+        );
         // Reports of 100 then 150 requests (a tenth of them 5xx): 50 and 5 in the
         // window, per instance and upstream.
         assert_eq!(
@@ -839,7 +881,7 @@ mod tests {
         assert_eq!(totals(&graphs, "z/a", "z/b"), (50, 5));
         assert_eq!(totals(&graphs, "z/a", "z/external:ext"), (50, 5));
         assert_eq!(totals(&graphs, "z/a", "z/ghost"), (0, 0), "declared only");
-        // A build thrown away (a diagnosis's) takes nothing from the next one.
+        // A build thrown away takes nothing from the next one.
         let once = Snapshot::build(&store, Counters::Leave);
         assert!(once.graph().links.iter().all(|l| l.requests_total == 0));
         graphs.rebuild(&store);
@@ -879,13 +921,72 @@ mod tests {
         assert_eq!(totals(&graphs, "z/a", "z/b"), (100, 10));
     }
 
+    #[test]
+    fn an_edge_names_the_upstream_with_the_most_errors() {
+        let (_dir, store) = mesh();
+        // Another instance of a reaches b through its listener under another name,
+        // with more errors than a-1's calls to b by name.
+        let calls = |n| {
+            let mut r = report("z", "a", &[("b-alias", "10.0.0.2:80")], None, n);
+            r.instance = "a-2".into();
+            vec![r]
+        };
+        let now = Instant::now();
+        store.apply_reports("agent-2", calls(1000), now);
+        store.apply_reports("agent-2", calls(2000), now);
+        let snapshot = Snapshot::build(&store, Counters::Leave);
+        let from_a: Vec<(&str, u64, Option<&str>)> = snapshot
+            .calls_from("z", "a")
+            .into_iter()
+            .map(|(l, n)| (n.id.as_str(), l.errors, l.via.as_deref()))
+            .collect();
+        assert_eq!(
+            from_a,
+            [
+                ("y/d", 0, None),
+                ("z/b", 105, Some("b-alias")),
+                ("z/c", 5, Some("c")),
+                ("z/external:ext", 5, Some("ext")),
+                ("z/ghost", 0, None),
+            ]
+        );
+        assert!(snapshot.calls_from("z", "nobody").is_empty());
+    }
+
+    #[test]
+    fn an_edge_drawn_from_two_upstreams_saturates_its_counters() {
+        let (_dir, store) = mesh();
+        // a reaches b by name and through b's listener under another name, both
+        // with counters near the top of a u64.
+        let calls = |n| {
+            let mut r = report(
+                "z",
+                "a",
+                &[("b", "10.0.0.2:80"), ("b-out", "10.0.0.2:80")],
+                Some("10.0.0.1:80"),
+                n,
+            );
+            r.instance = "a-2".into();
+            vec![r]
+        };
+        let now = Instant::now();
+        store.apply_reports("agent-2", calls(0), now);
+        store.apply_reports("agent-2", calls(u64::MAX), now);
+        let graphs = Graphs::default();
+        graphs.rebuild(&store);
+        assert_eq!(
+            totals(&graphs, "z/a", "z/b"),
+            (u64::MAX, 2 * (u64::MAX / 10) + 5)
+        );
+    }
+
     #[tokio::test]
     async fn a_catalog_change_is_seen_at_once_and_a_read_answer_is_rendered_ahead() {
         let (_dir, store) = mesh();
         let graphs = Arc::new(Graphs::default());
         // The watcher's first build sees every zone's edges: its own change.
         graphs.rebuild(&store);
-        let first = graphs.fresh(&store).await;
+        let first = graphs.fresh(&store).await.unwrap();
         assert_eq!(
             first.index(),
             store.index(),
@@ -893,7 +994,7 @@ mod tests {
         );
         let whole = graphs.answer(&store, Scope::default(), true).await.unwrap();
         assert!(
-            Arc::ptr_eq(&first, &graphs.fresh(&store).await),
+            Arc::ptr_eq(&first, &graphs.fresh(&store).await.unwrap()),
             "no new build while the catalog stands still"
         );
         assert_eq!(
@@ -904,7 +1005,7 @@ mod tests {
 
         // The next tick renders the answer read from the previous snapshot.
         graphs.rebuild(&store);
-        let second = graphs.fresh(&store).await;
+        let second = graphs.fresh(&store).await.unwrap();
         assert!(!Arc::ptr_eq(&first, &second));
         assert!(
             second
@@ -928,7 +1029,7 @@ mod tests {
         store
             .create_cluster(ClusterRecord::new("z", "late", "Late"))
             .unwrap();
-        let third = graphs.fresh(&store).await;
+        let third = graphs.fresh(&store).await.unwrap();
         assert_eq!(third.index(), store.index());
         assert!(
             third

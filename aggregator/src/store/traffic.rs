@@ -20,8 +20,9 @@
 
 mod ring;
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
@@ -41,6 +42,8 @@ const MAX_LISTENER_CLUSTERS: usize = 1024;
 /// (its instances' together: one matching host is all the graph needs).
 const MAX_HOSTS: usize = 64;
 const MAX_CLUSTER_HOSTS: usize = 256;
+// Which of an instance's hosts its cluster counts is a bit each of a `u64`.
+const _: () = assert!(MAX_HOSTS <= u64::BITS as usize);
 /// Longest upstream cluster name or address kept.
 const MAX_NAME: usize = 512;
 /// Buckets over which the highest latency reported is kept: the current one and the
@@ -72,6 +75,10 @@ struct InstanceUpstream {
     last: (u64, u64),
     /// Its host addresses' keys, as the sidecar's `/clusters` lists them.
     hosts: Box<[u64]>,
+    /// Which of `hosts` its cluster's calls count for it (bit `i` for `hosts[i]`):
+    /// past [`MAX_CLUSTER_HOSTS`] a host is not kept, and its leaving must not take
+    /// away another instance's count of the same address.
+    counted: u64,
 }
 
 /// What the instances of one cluster (or a peer's summary of them) reported of
@@ -151,26 +158,39 @@ impl Calls {
         &self.name
     }
 
+    /// The name, as its cluster's calls share it.
+    pub fn shared_name(&self) -> &Arc<str> {
+        &self.name
+    }
+
     /// Its hosts' address keys.
     pub fn hosts(&self) -> impl Iterator<Item = u64> + '_ {
         self.hosts.iter().map(|(k, _)| *k)
     }
 
-    /// Whether the connections use TLS, as the last reports said.
-    pub fn tls(&self) -> bool {
-        self.recent.iter().any(|r| r.bucket > 0 && r.tls) || self.tls
+    /// The recent buckets' notes as of `now_bucket`: those of the last
+    /// [`RECENT_BUCKETS`] buckets up to it.
+    fn recent(&self, now_bucket: u64) -> impl Iterator<Item = &Recent> {
+        let oldest = now_bucket.saturating_sub(RECENT_BUCKETS as u64 - 1) + 1;
+        self.recent.iter().filter(move |r| r.bucket >= oldest)
+    }
+
+    /// Whether the connections use TLS: as any instance's reports within the recent
+    /// buckets before `now_bucket` said, else as the last report said.
+    pub fn tls(&self, now_bucket: u64) -> bool {
+        let mut recent = self.recent(now_bucket).peekable();
+        if recent.peek().is_none() {
+            return self.tls;
+        }
+        recent.any(|r| r.tls)
     }
 
     /// The highest p50 and p99 the instances reported within the recent buckets
     /// before `now_bucket`; none when unknown.
     pub fn latency(&self, now_bucket: u64) -> (Option<f64>, Option<f64>) {
-        let oldest = now_bucket.saturating_sub(RECENT_BUCKETS as u64 - 1) + 1;
-        self.recent
-            .iter()
-            .filter(|r| r.bucket >= oldest)
-            .fold((None, None), |(p50, p99), r| {
-                (max_opt(p50, known(r.p50_ms)), max_opt(p99, known(r.p99_ms)))
-            })
+        self.recent(now_bucket).fold((None, None), |(p50, p99), r| {
+            (max_opt(p50, known(r.p50_ms)), max_opt(p99, known(r.p99_ms)))
+        })
     }
 
     /// Takes the requests and errors reported since the last claim. Each report's
@@ -210,19 +230,28 @@ impl Calls {
         self.tls = tls;
     }
 
-    fn add_hosts(&mut self, hosts: &[u64]) {
-        for h in hosts {
+    /// Counts an instance's `hosts` (at most [`MAX_HOSTS`]); answers which of them
+    /// were counted, bit `i` for `hosts[i]`.
+    fn add_hosts(&mut self, hosts: &[u64]) -> u64 {
+        let mut counted = 0;
+        for (bit, h) in hosts.iter().take(MAX_HOSTS).enumerate() {
             match self.hosts.binary_search_by_key(h, |(k, _)| *k) {
                 Ok(i) => self.hosts[i].1 += 1,
                 Err(i) if self.hosts.len() < MAX_CLUSTER_HOSTS => self.hosts.insert(i, (*h, 1)),
                 // One matching host is all the graph needs; past the bound, none is kept.
-                Err(_) => {}
+                Err(_) => continue,
             }
+            counted |= 1 << bit;
         }
+        counted
     }
 
-    fn remove_hosts(&mut self, hosts: &[u64]) {
-        for h in hosts {
+    /// Takes back the hosts of an instance that [`Calls::add_hosts`] counted.
+    fn remove_hosts(&mut self, hosts: &[u64], counted: u64) {
+        for (bit, h) in hosts.iter().take(MAX_HOSTS).enumerate() {
+            if counted & (1 << bit) == 0 {
+                continue;
+            }
             if let Ok(i) = self.hosts.binary_search_by_key(h, |(k, _)| *k) {
                 self.hosts[i].1 -= 1;
                 if self.hosts[i].1 == 0 {
@@ -257,8 +286,9 @@ impl ClusterCalls {
         Some(&mut self.upstreams[i])
     }
 
-    /// An instance lists `name`: the shared name to keep.
-    fn join(&mut self, name: &str, hosts: &[u64]) -> Arc<str> {
+    /// An instance lists `name` with `hosts`: the shared name to keep, and which of
+    /// the hosts are counted ([`Calls::add_hosts`]).
+    fn join(&mut self, name: &str, hosts: &[u64]) -> (Arc<str>, u64) {
         let i = match self.upstreams.binary_search_by(|c| (*c.name).cmp(name)) {
             Ok(i) => i,
             Err(i) => {
@@ -268,15 +298,15 @@ impl ClusterCalls {
         };
         let c = &mut self.upstreams[i];
         c.instances += 1;
-        c.add_hosts(hosts);
-        c.name.clone()
+        let counted = c.add_hosts(hosts);
+        (c.name.clone(), counted)
     }
 
     /// An instance no longer lists `u`: dropped with the last one.
     fn leave(&mut self, u: &InstanceUpstream) {
         if let Ok(i) = self.upstreams.binary_search_by(|c| (*c.name).cmp(&u.name)) {
             let c = &mut self.upstreams[i];
-            c.remove_hosts(&u.hosts);
+            c.remove_hosts(&u.hosts, u.counted);
             c.instances -= 1;
             if c.instances == 0 {
                 self.upstreams.remove(i);
@@ -331,14 +361,18 @@ impl ClusterCalls {
     }
 }
 
+/// One peer's summary: its clusters' calls, by (zone, cluster).
+type PeerCalls = Vec<((String, String), ClusterCalls)>;
+
 /// The traffic of every calling cluster, and of the instances it sums.
 #[derive(Debug)]
 pub struct Traffic {
     instances: DashMap<InstanceKey, InstanceTraffic>,
     /// Keyed by (zone, cluster).
     clusters: DashMap<(String, String), ClusterCalls>,
-    /// Peers' summaries, keyed by (zone, cluster, peer).
-    remote: DashMap<(String, String, String), ClusterCalls>,
+    /// Peers' summaries by peer, each replaced whole: a build of the graph sees a
+    /// peer's last summary or its new one, never a mix or a gap.
+    remote: RwLock<BTreeMap<String, Arc<PeerCalls>>>,
     /// Where the windows' buckets are numbered from.
     epoch: Instant,
     /// Moves whenever a change could change the graph's shape: an instance's
@@ -353,7 +387,7 @@ impl Default for Traffic {
         Traffic {
             instances: DashMap::new(),
             clusters: DashMap::new(),
-            remote: DashMap::new(),
+            remote: RwLock::default(),
             epoch: Instant::now(),
             shape: AtomicU64::new(0),
         }
@@ -471,7 +505,7 @@ impl Traffic {
             match previous.next_if(|p| *p.name == *u.name) {
                 // Nothing to take a difference from: counted from the next report.
                 None => {
-                    let name = c.join(&u.name, &hosts);
+                    let (name, counted) = c.join(&u.name, &hosts);
                     if let Some(calls) = c.calls_mut(&u.name) {
                         calls.note(clock, u.p50_ms, u.p99_ms, u.tls);
                     }
@@ -479,6 +513,7 @@ impl Traffic {
                         name,
                         last: totals,
                         hosts,
+                        counted,
                     });
                     reshaped = true;
                 }
@@ -492,14 +527,14 @@ impl Traffic {
                     p.last = totals;
                     let calls = c.calls_mut(&u.name).expect("a listed upstream has calls");
                     if hosts != p.hosts {
-                        calls.remove_hosts(&p.hosts);
-                        calls.add_hosts(&hosts);
+                        calls.remove_hosts(&p.hosts, p.counted);
+                        p.counted = calls.add_hosts(&hosts);
                         p.hosts = hosts;
                         reshaped = true;
                     }
-                    if added.0 + added.1 > 0 {
+                    if added.0 > 0 || added.1 > 0 {
                         let w = calls.ring.window(self.epoch, now, window);
-                        reshaped |= w.requests + w.errors == 0;
+                        reshaped |= w.requests == 0 && w.errors == 0;
                     }
                     calls.report(clock, now, added, &u);
                     upstreams.push(p);
@@ -549,18 +584,48 @@ impl Traffic {
     }
 
     /// Calls `f` with every cluster's calls, this replica's and its peers'.
-    pub fn each(&self, mut f: impl FnMut(&str, &str, &ClusterCalls)) {
-        for e in self.clusters.iter() {
-            f(&e.key().0, &e.key().1, e.value());
-        }
-        for e in self.remote.iter() {
-            f(&e.key().0, &e.key().1, e.value());
+    pub fn each(&self, f: impl FnMut(&str, &str, &ClusterCalls)) {
+        self.view().each(f);
+    }
+
+    /// This replica's calls, and the peers' summaries as they are now: walked
+    /// several times, a view shows each peer's same summary every time.
+    pub fn view(&self) -> TrafficView<'_> {
+        TrafficView {
+            local: &self.clusters,
+            remote: self
+                .remote
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .values()
+                .cloned()
+                .collect(),
         }
     }
 
     /// Where the windows' buckets are numbered from.
     pub fn epoch(&self) -> Instant {
         self.epoch
+    }
+}
+
+/// The calls a build of the graph walks: this replica's clusters' (as they are when
+/// walked) and the peers' summaries held when the view was taken.
+#[derive(Debug)]
+pub struct TrafficView<'a> {
+    local: &'a DashMap<(String, String), ClusterCalls>,
+    remote: Vec<Arc<PeerCalls>>,
+}
+
+impl TrafficView<'_> {
+    /// Calls `f` with every cluster's calls, this replica's and its peers'.
+    pub fn each(&self, mut f: impl FnMut(&str, &str, &ClusterCalls)) {
+        for e in self.local.iter() {
+            f(&e.key().0, &e.key().1, e.value());
+        }
+        for ((zone, cluster), calls) in self.remote.iter().flat_map(|p| p.iter()) {
+            f(zone, cluster, calls);
+        }
     }
 }
 
@@ -628,7 +693,7 @@ impl Traffic {
                                     .map(|at| now.saturating_duration_since(at).as_millis() as u64),
                                 p50_ms,
                                 p99_ms,
-                                tls: u.tls(),
+                                tls: u.tls(now_bucket),
                                 hosts: u.hosts().collect(),
                             }
                         })
@@ -641,7 +706,8 @@ impl Traffic {
     }
 
     /// Replaces what replica `peer` last said about its instances' traffic, received
-    /// at `at`.
+    /// at `at`: the new summary is made whole, then takes the old one's place at
+    /// once.
     pub fn set_remote(
         &self,
         peer: &str,
@@ -649,8 +715,8 @@ impl Traffic {
         at: Instant,
         window: Duration,
     ) {
-        self.remote.retain(|(_, _, p), _| p != peer);
         let clock = Clock::at(self.epoch, at, window);
+        let mut summary: PeerCalls = Vec::with_capacity(clusters.len());
         for c in clusters {
             let mut calls = ClusterCalls {
                 instances: 1,
@@ -692,10 +758,15 @@ impl Traffic {
                 x.note(clock, u.p50_ms, u.p99_ms, u.tls);
             }
             calls.upstreams.shrink_to_fit();
-            self.remote.insert(
-                (c.zone_name.clone(), c.cluster_name.clone(), peer.to_owned()),
-                calls,
-            );
+            summary.push(((c.zone_name.clone(), c.cluster_name.clone()), calls));
+        }
+        {
+            let mut remote = self.remote.write().unwrap_or_else(PoisonError::into_inner);
+            if summary.is_empty() {
+                remote.remove(peer);
+            } else {
+                remote.insert(peer.to_owned(), Arc::new(summary));
+            }
         }
         // A summary is the peer's whole view, replaced each time: its shape is not
         // compared, it may have changed.
@@ -704,16 +775,21 @@ impl Traffic {
 
     /// Forgets replica `peer`'s summary (it left).
     pub fn forget_remote(&self, peer: &str) {
-        self.remote.retain(|(_, _, p), _| p != peer);
+        self.remote
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(peer);
         self.reshaped();
     }
 
-    /// The peers whose summaries are held.
+    /// The peers whose summaries are held, sorted.
     pub fn remote_peers(&self) -> Vec<String> {
-        let mut peers: Vec<String> = self.remote.iter().map(|e| e.key().2.clone()).collect();
-        peers.sort();
-        peers.dedup();
-        peers
+        self.remote
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .keys()
+            .cloned()
+            .collect()
     }
 }
 
@@ -775,9 +851,10 @@ impl super::Store {
         out
     }
 
-    /// Calls `f` with every cluster's calls (zone, cluster, calls).
-    pub fn each_calls(&self, f: impl FnMut(&str, &str, &ClusterCalls)) {
-        self.traffic.each(f);
+    /// The calls of every cluster, this replica's and its peers' (see
+    /// [`Traffic::view`]).
+    pub fn calls_view(&self) -> TrafficView<'_> {
+        self.traffic.view()
     }
 
     /// See [`Traffic::shape`].
@@ -943,7 +1020,7 @@ mod tests {
                 (Some(1.5), Some(20.0)),
                 "the highest"
             );
-            assert!(u.tls(), "one instance uses TLS");
+            assert!(u.tls(now_bucket), "one instance uses TLS");
             assert_eq!(u.hosts().count(), 2, "both instances' hosts");
         });
         // a-2 leaves: what it reported stays in the window, its host goes.
@@ -1013,6 +1090,161 @@ mod tests {
         assert!(moved(&t), "the instance gone");
         t.forget(&("z".into(), "a".into(), "a-1".into()));
         assert!(!moved(&t), "nothing more to forget");
+    }
+
+    #[test]
+    fn a_host_past_the_clusters_bound_is_not_taken_from_another_instance() {
+        let t = Traffic::default();
+        let now = Instant::now();
+        let calling = |instance: &str, addresses: &[String]| {
+            let mut r = report_of(instance, 10, 0);
+            let mut l = listing("unused");
+            let host = l.hosts[0].clone();
+            l.hosts = addresses
+                .iter()
+                .map(|a| UpstreamHost {
+                    address: a.clone(),
+                    ..host.clone()
+                })
+                .collect();
+            r.clusters = vec![l];
+            r
+        };
+        let hosts_of = |t: &Traffic| {
+            let mut hosts = Vec::new();
+            t.each(|_, _, c| hosts = c.upstreams()[0].hosts().collect());
+            hosts
+        };
+        // Four instances of 64 hosts each fill the cluster's 256.
+        for i in 0..4 {
+            let addresses: Vec<String> =
+                (0..MAX_HOSTS).map(|h| format!("10.{i}.0.{h}:80")).collect();
+            t.record(&mut calling(&format!("a-{i}"), &addresses), now, WIN);
+        }
+        assert_eq!(hosts_of(&t).len(), MAX_CLUSTER_HOSTS);
+        let late = vec!["10.9.9.9:80".to_owned()];
+        t.record(&mut calling("a-late", &late), now, WIN);
+        assert!(
+            !hosts_of(&t).contains(&address_key(&late[0])),
+            "past the bound"
+        );
+        // Room again: another instance lists the same address and it is kept.
+        t.forget(&("z".into(), "a".into(), "a-0".into()));
+        t.record(&mut calling("a-other", &late), now, WIN);
+        assert!(hosts_of(&t).contains(&address_key(&late[0])));
+        // The instance whose host was never counted leaves: the other's stays.
+        t.forget(&("z".into(), "a".into(), "a-late".into()));
+        assert!(hosts_of(&t).contains(&address_key(&late[0])));
+        // A host list that changes takes back only what was counted too.
+        let mut again = calling("a-late", &late);
+        t.record(&mut again, now, WIN);
+        let mut moved = calling("a-late", &["10.9.9.8:80".to_owned()]);
+        t.record(&mut moved, now, WIN);
+        assert!(hosts_of(&t).contains(&address_key(&late[0])));
+        t.forget(&("z".into(), "a".into(), "a-other".into()));
+        assert!(!hosts_of(&t).contains(&address_key(&late[0])));
+    }
+
+    #[test]
+    fn tls_is_what_the_recent_reports_said() {
+        let t = Traffic::default();
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let tls_at = |t: &Traffic, s: u64| {
+            let bucket = Clock::at(t.epoch(), at(s), WIN).bucket;
+            let mut tls = None;
+            t.each(|_, _, c| tls = Some(c.upstreams()[0].tls(bucket)));
+            tls.unwrap()
+        };
+        let mut r = report(100, 0);
+        r.upstreams[0].tls = true;
+        t.record(&mut r, at(5), WIN);
+        assert!(tls_at(&t, 5));
+        // TLS turned off; reports every 10 s land in every other 5 s bucket, so one
+        // recent slot keeps the old report's note.
+        for s in [10, 20, 30] {
+            t.record(&mut report(100 + s, 0), at(s), WIN);
+        }
+        assert!(!tls_at(&t, 30), "the report of 5 s is no longer recent");
+        // Without a recent report, the last one says.
+        assert!(!tls_at(&t, 120));
+        let mut r = report(200, 0);
+        r.upstreams[0].tls = true;
+        t.record(&mut r, at(125), WIN);
+        assert!(tls_at(&t, 300));
+    }
+
+    #[test]
+    fn a_peers_new_summary_takes_the_old_ones_place_at_once() {
+        let here = Traffic::default();
+        let t0 = Instant::now();
+        for (n, at) in [(100, t0), (130, t0 + Duration::from_secs(5))] {
+            for cluster in ["a", "b", "c", "d", "e", "f", "g", "h"] {
+                let mut r = report(n, 1);
+                r.cluster_name = cluster.into();
+                here.record(&mut r, at, WIN);
+            }
+        }
+        let now = t0 + Duration::from_secs(6);
+        let summary = here.summary(now, WIN);
+        assert_eq!(summary.len(), 8);
+        let there = Traffic::default();
+        there.set_remote("r1", &summary, now, WIN);
+        let done = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for _ in 0..2_000 {
+                    there.set_remote("r1", &summary, now, WIN);
+                }
+                done.store(true, Ordering::Relaxed);
+            });
+            let mut walks = 0;
+            while !done.load(Ordering::Relaxed) || walks == 0 {
+                // Walked twice, as a build walks the calls: the same summary.
+                let view = there.view();
+                for _ in 0..2 {
+                    let mut seen = 0;
+                    view.each(|_, _, c| seen += c.upstreams().len());
+                    assert_eq!(seen, 8, "walk {walks}");
+                }
+                walks += 1;
+            }
+        });
+    }
+
+    #[test]
+    fn counters_near_the_top_of_u64_saturate() {
+        let t = Traffic::default();
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        t.record(&mut report(0, 0), at(0), WIN);
+        t.record(&mut report(u64::MAX, u64::MAX), at(5), WIN);
+        let w = window(&t, at(5));
+        let most = u64::from(u32::MAX);
+        assert_eq!(
+            (w.requests, w.errors, w.last_seen),
+            (most, most, Some(at(5)))
+        );
+        let mut claimed = (0, 0);
+        t.each(|_, _, c| claimed = c.upstreams()[0].claim());
+        assert_eq!(claimed, (u64::MAX, u64::MAX));
+        // A restart from near the top, then more on top of what is unclaimed.
+        t.record(&mut report(u64::MAX - 1, u64::MAX - 1), at(10), WIN);
+        t.record(&mut report(u64::MAX, u64::MAX), at(15), WIN);
+        t.each(|_, _, c| claimed = c.upstreams()[0].claim());
+        assert_eq!(claimed, (u64::MAX, u64::MAX));
+        // Connect failures and 5xx answers add up to more than a u64.
+        let mut both = report(u64::MAX, u64::MAX);
+        both.upstreams[0].connect_fail_total = u64::MAX;
+        t.record(&mut both, at(20), WIN);
+        // A peer's summary with the largest figures.
+        let mut summary = t.summary(at(20), WIN);
+        summary[0].upstreams[0].requests = u64::MAX;
+        summary[0].upstreams[0].errors = u64::MAX;
+        let there = Traffic::default();
+        there.set_remote("r1", &summary, at(20), WIN);
+        let w = window(&there, at(20));
+        assert_eq!((w.requests, w.errors), (most, most));
     }
 
     #[test]

@@ -212,6 +212,7 @@ mod tests {
             tls: false,
             observed: true,
             declared: false,
+            via: None,
         }
     }
 

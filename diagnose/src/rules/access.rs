@@ -51,7 +51,7 @@ pub(super) fn edge_entries<'a>(
     if input.path.is_some() {
         return entries;
     }
-    let name = input.cluster.as_str();
+    let name = input.edge_name();
     let own: BTreeSet<&str> = edge
         .cluster(name)
         .into_iter()
@@ -109,7 +109,7 @@ pub fn edge_weight(input: &DiagnosisInput, edge: &SidecarEvidence) -> Option<(bo
 /// How a set of lines is named in evidence.
 pub(super) fn filter_text(input: &DiagnosisInput) -> String {
     input.path.as_deref().map_or_else(
-        || format!("cluster {}", input.cluster),
+        || format!("cluster {}", input.edge_name()),
         |p| format!("path {p}"),
     )
 }

@@ -95,7 +95,7 @@ pub(super) fn edge_discovery(input: &DiagnosisInput) -> Outcome {
         );
     };
     let mut evidence = Vec::new();
-    match discover(edge, clusters, &input.cluster, &mut evidence) {
+    match discover(edge, clusters, input.edge_name(), &mut evidence) {
         Ok(()) => outcome(
             NAME,
             Verdict::Pass,

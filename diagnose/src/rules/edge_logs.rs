@@ -5,8 +5,8 @@ use std::collections::BTreeSet;
 
 use super::access::{edge_entries, filter_text, followed, is_failure};
 use super::{
-    IDENTITY_ACTION, MAX_QUOTED_LINES, Outcome, SECRETS_NOT_READY, message_of, outcome, skipped,
-    who,
+    IDENTITY_ACTION, MAX_QUOTED_LINES, Outcome, SECRETS_NOT_READY, answered_by_service, message_of,
+    outcome, skipped, who,
 };
 use crate::evidence::{DiagnosisInput, SidecarEvidence};
 use crate::report::{StepName, Verdict};
@@ -184,10 +184,10 @@ pub(super) fn edge_logs(input: &DiagnosisInput) -> Outcome {
                 Verdict::Fail,
                 evidence,
                 "Discovery problem: verify that all mesh objects for the service exist (cluster, route, shared_rules, domain and listener objects) and that instances are registered.",
-                match edge.cluster(&input.cluster) {
+                match edge.cluster(input.edge_name()) {
                     Some(c) if c.hosts.is_empty() => format!(
                         "the edge answered 503 {flags} with upstream host '-': its cluster {} has no endpoints.",
-                        input.cluster
+                        input.edge_name()
                     ),
                     _ => format!(
                         "the edge answered 503 {flags} with upstream host '-': a discovery problem."
@@ -198,21 +198,34 @@ pub(super) fn edge_logs(input: &DiagnosisInput) -> Outcome {
         );
     }
     if let Some(h) = host {
-        if last.has_flag("UF") || last.has_flag("URX") || code == 503 {
-            return outcome(
+        let connect_failed = last.has_flag("UF") || last.has_flag("URX");
+        if connect_failed || code == 503 {
+            let o = outcome(
                 NAME,
                 Verdict::Fail,
                 evidence,
                 "Discovery from the edge to the sidecar works: check the service sidecar's logs.",
                 format!("the edge answered {code} {flags} from the service sidecar {h}."),
             );
+            // Without a connection failure, the 503 came back from the service.
+            return if connect_failed {
+                o
+            } else {
+                answered_by_service(o)
+            };
         }
     }
-    outcome(
+    let o = outcome(
         NAME,
         Verdict::Fail,
         evidence,
         "Look at the edge's line: its response flags name the failure; then check the service sidecar's logs.",
         format!("the edge answered {code} {flags}."),
-    )
+    );
+    // A 5xx from a host (an error answered, or a timeout): the service's answer.
+    if code >= 500 && host.is_some() {
+        answered_by_service(o)
+    } else {
+        o
+    }
 }

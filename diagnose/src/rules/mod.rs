@@ -34,6 +34,8 @@ struct Outcome {
     /// finding places it elsewhere: "no trace in the service sidecar" is a failure of
     /// the link between the sidecars).
     depth: u8,
+    /// The failure is the service's own answer ([`Failure::answered_by_service`]).
+    answered_by_service: bool,
 }
 
 fn outcome(
@@ -47,7 +49,14 @@ fn outcome(
         step: Step::new(name, verdict, evidence, action),
         finding: finding.into(),
         depth: name.depth(),
+        answered_by_service: false,
     }
+}
+
+/// Marks a failure as the service's own answer ([`Failure::answered_by_service`]).
+fn answered_by_service(mut o: Outcome) -> Outcome {
+    o.answered_by_service = true;
+    o
 }
 
 /// A check skipped for lack of evidence: what was not read, and how to get it.
@@ -92,6 +101,7 @@ pub fn diagnose(input: &DiagnosisInput) -> DiagnosisReport {
     let failure = deepest.map(|o| Failure {
         step: o.step.name,
         finding: o.finding.clone(),
+        answered_by_service: o.answered_by_service,
     });
     DiagnosisReport {
         cluster: input.cluster.clone(),

@@ -60,7 +60,7 @@ pub(super) fn mtls(input: &DiagnosisInput) -> Outcome {
             let mut any_ssl = false;
             // An edge talks to every service of the mesh: only its listeners and its
             // cluster to the diagnosed service speak for this diagnosis.
-            let own_cluster = format!("cluster.{}.", input.cluster);
+            let own_cluster = format!("cluster.{}.", input.edge_name());
             let relevant = stats.iter().filter(|(name, _)| {
                 side.role == Role::Service
                     || !name.starts_with("cluster.")

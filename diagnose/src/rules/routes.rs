@@ -7,7 +7,7 @@ use crate::report::{StepName, Verdict};
 
 pub(super) fn edge_routes(input: &DiagnosisInput) -> Outcome {
     const NAME: StepName = StepName::EdgeRoutes;
-    let name = &input.cluster;
+    let name = input.edge_name();
     let Some(edge) = input.edge.as_ref().filter(|e| e.routes.is_some()) else {
         return skipped(
             NAME,

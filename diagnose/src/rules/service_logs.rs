@@ -2,7 +2,7 @@
 //! what their own line says about the local service.
 
 use super::access::{edge_followed, entries_for, filter_text, followed, is_failure};
-use super::{MAX_QUOTED_LINES, Outcome, outcome, skipped, who};
+use super::{MAX_QUOTED_LINES, Outcome, answered_by_service, outcome, skipped, who};
 use crate::accesslog::AccessLogEntry;
 use crate::evidence::{DiagnosisInput, SidecarEvidence};
 use crate::report::{StepName, Verdict};
@@ -48,7 +48,7 @@ pub(super) fn service_logs(input: &DiagnosisInput) -> Outcome {
     }
     let mut read = 0;
     let mut traced = false;
-    let mut failure: Option<(String, String)> = None;
+    let mut failure: Option<ServiceFailure> = None;
     for side in &input.services {
         let Some(lines) = &side.log_lines else {
             continue;
@@ -82,8 +82,13 @@ pub(super) fn service_logs(input: &DiagnosisInput) -> Outcome {
             "Run the service's meshcat agents with --sidecar-log-file, or read the service sidecar's logs with the container runtime's log command.",
         );
     }
-    if let Some((action, finding)) = failure {
-        return outcome(NAME, Verdict::Fail, evidence, &action, finding);
+    if let Some(f) = failure {
+        let o = outcome(NAME, Verdict::Fail, evidence, &f.action, f.finding);
+        return if f.answered_by_service {
+            answered_by_service(o)
+        } else {
+            o
+        };
     }
     if !traced {
         let what = match (&request_id, &input.path) {
@@ -130,35 +135,52 @@ pub(super) fn service_logs(input: &DiagnosisInput) -> Outcome {
     )
 }
 
+/// What a service sidecar's failing access line says.
+struct ServiceFailure {
+    action: String,
+    finding: String,
+    /// The local service answered the error, or did not answer in time.
+    answered_by_service: bool,
+}
+
 /// The action and finding of a service sidecar's failing access line.
-fn service_failure(side: &SidecarEvidence, e: &AccessLogEntry) -> (String, String) {
+fn service_failure(side: &SidecarEvidence, e: &AccessLogEntry) -> ServiceFailure {
     let code = e.response_code;
     let flags = e.flags_text();
     let inst = &side.instance;
-    match e.upstream_host.as_deref() {
+    let (action, finding, answered_by_service) = match e.upstream_host.as_deref() {
         None => (
-            "Discovery problem from the sidecar to the service: set the local cluster's address explicitly (the instance's address and port).".to_owned(),
+            "Discovery problem from the sidecar to the service: set the local cluster's address explicitly (the instance's address and port).",
             format!(
                 "the service sidecar {inst} has no endpoint for its local service: it answered {code} {flags} with upstream host '-'."
             ),
+            false,
         ),
         Some(h) if e.has_flag("UF") => (
-            "Start the local service, or make it listen on the local cluster's address; if it listens on another port, set the local cluster's port (the instance's address and port) to it.".to_owned(),
+            "Start the local service, or make it listen on the local cluster's address; if it listens on another port, set the local cluster's port (the instance's address and port) to it.",
             format!(
                 "the local service refuses connections at {h}: the service sidecar {inst} answered {code} {flags}."
             ),
+            false,
         ),
         Some(h) if e.has_flag("UT") || e.has_flag("UC") || e.has_flag("UR") => (
-            "The local service accepted the connection but did not answer in time or reset it: look at the service's own logs and load.".to_owned(),
+            "The local service accepted the connection but did not answer in time or reset it: look at the service's own logs and load.",
             format!(
                 "the local service at {h} timed out or reset the request: the service sidecar {inst} answered {code} {flags}."
             ),
+            true,
         ),
         Some(h) => (
-            "The local service answered the error itself: look at the service's own logs.".to_owned(),
+            "The local service answered the error itself: look at the service's own logs.",
             format!(
                 "the local service at {h} answered {code} {flags} through the service sidecar {inst}."
             ),
+            true,
         ),
+    };
+    ServiceFailure {
+        action: action.to_owned(),
+        finding,
+        answered_by_service,
     }
 }

@@ -294,3 +294,122 @@ fn every_tls_marker_marks_a_tls_line() {
         );
     }
 }
+
+/// A caller's sidecar in the edge's role, reaching `svc-b` (its sidecar at :9)
+/// under its own name `b-by-address`, with a failing call and a TLS failure on
+/// that cluster.
+fn caller_naming_it_otherwise() -> DiagnosisInput {
+    let mut caller = SidecarEvidence::new(Role::Edge, "svc-a-0");
+    caller.clusters = Some(vec![
+        cluster("b-by-address", &["127.0.0.1:9"]),
+        cluster("other", &["127.0.0.1:4"]),
+    ]);
+    caller.routes = Some(vec![crate::evidence::RouteEntry {
+        route_config: "egress".into(),
+        virtual_host: "all".into(),
+        matcher: "prefix /b".into(),
+        cluster: "b-by-address".into(),
+    }]);
+    caller.log_lines = Some(vec![
+        access("/b/items", 200, "-", "b-ok", "127.0.0.1:9"),
+        access("/b/items", 503, "URX,UF", "b-bad", "127.0.0.1:9"),
+        access("/other", 200, "-", "o-ok", "127.0.0.1:4"),
+    ]);
+    caller.ssl_stats = Some(
+        [("cluster.b-by-address.ssl.connection_error".to_owned(), 2)]
+            .into_iter()
+            .collect(),
+    );
+    let mut input = DiagnosisInput::new("svc-b", "east");
+    input.edge = Some(caller);
+    input
+}
+
+#[test]
+fn the_edges_checks_ask_for_the_cluster_by_the_edges_own_name_for_it() {
+    // By the catalog's name, the caller's sidecar knows no such cluster.
+    let r = diagnose(&caller_naming_it_otherwise());
+    let discovery = r.step(StepName::EdgeDiscovery).unwrap();
+    assert_eq!(discovery.verdict, Verdict::Fail, "{discovery:#?}");
+    assert!(r.conclusion.contains("does not exist"), "{}", r.conclusion);
+
+    let mut input = caller_naming_it_otherwise();
+    input.edge_cluster = Some("b-by-address".into());
+    let r = diagnose(&input);
+    assert_eq!(
+        verdicts(&r)[..5],
+        [
+            ("edge_discovery", Verdict::Pass),
+            ("service_discovery", Verdict::Skipped),
+            ("mtls", Verdict::Fail),
+            ("edge_routes", Verdict::Pass),
+            ("edge_logs", Verdict::Fail),
+        ],
+        "{r:#?}"
+    );
+    let mtls = r.step(StepName::Mtls).unwrap();
+    assert!(
+        mtls.evidence
+            .iter()
+            .any(|e| e.contains("cluster.b-by-address.ssl.connection_error = 2")),
+        "{mtls:#?}"
+    );
+    let logs = r.step(StepName::EdgeLogs).unwrap();
+    assert!(
+        logs.evidence
+            .iter()
+            .any(|e| e.contains("2 access lines for cluster b-by-address, 1 failing")),
+        "{logs:#?}"
+    );
+    assert!(logs.evidence.iter().all(|e| !e.contains("o-ok")));
+    let failure = r.failure.unwrap();
+    assert_eq!(failure.step, StepName::Mtls);
+    assert!(!failure.answered_by_service);
+}
+
+#[test]
+fn a_failure_the_service_answered_is_told_from_one_on_its_way() {
+    let service_line = |code: u16, flags: &str, host: &str| {
+        let mut input = two_services("catalog");
+        input.services[0].log_lines = Some(vec![access("/catalog/a", code, flags, "c-bad", host)]);
+        diagnose(&input).failure.unwrap()
+    };
+    // The local service answered the error, or did not answer in time.
+    for (code, flags) in [(500, "-"), (503, "-"), (504, "UT"), (503, "UC")] {
+        let f = service_line(code, flags, "127.0.0.1:7");
+        assert_eq!(f.step, StepName::ServiceLogs, "{code} {flags}");
+        assert!(f.answered_by_service, "{code} {flags}: {f:?}");
+    }
+    // It refused the connection, or the sidecar has no endpoint for it.
+    for (flags, host) in [("UF", "127.0.0.1:7"), ("UH", "-")] {
+        let f = service_line(503, flags, host);
+        assert_eq!(f.step, StepName::ServiceLogs, "{flags}");
+        assert!(!f.answered_by_service, "{flags}: {f:?}");
+    }
+    // From the edge's line alone (no service log read).
+    let edge_line = |code: u16, flags: &str, host: &str| {
+        let mut input = two_services("catalog");
+        input.services.clear();
+        let edge = input.edge.as_mut().unwrap();
+        edge.log_lines = Some(vec![access("/catalog/a", code, flags, "c-bad", host)]);
+        // A line that reached no host is the cluster's by its route.
+        edge.routes = Some(vec![crate::evidence::RouteEntry {
+            route_config: "edge".into(),
+            virtual_host: "mesh".into(),
+            matcher: "prefix /catalog/".into(),
+            cluster: "catalog".into(),
+        }]);
+        diagnose(&input).failure.unwrap()
+    };
+    for (code, flags, by_service) in [
+        (503, "-", true),
+        (500, "-", true),
+        (504, "UT", true),
+        (503, "URX,UF", false),
+        (503, "UH", false),
+    ] {
+        let host = if flags == "UH" { "-" } else { "127.0.0.1:2" };
+        let f = edge_line(code, flags, host);
+        assert_eq!(f.answered_by_service, by_service, "{code} {flags}: {f:?}");
+    }
+}

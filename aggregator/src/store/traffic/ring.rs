@@ -65,7 +65,8 @@ impl Ring {
         let clamp = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
         slot.0 = slot.0.saturating_add(clamp(requests));
         slot.1 = slot.1.saturating_add(clamp(errors));
-        if requests + errors > 0 {
+        // Agent-supplied figures: a sum could overflow.
+        if requests > 0 || errors > 0 {
             self.last_seen = Some(self.last_seen.map_or(now, |t| t.max(now)));
         }
     }
@@ -79,8 +80,8 @@ impl Ring {
         let oldest = now_bucket.saturating_sub(n - 1);
         for b in oldest.max(self.head.saturating_sub(n - 1))..=self.head.min(now_bucket) {
             let (r, e) = self.buckets[(b % n) as usize];
-            w.requests += u64::from(r);
-            w.errors += u64::from(e);
+            w.requests = w.requests.saturating_add(u64::from(r));
+            w.errors = w.errors.saturating_add(u64::from(e));
         }
         w.last_seen = self
             .last_seen
@@ -144,5 +145,21 @@ mod tests {
         r.add(Clock::at(epoch, at(80), win), at(80), 1, 0);
         r.add(Clock::at(epoch, at(5), win), at(5), 100, 0);
         assert_eq!(r.window(epoch, at(80), win).requests, 1);
+    }
+
+    #[test]
+    fn the_largest_figures_saturate() {
+        let epoch = Instant::now();
+        let win = Duration::from_secs(60);
+        let mut r = Ring::default();
+        for s in 0..WINDOW_BUCKETS as u64 {
+            let at = epoch + Duration::from_secs(5 * s);
+            r.add(Clock::at(epoch, at, win), at, u64::MAX, u64::MAX);
+            r.add(Clock::at(epoch, at, win), at, u64::MAX, 1);
+        }
+        let now = epoch + Duration::from_secs(55);
+        let w = r.window(epoch, now, win);
+        let most = u64::from(u32::MAX) * WINDOW_BUCKETS as u64;
+        assert_eq!((w.requests, w.errors, w.last_seen), (most, most, Some(now)));
     }
 }
