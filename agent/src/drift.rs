@@ -32,8 +32,9 @@
 //! of its canonical JSON (keys sorted, no spaces). A kind's hash is the SHA-256 of its
 //! resources' digests sorted by (name, digest), since Envoy's order of them carries no
 //! meaning; the whole hash is the SHA-256 of the kinds' hashes, the bootstrap's fields'
-//! digests and the other sections' digests. Each is sent as its first 8 bytes in 16
-//! lowercase hex digits.
+//! digests and the other sections' digests (by `@type`, then digest: every section of
+//! a type that Envoy writes more than once counts, in any order). Each is sent as its
+//! first 8 bytes in 16 lowercase hex digits.
 
 use std::collections::BTreeMap;
 
@@ -98,8 +99,10 @@ pub struct DriftHasher {
     kinds: BTreeMap<ResourceKind, Vec<(String, Digest)>>,
     /// The bootstrap's fields by name, without the node and admin.
     bootstrap: BTreeMap<String, Digest>,
-    /// Sections of other types by `@type`, without their stamps.
-    other: BTreeMap<String, Digest>,
+    /// Sections of other types by `@type`, without their stamps. Envoy may write
+    /// several sections of one type (an `EcdsConfigDump` per kind of discovered
+    /// filter: HTTP, listener, network...), so each type keeps every section's digest.
+    other: BTreeMap<String, Vec<Digest>>,
     /// The canonical text of the resource being hashed (kept to reuse its memory).
     text: String,
 }
@@ -123,7 +126,7 @@ impl DriftHasher {
                     strip_stamps(&mut v, 0);
                     scrub(&mut v, 0);
                     let d = self.digest(&v);
-                    self.other.insert(ty, d);
+                    self.other.entry(ty).or_default().push(d);
                 }
                 return;
             }
@@ -172,10 +175,18 @@ impl DriftHasher {
             whole.update(h.as_ref());
             kinds.insert(kind.as_str().to_owned(), hex8(h.as_ref()));
         }
-        for (part, digests) in [("bootstrap", &self.bootstrap), ("other", &self.other)] {
-            whole.update(part.as_bytes());
-            for (name, d) in digests {
-                whole.update(name.as_bytes());
+        whole.update(b"bootstrap");
+        for (name, d) in &self.bootstrap {
+            whole.update(name.as_bytes());
+            whole.update(d);
+        }
+        // The sections of one type in digest order: Envoy's order of them (the order
+        // its filter kinds registered) carries no meaning.
+        whole.update(b"other");
+        for (ty, digests) in &mut self.other {
+            digests.sort_unstable();
+            for d in digests.iter() {
+                whole.update(ty.as_bytes());
                 whole.update(d);
             }
         }
@@ -460,6 +471,40 @@ mod tests {
             .filter(|k| a.kinds[*k] != c.kinds[*k])
             .collect();
         assert_eq!(differs, ["routes"]);
+    }
+
+    /// Envoy writes one `EcdsConfigDump` per kind of discovered filter (here an HTTP
+    /// filter and a listener filter): a change in either changes the whole hash, and
+    /// their order does not.
+    #[test]
+    fn every_section_of_a_repeated_type_counts_in_any_order() {
+        let d = fixture("ecds_two_filter_kinds");
+        let ecds: Vec<usize> = d["configs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c["@type"].as_str().unwrap().ends_with(".EcdsConfigDump"))
+            .map(|(i, _)| i)
+            .collect();
+        assert_eq!(ecds.len(), 2, "one section per filter kind");
+        let base = config_hashes(&d);
+        for &i in &ecds {
+            let mut e = d.clone();
+            let filter = &mut e["configs"][i]["ecds_filters"][0]["ecds_filter"];
+            let name = filter["name"].as_str().unwrap().to_owned();
+            filter["name"] = format!("{name}_renamed").into();
+            let h = config_hashes(&e);
+            assert_ne!(h.config, base.config, "filter {name}");
+            assert_eq!(h.kinds, base.kinds, "filter {name}");
+        }
+        let mut swapped = d.clone();
+        swapped["configs"]
+            .as_array_mut()
+            .unwrap()
+            .swap(ecds[0], ecds[1]);
+        assert_ne!(swapped, d);
+        assert_eq!(config_hashes(&swapped), base);
     }
 
     /// An edit of a dump, named for the test's messages.
