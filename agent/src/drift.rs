@@ -523,21 +523,10 @@ mod tests {
             config_hashes(&d)
         };
         // Per instance: the same hashes.
-        let same: [Edit<'_>; 4] = [
+        let same: [Edit<'_>; 3] = [
             ("last_updated", &|d| {
                 let s = section_mut(d, "ClustersConfigDump");
                 s["static_clusters"][0]["last_updated"] = "2030-01-01T00:00:00Z".into();
-            }),
-            ("endpoint order", &|d| {
-                let s = section_mut(d, "ClustersConfigDump");
-                for c in s["static_clusters"].as_array_mut().unwrap() {
-                    if let Some(lbs) =
-                        c["cluster"]["load_assignment"]["endpoints"][0]["lb_endpoints"]
-                            .as_array_mut()
-                    {
-                        lbs.reverse();
-                    }
-                }
             }),
             ("listener order", &|d| {
                 let s = section_mut(d, "ListenersConfigDump");
@@ -609,6 +598,61 @@ mod tests {
         });
         assert_ne!(h.config, base.config);
         assert_eq!(h.kinds, base.kinds);
+    }
+
+    /// Endpoints are compared as sets, within a locality and across localities. The
+    /// endpoints differ in what is kept (weight, locality, priority), not only in their
+    /// addresses (left out), so that an order that counted would show.
+    #[test]
+    fn endpoint_order_does_not_count() {
+        let mut weighted = fixture("orders_a");
+        let plain = config_hashes(&weighted);
+        {
+            let s = section_mut(&mut weighted, "ClustersConfigDump");
+            let payments = s["static_clusters"]
+                .as_array_mut()
+                .unwrap()
+                .iter_mut()
+                .find(|c| c["cluster"]["name"] == "payments")
+                .unwrap();
+            let groups = payments["cluster"]["load_assignment"]["endpoints"]
+                .as_array_mut()
+                .unwrap();
+            let lbs = groups[0]["lb_endpoints"].as_array_mut().unwrap();
+            assert_eq!(lbs.len(), 2);
+            for (i, lb) in lbs.iter_mut().enumerate() {
+                lb["load_balancing_weight"] = (i + 1).into();
+            }
+            groups[0]["locality"] = serde_json::json!({"zone": "z1"});
+            let mut other = groups[0].clone();
+            other["locality"] = serde_json::json!({"zone": "z2"});
+            other["priority"] = 1.into();
+            groups.push(other);
+        }
+        let base = config_hashes(&weighted);
+        assert_ne!(
+            base.kinds["clusters"], plain.kinds["clusters"],
+            "weights count"
+        );
+        let reordered = |edit: &dyn Fn(&mut Vec<Value>)| {
+            let mut d = weighted.clone();
+            let s = section_mut(&mut d, "ClustersConfigDump");
+            for c in s["static_clusters"].as_array_mut().unwrap() {
+                if let Some(groups) = c["cluster"]["load_assignment"]["endpoints"].as_array_mut() {
+                    edit(groups);
+                }
+            }
+            assert_ne!(d, weighted, "the edit changes the dump");
+            config_hashes(&d)
+        };
+        let within = reordered(&|groups| {
+            for g in groups {
+                g["lb_endpoints"].as_array_mut().unwrap().reverse();
+            }
+        });
+        assert_eq!(within, base, "lb_endpoints reversed");
+        let across = reordered(&|groups| groups.reverse());
+        assert_eq!(across, base, "localities reversed");
     }
 
     /// No secret material in what is hashed: the certificate and the (redacted) key
