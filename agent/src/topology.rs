@@ -1,7 +1,7 @@
 //! What the graph needs from one sidecar: each upstream cluster's traffic (from the
 //! stats of every scrape) and the sidecar's listeners with the clusters their routes
-//! name, plus which clusters use TLS (from `/config_dump`, read again only when the
-//! counters of listener, cluster or route changes move). The drift hashes
+//! name, plus which clusters use TLS (from `/config_dump`, read again only when
+//! [`config_version`] moves: a configuration change or a restart). The drift hashes
 //! ([`crate::drift`]) are computed at that same read and kept beside the topology.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -64,17 +64,22 @@ impl TopologyCache {
     }
 }
 
-/// A number that changes when the sidecar's listeners, clusters, routes or SDS
-/// secrets change: Envoy's counters of listener and cluster additions, modifications
-/// and removals, of route reloads and of TLS contexts updated by SDS, with the
-/// sidecar's start time (a restarted sidecar counts from zero again).
+/// A number that changes when the sidecar's listeners, clusters, routes, discovered
+/// filters or SDS secrets change: Envoy's counters of listener and cluster additions,
+/// modifications and removals, of route reloads (`http.<prefix>.rds.<name>.config_reload`
+/// and `http.<prefix>.scoped_rds.<name>.config_reload`), of filter configurations
+/// reloaded by ECDS (`extension_config_discovery.<kind>.<name>.config_reload`) and of TLS
+/// contexts updated by SDS, with the sidecar's start time (a restarted sidecar counts
+/// from zero again). [`crate::envoy::STATS_FILTER`] asks Envoy for them.
 pub fn config_version(stats: &StatsSnapshot, start_time_ms: i64) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     start_time_ms.hash(&mut h);
     for (name, v) in &stats.values {
+        let reload = name.ends_with(".config_reload");
         let config = name.starts_with("listener_manager.listener_")
             || name.starts_with("cluster_manager.cluster_")
-            || (name.starts_with("http.") && name.ends_with(".config_reload"))
+            || (reload && name.starts_with("http."))
+            || (reload && name.starts_with("extension_config_discovery."))
             || name.ends_with("_ssl_socket_factory.ssl_context_update_by_sds");
         if config {
             name.hash(&mut h);
@@ -339,6 +344,15 @@ mod tests {
             ("listener_manager.listener_added", 2),
             ("cluster_manager.cluster_added", 3),
             ("http.ingress_http.rds.routes.config_reload", 1),
+            ("http.ingress_http.scoped_rds.scoped.config_reload", 1),
+            (
+                "extension_config_discovery.http_filter.fault.config_reload",
+                1,
+            ),
+            (
+                "extension_config_discovery.tcp_listener_filter.tls_inspector.config_reload",
+                1,
+            ),
             (
                 "cluster.payments.client_ssl_socket_factory.ssl_context_update_by_sds",
                 1,
@@ -355,10 +369,11 @@ mod tests {
             s[i].1 = value;
             config_version(&stats(&s), 1_000)
         };
-        for (i, (name, _)) in base.iter().enumerate().take(5) {
+        let traffic = base.len() - 1;
+        for (i, (name, _)) in base.iter().enumerate().take(traffic) {
             assert_ne!(with(i, 9), v, "{name}");
         }
-        assert_eq!(with(5, 99), v, "traffic is not configuration");
+        assert_eq!(with(traffic, 99), v, "traffic is not configuration");
         assert_ne!(config_version(&stats(&base), 2_000), v, "a restart");
     }
 }
