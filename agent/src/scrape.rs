@@ -8,17 +8,17 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use meshcat_common::wire::InstanceReport;
 use serde::Deserialize;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::{Semaphore, oneshot, watch};
 use tokio::task::JoinHandle;
 use tracing::{debug, error, info, warn};
 
 use crate::Agent;
 use crate::board::{Board, Lease};
 use crate::config::parse_host_port;
-use crate::drift;
+use crate::drift::{self, ConfigHashes};
 use crate::envoy::{EnvoyAdmin, EnvoyError, seed_level};
 use crate::metrics_object::{self, HostSampler};
-use crate::topology::{self, TopologyCache};
+use crate::topology::{self, Topology, TopologyCache};
 
 /// Largest targets file read.
 pub const MAX_TARGETS_FILE: u64 = 1 << 20;
@@ -268,7 +268,8 @@ async fn read_topology(
     let own_host = target
         .admin
         .rsplit_once(':')
-        .map_or("", |(h, _)| h.trim_start_matches('[').trim_end_matches(']'));
+        .map_or("", |(h, _)| h.trim_start_matches('[').trim_end_matches(']'))
+        .to_owned();
     let (dump, listeners) = tokio::join!(admin.config_dump_bytes(), admin.listeners());
     let bound = match listeners {
         Ok(l) => l
@@ -291,17 +292,8 @@ async fn read_topology(
             return;
         }
     };
-    let mut reader = topology::TopologyReader::new(&bound, own_host);
-    let mut hasher = drift::DriftHasher::default();
-    let read = crate::config_dump::read(&text, |item| {
-        reader.take(&item);
-        hasher.take(item);
-    });
-    drop(text);
-    match read {
-        Ok(()) => {
-            let t = reader.finish();
-            let hashes = hasher.finish();
+    match parse_dump(text, bound, own_host).await {
+        Ok((t, hashes)) => {
             debug!(instance = %target.instance, listeners = t.listeners.len(), config_hash = %hashes.config, "Sidecar configuration read.");
             cache.store(version, t, hashes);
         }
@@ -309,6 +301,47 @@ async fn read_topology(
             warn!(instance = %target.instance, error = %e, "Sidecar /config_dump cannot be parsed.");
         }
     }
+}
+
+/// One `/config_dump` parsed at a time in the whole agent: each parse holds its
+/// dump's resources while it runs (megabytes for a big mesh), and sidecars that change
+/// together (one control-plane push) would otherwise parse side by side, each on a
+/// thread of its own with its own allocator arena.
+static DUMP_PARSES: Semaphore = Semaphore::const_new(1);
+
+/// Why a fetched `/config_dump` gave no topology.
+#[derive(Debug, thiserror::Error)]
+enum ParseError {
+    #[error("not a config dump: {0}")]
+    Json(#[from] crate::config_dump::Error),
+    #[error("the parse ended early: {0}")]
+    Stopped(#[from] tokio::task::JoinError),
+}
+
+/// The topology and drift hashes of `text` (a `/config_dump`), computed on a thread
+/// of the blocking pool (created when needed, gone when idle): tens of milliseconds
+/// of CPU per megabyte of dump, which on the agent's one runtime thread would hold
+/// back every other sidecar's scrape and the connection to the aggregator.
+async fn parse_dump(
+    text: Vec<u8>,
+    bound: BTreeMap<String, (String, u32)>,
+    own_host: String,
+) -> Result<(Topology, ConfigHashes), ParseError> {
+    let permit = DUMP_PARSES.acquire().await.expect("never closed");
+    let parse = tokio::task::spawn_blocking(move || {
+        // Held by the parse itself: a scrape stopped while it runs (its target
+        // removed) does not let another parse start beside it.
+        let _permit = permit;
+        let mut reader = topology::TopologyReader::new(&bound, &own_host);
+        let mut hasher = drift::DriftHasher::default();
+        let read = crate::config_dump::read(&text, |item| {
+            reader.take(&item);
+            hasher.take(item);
+        });
+        drop(text);
+        read.map(|()| (reader.finish(), hasher.finish()))
+    });
+    Ok(parse.await??)
 }
 
 /// Scrapes `target` every `interval` until aborted.
@@ -516,6 +549,34 @@ mod tests {
         )
         .unwrap();
         assert_ne!(two[0].key(), two[1].key());
+    }
+
+    /// The parse of a dump waits for a thread of the blocking pool (here the pool's
+    /// only thread is busy), and the runtime thread stays free meanwhile.
+    #[test]
+    fn a_dump_is_parsed_off_the_runtime_thread() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .max_blocking_threads(1)
+            .build()
+            .unwrap();
+        let path = format!(
+            "{}/tests/fixtures/config_dumps/orders_a.json",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let text = std::fs::read(path).unwrap();
+        let mut expected = drift::DriftHasher::default();
+        crate::config_dump::read(&text, |item| expected.take(item)).unwrap();
+        runtime.block_on(async {
+            let (release, busy_until) = std::sync::mpsc::channel::<()>();
+            let busy = tokio::task::spawn_blocking(move || busy_until.recv());
+            let mut parse = std::pin::pin!(parse_dump(text, BTreeMap::new(), "10.0.0.1".into()));
+            assert!(futures::poll!(parse.as_mut()).is_pending());
+            release.send(()).unwrap();
+            busy.await.unwrap().unwrap();
+            let (topology, hashes) = parse.await.unwrap();
+            assert_eq!(hashes, expected.finish());
+            assert_eq!(topology.listeners.len(), 2);
+        });
     }
 
     /// Removals race scrapers that report as fast as they can (their sidecar refuses
