@@ -18,7 +18,7 @@ use crate::config::parse_host_port;
 use crate::drift::{self, ConfigHashes};
 use crate::envoy::{EnvoyAdmin, EnvoyError, seed_level};
 use crate::metrics_object::{self, HostSampler};
-use crate::topology::{self, Topology, TopologyCache};
+use crate::topology::{self, ReadFailure, Topology, TopologyCache};
 
 /// Largest targets file read.
 pub const MAX_TARGETS_FILE: u64 = 1 << 20;
@@ -222,7 +222,7 @@ async fn scrape_fallible(
     }
     let version = topology::config_version(&stats, start_time_ms);
     if topology.stale(version) {
-        read_topology(admin, target, version, topology).await;
+        read_topology(admin, target, version, start_time_ms, topology).await;
     }
     let level = match level {
         Ok(l) => Some(seed_level(&l).to_owned()),
@@ -257,12 +257,16 @@ async fn scrape_fallible(
     })
 }
 
-/// Reads the sidecar's `/config_dump` into `cache` (its topology and drift hashes); a
-/// failed read is tried again at the next scrape and leaves the last ones in place.
+/// Reads the sidecar's `/config_dump` into `cache` (its topology and drift hashes).
+/// A failed read leaves the last ones in place unless the sidecar restarted since
+/// ([`TopologyCache::failed`]); it is tried again at the next scrape, or, when the dump
+/// itself is at fault (too large, not a config dump), once the configuration moves,
+/// logged once at WARN.
 async fn read_topology(
     admin: &EnvoyAdmin,
     target: &Target,
     version: u64,
+    start_time_ms: i64,
     cache: &mut TopologyCache,
 ) {
     let own_host = target
@@ -285,20 +289,26 @@ async fn read_topology(
             Default::default()
         }
     };
-    let text = match dump {
-        Ok(text) => text,
-        Err(e) => {
-            debug!(instance = %target.instance, error = %e, "Sidecar /config_dump not read.");
-            return;
-        }
+    let read = match dump {
+        Ok(text) => parse_dump(text, bound, own_host).await,
+        Err(e) => Err(DumpError::Fetch(e)),
     };
-    match parse_dump(text, bound, own_host).await {
+    match read {
         Ok((t, hashes)) => {
             debug!(instance = %target.instance, listeners = t.listeners.len(), config_hash = %hashes.config, "Sidecar configuration read.");
-            cache.store(version, t, hashes);
+            cache.store(version, start_time_ms, t, hashes);
         }
         Err(e) => {
-            warn!(instance = %target.instance, error = %e, "Sidecar /config_dump cannot be parsed.");
+            let failure = e.failure();
+            match failure {
+                ReadFailure::Lasting => {
+                    warn!(instance = %target.instance, error = %e, "Sidecar /config_dump not read; read again when its configuration changes.");
+                }
+                ReadFailure::Passing => {
+                    debug!(instance = %target.instance, error = %e, "Sidecar /config_dump not read.");
+                }
+            }
+            cache.failed(version, start_time_ms, failure);
         }
     }
 }
@@ -309,13 +319,29 @@ async fn read_topology(
 /// thread of its own with its own allocator arena.
 static DUMP_PARSES: Semaphore = Semaphore::const_new(1);
 
-/// Why a fetched `/config_dump` gave no topology.
+/// Why a `/config_dump` read gave no topology.
 #[derive(Debug, thiserror::Error)]
-enum ParseError {
-    #[error("not a config dump: {0}")]
+enum DumpError {
+    #[error(transparent)]
+    Fetch(EnvoyError),
+    #[error("admin answer to /config_dump is not a config dump: {0}")]
     Json(#[from] crate::config_dump::Error),
-    #[error("the parse ended early: {0}")]
+    #[error("the parse of /config_dump ended early: {0}")]
     Stopped(#[from] tokio::task::JoinError),
+}
+
+impl DumpError {
+    /// Whether another try at the same configuration may succeed.
+    fn failure(&self) -> ReadFailure {
+        match self {
+            DumpError::Fetch(EnvoyError::TooLarge { .. }) | DumpError::Json(_) => {
+                ReadFailure::Lasting
+            }
+            // A parse that panicked would panic again on the same dump.
+            DumpError::Stopped(e) if e.is_panic() => ReadFailure::Lasting,
+            DumpError::Fetch(_) | DumpError::Stopped(_) => ReadFailure::Passing,
+        }
+    }
 }
 
 /// The topology and drift hashes of `text` (a `/config_dump`), computed on a thread
@@ -326,7 +352,7 @@ async fn parse_dump(
     text: Vec<u8>,
     bound: BTreeMap<String, (String, u32)>,
     own_host: String,
-) -> Result<(Topology, ConfigHashes), ParseError> {
+) -> Result<(Topology, ConfigHashes), DumpError> {
     let permit = DUMP_PARSES.acquire().await.expect("never closed");
     let parse = tokio::task::spawn_blocking(move || {
         // Held by the parse itself: a scrape stopped while it runs (its target
@@ -549,6 +575,35 @@ mod tests {
         )
         .unwrap();
         assert_ne!(two[0].key(), two[1].key());
+    }
+
+    #[tokio::test]
+    async fn only_a_dump_at_fault_waits_for_the_next_change() {
+        let too_large = EnvoyError::TooLarge {
+            path: "/config_dump".into(),
+            limit: crate::envoy::MAX_CONFIG_DUMP,
+        };
+        assert_eq!(DumpError::Fetch(too_large).failure(), ReadFailure::Lasting);
+        let not_json = crate::config_dump::read(b"{\"configs\": [", |_| {}).unwrap_err();
+        assert_eq!(DumpError::from(not_json).failure(), ReadFailure::Lasting);
+        let status = EnvoyError::Status {
+            addr: "127.0.0.1:9901".into(),
+            path: "/config_dump".into(),
+            status: 503,
+            body: String::new(),
+        };
+        assert_eq!(DumpError::Fetch(status).failure(), ReadFailure::Passing);
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = closed.local_addr().unwrap().to_string();
+        drop(closed);
+        let admin = EnvoyAdmin::new(&addr, Duration::from_secs(2)).unwrap();
+        let refused = admin.config_dump_bytes().await.unwrap_err();
+        assert!(matches!(refused, EnvoyError::Transport { .. }), "{refused}");
+        assert_eq!(DumpError::Fetch(refused).failure(), ReadFailure::Passing);
+        let panicked = tokio::task::spawn_blocking(|| panic!("a parse that panics"))
+            .await
+            .unwrap_err();
+        assert_eq!(DumpError::from(panicked).failure(), ReadFailure::Lasting);
     }
 
     /// The parse of a dump waits for a thread of the blocking pool (here the pool's
