@@ -9,12 +9,11 @@ use meshcat_common::config::{EXIT_USAGE, init_tracing, shutdown_signal};
 /// of CPU). A runtime with a worker per core would give a big node's agent dozens of
 /// threads, each with its own allocator arena holding freed pages: on 2 cores that
 /// alone took the agent from 15 to 22 MiB resident (docs/benchmarks.md). The one heavy
-/// computation, reading a `/config_dump` after a configuration change (up to 32 MiB;
-/// about 5 ms of CPU per MB), runs on a thread of the blocking pool, one dump at a
-/// time, so that it holds back neither the other sidecars' scrapes nor the connection
-/// to the aggregator. That thread is started when needed and ends after 10 s idle, but
-/// its arena stays (glibc keeps arenas for the next threads): for a 1.8 MB dump about
-/// 1.5 MiB more resident, within the agent's 20 MiB budget.
+/// computation, reading a `/config_dump` after a configuration change (about 5 ms of
+/// CPU per MB), runs on this thread for dumps up to 4 MiB and on a thread of the
+/// blocking pool above (up to the 32 MiB read limit), one at a time, so that a big
+/// dump holds back neither the other sidecars' scrapes nor the connection to the
+/// aggregator.
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let config = AgentConfig::from_args();

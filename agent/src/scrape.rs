@@ -313,11 +313,19 @@ async fn read_topology(
     }
 }
 
-/// One `/config_dump` parsed at a time in the whole agent: each parse holds its
+/// One large `/config_dump` parsed at a time in the whole agent: each parse holds its
 /// dump's resources while it runs (megabytes for a big mesh), and sidecars that change
 /// together (one control-plane push) would otherwise parse side by side, each on a
 /// thread of its own with its own allocator arena.
 static DUMP_PARSES: Semaphore = Semaphore::const_new(1);
+
+/// Dumps up to this size are parsed on the runtime thread: at most about 20 ms of
+/// CPU (about 5 ms per MB), and no thread of the blocking pool, whose allocator arena
+/// glibc keeps after it ends (1.5 to 2.4 MiB more resident for a 1.8 MB dump, over
+/// the agent's 20 MiB budget at its peak; docs/benchmarks.md). Larger ones, up to the
+/// 32 MiB read limit, are parsed on the blocking pool, so that they hold back neither
+/// the other sidecars' scrapes nor the connection to the aggregator.
+const INLINE_PARSE_MAX: usize = 4 << 20;
 
 /// Why a `/config_dump` read gave no topology.
 #[derive(Debug, thiserror::Error)]
@@ -328,6 +336,8 @@ enum DumpError {
     Json(#[from] crate::config_dump::Error),
     #[error("the parse of /config_dump ended early: {0}")]
     Stopped(#[from] tokio::task::JoinError),
+    #[error("the parse of /config_dump panicked")]
+    Panicked,
 }
 
 impl DumpError {
@@ -338,26 +348,32 @@ impl DumpError {
                 ReadFailure::Lasting
             }
             // A parse that panicked would panic again on the same dump.
+            DumpError::Panicked => ReadFailure::Lasting,
             DumpError::Stopped(e) if e.is_panic() => ReadFailure::Lasting,
             DumpError::Fetch(_) | DumpError::Stopped(_) => ReadFailure::Passing,
         }
     }
 }
 
-/// The topology and drift hashes of `text` (a `/config_dump`), computed on a thread
-/// of the blocking pool (created when needed, gone when idle): about 5 ms of CPU per
-/// MB of dump, up to 32 MiB, which on the agent's one runtime thread would hold back
-/// every other sidecar's scrape and the connection to the aggregator.
+/// The topology and drift hashes of `text` (a `/config_dump`): on the runtime thread
+/// up to [`INLINE_PARSE_MAX`], on the blocking pool above.
 async fn parse_dump(
     text: Vec<u8>,
     bound: BTreeMap<String, (String, u32)>,
     own_host: String,
 ) -> Result<(Topology, ConfigHashes), DumpError> {
-    let permit = DUMP_PARSES.acquire().await.expect("never closed");
-    let parse = tokio::task::spawn_blocking(move || {
-        // Held by the parse itself: a scrape stopped while it runs (its target
-        // removed) does not let another parse start beside it.
-        let _permit = permit;
+    parse_dump_within(text, bound, own_host, INLINE_PARSE_MAX).await
+}
+
+/// [`parse_dump`] with the largest dump parsed on the runtime thread given.
+async fn parse_dump_within(
+    text: Vec<u8>,
+    bound: BTreeMap<String, (String, u32)>,
+    own_host: String,
+    inline_max: usize,
+) -> Result<(Topology, ConfigHashes), DumpError> {
+    let inline = text.len() <= inline_max;
+    let parse = move || {
         let mut reader = topology::TopologyReader::new(&bound, &own_host);
         let mut hasher = drift::DriftHasher::default();
         let read = crate::config_dump::read(&text, |item| {
@@ -366,6 +382,19 @@ async fn parse_dump(
         });
         drop(text);
         read.map(|()| (reader.finish(), hasher.finish()))
+    };
+    if inline {
+        // A panic stays this dump's failure, not the scrape loop's end.
+        return std::panic::catch_unwind(std::panic::AssertUnwindSafe(parse))
+            .map_err(|_| DumpError::Panicked)?
+            .map_err(DumpError::from);
+    }
+    let permit = DUMP_PARSES.acquire().await.expect("never closed");
+    let parse = tokio::task::spawn_blocking(move || {
+        // Held by the parse itself: a scrape stopped while it runs (its target
+        // removed) does not let another parse start beside it.
+        let _permit = permit;
+        parse()
     });
     Ok(parse.await??)
 }
@@ -606,10 +635,11 @@ mod tests {
         assert_eq!(DumpError::from(panicked).failure(), ReadFailure::Lasting);
     }
 
-    /// The parse of a dump waits for a thread of the blocking pool (here the pool's
-    /// only thread is busy), and the runtime thread stays free meanwhile.
+    /// A dump above the inline bound is parsed on the blocking pool (here the pool's
+    /// only thread is busy: the parse waits while the runtime thread stays free); one
+    /// within it is parsed at once on the runtime thread, with the same result.
     #[test]
-    fn a_dump_is_parsed_off_the_runtime_thread() {
+    fn a_large_dump_is_parsed_off_the_runtime_thread() {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .max_blocking_threads(1)
             .build()
@@ -619,17 +649,35 @@ mod tests {
             env!("CARGO_MANIFEST_DIR")
         );
         let text = std::fs::read(path).unwrap();
+        assert!(text.len() <= INLINE_PARSE_MAX);
         let mut expected = drift::DriftHasher::default();
         crate::config_dump::read(&text, |item| expected.take(item)).unwrap();
+        let expected = expected.finish();
         runtime.block_on(async {
             let (release, busy_until) = std::sync::mpsc::channel::<()>();
             let busy = tokio::task::spawn_blocking(move || busy_until.recv());
-            let mut parse = std::pin::pin!(parse_dump(text, BTreeMap::new(), "10.0.0.1".into()));
-            assert!(futures::poll!(parse.as_mut()).is_pending());
+            // Within the bound: done at once although the pool is busy.
+            let mut small =
+                std::pin::pin!(parse_dump(text.clone(), BTreeMap::new(), "10.0.0.1".into()));
+            match futures::poll!(small.as_mut()) {
+                std::task::Poll::Ready(Ok((topology, hashes))) => {
+                    assert_eq!(hashes, expected);
+                    assert_eq!(topology.listeners.len(), 2);
+                }
+                other => panic!("a small dump is parsed inline: {other:?}"),
+            }
+            // Above the bound (0 here): it waits for the pool.
+            let mut large = std::pin::pin!(parse_dump_within(
+                text,
+                BTreeMap::new(),
+                "10.0.0.1".into(),
+                0
+            ));
+            assert!(futures::poll!(large.as_mut()).is_pending());
             release.send(()).unwrap();
             busy.await.unwrap().unwrap();
-            let (topology, hashes) = parse.await.unwrap();
-            assert_eq!(hashes, expected.finish());
+            let (topology, hashes) = large.await.unwrap();
+            assert_eq!(hashes, expected);
             assert_eq!(topology.listeners.len(), 2);
         });
     }
