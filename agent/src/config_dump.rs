@@ -44,7 +44,9 @@ struct Dump<'a> {
 }
 
 /// Reads `text` (the body of `/config_dump`) and calls `f` with each resource in
-/// effect, in the dump's order.
+/// effect: sections in the dump's order; within a section, its lists in a fixed order
+/// (static before dynamic) and each list's resources in the dump's order; the
+/// bootstrap's fields sorted by name.
 pub fn read(text: &[u8], mut f: impl FnMut(Item)) -> Result<(), Error> {
     let dump: Dump<'_> = serde_json::from_slice(text)?;
     for raw in dump.configs {

@@ -32,8 +32,9 @@
 //! of its canonical JSON (keys sorted, no spaces). A kind's hash is the SHA-256 of its
 //! resources' digests sorted by (name, digest), since Envoy's order of them carries no
 //! meaning; the whole hash is the SHA-256 of the kinds' hashes, the bootstrap's fields'
-//! digests and the other sections' digests. Each is sent as its first 8 bytes in 16
-//! lowercase hex digits.
+//! digests and the other sections' digests (by `@type`, then digest: every section of
+//! a type that Envoy writes more than once counts, in any order). Each is sent as its
+//! first 8 bytes in 16 lowercase hex digits.
 
 use std::collections::BTreeMap;
 
@@ -98,8 +99,10 @@ pub struct DriftHasher {
     kinds: BTreeMap<ResourceKind, Vec<(String, Digest)>>,
     /// The bootstrap's fields by name, without the node and admin.
     bootstrap: BTreeMap<String, Digest>,
-    /// Sections of other types by `@type`, without their stamps.
-    other: BTreeMap<String, Digest>,
+    /// Sections of other types by `@type`, without their stamps. Envoy may write
+    /// several sections of one type (an `EcdsConfigDump` per kind of discovered
+    /// filter: HTTP, listener, network...), so each type keeps every section's digest.
+    other: BTreeMap<String, Vec<Digest>>,
     /// The canonical text of the resource being hashed (kept to reuse its memory).
     text: String,
 }
@@ -123,7 +126,7 @@ impl DriftHasher {
                     strip_stamps(&mut v, 0);
                     scrub(&mut v, 0);
                     let d = self.digest(&v);
-                    self.other.insert(ty, d);
+                    self.other.entry(ty).or_default().push(d);
                 }
                 return;
             }
@@ -172,10 +175,18 @@ impl DriftHasher {
             whole.update(h.as_ref());
             kinds.insert(kind.as_str().to_owned(), hex8(h.as_ref()));
         }
-        for (part, digests) in [("bootstrap", &self.bootstrap), ("other", &self.other)] {
-            whole.update(part.as_bytes());
-            for (name, d) in digests {
-                whole.update(name.as_bytes());
+        whole.update(b"bootstrap");
+        for (name, d) in &self.bootstrap {
+            whole.update(name.as_bytes());
+            whole.update(d);
+        }
+        // The sections of one type in digest order: Envoy's order of them (the order
+        // its filter kinds registered) carries no meaning.
+        whole.update(b"other");
+        for (ty, digests) in &mut self.other {
+            digests.sort_unstable();
+            for d in digests.iter() {
+                whole.update(ty.as_bytes());
                 whole.update(d);
             }
         }
@@ -462,6 +473,40 @@ mod tests {
         assert_eq!(differs, ["routes"]);
     }
 
+    /// Envoy writes one `EcdsConfigDump` per kind of discovered filter (here an HTTP
+    /// filter and a listener filter): a change in either changes the whole hash, and
+    /// their order does not.
+    #[test]
+    fn every_section_of_a_repeated_type_counts_in_any_order() {
+        let d = fixture("ecds_two_filter_kinds");
+        let ecds: Vec<usize> = d["configs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c["@type"].as_str().unwrap().ends_with(".EcdsConfigDump"))
+            .map(|(i, _)| i)
+            .collect();
+        assert_eq!(ecds.len(), 2, "one section per filter kind");
+        let base = config_hashes(&d);
+        for &i in &ecds {
+            let mut e = d.clone();
+            let filter = &mut e["configs"][i]["ecds_filters"][0]["ecds_filter"];
+            let name = filter["name"].as_str().unwrap().to_owned();
+            filter["name"] = format!("{name}_renamed").into();
+            let h = config_hashes(&e);
+            assert_ne!(h.config, base.config, "filter {name}");
+            assert_eq!(h.kinds, base.kinds, "filter {name}");
+        }
+        let mut swapped = d.clone();
+        swapped["configs"]
+            .as_array_mut()
+            .unwrap()
+            .swap(ecds[0], ecds[1]);
+        assert_ne!(swapped, d);
+        assert_eq!(config_hashes(&swapped), base);
+    }
+
     /// An edit of a dump, named for the test's messages.
     type Edit<'a> = (&'a str, &'a dyn Fn(&mut Value));
     /// An edit and the one kind it changes.
@@ -478,21 +523,10 @@ mod tests {
             config_hashes(&d)
         };
         // Per instance: the same hashes.
-        let same: [Edit<'_>; 4] = [
+        let same: [Edit<'_>; 3] = [
             ("last_updated", &|d| {
                 let s = section_mut(d, "ClustersConfigDump");
                 s["static_clusters"][0]["last_updated"] = "2030-01-01T00:00:00Z".into();
-            }),
-            ("endpoint order", &|d| {
-                let s = section_mut(d, "ClustersConfigDump");
-                for c in s["static_clusters"].as_array_mut().unwrap() {
-                    if let Some(lbs) =
-                        c["cluster"]["load_assignment"]["endpoints"][0]["lb_endpoints"]
-                            .as_array_mut()
-                    {
-                        lbs.reverse();
-                    }
-                }
             }),
             ("listener order", &|d| {
                 let s = section_mut(d, "ListenersConfigDump");
@@ -564,6 +598,61 @@ mod tests {
         });
         assert_ne!(h.config, base.config);
         assert_eq!(h.kinds, base.kinds);
+    }
+
+    /// Endpoints are compared as sets, within a locality and across localities. The
+    /// endpoints differ in what is kept (weight, locality, priority), not only in their
+    /// addresses (left out), so that an order that counted would show.
+    #[test]
+    fn endpoint_order_does_not_count() {
+        let mut weighted = fixture("orders_a");
+        let plain = config_hashes(&weighted);
+        {
+            let s = section_mut(&mut weighted, "ClustersConfigDump");
+            let payments = s["static_clusters"]
+                .as_array_mut()
+                .unwrap()
+                .iter_mut()
+                .find(|c| c["cluster"]["name"] == "payments")
+                .unwrap();
+            let groups = payments["cluster"]["load_assignment"]["endpoints"]
+                .as_array_mut()
+                .unwrap();
+            let lbs = groups[0]["lb_endpoints"].as_array_mut().unwrap();
+            assert_eq!(lbs.len(), 2);
+            for (i, lb) in lbs.iter_mut().enumerate() {
+                lb["load_balancing_weight"] = (i + 1).into();
+            }
+            groups[0]["locality"] = serde_json::json!({"zone": "z1"});
+            let mut other = groups[0].clone();
+            other["locality"] = serde_json::json!({"zone": "z2"});
+            other["priority"] = 1.into();
+            groups.push(other);
+        }
+        let base = config_hashes(&weighted);
+        assert_ne!(
+            base.kinds["clusters"], plain.kinds["clusters"],
+            "weights count"
+        );
+        let reordered = |edit: &dyn Fn(&mut Vec<Value>)| {
+            let mut d = weighted.clone();
+            let s = section_mut(&mut d, "ClustersConfigDump");
+            for c in s["static_clusters"].as_array_mut().unwrap() {
+                if let Some(groups) = c["cluster"]["load_assignment"]["endpoints"].as_array_mut() {
+                    edit(groups);
+                }
+            }
+            assert_ne!(d, weighted, "the edit changes the dump");
+            config_hashes(&d)
+        };
+        let within = reordered(&|groups| {
+            for g in groups {
+                g["lb_endpoints"].as_array_mut().unwrap().reverse();
+            }
+        });
+        assert_eq!(within, base, "lb_endpoints reversed");
+        let across = reordered(&|groups| groups.reverse());
+        assert_eq!(across, base, "localities reversed");
     }
 
     /// No secret material in what is hashed: the certificate and the (redacted) key

@@ -18,9 +18,10 @@ pub const MAX_CONFIG_DUMP: usize = 32 << 20;
 /// byte, TLS and latency stats, the server's memory and worker count, gRPC request
 /// totals, each upstream cluster's requests, 5xx, connect failures, request time
 /// and TLS handshakes (the graph), and the counters that move when the sidecar's
-/// listeners, clusters, routes or secrets from SDS change (when to read
-/// `/config_dump` again). Envoy applies it as an RE2 regex.
-pub const STATS_FILTER: &str = r"^(http\.(.+)\.(downstream_rq_(total|5xx|time)|downstream_cx_(rx|tx)_bytes_total|downstream_cx_(ssl_)?total|rds\..+\.config_reload)|server\.(concurrency|memory_allocated)|cluster\.(.+)\.(grpc\.(.+\.)?total|upstream_rq_(total|5xx|time)|upstream_cx_connect_fail|ssl\.handshake|client_ssl_socket_factory\.ssl_context_update_by_sds)|listener\.(.+)\.server_ssl_socket_factory\.ssl_context_update_by_sds|listener_manager\.listener_(added|modified|removed|in_place_updated)|cluster_manager\.cluster_(added|modified|removed))$";
+/// listeners, clusters, routes (RDS and scoped RDS), filters from extension config
+/// discovery (ECDS) or secrets from SDS change (when to read `/config_dump` again,
+/// [`crate::topology::config_version`]). Envoy applies it as an RE2 regex.
+pub const STATS_FILTER: &str = r"^(http\.(.+)\.(downstream_rq_(total|5xx|time)|downstream_cx_(rx|tx)_bytes_total|downstream_cx_(ssl_)?total|(scoped_)?rds\..+\.config_reload)|extension_config_discovery\..+\.config_reload|server\.(concurrency|memory_allocated)|cluster\.(.+)\.(grpc\.(.+\.)?total|upstream_rq_(total|5xx|time)|upstream_cx_connect_fail|ssl\.handshake|client_ssl_socket_factory\.ssl_context_update_by_sds)|listener\.(.+)\.server_ssl_socket_factory\.ssl_context_update_by_sds|listener_manager\.listener_(added|modified|removed|in_place_updated)|cluster_manager\.cluster_(added|modified|removed))$";
 
 /// Why an admin call failed.
 #[derive(Debug, thiserror::Error)]

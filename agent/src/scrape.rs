@@ -8,17 +8,17 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use meshcat_common::wire::InstanceReport;
 use serde::Deserialize;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::{Semaphore, oneshot, watch};
 use tokio::task::JoinHandle;
 use tracing::{debug, error, info, warn};
 
 use crate::Agent;
 use crate::board::{Board, Lease};
 use crate::config::parse_host_port;
-use crate::drift;
+use crate::drift::{self, ConfigHashes};
 use crate::envoy::{EnvoyAdmin, EnvoyError, seed_level};
 use crate::metrics_object::{self, HostSampler};
-use crate::topology::{self, TopologyCache};
+use crate::topology::{self, ReadFailure, Topology, TopologyCache};
 
 /// Largest targets file read.
 pub const MAX_TARGETS_FILE: u64 = 1 << 20;
@@ -222,7 +222,7 @@ async fn scrape_fallible(
     }
     let version = topology::config_version(&stats, start_time_ms);
     if topology.stale(version) {
-        read_topology(admin, target, version, topology).await;
+        read_topology(admin, target, version, start_time_ms, topology).await;
     }
     let level = match level {
         Ok(l) => Some(seed_level(&l).to_owned()),
@@ -257,18 +257,23 @@ async fn scrape_fallible(
     })
 }
 
-/// Reads the sidecar's `/config_dump` into `cache` (its topology and drift hashes); a
-/// failed read is tried again at the next scrape and leaves the last ones in place.
+/// Reads the sidecar's `/config_dump` into `cache` (its topology and drift hashes).
+/// A failed read leaves the last ones in place unless the sidecar restarted since
+/// ([`TopologyCache::failed`]); it is tried again at the next scrape, or, when the dump
+/// itself is at fault (too large, not a config dump), once the configuration moves,
+/// logged once at WARN.
 async fn read_topology(
     admin: &EnvoyAdmin,
     target: &Target,
     version: u64,
+    start_time_ms: i64,
     cache: &mut TopologyCache,
 ) {
     let own_host = target
         .admin
         .rsplit_once(':')
-        .map_or("", |(h, _)| h.trim_start_matches('[').trim_end_matches(']'));
+        .map_or("", |(h, _)| h.trim_start_matches('[').trim_end_matches(']'))
+        .to_owned();
     let (dump, listeners) = tokio::join!(admin.config_dump_bytes(), admin.listeners());
     let bound = match listeners {
         Ok(l) => l
@@ -284,31 +289,114 @@ async fn read_topology(
             Default::default()
         }
     };
-    let text = match dump {
-        Ok(text) => text,
-        Err(e) => {
-            debug!(instance = %target.instance, error = %e, "Sidecar /config_dump not read.");
-            return;
-        }
+    let read = match dump {
+        Ok(text) => parse_dump(text, bound, own_host).await,
+        Err(e) => Err(DumpError::Fetch(e)),
     };
-    let mut reader = topology::TopologyReader::new(&bound, own_host);
-    let mut hasher = drift::DriftHasher::default();
-    let read = crate::config_dump::read(&text, |item| {
-        reader.take(&item);
-        hasher.take(item);
-    });
-    drop(text);
     match read {
-        Ok(()) => {
-            let t = reader.finish();
-            let hashes = hasher.finish();
+        Ok((t, hashes)) => {
             debug!(instance = %target.instance, listeners = t.listeners.len(), config_hash = %hashes.config, "Sidecar configuration read.");
-            cache.store(version, t, hashes);
+            cache.store(version, start_time_ms, t, hashes);
         }
         Err(e) => {
-            warn!(instance = %target.instance, error = %e, "Sidecar /config_dump cannot be parsed.");
+            let failure = e.failure();
+            match failure {
+                ReadFailure::Lasting => {
+                    warn!(instance = %target.instance, error = %e, "Sidecar /config_dump not read; read again when its configuration changes.");
+                }
+                ReadFailure::Passing => {
+                    debug!(instance = %target.instance, error = %e, "Sidecar /config_dump not read.");
+                }
+            }
+            cache.failed(version, start_time_ms, failure);
         }
     }
+}
+
+/// One large `/config_dump` parsed at a time in the whole agent: each parse holds its
+/// dump's resources while it runs (megabytes for a big mesh), and sidecars that change
+/// together (one control-plane push) would otherwise parse side by side, each on a
+/// thread of its own with its own allocator arena.
+static DUMP_PARSES: Semaphore = Semaphore::const_new(1);
+
+/// Dumps up to this size are parsed on the runtime thread: at most about 20 ms of
+/// CPU (about 5 ms per MB), and no thread of the blocking pool, whose allocator arena
+/// glibc keeps after it ends (1.5 to 2.4 MiB more resident for a 1.8 MB dump, over
+/// the agent's 20 MiB budget at its peak; docs/benchmarks.md). Larger ones, up to the
+/// 32 MiB read limit, are parsed on the blocking pool, so that they hold back neither
+/// the other sidecars' scrapes nor the connection to the aggregator.
+const INLINE_PARSE_MAX: usize = 4 << 20;
+
+/// Why a `/config_dump` read gave no topology.
+#[derive(Debug, thiserror::Error)]
+enum DumpError {
+    #[error(transparent)]
+    Fetch(EnvoyError),
+    #[error("admin answer to /config_dump is not a config dump: {0}")]
+    Json(#[from] crate::config_dump::Error),
+    #[error("the parse of /config_dump ended early: {0}")]
+    Stopped(#[from] tokio::task::JoinError),
+    #[error("the parse of /config_dump panicked")]
+    Panicked,
+}
+
+impl DumpError {
+    /// Whether another try at the same configuration may succeed.
+    fn failure(&self) -> ReadFailure {
+        match self {
+            DumpError::Fetch(EnvoyError::TooLarge { .. }) | DumpError::Json(_) => {
+                ReadFailure::Lasting
+            }
+            // A parse that panicked would panic again on the same dump.
+            DumpError::Panicked => ReadFailure::Lasting,
+            DumpError::Stopped(e) if e.is_panic() => ReadFailure::Lasting,
+            DumpError::Fetch(_) | DumpError::Stopped(_) => ReadFailure::Passing,
+        }
+    }
+}
+
+/// The topology and drift hashes of `text` (a `/config_dump`): on the runtime thread
+/// up to [`INLINE_PARSE_MAX`], on the blocking pool above.
+async fn parse_dump(
+    text: Vec<u8>,
+    bound: BTreeMap<String, (String, u32)>,
+    own_host: String,
+) -> Result<(Topology, ConfigHashes), DumpError> {
+    parse_dump_within(text, bound, own_host, INLINE_PARSE_MAX).await
+}
+
+/// [`parse_dump`] with the largest dump parsed on the runtime thread given.
+async fn parse_dump_within(
+    text: Vec<u8>,
+    bound: BTreeMap<String, (String, u32)>,
+    own_host: String,
+    inline_max: usize,
+) -> Result<(Topology, ConfigHashes), DumpError> {
+    let inline = text.len() <= inline_max;
+    let parse = move || {
+        let mut reader = topology::TopologyReader::new(&bound, &own_host);
+        let mut hasher = drift::DriftHasher::default();
+        let read = crate::config_dump::read(&text, |item| {
+            reader.take(&item);
+            hasher.take(item);
+        });
+        drop(text);
+        read.map(|()| (reader.finish(), hasher.finish()))
+    };
+    if inline {
+        // A panic stays this dump's failure, not the scrape loop's end.
+        return std::panic::catch_unwind(std::panic::AssertUnwindSafe(parse))
+            .map_err(|_| DumpError::Panicked)?
+            .map_err(DumpError::from);
+    }
+    let permit = DUMP_PARSES.acquire().await.expect("never closed");
+    let parse = tokio::task::spawn_blocking(move || {
+        // Held by the parse itself: a scrape stopped while it runs (its target
+        // removed) does not let another parse start beside it.
+        let _permit = permit;
+        parse()
+    });
+    Ok(parse.await??)
 }
 
 /// Scrapes `target` every `interval` until aborted.
@@ -516,6 +604,82 @@ mod tests {
         )
         .unwrap();
         assert_ne!(two[0].key(), two[1].key());
+    }
+
+    #[tokio::test]
+    async fn only_a_dump_at_fault_waits_for_the_next_change() {
+        let too_large = EnvoyError::TooLarge {
+            path: "/config_dump".into(),
+            limit: crate::envoy::MAX_CONFIG_DUMP,
+        };
+        assert_eq!(DumpError::Fetch(too_large).failure(), ReadFailure::Lasting);
+        let not_json = crate::config_dump::read(b"{\"configs\": [", |_| {}).unwrap_err();
+        assert_eq!(DumpError::from(not_json).failure(), ReadFailure::Lasting);
+        let status = EnvoyError::Status {
+            addr: "127.0.0.1:9901".into(),
+            path: "/config_dump".into(),
+            status: 503,
+            body: String::new(),
+        };
+        assert_eq!(DumpError::Fetch(status).failure(), ReadFailure::Passing);
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = closed.local_addr().unwrap().to_string();
+        drop(closed);
+        let admin = EnvoyAdmin::new(&addr, Duration::from_secs(2)).unwrap();
+        let refused = admin.config_dump_bytes().await.unwrap_err();
+        assert!(matches!(refused, EnvoyError::Transport { .. }), "{refused}");
+        assert_eq!(DumpError::Fetch(refused).failure(), ReadFailure::Passing);
+        let panicked = tokio::task::spawn_blocking(|| panic!("a parse that panics"))
+            .await
+            .unwrap_err();
+        assert_eq!(DumpError::from(panicked).failure(), ReadFailure::Lasting);
+    }
+
+    /// A dump above the inline bound is parsed on the blocking pool (here the pool's
+    /// only thread is busy: the parse waits while the runtime thread stays free); one
+    /// within it is parsed at once on the runtime thread, with the same result.
+    #[test]
+    fn a_large_dump_is_parsed_off_the_runtime_thread() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .max_blocking_threads(1)
+            .build()
+            .unwrap();
+        let path = format!(
+            "{}/tests/fixtures/config_dumps/orders_a.json",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let text = std::fs::read(path).unwrap();
+        assert!(text.len() <= INLINE_PARSE_MAX);
+        let mut expected = drift::DriftHasher::default();
+        crate::config_dump::read(&text, |item| expected.take(item)).unwrap();
+        let expected = expected.finish();
+        runtime.block_on(async {
+            let (release, busy_until) = std::sync::mpsc::channel::<()>();
+            let busy = tokio::task::spawn_blocking(move || busy_until.recv());
+            // Within the bound: done at once although the pool is busy.
+            let mut small =
+                std::pin::pin!(parse_dump(text.clone(), BTreeMap::new(), "10.0.0.1".into()));
+            match futures::poll!(small.as_mut()) {
+                std::task::Poll::Ready(Ok((topology, hashes))) => {
+                    assert_eq!(hashes, expected);
+                    assert_eq!(topology.listeners.len(), 2);
+                }
+                other => panic!("a small dump is parsed inline: {other:?}"),
+            }
+            // Above the bound (0 here): it waits for the pool.
+            let mut large = std::pin::pin!(parse_dump_within(
+                text,
+                BTreeMap::new(),
+                "10.0.0.1".into(),
+                0
+            ));
+            assert!(futures::poll!(large.as_mut()).is_pending());
+            release.send(()).unwrap();
+            busy.await.unwrap().unwrap();
+            let (topology, hashes) = large.await.unwrap();
+            assert_eq!(hashes, expected);
+            assert_eq!(topology.listeners.len(), 2);
+        });
     }
 
     /// Removals race scrapers that report as fast as they can (their sidecar refuses

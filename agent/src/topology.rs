@@ -1,7 +1,7 @@
 //! What the graph needs from one sidecar: each upstream cluster's traffic (from the
 //! stats of every scrape) and the sidecar's listeners with the clusters their routes
-//! name, plus which clusters use TLS (from `/config_dump`, read again only when the
-//! counters of listener, cluster or route changes move). The drift hashes
+//! name, plus which clusters use TLS (from `/config_dump`, read again only when
+//! [`config_version`] moves: a configuration change or a restart). The drift hashes
 //! ([`crate::drift`]) are computed at that same read and kept beside the topology.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -34,25 +34,67 @@ pub struct Topology {
 /// configuration counters it was read at; one per scraped sidecar.
 #[derive(Debug, Default)]
 pub struct TopologyCache {
+    /// The configuration version of the last read that succeeded.
     read_at: Option<u64>,
+    /// The configuration version at which a read failed for good ([`ReadFailure::Lasting`]):
+    /// the same dump would fail again, so it is not fetched until the version moves.
+    failed_at: Option<u64>,
+    /// The start time of the sidecar process the topology and hashes were read from.
+    read_from: Option<i64>,
     topology: Topology,
     /// `None` until a dump was read: a sidecar whose configuration is unknown has no
     /// hash rather than the hash of nothing.
     hashes: Option<ConfigHashes>,
 }
 
+/// How a `/config_dump` read failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadFailure {
+    /// Another try may succeed (no answer, a timeout, an error status): read again at
+    /// the next scrape.
+    Passing,
+    /// The dump itself is at fault (over the size limit, not a config dump): the same
+    /// configuration would fail again, so it is read again only once it changes.
+    Lasting,
+}
+
 impl TopologyCache {
-    /// Whether the configuration changed since the last read (or none was made).
+    /// Whether `/config_dump` is to be read at `version`: the configuration changed
+    /// since the last read (or none was made), and no read failed for good at it.
     pub fn stale(&self, version: u64) -> bool {
-        self.read_at != Some(version)
+        self.read_at != Some(version) && self.failed_at != Some(version)
     }
 
     /// Keeps `topology` and `hashes`, read when the configuration counters were at
-    /// `version`.
-    pub fn store(&mut self, version: u64, topology: Topology, hashes: ConfigHashes) {
+    /// `version` from the sidecar process started at `start_time_ms`.
+    pub fn store(
+        &mut self,
+        version: u64,
+        start_time_ms: i64,
+        topology: Topology,
+        hashes: ConfigHashes,
+    ) {
         self.read_at = Some(version);
+        self.failed_at = None;
+        self.read_from = Some(start_time_ms);
         self.topology = topology;
         self.hashes = Some(hashes);
+    }
+
+    /// Records a read that failed at `version` of the sidecar process started at
+    /// `start_time_ms`. What was read from the same process stays (its last known
+    /// configuration); what was read from an earlier process (the sidecar restarted)
+    /// is dropped: it describes a configuration that no longer runs.
+    pub fn failed(&mut self, version: u64, start_time_ms: i64, failure: ReadFailure) {
+        if failure == ReadFailure::Lasting {
+            self.failed_at = Some(version);
+        }
+        if self.read_from.is_some_and(|t| t != start_time_ms) {
+            self.read_at = None;
+            self.read_from = None;
+            self.topology = Topology::default();
+            self.hashes = None;
+        }
     }
 
     pub fn topology(&self) -> &Topology {
@@ -64,17 +106,22 @@ impl TopologyCache {
     }
 }
 
-/// A number that changes when the sidecar's listeners, clusters, routes or SDS
-/// secrets change: Envoy's counters of listener and cluster additions, modifications
-/// and removals, of route reloads and of TLS contexts updated by SDS, with the
-/// sidecar's start time (a restarted sidecar counts from zero again).
+/// A number that changes when the sidecar's listeners, clusters, routes, discovered
+/// filters or SDS secrets change: Envoy's counters of listener and cluster additions,
+/// modifications and removals, of route reloads (`http.<prefix>.rds.<name>.config_reload`
+/// and `http.<prefix>.scoped_rds.<name>.config_reload`), of filter configurations
+/// reloaded by ECDS (`extension_config_discovery.<kind>.<name>.config_reload`) and of TLS
+/// contexts updated by SDS, with the sidecar's start time (a restarted sidecar counts
+/// from zero again). [`crate::envoy::STATS_FILTER`] asks Envoy for them.
 pub fn config_version(stats: &StatsSnapshot, start_time_ms: i64) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     start_time_ms.hash(&mut h);
     for (name, v) in &stats.values {
+        let reload = name.ends_with(".config_reload");
         let config = name.starts_with("listener_manager.listener_")
             || name.starts_with("cluster_manager.cluster_")
-            || (name.starts_with("http.") && name.ends_with(".config_reload"))
+            || (reload && name.starts_with("http."))
+            || (reload && name.starts_with("extension_config_discovery."))
             || name.ends_with("_ssl_socket_factory.ssl_context_update_by_sds");
         if config {
             name.hash(&mut h);
@@ -333,12 +380,79 @@ mod tests {
         }
     }
 
+    /// A topology and hashes as a read gives them, told apart by `hash`.
+    fn read(hash: &str) -> (Topology, ConfigHashes) {
+        let topology = Topology {
+            listeners: vec![ListenerRoutes {
+                address: "10.0.0.1:8080".into(),
+                clusters: vec!["payments".into()],
+            }],
+            tls_clusters: BTreeSet::new(),
+        };
+        let hashes = ConfigHashes {
+            config: hash.into(),
+            kinds: BTreeMap::new(),
+        };
+        (topology, hashes)
+    }
+
+    #[test]
+    fn a_dump_at_fault_is_not_fetched_again_until_the_configuration_moves() {
+        let mut cache = TopologyCache::default();
+        assert!(cache.stale(1));
+        cache.failed(1, 1_000, ReadFailure::Lasting);
+        assert!(!cache.stale(1), "the same dump is not fetched again");
+        assert!(cache.stale(2), "a changed configuration is");
+        cache.failed(2, 1_000, ReadFailure::Passing);
+        assert!(
+            cache.stale(2),
+            "a passing failure is tried at the next scrape"
+        );
+        let (t, h) = read("a");
+        cache.store(2, 1_000, t.clone(), h.clone());
+        assert!(!cache.stale(2));
+        // The same process: its last configuration read stays.
+        cache.failed(3, 1_000, ReadFailure::Lasting);
+        assert!(!cache.stale(3));
+        assert!(cache.stale(4));
+        assert_eq!(cache.hashes(), Some(&h));
+        assert_eq!(cache.topology(), &t);
+        // A read that succeeds again forgets the failure.
+        let (t, h) = read("b");
+        cache.store(4, 1_000, t, h.clone());
+        assert!(cache.stale(3));
+        assert_eq!(cache.hashes(), Some(&h));
+    }
+
+    #[test]
+    fn a_restarted_sidecar_whose_dump_fails_keeps_nothing_of_the_old_process() {
+        for failure in [ReadFailure::Passing, ReadFailure::Lasting] {
+            let mut cache = TopologyCache::default();
+            let (t, h) = read("a");
+            cache.store(1, 1_000, t, h);
+            cache.failed(2, 60_000, failure);
+            assert_eq!(cache.hashes(), None, "{failure:?}");
+            assert_eq!(cache.topology(), &Topology::default(), "{failure:?}");
+            assert_eq!(cache.stale(2), failure == ReadFailure::Passing);
+            assert!(cache.stale(1), "{failure:?}");
+        }
+    }
+
     #[test]
     fn the_config_version_moves_with_configuration_counters_and_restarts_only() {
         let base = [
             ("listener_manager.listener_added", 2),
             ("cluster_manager.cluster_added", 3),
             ("http.ingress_http.rds.routes.config_reload", 1),
+            ("http.ingress_http.scoped_rds.scoped.config_reload", 1),
+            (
+                "extension_config_discovery.http_filter.fault.config_reload",
+                1,
+            ),
+            (
+                "extension_config_discovery.tcp_listener_filter.tls_inspector.config_reload",
+                1,
+            ),
             (
                 "cluster.payments.client_ssl_socket_factory.ssl_context_update_by_sds",
                 1,
@@ -355,10 +469,11 @@ mod tests {
             s[i].1 = value;
             config_version(&stats(&s), 1_000)
         };
-        for (i, (name, _)) in base.iter().enumerate().take(5) {
+        let traffic = base.len() - 1;
+        for (i, (name, _)) in base.iter().enumerate().take(traffic) {
             assert_ne!(with(i, 9), v, "{name}");
         }
-        assert_eq!(with(5, 99), v, "traffic is not configuration");
+        assert_eq!(with(traffic, 99), v, "traffic is not configuration");
         assert_ne!(config_version(&stats(&base), 2_000), v, "a restart");
     }
 }

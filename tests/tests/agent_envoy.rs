@@ -1,7 +1,8 @@
 //! The agent against real Envoy 1.40 sidecars: scraping with traffic driven
 //! through them, unreachable sidecars, targets-file reload, the ops port's
 //! `/logging` really changing Envoy's level, and the drift hash of sidecars that
-//! share a configuration or not.
+//! share a configuration or not, read again after a change of scoped routes or of a
+//! discovered filter.
 
 use std::time::Duration;
 
@@ -455,4 +456,163 @@ async fn sidecars_of_one_configuration_share_the_drift_hash_and_a_changed_route_
         .map(|(k, _)| k.as_str())
         .collect();
     assert_eq!(differs, ["routes"]);
+}
+
+/// Resources a sidecar discovers from files (xDS from the filesystem): its scoped
+/// routes (scoped RDS), their route configuration (RDS) and an HTTP filter (ECDS).
+struct DiscoveredFiles {
+    dir: tempfile::TempDir,
+}
+
+impl DiscoveredFiles {
+    fn new() -> Self {
+        let files = Self {
+            dir: tempfile::Builder::new()
+                .prefix("meshcat-xds-")
+                .tempdir()
+                .unwrap(),
+        };
+        files.write(
+            "rds.json",
+            &serde_json::json!({"resources": [{
+                "@type": "type.googleapis.com/envoy.config.route.v3.RouteConfiguration",
+                "name": "scoped_routes",
+                "virtual_hosts": [{"name": "all", "domains": ["*"],
+                    "routes": [{"match": {"prefix": "/"}, "route": {"cluster": "local_service"}}]}],
+            }]}),
+        );
+        files.scope_key("a");
+        files.fault_limit(10);
+        files
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.dir.path().join(name).display().to_string()
+    }
+
+    /// Replaces a file whole (write, then rename), as Envoy's file watch expects.
+    fn write(&self, name: &str, resources: &serde_json::Value) {
+        let tmp = self.dir.path().join(format!(".{name}"));
+        std::fs::write(&tmp, resources.to_string()).unwrap();
+        std::fs::rename(&tmp, self.dir.path().join(name)).unwrap();
+    }
+
+    /// The one scope's key.
+    fn scope_key(&self, key: &str) {
+        self.write(
+            "srds.json",
+            &serde_json::json!({"resources": [{
+                "@type": "type.googleapis.com/envoy.config.route.v3.ScopedRouteConfiguration",
+                "name": "scope",
+                "route_configuration_name": "scoped_routes",
+                "key": {"fragments": [{"string_key": key}]},
+            }]}),
+        );
+    }
+
+    /// The discovered fault filter's `max_active_faults`.
+    fn fault_limit(&self, limit: u32) {
+        self.write(
+            "ecds.json",
+            &serde_json::json!({"resources": [{
+                "@type": "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig",
+                "name": "fault",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault",
+                    "max_active_faults": limit,
+                },
+            }]}),
+        );
+    }
+
+    /// A listener whose connection manager (stat prefix `scoped_http`) takes its
+    /// scopes, routes and fault filter from these files.
+    fn listener(&self) -> serde_json::Value {
+        let source =
+            |file: &str| serde_json::json!({"path_config_source": {"path": self.path(file)}});
+        serde_json::json!({
+            "name": "scoped",
+            "address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}},
+            "filter_chains": [{"filters": [{
+                "name": "envoy.filters.network.http_connection_manager",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+                    "stat_prefix": "scoped_http",
+                    "scoped_routes": {
+                        "name": "scopes",
+                        "scope_key_builder": {"fragments": [
+                            {"header_value_extractor": {"name": "x-scope", "index": 0}}]},
+                        "rds_config_source": source("rds.json"),
+                        "scoped_rds": {"scoped_rds_config_source": source("srds.json")},
+                    },
+                    "http_filters": [
+                        {"name": "fault", "config_discovery": {
+                            "config_source": source("ecds.json"),
+                            "type_urls": ["type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault"]}},
+                        {"name": "envoy.filters.http.router", "typed_config": {
+                            "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}},
+                    ],
+                },
+            }]}],
+        })
+    }
+}
+
+/// Waits until the sidecar's counter `name` reads `value`.
+async fn counter_reaches(envoy: &Envoy, name: &str, value: u64) {
+    let line = format!("{name}: {value}");
+    wait_for(&line, DEADLINE, || async {
+        let stats = envoy.admin_get("/stats?usedonly").await.ok()?;
+        stats.lines().any(|l| l == line).then_some(())
+    })
+    .await
+    .unwrap();
+}
+
+/// A change of the scoped routes (scoped RDS) or of a discovered filter (ECDS) moves
+/// no listener, cluster or RDS counter: the scrape sees it by the `scoped_rds` and
+/// `extension_config_discovery` reload counters and reads `/config_dump` again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scoped_route_and_discovered_filter_changes_are_read_again() {
+    let upstream = Upstream::start().await.unwrap();
+    let files = DiscoveredFiles::new();
+    let mut b = Bootstrap::service_sidecar(upstream.addr, None);
+    b.raw_listeners.push(files.listener());
+    // Envoy refuses scoped RDS without a node id and cluster.
+    b.node = Some(serde_json::json!({"id": "orders-xds", "cluster": "orders"}));
+    let envoy = Envoy::start(b).await.unwrap();
+    let scopes = "http.scoped_http.scoped_rds.scopes.config_reload";
+    let fault = "extension_config_discovery.http_filter.fault.config_reload";
+    counter_reaches(&envoy, scopes, 1).await;
+    counter_reaches(&envoy, fault, 1).await;
+
+    let admin = EnvoyAdmin::new(&envoy.admin_addr(), Duration::from_secs(2)).unwrap();
+    let host = HostSampler::new();
+    let t = target(&envoy, "orders-xds");
+    let mut cache = TopologyCache::default();
+    let first = scrape_once(&admin, &t, &host, None, &mut cache).await;
+    assert!(first.reachable, "{:?}", first.error);
+    assert!(first.config_hash.is_some());
+
+    files.scope_key("b");
+    counter_reaches(&envoy, scopes, 2).await;
+    let scoped = scrape_once(&admin, &t, &host, Some(&first), &mut cache).await;
+    assert_ne!(scoped.config_hash, first.config_hash, "scopes read again");
+    let differs: Vec<&str> = first
+        .config_hashes
+        .iter()
+        .filter(|(k, v)| scoped.config_hashes.get(*k) != Some(v))
+        .map(|(k, _)| k.as_str())
+        .collect();
+    assert_eq!(differs, ["routes"]);
+
+    files.fault_limit(11);
+    counter_reaches(&envoy, fault, 2).await;
+    let filtered = scrape_once(&admin, &t, &host, Some(&scoped), &mut cache).await;
+    assert_ne!(
+        filtered.config_hash, scoped.config_hash,
+        "filter read again"
+    );
+    // A discovered filter is its own section of the dump: the whole hash only.
+    assert_eq!(filtered.config_hashes, scoped.config_hashes);
 }
