@@ -32,21 +32,7 @@ build_release
 
 new_work
 
-echo "==> starting the aggregator"
-# --dev: the simulated agents present the development agent certificate; they all
-# share it, so its bound on instances is raised to the cluster count.
-start_aggregator "$bin" --dev --graph-window "$WINDOW" \
-    --max-instances-per-credential "$((CLUSTERS * 2))"
-wait_quic
-
-echo "==> registering $CLUSTERS clusters in $ZONES zones"
-"$target/release/meshcat-bench-writes" --api "http://$api" --writers 8 --bulk 500 \
-    --clusters "$CLUSTERS" --zones "$ZONES" --prefix svc
-
-echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
-"$target/release/meshcat-bench-graph" --api "http://$api" --quic "$quic" --pid "$pid" \
-    --data-dir "$work/data" --clusters "$CLUSTERS" --zones "$ZONES" --prefix svc \
-    --upstreams "$UPSTREAMS" --agents "$AGENTS" --window "$WINDOW" --duration "$DURATION" \
-    | tee "$work/graph.out"
+start_graph_mesh
+bench_graph | tee "$work/graph.out"
 machine
 tail -1 "$work/graph.out"

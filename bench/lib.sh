@@ -64,3 +64,31 @@ wait_quic() {
     done
     [ -n "$quic" ] || { echo "the ingest did not start"; cat "$work/log"; exit 1; }
 }
+
+# start_graph_mesh: the mesh of bench/graph.sh and bench/metrics.sh, after
+# build_release and new_work: starts the aggregator (--dev, --graph-window $WINDOW;
+# sets pid, api, ops and quic) and registers $CLUSTERS clusters in $ZONES zones with
+# meshcat-bench-writes.
+start_graph_mesh() {
+    echo "==> starting the aggregator"
+    # --dev: the simulated agents present the development agent certificate; they
+    # all share it, so its bound on instances is raised to the cluster count.
+    start_aggregator "$bin" --dev --graph-window "$WINDOW" \
+        --max-instances-per-credential "$((CLUSTERS * 2))"
+    wait_quic
+
+    echo "==> registering $CLUSTERS clusters in $ZONES zones"
+    "$target/release/meshcat-bench-writes" --api "http://$api" --writers 8 --bulk 500 \
+        --clusters "$CLUSTERS" --zones "$ZONES" --prefix svc
+}
+
+# bench_graph [MORE ARGS...]: after start_graph_mesh, meshcat-bench-graph with
+# $AGENTS agents reporting one instance of every cluster, each calling $UPSTREAMS
+# clusters of its zone, measuring GET /graph for $DURATION, with MORE ARGS added.
+bench_graph() {
+    echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+    "$target/release/meshcat-bench-graph" --api "http://$api" --quic "$quic" --pid "$pid" \
+        --data-dir "$work/data" --clusters "$CLUSTERS" --zones "$ZONES" --prefix svc \
+        --upstreams "$UPSTREAMS" --agents "$AGENTS" --window "$WINDOW" --duration "$DURATION" \
+        "$@"
+}

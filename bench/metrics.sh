@@ -35,22 +35,7 @@ build_release
 
 new_work
 
-echo "==> starting the aggregator"
-# --dev: the simulated agents share the development agent certificate, whose bound
-# on instances is raised to the cluster count.
-start_aggregator "$bin" --dev --graph-window "$WINDOW" \
-    --max-instances-per-credential "$((CLUSTERS * 2))"
-wait_quic
-
-echo "==> registering $CLUSTERS clusters in $ZONES zones"
-"$target/release/meshcat-bench-writes" --api "http://$api" --writers 8 --bulk 500 \
-    --clusters "$CLUSTERS" --zones "$ZONES" --prefix svc
-
-echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
-"$target/release/meshcat-bench-graph" --api "http://$api" --quic "$quic" --pid "$pid" \
-    --data-dir "$work/data" --clusters "$CLUSTERS" --zones "$ZONES" --prefix svc \
-    --upstreams "$UPSTREAMS" --agents "$AGENTS" --window "$WINDOW" --duration "$DURATION" \
-    --ops "http://$ops" --scrapes "$SCRAPES" \
-    | tee "$work/metrics.out"
+start_graph_mesh
+bench_graph --ops "http://$ops" --scrapes "$SCRAPES" | tee "$work/metrics.out"
 machine
 grep '^metrics: ' "$work/metrics.out"
