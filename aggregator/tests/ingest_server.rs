@@ -673,16 +673,7 @@ fn upstream(clusters: usize, hosts_each: usize) -> Vec<wire::UpstreamCluster> {
             name: format!("up-{c}"),
             added_via_api: false,
             hosts: (0..hosts_each)
-                .map(|h| wire::UpstreamHost {
-                    address: format!("10.0.{c}.{h}:80"),
-                    cx_active: 0,
-                    cx_connect_fail: 0,
-                    cx_total: 0,
-                    rq_active: 0,
-                    rq_error: 0,
-                    rq_total: 0,
-                    health_flags: "healthy".into(),
-                })
+                .map(|h| wire::UpstreamHost::idle(format!("10.0.{c}.{h}:80")))
                 .collect(),
         })
         .collect()

@@ -195,6 +195,23 @@ pub struct UpstreamHost {
     pub health_flags: String,
 }
 
+impl UpstreamHost {
+    /// A healthy host at `address` whose counters are all 0, as Envoy lists a host
+    /// that has carried nothing yet.
+    pub fn idle(address: impl Into<String>) -> Self {
+        UpstreamHost {
+            address: address.into(),
+            cx_active: 0,
+            cx_connect_fail: 0,
+            cx_total: 0,
+            rq_active: 0,
+            rq_error: 0,
+            rq_total: 0,
+            health_flags: "healthy".into(),
+        }
+    }
+}
+
 /// A command for one sidecar, named by its (zone, cluster, instance): one agent may
 /// watch sidecars of one instance name in several zones (pods of one name in several
 /// namespaces), and runs the command on the one whose three names all match.

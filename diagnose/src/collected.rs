@@ -156,20 +156,10 @@ mod tests {
 
     #[test]
     fn failing_calls_are_counted_by_the_upstream_their_host_belongs_to() {
-        let host = |address: &str| meshcat_common::wire::UpstreamHost {
-            address: address.into(),
-            cx_active: 0,
-            cx_connect_fail: 0,
-            cx_total: 0,
-            rq_active: 0,
-            rq_error: 0,
-            rq_total: 0,
-            health_flags: "healthy".into(),
-        };
         let cluster = |name: &str, address: &str| meshcat_common::wire::UpstreamCluster {
             name: name.into(),
             added_via_api: false,
-            hosts: vec![host(address)],
+            hosts: vec![meshcat_common::wire::UpstreamHost::idle(address)],
         };
         let line = |code: u16, flags: &str, host: &str| {
             format!(

@@ -624,16 +624,7 @@ mod tests {
                 .map(|(name, host)| UpstreamCluster {
                     name: (*name).into(),
                     added_via_api: false,
-                    hosts: vec![UpstreamHost {
-                        address: (*host).into(),
-                        cx_active: 0,
-                        cx_connect_fail: 0,
-                        cx_total: 0,
-                        rq_active: 0,
-                        rq_error: 0,
-                        rq_total: 0,
-                        health_flags: "healthy".into(),
-                    }],
+                    hosts: vec![UpstreamHost::idle(*host)],
                 })
                 .collect(),
             upstreams: upstreams

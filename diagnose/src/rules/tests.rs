@@ -139,14 +139,9 @@ fn cluster(name: &str, hosts: &[&str]) -> UpstreamCluster {
         hosts: hosts
             .iter()
             .map(|a| UpstreamHost {
-                address: (*a).into(),
-                cx_active: 0,
-                cx_connect_fail: 0,
                 cx_total: 1,
-                rq_active: 0,
-                rq_error: 0,
                 rq_total: 1,
-                health_flags: "healthy".into(),
+                ..UpstreamHost::idle(*a)
             })
             .collect(),
     }
