@@ -222,6 +222,15 @@ pub fn s<'a>(v: &'a Value, key: &str) -> &'a str {
     v[key].as_str().unwrap_or("")
 }
 
+/// The strings of a JSON array (none when it is not one; other items left out).
+pub fn strings(v: &Value) -> Vec<&str> {
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect()
+}
+
 /// `text`, or `-` when empty.
 pub fn or_dash(text: &str) -> String {
     if text.is_empty() {

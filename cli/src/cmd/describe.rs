@@ -324,12 +324,7 @@ fn drift(d: &Value) -> String {
         );
         return out;
     }
-    let differs: Vec<&str> = d["differs"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .collect();
+    let differs = render::strings(&d["differs"]);
     let _ = writeln!(
         out,
         "Drift: {} ({} configurations; {} differ)",
@@ -338,12 +333,7 @@ fn drift(d: &Value) -> String {
         differs.join(", ")
     );
     for g in groups {
-        let names: Vec<&str> = g["instances"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
-            .collect();
+        let names = render::strings(&g["instances"]);
         let _ = writeln!(
             out,
             "  {}: {}",
