@@ -87,24 +87,12 @@ async fn agent(
     zone: &str,
     cluster: &str,
 ) -> anyhow::Result<MeshAgent> {
-    let mut args = catalog.agent_args();
-    args.extend(
-        [
-            "--sidecar-admin",
-            &envoy.admin_addr(),
-            "--zone",
-            zone,
-            "--cluster",
-            cluster,
-            "--instance",
-            &format!("{cluster}-1"),
-            "--interval",
-            "300ms",
-            "--sidecar-log-file",
-            &envoy.access_log_path().display().to_string(),
-        ]
-        .map(str::to_owned),
-    );
+    let mut args =
+        catalog.sidecar_agent_args(envoy, zone, cluster, &format!("{cluster}-1"), "300ms");
+    args.extend([
+        "--sidecar-log-file".to_owned(),
+        envoy.access_log_path().display().to_string(),
+    ]);
     MeshAgent::start(&args).await
 }
 

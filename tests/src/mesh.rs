@@ -137,6 +137,35 @@ impl Catalog {
         &self.config.store.data_dir
     }
 
+    /// The agent flags for one sidecar, `envoy`, as `instance` of (zone, cluster),
+    /// scraped every `interval`, reporting to this aggregator ([`Self::agent_args`]).
+    pub fn sidecar_agent_args(
+        &self,
+        envoy: &Envoy,
+        zone: &str,
+        cluster: &str,
+        instance: &str,
+        interval: &str,
+    ) -> Vec<String> {
+        let mut args = self.agent_args();
+        args.extend(
+            [
+                "--sidecar-admin",
+                &envoy.admin_addr(),
+                "--zone",
+                zone,
+                "--cluster",
+                cluster,
+                "--instance",
+                instance,
+                "--interval",
+                interval,
+            ]
+            .map(str::to_owned),
+        );
+        args
+    }
+
     /// The agent flags that reach this aggregator with the development certificates.
     pub fn agent_args(&self) -> Vec<String> {
         let dev = self.config.store.data_dir.join("dev");
@@ -363,24 +392,8 @@ impl MeshAgent {
         instance: &str,
         interval: &str,
     ) -> anyhow::Result<Self> {
-        let mut args = catalog.agent_args();
-        args.extend(
-            [
-                "--sidecar-admin",
-                &envoy.admin_addr(),
-                "--zone",
-                zone,
-                "--cluster",
-                cluster,
-                "--instance",
-                instance,
-                "--interval",
-                interval,
-                "--scrape-timeout",
-                "1s",
-            ]
-            .map(str::to_owned),
-        );
+        let mut args = catalog.sidecar_agent_args(envoy, zone, cluster, instance, interval);
+        args.extend(["--scrape-timeout", "1s"].map(str::to_owned));
         Self::start(&args).await
     }
 

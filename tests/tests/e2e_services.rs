@@ -60,22 +60,7 @@ async fn services_lists_reported_and_edge_clusters_nobody_registered() {
     ))
     .await
     .unwrap();
-    let mut args = catalog.agent_args();
-    args.extend(
-        [
-            "--sidecar-admin",
-            &edge.admin_addr(),
-            "--zone",
-            "zone-s",
-            "--cluster",
-            "edge",
-            "--instance",
-            "edge-1",
-            "--interval",
-            "300ms",
-        ]
-        .map(str::to_owned),
-    );
+    let args = catalog.sidecar_agent_args(&edge, "zone-s", "edge", "edge-1", "300ms");
     let _edge_agent = MeshAgent::start(&args).await.unwrap();
 
     let services = wait_for("edge and reported clusters listed", DEADLINE, || async {
