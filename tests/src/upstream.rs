@@ -60,10 +60,11 @@ impl Upstream {
 
     /// Stops serving and closes the port and every connection (a dead upstream for
     /// the tests): once it returns, nothing answers, not even a connection a proxy's
-    /// pool keeps alive. The graceful stop ends when the last connection has closed;
-    /// its handlers answer at once, so it cannot hang. Aborting the server instead
-    /// left each connection's own task serving until it saw the stop, and a request
-    /// sent right after `stop` could still be answered 200.
+    /// pool keeps alive. The graceful stop ends when the last connection has closed:
+    /// at once here, as the handlers answer at once and the tests' clients send
+    /// whole requests. Aborting the server instead left each connection's own task
+    /// serving until it saw the stop, and a request sent right after `stop` could
+    /// still be answered 200.
     pub async fn stop(&mut self) {
         if let Some(tx) = self.stop.take() {
             let _ = tx.send(());
