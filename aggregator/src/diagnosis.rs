@@ -838,19 +838,11 @@ mod tests {
             .iter()
             .zip(figures)
             .map(|(&(target, via), (requests, errors))| Link {
-                source: 1,
-                target,
                 requests,
                 errors,
-                requests_total: 0,
-                errors_total: 0,
-                p50_ms: None,
-                p99_ms: None,
-                last_seen_ms: None,
-                tls: false,
                 observed: true,
-                declared: false,
                 via: Some(Arc::from(via)),
+                ..Link::new(1, target)
             })
             .collect();
         let mut graph = Built {
@@ -956,15 +948,7 @@ mod tests {
     #[test]
     fn the_root_cause_is_the_deepest_cluster_whose_own_checks_fail() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(
-            dir.path(),
-            crate::store::Rules {
-                instance_ttl: Duration::from_secs(15),
-                error_ratio_warning: 0.05,
-                graph_window: Duration::from_secs(60),
-            },
-        )
-        .unwrap();
+        let store = Store::open(dir.path(), crate::store::Rules::defaults()).unwrap();
         store.create_zone(ZoneRecord::new("z", "cp:50000")).unwrap();
         for (cluster, owner) in [("a", "team-a"), ("b", "team-b")] {
             let mut r = ClusterRecord::new("z", cluster, cluster);

@@ -143,6 +143,26 @@ pub struct Link {
 }
 
 impl Link {
+    /// An edge from `source` to `target` with no figures, neither observed nor
+    /// declared yet.
+    pub(crate) fn new(source: u32, target: u32) -> Link {
+        Link {
+            source,
+            target,
+            requests: 0,
+            errors: 0,
+            requests_total: 0,
+            errors_total: 0,
+            p50_ms: None,
+            p99_ms: None,
+            last_seen_ms: None,
+            tls: false,
+            observed: false,
+            declared: false,
+            via: None,
+        }
+    }
+
     /// Adds another instance's share of the same edge, or its declaration (the
     /// figures and flags; which upstream the edge names is the build's choice).
     fn merge(&mut self, o: &Link) {
@@ -398,19 +418,9 @@ pub fn build(store: &Store, now: Instant, counters: Counters) -> Built {
         }
     };
     let link = |source: u32, target: u32, observed: bool| Link {
-        source,
-        target,
-        requests: 0,
-        errors: 0,
-        requests_total: 0,
-        errors_total: 0,
-        p50_ms: None,
-        p99_ms: None,
-        last_seen_ms: None,
-        tls: false,
         observed,
         declared: !observed,
-        via: None,
+        ..Link::new(source, target)
     };
     let now_bucket = store.graph_bucket(now);
     calls.each(|zone, cluster, c| {

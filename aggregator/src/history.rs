@@ -235,17 +235,7 @@ mod tests {
         assert_eq!(metrics.events_dropped.get(), 1);
         assert_eq!(metrics.dropped.get(), 0, "the entries are stored");
 
-        let store = Arc::new(
-            Store::open(
-                dir.path(),
-                Rules {
-                    instance_ttl: Duration::from_secs(15),
-                    error_ratio_warning: 0.05,
-                    graph_window: Duration::from_secs(60),
-                },
-            )
-            .unwrap(),
-        );
+        let store = Arc::new(Store::open(dir.path(), Rules::defaults()).unwrap());
         let mut sub = store.changes().subscribe(None);
         let (stop, stopping) = watch::channel(false);
         let task = tokio::spawn(publish_events(

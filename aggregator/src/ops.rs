@@ -124,7 +124,6 @@ async fn readyz(State(s): State<Arc<OpsState>>) -> Response {
 #[cfg(test)]
 mod tests {
     use std::io::Read;
-    use std::time::Duration;
 
     use axum::body::Body;
     use axum::http::Request;
@@ -136,15 +135,7 @@ mod tests {
     use crate::store::Rules;
 
     fn state(dir: &std::path::Path, cluster_metrics: bool) -> Arc<OpsState> {
-        let store = Store::open(
-            dir,
-            Rules {
-                instance_ttl: Duration::from_secs(15),
-                error_ratio_warning: 0.05,
-                graph_window: Duration::from_secs(60),
-            },
-        )
-        .unwrap();
+        let store = Store::open(dir, Rules::defaults()).unwrap();
         store
             .create_zone(ZoneRecord {
                 zone_name: "z".into(),

@@ -83,6 +83,16 @@ pub struct Rules {
     pub graph_window: Duration,
 }
 
+impl Rules {
+    /// The rules at the flags' defaults (`--instance-ttl`, `--error-ratio-warning`,
+    /// `--graph-window`), read from the flags themselves, for tests and embedding.
+    pub fn defaults() -> Rules {
+        crate::config::Config::for_tests(std::path::Path::new(""))
+            .store
+            .rules
+    }
+}
+
 /// Everything known about one (zone, cluster).
 #[derive(Debug, Clone)]
 pub struct Entry {

@@ -30,15 +30,7 @@ fn router(dir: &std::path::Path) -> Router {
 }
 
 fn state(dir: &std::path::Path, tokens: Tokens) -> Arc<AppState> {
-    let store = Store::open(
-        dir,
-        Rules {
-            instance_ttl: std::time::Duration::from_secs(15),
-            error_ratio_warning: 0.05,
-            graph_window: std::time::Duration::from_secs(60),
-        },
-    )
-    .unwrap();
+    let store = Store::open(dir, Rules::defaults()).unwrap();
     Arc::new(AppState {
         store: Arc::new(store),
         tokens,
@@ -183,17 +175,7 @@ async fn status_names_unregistered_zones_only_to_readers() {
             anonymous_writes: false,
         },
     );
-    st.store
-        .create_zone(ZoneRecord {
-            zone_name: "z".into(),
-            request_cluster: String::new(),
-            server_address: "cp:1".into(),
-            use_tls: false,
-            ca_path: String::new(),
-            cert_path: String::new(),
-            key_path: String::new(),
-        })
-        .unwrap();
+    st.store.create_zone(ZoneRecord::new("z", "cp:1")).unwrap();
     for zone in ["z", "elsewhere"] {
         let mut r = meshcat_common::wire::InstanceReport::unread(
             zone.into(),
@@ -348,15 +330,7 @@ fn openapi_document_matches_the_route_table() {
 fn schemas_have_the_serialized_field_names() {
     use meshcat_common::model::{InstanceMetrics, OverallSummary, ZoneMetadata, ZoneSummary};
     let doc = openapi::document();
-    let zone = ZoneRecord {
-        zone_name: "z".into(),
-        request_cluster: String::new(),
-        server_address: "cp:1".into(),
-        use_tls: false,
-        ca_path: String::new(),
-        cert_path: String::new(),
-        key_path: String::new(),
-    };
+    let zone = ZoneRecord::new("z", "cp:1");
     for (name, value) in [
         ("ClusterRecord", json!(ClusterRecord::new("z", "c", "n"))),
         ("ZoneRecord", json!(zone)),

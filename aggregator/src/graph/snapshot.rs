@@ -589,8 +589,6 @@ pub async fn watch(store: Arc<Store>, graphs: Arc<Graphs>, mut stop: watch::Rece
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use meshcat_common::model::{ClusterRecord, ZoneRecord};
     use meshcat_common::wire::{
         InstanceReport, ListenerRoutes, UpstreamCluster, UpstreamHost, UpstreamTraffic,
@@ -656,15 +654,7 @@ mod tests {
     /// calls an external service of its own.
     fn mesh() -> (tempfile::TempDir, Arc<Store>) {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(
-            dir.path(),
-            Rules {
-                instance_ttl: Duration::from_secs(15),
-                error_ratio_warning: 0.05,
-                graph_window: Duration::from_secs(60),
-            },
-        )
-        .unwrap();
+        let store = Store::open(dir.path(), Rules::defaults()).unwrap();
         for z in ["z", "y"] {
             store.create_zone(zone(z)).unwrap();
         }

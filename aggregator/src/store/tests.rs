@@ -7,14 +7,6 @@ use meshcat_common::wire::InstanceReport;
 
 use super::*;
 
-fn rules() -> Rules {
-    Rules {
-        instance_ttl: Duration::from_secs(15),
-        error_ratio_warning: 0.05,
-        graph_window: std::time::Duration::from_secs(60),
-    }
-}
-
 fn zone(name: &str) -> ZoneRecord {
     ZoneRecord {
         zone_name: name.into(),
@@ -42,7 +34,7 @@ fn report(zone: &str, cluster: &str, instance: &str, req: u64, err: u64) -> Inst
 
 fn open() -> (tempfile::TempDir, Store) {
     let dir = tempfile::tempdir().unwrap();
-    let s = Store::open(dir.path(), rules()).unwrap();
+    let s = Store::open(dir.path(), Rules::defaults()).unwrap();
     (dir, s)
 }
 
@@ -193,13 +185,13 @@ fn summary_cache_follows_generations() {
 fn registrations_are_reloaded() {
     let dir = tempfile::tempdir().unwrap();
     {
-        let s = Store::open(dir.path(), rules()).unwrap();
+        let s = Store::open(dir.path(), Rules::defaults()).unwrap();
         s.create_zone(zone("z")).unwrap();
         s.create_cluster(ClusterRecord::new("z", "a", "A")).unwrap();
         s.create_cluster(ClusterRecord::new("z", "b", "B")).unwrap();
         s.delete_cluster("z", "b").unwrap();
     }
-    let s = Store::open(dir.path(), rules()).unwrap();
+    let s = Store::open(dir.path(), Rules::defaults()).unwrap();
     assert_eq!(s.zones().len(), 1);
     assert_eq!(s.list_clusters(true, |_, _| true).len(), 1);
     assert_eq!(summary(&s, "z").cluster_down_count, 1);

@@ -200,19 +200,10 @@ mod tests {
 
     fn link(source: u32, target: u32, requests_total: u64, errors_total: u64) -> Link {
         Link {
-            source,
-            target,
-            requests: 0,
-            errors: 0,
             requests_total,
             errors_total,
-            p50_ms: None,
-            p99_ms: None,
-            last_seen_ms: None,
-            tls: false,
             observed: true,
-            declared: false,
-            via: None,
+            ..Link::new(source, target)
         }
     }
 

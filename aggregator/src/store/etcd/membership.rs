@@ -450,15 +450,7 @@ mod tests {
     #[test]
     fn publications_carry_only_well_formed_hashes() {
         let dir = tempfile::tempdir().unwrap();
-        let store = crate::store::Store::open(
-            dir.path(),
-            Rules {
-                instance_ttl: Duration::from_secs(15),
-                error_ratio_warning: 0.05,
-                graph_window: Duration::from_secs(60),
-            },
-        )
-        .unwrap();
+        let store = crate::store::Store::open(dir.path(), Rules::defaults()).unwrap();
         let (tx, mut rx) = mpsc::unbounded_channel();
         store
             .set_membership(std::sync::Arc::new(EtcdMembership {

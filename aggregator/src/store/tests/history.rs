@@ -9,7 +9,7 @@ use crate::history::{HistoryConfig, HistoryMetrics};
 
 fn open_with_history() -> (tempfile::TempDir, Store) {
     let dir = tempfile::tempdir().unwrap();
-    let s = Store::open(dir.path(), rules()).unwrap();
+    let s = Store::open(dir.path(), Rules::defaults()).unwrap();
     attach(&s, dir.path());
     (dir, s)
 }
@@ -101,11 +101,11 @@ fn registrations_are_noted_with_the_fields_that_changed() {
 fn loading_notes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     {
-        let s = Store::open(dir.path(), rules()).unwrap();
+        let s = Store::open(dir.path(), Rules::defaults()).unwrap();
         s.create_zone(zone("z")).unwrap();
         s.create_cluster(ClusterRecord::new("z", "a", "A")).unwrap();
     }
-    let s = Store::open(dir.path(), rules()).unwrap();
+    let s = Store::open(dir.path(), Rules::defaults()).unwrap();
     attach(&s, dir.path());
     assert!(kinds(&s).is_empty());
 }
