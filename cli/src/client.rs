@@ -229,15 +229,7 @@ impl Api {
             .get(header)
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
-        let text = read_limited(resp).await.map_err(|reason| CliError::Body {
-            what: what.clone(),
-            reason,
-        })?;
-        let json = serde_json::from_str(&text).map_err(|e| CliError::Body {
-            what,
-            reason: format!("not JSON ({e})"),
-        })?;
-        Ok((json, value))
+        Ok((json_body(what, resp).await?, value))
     }
 
     /// A request whose answer is JSON.
@@ -249,14 +241,7 @@ impl Api {
     ) -> Result<Value, CliError> {
         let what = format!("{method} {}", self.url(call).path());
         let resp = self.send(method, call, body, &[]).await?;
-        let text = read_limited(resp).await.map_err(|reason| CliError::Body {
-            what: what.clone(),
-            reason,
-        })?;
-        serde_json::from_str(&text).map_err(|e| CliError::Body {
-            what,
-            reason: format!("not JSON ({e})"),
-        })
+        json_body(what, resp).await
     }
 
     /// A request whose answer is plain text (the sidecar log level).
@@ -267,6 +252,18 @@ impl Api {
             .await
             .map_err(|reason| CliError::Body { what, reason })
     }
+}
+
+/// Reads a successful answer of the request `what` as JSON.
+async fn json_body(what: String, resp: reqwest::Response) -> Result<Value, CliError> {
+    let text = read_limited(resp).await.map_err(|reason| CliError::Body {
+        what: what.clone(),
+        reason,
+    })?;
+    serde_json::from_str(&text).map_err(|e| CliError::Body {
+        what,
+        reason: format!("not JSON ({e})"),
+    })
 }
 
 /// Reads an answer up to [`MAX_ANSWER`] bytes.

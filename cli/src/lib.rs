@@ -31,13 +31,18 @@ pub async fn run(cli: Cli) -> u8 {
         Ok(()) | Err(CliError::Closed) => EXIT_OK,
         Err(e) => {
             let _ = out.flush();
-            let text = e.to_string();
-            let mut err = anstream::stderr();
-            for line in text.lines() {
-                let _ = writeln!(err, "meshcat: {line}");
-            }
+            report(&e);
             e.exit_code()
         }
+    }
+}
+
+/// Says an error on standard error, each of its lines after `meshcat: `.
+pub(crate) fn report(e: &CliError) {
+    let text = e.to_string();
+    let mut err = anstream::stderr();
+    for line in text.lines() {
+        let _ = writeln!(err, "meshcat: {line}");
     }
 }
 

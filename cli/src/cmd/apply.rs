@@ -190,9 +190,7 @@ async fn execute(ctx: &Ctx, plan: &Plan, out: &mut dyn Write) -> Result<(), CliE
     let mut refused = refused.into_iter();
     if let Some(first) = refused.next() {
         for other in refused {
-            for text in other.to_string().lines() {
-                eprintln!("meshcat: {text}");
-            }
+            crate::report(&other);
         }
         return Err(first);
     }
