@@ -99,10 +99,10 @@ pub struct DriftHasher {
     kinds: BTreeMap<ResourceKind, Vec<(String, Digest)>>,
     /// The bootstrap's fields by name, without the node and admin.
     bootstrap: BTreeMap<String, Digest>,
-    /// Sections of other types by `@type`, without their stamps. Envoy may write
-    /// several sections of one type (an `EcdsConfigDump` per kind of discovered
-    /// filter: HTTP, listener, network...), so each type keeps every section's digest.
-    other: BTreeMap<String, Vec<Digest>>,
+    /// Sections of other types as (`@type`, digest), without their stamps. Envoy may
+    /// write several sections of one type (an `EcdsConfigDump` per kind of discovered
+    /// filter: HTTP, listener, network...), so every section's digest is kept.
+    other: Vec<(String, Digest)>,
     /// The canonical text of the resource being hashed (kept to reuse its memory).
     text: String,
 }
@@ -126,7 +126,7 @@ impl DriftHasher {
                     strip_stamps(&mut v, 0);
                     scrub(&mut v, 0);
                     let d = self.digest(&v);
-                    self.other.entry(ty).or_default().push(d);
+                    self.other.push((ty, d));
                 }
                 return;
             }
@@ -180,15 +180,13 @@ impl DriftHasher {
             whole.update(name.as_bytes());
             whole.update(d);
         }
-        // The sections of one type in digest order: Envoy's order of them (the order
-        // its filter kinds registered) carries no meaning.
+        // By type, and the sections of one type in digest order: Envoy's order of
+        // them (the order its filter kinds registered) carries no meaning.
         whole.update(b"other");
-        for (ty, digests) in &mut self.other {
-            digests.sort_unstable();
-            for d in digests.iter() {
-                whole.update(ty.as_bytes());
-                whole.update(d);
-            }
+        self.other.sort_unstable();
+        for (ty, d) in &self.other {
+            whole.update(ty.as_bytes());
+            whole.update(d);
         }
         ConfigHashes {
             config: hex8(whole.finish().as_ref()),
