@@ -5,8 +5,8 @@ use std::collections::BTreeSet;
 
 use super::access::{edge_entries, filter_text, followed, is_failure};
 use super::{
-    IDENTITY_ACTION, MAX_QUOTED_LINES, Outcome, SECRETS_NOT_READY, answered_by_service, message_of,
-    outcome, skipped, who,
+    IDENTITY_ACTION, MAX_QUOTED_LINES, Outcome, SECRETS_NOT_READY, message_of, outcome, skipped,
+    who,
 };
 use crate::evidence::{DiagnosisInput, SidecarEvidence};
 use crate::report::{StepName, Verdict};
@@ -200,7 +200,7 @@ pub(super) fn edge_logs(input: &DiagnosisInput) -> Outcome {
     if let Some(h) = host {
         let connect_failed = last.has_flag("UF") || last.has_flag("URX");
         if connect_failed || code == 503 {
-            let o = outcome(
+            let mut o = outcome(
                 NAME,
                 Verdict::Fail,
                 evidence,
@@ -208,14 +208,11 @@ pub(super) fn edge_logs(input: &DiagnosisInput) -> Outcome {
                 format!("the edge answered {code} {flags} from the service sidecar {h}."),
             );
             // Without a connection failure, the 503 came back from the service.
-            return if connect_failed {
-                o
-            } else {
-                answered_by_service(o)
-            };
+            o.answered_by_service = !connect_failed;
+            return o;
         }
     }
-    let o = outcome(
+    let mut o = outcome(
         NAME,
         Verdict::Fail,
         evidence,
@@ -223,9 +220,6 @@ pub(super) fn edge_logs(input: &DiagnosisInput) -> Outcome {
         format!("the edge answered {code} {flags}."),
     );
     // A 5xx from a host (an error answered, or a timeout): the service's answer.
-    if code >= 500 && host.is_some() {
-        answered_by_service(o)
-    } else {
-        o
-    }
+    o.answered_by_service = code >= 500 && host.is_some();
+    o
 }

@@ -53,12 +53,6 @@ fn outcome(
     }
 }
 
-/// Marks a failure as the service's own answer ([`Failure::answered_by_service`]).
-fn answered_by_service(mut o: Outcome) -> Outcome {
-    o.answered_by_service = true;
-    o
-}
-
 /// A check skipped for lack of evidence: what was not read, and how to get it.
 fn skipped(name: StepName, evidence: Vec<String>, action: &str) -> Outcome {
     outcome(name, Verdict::Skipped, evidence, action, "")

@@ -2,7 +2,7 @@
 //! what their own line says about the local service.
 
 use super::access::{edge_followed, entries_for, filter_text, followed, is_failure};
-use super::{MAX_QUOTED_LINES, Outcome, answered_by_service, outcome, skipped, who};
+use super::{MAX_QUOTED_LINES, Outcome, outcome, skipped, who};
 use crate::accesslog::AccessLogEntry;
 use crate::evidence::{DiagnosisInput, SidecarEvidence};
 use crate::report::{StepName, Verdict};
@@ -83,12 +83,9 @@ pub(super) fn service_logs(input: &DiagnosisInput) -> Outcome {
         );
     }
     if let Some(f) = failure {
-        let o = outcome(NAME, Verdict::Fail, evidence, &f.action, f.finding);
-        return if f.answered_by_service {
-            answered_by_service(o)
-        } else {
-            o
-        };
+        let mut o = outcome(NAME, Verdict::Fail, evidence, &f.action, f.finding);
+        o.answered_by_service = f.answered_by_service;
+        return o;
     }
     if !traced {
         let what = match (&request_id, &input.path) {
