@@ -192,15 +192,19 @@ impl Snapshot {
         })
     }
 
+    /// The position of the node `zone/cluster` in the nodes (sorted by id).
+    fn position_of(&self, zone: &str, cluster: &str) -> Option<usize> {
+        let id = super::node_id(zone, cluster);
+        self.graph
+            .nodes
+            .binary_search_by(|n| n.id.as_str().cmp(&id))
+            .ok()
+    }
+
     /// The links from the cluster `zone/cluster` with their targets, by target id;
     /// none when the cluster is no node.
     pub fn calls_from(&self, zone: &str, cluster: &str) -> Vec<(&super::Link, &Node)> {
-        let id = super::node_id(zone, cluster);
-        let Ok(at) = self
-            .graph
-            .nodes
-            .binary_search_by(|n| n.id.as_str().cmp(&id))
-        else {
+        let Some(at) = self.position_of(zone, cluster) else {
             return Vec::new();
         };
         self.near_of(at as u32)
@@ -363,12 +367,8 @@ impl Snapshot {
                 .collect();
             return Ok((nodes, edges));
         };
-        let id = super::node_id(zone, cluster);
         let start = self
-            .graph
-            .nodes
-            .binary_search_by(|n| n.id.as_str().cmp(&id))
-            .ok()
+            .position_of(zone, cluster)
             .filter(|&i| self.graph.nodes[i].kind == "cluster")
             .ok_or(GraphError::UnknownCluster)? as u32;
         // Breadth first over the zone's edges, both directions, `depth` hops.

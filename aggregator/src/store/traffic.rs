@@ -583,7 +583,9 @@ impl Traffic {
         self.reshaped();
     }
 
-    /// Calls `f` with every cluster's calls, this replica's and its peers'.
+    /// Calls `f` with every cluster's calls, this replica's and its peers' (the graph
+    /// build walks a [`Traffic::view`] instead).
+    #[cfg(test)]
     pub fn each(&self, f: impl FnMut(&str, &str, &ClusterCalls)) {
         self.view().each(f);
     }
