@@ -431,7 +431,8 @@ fn at_of(
 }
 
 /// The first id in `lo..hi` whose entry is at `at` or later (`hi` when none); the
-/// range lies within one run.
+/// range lies within one run. One read answers when the first entry is already that
+/// late, as it is for retention on almost every commit (nothing due yet).
 fn first_at_or_after(
     entries: &impl ReadableTable<u64, &'static [u8]>,
     mut lo: u64,
@@ -439,6 +440,9 @@ fn first_at_or_after(
     at: i64,
 ) -> Result<u64, HistoryError> {
     let next = hi;
+    if lo < hi && at_of(entries, lo, next)? >= at {
+        return Ok(lo);
+    }
     while lo < hi {
         let mid = lo + (hi - lo) / 2;
         if at_of(entries, mid, next)? < at {
