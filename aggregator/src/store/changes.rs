@@ -262,9 +262,7 @@ impl Store {
     pub(super) fn publish(&self, touched: &[Touch]) -> (u64, u64) {
         let mut f = self.feed_lock();
         let previous = f.last;
-        let index = next_index(f.last);
-        self.generation.store(index, Ordering::Release);
-        f.last = index;
+        let index = self.number(&mut f);
         let mut events = Vec::with_capacity(touched.len() + 1);
         let mut seen = std::collections::HashSet::with_capacity(touched.len());
         for t in touched {
@@ -281,6 +279,14 @@ impl Store {
         // events: its index may come back as a `since` (a reader's last index).
         self.push_change(&mut f, index, events);
         (previous, index)
+    }
+
+    /// Numbers the next change, under the feed's lock: its index, after the last.
+    fn number(&self, f: &mut Feed) -> u64 {
+        let index = next_index(f.last);
+        self.generation.store(index, Ordering::Release);
+        f.last = index;
+        index
     }
 
     /// Keeps change `index` in the window and sends it; the caller holds the feed's
@@ -307,9 +313,7 @@ impl Store {
             return;
         }
         let mut f = self.feed_lock();
-        let index = next_index(f.last);
-        self.generation.store(index, Ordering::Release);
-        f.last = index;
+        let index = self.number(&mut f);
         let events = entries
             .iter()
             .map(|e| Event {
@@ -330,9 +334,7 @@ impl Store {
     /// this point (a client resuming from before is reset too).
     pub fn reset_history_streams(&self) {
         let mut f = self.feed_lock();
-        let index = next_index(f.last);
-        self.generation.store(index, Ordering::Release);
-        f.last = index;
+        let index = self.number(&mut f);
         f.window.clear();
         f.floor = index;
         let reset = Event {
@@ -354,9 +356,7 @@ impl Store {
     /// Moves the index without events (loading, which nobody could have watched).
     pub(super) fn advance(&self) {
         let mut f = self.feed_lock();
-        let index = next_index(f.last);
-        self.generation.store(index, Ordering::Release);
-        f.last = index;
+        let index = self.number(&mut f);
         // Nothing before the load can be replayed.
         f.floor = index;
         f.last_summary = serde_json::to_vec(&self.overall()).expect("summaries serialise");
