@@ -41,8 +41,9 @@ async fn run(agent: &Agent, named: &TargetKey, cmd: Command) -> Result<CommandOu
     let choice = TargetChoice::of_command(&named.zone_name, &named.cluster_name, &named.instance);
     let target = agent.target(&choice).map_err(|e| e.to_string())?;
     let key = target.key();
-    let admin =
-        EnvoyAdmin::new(&target.admin, agent.scrape_timeout()).map_err(|e| e.to_string())?;
+    let admin = target
+        .admin_client(agent.scrape_timeout(), agent.ops_metrics())
+        .map_err(|e| e.to_string())?;
     match cmd {
         Command::ConfigDump => admin
             .config_dump()
@@ -323,6 +324,7 @@ mod tests {
             instance: instance.into(),
             log_file: None,
             local_cluster: None,
+            netns: None,
         }
     }
 

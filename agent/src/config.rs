@@ -8,6 +8,7 @@ use std::time::Duration;
 use clap::Parser;
 use meshcat_common::config::{LogFormat, parse_positive_duration};
 
+use crate::envoy::Netns;
 use crate::scrape::Target;
 
 /// meshcat-agent: scrapes local Envoy sidecar admin APIs and reports them to the
@@ -56,8 +57,14 @@ pub struct AgentConfig {
     /// listener].
     #[arg(long, env = "MESHCAT_LOCAL_CLUSTER")]
     pub local_cluster: Option<String>,
-    /// JSON array of {"admin","zoneName","clusterName","instance","logFile","localCluster"}; re-read
-    /// when it changes; replaces the single-target flags.
+    /// The network namespace the sidecar of --sidecar-admin lives in (a file such as
+    /// /proc/<pid>/ns/net or /run/netns/<name>): every admin connection is opened
+    /// inside it, so an admin on the pod's loopback is reached from the node. Needs
+    /// CAP_SYS_ADMIN (and CAP_SYS_PTRACE for another process's /proc entry).
+    #[arg(long, env = "MESHCAT_SIDECAR_NETNS")]
+    pub sidecar_netns: Option<PathBuf>,
+    /// JSON array of {"admin","zoneName","clusterName","instance","logFile","localCluster","netns"};
+    /// re-read when it changes; replaces the single-target flags.
     #[arg(long, env = "MESHCAT_TARGETS_FILE")]
     pub targets_file: Option<PathBuf>,
     /// The node's pods as `kubectl get pods -o json` writes them (DaemonSet discovery),
@@ -67,6 +74,17 @@ pub struct AgentConfig {
     /// meshcat.io/sidecar-container under --pod-log-dir.
     #[arg(long, env = "MESHCAT_PODS_FILE", conflicts_with = "targets_file")]
     pub pods_file: Option<PathBuf>,
+    /// With --pods-file: reach each pod's sidecar admin at 127.0.0.1:<admin port> inside
+    /// the pod's own network namespace, found in --proc-dir from a process whose cgroup
+    /// names the pod's UID (for Istio, Consul and any mesh whose admin stays on the pod's
+    /// loopback). Needs hostPID, CAP_SYS_ADMIN and CAP_SYS_PTRACE (the loopback-admin
+    /// overlay).
+    #[arg(long, env = "MESHCAT_POD_NETNS", requires = "pods_file")]
+    pub pod_netns: bool,
+    /// The node's process list for --pod-netns: /proc with hostPID, or the host's /proc
+    /// mounted elsewhere.
+    #[arg(long, env = "MESHCAT_PROC_DIR", default_value = "/proc")]
+    pub proc_dir: PathBuf,
     /// Folder of the node's container logs (kubelet's /var/log/pods) for --pods-file;
     /// a discovered log file must stay inside its own pod's folder there.
     #[arg(long, env = "MESHCAT_POD_LOG_DIR", default_value = "/var/log/pods")]
@@ -92,9 +110,7 @@ pub struct AgentConfig {
     pub log_format: LogFormat,
 }
 
-/// Checks `host:port`: a non-empty host (bracketed if IPv6) and a port.
-/// Most addresses in `--aggregator`.
-pub const MAX_AGGREGATORS: usize = 16;
+pub use meshcat_common::config::MAX_AGGREGATORS;
 
 /// Checks a comma-separated list of 1 to [`MAX_AGGREGATORS`] `host:port` addresses;
 /// returns it with spaces removed.
@@ -109,6 +125,7 @@ pub fn parse_aggregators(s: &str) -> Result<String, String> {
     Ok(list.join(","))
 }
 
+/// Checks `host:port`: a non-empty host (bracketed if IPv6) and a port.
 pub fn parse_host_port(s: &str) -> Result<String, String> {
     let s = s.trim();
     let bad = || format!("{s:?} is not host:port");
@@ -182,6 +199,7 @@ impl AgentConfig {
                     instance,
                     log_file: self.sidecar_log_file.clone(),
                     local_cluster: self.local_cluster.clone(),
+                    netns: self.sidecar_netns.clone().map(Netns::pinned_now),
                 }
             })
             .collect()

@@ -3,34 +3,37 @@
 //! vouches for choose where the agent goes and under which zone it reports: the zone
 //! is the pod's namespace, the admin address is the pod's own IP, the log file is a
 //! container log inside that pod's own folder under `--pod-log-dir`. Annotations, which
-//! whoever runs the pod writes, only pick the cluster, the admin port and which of the
-//! pod's own containers is the sidecar.
+//! whoever runs the pod writes, only pick the cluster, the mesh, the admin port and
+//! which of the pod's own containers is the sidecar. With `--pod-netns` the admin is
+//! the pod's loopback, reached inside the pod's own network namespace ([`podns`]).
+
+pub mod podns;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 
+use meshcat_common::pods::{
+    ADMIN_PORT_ANNOTATION, CLUSTER_ANNOTATION, DEFAULT_SIDECAR, LOCAL_CLUSTER_ANNOTATION,
+    MESH_ANNOTATION, Mesh, SCRAPE_LABEL, SIDECAR_ANNOTATION, ZONE_ANNOTATION, default_admin_port,
+};
 use meshcat_common::validate::is_valid_name;
 use serde::Deserialize;
 
+use crate::envoy::Netns;
 use crate::scrape::{MAX_TARGETS, Target, TargetsError};
 
 /// Largest pods file read (a busy node's full pod objects fit easily).
 pub const MAX_PODS_FILE: u64 = 32 << 20;
-/// The label a pod opts in with.
-pub const SCRAPE_LABEL: &str = "meshcat.io/scrape";
-/// The annotation naming the pod's cluster (service).
-pub const CLUSTER_ANNOTATION: &str = "meshcat.io/cluster";
-/// The annotation naming the sidecar's admin port (default [`DEFAULT_ADMIN_PORT`]).
-pub const ADMIN_PORT_ANNOTATION: &str = "meshcat.io/admin-port";
-/// The annotation naming the sidecar container (default [`DEFAULT_SIDECAR`]).
-pub const SIDECAR_ANNOTATION: &str = "meshcat.io/sidecar-container";
-/// The annotation naming the sidecar's own upstream cluster (left out of the graph).
-pub const LOCAL_CLUSTER_ANNOTATION: &str = "meshcat.io/local-cluster";
-/// Formerly chose the zone; now ignored (the zone is the namespace).
-pub const ZONE_ANNOTATION: &str = "meshcat.io/zone";
-pub const DEFAULT_ADMIN_PORT: u16 = 9901;
-pub const DEFAULT_SIDECAR: &str = "envoy";
+
+/// Where discovery points the agent at a pod's admin API.
+#[derive(Debug, Clone, Copy)]
+pub enum AdminReach<'a> {
+    /// The pod's own IP, from the agent's namespace.
+    PodIp,
+    /// `127.0.0.1` inside the pod's network namespace, by pod UID ([`podns::scan`]).
+    PodLoopback(&'a BTreeMap<String, Netns>),
+}
 
 /// A `kubectl get pods -o json` answer: a `List` of pods. Unknown fields are ignored:
 /// the file carries whole pod objects.
@@ -114,8 +117,8 @@ pub struct Discovered {
     pub notes: Vec<String>,
 }
 
-/// Reads a pods file and derives the targets; see [`targets_from_pods`].
-pub fn read_pods_file(path: &Path, log_dir: &Path) -> Result<Discovered, TargetsError> {
+/// Reads a pods file; see [`targets_from_pods`] for the targets.
+pub fn read_pods_file(path: &Path) -> Result<PodList, TargetsError> {
     let p = path.display().to_string();
     let read = |e| TargetsError::Read {
         path: p.clone(),
@@ -135,14 +138,23 @@ pub fn read_pods_file(path: &Path, log_dir: &Path) -> Result<Discovered, Targets
         });
     }
     let text = std::fs::read(path).map_err(read)?;
-    let pods: PodList = serde_json::from_slice(&text).map_err(|e| TargetsError::Invalid {
+    serde_json::from_slice(&text).map_err(|e| TargetsError::Invalid {
         path: p.clone(),
         reason: e.to_string(),
-    })?;
-    let found = targets_from_pods(&pods, log_dir);
+    })
+}
+
+/// The targets of a pod list, refused whole past [`MAX_TARGETS`].
+pub fn checked_targets(
+    pods: &PodList,
+    log_dir: &Path,
+    reach: AdminReach<'_>,
+    path: &Path,
+) -> Result<Discovered, TargetsError> {
+    let found = targets_from_pods(pods, log_dir, reach);
     if found.targets.len() > MAX_TARGETS {
         return Err(TargetsError::Invalid {
-            path: p,
+            path: path.display().to_string(),
             reason: format!("{} targets, at most {MAX_TARGETS}", found.targets.len()),
         });
     }
@@ -152,8 +164,13 @@ pub fn read_pods_file(path: &Path, log_dir: &Path) -> Result<Discovered, Targets
 /// The targets of the running pods labelled `meshcat.io/scrape: "true"`:
 /// - zone: the pod's namespace (a `meshcat.io/zone` annotation is ignored);
 /// - cluster: `meshcat.io/cluster` (required);
-/// - admin: the pod's own IP and `meshcat.io/admin-port` (a port number, nothing else);
-///   a pod on the node's network (`hostNetwork`) is left out, since its IP is the node's;
+/// - admin: the pod's own IP and `meshcat.io/admin-port` (a port number, nothing else;
+///   default the mesh's, [`Mesh`], else
+///   [`meshcat_common::pods::DEFAULT_ADMIN_PORT`]); with
+///   [`AdminReach::PodLoopback`], `127.0.0.1` and that port inside the pod's network
+///   namespace, and a pod whose namespace is not found is left out (noted); a pod on
+///   the node's network (`hostNetwork`) is left out, since its IP and its loopback are
+///   the node's;
 /// - instance: the pod's name. Pods are told apart by namespace and name: pods of one
 ///   name in two namespaces are two targets (two zones); a second pod of the same
 ///   namespace and name is left out;
@@ -162,7 +179,7 @@ pub fn read_pods_file(path: &Path, log_dir: &Path) -> Result<Discovered, Targets
 ///   containers, and which must resolve inside the pod's own log folder (no link out).
 ///   The target carries the resolved path (kubelet's links followed here, once and
 ///   checked), which the log tail then opens without following any link.
-pub fn targets_from_pods(pods: &PodList, log_dir: &Path) -> Discovered {
+pub fn targets_from_pods(pods: &PodList, log_dir: &Path, reach: AdminReach<'_>) -> Discovered {
     let mut out = Discovered::default();
     let mut seen = BTreeSet::new();
     for pod in &pods.items {
@@ -173,7 +190,7 @@ pub fn targets_from_pods(pods: &PodList, log_dir: &Path) -> Discovered {
             continue;
         }
         let who = format!("pod {}/{}", m.namespace, m.name);
-        match target_of(pod, log_dir) {
+        match target_of(pod, log_dir, reach) {
             Ok((target, note)) => {
                 if let Some(n) = note {
                     out.notes.push(format!("{who}: {n}"));
@@ -193,7 +210,11 @@ pub fn targets_from_pods(pods: &PodList, log_dir: &Path) -> Discovered {
 }
 
 /// The target of one pod, with a note when its log file was left out.
-fn target_of(pod: &Pod, log_dir: &Path) -> Result<(Target, Option<String>), String> {
+fn target_of(
+    pod: &Pod,
+    log_dir: &Path,
+    reach: AdminReach<'_>,
+) -> Result<(Target, Option<String>), String> {
     let m = &pod.metadata;
     if !plain_component(&m.namespace) || !plain_component(&m.name) {
         return Err("namespace or name is not a valid name".into());
@@ -203,13 +224,15 @@ fn target_of(pod: &Pod, log_dir: &Path) -> Result<(Target, Option<String>), Stri
     if pod.spec.host_network {
         return Err("it uses the node's network (hostNetwork), so its IP is the node's".into());
     }
-    let ip: IpAddr = pod
-        .status
-        .pod_ip
-        .parse()
-        .map_err(|_| format!("pod IP {:?} is not an IP address", pod.status.pod_ip))?;
+    let mesh = match m.annotations.get(MESH_ANNOTATION) {
+        None => None,
+        Some(v) => Some(
+            Mesh::parse(v)
+                .ok_or_else(|| format!("{MESH_ANNOTATION} {v:?} is not one of istio, consul"))?,
+        ),
+    };
     let port = match m.annotations.get(ADMIN_PORT_ANNOTATION) {
-        None => DEFAULT_ADMIN_PORT,
+        None => default_admin_port(mesh),
         Some(p) => p
             .parse::<u16>()
             .ok()
@@ -235,7 +258,26 @@ fn target_of(pod: &Pod, log_dir: &Path) -> Result<(Target, Option<String>), Stri
             "{ZONE_ANNOTATION} {z:?} ignored: the zone is the namespace"
         ));
     }
-    let log_file = match log_file_of(pod, log_dir) {
+    let (admin, netns) = match reach {
+        AdminReach::PodIp => {
+            let ip: IpAddr = pod
+                .status
+                .pod_ip
+                .parse()
+                .map_err(|_| format!("pod IP {:?} is not an IP address", pod.status.pod_ip))?;
+            (SocketAddr::new(ip, port), None)
+        }
+        AdminReach::PodLoopback(namespaces) => {
+            let ns = uid_key(&m.uid)
+                .and_then(|uid| namespaces.get(&uid))
+                .ok_or("no process of this pod in the node's process list, so its network namespace is unknown")?;
+            (
+                SocketAddr::new(IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), port),
+                Some(ns.clone()),
+            )
+        }
+    };
+    let log_file = match log_file_of(pod, log_dir, mesh) {
         Ok(f) => Some(f),
         Err(why) => {
             note = Some(format!("no log file: {why}"));
@@ -244,15 +286,21 @@ fn target_of(pod: &Pod, log_dir: &Path) -> Result<(Target, Option<String>), Stri
     };
     Ok((
         Target {
-            admin: SocketAddr::new(ip, port).to_string(),
+            admin: admin.to_string(),
             zone_name: m.namespace.clone(),
             cluster_name: cluster.clone(),
             instance: m.name.clone(),
             log_file,
             local_cluster: m.annotations.get(LOCAL_CLUSTER_ANNOTATION).cloned(),
+            netns,
         },
         note,
     ))
+}
+
+/// A pod UID as [`podns`] keys it (lower case), when it is one.
+fn uid_key(uid: &str) -> Option<String> {
+    (uid.len() == 36).then(|| uid.to_ascii_lowercase())
 }
 
 /// A path component Kubernetes could have produced: no separator, not `.` or `..`.
@@ -262,12 +310,12 @@ fn plain_component(s: &str) -> bool {
 
 /// The sidecar container's current log file, checked to stay inside the pod's folder,
 /// with the links that exist now resolved.
-fn log_file_of(pod: &Pod, log_dir: &Path) -> Result<PathBuf, String> {
+fn log_file_of(pod: &Pod, log_dir: &Path, mesh: Option<Mesh>) -> Result<PathBuf, String> {
     let m = &pod.metadata;
-    let container = m
-        .annotations
-        .get(SIDECAR_ANNOTATION)
-        .map_or(DEFAULT_SIDECAR, String::as_str);
+    let container = m.annotations.get(SIDECAR_ANNOTATION).map_or(
+        mesh.map_or(DEFAULT_SIDECAR, Mesh::sidecar_container),
+        String::as_str,
+    );
     let own = pod
         .spec
         .containers
@@ -345,7 +393,7 @@ mod tests {
     fn discover(items: Vec<serde_json::Value>, log_dir: &Path) -> Discovered {
         let list: PodList =
             serde_json::from_value(json!({"kind": "List", "items": items})).unwrap();
-        targets_from_pods(&list, log_dir)
+        targets_from_pods(&list, log_dir, AdminReach::PodIp)
     }
 
     #[test]
@@ -573,6 +621,94 @@ mod tests {
         assert_eq!(
             d.targets[0].log_file.as_deref(),
             Some(pod_dir.join("envoy/2.log").as_path())
+        );
+    }
+
+    #[test]
+    fn a_mesh_names_the_admin_port_and_the_sidecar_container() {
+        let logs = tempfile::tempdir().unwrap();
+        let mut istio = pod(
+            "a",
+            "p",
+            json!({"meshcat.io/cluster": "c", "meshcat.io/mesh": "istio"}),
+        );
+        istio["spec"]["containers"] = json!([{"name": "app"}, {"name": "istio-proxy"}]);
+        let d = discover(vec![istio], logs.path());
+        assert_eq!(d.targets[0].admin, "10.1.2.3:15000");
+        assert!(
+            d.targets[0]
+                .log_file
+                .as_deref()
+                .unwrap()
+                .ends_with("istio-proxy/0.log"),
+            "{:?}",
+            d.targets[0].log_file
+        );
+        // An explicit port wins over the mesh's.
+        let d = discover(
+            vec![pod(
+                "a",
+                "p",
+                json!({"meshcat.io/cluster": "c", "meshcat.io/mesh": "consul",
+                       "meshcat.io/admin-port": "19001"}),
+            )],
+            logs.path(),
+        );
+        assert_eq!(d.targets[0].admin, "10.1.2.3:19001");
+        let d = discover(
+            vec![pod(
+                "a",
+                "p",
+                json!({"meshcat.io/cluster": "c", "meshcat.io/mesh": "linkerd"}),
+            )],
+            logs.path(),
+        );
+        assert!(d.targets.is_empty());
+        assert!(
+            d.notes[0].contains("not one of istio, consul"),
+            "{:?}",
+            d.notes
+        );
+    }
+
+    #[test]
+    fn on_the_pods_loopback_the_admin_is_reached_in_its_namespace() {
+        let logs = tempfile::tempdir().unwrap();
+        let uid = "0A1B2C3D-4E5F-6A7B-8C9D-0E1F2A3B4C5D";
+        let mut found = pod(
+            "a",
+            "found",
+            json!({"meshcat.io/cluster": "c", "meshcat.io/mesh": "consul"}),
+        );
+        found["metadata"]["uid"] = json!(uid);
+        found["status"]["podIP"] = json!("");
+        let mut unknown = pod("a", "unknown", json!({"meshcat.io/cluster": "c"}));
+        unknown["metadata"]["uid"] = json!("9a1b2c3d-4e5f-6a7b-8c9d-0e1f2a3b4c5d");
+        let mut host = pod("a", "host", json!({"meshcat.io/cluster": "c"}));
+        host["metadata"]["uid"] = json!(uid);
+        host["spec"]["hostNetwork"] = json!(true);
+        let ns = Netns::with_inode(PathBuf::from("/proc/42/ns/net"), 4026531992);
+        let namespaces = BTreeMap::from([(uid.to_ascii_lowercase(), ns.clone())]);
+        let list: PodList =
+            serde_json::from_value(json!({"items": [found, unknown, host]})).unwrap();
+        let d = targets_from_pods(&list, logs.path(), AdminReach::PodLoopback(&namespaces));
+        assert_eq!(d.targets.len(), 1, "{:?}", d.notes);
+        assert_eq!(d.targets[0].instance, "found");
+        assert_eq!(d.targets[0].admin, "127.0.0.1:19000");
+        assert_eq!(d.targets[0].netns, Some(ns));
+        assert!(
+            d.notes
+                .iter()
+                .any(|n| n.contains("a/unknown") && n.contains("network namespace is unknown")),
+            "{:?}",
+            d.notes
+        );
+        assert!(
+            d.notes
+                .iter()
+                .any(|n| n.contains("a/host") && n.contains("hostNetwork")),
+            "{:?}",
+            d.notes
         );
     }
 }

@@ -1,11 +1,23 @@
 //! The client of one Envoy sidecar's admin API: every call has a timeout and a
-//! limit on the size of the answer, and returns the models of [`model`].
+//! limit on the size of the answer, and returns the models of [`model`]. Its
+//! connections are opened in the agent's network namespace or, for a sidecar whose
+//! admin stays on its pod's loopback, inside the sidecar's ([`netns`]).
 
 pub mod model;
+pub mod netns;
 
-use meshcat_common::level;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use meshcat_common::level;
+
+pub use netns::{Netns, NetnsError};
 
 use model::{ClustersResponse, ServerInfo, StatsResponse, StatsSnapshot};
 
@@ -32,7 +44,16 @@ pub enum EnvoyError {
     Transport {
         addr: String,
         #[source]
-        source: reqwest::Error,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("admin API at {addr} did not answer within {timeout:?}")]
+    Timeout { addr: String, timeout: Duration },
+    /// The sidecar's network namespace could not be entered (contract section 18).
+    #[error("admin API at {addr}: {source}")]
+    Netns {
+        addr: String,
+        #[source]
+        source: NetnsError,
     },
     #[error("admin API at {addr} answered {status} to {path}: {body}")]
     Status {
@@ -49,92 +70,245 @@ pub enum EnvoyError {
     Level(String),
 }
 
+impl EnvoyError {
+    /// The namespace failure behind this error, when the sidecar's namespace could
+    /// not be entered (counted by reason in the agent's metrics).
+    pub fn netns(&self) -> Option<&NetnsError> {
+        match self {
+            EnvoyError::Netns { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+/// Where a sidecar's admin API listens: `host:port`, inside the network namespace
+/// `netns` when given (the pod's loopback, contract section 18), else in the agent's
+/// own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdminEndpoint {
+    /// `host:port`, resolved (when a name) where the connection is opened.
+    pub addr: String,
+    /// The namespace every connection is opened in.
+    pub netns: Option<Netns>,
+}
+
+/// Opens the admin connections of one sidecar: a plain TCP connection in the agent's
+/// namespace, or one opened inside the sidecar's. The client's pool keeps them open
+/// between scrapes, so a namespace is entered once per connection, not per request.
+#[derive(Debug, Clone)]
+struct AdminConnector {
+    endpoint: Arc<AdminEndpoint>,
+    /// Bounds the connection's opening (each address tried, inside a namespace).
+    timeout: Duration,
+}
+
+impl tower::Service<http::Uri> for AdminConnector {
+    type Response = TokioIo<tokio::net::TcpStream>;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    /// Connects to the endpoint this connector was made for, whatever the URI says:
+    /// one connector serves one sidecar.
+    fn call(&mut self, _: http::Uri) -> Self::Future {
+        let (endpoint, timeout) = (self.endpoint.clone(), self.timeout);
+        Box::pin(async move {
+            let stream = match &endpoint.netns {
+                Some(ns) => netns::connect(ns, &endpoint.addr, timeout).await?,
+                None => {
+                    let s = tokio::time::timeout(
+                        timeout,
+                        tokio::net::TcpStream::connect(endpoint.addr.as_str()),
+                    )
+                    .await
+                    .map_err(|_| {
+                        std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out")
+                    })??;
+                    s.set_nodelay(true)?;
+                    s
+                }
+            };
+            Ok(TokioIo::new(stream))
+        })
+    }
+}
+
+/// Called with [`NetnsError::reason`] each time a connection fails because the
+/// sidecar's namespace could not be entered: the agent counts them per target.
+#[derive(Clone)]
+pub struct NetnsErrorHook(Arc<dyn Fn(&'static str) + Send + Sync>);
+
+impl NetnsErrorHook {
+    pub fn new(f: impl Fn(&'static str) + Send + Sync + 'static) -> Self {
+        NetnsErrorHook(Arc::new(f))
+    }
+}
+
+impl std::fmt::Debug for NetnsErrorHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("NetnsErrorHook")
+    }
+}
+
+/// Admin connections kept open per sidecar: a scrape makes four calls at once.
+const POOL_IDLE_PER_SIDECAR: usize = 4;
+
 /// A client of one sidecar's admin API. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct EnvoyAdmin {
-    /// `host:port` of the admin listener, as configured.
-    addr: String,
-    /// Shared HTTP client; its timeout bounds every call.
-    client: reqwest::Client,
+    /// Where the admin API listens.
+    endpoint: Arc<AdminEndpoint>,
+    /// Bounds every call, from connecting to the last byte of the answer.
+    timeout: Duration,
+    /// HTTP/1.1 client over [`AdminConnector`], with its pool of kept-alive
+    /// connections. It never follows a redirect, nor goes through a proxy the
+    /// environment names (HTTP_PROXY and the like): an admin API never redirects, and
+    /// following one, or a proxy, would let whoever answers on the admin address (which
+    /// can come from a discovered pod) send the agent to any other host, or see every
+    /// sidecar the agent watches.
+    client: Client<AdminConnector, Empty<Bytes>>,
+    /// Told of every namespace failure, when set.
+    on_netns_error: Option<NetnsErrorHook>,
 }
 
 impl EnvoyAdmin {
-    /// A client for the admin API at `addr` (`host:port`), with a per-call timeout.
+    /// A client for the admin API at `addr` (`host:port`) in the agent's own network
+    /// namespace, with a per-call timeout.
     pub fn new(addr: &str, timeout: Duration) -> Result<Self, EnvoyError> {
+        Self::at(
+            AdminEndpoint {
+                addr: addr.to_owned(),
+                netns: None,
+            },
+            timeout,
+        )
+    }
+
+    /// A client for the admin API at `endpoint`, with a per-call timeout.
+    pub fn at(endpoint: AdminEndpoint, timeout: Duration) -> Result<Self, EnvoyError> {
+        let addr = &endpoint.addr;
         if addr
             .rsplit_once(':')
             .is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err())
         {
             return Err(EnvoyError::Address(addr.to_owned()));
         }
-        // An admin API never redirects; following one would let whoever answers on
-        // the admin address send the agent to any other host (and an admin address can
-        // come from a discovered pod). Nor does the call go through a proxy that the
-        // environment names (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY and their lower-case
-        // forms): the admin API is the sidecar's own, on its pod's address, and a
-        // proxy would see (and could answer for) every sidecar the agent watches.
-        let client = reqwest::Client::builder()
-            .no_proxy()
-            .redirect(reqwest::redirect::Policy::none())
-            .timeout(timeout)
-            .connect_timeout(timeout)
-            .pool_max_idle_per_host(1)
-            .build()
-            .map_err(|e| EnvoyError::Transport {
-                addr: addr.to_owned(),
-                source: e,
-            })?;
+        let endpoint = Arc::new(endpoint);
+        let connector = AdminConnector {
+            endpoint: endpoint.clone(),
+            timeout,
+        };
+        let client = Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(POOL_IDLE_PER_SIDECAR)
+            .pool_idle_timeout(Duration::from_secs(90))
+            .build(connector);
         Ok(Self {
-            addr: addr.to_owned(),
+            endpoint,
+            timeout,
             client,
+            on_netns_error: None,
         })
+    }
+
+    /// This client, telling `hook` of every namespace failure.
+    pub fn observing_netns_errors(mut self, hook: NetnsErrorHook) -> Self {
+        self.on_netns_error = Some(hook);
+        self
     }
 
     /// The admin address this client talks to.
     pub fn addr(&self) -> &str {
-        &self.addr
+        &self.endpoint.addr
     }
 
     /// The answer's bytes, read up to `limit`; a non-2xx status is an error carrying
-    /// the first line of the body.
+    /// the first line of the body. The whole call, from connecting to the answer's last
+    /// byte, is bounded by the client's timeout.
     async fn call_bytes(
         &self,
         post: bool,
         path: &str,
         limit: usize,
     ) -> Result<Vec<u8>, EnvoyError> {
-        let url = format!("http://{}{}", self.addr, path);
-        let req = if post {
-            self.client.post(&url)
-        } else {
-            self.client.get(&url)
-        };
-        let transport = |e| EnvoyError::Transport {
-            addr: self.addr.clone(),
+        tokio::time::timeout(self.timeout, self.call_unbounded(post, path, limit))
+            .await
+            .map_err(|_| EnvoyError::Timeout {
+                addr: self.endpoint.addr.clone(),
+                timeout: self.timeout,
+            })?
+    }
+
+    async fn call_unbounded(
+        &self,
+        post: bool,
+        path: &str,
+        limit: usize,
+    ) -> Result<Vec<u8>, EnvoyError> {
+        let addr = &self.endpoint.addr;
+        let transport = |e: Box<dyn std::error::Error + Send + Sync>| EnvoyError::Transport {
+            addr: addr.clone(),
             source: e,
         };
         let too_large = || EnvoyError::TooLarge {
             path: path.to_owned(),
             limit,
         };
-        let mut resp = req.send().await.map_err(transport)?;
+        let req = http::Request::builder()
+            .method(if post {
+                http::Method::POST
+            } else {
+                http::Method::GET
+            })
+            .uri(format!("http://{addr}{path}"))
+            .body(Empty::<Bytes>::new())
+            .map_err(|e| transport(e.into()))?;
+        let resp = self
+            .client
+            .request(req)
+            .await
+            .map_err(|e| match netns_source(&e) {
+                Some(ns) => {
+                    if let (Some(hook), Some(reason)) = (&self.on_netns_error, ns.reason()) {
+                        (hook.0)(reason);
+                    }
+                    EnvoyError::Netns {
+                        addr: addr.clone(),
+                        source: ns,
+                    }
+                }
+                None => transport(e.into()),
+            })?;
         let status = resp.status();
         // Sized once when Envoy says how much it sends: a large answer (megabytes on a
         // big mesh) is then never copied while it grows.
-        let expected = resp.content_length().unwrap_or(0);
+        let expected = resp
+            .headers()
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+            .unwrap_or(0);
         if expected > limit as u64 {
             return Err(too_large());
         }
         let mut body = Vec::with_capacity(expected as usize);
-        while let Some(chunk) = resp.chunk().await.map_err(transport)? {
-            if body.len() + chunk.len() > limit {
-                return Err(too_large());
+        let mut incoming = resp.into_body();
+        while let Some(frame) = incoming.frame().await {
+            let frame = frame.map_err(|e| transport(e.into()))?;
+            if let Ok(chunk) = frame.into_data() {
+                if body.len() + chunk.len() > limit {
+                    return Err(too_large());
+                }
+                body.extend_from_slice(&chunk);
             }
-            body.extend_from_slice(&chunk);
         }
         if !status.is_success() {
             return Err(EnvoyError::Status {
-                addr: self.addr.clone(),
+                addr: addr.clone(),
                 path: path.to_owned(),
                 status: status.as_u16(),
                 body: String::from_utf8_lossy(&body)
@@ -272,6 +446,18 @@ impl EnvoyAdmin {
         self.call_bytes(false, "/config_dump", MAX_CONFIG_DUMP)
             .await
     }
+}
+
+/// The namespace failure a client error carries, when the connection failed there.
+fn netns_source(e: &hyper_util::client::legacy::Error) -> Option<NetnsError> {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    while let Some(c) = cause {
+        if let Some(ns) = c.downcast_ref::<NetnsError>() {
+            return Some(ns.clone());
+        }
+        cause = c.source();
+    }
+    None
 }
 
 /// The path of the scrape's `/stats` call: [`STATS_FILTER`], used stats only,

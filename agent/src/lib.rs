@@ -105,14 +105,15 @@ struct Inner {
 impl Agent {
     /// An agent with no targets yet.
     pub fn new(scrape_timeout: Duration) -> Self {
+        let ops_metrics = OpsMetrics::new();
         Self {
             inner: Arc::new(Inner {
                 board: Board::new(),
                 targets: RwLock::new(Vec::new()),
-                ops_metrics: OpsMetrics::new(),
+                ops_metrics: ops_metrics.clone(),
                 host: HostSampler::new(),
                 scrape_timeout,
-                diagnostics: Diagnostics::new(scrape_timeout),
+                diagnostics: Diagnostics::new(scrape_timeout, ops_metrics.clone()),
             }),
         }
     }
@@ -194,7 +195,7 @@ impl Agent {
     /// config dump, diagnosis.
     pub fn admin(&self, choice: &TargetChoice<'_>) -> Result<EnvoyAdmin, TargetError> {
         let target = self.target(choice)?;
-        Ok(EnvoyAdmin::new(&target.admin, self.scrape_timeout())?)
+        Ok(target.admin_client(self.scrape_timeout(), self.ops_metrics())?)
     }
 }
 
@@ -267,6 +268,7 @@ pub async fn run(
         (None, Some(path)) => TargetSource::Pods {
             file: path.clone(),
             log_dir: config.pod_log_dir.clone(),
+            proc_dir: config.pod_netns.then(|| config.proc_dir.clone()),
         },
         (None, None) => TargetSource::Fixed(config.flag_targets()),
     };

@@ -33,6 +33,9 @@ pub struct OpsMetrics {
     scrape_duration: HistogramVec,
     /// Targets currently configured.
     targets: IntGauge,
+    /// Connections to a sidecar's admin that failed because its network namespace
+    /// could not be entered, by target and reason ([`crate::envoy::netns::REASONS`]).
+    netns_errors: IntCounterVec,
 }
 
 impl Default for OpsMetrics {
@@ -65,10 +68,19 @@ impl OpsMetrics {
         .unwrap_or_else(|e| unreachable_metric(e));
         let targets = IntGauge::new("meshcat_agent_targets", "Sidecars the agent scrapes.")
             .unwrap_or_else(|e| unreachable_metric(e));
+        let netns_errors = IntCounterVec::new(
+            Opts::new(
+                "meshcat_agent_netns_errors_total",
+                "Sidecar admin connections that failed because the sidecar's network namespace could not be entered, by target and reason (gone, not_netns, replaced, enter_failed).",
+            ),
+            &["zone", "cluster", "target", "reason"],
+        )
+        .unwrap_or_else(|e| unreachable_metric(e));
         for c in [
             Box::new(scrapes.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(scrape_duration.clone()),
             Box::new(targets.clone()),
+            Box::new(netns_errors.clone()),
         ] {
             if let Err(e) = registry.register(c) {
                 tracing::error!(error = %e, "Metric not registered.");
@@ -79,7 +91,23 @@ impl OpsMetrics {
             scrapes,
             scrape_duration,
             targets,
+            netns_errors,
         }
+    }
+
+    /// A hook counting the namespace failures of the sidecar (zone, cluster,
+    /// instance).
+    pub fn netns_error_hook(
+        &self,
+        (zone, cluster, instance): (&str, &str, &str),
+    ) -> crate::envoy::NetnsErrorHook {
+        let counter = self.netns_errors.clone();
+        let labels = [zone.to_owned(), cluster.to_owned(), instance.to_owned()];
+        crate::envoy::NetnsErrorHook::new(move |reason| {
+            counter
+                .with_label_values(&[&labels[0], &labels[1], &labels[2], reason])
+                .inc();
+        })
     }
 
     /// Records one scrape of the sidecar (zone, cluster, instance).
@@ -113,6 +141,11 @@ impl OpsMetrics {
         let _ = self
             .scrape_duration
             .remove_label_values(&[zone, cluster, instance]);
+        for reason in crate::envoy::netns::REASONS {
+            let _ = self
+                .netns_errors
+                .remove_label_values(&[zone, cluster, instance, reason]);
+        }
     }
 
     /// The registry other parts of the agent (the reporter) register into.

@@ -16,8 +16,9 @@ use crate::Agent;
 use crate::board::{Board, Lease};
 use crate::config::parse_host_port;
 use crate::drift::{self, ConfigHashes};
-use crate::envoy::{EnvoyAdmin, EnvoyError, seed_level};
+use crate::envoy::{AdminEndpoint, EnvoyAdmin, EnvoyError, Netns, seed_level};
 use crate::metrics_object::{self, HostSampler};
+use crate::ops::OpsMetrics;
 use crate::topology::{self, ReadFailure, Topology, TopologyCache};
 
 /// Largest targets file read.
@@ -48,6 +49,11 @@ pub struct Target {
     /// it the aggregator finds it from the sidecar's inbound listener.
     #[serde(default)]
     pub local_cluster: Option<String>,
+    /// The network namespace the sidecar lives in (`/proc/<pid>/ns/net`,
+    /// `/run/netns/<name>`): every admin connection is opened inside it (contract
+    /// section 18). `None`: the agent's own namespace.
+    #[serde(default)]
+    pub netns: Option<Netns>,
 }
 
 /// What a target reports under, and what tells two targets apart: sidecars of one
@@ -89,6 +95,25 @@ impl Target {
     /// The (zone, cluster, instance) this target reports under.
     pub fn key(&self) -> TargetKey {
         TargetKey::new(&self.zone_name, &self.cluster_name, &self.instance)
+    }
+
+    /// Where the sidecar's admin API listens.
+    pub fn endpoint(&self) -> AdminEndpoint {
+        AdminEndpoint {
+            addr: self.admin.clone(),
+            netns: self.netns.clone(),
+        }
+    }
+
+    /// A client of the sidecar's admin API whose calls time out after `timeout`, its
+    /// namespace failures counted in `metrics`.
+    pub fn admin_client(
+        &self,
+        timeout: Duration,
+        metrics: &OpsMetrics,
+    ) -> Result<EnvoyAdmin, EnvoyError> {
+        let hook = metrics.netns_error_hook((&self.zone_name, &self.cluster_name, &self.instance));
+        Ok(EnvoyAdmin::at(self.endpoint(), timeout)?.observing_netns_errors(hook))
     }
 }
 
@@ -138,6 +163,11 @@ pub fn parse_targets(text: &str) -> Result<Vec<Target>, String> {
             let port = t.admin.rsplit_once(':').map_or("", |(_, p)| p);
             t.instance = format!("{}-{port}", crate::config::host_name());
         }
+        // The namespace a path names now is the target's: a process that later takes
+        // a dead one's PID (and so its /proc path) is not entered in its name.
+        if let Some(ns) = &mut t.netns {
+            ns.pin();
+        }
         if !seen.insert(t.key()) {
             return Err(format!(
                 "instance {:?} of zone {:?} and cluster {:?} is listed twice",
@@ -156,7 +186,15 @@ pub enum TargetSource {
     /// A file polled every interval.
     File(PathBuf),
     /// A pod list polled every interval, turned into targets by [`crate::discovery`].
-    Pods { file: PathBuf, log_dir: PathBuf },
+    Pods {
+        file: PathBuf,
+        log_dir: PathBuf,
+        /// The node's process list (`--proc-dir`) when each pod's admin is reached on
+        /// its loopback inside its namespace (`--pod-netns`); its namespaces are looked
+        /// up again every interval, since pods start and restart without the pod list
+        /// changing.
+        proc_dir: Option<PathBuf>,
+    },
 }
 
 fn now_ms() -> i64 {
@@ -401,7 +439,7 @@ async fn parse_dump_within(
 
 /// Scrapes `target` every `interval` until aborted.
 async fn scrape_loop(agent: Agent, target: Target, interval: Duration, lease: Lease) {
-    let admin = match EnvoyAdmin::new(&target.admin, agent.scrape_timeout()) {
+    let admin = match target.admin_client(agent.scrape_timeout(), agent.ops_metrics()) {
         Ok(a) => a,
         Err(e) => {
             error!(instance = %target.instance, error = %e, "Target cannot be scraped.");
@@ -499,6 +537,83 @@ impl Scrapers {
     }
 }
 
+/// What the last pod discovery made, so that a discovery repeated every interval
+/// (`--pod-netns`) logs only what changed.
+#[derive(Debug, Default)]
+struct PodDiscovery {
+    /// The targets last applied.
+    targets: Option<Vec<Target>>,
+    /// The notes last logged.
+    notes: Vec<String>,
+    /// The namespace last found for each pod UID (`--pod-netns`): a listed pod whose
+    /// processes are gone keeps it, so that its sidecar is reported unreachable (the
+    /// namespace is gone) rather than silently left out until its TTL.
+    known: BTreeMap<String, Netns>,
+}
+
+impl PodDiscovery {
+    /// Derives the targets of `list` and applies them when they changed, logging the
+    /// notes (pods left out) when they changed.
+    #[allow(clippy::too_many_arguments)]
+    fn apply(
+        &mut self,
+        agent: &Agent,
+        scrapers: &mut Scrapers,
+        list: &crate::discovery::PodList,
+        file: &Path,
+        log_dir: &Path,
+        proc_dir: Option<&Path>,
+        interval: Duration,
+    ) {
+        use crate::discovery::{AdminReach, checked_targets, podns};
+        let namespaces = match proc_dir.map(podns::scan).transpose() {
+            Ok(Some(mut found)) => {
+                let listed: std::collections::BTreeSet<String> = list
+                    .items
+                    .iter()
+                    .map(|p| p.metadata.uid.to_ascii_lowercase())
+                    .collect();
+                self.known.retain(|uid, _| listed.contains(uid));
+                for (uid, ns) in &self.known {
+                    found.entry(uid.clone()).or_insert_with(|| ns.clone());
+                }
+                self.known = found
+                    .iter()
+                    .filter(|(uid, _)| listed.contains(*uid))
+                    .map(|(u, n)| (u.clone(), n.clone()))
+                    .collect();
+                Some(found)
+            }
+            Ok(None) => None,
+            Err(e) => {
+                error!(proc_dir = %proc_dir.unwrap_or(Path::new("")).display(), error = %e, "The node's process list cannot be read; keeping the previous targets.");
+                return;
+            }
+        };
+        let reach = namespaces
+            .as_ref()
+            .map_or(AdminReach::PodIp, AdminReach::PodLoopback);
+        match checked_targets(list, log_dir, reach, file) {
+            Ok(found) => {
+                if found.notes != self.notes {
+                    for note in &found.notes {
+                        warn!(path = %file.display(), %note, "Pod discovery.");
+                    }
+                    self.notes = found.notes;
+                }
+                if self.targets.as_ref() != Some(&found.targets) {
+                    info!(path = %file.display(), targets = found.targets.len(), "Pod targets found.");
+                    scrapers.reconcile(agent, &found.targets, interval, agent.board());
+                    self.targets = Some(found.targets);
+                }
+            }
+            Err(e) => {
+                error!(error = %e, "Pods file refused; keeping the previous targets.");
+            }
+        }
+    }
+}
+
 /// A file's identity for change detection: modification time and length.
 fn fingerprint(path: &Path) -> Option<(SystemTime, u64)> {
     let m = std::fs::metadata(path).ok()?;
@@ -518,6 +633,8 @@ pub async fn manage(
     let mut loaded = Some(loaded);
     let mut scrapers = Scrapers::default();
     let mut seen: Option<(SystemTime, u64)> = None;
+    let mut pods: Option<crate::discovery::PodList> = None;
+    let mut discovery = PodDiscovery::default();
     let mut first = true;
     loop {
         match &source {
@@ -540,22 +657,37 @@ pub async fn manage(
                     }
                 }
             }
-            TargetSource::Pods { file, log_dir } => {
+            TargetSource::Pods {
+                file,
+                log_dir,
+                proc_dir,
+            } => {
                 let now = fingerprint(file);
-                if first || now != seen {
+                let reread = first || now != seen;
+                if reread {
                     seen = now;
-                    match crate::discovery::read_pods_file(file, log_dir) {
-                        Ok(found) => {
-                            for note in &found.notes {
-                                warn!(path = %file.display(), %note, "Pod discovery.");
-                            }
-                            info!(path = %file.display(), targets = found.targets.len(), "Pods file loaded.");
-                            scrapers.reconcile(&agent, &found.targets, interval, agent.board());
+                    match crate::discovery::read_pods_file(file) {
+                        Ok(list) => {
+                            info!(path = %file.display(), pods = list.items.len(), "Pods file loaded.");
+                            pods = Some(list);
                         }
                         Err(e) => {
                             error!(error = %e, "Pods file refused; keeping the previous targets.");
                         }
                     }
+                }
+                if let Some(list) = &pods
+                    && (reread || proc_dir.is_some())
+                {
+                    discovery.apply(
+                        &agent,
+                        &mut scrapers,
+                        list,
+                        file,
+                        log_dir,
+                        proc_dir.as_deref(),
+                        interval,
+                    );
                 }
             }
         }
@@ -698,6 +830,7 @@ mod tests {
             instance: "a".into(),
             log_file: None,
             local_cluster: None,
+            netns: None,
         };
         let interval = Duration::from_millis(1);
         let mut scrapers = Scrapers::default();

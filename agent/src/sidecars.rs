@@ -15,8 +15,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::debugwindow::{DebugWindows, LevelControl};
-use crate::envoy::EnvoyAdmin;
+use crate::envoy::{AdminEndpoint, EnvoyAdmin};
 use crate::logtail::{LogTail, TailConfig};
+use crate::ops::OpsMetrics;
 use crate::scrape::{Target, TargetKey};
 
 /// A sidecar's log level, read and set through its admin API.
@@ -44,8 +45,9 @@ impl LevelControl for AdminLevel {
 /// The tail and windows of one target.
 #[derive(Debug, Clone)]
 pub struct SidecarDiag {
-    /// Admin address the windows talk to; a change makes a fresh entry.
-    admin: String,
+    /// Where the admin API the windows talk to listens; a change (address or
+    /// namespace) makes a fresh entry.
+    admin: AdminEndpoint,
     /// The followed file; a change makes a fresh entry.
     log_file: Option<PathBuf>,
     /// The tail of the sidecar's log, when it has a log file.
@@ -65,15 +67,19 @@ pub struct Diagnostics {
     by_target: Mutex<BTreeMap<TargetKey, SidecarDiag>>,
     /// Timeout of the windows' admin calls.
     admin_timeout: Duration,
+    /// Where the windows' namespace failures are counted.
+    metrics: OpsMetrics,
 }
 
 impl Diagnostics {
-    /// No targets yet; admin calls of the windows time out after `admin_timeout`.
-    pub fn new(admin_timeout: Duration) -> Self {
+    /// No targets yet; admin calls of the windows time out after `admin_timeout` and
+    /// count their namespace failures in `metrics`.
+    pub fn new(admin_timeout: Duration, metrics: OpsMetrics) -> Self {
         Diagnostics {
             root: CancellationToken::new(),
             by_target: Mutex::new(BTreeMap::new()),
             admin_timeout,
+            metrics,
         }
     }
 
@@ -90,7 +96,7 @@ impl Diagnostics {
         map.retain(|key, d| {
             let keep = targets
                 .iter()
-                .any(|t| t.key() == *key && t.admin == d.admin && t.log_file == d.log_file);
+                .any(|t| t.key() == *key && t.endpoint() == d.admin && t.log_file == d.log_file);
             if !keep {
                 d.cancel.cancel();
             }
@@ -101,7 +107,7 @@ impl Diagnostics {
             if map.contains_key(&key) {
                 continue;
             }
-            let admin = match EnvoyAdmin::new(&t.admin, self.admin_timeout) {
+            let admin = match t.admin_client(self.admin_timeout, &self.metrics) {
                 Ok(a) => a,
                 Err(e) => {
                     warn!(instance = %t.instance, error = %e, "No debug windows for this target.");
@@ -121,7 +127,7 @@ impl Diagnostics {
             map.insert(
                 key,
                 SidecarDiag {
-                    admin: t.admin.clone(),
+                    admin: t.endpoint(),
                     log_file: t.log_file.clone(),
                     tail,
                     windows,
@@ -159,6 +165,7 @@ mod tests {
             instance: instance.into(),
             log_file: log.map(PathBuf::from),
             local_cluster: None,
+            netns: None,
         }
     }
 
@@ -168,7 +175,7 @@ mod tests {
 
     #[tokio::test]
     async fn follows_target_changes() {
-        let d = Diagnostics::new(Duration::from_secs(1));
+        let d = Diagnostics::new(Duration::from_secs(1), OpsMetrics::new());
         d.reconcile(&[
             target("a", "127.0.0.1:9901", Some("/tmp/a.log")),
             target("b", "127.0.0.1:9902", None),

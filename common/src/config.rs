@@ -7,6 +7,10 @@ use std::time::Duration;
 /// Exit status for a configuration error (`EX_USAGE` of sysexits.h).
 pub const EXIT_USAGE: i32 = 64;
 
+/// Most aggregator replicas an agent's `--aggregator` list names (the agent's flag and
+/// `meshcat inject --aggregator` both take it).
+pub const MAX_AGGREGATORS: usize = 16;
+
 /// Parses a duration written like `500ms`, `5s` or `2m`.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let d = humantime::parse_duration(s.trim())

@@ -25,6 +25,7 @@ fn target(envoy: &Envoy, instance: &str) -> Target {
         instance: instance.into(),
         log_file: Some(envoy.access_log_path()),
         local_cluster: None,
+        netns: None,
     }
 }
 
