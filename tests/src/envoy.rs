@@ -74,6 +74,8 @@ pub(crate) struct Process {
     thread: Option<JoinHandle<()>>,
     /// Receives Envoy's exit status if it exits on its own.
     exited: mpsc::Receiver<String>,
+    /// The process's id.
+    pub(crate) pid: u32,
 }
 
 impl Process {
@@ -88,12 +90,12 @@ impl Process {
         leftover: Option<PathBuf>,
     ) -> anyhow::Result<Self> {
         let (kill_tx, kill_rx) = mpsc::channel::<()>();
-        let (ready_tx, ready_rx) = mpsc::channel::<Result<(), String>>();
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<u32, String>>();
         let (exit_tx, exit_rx) = mpsc::channel::<String>();
         let thread = std::thread::spawn(move || {
             let mut child = match cmd.spawn() {
                 Ok(c) => {
-                    let _ = ready_tx.send(Ok(()));
+                    let _ = ready_tx.send(Ok(c.id()));
                     c
                 }
                 Err(e) => {
@@ -120,10 +122,11 @@ impl Process {
             }
         });
         match ready_rx.recv() {
-            Ok(Ok(())) => Ok(Self {
+            Ok(Ok(pid)) => Ok(Self {
                 kill: kill_tx,
                 thread: Some(thread),
                 exited: exit_rx,
+                pid,
             }),
             Ok(Err(e)) => bail!("cannot start Envoy: {e}"),
             Err(_) => bail!("the Envoy thread ended before starting Envoy"),
@@ -161,11 +164,39 @@ pub struct Envoy {
     pub admin: SocketAddr,
     /// Listener addresses by listener name.
     pub listeners: BTreeMap<String, SocketAddr>,
+    /// Whether it runs in a network namespace of its own (loopback only), reached
+    /// from the test through that namespace.
+    isolated: bool,
 }
 
 impl Envoy {
     /// Starts Envoy with `bootstrap` and waits until it is LIVE.
     pub async fn start(bootstrap: Bootstrap) -> anyhow::Result<Self> {
+        Self::start_in(bootstrap, false).await
+    }
+
+    /// Starts Envoy in a network namespace of its own (`unshare --net`, loopback up),
+    /// like a pod's sidecar whose admin stays on the pod's loopback: nothing outside
+    /// the namespace reaches its ports. Needs root, `unshare` (util-linux) and `ip`
+    /// (iproute2); a missing one is an error, never a skip.
+    pub async fn start_isolated(bootstrap: Bootstrap) -> anyhow::Result<Self> {
+        for (tool, version) in [("unshare", "--version"), ("ip", "-V")] {
+            let found = Command::new(tool)
+                .arg(version)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if !found {
+                bail!(
+                    "{tool} is needed to start an Envoy in a network namespace of its own (Debian: util-linux, iproute2)"
+                );
+            }
+        }
+        Self::start_in(bootstrap, true).await
+    }
+
+    async fn start_in(bootstrap: Bootstrap, isolated: bool) -> anyhow::Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix("meshcat-envoy-")
             .tempdir()?;
@@ -175,9 +206,23 @@ impl Envoy {
             process: None,
             admin: SocketAddr::from(([127, 0, 0, 1], 0)),
             listeners: BTreeMap::new(),
+            isolated,
         };
         envoy.launch().await?;
         Ok(envoy)
+    }
+
+    /// The process's id, while running.
+    pub fn pid(&self) -> Option<u32> {
+        self.process.as_ref().map(|p| p.pid)
+    }
+
+    /// The network namespace file of an Envoy started with [`Envoy::start_isolated`]
+    /// (`/proc/<pid>/ns/net`), while running.
+    pub fn netns_path(&self) -> Option<PathBuf> {
+        self.pid()
+            .filter(|_| self.isolated)
+            .map(|pid| PathBuf::from(format!("/proc/{pid}/ns/net")))
     }
 
     /// Envoy's own log (`--log-path`).
@@ -230,7 +275,23 @@ impl Envoy {
         let config = self.dir.path().join("bootstrap.json");
         let json = self.bootstrap.render(&self.access_log_path());
         std::fs::write(&config, serde_json::to_vec_pretty(&json)?)?;
-        let mut cmd = Command::new(bin);
+        let mut cmd = if self.isolated {
+            // unshare and sh exec in turn, so Envoy is the spawned process itself (its
+            // parent-death signal follows the spawning thread) and its PID names the
+            // namespace.
+            let mut c = Command::new("unshare");
+            c.args([
+                "--net",
+                "--",
+                "sh",
+                "-c",
+                r#"ip link set lo up && exec "$0" "$@""#,
+            ])
+            .arg(bin);
+            c
+        } else {
+            Command::new(bin)
+        };
         let base_id = next_base_id();
         cmd.arg("-c")
             .arg(&config)
@@ -275,9 +336,6 @@ impl Envoy {
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
         self.admin = admin;
-        let client = reqwest::Client::builder()
-            .timeout(Duration::from_secs(2))
-            .build()?;
         loop {
             if let Some(status) = self.process.as_ref().and_then(Process::exit_status) {
                 self.process = None;
@@ -287,14 +345,8 @@ impl Envoy {
                 );
             }
             let live = async {
-                let v: serde_json::Value = client
-                    .get(format!("http://{admin}/server_info"))
-                    .send()
-                    .await
-                    .ok()?
-                    .json()
-                    .await
-                    .ok()?;
+                let text = self.admin_request(false, "/server_info").await.ok()?;
+                let v: serde_json::Value = serde_json::from_str(&text).ok()?;
                 Some(v["state"] == "LIVE")
             };
             if live.await == Some(true) {
@@ -308,12 +360,8 @@ impl Envoy {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        let v: serde_json::Value = client
-            .get(format!("http://{admin}/listeners?format=json"))
-            .send()
-            .await?
-            .json()
-            .await?;
+        let v: serde_json::Value =
+            serde_json::from_str(&self.admin_request(false, "/listeners?format=json").await?)?;
         self.listeners.clear();
         for l in v["listener_statuses"].as_array().into_iter().flatten() {
             let sa = &l["local_address"]["socket_address"];
@@ -374,17 +422,34 @@ impl Envoy {
 
     /// POSTs to the admin API and returns the body (for example `/logging`).
     pub async fn admin_post(&self, path: &str) -> anyhow::Result<String> {
-        let r = reqwest::Client::new()
-            .post(format!("http://{}{path}", self.admin))
-            .send()
-            .await?;
-        Ok(r.text().await?)
+        self.admin_request(true, path).await
     }
 
     /// GETs from the admin API and returns the body.
     pub async fn admin_get(&self, path: &str) -> anyhow::Result<String> {
-        let r = reqwest::get(format!("http://{}{path}", self.admin)).await?;
-        Ok(r.text().await?)
+        self.admin_request(false, path).await
+    }
+
+    /// One admin call within 2 s, from inside Envoy's namespace when it has its own.
+    async fn admin_request(&self, post: bool, path: &str) -> anyhow::Result<String> {
+        let call = async {
+            match self.netns_path() {
+                Some(ns) => crate::netns::http_in(&ns, &self.admin_addr(), post, path).await,
+                None => {
+                    let url = format!("http://{}{path}", self.admin);
+                    let client = reqwest::Client::new();
+                    let req = if post {
+                        client.post(url)
+                    } else {
+                        client.get(url)
+                    };
+                    Ok(req.send().await?.text().await?)
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(2), call)
+            .await
+            .context("the admin API answers within 2 s")?
     }
 
     /// The level every logger has, read with `POST /logging` (None when mixed).

@@ -10,7 +10,8 @@
 //! dashboard in a real browser ([`browser`]). The graph's tests share a three-tier
 //! chain of sidecars ([`chain`]). Processes told their ports up front
 //! take them from [`ports`]; promtool and a real Prometheus server are in
-//! [`monitoring`].
+//! [`monitoring`]. Envoys in network namespaces of their own, and the pod cgroups
+//! that name them, are in [`netns`].
 
 pub mod bootstrap;
 pub mod browser;
@@ -21,6 +22,7 @@ pub mod envoy;
 pub mod etcd;
 pub mod mesh;
 pub mod monitoring;
+pub mod netns;
 pub mod ports;
 pub mod replicas;
 pub mod scenario;
