@@ -10,6 +10,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use meshcat_common::config::parse_positive_duration;
 use meshcat_common::envoy_log::MAX_DEBUG_WINDOW_SECONDS;
+use meshcat_common::validate::{MAX_NAME_LEN, check_server_address};
 
 /// meshcat: the service catalog and troubleshooting companion of an Envoy mesh.
 #[derive(Debug, Parser)]
@@ -79,6 +80,11 @@ pub enum Command {
     /// Exits 0 when every step passed, 1 when a step failed, 2 when the diagnosis
     /// could not be run.
     Diagnose(DiagnoseArgs),
+    /// Print Kubernetes objects with the agent added as a sidecar container to every
+    /// Deployment, StatefulSet and DaemonSet, in the manner of `linkerd inject`
+    /// (`meshcat inject -f app.yaml | kubectl apply -f -`). Other objects pass through
+    /// as they are. Reads only the file: no API is called.
+    Inject(InjectArgs),
 }
 
 /// How records are printed.
@@ -346,4 +352,114 @@ pub struct DiagnoseArgs {
 pub enum DiagnoseFormat {
     Text,
     Json,
+}
+
+#[derive(Debug, Args)]
+pub struct InjectArgs {
+    /// A YAML or JSON file of Kubernetes objects (documents separated by `---`, or a
+    /// List), or `-` for standard input.
+    #[arg(short = 'f', long = "filename", value_name = "FILE")]
+    pub file: PathBuf,
+    /// The agent's container image.
+    #[arg(long, default_value = "meshcat:latest", value_parser = parse_image)]
+    pub image: String,
+    /// The aggregator's QUIC address (host:port), or a comma-separated list of
+    /// replicas: the agent's MESHCAT_AGGREGATOR.
+    #[arg(long, default_value = "meshcat-aggregator.meshcat.svc:9443", value_parser = parse_aggregators)]
+    pub aggregator: String,
+    /// The name the aggregator's certificate carries: the agent's
+    /// MESHCAT_SERVER_NAME [default: the host of the first --aggregator address].
+    #[arg(long, value_parser = parse_server_name)]
+    pub server_name: Option<String>,
+    /// The Secret holding the agent's client certificate and the aggregator's CA
+    /// (keys tls.crt, tls.key, ca.crt), mounted at /etc/meshcat/tls.
+    #[arg(long, default_value = "meshcat-agent-tls", value_parser = parse_object_name)]
+    pub tls_secret: String,
+    /// The Secret holding the bearer token of the agent's ops port (key ops-token),
+    /// mounted at /etc/meshcat/ops-token.
+    #[arg(long, default_value = "meshcat-agent-ops-token", value_parser = parse_object_name)]
+    pub ops_token_secret: String,
+    /// A ConfigMap of further MESHCAT_* settings the agent reads as environment
+    /// (optional: the pod starts without it); the settings inject writes win over
+    /// it. An empty value leaves it out.
+    #[arg(long, default_value = "meshcat-agent-sidecar", value_parser = parse_config_map)]
+    pub config_map: String,
+    /// The agent's ops port (probes, /metrics, /logging) on the pod IP; it must not be
+    /// a port of the pod's other containers.
+    #[arg(long, default_value_t = 9092, value_parser = clap::value_parser!(u16).range(1..))]
+    pub ops_port: u16,
+}
+
+use meshcat_common::config::MAX_AGGREGATORS;
+
+/// Checks a comma-separated list of 1 to [`MAX_AGGREGATORS`] `host:port` addresses
+/// (each by the rule of a zone's `serverAddress`); returns it with spaces removed.
+pub fn parse_aggregators(s: &str) -> Result<String, String> {
+    let list: Vec<&str> = s.split(',').map(str::trim).collect();
+    if list.len() > MAX_AGGREGATORS {
+        return Err(format!("at most {MAX_AGGREGATORS} aggregator addresses"));
+    }
+    if let Some(bad) = list.iter().find(|a| check_server_address(a).is_err()) {
+        return Err(format!(
+            "{bad:?} is not host:port with a DNS name or an IP address"
+        ));
+    }
+    Ok(list.join(","))
+}
+
+/// The host of the first address of a list [`parse_aggregators`] checked (an IPv6
+/// address without its brackets).
+pub fn aggregator_host(list: &str) -> &str {
+    let first = list.split(',').next().unwrap_or("");
+    let host = first.rsplit_once(':').map_or(first, |(h, _)| h);
+    host.strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host)
+}
+
+/// Checks a name the aggregator's certificate carries: a DNS name or an IP address,
+/// printable ASCII without spaces.
+pub fn parse_server_name(s: &str) -> Result<String, String> {
+    if s.is_empty() || s.len() > MAX_NAME_LEN || !s.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(format!("{s:?} is not a DNS name or an IP address"));
+    }
+    Ok(s.to_owned())
+}
+
+/// Longest image reference taken.
+const MAX_IMAGE: usize = 4096;
+
+/// Checks a container image reference: printable ASCII without spaces.
+pub fn parse_image(s: &str) -> Result<String, String> {
+    if s.is_empty() || s.len() > MAX_IMAGE || !s.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(format!("{s:?} is not an image reference"));
+    }
+    Ok(s.to_owned())
+}
+
+/// Checks the name of a Secret or a ConfigMap as Kubernetes does (a DNS subdomain:
+/// 1 to 253 lowercase letters, digits, `-` and `.`, starting and ending with a letter
+/// or a digit).
+pub fn parse_object_name(s: &str) -> Result<String, String> {
+    let plain = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+    let ok = s.len() <= MAX_NAME_LEN
+        && s.as_bytes().first().is_some_and(plain)
+        && s.as_bytes().last().is_some_and(plain)
+        && s.bytes().all(|b| plain(&b) || matches!(b, b'-' | b'.'));
+    if ok {
+        Ok(s.to_owned())
+    } else {
+        Err(format!(
+            "{s:?} is not a Kubernetes object name (lowercase letters, digits, - and .)"
+        ))
+    }
+}
+
+/// A ConfigMap name, or empty for none.
+fn parse_config_map(s: &str) -> Result<String, String> {
+    if s.is_empty() {
+        Ok(String::new())
+    } else {
+        parse_object_name(s)
+    }
 }

@@ -208,8 +208,9 @@ fn is_json(p: &Path) -> bool {
     p.extension().and_then(|e| e.to_str()) == Some("json")
 }
 
-/// A file's text, at most [`MAX_FILE`] bytes; `-` is standard input.
-fn read(p: &Path) -> Result<String, String> {
+/// A file's text, at most [`MAX_FILE`] bytes; `-` is standard input. Also what
+/// `meshcat inject` reads its file with.
+pub fn read(p: &Path) -> Result<String, String> {
     let mut bytes = Vec::new();
     let limited = |r: &mut dyn Read, bytes: &mut Vec<u8>| {
         r.take(MAX_FILE + 1)
@@ -248,20 +249,21 @@ pub fn parse_file(name: &str, text: &str, json: bool) -> Result<Vec<(usize, Valu
             v => vec![(1, v)],
         });
     }
-    let docs: Vec<Value> = serde_saphyr::from_multiple(text).map_err(|e| {
-        // The first line says where and what; the rest is a drawing of the line.
-        let text = e.to_string();
-        let first = text.lines().next().unwrap_or("");
-        file_problem(
-            name,
-            format!("not valid YAML: {}", first.trim_start_matches("error: ")),
-        )
-    })?;
+    let docs: Vec<Value> = serde_saphyr::from_multiple(text)
+        .map_err(|e| file_problem(name, format!("not valid YAML: {}", yaml_error(&e))))?;
     Ok(docs
         .into_iter()
         .enumerate()
         .map(|(i, v)| (i + 1, v))
         .collect())
+}
+
+/// What a YAML error says, in one line: where and what (the rest of serde-saphyr's
+/// text is a drawing of the input's line, left out), without control characters.
+pub fn yaml_error(e: &serde_saphyr::Error) -> String {
+    let text = e.to_string();
+    let first = text.lines().next().unwrap_or("");
+    crate::render::printable(first.trim_start_matches("error: "))
 }
 
 /// The field names of a record as the API spells them.

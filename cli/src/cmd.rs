@@ -1,6 +1,7 @@
 //! The subcommands: each module parses nothing (clap did), calls the API through
-//! [`Api`], renders with [`crate::render`] and writes to the output it is given.
-//! Rendering is kept apart from the calls, as pure functions tested beside them.
+//! [`Api`] (`inject` reads only its file), renders with [`crate::render`] and writes
+//! to the output it is given. Rendering is kept apart from the calls, as pure
+//! functions tested beside them.
 
 pub mod apply;
 pub mod check;
@@ -10,6 +11,7 @@ pub mod diagnose;
 pub mod get;
 pub mod graph;
 pub mod history;
+pub mod inject;
 pub mod log_level;
 pub mod watch;
 

@@ -2,9 +2,10 @@
 //! kubectl, istioctl and linkerd (contract section 16). `get`, `describe`, `graph`,
 //! `history` and `watch` read; `apply` (catalog as code, [`catalog`]), `delete` and
 //! `log-level set` write; `check` and `diagnose` judge; `completion` prints shell
-//! completions. [`run`] takes the parsed command line and answers the exit status:
-//! 0 done, 1 a check, diagnosis or write failed, 2 bad usage, a bad file or an
-//! unreachable API.
+//! completions; `inject` adds the agent to Kubernetes workloads as a sidecar, with no
+//! API (contract section 18). [`run`] takes the parsed command line and answers the
+//! exit status: 0 done, 1 a check, diagnosis or write failed, 2 bad usage, a bad file
+//! or an unreachable API.
 
 pub mod args;
 pub mod catalog;
@@ -47,11 +48,16 @@ pub(crate) fn report(e: &CliError) {
 }
 
 async fn execute(cli: Cli, out: &mut dyn Write) -> Result<(), CliError> {
-    if let Command::Completion { shell } = cli.command {
-        let mut buf = Vec::new();
-        clap_complete::generate(shell, &mut Cli::command(), "meshcat", &mut buf);
-        return cmd::emit(out, &String::from_utf8_lossy(&buf));
-    }
+    // Neither needs the API nor a token: a script out, or a file in and out.
+    let cli = match cli.command {
+        Command::Completion { shell } => {
+            let mut buf = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "meshcat", &mut buf);
+            return cmd::emit(out, &String::from_utf8_lossy(&buf));
+        }
+        Command::Inject(a) => return cmd::inject::run(a, out),
+        _ => cli,
+    };
     let token = cli
         .token_file
         .as_deref()
@@ -73,6 +79,6 @@ async fn execute(cli: Cli, out: &mut dyn Write) -> Result<(), CliError> {
         Command::Watch(a) => cmd::watch::run(&ctx, a, out).await,
         Command::Check => cmd::check::run(&ctx, out).await,
         Command::Diagnose(a) => cmd::diagnose::run(&ctx, a, out).await,
-        Command::Completion { .. } => unreachable!("answered above"),
+        Command::Completion { .. } | Command::Inject(_) => unreachable!("answered above"),
     }
 }

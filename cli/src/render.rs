@@ -231,6 +231,26 @@ pub fn strings(v: &Value) -> Vec<&str> {
         .collect()
 }
 
+/// `text` safe to print on a terminal: control characters and other characters that
+/// print nothing (bidirectional overrides, zero-width marks) written as Rust escapes
+/// (`\u{1b}`), everything else as it is. For text read from a file or an answer and
+/// said in a message, where a raw escape sequence could rewrite the operator's screen.
+pub fn printable(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '"' | '\'' | '\\' => out.push(c),
+            c => out.extend(c.escape_debug()),
+        }
+    }
+    out
+}
+
+/// `"text"`, quoted, with [`printable`]'s escapes and `"` and `\` escaped too.
+pub fn quoted(text: &str) -> String {
+    format!("{text:?}")
+}
+
 /// `text`, or `-` when empty.
 pub fn or_dash(text: &str) -> String {
     if text.is_empty() {
@@ -297,6 +317,21 @@ mod tests {
         // An agent's clock far in the future: said as it came, not a panic.
         assert_eq!(time(300_000_000_000_000), "300000000000000");
         assert_eq!(time(i64::MAX), i64::MAX.to_string());
+    }
+
+    #[test]
+    fn text_from_outside_prints_no_control_characters() {
+        assert_eq!(printable("Deployment"), "Deployment");
+        assert_eq!(printable("café \"x\" 'y' \\"), "café \"x\" 'y' \\");
+        assert_eq!(
+            printable("a\u{1b}[31mb\nc\u{9b}"),
+            "a\\u{1b}[31mb\\nc\\u{9b}"
+        );
+        assert_eq!(printable("x\u{202e}y"), "x\\u{202e}y");
+        assert_eq!(quoted("we\u{7}b"), "\"we\\u{7}b\"");
+        for s in [printable("\u{1b}\u{7}\r\t\u{85}"), quoted("\u{1b}\u{85}")] {
+            assert!(!s.chars().any(char::is_control), "{s:?}");
+        }
     }
 
     #[test]

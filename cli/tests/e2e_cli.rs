@@ -7,7 +7,8 @@
 //! log level through to Envoy, `graph`, a diagnosis's recent changes, `delete`,
 //! `check` on a healthy mesh, `watch` (records and history entries) until SIGINT, and
 //! `check` failing once the agent stops. Cheaper checks (completion
-//! scripts, bad usage, an unreachable API) have their own tests.
+//! scripts, bad usage, an unreachable API, `inject`, which needs no API) have their
+//! own tests.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -58,6 +59,32 @@ async fn run(args: &[&str]) -> Run {
         .await
         .expect("meshcat ends by itself")
         .expect("meshcat runs");
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        out: String::from_utf8_lossy(&out.stdout).into_owned(),
+        err: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// Runs with `input` on standard input.
+async fn run_with_input(args: &[&str], input: &[u8]) -> Run {
+    let mut c = command(args);
+    c.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().expect("meshcat runs");
+    let mut stdin = child.stdin.take().unwrap();
+    let input = input.to_vec();
+    // Written beside the wait: a large input fills the pipe before meshcat reads it.
+    let writer = tokio::spawn(async move {
+        use tokio::io::AsyncWriteExt;
+        let _ = stdin.write_all(&input).await;
+    });
+    let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+        .await
+        .expect("meshcat ends by itself")
+        .expect("meshcat runs");
+    writer.await.unwrap();
     Run {
         code: out.status.code().unwrap_or(-1),
         out: String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -980,7 +1007,15 @@ async fn completion_scripts_for_bash_zsh_and_fish() {
     for shell in ["bash", "zsh", "fish"] {
         let r = run(&["completion", shell]).await;
         assert_eq!(r.code, 0, "{r:?}");
-        for word in ["meshcat", "apply", "log-level", "token-file", "prune"] {
+        for word in [
+            "meshcat",
+            "apply",
+            "log-level",
+            "token-file",
+            "prune",
+            "inject",
+            "ops-token-secret",
+        ] {
             assert!(r.out.contains(word), "{shell} lacks {word}");
         }
         let script = tempfile::NamedTempFile::new().unwrap();
@@ -1054,4 +1089,162 @@ async fn bad_usage_and_an_unreachable_api_exit_2() {
     let r = run(&["--api", &api, "apply", "-f", &empty.display().to_string()]).await;
     assert_eq!(r.code, 2, "{r:?}");
     assert!(r.err.contains("no Zone or Cluster document found"), "{r:?}");
+}
+
+/// The agent container of a workload that `inject` printed.
+fn agent_of(workload: &Value) -> &Value {
+    workload["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "meshcat-agent")
+        .unwrap_or_else(|| panic!("no meshcat-agent in {workload}"))
+}
+
+#[tokio::test]
+async fn inject_adds_the_agent_to_workloads_and_nothing_else() {
+    let fixture =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/inject_workloads.yaml");
+    let fixture = fixture.display().to_string();
+    // No API is asked: an unreachable one and a missing token file do not matter.
+    let r = run(&[
+        "--api",
+        "http://127.0.0.1:1",
+        "--token-file",
+        "/nonexistent/token",
+        "inject",
+        "-f",
+        &fixture,
+        "--aggregator",
+        "meshcat.example.com:9443",
+    ])
+    .await;
+    assert_eq!(r.code, 0, "{r:?}");
+    assert_eq!(
+        r.err.lines().collect::<Vec<_>>(),
+        [
+            "deployment \"catalog\" injected",
+            "statefulset \"ledger\" injected",
+            "daemonset \"node-exporter\" injected",
+            "deployment \"reviews\" injected",
+            "service \"catalog\" skipped: kind Service",
+            "configmap \"catalog-config\" skipped: kind ConfigMap",
+        ]
+    );
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&r.out).expect("the output is YAML");
+    let kinds: Vec<&str> = docs.iter().filter_map(|d| d["kind"].as_str()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "Deployment",
+            "StatefulSet",
+            "DaemonSet",
+            "Deployment",
+            "Service",
+            "ConfigMap"
+        ]
+    );
+    let admins: Vec<(&str, &str)> = docs[..4]
+        .iter()
+        .map(|w| {
+            let a = agent_of(w);
+            let cluster = a["args"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(Value::as_str)
+                .find_map(|a| a.strip_prefix("--cluster="))
+                .unwrap();
+            let admin = a["env"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|e| e["name"] == "MESHCAT_SIDECAR_ADMIN")
+                .and_then(|e| e["value"].as_str())
+                .unwrap();
+            (cluster, admin)
+        })
+        .collect();
+    assert_eq!(
+        admins,
+        [
+            ("catalog", "127.0.0.1:15000"),
+            ("ledger-db", "127.0.0.1:19100"),
+            ("node-exporter", "127.0.0.1:19000"),
+            ("reviews", "127.0.0.1:9901"),
+        ]
+    );
+    let env: Vec<&Value> = agent_of(&docs[0])["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .collect();
+    assert!(
+        env.contains(&&json!({"name": "MESHCAT_AGGREGATOR", "value": "meshcat.example.com:9443"})),
+        "{env:?}"
+    );
+    assert!(
+        env.contains(&&json!({"name": "MESHCAT_SERVER_NAME", "value": "meshcat.example.com"})),
+        "{env:?}"
+    );
+    assert_eq!(docs[4]["spec"]["ports"][0]["targetPort"], "http");
+
+    // Again through standard input: everything is injected already, and the output
+    // is the same.
+    let again = run_with_input(
+        &[
+            "inject",
+            "-f",
+            "-",
+            "--aggregator",
+            "meshcat.example.com:9443",
+        ],
+        r.out.as_bytes(),
+    )
+    .await;
+    assert_eq!(again.code, 0, "{again:?}");
+    assert_eq!(again.out, r.out);
+    assert_eq!(
+        again
+            .err
+            .lines()
+            .filter(|l| l.ends_with("skipped: already injected"))
+            .count(),
+        4,
+        "{again:?}"
+    );
+}
+
+#[tokio::test]
+async fn inject_refuses_bad_input_and_prints_nothing() {
+    let bad = b"apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web}\nspec: {template: {spec: {containers: [{name: web}]}}}\n---\njust a string\n---\napiVersion: apps/v1\nkind: DaemonSet\nmetadata: {name: \"ds\\e[2J\"}\nspec: {selector: {}}\n";
+    let r = run_with_input(&["inject", "-f", "-"], bad).await;
+    assert_eq!(r.code, 2, "{r:?}");
+    assert_eq!(r.out, "", "nothing printed when a document is refused");
+    assert_eq!(
+        r.err.lines().collect::<Vec<_>>(),
+        [
+            "meshcat: standard input: document 2: not a mapping (a Kubernetes object) but a string",
+            "meshcat: standard input: document 3 (daemonset \"ds\\u{1b}[2J\"): no spec.template",
+        ]
+    );
+    let big = vec![b'#'; (16 << 20) + 1];
+    let r = run_with_input(&["inject", "-f", "-"], &big).await;
+    assert_eq!(r.code, 2, "{r:?}");
+    assert_eq!(r.err, "meshcat: standard input: larger than 16 MiB\n");
+    let r = run(&["inject", "-f", "/nonexistent/app.yaml"]).await;
+    assert_eq!(r.code, 2, "{r:?}");
+    assert!(
+        r.err.starts_with("meshcat: /nonexistent/app.yaml: "),
+        "{r:?}"
+    );
+    for args in [
+        &["inject"][..],
+        &["inject", "-f", "-", "--ops-port", "0"],
+        &["inject", "-f", "-", "--aggregator", "aggregator"],
+        &["inject", "-f", "-", "--tls-secret", "Not_A_Name"],
+    ] {
+        let r = run(args).await;
+        assert_eq!(r.code, 2, "{args:?}: {r:?}");
+    }
 }
