@@ -449,6 +449,7 @@ async fn scrape_loop(agent: Agent, target: Target, interval: Duration, lease: Le
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut was_reachable = true;
+    let mut failure_logged: Option<(String, Instant)> = None;
     let mut topology = TopologyCache::default();
     loop {
         ticker.tick().await;
@@ -476,14 +477,30 @@ async fn scrape_loop(agent: Agent, target: Target, interval: Duration, lease: Le
         if !taken {
             return;
         }
+        let netns = target
+            .netns
+            .as_ref()
+            .map(|n| n.path().display().to_string());
         if ok && !was_reachable {
-            info!(instance = %target.instance, admin = %target.admin, "Sidecar answers again.");
-        } else if !ok && was_reachable {
-            warn!(instance = %target.instance, admin = %target.admin, %error, "Sidecar scrape failed.");
+            info!(instance = %target.instance, admin = %target.admin, netns, "Sidecar answers again.");
+            failure_logged = None;
+        } else if !ok
+            && (was_reachable
+                || failure_logged.as_ref().is_some_and(|(said, at)| {
+                    *said != error && at.elapsed() >= FAILURE_LOG_INTERVAL
+                }))
+        {
+            // A failure is logged when it starts, and again when its cause changes
+            // (the sidecar refuses, then its namespace is gone), at most once a minute.
+            warn!(instance = %target.instance, admin = %target.admin, netns, %error, "Sidecar scrape failed.");
+            failure_logged = Some((error, Instant::now()));
         }
         was_reachable = ok;
     }
 }
+
+/// Least time between two logged failures of one sidecar whose cause changed.
+const FAILURE_LOG_INTERVAL: Duration = Duration::from_secs(60);
 
 /// The running scrapers, by (zone, cluster, instance).
 #[derive(Debug, Default)]
