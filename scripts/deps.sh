@@ -10,6 +10,8 @@
 #                           with Playwright, which never downloads a browser of its own
 #   scripts/deps.sh shells  zsh and fish: the CLI's tests parse the completion scripts
 #                           `meshcat completion` prints for them (bash is always there)
+#   scripts/deps.sh netns   unshare (util-linux) and ip (iproute2): the tests start
+#                           Envoys in network namespaces of their own, as pods' sidecars
 # Needs root (or sudo) only when something is missing. Package services are kept from
 # starting: a policy-rc.d answering 101 denies them while the packages install.
 set -euo pipefail
@@ -32,7 +34,11 @@ for what in "$@"; do
       command -v zsh >/dev/null 2>&1 || need+=(zsh)
       command -v fish >/dev/null 2>&1 || need+=(fish)
       ;;
-    *) echo "deps.sh: unknown group $what (build, etcd, browser, shells)" >&2; exit 64 ;;
+    netns)
+      command -v unshare >/dev/null 2>&1 || need+=(util-linux)
+      command -v ip >/dev/null 2>&1 || [ -x /usr/sbin/ip ] || need+=(iproute2)
+      ;;
+    *) echo "deps.sh: unknown group $what (build, etcd, browser, shells, netns)" >&2; exit 64 ;;
   esac
 done
 [ ${#need[@]} -eq 0 ] && exit 0

@@ -66,6 +66,10 @@ echo "etcd: $("$etcd_bin" --version | head -1)"
 # zsh and fish (Debian), whose completion scripts the CLI tests parse.
 scripts/deps.sh shells
 
+# unshare and ip (Debian util-linux, iproute2): Envoys in network namespaces of their
+# own, the sidecars whose admin stays on their pod's loopback (tests/tests/e2e_netns.rs).
+scripts/deps.sh netns
+
 # Chromium (Debian) and Playwright (PyPI, into .venv) for the dashboard's browser test.
 # Playwright drives the system's Chromium (executable_path); `playwright install` is
 # never run, so no browser is downloaded.
