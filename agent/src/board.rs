@@ -13,7 +13,7 @@ use std::sync::Mutex;
 
 use meshcat_common::wire::InstanceReport;
 
-use crate::scrape::TargetKey;
+use crate::target::TargetKey;
 
 /// Latest [`InstanceReport`] per instance. Never held across `.await`.
 #[derive(Debug, Default)]

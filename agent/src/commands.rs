@@ -18,7 +18,8 @@ use crate::debugwindow::{DebugWindowReport, is_tls_line};
 use crate::envoy::{EnvoyAdmin, seed_level};
 use crate::logtail::LogTail;
 use crate::report::{CommandHandler, SnapshotSource};
-use crate::{Agent, TargetChoice, TargetKey};
+use crate::state::{Agent, TargetChoice};
+use crate::target::TargetKey;
 
 impl SnapshotSource for Agent {
     fn snapshot(&self) -> Vec<InstanceReport> {
@@ -41,9 +42,7 @@ async fn run(agent: &Agent, named: &TargetKey, cmd: Command) -> Result<CommandOu
     let choice = TargetChoice::of_command(&named.zone_name, &named.cluster_name, &named.instance);
     let target = agent.target(&choice).map_err(|e| e.to_string())?;
     let key = target.key();
-    let admin = target
-        .admin_client(agent.scrape_timeout(), agent.ops_metrics())
-        .map_err(|e| e.to_string())?;
+    let admin = agent.admin_client(&target).map_err(|e| e.to_string())?;
     match cmd {
         Command::ConfigDump => admin
             .config_dump()
@@ -313,8 +312,8 @@ fn trim_config_dump(text: String) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::TargetError;
-    use crate::scrape::Target;
+    use crate::state::TargetError;
+    use crate::target::Target;
 
     fn target(zone: &str, instance: &str, port: u16) -> Target {
         Target {

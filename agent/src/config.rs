@@ -9,7 +9,7 @@ use clap::Parser;
 use meshcat_common::config::{LogFormat, parse_positive_duration};
 
 use crate::envoy::Netns;
-use crate::scrape::Target;
+use crate::target::{Target, host_name, parse_host_port};
 
 /// meshcat-agent: scrapes local Envoy sidecar admin APIs and reports them to the
 /// meshcat aggregator over QUIC.
@@ -125,29 +125,6 @@ pub fn parse_aggregators(s: &str) -> Result<String, String> {
     Ok(list.join(","))
 }
 
-/// Checks `host:port`: a non-empty host (bracketed if IPv6) and a port.
-pub fn parse_host_port(s: &str) -> Result<String, String> {
-    let s = s.trim();
-    let bad = || format!("{s:?} is not host:port");
-    let (host, port) = s.rsplit_once(':').ok_or_else(bad)?;
-    port.parse::<u16>().map_err(|_| bad())?;
-    let bare = host.strip_prefix('[').and_then(|h| h.strip_suffix(']'));
-    let ok = match bare {
-        Some(v6) => v6.parse::<std::net::Ipv6Addr>().is_ok(),
-        None => {
-            !host.is_empty()
-                && !host.contains(':')
-                && host
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
-        }
-    };
-    if !ok {
-        return Err(bad());
-    }
-    Ok(s.to_owned())
-}
-
 impl AgentConfig {
     /// Parses the command line; on a bad value prints one line and exits 64, on
     /// `--help`/`--version` prints and exits 0.
@@ -206,13 +183,6 @@ impl AgentConfig {
     }
 }
 
-/// The host's name, or `localhost` when it cannot be read.
-pub fn host_name() -> String {
-    sysinfo::System::host_name()
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "localhost".to_owned())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -228,17 +198,6 @@ mod tests {
         }
         let many = vec!["h:1"; MAX_AGGREGATORS + 1].join(",");
         assert!(parse_aggregators(&many).is_err());
-    }
-
-    #[test]
-    fn host_ports() {
-        assert!(parse_host_port("127.0.0.1:9901").is_ok());
-        assert!(parse_host_port("envoy.local:9901").is_ok());
-        assert!(parse_host_port("[::1]:9901").is_ok());
-        assert!(parse_host_port("::1:9901").is_err());
-        assert!(parse_host_port("127.0.0.1").is_err());
-        assert!(parse_host_port(":9901").is_err());
-        assert!(parse_host_port("h:70000").is_err());
     }
 
     #[test]

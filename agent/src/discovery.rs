@@ -21,7 +21,7 @@ use meshcat_common::validate::is_valid_name;
 use serde::Deserialize;
 
 use crate::envoy::Netns;
-use crate::scrape::{MAX_TARGETS, Target, TargetsError};
+use crate::target::{MAX_TARGETS, Target, TargetsError};
 
 /// Largest pods file read (a busy node's full pod objects fit easily).
 pub const MAX_PODS_FILE: u64 = 32 << 20;

@@ -24,7 +24,7 @@ use rand::Rng;
 use tokio::sync::{Semaphore, mpsc};
 use tracing::{Instrument, debug, info, info_span, warn};
 
-pub use crate::scrape::TargetKey;
+pub use crate::target::TargetKey;
 
 pub use telemetry::ReporterMetrics;
 

@@ -17,8 +17,8 @@ use tracing::{info, warn};
 use crate::debugwindow::{DebugWindows, LevelControl};
 use crate::envoy::{AdminEndpoint, EnvoyAdmin};
 use crate::logtail::{LogTail, TailConfig};
-use crate::ops::OpsMetrics;
-use crate::scrape::{Target, TargetKey};
+use crate::ops_metrics::OpsMetrics;
+use crate::target::{Target, TargetKey};
 
 /// A sidecar's log level, read and set through its admin API.
 struct AdminLevel(EnvoyAdmin);
@@ -107,7 +107,10 @@ impl Diagnostics {
             if map.contains_key(&key) {
                 continue;
             }
-            let admin = match t.admin_client(self.admin_timeout, &self.metrics) {
+            let hook = self
+                .metrics
+                .netns_error_hook((&t.zone_name, &t.cluster_name, &t.instance));
+            let admin = match t.admin_client(self.admin_timeout, hook) {
                 Ok(a) => a,
                 Err(e) => {
                     warn!(instance = %t.instance, error = %e, "No debug windows for this target.");

@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use meshcat_agent::envoy::EnvoyAdmin;
 use meshcat_agent::metrics_object::HostSampler;
-use meshcat_agent::scrape::{Target, scrape_once};
+use meshcat_agent::scrape::scrape_once;
+use meshcat_agent::target::Target;
 use meshcat_agent::topology::TopologyCache;
 use meshcat_tests::bootstrap::{Cluster, HttpListener};
 use meshcat_tests::{Bootstrap, Envoy, Upstream};
