@@ -51,6 +51,16 @@ pub enum CliError {
 }
 
 impl CliError {
+    /// Says the error on standard error, each of its lines after `meshcat: `.
+    pub fn report(&self) {
+        use std::io::Write;
+        let text = self.to_string();
+        let mut err = anstream::stderr();
+        for line in text.lines() {
+            let _ = writeln!(err, "meshcat: {line}");
+        }
+    }
+
     /// The exit status this error ends `meshcat` with (contract section 16).
     pub fn exit_code(&self) -> u8 {
         match self {

@@ -32,18 +32,9 @@ pub async fn run(cli: Cli) -> u8 {
         Ok(()) | Err(CliError::Closed) => EXIT_OK,
         Err(e) => {
             let _ = out.flush();
-            report(&e);
+            e.report();
             e.exit_code()
         }
-    }
-}
-
-/// Says an error on standard error, each of its lines after `meshcat: `.
-pub(crate) fn report(e: &CliError) {
-    let text = e.to_string();
-    let mut err = anstream::stderr();
-    for line in text.lines() {
-        let _ = writeln!(err, "meshcat: {line}");
     }
 }
 

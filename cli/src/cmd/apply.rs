@@ -190,7 +190,7 @@ async fn execute(ctx: &Ctx, plan: &Plan, out: &mut dyn Write) -> Result<(), CliE
     let mut refused = refused.into_iter();
     if let Some(first) = refused.next() {
         for other in refused {
-            crate::report(&other);
+            other.report();
         }
         return Err(first);
     }
