@@ -79,7 +79,7 @@ pub struct AgentConfig {
     /// names the pod's UID (for Istio, Consul and any mesh whose admin stays on the pod's
     /// loopback). Needs hostPID, CAP_SYS_ADMIN and CAP_SYS_PTRACE (the loopback-admin
     /// overlay).
-    #[arg(long, env = "MESHCAT_POD_NETNS", requires = "pods_file")]
+    #[arg(long, env = "MESHCAT_POD_NETNS", requires_if("true", "pods_file"))]
     pub pod_netns: bool,
     /// The node's process list for --pod-netns: /proc with hostPID, or the host's /proc
     /// mounted elsewhere.
@@ -221,6 +221,16 @@ mod tests {
         let one = AgentConfig::try_parse_from(["meshcat-agent", "--instance", "pod-b"]).unwrap();
         assert_eq!(one.flag_targets()[0].instance, "pod-b");
         assert!(AgentConfig::try_parse_from(["meshcat-agent", "--interval", "0s"]).is_err());
+        // --pod-netns is for pod discovery; off, it asks for nothing.
+        assert!(AgentConfig::try_parse_from(["meshcat-agent", "--pod-netns"]).is_err());
+        let p = AgentConfig::try_parse_from([
+            "meshcat-agent",
+            "--pod-netns",
+            "--pods-file",
+            "/tmp/pods.json",
+        ])
+        .unwrap();
+        assert!(p.pod_netns);
         assert!(AgentConfig::try_parse_from(["meshcat-agent", "--interval", "soon"]).is_err());
     }
 }

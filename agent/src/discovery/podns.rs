@@ -4,7 +4,9 @@
 //! is where the pod's loopback is. Both of kubelet's cgroup drivers are read:
 //! `cgroupfs` (`/kubepods/<qos>/pod<uid>/<container>`) and `systemd`
 //! (`kubepods-<qos>-pod<uid with _ for ->.slice`), under any prefix (kind and other
-//! nested nodes put one in front).
+//! nested nodes put one in front), and as an agent in a cgroup namespace of its own
+//! sees them (cgroup v2 gives a container one: other pods' paths start with `..`
+//! and lose the `kubepods` part).
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -28,8 +30,9 @@ pub fn pod_uid(cgroup: &str) -> Option<String> {
     })
 }
 
-/// The pod UID in one cgroup path: the component right below a `kubepods` one
-/// (cgroupfs), or a `...kubepods...-pod<uid>.slice` component (systemd).
+/// The pod UID in one cgroup path: a `pod<uid>` component below `kubepods`, a QoS
+/// class or a `..` (cgroupfs), or a `...kubepods...-pod<uid>.slice` component
+/// (systemd).
 fn pod_uid_of_path(path: &str) -> Option<String> {
     let mut below_kubepods = false;
     for part in path.split('/').filter(|p| !p.is_empty()) {
@@ -42,7 +45,7 @@ fn pod_uid_of_path(path: &str) -> Option<String> {
             }
             continue;
         }
-        if part == "kubepods" {
+        if matches!(part, "kubepods" | "burstable" | "besteffort" | "..") {
             below_kubepods = true;
             continue;
         }
@@ -68,11 +71,14 @@ fn uid_of(s: &str) -> Option<String> {
 }
 
 /// Every pod's network namespace found in `proc_dir`, by pod UID: of a pod's
-/// processes the one with the lowest PID (the pod's sandbox, the longest lived),
-/// its namespace's identity pinned now. Processes that end while being read are
-/// skipped.
+/// processes, the one with the lowest PID whose namespace file can be read (the
+/// pod's sandbox, the longest lived, where the agent may read it: a runtime that
+/// confines containers with AppArmor starts the sandbox unconfined, and a confined
+/// agent may not read an unconfined process's namespace, so the pod's own
+/// containers serve then), its namespace's identity pinned now. Processes that end
+/// while being read are skipped.
 pub fn scan(proc_dir: &Path) -> std::io::Result<BTreeMap<String, Netns>> {
-    let mut lowest: BTreeMap<String, u32> = BTreeMap::new();
+    let mut pids: BTreeMap<String, Vec<u32>> = BTreeMap::new();
     for entry in std::fs::read_dir(proc_dir)?.flatten().take(MAX_PROCESSES) {
         let Some(pid) = entry
             .file_name()
@@ -87,17 +93,17 @@ pub fn scan(proc_dir: &Path) -> std::io::Result<BTreeMap<String, Netns>> {
         else {
             continue;
         };
-        lowest
-            .entry(uid)
-            .and_modify(|p| *p = (*p).min(pid))
-            .or_insert(pid);
+        pids.entry(uid).or_default().push(pid);
     }
-    Ok(lowest
+    Ok(pids
         .into_iter()
-        .filter_map(|(uid, pid)| {
-            let path = proc_dir.join(pid.to_string()).join("ns").join("net");
-            let inode = std::fs::metadata(&path).ok()?.ino();
-            Some((uid, Netns::with_inode(path, inode)))
+        .filter_map(|(uid, mut pids)| {
+            pids.sort_unstable();
+            pids.into_iter().find_map(|pid| {
+                let path = proc_dir.join(pid.to_string()).join("ns").join("net");
+                let inode = std::fs::metadata(&path).ok()?.ino();
+                Some((uid.clone(), Netns::with_inode(path, inode)))
+            })
         })
         .collect())
 }
@@ -161,6 +167,15 @@ mod tests {
             pod_uid(nested).as_deref(),
             Some("0a1b2c3d-4e5f-6a7b-8c9d-0e1f2a3b4c5d")
         );
+        // An agent in a cgroup namespace of its own sees other pods from above its
+        // own cgroup.
+        let in_cgroupns = "0::/../../../burstable/pod0a1b2c3d-4e5f-6a7b-8c9d-0e1f2a3b4c5d/abc";
+        assert_eq!(
+            pod_uid(in_cgroupns).as_deref(),
+            Some("0a1b2c3d-4e5f-6a7b-8c9d-0e1f2a3b4c5d")
+        );
+        let guaranteed = "0::/../../pod0a1b2c3d-4e5f-6a7b-8c9d-0e1f2a3b4c5d/abc";
+        assert!(pod_uid(guaranteed).is_some());
         for not in [
             "0::/system.slice/pod0a1b2c3d-4e5f-6a7b-8c9d-0e1f2a3b4c5d/x",
             "0::/kubepods/burstable/podnot-a-uid/x",
