@@ -7,6 +7,11 @@
 # (the HA overlay's aggregator with --etcd-ca-file, --etcd-cert, --etcd-key), and the
 # NetworkPolicies of the aggregator, the agent and etcd. Those last checks first run
 # on broken copies of the HA overlay (a self-test) and fail if one is not caught.
+# Privileges (contract section 18): no host namespace, added capability or privilege
+# anywhere, except the loopback-admin overlay's agent, which has hostPID and adds
+# exactly SYS_ADMIN and SYS_PTRACE with everything else dropped; the base DaemonSet
+# has neither (with a self-test on broken copies of both). Overlays are checked as
+# rendered too: their flags and settings, ports and probes.
 # Prints one summary line; exits non-zero on any problem.
 #
 # Flags and settings are read from `--help` of the built debug binaries

@@ -12,9 +12,11 @@ PyYAML). It checks, and reports every problem before failing:
    CRD kinds listed in OPTIONAL_CRDS may lack a schema, and only outside the default
    kustomization, where they get a structural check instead;
 3. command lines: every `--flag` and `MESHCAT_*` variable given to a meshcat container
-   is one its binary accepts (from `--help`, or from docs/configuration.md);
+   is one its binary accepts (from `--help`, or from docs/configuration.md), in every
+   manifest file and in every rendered overlay (whose patches set some);
 4. contract: ports 9080/TCP, 9443/UDP, 9091/TCP (aggregator) and 9092/TCP (agent),
-   probes on /healthz and /readyz, Prometheus annotations on /metrics;
+   probes on /healthz and /readyz, Prometheus annotations on /metrics (manifest files
+   and rendered overlays);
 5. image: the Dockerfile's ENTRYPOINT and every container command name a binary of
    the workspace;
 6. security (docs/security.md): the aggregator reads its write and read tokens, and
@@ -34,7 +36,17 @@ PyYAML). It checks, and reports every problem before failing:
    aggregator's and the agent's pods admitting only their own ports, and the Envoy
    admin template admitting the admin port only from agent pods. A self-test first
    runs these checks on broken copies of the rendered HA overlay and fails when one
-   is not caught.
+   is not caught;
+8. privileges (contract section 18), on every manifest file and rendered
+   kustomization: no pod shares the node's network or IPC namespace; every container
+   drops ALL capabilities, is not privileged, cannot escalate, has a read-only root
+   filesystem, a RuntimeDefault (or Localhost) seccomp profile and AppArmor not
+   Unconfined; the only node path mounted is /var/log/pods, read-only. The one
+   exception is an agent that reaches pods inside their network namespaces
+   (MESHCAT_POD_NETNS): its pod has hostPID and the agent container, uid 0, adds
+   exactly SYS_ADMIN and SYS_PTRACE; any other hostPID or added capability fails.
+   overlays/loopback-admin must run its agent so, the base must not. A self-test runs
+   these checks on broken copies of the rendered overlay and base first.
 """
 
 from __future__ import annotations
@@ -82,6 +94,11 @@ ETCD_HTTPS_FLAGS = ["listen-client-urls", "advertise-client-urls", "listen-peer-
                     "initial-advertise-peer-urls"]
 ENVOY_ADMIN_PORT = 9901
 SCRAPE_LABEL = "meshcat.io/scrape"
+# Section 8: the capabilities the agent adds to enter pods' network namespaces
+# (MESHCAT_POD_NETNS, overlays/loopback-admin), and the only node path any pod mounts.
+LOOPBACK_CAPS = {"SYS_ADMIN", "SYS_PTRACE"}
+HOST_PATHS = {"/var/log/pods"}
+LOOPBACK_OVERLAY = ("overlays", "loopback-admin")
 
 FLAG_RE = re.compile(r"(?<![\w-])--([a-z][a-z0-9-]*)")
 ENV_RE = re.compile(r"\bMESHCAT_[A-Z0-9_]+\b")
@@ -569,6 +586,96 @@ class Checker:
         if not admits:
             self.fail(where, f"admits the Envoy admin port {ENVOY_ADMIN_PORT} to no agent pod")
 
+    # 8. privileges -----------------------------------------------------------
+    def privileges(self, manifests: dict[Path, list[dict]], pod_netns: bool | None = None) -> None:
+        """Section 8 on one set of documents. `pod_netns` says whether their agent
+        DaemonSet must run with MESHCAT_POD_NETNS (True: overlays/loopback-admin), must
+        not (False: the base), or either (None)."""
+        netns_agents = set()
+        agent_daemonsets = []
+        for _, binary, c, env, args, _, _ in self.meshcat_containers(manifests):
+            if binary == AGENT and pod_netns_on(env, args):
+                netns_agents.add(id(c))
+        for f, docs in manifests.items():
+            label = self.rel(f)
+            for kind, name, _, pod in pod_templates(docs):
+                where = f"{label} {kind}/{name}"
+                containers = (pod.get("initContainers") or []) + (pod.get("containers") or [])
+                runs_netns = any(id(c) in netns_agents for c in containers)
+                if kind == "DaemonSet" and any(
+                        os.path.basename((c.get("command") or [""])[0]) == AGENT for c in containers):
+                    agent_daemonsets.append((where, runs_netns))
+                self.pod_privileges(where, pod, containers, runs_netns, netns_agents)
+        for where, runs_netns in agent_daemonsets:
+            if pod_netns is True and not runs_netns:
+                self.fail(where, "the loopback-admin overlay must run the agent with MESHCAT_POD_NETNS=true "
+                                 "(each pod's admin on its loopback, inside its network namespace)")
+            if pod_netns is False and runs_netns:
+                self.fail(where, "the base DaemonSet must not turn on MESHCAT_POD_NETNS: it stays without "
+                                 "hostPID and capabilities (overlays/loopback-admin turns it on)")
+        if pod_netns is True and not agent_daemonsets:
+            self.fail(self.rel(next(iter(manifests))), "the loopback-admin overlay has no agent DaemonSet")
+
+    def pod_privileges(self, where: str, pod: dict, containers: list[dict], runs_netns: bool,
+                       netns_agents: set[int]) -> None:
+        """No host namespace, no added capability, no privilege, no escalation, a
+        read-only root, a confining seccomp profile and AppArmor left on, and host
+        paths only from HOST_PATHS, read-only; except that a pod whose agent reaches
+        pods inside their network namespaces (MESHCAT_POD_NETNS) has hostPID and its
+        agent container, run as uid 0, adds exactly LOOPBACK_CAPS."""
+        for ns in ["hostNetwork", "hostIPC"]:
+            if pod.get(ns):
+                self.fail(where, f"{ns} is on: no shipped pod shares the node's {ns[4:]} namespace")
+        if pod.get("hostPID") and not runs_netns:
+            self.fail(where, "hostPID is on, but no agent of the pod runs with MESHCAT_POD_NETNS: only the "
+                             "loopback-admin agent may see the node's processes")
+        if runs_netns and not pod.get("hostPID"):
+            self.fail(where, "the agent runs with MESHCAT_POD_NETNS but the pod lacks hostPID: true, so it "
+                             "cannot see the pods' processes in /proc")
+        pod_sc = pod.get("securityContext") or {}
+        if (pod_sc.get("appArmorProfile") or {}).get("type") == "Unconfined":
+            self.fail(where, "AppArmor is Unconfined for the pod: keep the runtime's default profile")
+        volumes = {v["name"]: v for v in pod.get("volumes") or []}
+        for v in volumes.values():
+            path = ((v.get("hostPath") or {}).get("path") or "").rstrip("/") or None
+            if "hostPath" in v and path not in HOST_PATHS:
+                self.fail(where, f"volume {v['name']} is hostPath {v['hostPath'].get('path')}: only "
+                                 f"{', '.join(sorted(HOST_PATHS))} may come from the node")
+        for c in containers:
+            cw = f"{where} container {c['name']}"
+            sc = c.get("securityContext") or {}
+            caps = sc.get("capabilities") or {}
+            drop = {cap_name(x) for x in caps.get("drop") or []}
+            add = {cap_name(x) for x in caps.get("add") or []}
+            if sc.get("privileged"):
+                self.fail(cw, "is privileged")
+            if sc.get("allowPrivilegeEscalation") is not False:
+                self.fail(cw, "allowPrivilegeEscalation is not false")
+            if sc.get("readOnlyRootFilesystem") is not True:
+                self.fail(cw, "readOnlyRootFilesystem is not true")
+            if "ALL" not in drop:
+                self.fail(cw, "capabilities do not drop ALL")
+            seccomp = (sc.get("seccompProfile") or pod_sc.get("seccompProfile") or {}).get("type")
+            if seccomp not in ("RuntimeDefault", "Localhost"):
+                self.fail(cw, f"seccomp profile is {seccomp or 'not set'}: use RuntimeDefault")
+            if (sc.get("appArmorProfile") or {}).get("type") == "Unconfined":
+                self.fail(cw, "AppArmor is Unconfined: keep the runtime's default profile")
+            if id(c) in netns_agents:
+                if add != LOOPBACK_CAPS:
+                    self.fail(cw, f"adds {sorted(add) or 'no capability'}; with MESHCAT_POD_NETNS the agent "
+                                  f"adds exactly {' and '.join(sorted(LOOPBACK_CAPS))}")
+                uid = sc.get("runAsUser", pod_sc.get("runAsUser"))
+                if uid != 0:
+                    user = "the image's user" if uid is None else f"uid {uid}"
+                    self.fail(cw, f"adds capabilities but runs as {user}: Kubernetes puts added "
+                                  "capabilities in the effective set of uid 0 only")
+            elif add:
+                self.fail(cw, f"adds capabilities {sorted(add)}: only the agent with MESHCAT_POD_NETNS "
+                              f"adds any ({' and '.join(sorted(LOOPBACK_CAPS))})")
+            for m in c.get("volumeMounts") or []:
+                if "hostPath" in volumes.get(m["name"], {}) and not m.get("readOnly"):
+                    self.fail(cw, f"mounts hostPath volume {m['name']} writable")
+
     # 5. image ----------------------------------------------------------------
     def workspace_bins(self) -> set[str]:
         ws = tomllib.loads((self.root / "Cargo.toml").read_text())
@@ -622,6 +729,24 @@ def strategic_merge(base, patch):
                     out[i] = strategic_merge(out[i], item)
             return out
     return copy.deepcopy(patch)
+
+
+def cap_name(cap) -> str:
+    """A capability as Kubernetes names it: `SYS_ADMIN` (a `CAP_` prefix dropped)."""
+    c = str(cap).upper()
+    return c[4:] if c.startswith("CAP_") else c
+
+
+def pod_netns_on(env: dict[str, str], args: list[str]) -> bool:
+    """Whether an agent reaches pods inside their network namespaces (--pod-netns):
+    the flag, or MESHCAT_POD_NETNS with any value but false (one from elsewhere,
+    `valueFrom`, counts as on: its privileges must then be the mode's)."""
+    for a in args:
+        m = re.fullmatch(r"--pod-netns(?:=(.*))?", a)
+        if m:
+            return (m.group(1) or "true").lower() not in ("false", "0", "")
+    value = env.get("MESHCAT_POD_NETNS")
+    return value is not None and value.lower() not in ("false", "0", "")
 
 
 def pod_templates(docs: list[dict]):
@@ -852,6 +977,105 @@ def self_test(root: Path, version: str, ha: Path, docs: list[dict]) -> tuple[lis
     return failures, len(cases)
 
 
+def privileges_self_test(root: Path, version: str, overlay: Path, overlay_docs: list[dict],
+                         base: Path, base_docs: list[dict]) -> tuple[list[str], int]:
+    """Runs section 8 on the rendered loopback-admin overlay and base, and on broken
+    copies of them; returns what went wrong (a broken copy that passes) and how many
+    broken copies were tried."""
+    def run(d, docs, netns, mutate) -> list[str]:
+        ck = Checker(root, version)
+        broken = copy.deepcopy(docs)
+        mutate(broken)
+        ck.privileges({d / "(rendered)": broken}, netns)
+        return ck.problems
+
+    def pods(ds):
+        return [pod for _, _, _, pod in pod_templates(ds)]
+
+    def agent(edit):
+        def m(ds):
+            for pod in pods(ds):
+                for c in pod.get("containers") or []:
+                    if os.path.basename((c.get("command") or [""])[0]) == AGENT:
+                        edit(c.setdefault("securityContext", {}), c, pod)
+        return m
+
+    def caps(edit):
+        return agent(lambda sc, c, pod: edit(sc.setdefault("capabilities", {})))
+
+    def agent_pod(edit):
+        return agent(lambda sc, c, pod: edit(pod))
+
+    def setting(value):
+        def m(ds):
+            for d in ds:
+                if d.get("kind") == "ConfigMap" and d["metadata"]["name"] == AGENT:
+                    data = d.setdefault("data", {})
+                    if value is None:
+                        data.pop("MESHCAT_POD_NETNS", None)
+                    else:
+                        data["MESHCAT_POD_NETNS"] = value
+        return m
+
+    def host_root(pod):
+        pod.setdefault("volumes", []).append({"name": "node-root", "hostPath": {"path": "/"}})
+        pod["containers"][-1].setdefault("volumeMounts", []).append(
+            {"name": "node-root", "mountPath": "/host", "readOnly": True})
+
+    def logs_writable(pod):
+        for c in pod.get("containers") or []:
+            for mount in c.get("volumeMounts") or []:
+                if mount["mountPath"] == "/var/log/pods":
+                    mount["readOnly"] = False
+
+    def discover_adds(ds):
+        for pod in pods(ds):
+            for c in pod.get("initContainers") or []:
+                c.setdefault("securityContext", {}).setdefault("capabilities", {})["add"] = ["SYS_ADMIN"]
+
+    exact = "adds exactly SYS_ADMIN and SYS_PTRACE"
+    only_netns = "only the agent with MESHCAT_POD_NETNS adds any"
+    overlay_cases = [
+        ("agent adds NET_ADMIN as well", caps(lambda cp: cp["add"].append("NET_ADMIN")), exact),
+        ("agent adds CAP_SYS_ADMIN alone", caps(lambda cp: cp.update(add=["CAP_SYS_ADMIN"])), exact),
+        ("agent drops nothing", caps(lambda cp: cp.pop("drop", None)), "do not drop ALL"),
+        ("agent privileged", agent(lambda sc, c, pod: sc.update(privileged=True)), "is privileged"),
+        ("agent may escalate", agent(lambda sc, c, pod: sc.update(allowPrivilegeEscalation=True)),
+         "allowPrivilegeEscalation"),
+        ("agent root filesystem writable", agent(lambda sc, c, pod: sc.update(readOnlyRootFilesystem=False)),
+         "readOnlyRootFilesystem"),
+        ("agent under seccomp Unconfined",
+         agent(lambda sc, c, pod: sc.update(seccompProfile={"type": "Unconfined"})),
+         "seccomp profile is Unconfined"),
+        ("agent under AppArmor Unconfined",
+         agent(lambda sc, c, pod: sc.update(appArmorProfile={"type": "Unconfined"})), "AppArmor is Unconfined"),
+        ("agent as uid 65532", agent(lambda sc, c, pod: sc.update(runAsUser=65532, runAsNonRoot=True)),
+         "runs as uid 65532"),
+        ("pod without hostPID", agent_pod(lambda pod: pod.pop("hostPID", None)), "lacks hostPID"),
+        ("pod on the node's network", agent_pod(lambda pod: pod.update(hostNetwork=True)), "hostNetwork is on"),
+        ("the node's root mounted", agent_pod(host_root), "only /var/log/pods may come from the node"),
+        ("pod logs mounted writable", agent_pod(logs_writable), "writable"),
+        ("discover adds SYS_ADMIN", discover_adds, only_netns),
+        ("MESHCAT_POD_NETNS off", setting(None), "must run the agent with MESHCAT_POD_NETNS"),
+    ]
+    base_cases = [
+        ("base DaemonSet with hostPID", agent_pod(lambda pod: pod.update(hostPID=True)), "hostPID is on"),
+        ("base agent adds SYS_PTRACE", caps(lambda cp: cp.update(add=["SYS_PTRACE"])), only_netns),
+        ("base agent with MESHCAT_POD_NETNS", setting("true"), "base DaemonSet must not turn on"),
+    ]
+    if run(overlay, overlay_docs, True, lambda ds: None) or run(base, base_docs, False, lambda ds: None):
+        # The manifests themselves fail (reported by the check proper): nothing to compare.
+        return [], 0
+    failures = []
+    for d, docs, netns, cases in [(overlay, overlay_docs, True, overlay_cases),
+                                  (base, base_docs, False, base_cases)]:
+        for what, mutate, expected in cases:
+            problems = run(d, docs, netns, mutate)
+            if not any(expected in p for p in problems):
+                failures.append(f"{what} is not caught (expected a problem naming {expected!r}; got {problems})")
+    return failures, len(overlay_cases) + len(base_cases)
+
+
 def accepted_from_help(text: str) -> tuple[set[str], set[str]]:
     flags = set(FLAG_RE.findall(text))
     envs = set(ENV_RE.findall(text))
@@ -915,6 +1139,28 @@ def main() -> int:
         ck.counts["selftest"] = tried - len(failures)
     for d, docs in rendered.items():
         ck.store_and_policies(d, docs)
+        if d.is_relative_to(ck.kroot / "overlays"):
+            # Overlays change settings and pods through patches: their command lines,
+            # ports and probes are checked as rendered, like the base's files.
+            ck.command_lines({d / "(rendered)": docs}, accepted)
+            ck.contract({d / "(rendered)": docs})
+    ck.privileges(manifests)
+    loopback = ck.kroot.joinpath(*LOOPBACK_OVERLAY)
+    base = (ck.kroot, ck.kroot / "agent")
+    for d, docs in rendered.items():
+        netns = True if d == loopback else False if d in base else None
+        ck.privileges({d / "(rendered)": docs}, netns)
+    if loopback not in rendered or ck.kroot not in rendered:
+        ck.fail(ck.rel(loopback), "the loopback-admin overlay or the base is missing or does not render")
+    else:
+        failures, tried = privileges_self_test(ck.root, ck.version, loopback, rendered[loopback],
+                                               ck.kroot, rendered[ck.kroot])
+        for f in failures:
+            ck.fail("check_deploy.py self-test", f)
+        if not tried:
+            ck.notes.append("privileges self-test skipped: the loopback-admin overlay or the base itself "
+                            "fails the privilege checks")
+        ck.counts["privselftest"] = tried - len(failures)
     if rendered and not any(scrape_policy(doc) for docs in rendered.values() for doc in docs
                             if doc.get("kind") == "NetworkPolicy"):
         ck.fail("deploy/kubernetes", "no NetworkPolicy template for the Envoy admin port of scraped "
@@ -934,7 +1180,9 @@ def main() -> int:
           f"(source: {source}); ports, probes and image consistent with the contract; "
           f"tokens and keys from Secrets, zones from namespaces; etcd on TLS with client "
           f"certificates and NetworkPolicies for aggregator, agent and etcd "
-          f"(self-test: {c.get('selftest', 0)} broken variants caught)")
+          f"(self-test: {c.get('selftest', 0)} broken variants caught); no host namespace, "
+          f"capability or privilege beyond the loopback-admin agent's hostPID, SYS_ADMIN and "
+          f"SYS_PTRACE (self-test: {c.get('privselftest', 0)} broken variants caught)")
     return 0
 
 

@@ -156,6 +156,27 @@ async fn every_exposed_family_is_documented() {
     let documented = documented_families();
     let mut exposed = families(&m.catalog.ops_metrics().await.unwrap());
     exposed.extend(families(&m.agent.metrics().await.unwrap()));
+    // A family that has series only once a sidecar's network namespace fails: an
+    // agent whose one target names a namespace that is gone.
+    let gone = MeshAgent::start(&[
+        "--sidecar-admin",
+        "127.0.0.1:9",
+        "--sidecar-netns",
+        "/proc/999999999/ns/net",
+        "--interval",
+        "100ms",
+    ])
+    .await
+    .unwrap();
+    let text = wait_for("a namespace failure counted", DEADLINE, || async {
+        let text = gone.metrics().await.ok()?;
+        text.contains("meshcat_agent_netns_errors_total{")
+            .then_some(text)
+    })
+    .await
+    .unwrap();
+    exposed.extend(families(&text));
+    gone.stop().await.unwrap();
     assert!(exposed.len() >= 15, "{exposed:?}");
     let missing: Vec<_> = exposed.difference(&documented).collect();
     assert!(
