@@ -1,5 +1,6 @@
-//! The catalog REST API (contract section 2): the route table, the router, and the
-//! layers every route shares (body limit, request metrics, JSON 404 and 405).
+//! The catalog REST API (contract section 2): the route table, the router, the
+//! layers every route shares (body limit, request metrics, JSON 404 and 405), and its
+//! configuration ([`ApiConfig`]).
 
 mod auth;
 pub mod blocking;
@@ -20,6 +21,7 @@ mod status;
 pub mod tls;
 mod troubleshoot;
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -29,11 +31,11 @@ use axum::http::{Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
+use meshcat_common::config::TlsFiles;
 
-pub use auth::{CallerAccess, TokenCheck, Tokens};
+pub use auth::{CallerAccess, Tokens};
 pub use error::ApiError;
 
-use crate::config::EventsConfig;
 use crate::diagnosis::DiagnosisTools;
 use crate::ingest::Agents;
 use crate::store::Store;
@@ -98,11 +100,26 @@ pub struct AppState {
     pub graph: Arc<crate::graph::snapshot::Graphs>,
 }
 
+/// The catalog REST API.
+#[derive(Debug, Clone)]
+pub struct ApiConfig {
+    /// `--api-addr`.
+    pub addr: SocketAddr,
+    /// `--api-tls-cert` and `--api-tls-key`: the API is served over HTTPS only.
+    pub tls: Option<TlsFiles>,
+    /// `--api-request-timeout`.
+    pub request_timeout: Duration,
+    /// `--api-max-concurrency`.
+    pub max_concurrency: usize,
+    /// `--max-body`.
+    pub max_body: usize,
+}
+
 /// What `GET /events` streams share.
 #[derive(Debug)]
 pub struct EventStreams {
     /// Heartbeat, coalescing and buffer of each stream.
-    pub config: EventsConfig,
+    pub config: events::EventsConfig,
     /// The open event streams, at most `--max-event-streams`.
     pub open: events::Streams,
     /// Turns true when the process stops: event streams end then, instead of holding
@@ -111,7 +128,7 @@ pub struct EventStreams {
 }
 
 impl EventStreams {
-    pub fn new(config: EventsConfig, stopping: tokio::sync::watch::Receiver<bool>) -> Self {
+    pub fn new(config: events::EventsConfig, stopping: tokio::sync::watch::Receiver<bool>) -> Self {
         EventStreams {
             open: events::Streams::new(config.max_streams),
             config,

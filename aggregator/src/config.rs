@@ -1,6 +1,8 @@
 //! The aggregator's command line (contract section 9): `meshcat-aggregator [serve]
 //! [flags]`, every flag with a `MESHCAT_*` environment twin, validated once at start
-//! into a [`Config`]. A bad value is one line on stderr and exit status 64.
+//! into a [`Config`]. A bad value is one line on stderr and exit status 64. Each part
+//! of the `Config` is a component's own configuration, defined with its defaults in
+//! that component: this module only turns flags into them.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -8,13 +10,18 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use meshcat_common::config::{
-    LogFormat, parse_bytes, parse_positive_duration, parse_ratio, read_token_file,
+    LogFormat, TlsFiles, parse_bytes, parse_positive_duration, parse_ratio, read_token_file,
 };
 
-use crate::api::Tokens;
+use crate::api::events::EventsConfig;
+use crate::api::{ApiConfig, Tokens};
+use crate::diagnosis::DiagnosisConfig;
 use crate::history::HistoryConfig;
-use crate::ingest::{IngestLimits, SecurityOptions};
-use crate::store::Rules;
+use crate::ingest::{IngestLimits, IngestSettings};
+use crate::ops::OpsConfig;
+use crate::replicas::ReplicaConfig;
+use crate::store::etcd::EtcdTlsFiles;
+use crate::store::{self, Rules, StoreConfig, StoreSpec};
 
 /// Largest accepted `--max-body`: request bodies are buffered whole in memory.
 const MAX_BODY_CEILING: u64 = 64 << 20;
@@ -79,14 +86,14 @@ pub struct ServeArgs {
     #[arg(long, env = "MESHCAT_READ_TOKEN_FILE", value_name = "FILE")]
     pub read_token_file: Option<PathBuf>,
     /// An instance not reported within this time is dropped (like 500ms, 15s, 2m).
-    #[arg(long, env = "MESHCAT_INSTANCE_TTL", default_value = "15s", value_parser = parse_positive_duration, value_name = "DURATION")]
+    #[arg(long, env = "MESHCAT_INSTANCE_TTL", default_value = store::DEFAULT_INSTANCE_TTL, value_parser = parse_positive_duration, value_name = "DURATION")]
     pub instance_ttl: Duration,
     /// Error ratio (5xx over requests, last report window) above which a cluster is in warning.
-    #[arg(long, env = "MESHCAT_ERROR_RATIO_WARNING", default_value = "0.05", value_parser = parse_ratio, value_name = "RATIO")]
+    #[arg(long, env = "MESHCAT_ERROR_RATIO_WARNING", default_value = store::DEFAULT_ERROR_RATIO_WARNING, value_parser = parse_ratio, value_name = "RATIO")]
     pub error_ratio_warning: f64,
     /// The dependency graph's window: an edge is observed when its upstream carried
     /// requests within it, and its figures are summed over it.
-    #[arg(long, env = "MESHCAT_GRAPH_WINDOW", default_value = "60s", value_parser = parse_positive_duration, value_name = "DURATION")]
+    #[arg(long, env = "MESHCAT_GRAPH_WINDOW", default_value = store::DEFAULT_GRAPH_WINDOW, value_parser = parse_positive_duration, value_name = "DURATION")]
     pub graph_window: Duration,
     /// PEM certificate chain of the QUIC server.
     #[arg(long, env = "MESHCAT_TLS_CERT", value_name = "FILE")]
@@ -216,20 +223,6 @@ pub struct ServeArgs {
     /// Log line format.
     #[arg(long, env = "MESHCAT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
-}
-
-/// Where registrations live (`--store`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StoreSpec {
-    /// The embedded redb database under `--data-dir`.
-    Redb,
-    /// An etcd cluster (v3 API) shared by every replica.
-    Etcd {
-        /// `host:port` of each member.
-        endpoints: Vec<String>,
-        /// Key prefix, starting with `/`, without a trailing `/`.
-        prefix: String,
-    },
 }
 
 /// Longest accepted etcd key prefix: keys carry two names of up to 253 bytes too.
@@ -365,156 +358,6 @@ pub struct Config {
     /// not on loopback: each is warned about at start.
     pub exposed: Vec<(&'static str, SocketAddr)>,
     pub log_format: LogFormat,
-}
-
-/// A PEM certificate chain and its private key, given together.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TlsFiles {
-    pub cert: PathBuf,
-    pub key: PathBuf,
-}
-
-impl TlsFiles {
-    /// The pair, when both are given (a half pair is refused before).
-    fn pair(cert: Option<PathBuf>, key: Option<PathBuf>) -> Option<TlsFiles> {
-        cert.zip(key).map(|(cert, key)| TlsFiles { cert, key })
-    }
-}
-
-/// The catalog REST API.
-#[derive(Debug, Clone)]
-pub struct ApiConfig {
-    /// `--api-addr`.
-    pub addr: SocketAddr,
-    /// `--api-tls-cert` and `--api-tls-key`: the API is served over HTTPS only.
-    pub tls: Option<TlsFiles>,
-    /// `--api-request-timeout`.
-    pub request_timeout: Duration,
-    /// `--api-max-concurrency`.
-    pub max_concurrency: usize,
-    /// `--max-body`.
-    pub max_body: usize,
-}
-
-/// What the ops endpoints expose.
-#[derive(Debug, Clone, Copy)]
-pub struct OpsConfig {
-    /// `--cluster-metrics`: the per-cluster and per-edge series on `/metrics`.
-    pub cluster_metrics: bool,
-}
-
-/// The agent ingest: its address, how agents authenticate, what a report may hold.
-#[derive(Debug, Clone)]
-pub struct IngestSettings {
-    /// `--quic-addr`.
-    pub addr: SocketAddr,
-    /// `--tls-cert` and `--tls-key`: the QUIC server's certificate.
-    pub tls: Option<TlsFiles>,
-    /// `--client-ca`: the CA of agent certificates.
-    pub client_ca: Option<PathBuf>,
-    /// `--agent-token-file`: token-authenticated agents (`TOKEN [zone,...|*]` lines).
-    pub agent_token_file: Option<PathBuf>,
-    /// `--allow-any-zone-cert`: an agent certificate without zone URIs grants every
-    /// zone.
-    pub allow_any_zone_cert: bool,
-    /// `--max-message`, `--max-upstream-clusters`, `--max-upstream-hosts`,
-    /// `--max-instances-per-credential`; the other limits at their defaults.
-    pub limits: IngestLimits,
-}
-
-impl IngestSettings {
-    /// Whether any agent credential is configured: without one (and without `--dev`)
-    /// no agent can connect and the ingest stays off.
-    pub fn has_credentials(&self) -> bool {
-        self.tls.is_some() || self.client_ca.is_some() || self.agent_token_file.is_some()
-    }
-
-    /// The ingest's certificate and authentication options; `--dev` generates what is
-    /// missing under `data_dir`.
-    pub fn security(&self, dev: bool, data_dir: &Path) -> SecurityOptions {
-        SecurityOptions {
-            tls_cert: self.tls.as_ref().map(|t| t.cert.clone()),
-            tls_key: self.tls.as_ref().map(|t| t.key.clone()),
-            client_ca: self.client_ca.clone(),
-            agent_token_file: self.agent_token_file.clone(),
-            dev,
-            data_dir: data_dir.to_owned(),
-            allow_any_zone_cert: self.allow_any_zone_cert,
-        }
-    }
-}
-
-/// Where registrations live, and the status rules the store applies.
-#[derive(Debug, Clone)]
-pub struct StoreConfig {
-    /// `--store`.
-    pub spec: StoreSpec,
-    /// `--data-dir`: the redb database, and the development certificates.
-    pub data_dir: PathBuf,
-    /// `--etcd-ca-file`, `--etcd-cert`, `--etcd-key` (etcd store only).
-    pub etcd_tls: Option<EtcdTlsFiles>,
-    /// `--instance-ttl` and `--error-ratio-warning`.
-    pub rules: Rules,
-}
-
-/// TLS to etcd: the members' CA and this replica's client certificate.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EtcdTlsFiles {
-    /// `--etcd-ca-file`.
-    pub ca: Option<PathBuf>,
-    /// `--etcd-cert` and `--etcd-key`.
-    pub identity: Option<TlsFiles>,
-}
-
-/// How replicas sharing an etcd store reach each other.
-#[derive(Debug, Clone, Default)]
-pub struct ReplicaConfig {
-    /// `--advertise-addr`: this replica's API address as peers reach it (default:
-    /// the API's address).
-    pub advertise_addr: Option<String>,
-    /// `--peer-ca-file`: CA of the other replicas' API certificates (HTTPS
-    /// forwarding; default: the system's CA store).
-    pub peer_ca_file: Option<PathBuf>,
-}
-
-/// Commands to sidecars, the diagnosis built on them, and the edge refresh.
-#[derive(Debug, Clone)]
-pub struct DiagnosisConfig {
-    /// `--command-timeout`: deadline of each command sent to an agent.
-    pub command_timeout: Duration,
-    /// `--edge-refresh`: how often each zone's edge configuration is fetched.
-    pub edge_refresh: Duration,
-    /// `--prometheus-url`: asked by the missing-metrics step.
-    pub prometheus_url: Option<String>,
-}
-
-/// `GET /events` streams and the change feed behind them.
-#[derive(Debug, Clone)]
-pub struct EventsConfig {
-    /// `--event-heartbeat`: a comment line after this long without a write.
-    pub heartbeat: Duration,
-    /// `--event-coalesce`: how long a stream gathers changes after a write.
-    pub coalesce: Duration,
-    /// `--event-buffer`: bytes one stream may queue.
-    pub buffer: usize,
-    /// `--max-event-streams`: streams open at once.
-    pub max_streams: usize,
-    /// Changes a stream may fall behind before it gets `reset` (not a flag: the
-    /// shared feed's length, lowered by tests).
-    pub lag: usize,
-}
-
-impl Default for EventsConfig {
-    fn default() -> Self {
-        use crate::api::events;
-        EventsConfig {
-            heartbeat: events::HEARTBEAT,
-            coalesce: events::COALESCE,
-            buffer: events::BUFFER,
-            max_streams: events::MAX_STREAMS,
-            lag: crate::store::changes::DEFAULT_BUFFER,
-        }
-    }
 }
 
 impl Config {
@@ -676,7 +519,7 @@ impl Config {
                 coalesce: a.event_coalesce,
                 buffer: a.event_buffer as usize,
                 max_streams: a.max_event_streams as usize,
-                lag: crate::store::changes::DEFAULT_BUFFER,
+                lag: crate::changes::DEFAULT_BUFFER,
             },
             history: HistoryConfig {
                 retention: a.history_retention,
@@ -849,6 +692,19 @@ mod tests {
             etcd(&["--advertise-addr", "10.0.0.7:19081"]),
             "history-19081.redb"
         );
+    }
+
+    /// The flags' defaults are the components' own: a component's default changed
+    /// without its flag (or the other way round) fails here. (The status rules'
+    /// flags take their defaults from `store` itself.)
+    #[test]
+    fn flag_defaults_are_the_components_defaults() {
+        let d = Config::from_args(parse(&[]).unwrap()).unwrap();
+        assert_eq!(d.events, EventsConfig::default());
+        assert_eq!(d.history, HistoryConfig::default());
+        assert_eq!(d.ingest.limits, IngestLimits::default());
+        assert_eq!(d.api.request_timeout, crate::api::DEFAULT_REQUEST_TIMEOUT);
+        assert_eq!(d.api.max_concurrency, crate::api::DEFAULT_MAX_CONCURRENCY);
     }
 
     #[test]

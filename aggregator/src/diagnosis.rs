@@ -4,7 +4,8 @@
 //! catalog and Prometheus know of its metrics, and runs the playbook of
 //! `meshcat-diagnose` over it. The HTTP route (`api::diagnose`) parses and
 //! authorizes the request and serializes the report; nothing here speaks HTTP but
-//! the Prometheus query.
+//! the Prometheus query. Its configuration ([`DiagnosisConfig`]: the commands'
+//! deadline, the edge refresh, Prometheus) is here.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -19,7 +20,6 @@ use meshcat_diagnose::{
 };
 use tracing::{info, warn};
 
-use crate::config::DiagnosisConfig;
 use crate::graph::snapshot::{Graphs, Snapshot};
 use crate::history::{Detail, Kind, Pending, Query};
 use crate::sidecars::{Answer, Ask, Sidecars, window_deadline};
@@ -117,6 +117,17 @@ struct Diagnosed {
 #[derive(Debug, thiserror::Error)]
 #[error("the diagnosis task failed: {0}")]
 pub struct DiagnosisError(String);
+
+/// Commands to sidecars, the diagnosis built on them, and the edge refresh.
+#[derive(Debug, Clone)]
+pub struct DiagnosisConfig {
+    /// `--command-timeout`: deadline of each command sent to an agent.
+    pub command_timeout: Duration,
+    /// `--edge-refresh`: how often each zone's edge configuration is fetched.
+    pub edge_refresh: Duration,
+    /// `--prometheus-url`: asked by the missing-metrics step.
+    pub prometheus_url: Option<String>,
+}
 
 /// Runs diagnoses over the catalog, the sidecars and Prometheus.
 #[derive(Debug, Clone)]

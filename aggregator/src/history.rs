@@ -30,7 +30,7 @@ pub use log::{DB_FILE, Found, HistoryDb, HistoryError, Query, Retention, Row, re
 pub use metrics::HistoryMetrics;
 pub use writer::HistoryEvent;
 
-use crate::store::Store;
+use crate::changes::{Changes, Event};
 use writer::Msg;
 
 /// Default `--history-retention`.
@@ -182,18 +182,24 @@ pub struct Feed {
     missed: Arc<AtomicBool>,
 }
 
-/// Sends each stored batch on the store's change feed as `history` events until
-/// `stop` turns true. After a batch was dropped on its way here, the streams that
-/// show history are reset first: their clients missed entries.
-pub async fn publish_events(store: Arc<Store>, mut events: Feed, mut stop: watch::Receiver<bool>) {
+/// Sends each stored batch on the change feed as `history` events until `stop` turns
+/// true, one change for a batch (the history is something a reader can see:
+/// `GET /history`); only callers holding the read token see them. After a batch was
+/// dropped on its way here, the streams that show history are reset first: their
+/// clients missed entries.
+pub async fn publish_events(
+    changes: Arc<Changes>,
+    mut events: Feed,
+    mut stop: watch::Receiver<bool>,
+) {
     loop {
         tokio::select! {
             batch = events.batches.recv() => match batch {
                 Some(batch) => {
                     if events.missed.swap(false, Ordering::AcqRel) {
-                        store.reset_history_streams();
+                        changes.reset_private_streams();
                     }
-                    store.publish_history(&batch);
+                    publish_batch(&changes, &batch);
                 }
                 None => return,
             },
@@ -202,10 +208,23 @@ pub async fn publish_events(store: Arc<Store>, mut events: Feed, mut stop: watch
     }
 }
 
+/// One stored batch as one change of `history` events.
+fn publish_batch(changes: &Changes, batch: &[HistoryEvent]) {
+    if batch.is_empty() {
+        return;
+    }
+    let mut p = changes.begin(batch.len());
+    let index = p.index();
+    for e in batch {
+        let cluster = (!e.cluster.is_empty()).then_some(e.cluster.as_str());
+        p.push(Event::private("history", &e.zone, cluster, index, &e.json));
+    }
+    p.send();
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::Rules;
 
     /// A stored batch that finds the change feed full is counted, and the feed's
     /// next batch resets the streams that show history before it goes out.
@@ -235,11 +254,11 @@ mod tests {
         assert_eq!(metrics.events_dropped.get(), 1);
         assert_eq!(metrics.dropped.get(), 0, "the entries are stored");
 
-        let store = Arc::new(Store::open(dir.path(), Rules::defaults()).unwrap());
-        let mut sub = store.changes().subscribe(None);
+        let changes = Arc::new(Changes::default());
+        let mut sub = changes.subscribe(None);
         let (stop, stopping) = watch::channel(false);
         let task = tokio::spawn(publish_events(
-            store.clone(),
+            changes.clone(),
             h.take_events().unwrap(),
             stopping,
         ));

@@ -1,7 +1,9 @@
 //! The aggregator's QUIC ingest server: accepts agent connections, authenticates them
 //! (agent certificate or token), takes their reports off per-report streams into a
-//! [`ReportSink`], and carries commands to agents on their control streams. The wire
-//! protocol is described in `docs/wire.md`, the security model in `docs/security.md`.
+//! [`ReportSink`], and carries commands to agents on their control streams. Its
+//! settings ([`IngestSettings`]: address, credentials, [`IngestLimits`]) and their
+//! defaults are here. The wire protocol is described in `docs/wire.md`, the
+//! security model in `docs/security.md`.
 
 mod agents;
 mod auth;
@@ -11,10 +13,13 @@ mod recording;
 mod warnlimit;
 
 use std::future::Future;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use meshcat_common::config::TlsFiles;
 use meshcat_common::transport::code;
 use meshcat_common::wire::{DEFAULT_MAX_MESSAGE, InstanceReport};
 use prometheus::Registry;
@@ -133,6 +138,47 @@ impl Default for IngestLimits {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_pending: DEFAULT_MAX_PENDING_CONNECTIONS,
             hello_timeout: HELLO_TIMEOUT,
+        }
+    }
+}
+
+/// The agent ingest: its address, how agents authenticate, what a report may hold.
+#[derive(Debug, Clone)]
+pub struct IngestSettings {
+    /// `--quic-addr`.
+    pub addr: SocketAddr,
+    /// `--tls-cert` and `--tls-key`: the QUIC server's certificate.
+    pub tls: Option<TlsFiles>,
+    /// `--client-ca`: the CA of agent certificates.
+    pub client_ca: Option<PathBuf>,
+    /// `--agent-token-file`: token-authenticated agents (`TOKEN [zone,...|*]` lines).
+    pub agent_token_file: Option<PathBuf>,
+    /// `--allow-any-zone-cert`: an agent certificate without zone URIs grants every
+    /// zone.
+    pub allow_any_zone_cert: bool,
+    /// `--max-message`, `--max-upstream-clusters`, `--max-upstream-hosts`,
+    /// `--max-instances-per-credential`; the other limits at their defaults.
+    pub limits: IngestLimits,
+}
+
+impl IngestSettings {
+    /// Whether any agent credential is configured: without one (and without `--dev`)
+    /// no agent can connect and the ingest stays off.
+    pub fn has_credentials(&self) -> bool {
+        self.tls.is_some() || self.client_ca.is_some() || self.agent_token_file.is_some()
+    }
+
+    /// The ingest's certificate and authentication options; `--dev` generates what is
+    /// missing under `data_dir`.
+    pub fn security(&self, dev: bool, data_dir: &Path) -> SecurityOptions {
+        SecurityOptions {
+            tls_cert: self.tls.as_ref().map(|t| t.cert.clone()),
+            tls_key: self.tls.as_ref().map(|t| t.key.clone()),
+            client_ca: self.client_ca.clone(),
+            agent_token_file: self.agent_token_file.clone(),
+            dev,
+            data_dir: data_dir.to_owned(),
+            allow_any_zone_cert: self.allow_any_zone_cert,
         }
     }
 }

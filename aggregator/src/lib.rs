@@ -1,30 +1,12 @@
 //! meshcat aggregator: the service catalog (store, status rules), its REST API, the
-//! ops endpoints and the process life cycle. [`run`] takes already bound listeners
-//! and a shutdown future so tests bind port 0; [`start`] is the convenience form.
-
-/// `From` each of redb's error types for `$error`, through its `Db(redb::Error)`
-/// variant: the registrations' store and the history both keep a redb file.
-macro_rules! from_redb_errors {
-    ($error:ty) => {
-        $crate::from_redb_errors!(
-            $error: redb::DatabaseError,
-            redb::TransactionError,
-            redb::TableError,
-            redb::StorageError,
-            redb::CommitError
-        );
-    };
-    ($error:ty: $($t:ty),*) => {$(
-        impl From<$t> for $error {
-            fn from(e: $t) -> Self {
-                Self::Db(e.into())
-            }
-        }
-    )*};
-}
-pub(crate) use from_redb_errors;
+//! ops endpoints and the process life cycle. This file wires the components (each
+//! module below, built from its part of the [`config::Config`]) and serves them; no
+//! component imports it, and only [`process`], the binary's entry point, calls it.
+//! [`run`] takes already bound listeners and a shutdown future so tests bind port 0;
+//! [`start`] is the convenience form.
 
 pub mod api;
+pub mod changes;
 pub mod config;
 pub mod diagnosis;
 pub mod edge;
@@ -34,6 +16,7 @@ pub mod ingest;
 pub mod ops;
 pub mod peer_signature;
 pub mod process;
+mod redb_errors;
 pub mod replica_status;
 pub mod replicas;
 pub mod sidecars;
@@ -53,15 +36,18 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
+use meshcat_common::config::TlsFiles;
 use meshcat_common::wire::InstanceReport;
 
 use crate::api::{AppState, EventStreams};
-use crate::config::{Config, EtcdTlsFiles, StoreConfig, StoreSpec, TlsFiles};
+use crate::changes::DEFAULT_RETAINED;
+use crate::config::Config;
 use crate::diagnosis::DiagnosisTools;
 use crate::ingest::{Ingest, IngestConfig};
 use crate::ops::OpsState;
+use crate::store::etcd::EtcdTlsFiles;
 use crate::store::persist::PersistError;
-use crate::store::{Store, changes};
+use crate::store::{Store, StoreConfig, StoreSpec};
 use crate::telemetry::Telemetry;
 
 /// How often instances past their TTL are dropped.
@@ -108,9 +94,7 @@ impl Aggregator {
     pub fn open(config: Config) -> Result<Aggregator, RunError> {
         let store = open_store(&config.store)?;
         let lag = config.events.lag;
-        store
-            .changes()
-            .configure(lag, lag.max(changes::DEFAULT_RETAINED));
+        store.changes().configure(lag, lag.max(DEFAULT_RETAINED));
         let telemetry = Telemetry::new()?;
         if config.history.is_on() {
             let metrics = history::HistoryMetrics::register(&telemetry.registry)?;
@@ -334,7 +318,7 @@ async fn serve_with(
         .and_then(history::History::take_events)
         .map(|events| {
             tokio::spawn(history::publish_events(
-                agg.store.clone(),
+                agg.store.changes().clone(),
                 events,
                 stop_rx.clone(),
             ))

@@ -2,7 +2,8 @@
 //! `GET /healthz`, readiness at `GET /readyz`. The exposition is the registry's
 //! families, then (unless `--cluster-metrics=false`) the per-cluster and per-edge
 //! series rendered from the graph's snapshot of the catalog's current index,
-//! gzip-compressed when the scraper accepts it (Prometheus does).
+//! gzip-compressed when the scraper accepts it (Prometheus does). [`OpsConfig`] says
+//! which of those series it exposes.
 
 use std::io::Write;
 use std::sync::Arc;
@@ -20,6 +21,13 @@ use tracing::error;
 use crate::graph::snapshot::Graphs;
 use crate::store::Store;
 use crate::telemetry::{Telemetry, clusters};
+
+/// What the ops endpoints expose.
+#[derive(Debug, Clone, Copy)]
+pub struct OpsConfig {
+    /// `--cluster-metrics`: the per-cluster and per-edge series on `/metrics`.
+    pub cluster_metrics: bool,
+}
 
 /// What the ops endpoints read.
 #[derive(Debug)]

@@ -12,7 +12,6 @@ use std::time::Instant;
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::api::{CallerAccess, TokenCheck};
 use crate::ingest::Agents;
 use crate::ingest::RECENT_REJECTIONS;
 use crate::peer_signature::Access;
@@ -47,6 +46,20 @@ pub struct ReplicaStatus {
     pub rejections: Rejections,
 }
 
+/// What became of the bearer token a caller sent, for `GET /status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum TokenCheck {
+    /// No `Authorization: Bearer` header.
+    Absent,
+    /// It is the read or the write token.
+    Accepted,
+    /// Tokens are configured and it is neither.
+    Refused,
+    /// No token is configured: the token is not looked at.
+    Unused,
+}
+
 /// Which registrations backend the replica runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
@@ -67,13 +80,14 @@ pub struct Rejections {
     pub by_reason: std::collections::BTreeMap<String, u64>,
 }
 
-/// Builds this replica's status for a caller. It walks every instance: call it on
-/// the blocking pool.
+/// Builds this replica's status for a caller granted `access`, whose token came out
+/// as `token`. It walks every instance: call it on the blocking pool.
 pub fn replica_status(
     store: &Store,
     agents: Option<&Agents>,
     stopping: bool,
-    caller: CallerAccess,
+    access: Access,
+    token: TokenCheck,
     now: Instant,
 ) -> ReplicaStatus {
     let by_reason: std::collections::BTreeMap<String, u64> = agents
@@ -91,12 +105,12 @@ pub fn replica_status(
             StoreKind::Redb
         },
         ready: store.is_loaded() && !stopping,
-        access: caller.access,
-        token: caller.token,
+        access,
+        token,
         ingest: agents.is_some(),
         agents_connected: agents.map_or(0, |a| a.connected() as u64),
         // Names agents report that nobody registered are live data.
-        zones: store.reporters_by_zone(caller.access >= Access::Read),
+        zones: store.reporters_by_zone(access >= Access::Read),
         rejections: Rejections {
             window_seconds: RECENT_REJECTIONS.as_secs(),
             total: by_reason.values().sum(),

@@ -4,9 +4,10 @@
 //! signs it ([`crate::peer_signature`]) and reads the peer's answer into types:
 //! an instance's log level, a debug window, a sidecar's diagnosis evidence and an
 //! instance's metrics. The forwarding middleware (`api::forward`) and the sidecar
-//! layer ([`crate::sidecars`]) both go through it.
+//! layer ([`crate::sidecars`]) both go through it. [`ReplicaConfig`] is how this
+//! replica is reached and reaches its peers.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,6 +35,17 @@ pub const PEER_EVIDENCE: &str = "/peer/evidence";
 pub const PEER_TRAFFIC: &str = "/peer/traffic";
 /// How often a replica asks each peer for its traffic.
 pub const TRAFFIC_PULL_PERIOD: Duration = Duration::from_secs(2);
+
+/// How replicas sharing an etcd store reach each other.
+#[derive(Debug, Clone, Default)]
+pub struct ReplicaConfig {
+    /// `--advertise-addr`: this replica's API address as peers reach it (default:
+    /// the API's address).
+    pub advertise_addr: Option<String>,
+    /// `--peer-ca-file`: CA of the other replicas' API certificates (HTTPS
+    /// forwarding; default: the system's CA store).
+    pub peer_ca_file: Option<PathBuf>,
+}
 
 /// How this replica reaches its peers' APIs: one HTTP/1.1 exchange per forwarded
 /// request (they are rare: per-instance reads and commands), over TLS when the

@@ -1,7 +1,9 @@
 //! The catalog's in-memory index and its shape: every known (zone, cluster) with its
-//! registration and reported instances, the registered zones with their counters, and
-//! the catalog index (the change generation that keys read caches and numbers the
-//! change feed). Three modules own the facts kept in it, each behind its own seam:
+//! registration and reported instances, and the registered zones with their
+//! counters. The catalog index (the change generation that keys read caches and
+//! numbers the change feed) is the change feed's ([`crate::changes`]), moved from
+//! here. How the catalog is opened and its rules are in [`config`]. Three modules own
+//! the facts kept in it, each behind its own seam:
 //!
 //! - [`registrations`]: zone and cluster records, durable behind the
 //!   [`Registrations`] trait (redb in [`persist`]), shown in memory only after the
@@ -11,17 +13,19 @@
 //! - [`read`]: answers, rendered from the index ([`render`]), cached per generation.
 //!
 //! Each of the three moves the catalog index at the one point where a fact a reader
-//! can see changed, through [`changes`], which also renders that change's events.
+//! can see changed, through [`publish`], which renders that change's events for the
+//! change feed ([`crate::changes`]).
 //!
 //! This file keeps what the three share: the index types and each entry's status,
 //! recomputed from its registration and its live instances.
 
 mod aggregate;
-pub mod changes;
+mod config;
 pub mod drift;
 pub mod etcd;
 mod instances;
 pub mod persist;
+pub mod publish;
 mod read;
 pub mod registrations;
 mod render;
@@ -31,7 +35,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
-use std::time::Duration;
 
 use bytes::Bytes;
 use dashmap::DashMap;
@@ -39,7 +42,10 @@ use meshcat_common::model::{ClusterRecord, Status, ZoneRecord};
 use tracing::warn;
 
 pub use aggregate::{ZoneAggregate, status_index};
-use changes::Changes;
+pub use config::{
+    DEFAULT_ERROR_RATIO_WARNING, DEFAULT_GRAPH_WINDOW, DEFAULT_INSTANCE_TTL, Rules, StoreConfig,
+    StoreSpec,
+};
 use instances::Live;
 pub use instances::{
     LiveInstance, MAX_INSTANCES, Member, Membership, RemoteInstance, Reporter, ZoneReporters,
@@ -50,6 +56,7 @@ pub use read::{Cached, CachedKind, MetricsLookup, Totals};
 use registrations::Sequencer;
 pub use registrations::{Committed, Loaded, Refusal, Registrations, Write};
 
+use crate::changes::{self, Changes};
 use crate::history::{Detail, History, Kind, Pending, StatusReason};
 use crate::status::{self, Inputs};
 
@@ -70,27 +77,6 @@ pub enum StoreError {
     /// The shared store did not confirm the write in time: its outcome is unknown.
     #[error("{0}")]
     Unavailable(String),
-}
-
-/// Thresholds of the status rules.
-#[derive(Debug, Clone, Copy)]
-pub struct Rules {
-    /// An instance not reported for this long is dropped.
-    pub instance_ttl: Duration,
-    /// Error ratio above which a cluster is in warning.
-    pub error_ratio_warning: f64,
-    /// The dependency graph's window (`--graph-window`).
-    pub graph_window: Duration,
-}
-
-impl Rules {
-    /// The rules at the flags' defaults (`--instance-ttl`, `--error-ratio-warning`,
-    /// `--graph-window`), read from the flags themselves, for tests and embedding.
-    pub fn defaults() -> Rules {
-        crate::config::Config::for_tests(std::path::Path::new(""))
-            .store
-            .rules
-    }
 }
 
 /// Everything known about one (zone, cluster).
@@ -179,14 +165,12 @@ pub struct Store {
     /// counters of their own entry under that entry's map guard, registrations move
     /// many at once.
     state: RwLock<()>,
-    /// The catalog index: moved after every change a read answer could show (by
-    /// [`Store::publish`]); keys the read cache.
-    generation: AtomicU64,
-    /// Large answers by generation.
+    /// Large answers by generation (the catalog index, moved by [`Store::publish`]
+    /// after every change a read answer could show).
     cache: ReadCache,
     rules: Rules,
-    /// The change feed: events, replay window, index watch.
-    changes: Changes,
+    /// The change feed: the catalog index, events, replay window, index watch.
+    changes: Arc<Changes>,
     /// Where what changes is recorded, when the history is on (set once).
     history: OnceLock<History>,
 }
@@ -258,10 +242,9 @@ impl Store {
             etcd,
             sequencer: Sequencer::default(),
             state: RwLock::new(()),
-            generation: AtomicU64::new(start),
             cache: ReadCache::default(),
             rules,
-            changes: Changes::new(start),
+            changes: Arc::new(Changes::new(start)),
             history: OnceLock::new(),
         }
     }
@@ -300,7 +283,7 @@ impl Store {
 
     /// Current change generation.
     pub fn generation(&self) -> u64 {
-        self.generation.load(Ordering::Acquire)
+        self.changes.index()
     }
 
     /// Recomputes an entry's status from its live sums (no scan); keeps the global

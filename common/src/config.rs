@@ -1,6 +1,7 @@
 //! Command-line helpers shared by both binaries: value parsers for durations and
-//! byte sizes, the log format flag, tracing set-up, the shutdown signal and the exit
-//! code for a bad configuration.
+//! byte sizes, the log format flag, the pair of PEM files a TLS identity is given
+//! as, tracing set-up, the shutdown signal and the exit code for a bad
+//! configuration.
 
 use std::time::Duration;
 
@@ -10,6 +11,23 @@ pub const EXIT_USAGE: i32 = 64;
 /// Most aggregator replicas an agent's `--aggregator` list names (the agent's flag and
 /// `meshcat inject --aggregator` both take it).
 pub const MAX_AGGREGATORS: usize = 16;
+
+/// A PEM certificate chain and its private key, given together.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub cert: std::path::PathBuf,
+    pub key: std::path::PathBuf,
+}
+
+impl TlsFiles {
+    /// The pair, when both are given (a half pair is refused before).
+    pub fn pair(
+        cert: Option<std::path::PathBuf>,
+        key: Option<std::path::PathBuf>,
+    ) -> Option<TlsFiles> {
+        cert.zip(key).map(|(cert, key)| TlsFiles { cert, key })
+    }
+}
 
 /// Parses a duration written like `500ms`, `5s` or `2m`.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {

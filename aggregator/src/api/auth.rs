@@ -15,6 +15,7 @@ use subtle::ConstantTimeEq;
 use super::AppState;
 use super::error::ApiError;
 use crate::peer_signature::Access;
+use crate::replica_status::TokenCheck;
 
 /// The configured tokens.
 #[derive(Clone, Default)]
@@ -111,20 +112,6 @@ impl Tokens {
         matches(self.read.as_ref(), parts)
             || (self.write.is_some() && matches(self.write.as_ref(), parts))
     }
-}
-
-/// What became of the bearer token a caller sent, for `GET /status`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum TokenCheck {
-    /// No `Authorization: Bearer` header.
-    Absent,
-    /// It is the read or the write token.
-    Accepted,
-    /// Tokens are configured and it is neither.
-    Refused,
-    /// No token is configured: the token is not looked at.
-    Unused,
 }
 
 impl Tokens {

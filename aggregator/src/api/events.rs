@@ -1,7 +1,7 @@
 //! `GET /events` (contract section 11), the Server-Sent Events stream of catalog
 //! changes, bounded in number (`--max-event-streams`) and in what each may queue
-//! (`--event-buffer`). The index header and blocking queries of the read routes are
-//! in [`super::blocking`].
+//! (`--event-buffer`), with its configuration ([`EventsConfig`]) and defaults. The
+//! index header and blocking queries of the read routes are in [`super::blocking`].
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -20,7 +20,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use super::AppState;
 use super::auth::Caller;
 use super::error::{ApiError, ErrorBody};
-use crate::store::changes::Change;
+use crate::changes::Change;
 
 /// How often an event stream sends a comment line, by default.
 pub const HEARTBEAT: Duration = Duration::from_secs(15);
@@ -33,8 +33,36 @@ pub const BUFFER: usize = 256 << 10;
 /// Event streams open at once, by default (`--max-event-streams`).
 pub const MAX_STREAMS: usize = 1024;
 
+/// `GET /events` streams and the change feed behind them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventsConfig {
+    /// `--event-heartbeat`: a comment line after this long without a write.
+    pub heartbeat: Duration,
+    /// `--event-coalesce`: how long a stream gathers changes after a write.
+    pub coalesce: Duration,
+    /// `--event-buffer`: bytes one stream may queue.
+    pub buffer: usize,
+    /// `--max-event-streams`: streams open at once.
+    pub max_streams: usize,
+    /// Changes a stream may fall behind before it gets `reset` (not a flag: the
+    /// shared feed's length, lowered by tests).
+    pub lag: usize,
+}
+
+impl Default for EventsConfig {
+    fn default() -> Self {
+        EventsConfig {
+            heartbeat: HEARTBEAT,
+            coalesce: COALESCE,
+            buffer: BUFFER,
+            max_streams: MAX_STREAMS,
+            lag: crate::changes::DEFAULT_BUFFER,
+        }
+    }
+}
+
 /// Tells the client to refetch; the stream ends after it.
-const RESET: &[u8] = crate::store::changes::RESET_FRAME;
+const RESET: &[u8] = crate::changes::RESET_FRAME;
 /// The keep-alive comment line of an idle stream.
 const COMMENT: &[u8] = b":\n\n";
 
@@ -162,7 +190,7 @@ struct Bounds {
 /// change, the changes after it) is written next, as soon as the client takes the
 /// chunk, and stays meanwhile in the shared feed, not in the stream.
 fn event_stream(
-    sub: crate::store::changes::Subscription,
+    sub: crate::changes::Subscription,
     filter: Filter,
     authorized: bool,
     bounds: Bounds,
@@ -210,7 +238,7 @@ fn event_stream(
                     && change
                         .events
                         .iter()
-                        .any(|e| e.kind == crate::store::changes::RESET) =>
+                        .any(|e| e.kind == crate::changes::RESET) =>
                 {
                     self.done = true;
                 }

@@ -30,7 +30,14 @@ pub async fn status(
     let (store, agents) = (s.store.clone(), s.agents.clone());
     let now = std::time::Instant::now();
     let status = tokio::task::spawn_blocking(move || {
-        replica_status(&store, agents.as_ref(), stopping, caller, now)
+        replica_status(
+            &store,
+            agents.as_ref(),
+            stopping,
+            caller.access,
+            caller.token,
+            now,
+        )
     })
     .await
     .map_err(|_| ApiError::internal())?;

@@ -42,7 +42,7 @@ fn state(dir: &std::path::Path, tokens: Tokens) -> Arc<AppState> {
             prometheus: None,
         },
         events: EventStreams::new(
-            crate::config::EventsConfig::default(),
+            crate::api::events::EventsConfig::default(),
             tokio::sync::watch::channel(false).1,
         ),
         graph: Arc::default(),
@@ -225,7 +225,7 @@ async fn status_names_unregistered_zones_only_to_readers() {
 
 #[test]
 fn token_checks_tell_accepted_from_refused_and_unused() {
-    use super::auth::TokenCheck;
+    use crate::replica_status::TokenCheck;
     let parts = |token: Option<&str>| {
         let mut b = Request::builder().uri("/status");
         if let Some(t) = token {

@@ -85,7 +85,7 @@ pub enum HistoryError {
     Query,
 }
 
-crate::from_redb_errors!(HistoryError);
+crate::redb_errors::from_redb_errors!(HistoryError);
 
 /// How long and how much the log keeps (`--history-retention`,
 /// `--history-max-entries`); the oldest entries go first.

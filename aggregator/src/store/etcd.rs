@@ -8,10 +8,11 @@
 //! `<prefix>/clusters/<zone>/<cluster>`, values the records' JSON. The same watch
 //! carries the other replicas' instance publications (`<prefix>/instances/`, see
 //! [`membership`]), their API addresses (`<prefix>/replicas/`) and the forwarding
-//! secret (`<prefix>/secret`).
+//! secret (`<prefix>/secret`). [`EtcdTlsFiles`] names the TLS files to etcd.
 
 pub mod membership;
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -20,6 +21,7 @@ use etcd_client::{
     Certificate, Client, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType, GetOptions,
     Identity, TlsOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
 };
+use meshcat_common::config::TlsFiles;
 use meshcat_common::model::{ClusterRecord, ZoneRecord};
 use tokio::sync::watch;
 use tracing::{info, warn};
@@ -39,6 +41,15 @@ const APPLY_WAIT: Duration = Duration::from_secs(2);
 const RETRY: Duration = Duration::from_millis(300);
 /// Connection establishment deadline for one member.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// TLS to etcd: the members' CA and this replica's client certificate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdTlsFiles {
+    /// `--etcd-ca-file`.
+    pub ca: Option<PathBuf>,
+    /// `--etcd-cert` and `--etcd-key`.
+    pub identity: Option<TlsFiles>,
+}
 
 /// TLS material for the connection to etcd.
 #[derive(Debug, Clone, Default)]

@@ -16,7 +16,7 @@ use meshcat_common::validate::is_valid_name;
 use meshcat_common::wire::InstanceReport;
 use tracing::{debug, warn};
 
-use super::changes::Touch;
+use super::publish::Touch;
 use super::read::MetricsLookup;
 use super::{Entry, MAX_EDGE_CLUSTERS, Store, shared};
 use crate::history::{Detail, Kind, LeftReason, Pending};

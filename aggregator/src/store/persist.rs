@@ -44,7 +44,7 @@ impl PersistError {
     }
 }
 
-crate::from_redb_errors!(PersistError);
+crate::redb_errors::from_redb_errors!(PersistError);
 
 /// The redb backend of [`Registrations`]: one database file. Writers hand their
 /// batches to one committer thread, which commits every batch waiting at that moment

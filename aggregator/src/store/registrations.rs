@@ -12,8 +12,8 @@ use bytes::Bytes;
 use meshcat_common::model::{ClusterRecord, ZoneRecord};
 use tracing::warn;
 
-use super::changes::Touch;
 use super::persist::PersistError;
+use super::publish::Touch;
 use super::{Entry, Store, StoreError, ZoneAggregate, ZoneState, exclusive, render};
 use crate::history::{Detail, Kind, Pending};
 

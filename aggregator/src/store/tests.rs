@@ -445,7 +445,7 @@ fn a_replay_starts_only_from_an_index_this_store_issued() {
     let first = s.index();
     // Indexes follow the clock: wait for it to pass first + 1, so the next change
     // leaves a gap.
-    while super::changes::start_index() <= first + 1 {
+    while crate::changes::start_index() <= first + 1 {
         std::hint::spin_loop();
     }
     s.create_cluster(ClusterRecord::new("z", "a", "A")).unwrap();

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::store::changes::{Change, Event};
+use crate::changes::{Change, Event};
 
 /// What a stream shows: all events, or those of one zone and/or one cluster.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -15,8 +15,8 @@ pub struct Filter {
 }
 
 impl Filter {
-    pub(super) fn admits(&self, e: &crate::store::changes::Event) -> bool {
-        if e.kind == crate::store::changes::RESET {
+    pub(super) fn admits(&self, e: &crate::changes::Event) -> bool {
+        if e.kind == crate::changes::RESET {
             return true;
         }
         if e.kind == "summary" {

@@ -3,7 +3,7 @@ use tokio::sync::broadcast;
 use tokio::time::Instant;
 
 use super::*;
-use crate::store::changes::{Event, Subscription};
+use crate::changes::{Event, Subscription};
 
 const BEAT: Duration = Duration::from_secs(15);
 const GATHER: Duration = Duration::from_millis(50);
@@ -343,7 +343,7 @@ async fn a_history_reset_ends_the_streams_that_show_history() {
         stopping,
         None,
     );
-    store.reset_history_streams();
+    store.changes().reset_private_streams();
     let mut reader = std::pin::pin!(reader);
     assert_eq!(text(reader.next().await), "event: reset\ndata: {}\n\n");
     assert!(reader.next().await.is_none(), "closed after reset");

@@ -1,0 +1,25 @@
+//! What the aggregator's two redb files (the registrations in `store::persist`, the
+//! history in `history::log`) share: turning each of redb's error types into the
+//! `Db(redb::Error)` variant of their own error enum.
+
+/// `From` each of redb's error types for `$error`, through its `Db(redb::Error)`
+/// variant.
+macro_rules! from_redb_errors {
+    ($error:ty) => {
+        $crate::redb_errors::from_redb_errors!(
+            $error: redb::DatabaseError,
+            redb::TransactionError,
+            redb::TableError,
+            redb::StorageError,
+            redb::CommitError
+        );
+    };
+    ($error:ty: $($t:ty),*) => {$(
+        impl From<$t> for $error {
+            fn from(e: $t) -> Self {
+                Self::Db(e.into())
+            }
+        }
+    )*};
+}
+pub(crate) use from_redb_errors;
