@@ -858,6 +858,7 @@ mod tests {
             .collect();
         let mut graph = Built {
             window_seconds: 60,
+            error_ratio_warning: 0.05,
             nodes,
             links,
         };

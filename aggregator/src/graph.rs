@@ -32,6 +32,10 @@ pub struct GraphView {
     /// The catalog index the graph was read at.
     pub index: u64,
     pub window_seconds: u64,
+    /// `--error-ratio-warning`: an observed edge whose `errorRatio` is above it is
+    /// failing, by the rule a cluster's status follows. The command line and the
+    /// dashboard read it here rather than keep a threshold of their own.
+    pub error_ratio_warning: f64,
     /// Sorted by id.
     pub nodes: Vec<Node>,
     /// Sorted by source, then target.
@@ -184,6 +188,8 @@ impl Link {
 #[derive(Debug, Clone, Default)]
 pub struct Built {
     pub window_seconds: u64,
+    /// The status rule's error-ratio threshold when the graph was built.
+    pub error_ratio_warning: f64,
     pub nodes: Vec<Node>,
     pub links: Vec<Link>,
 }
@@ -509,6 +515,7 @@ pub fn build(store: &Store, now: Instant, counters: Counters) -> Built {
     links.shrink_to_fit();
     Built {
         window_seconds: window.as_secs(),
+        error_ratio_warning: store.rules().error_ratio_warning,
         nodes,
         links,
     }
@@ -570,6 +577,7 @@ pub fn view(store: &Store, scope: &Scope, now: Instant) -> Result<GraphView, Gra
     Ok(GraphView {
         index,
         window_seconds: store.graph_window().as_secs(),
+        error_ratio_warning: store.rules().error_ratio_warning,
         nodes,
         edges,
     })

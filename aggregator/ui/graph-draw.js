@@ -34,11 +34,14 @@ export const EDGE_STYLE = {
   undeclared: "#7b3fb3",
   hot: "#1f4f8f",
 };
-/** Error ratio at and above which an edge is drawn as failing (red). */
-export const BAD_RATIO = 0.05;
-
-export function severity(ratio) {
-  return ratio >= BAD_RATIO ? "bad" : ratio > 0 ? "warn" : "ok";
+/**
+ * How an edge's error ratio is drawn: failing (red) above `warning`, the aggregator's
+ * --error-ratio-warning that every graph answer carries (`errorRatioWarning`, the
+ * threshold of the status rule, read there and never written here); with errors at
+ * or below it, amber; without, plain.
+ */
+export function severity(ratio, warning) {
+  return ratio > warning ? "bad" : ratio > 0 ? "warn" : "ok";
 }
 
 export function nodeStyle(node) {
@@ -51,8 +54,8 @@ export function nodeStyle(node) {
  * several times faster than wider lines (60 frames/s against 37 with 3,000 edges).
  */
 const WIDTH = { ok: 1, warn: 2.4, bad: 3.5, idle: 1 };
-function edgeWidth(ratio) {
-  return WIDTH[severity(ratio)];
+function edgeWidth(ratio, warning) {
+  return WIDTH[severity(ratio, warning)];
 }
 
 const FONT = 'system-ui, -apple-system, "Segoe UI", Roboto, sans-serif';
@@ -112,7 +115,7 @@ export class GraphCanvas {
 
   /** Edge geometry in world units, computed once per data: camera moves reuse it. */
   prepare() {
-    const { nodes, edges, x, y } = this.model;
+    const { nodes, edges, x, y, warning } = this.model;
     const n = edges.length;
     const g = new Float64Array(n * 8); // sx sy cx cy ex ey ux uy
     const buckets = new Map();
@@ -133,7 +136,7 @@ export class GraphCanvas {
       g[o + 2] = cx; g[o + 3] = cy;
       g[o + 4] = x1 - b[0] * (RADIUS + 1); g[o + 5] = y1 - b[1] * (RADIUS + 1);
       g[o + 6] = b[0]; g[o + 7] = b[1];
-      const key = e.observed ? severity(e.errorRatio) : "idle";
+      const key = e.observed ? severity(e.errorRatio, warning) : "idle";
       if (!buckets.has(key)) buckets.set(key, []);
       buckets.get(key).push(i);
     });
@@ -350,7 +353,7 @@ export class GraphCanvas {
       for (const i of hotEdges) {
         const e = m.edges[i];
         const o = i * 8;
-        ctx.lineWidth = (e.observed ? edgeWidth(e.errorRatio) + 1 : 2) / k;
+        ctx.lineWidth = (e.observed ? edgeWidth(e.errorRatio, m.warning) + 1 : 2) / k;
         ctx.setLineDash(e.observed ? [] : [6 / k, 4 / k]);
         ctx.beginPath();
         ctx.moveTo(geo[o], geo[o + 1]);
@@ -465,7 +468,7 @@ export class GraphCanvas {
         const tw = ctx.measureText(text).width + 8;
         ctx.fillStyle = "#ffffff";
         ctx.fillRect(px - tw / 2, py - 8, tw, 16);
-        ctx.fillStyle = e.errorRatio >= BAD_RATIO ? "#8b1111" : e.errorRatio > 0 ? "#6a3a00" : "#18202b";
+        ctx.fillStyle = { bad: "#8b1111", warn: "#6a3a00", ok: "#18202b" }[severity(e.errorRatio, m.warning)];
         ctx.fillText(text, px, py);
       });
     }

@@ -9,7 +9,7 @@
 import { ApiError, call, enc } from "./live.js";
 import { badge, fmtInt, fmtNum, h } from "./dom.js";
 import { layout } from "./graph-layout.js";
-import { BAD_RATIO, GraphCanvas, NODE_STYLE, nodeWords, percent, severity } from "./graph-draw.js";
+import { GraphCanvas, NODE_STYLE, nodeWords, percent, severity } from "./graph-draw.js";
 
 /** Figures (requests, error ratios) move without events: read them this often. */
 const FIGURES_EVERY_MS = 15000;
@@ -184,6 +184,8 @@ export class GraphPage {
     this.empty = h("p", { class: "graph-empty muted", hidden: true });
     this.status = h("p", { class: "muted graph-status", "aria-live": "polite" }, "Reading the graph\u2026");
     this.info = h("p", { class: "graph-info", "aria-live": "polite" });
+    this.legend = legend(undefined);
+    this.legendWarning = undefined;
     this.nodeBody = h("tbody");
     this.edgeBody = h("tbody");
     this.listSummary = h("summary", {}, "Nodes and edges as a list");
@@ -209,7 +211,7 @@ export class GraphPage {
       this.status,
       h("div", { class: "graph-stage" }, el, this.tip, this.empty),
       this.info,
-      legend(),
+      this.legend,
       this.list);
     this.root.replaceChildren(this.section);
     this.fillZones();
@@ -290,7 +292,14 @@ export class GraphPage {
     // view (a 1 x 1 box) is fitted again when nodes come.
     const keepView = !this.first && this.shownNodes > 0;
     this.shownNodes = nodes.length;
-    this.canvas.setData({ nodes, edges: drawn, x: placed.x, y: placed.y, blocks: placed.blocks, bounds: placed, focus }, keepView, this.first);
+    const warning = g.errorRatioWarning;
+    if (warning !== this.legendWarning) {
+      this.legendWarning = warning;
+      const fresh = legend(warning);
+      this.legend.replaceWith(fresh);
+      this.legend = fresh;
+    }
+    this.canvas.setData({ nodes, edges: drawn, x: placed.x, y: placed.y, blocks: placed.blocks, bounds: placed, focus, warning }, keepView, this.first);
     if (this.selectedId !== null) {
       const i = index.get(this.selectedId);
       this.canvas.setSelected(i === undefined ? null : { node: i });
@@ -310,12 +319,12 @@ export class GraphPage {
     const g = this.data;
     if (!g) return;
     const n = g.nodes.length, m = g.edges.length;
-    const failing = g.edges.filter((e) => e.observed && e.errorRatio >= BAD_RATIO).length;
+    const failing = g.edges.filter((e) => e.observed && severity(e.errorRatio, g.errorRatioWarning) === "bad").length;
     const idle = g.edges.filter((e) => !e.observed).length;
     const undeclared = g.edges.filter((e) => e.observed && !e.declared).length;
     this.status.replaceChildren(
       `${fmtInt(n)} node${n === 1 ? "" : "s"}, ${fmtInt(m)} edge${m === 1 ? "" : "s"}`,
-      failing ? ` \u00b7 ${fmtInt(failing)} failing (\u2265 ${percent(BAD_RATIO)} errors)` : "",
+      failing ? ` \u00b7 ${fmtInt(failing)} failing (> ${percent(g.errorRatioWarning)} errors)` : "",
       undeclared ? ` \u00b7 ${fmtInt(undeclared)} undeclared` : "",
       idle ? ` \u00b7 ${fmtInt(idle)} declared without traffic` : "",
       ` \u00b7 traffic over the last ${g.windowSeconds} s \u00b7 read ${new Date().toLocaleTimeString()}`);
@@ -349,7 +358,7 @@ export class GraphPage {
       const sig = `${e.errorRatio}|${e.errors}|${e.requests}|${e.rps}|${e.p50Ms}|${e.p99Ms}|${e.observed}|${e.declared}`;
       const key = edgeKey(e);
       let row = this.rows.edges.get(key);
-      if (!row || row.sig !== sig) row = { sig, el: edgeRow(e) };
+      if (!row || row.sig !== sig) row = { sig, el: edgeRow(e, g.errorRatioWarning) };
       nextEdges.set(key, row);
       edgeRows.push(row.el);
       if (!(await pause())) return;
@@ -433,8 +442,8 @@ function nodeRow(n) {
     h("td", {}, n.owner || "\u2014"));
 }
 
-function edgeRow(e) {
-  const sev = e.observed ? severity(e.errorRatio) : "ok";
+function edgeRow(e, warning) {
+  const sev = e.observed ? severity(e.errorRatio, warning) : "ok";
   return h("tr", {
     dataset: {
       testid: "graph-edge", source: e.source, target: e.target, errorRatio: String(e.errorRatio),
@@ -449,7 +458,9 @@ function edgeRow(e) {
   h("td", {}, e.declared ? "declared" : h("span", { class: "tag undeclared" }, "undeclared")));
 }
 
-function legend() {
+/** The legend; the edges' words name the aggregator's error-ratio warning once known. */
+function legend(warning) {
+  const above = Number.isFinite(warning) ? percent(warning) : "the warning ratio";
   const swatch = (style, shape) => h("span", { class: `swatch ${shape}`, "aria-hidden": "true", dataset: { fill: style } });
   const node = (key, word) => h("li", {}, swatch(key, key === "external" ? "square" : "dot"),
     h("span", { "aria-hidden": "true", class: "glyph" }, NODE_STYLE[key].icon), word);
@@ -460,8 +471,8 @@ function legend() {
       h("li", {}, h("span", { class: "swatch dot ring", "aria-hidden": "true" }), "dashed ring: declared by a caller, not registered")),
     h("ul", { "aria-label": "Edges" },
       line("ok", "calls, no errors"),
-      line("warn", `errors below ${percent(BAD_RATIO)} (wider)`),
-      line("bad", `errors at or above ${percent(BAD_RATIO)} (widest, ratio shown)`),
+      line("warn", `errors at or below ${above} (wider)`),
+      line("bad", `errors above ${above} (widest, ratio shown)`),
       line("idle", "dashed: declared, no traffic in the window"),
       h("li", {}, h("span", { class: "line ok with-diamond", "aria-hidden": "true" }), "diamond: traffic nobody declared")));
 }
@@ -539,7 +550,7 @@ export class ClusterCalls {
         return h("li", { dataset: { testid, id: n.id, errorRatio: String(e.errorRatio), observed: yesNo(e.observed), declared: yesNo(e.declared) } },
           n.kind === "cluster" ? h("a", { href: clusterHref(n) }, n.zoneName === this.zone ? n.clusterName : n.id) : h("span", {}, `${n.clusterName} (external)`),
           " ", statusCell(n), " ",
-          h("span", { class: `num ratio-${e.observed ? severity(e.errorRatio) : "ok"}` }, e.observed
+          h("span", { class: `num ratio-${e.observed ? severity(e.errorRatio, g.errorRatioWarning) : "ok"}` }, e.observed
             ? `${percent(e.errorRatio)} errors, ${fmtInt(e.requests)} requests (${fmtNum(e.rps, 2)}/s), p99 ${Number.isFinite(e.p99Ms) ? `${fmtNum(e.p99Ms, 1)} ms` : "\u2014"}`
             : ""),
           " ", e.observed ? h("span", { class: "tag" }, "observed") : h("span", { class: "tag idle" }, "no traffic"),

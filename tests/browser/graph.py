@@ -200,6 +200,19 @@ def main():
         legend = page.inner_text(".legend")
         for word in ("stable", "warning", "down", "external", "declared", "no traffic", "nobody declared"):
             check(word in legend, f"the legend explains {word!r}")
+        # ---- failing is the aggregator's threshold, read from the answer, never the page's own.
+        warning = g.get("errorRatioWarning")
+        check(isinstance(warning, (int, float)) and 0 <= warning <= 1,
+              f"the graph answer carries the error-ratio warning ({warning!r})")
+        words = f"above {round(warning * 100, 1):g} %"
+        check(words in legend, f"the legend names the aggregator's threshold ({words!r} in {legend!r})")
+        for (source, target), e in edges.items():
+            if not e["observed"]:
+                continue
+            want = "ratio-bad" if e["errorRatio"] > warning else "ratio-warn" if e["errorRatio"] > 0 else "ratio-ok"
+            cls = page.get_attribute(
+                f"[data-testid=graph-edge][data-source='{source}'][data-target='{target}'] td.num", "class")
+            check(want in (cls or ""), f"{source} -> {target} at {e['errorRatio']} is drawn {want} ({cls!r})")
         bad = page.evaluate(UNLABELLED_JS)
         check(not bad, f"every control of the graph view has a label or name {bad}")
         shot(page, "graph.png")

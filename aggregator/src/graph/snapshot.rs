@@ -78,6 +78,7 @@ pub struct Snapshot {
 struct Answer<'a> {
     index: u64,
     window_seconds: u64,
+    error_ratio_warning: f64,
     nodes: Part<'a, &'a Node>,
     edges: Part<'a, EdgeJson<'a>>,
 }
@@ -184,6 +185,7 @@ impl Snapshot {
         Ok(GraphView {
             index: self.index,
             window_seconds: self.graph.window_seconds,
+            error_ratio_warning: self.graph.error_ratio_warning,
             nodes: nodes
                 .iter()
                 .map(|&i| self.graph.nodes[i as usize].clone())
@@ -302,6 +304,7 @@ impl Snapshot {
         let answer = Answer {
             index: self.index,
             window_seconds: g.window_seconds,
+            error_ratio_warning: g.error_ratio_warning,
             nodes: Part {
                 graph: g,
                 len: g.nodes.len(),

@@ -213,6 +213,7 @@ mod tests {
         // needs escaping, an external service and a cluster nobody registered.
         let graph = Built {
             window_seconds: 60,
+            error_ratio_warning: 0.05,
             nodes: vec![
                 node("z", "a", "cluster", "team \"a\"\\ops"),
                 node("z", "api.example", "external", ""),

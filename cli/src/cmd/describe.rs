@@ -216,7 +216,7 @@ pub fn describe(view: &Value, sections: &Sections, now: i64, width: Option<usize
                 let mut t =
                     Table::new(&[if title == "Callers" { "FROM" } else { "TO" }, "TRAFFIC"]);
                 for e in list {
-                    let style = if e["errorRatio"].as_f64().unwrap_or(0.0) > 0.05 {
+                    let style = if super::graph::failing(g, e) {
                         render::RED
                     } else {
                         render::PLAIN
@@ -382,7 +382,7 @@ mod tests {
 
     #[test]
     fn a_whole_description() {
-        let graph = json!({"windowSeconds": 60, "nodes": [], "edges": [
+        let graph = json!({"windowSeconds": 60, "errorRatioWarning": 0.05, "nodes": [], "edges": [
             {"source": "local/edge", "target": "local/catalog", "requests": 12, "rps": 0.2,
              "errors": 0, "errorRatio": 0.0, "p50Ms": 1.0, "p99Ms": 4.0, "tls": false,
              "observed": true, "declared": true, "lastSeenMs": 1},

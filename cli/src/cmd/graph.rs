@@ -12,9 +12,16 @@ use crate::args::{Format, GraphArgs, GraphFormat};
 use crate::client::{Call, CliError};
 use crate::render::{self, Cell, Table, or_dash, s};
 
-/// An edge whose error ratio is above this is drawn red (the status rules' default
-/// warning threshold).
-const HIGH_ERROR_RATIO: f64 = 0.05;
+/// Whether an edge of the graph answer `graph` is failing: its error ratio is above
+/// the aggregator's `--error-ratio-warning`, which every graph answer carries
+/// (`errorRatioWarning`), by the rule a cluster's status follows. An answer without it
+/// marks no edge.
+pub fn failing(graph: &Value, edge: &Value) -> bool {
+    let ratio = edge["errorRatio"].as_f64().unwrap_or(0.0);
+    graph["errorRatioWarning"]
+        .as_f64()
+        .is_some_and(|warning| ratio > warning)
+}
 
 pub async fn run(ctx: &Ctx, args: GraphArgs, out: &mut dyn Write) -> Result<(), CliError> {
     let call = Call::new(&["graph"])
@@ -55,7 +62,7 @@ pub fn tables(graph: &Value, width: Option<usize>) -> String {
     ]);
     for e in graph["edges"].as_array().into_iter().flatten() {
         let ratio = e["errorRatio"].as_f64().unwrap_or(0.0);
-        let style = if ratio > HIGH_ERROR_RATIO {
+        let style = if failing(graph, e) {
             render::RED
         } else {
             render::PLAIN
@@ -181,7 +188,7 @@ pub fn dot(graph: &Value) -> String {
             e["requests"].as_u64().unwrap_or(0),
             ratio * 100.0
         );
-        if ratio > HIGH_ERROR_RATIO {
+        if failing(graph, e) {
             attrs.push_str(", color=red, fontcolor=red");
         }
         if e["observed"] != Value::Bool(true) {
@@ -213,7 +220,7 @@ mod tests {
 
     /// A graph as `GET /graph` answers it (contract section 14).
     fn sample() -> Value {
-        json!({"index": 5, "windowSeconds": 60,
+        json!({"index": 5, "windowSeconds": 60, "errorRatioWarning": 0.05,
             "nodes": [
                 {"id": "local/catalog", "kind": "cluster", "zoneName": "local", "clusterName": "catalog",
                  "registered": true, "status": "stable", "owner": "team-catalog", "instances": 2, "drifted": false},
@@ -262,6 +269,22 @@ mod tests {
         assert!(d.contains("\"local/edge\" -> \"local/catalog\" [label=\"120 req, 10.0% err\", color=red, fontcolor=red, style=dotted];"), "{d}");
         assert!(d.contains("style=dashed"), "{d}");
         assert_eq!(quote("a\"b\\c"), "a\\\"b\\\\c");
+    }
+
+    #[test]
+    fn failing_is_above_the_aggregators_threshold() {
+        let mut g = sample();
+        let edge = g["edges"][1].clone();
+        assert!(failing(&g, &edge));
+        // The operator's threshold, as the answer carries it: at it is not above it.
+        g["errorRatioWarning"] = json!(0.1);
+        assert!(!failing(&g, &edge));
+        assert!(!dot(&g).contains("color=red"), "{}", dot(&g));
+        g["errorRatioWarning"] = json!(0.099);
+        assert!(failing(&g, &edge));
+        // An answer that does not say marks nothing.
+        g.as_object_mut().unwrap().remove("errorRatioWarning");
+        assert!(!failing(&g, &edge));
     }
 
     #[test]
