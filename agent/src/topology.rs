@@ -14,11 +14,10 @@ use crate::config_dump::Item;
 use crate::drift::ConfigHashes;
 use crate::envoy::model::StatsSnapshot;
 
-/// Most listeners and most clusters per listener reported for one sidecar.
-pub const MAX_LISTENERS: usize = 256;
-pub const MAX_LISTENER_CLUSTERS: usize = 1024;
-/// Most upstream clusters reported for one sidecar, the busiest first.
-pub const MAX_UPSTREAMS: usize = 4096;
+use meshcat_common::limits::{
+    MAX_LISTENER_CLUSTERS, MAX_LISTENERS, MAX_UPSTREAM_CLUSTERS as MAX_UPSTREAMS,
+};
+
 /// Depth beyond which a config dump is not walked: real dumps are far shallower.
 const MAX_DEPTH: usize = 64;
 

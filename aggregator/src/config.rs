@@ -154,7 +154,7 @@ pub struct ServeArgs {
     /// Most upstream clusters one instance may report (its upstreams with traffic and
     /// its listeners counted apart, the same way); a report with more is refused
     /// whole (too_many_upstream_clusters).
-    #[arg(long, env = "MESHCAT_MAX_UPSTREAM_CLUSTERS", default_value = "4096", value_parser = clap::value_parser!(u32).range(1..), value_name = "N")]
+    #[arg(long, env = "MESHCAT_MAX_UPSTREAM_CLUSTERS", default_value_t = meshcat_common::limits::MAX_UPSTREAM_CLUSTERS as u32, value_parser = clap::value_parser!(u32).range(1..), value_name = "N")]
     pub max_upstream_clusters: u32,
     /// Most upstream hosts one instance may report over all its clusters, with the
     /// clusters its listeners name; a report with more is refused whole

@@ -15,8 +15,7 @@ use tracing::{debug, warn};
 use crate::ingest::Agents;
 use crate::store::Store;
 
-/// Most clusters read from one config dump.
-const MAX_CLUSTERS: usize = 10_000;
+use meshcat_common::limits::MAX_SIDECAR_CLUSTERS as MAX_CLUSTERS;
 
 /// The names of the clusters in a `/config_dump` document: static and dynamic
 /// (active and warming) clusters of its clusters section.

@@ -32,8 +32,8 @@ pub use recording::{RecordingSink, agent_of};
 
 /// Most instances one report may carry.
 pub const DEFAULT_MAX_INSTANCES: usize = 1000;
-/// Most upstream clusters one instance may report.
-pub const DEFAULT_MAX_UPSTREAM_CLUSTERS: usize = 4096;
+/// Most upstream clusters one instance may report, by default.
+pub use meshcat_common::limits::MAX_UPSTREAM_CLUSTERS as DEFAULT_MAX_UPSTREAM_CLUSTERS;
 /// Most upstream hosts one instance may report, over all its clusters.
 pub const DEFAULT_MAX_UPSTREAM_HOSTS: usize = 32_768;
 /// Most distinct instances the live connections of one credential may report, so

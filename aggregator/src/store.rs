@@ -61,7 +61,7 @@ use crate::history::{Detail, History, Kind, Pending, StatusReason};
 use crate::status::{self, Inputs};
 
 /// Most clusters a zone's edge sidecar may contribute to `GET /services`.
-pub const MAX_EDGE_CLUSTERS: usize = 10_000;
+pub use meshcat_common::limits::MAX_SIDECAR_CLUSTERS as MAX_EDGE_CLUSTERS;
 
 /// Why a registration was refused.
 #[derive(Debug, thiserror::Error)]

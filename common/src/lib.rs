@@ -8,6 +8,7 @@ pub mod config;
 pub mod envoy_log;
 pub mod http;
 pub mod level;
+pub mod limits;
 pub mod model;
 pub mod pods;
 pub mod tls;

@@ -15,7 +15,7 @@ pub const MAX_LOG_LINES: usize = 20_000;
 /// Longest log line kept; longer lines are cut at a character boundary.
 pub const MAX_LOG_LINE_LEN: usize = 8 * 1024;
 /// Most clusters read from one `/clusters` document.
-pub const MAX_CLUSTERS: usize = 10_000;
+pub use meshcat_common::limits::MAX_SIDECAR_CLUSTERS as MAX_CLUSTERS;
 /// Most route entries read from one `/config_dump`.
 pub const MAX_ROUTES: usize = 50_000;
 /// Most stats read from one `/stats` document.

@@ -33,11 +33,9 @@ use ring::{Clock, Ring};
 
 use super::instances::InstanceKey;
 
-/// Most upstream clusters kept per instance (the agent sends at most as many).
-const MAX_UPSTREAMS: usize = 4096;
-/// Most listeners kept per instance, and clusters per listener.
-const MAX_LISTENERS: usize = 256;
-const MAX_LISTENER_CLUSTERS: usize = 1024;
+use meshcat_common::limits::{
+    MAX_LISTENER_CLUSTERS, MAX_LISTENERS, MAX_UPSTREAM_CLUSTERS as MAX_UPSTREAMS,
+};
 /// Most host addresses kept per upstream cluster of an instance, and of a cluster
 /// (its instances' together: one matching host is all the graph needs).
 const MAX_HOSTS: usize = 64;

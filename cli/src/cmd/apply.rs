@@ -19,7 +19,7 @@ use crate::catalog::{self, Action, Current, Desired, Plan, Problem};
 use crate::client::{Call, CliError};
 
 /// Records in one bulk `POST /clusters`: the API's bound (1,000).
-pub const BULK_RECORDS: usize = 1000;
+pub use meshcat_common::limits::MAX_BULK_CLUSTERS as BULK_RECORDS;
 /// Bytes of records in one bulk `POST /clusters`, well under the API's default
 /// body limit (1 MiB).
 pub const BULK_BYTES: usize = 512 << 10;

@@ -35,7 +35,7 @@ fn check_cluster(r: &ClusterRecord) -> Result<(), ApiError> {
 }
 
 /// Most records in one bulk `POST /clusters`.
-pub const MAX_BULK_CLUSTERS: usize = 1000;
+pub use meshcat_common::limits::MAX_BULK_CLUSTERS;
 
 /// The body of `POST /clusters` and its answer: one record, or 1 to
 /// [`MAX_BULK_CLUSTERS`] records registered all or nothing. The handler reads the
