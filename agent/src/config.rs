@@ -6,10 +6,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
-use meshcat_common::config::{LogFormat, parse_positive_duration};
+use meshcat_common::config::{
+    LogFormat, parse_aggregators, parse_host_port, parse_positive_duration,
+};
 
 use crate::envoy::Netns;
-use crate::target::{Target, host_name, parse_host_port};
+use crate::target::{Target, host_name};
 
 /// meshcat-agent: scrapes local Envoy sidecar admin APIs and reports them to the
 /// meshcat aggregator over QUIC.
@@ -110,21 +112,6 @@ pub struct AgentConfig {
     pub log_format: LogFormat,
 }
 
-pub use meshcat_common::config::MAX_AGGREGATORS;
-
-/// Checks a comma-separated list of 1 to [`MAX_AGGREGATORS`] `host:port` addresses;
-/// returns it with spaces removed.
-pub fn parse_aggregators(s: &str) -> Result<String, String> {
-    let list = s
-        .split(',')
-        .map(parse_host_port)
-        .collect::<Result<Vec<_>, _>>()?;
-    if list.len() > MAX_AGGREGATORS {
-        return Err(format!("at most {MAX_AGGREGATORS} aggregator addresses"));
-    }
-    Ok(list.join(","))
-}
-
 impl AgentConfig {
     /// Parses the command line; on a bad value prints one line and exits 64, on
     /// `--help`/`--version` prints and exits 0.
@@ -186,19 +173,6 @@ impl AgentConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn aggregator_takes_a_list_of_replicas() {
-        assert_eq!(
-            parse_aggregators("a:1, 127.0.0.1:2,[::1]:3").unwrap(),
-            "a:1,127.0.0.1:2,[::1]:3"
-        );
-        for bad in ["", "a:1,", "a:1,b", "a b:1"] {
-            assert!(parse_aggregators(bad).is_err(), "{bad}");
-        }
-        let many = vec!["h:1"; MAX_AGGREGATORS + 1].join(",");
-        assert!(parse_aggregators(&many).is_err());
-    }
 
     #[test]
     fn instance_names() {

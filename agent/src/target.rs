@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use meshcat_common::config::parse_host_port;
 use meshcat_common::wire::InstanceReport;
 use serde::Deserialize;
 
@@ -162,29 +163,6 @@ pub fn parse_targets(text: &str) -> Result<Vec<Target>, String> {
     Ok(targets)
 }
 
-/// Checks `host:port`: a non-empty host (bracketed if IPv6) and a port.
-pub fn parse_host_port(s: &str) -> Result<String, String> {
-    let s = s.trim();
-    let bad = || format!("{s:?} is not host:port");
-    let (host, port) = s.rsplit_once(':').ok_or_else(bad)?;
-    port.parse::<u16>().map_err(|_| bad())?;
-    let bare = host.strip_prefix('[').and_then(|h| h.strip_suffix(']'));
-    let ok = match bare {
-        Some(v6) => v6.parse::<std::net::Ipv6Addr>().is_ok(),
-        None => {
-            !host.is_empty()
-                && !host.contains(':')
-                && host
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
-        }
-    };
-    if !ok {
-        return Err(bad());
-    }
-    Ok(s.to_owned())
-}
-
 /// The host's name, or `localhost` when it cannot be read.
 pub fn host_name() -> String {
     sysinfo::System::host_name()
@@ -225,16 +203,5 @@ mod tests {
         )
         .unwrap();
         assert_ne!(two[0].key(), two[1].key());
-    }
-
-    #[test]
-    fn host_ports() {
-        assert!(parse_host_port("127.0.0.1:9901").is_ok());
-        assert!(parse_host_port("envoy.local:9901").is_ok());
-        assert!(parse_host_port("[::1]:9901").is_ok());
-        assert!(parse_host_port("::1:9901").is_err());
-        assert!(parse_host_port("127.0.0.1").is_err());
-        assert!(parse_host_port(":9901").is_err());
-        assert!(parse_host_port("h:70000").is_err());
     }
 }

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use meshcat_common::config::{
-    LogFormat, TlsFiles, parse_bytes, parse_positive_duration, parse_ratio, read_token_file,
+    LogFormat, TlsFiles, parse_bytes, parse_host_port, parse_positive_duration, parse_ratio,
+    read_token_file,
 };
 
 use crate::api::events::EventsConfig;
@@ -268,24 +269,6 @@ pub fn parse_store(s: &str) -> Result<StoreSpec, String> {
         return Err(format!("at most {MAX_ENDPOINTS} etcd endpoints"));
     }
     Ok(StoreSpec::Etcd { endpoints, prefix })
-}
-
-/// Checks a `host:port` address (host a name or an IP address, IPv6 in brackets).
-pub fn parse_host_port(s: &str) -> Result<String, String> {
-    let bad = || format!("{s:?} is not HOST:PORT");
-    let (host, port) = s.rsplit_once(':').ok_or_else(bad)?;
-    port.parse::<u16>().map_err(|_| bad())?;
-    let host_ok = !host.is_empty()
-        && host.len() <= 255
-        && (host.parse::<std::net::IpAddr>().is_ok()
-            || (host.starts_with('[') && host.ends_with(']'))
-            || host
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b'_'));
-    if !host_ok {
-        return Err(bad());
-    }
-    Ok(s.to_owned())
 }
 
 /// A configuration value that parses but cannot be used.

@@ -8,9 +8,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use meshcat_common::config::parse_positive_duration;
+use meshcat_common::config::{parse_aggregators, parse_positive_duration};
 use meshcat_common::envoy_log::MAX_DEBUG_WINDOW_SECONDS;
-use meshcat_common::validate::{MAX_NAME_LEN, check_server_address};
+use meshcat_common::validate::MAX_NAME_LEN;
 
 /// meshcat: the service catalog and troubleshooting companion of an Envoy mesh.
 #[derive(Debug, Parser)]
@@ -388,23 +388,6 @@ pub struct InjectArgs {
     /// a port of the pod's other containers.
     #[arg(long, default_value_t = 9092, value_parser = clap::value_parser!(u16).range(1..))]
     pub ops_port: u16,
-}
-
-use meshcat_common::config::MAX_AGGREGATORS;
-
-/// Checks a comma-separated list of 1 to [`MAX_AGGREGATORS`] `host:port` addresses
-/// (each by the rule of a zone's `serverAddress`); returns it with spaces removed.
-pub fn parse_aggregators(s: &str) -> Result<String, String> {
-    let list: Vec<&str> = s.split(',').map(str::trim).collect();
-    if list.len() > MAX_AGGREGATORS {
-        return Err(format!("at most {MAX_AGGREGATORS} aggregator addresses"));
-    }
-    if let Some(bad) = list.iter().find(|a| check_server_address(a).is_err()) {
-        return Err(format!(
-            "{bad:?} is not host:port with a DNS name or an IP address"
-        ));
-    }
-    Ok(list.join(","))
 }
 
 /// The host of the first address of a list [`parse_aggregators`] checked (an IPv6

@@ -29,6 +29,27 @@ impl TlsFiles {
     }
 }
 
+/// Checks a `host:port` address by [`crate::validate::host_port`]; answers it without
+/// surrounding spaces.
+pub fn parse_host_port(s: &str) -> Result<String, String> {
+    let s = s.trim();
+    crate::validate::host_port(s)?;
+    Ok(s.to_owned())
+}
+
+/// Checks a comma-separated list of 1 to [`MAX_AGGREGATORS`] `host:port` addresses
+/// ([`parse_host_port`]); answers it with spaces removed.
+pub fn parse_aggregators(s: &str) -> Result<String, String> {
+    let list = s
+        .split(',')
+        .map(parse_host_port)
+        .collect::<Result<Vec<_>, _>>()?;
+    if list.len() > MAX_AGGREGATORS {
+        return Err(format!("at most {MAX_AGGREGATORS} aggregator addresses"));
+    }
+    Ok(list.join(","))
+}
+
 /// Parses a duration written like `500ms`, `5s` or `2m`.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let d = humantime::parse_duration(s.trim())
@@ -143,6 +164,33 @@ pub fn read_token_file(path: &std::path::Path) -> Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn addresses_and_lists_of_them() {
+        for ok in ["127.0.0.1:9901", "envoy.local:9901", "[::1]:9901", " a:1 "] {
+            assert_eq!(parse_host_port(ok).as_deref(), Ok(ok.trim()), "{ok}");
+        }
+        for bad in [
+            "::1:9901",
+            "127.0.0.1",
+            ":9901",
+            "h:70000",
+            "h:0",
+            "a b:1",
+            "-a:1",
+        ] {
+            assert!(parse_host_port(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            parse_aggregators("a:1, 127.0.0.1:2,[::1]:3").unwrap(),
+            "a:1,127.0.0.1:2,[::1]:3"
+        );
+        for bad in ["", "a:1,", "a:1,b", "a b:1"] {
+            assert!(parse_aggregators(bad).is_err(), "{bad}");
+        }
+        let many = vec!["h:1"; MAX_AGGREGATORS + 1].join(",");
+        assert!(parse_aggregators(&many).is_err());
+    }
 
     #[test]
     fn durations() {

@@ -216,14 +216,22 @@ pub fn check_url(field: &str, value: &str, path_ok: bool) -> Result<(), Invalid>
     }))
 }
 
-/// Checks `host:port`, where host is a DNS name, an IPv4 address or a bracketed IPv6
-/// address, and port is 1..=65535.
+/// Checks a zone's `serverAddress` by the rule of [`host_port`].
 pub fn check_server_address(value: &str) -> Result<(), Invalid> {
-    let bad = || {
+    host_port(value).map_err(|_| {
         invalid(format!(
             "serverAddress must be host:port with a DNS name or an IP address, got {value:?}."
         ))
-    };
+    })
+}
+
+/// Checks `host:port`, where host is a DNS name, an IPv4 address or a bracketed IPv6
+/// address, and port is 1..=65535: the one rule for every address meshcat takes (a
+/// zone's `serverAddress`, the agent's `--aggregator`, `--sidecar-admin` and targets,
+/// the aggregator's `--advertise-addr` and etcd endpoints, `meshcat inject
+/// --aggregator`).
+pub fn host_port(value: &str) -> Result<(), String> {
+    let bad = || format!("{value:?} is not host:port with a DNS name or an IP address");
     let (host, port) = value.rsplit_once(':').ok_or_else(bad)?;
     let port: u16 = port.parse().map_err(|_| bad())?;
     if port == 0 {
