@@ -22,21 +22,142 @@ pub struct Inputs {
     pub window_errors: u64,
 }
 
-/// Applies the rules with the given error ratio threshold.
-pub fn evaluate(i: Inputs, error_ratio_warning: f64) -> Status {
+/// The rule that decides a cluster's status, with the figures it decided on: the
+/// rules are written here once, and both the status ([`Verdict::status`]) and the
+/// sentence the history shows (its `Display`) are read from the verdict.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Verdict {
+    /// down: no instance reported within the TTL with a reachable sidecar.
+    NoLiveInstance,
+    /// warning: fewer live instances than minInstances.
+    BelowMinInstances { live: u64, min: u64 },
+    /// warning: more live instances than a non-zero maxInstances.
+    AboveMaxInstances { live: u64, max: u64 },
+    /// stable: within the bounds, and too few requests in the window for a ratio.
+    FewRequests { live: u64, requests: u64 },
+    /// warning: the window's error ratio is above the threshold.
+    ErrorRatioAbove {
+        errors: u64,
+        requests: u64,
+        warning: f64,
+    },
+    /// stable: within the bounds, the error ratio at most the threshold.
+    Within {
+        live: u64,
+        errors: u64,
+        requests: u64,
+        warning: f64,
+    },
+}
+
+/// Applies the rules, in order, with the given error ratio threshold.
+pub fn judge(i: Inputs, error_ratio_warning: f64) -> Verdict {
     if i.live == 0 {
-        return Status::Down;
+        return Verdict::NoLiveInstance;
     }
-    if i.live < i.min_instances || (i.max_instances > 0 && i.live > i.max_instances) {
-        return Status::Warning;
+    if i.live < i.min_instances {
+        return Verdict::BelowMinInstances {
+            live: i.live,
+            min: i.min_instances,
+        };
     }
-    if i.window_requests >= MIN_WINDOW_REQUESTS {
-        let ratio = i.window_errors as f64 / i.window_requests as f64;
-        if ratio > error_ratio_warning {
-            return Status::Warning;
+    if i.max_instances > 0 && i.live > i.max_instances {
+        return Verdict::AboveMaxInstances {
+            live: i.live,
+            max: i.max_instances,
+        };
+    }
+    if i.window_requests < MIN_WINDOW_REQUESTS {
+        return Verdict::FewRequests {
+            live: i.live,
+            requests: i.window_requests,
+        };
+    }
+    let (errors, requests) = (i.window_errors, i.window_requests);
+    if errors as f64 / requests as f64 > error_ratio_warning {
+        Verdict::ErrorRatioAbove {
+            errors,
+            requests,
+            warning: error_ratio_warning,
+        }
+    } else {
+        Verdict::Within {
+            live: i.live,
+            errors,
+            requests,
+            warning: error_ratio_warning,
         }
     }
-    Status::Stable
+}
+
+impl Verdict {
+    /// The status this verdict gives.
+    pub fn status(self) -> Status {
+        match self {
+            Verdict::NoLiveInstance => Status::Down,
+            Verdict::BelowMinInstances { .. }
+            | Verdict::AboveMaxInstances { .. }
+            | Verdict::ErrorRatioAbove { .. } => Status::Warning,
+            Verdict::FewRequests { .. } | Verdict::Within { .. } => Status::Stable,
+        }
+    }
+}
+
+/// Why the rules give the status they give, as a sentence a person reads in the
+/// history: the rule that decided and its figures ("1 live instance, below
+/// minInstances 2").
+impl std::fmt::Display for Verdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ratio = |errors: u64, requests: u64| errors as f64 / requests as f64;
+        match *self {
+            Verdict::NoLiveInstance => write!(
+                f,
+                "{}: no instance reported within the TTL with a reachable sidecar",
+                instances(0)
+            ),
+            Verdict::BelowMinInstances { live, min } => {
+                write!(f, "{}, below minInstances {min}", instances(live))
+            }
+            Verdict::AboveMaxInstances { live, max } => {
+                write!(f, "{}, above maxInstances {max}", instances(live))
+            }
+            Verdict::FewRequests { live, requests } => write!(
+                f,
+                "{}, within its bounds; {requests} requests in the last window, fewer than the {MIN_WINDOW_REQUESTS} an error ratio needs",
+                instances(live)
+            ),
+            Verdict::ErrorRatioAbove {
+                errors,
+                requests,
+                warning,
+            } => write!(
+                f,
+                "error ratio {:.3} ({errors} of {requests} requests answered 5xx in the last window), above {warning}",
+                ratio(errors, requests)
+            ),
+            Verdict::Within {
+                live,
+                errors,
+                requests,
+                warning,
+            } => write!(
+                f,
+                "{}, within its bounds; error ratio {:.3} ({errors} of {requests} requests answered 5xx in the last window), at most {warning}",
+                instances(live),
+                ratio(errors, requests)
+            ),
+        }
+    }
+}
+
+/// The status the rules give, with the given error ratio threshold.
+pub fn evaluate(i: Inputs, error_ratio_warning: f64) -> Status {
+    judge(i, error_ratio_warning).status()
+}
+
+/// The sentence of the rule that decides (see [`Verdict`]'s `Display`).
+pub fn explain(i: Inputs, error_ratio_warning: f64) -> String {
+    judge(i, error_ratio_warning).to_string()
 }
 
 fn instances(n: u64) -> String {
@@ -44,39 +165,6 @@ fn instances(n: u64) -> String {
         "1 live instance".to_owned()
     } else {
         format!("{n} live instances")
-    }
-}
-
-/// Why the rules give the status they give, as a sentence a person reads in the
-/// history: the rule that decided and its figures ("1 live instance, below
-/// minInstances 2").
-pub fn explain(i: Inputs, error_ratio_warning: f64) -> String {
-    let live = instances(i.live);
-    if i.live == 0 {
-        return format!("{live}: no instance reported within the TTL with a reachable sidecar");
-    }
-    if i.live < i.min_instances {
-        return format!("{live}, below minInstances {}", i.min_instances);
-    }
-    if i.max_instances > 0 && i.live > i.max_instances {
-        return format!("{live}, above maxInstances {}", i.max_instances);
-    }
-    let ratio = |i: Inputs| i.window_errors as f64 / i.window_requests as f64;
-    if i.window_requests < MIN_WINDOW_REQUESTS {
-        return format!(
-            "{live}, within its bounds; {} requests in the last window, fewer than the {MIN_WINDOW_REQUESTS} an error ratio needs",
-            i.window_requests
-        );
-    }
-    let (errors, requests, r) = (i.window_errors, i.window_requests, ratio(i));
-    if r > error_ratio_warning {
-        format!(
-            "error ratio {r:.3} ({errors} of {requests} requests answered 5xx in the last window), above {error_ratio_warning}"
-        )
-    } else {
-        format!(
-            "{live}, within its bounds; error ratio {r:.3} ({errors} of {requests} requests answered 5xx in the last window), at most {error_ratio_warning}"
-        )
     }
 }
 
