@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use axum::Json;
 use axum::extract::{RawQuery, State};
-use meshcat_common::validate::is_valid_name;
 use meshcat_common::wire::EvidenceOutput;
 use meshcat_diagnose::{DiagnosisReport, Symptom};
 use tracing::warn;
@@ -74,18 +73,13 @@ fn diagnose_query(raw: Option<&str>) -> Result<DiagnoseQuery, ApiError> {
             "lookback",
         ],
     )? {
-        let twice = || ApiError::bad_query(format!("Query parameter {k} is given twice."));
+        let twice = || query::twice(&k);
         match k.as_str() {
             "zoneName" => {
                 if zone.is_some() {
                     return Err(twice());
                 }
-                if !is_valid_name(&v) {
-                    return Err(ApiError::bad_query(
-                        "Query parameter zoneName must be 1 to 253 characters of letters, digits, '.', '_' and '-'.",
-                    ));
-                }
-                zone = Some(v);
+                zone = Some(query::name(&k, v)?);
             }
             "symptom" => {
                 if symptom.is_some() {

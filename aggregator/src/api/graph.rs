@@ -4,7 +4,6 @@
 use axum::extract::{RawQuery, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
-use meshcat_common::validate::is_valid_name;
 use utoipa::IntoParams;
 
 use super::auth::Reader;
@@ -33,32 +32,13 @@ impl GraphQuery {
     fn parse(raw: Option<&str>) -> Result<Scope, ApiError> {
         let mut q = GraphQuery::default();
         for (k, v) in query::parse(raw, &["zoneName", "clusterName", "depth"])? {
-            let twice = || ApiError::bad_query(format!("Query parameter {k} is given twice."));
-            let name = |v: String| {
-                if is_valid_name(&v) {
-                    Ok(v)
-                } else {
-                    Err(ApiError::bad_query(format!(
-                        "Query parameter {k} must be 1 to 253 characters of letters, digits, '.', '_' and '-'."
-                    )))
-                }
-            };
             match k.as_str() {
-                "zoneName" if q.zone_name.is_none() => q.zone_name = Some(name(v)?),
-                "clusterName" if q.cluster_name.is_none() => q.cluster_name = Some(name(v)?),
-                "depth" if q.depth.is_none() => {
-                    q.depth = Some(
-                        v.parse::<u32>()
-                            .ok()
-                            .filter(|d| (1..=MAX_DEPTH).contains(d))
-                            .ok_or_else(|| {
-                                ApiError::bad_query(format!(
-                                    "Query parameter depth must be a whole number from 1 to {MAX_DEPTH}."
-                                ))
-                            })?,
-                    );
+                "zoneName" if q.zone_name.is_none() => q.zone_name = Some(query::name(&k, v)?),
+                "clusterName" if q.cluster_name.is_none() => {
+                    q.cluster_name = Some(query::name(&k, v)?)
                 }
-                _ => return Err(twice()),
+                "depth" if q.depth.is_none() => q.depth = Some(query::count(&k, &v, MAX_DEPTH)?),
+                _ => return Err(query::twice(&k)),
             }
         }
         if q.cluster_name.is_some() && q.zone_name.is_none() {

@@ -7,7 +7,7 @@ use axum::extract::{RawQuery, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use meshcat_common::model::HistoryEntry;
-use meshcat_common::validate::{is_valid_instance, is_valid_name};
+use meshcat_common::validate::is_valid_instance;
 use utoipa::IntoParams;
 use utoipa::openapi::schema::{Array, ArrayBuilder, ObjectBuilder, Type};
 
@@ -99,16 +99,6 @@ impl HistoryQuery {
     fn parse(raw: Option<&str>, allowed: &[&str]) -> Result<HistoryQuery, ApiError> {
         let mut q = HistoryQuery::default();
         for (k, v) in query::parse(raw, allowed)? {
-            let twice = || ApiError::bad_query(format!("Query parameter {k} is given twice."));
-            let name = |v: String| {
-                if is_valid_name(&v) {
-                    Ok(v)
-                } else {
-                    Err(ApiError::bad_query(format!(
-                        "Query parameter {k} must be 1 to 253 characters of letters, digits, '.', '_' and '-'."
-                    )))
-                }
-            };
             let time = |v: &str| {
                 v.parse::<i64>().ok().filter(|t| *t >= 0).ok_or_else(|| {
                     ApiError::bad_query(format!(
@@ -117,8 +107,10 @@ impl HistoryQuery {
                 })
             };
             match k.as_str() {
-                "zoneName" if q.zone_name.is_none() => q.zone_name = Some(name(v)?),
-                "clusterName" if q.cluster_name.is_none() => q.cluster_name = Some(name(v)?),
+                "zoneName" if q.zone_name.is_none() => q.zone_name = Some(query::name(&k, v)?),
+                "clusterName" if q.cluster_name.is_none() => {
+                    q.cluster_name = Some(query::name(&k, v)?)
+                }
                 "instance" if q.instance.is_none() => {
                     if !is_valid_instance(&v) {
                         return Err(ApiError::bad_query(
@@ -140,19 +132,8 @@ impl HistoryQuery {
                 }
                 "since" if q.since.is_none() => q.since = Some(time(&v)?),
                 "until" if q.until.is_none() => q.until = Some(time(&v)?),
-                "limit" if q.limit.is_none() => {
-                    q.limit = Some(
-                        v.parse::<usize>()
-                            .ok()
-                            .filter(|n| (1..=MAX_LIMIT).contains(n))
-                            .ok_or_else(|| {
-                                ApiError::bad_query(format!(
-                                    "Query parameter limit must be a whole number from 1 to {MAX_LIMIT}."
-                                ))
-                            })?,
-                    );
-                }
-                _ => return Err(twice()),
+                "limit" if q.limit.is_none() => q.limit = Some(query::count(&k, &v, MAX_LIMIT)?),
+                _ => return Err(query::twice(&k)),
             }
         }
         Ok(q)

@@ -50,9 +50,9 @@ fn seed_levels() -> Object {
 
 fn level_query(raw: Option<&str>) -> Result<LevelQuery, ApiError> {
     let mut level = None;
-    for (_, v) in query::parse(raw, &["level"])? {
+    for (k, v) in query::parse(raw, &["level"])? {
         if level.is_some() {
-            return Err(ApiError::bad_query("Query parameter level is given twice."));
+            return Err(query::twice(&k));
         }
         level = Some(level::envoy_name(&v).map(level::seed_name).ok_or_else(|| {
             ApiError::bad_query(format!(
@@ -83,9 +83,7 @@ impl DebugWindowQuery {
         for (k, v) in query::parse(raw, &["seconds", "instance"])? {
             if k == "seconds" {
                 if seconds.is_some() {
-                    return Err(ApiError::bad_query(
-                        "Query parameter seconds is given twice.",
-                    ));
+                    return Err(query::twice(&k));
                 }
                 seconds = Some(seconds_value("seconds", &v)?);
             } else if wanted.len() == MAX_WINDOW_INSTANCES {

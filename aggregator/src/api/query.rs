@@ -35,6 +35,37 @@ pub fn parse(raw: Option<&str>, allowed: &[&str]) -> Result<Vec<(String, String)
     Ok(out)
 }
 
+/// The answer to a parameter given twice.
+pub fn twice(param: &str) -> ApiError {
+    ApiError::bad_query(format!("Query parameter {param} is given twice."))
+}
+
+/// The value of a parameter that names a zone or a cluster, checked.
+pub fn name(param: &str, v: String) -> Result<String, ApiError> {
+    if is_valid_name(&v) {
+        Ok(v)
+    } else {
+        Err(ApiError::bad_query(format!(
+            "Query parameter {param} must be 1 to 253 characters of letters, digits, '.', '_' and '-'."
+        )))
+    }
+}
+
+/// The value of a parameter that is a whole number from 1 to `max`.
+pub fn count<T>(param: &str, v: &str, max: T) -> Result<T, ApiError>
+where
+    T: std::str::FromStr + PartialOrd + From<u8> + std::fmt::Display + Copy,
+{
+    v.parse::<T>()
+        .ok()
+        .filter(|n| *n >= T::from(1) && *n <= max)
+        .ok_or_else(|| {
+            ApiError::bad_query(format!(
+                "Query parameter {param} must be a whole number from 1 to {max}."
+            ))
+        })
+}
+
 /// The query of the routes that take an optional `zoneName`.
 #[derive(Debug, Default, IntoParams)]
 #[into_params(parameter_in = Query, rename_all = "camelCase")]
@@ -47,18 +78,11 @@ impl ZoneQuery {
     /// Parses a query of at most one valid `zoneName`, refusing anything else.
     pub fn parse(raw: Option<&str>) -> Result<ZoneQuery, ApiError> {
         let mut zone = None;
-        for (_, v) in parse(raw, &["zoneName"])? {
+        for (k, v) in parse(raw, &["zoneName"])? {
             if zone.is_some() {
-                return Err(ApiError::bad_query(
-                    "Query parameter zoneName is given twice.",
-                ));
+                return Err(twice(&k));
             }
-            if !is_valid_name(&v) {
-                return Err(ApiError::bad_query(
-                    "Query parameter zoneName must be 1 to 253 characters of letters, digits, '.', '_' and '-'.",
-                ));
-            }
-            zone = Some(v);
+            zone = Some(name(&k, v)?);
         }
         Ok(ZoneQuery { zone_name: zone })
     }
