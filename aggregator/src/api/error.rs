@@ -55,6 +55,19 @@ impl ApiError {
         ApiError::new(StatusCode::NOT_FOUND, "not_found", message)
     }
 
+    /// The zone `zone` is not registered.
+    pub fn no_zone(zone: &str) -> ApiError {
+        ApiError::not_found(format!("Zone {zone} does not exist."))
+    }
+
+    /// No cluster `cluster` is known (in `zone`, when one is named).
+    pub fn no_cluster(cluster: &str, zone: Option<&str>) -> ApiError {
+        ApiError::not_found(match zone {
+            Some(z) => format!("Cluster {cluster} does not exist in zone {z}."),
+            None => format!("Cluster {cluster} does not exist."),
+        })
+    }
+
     pub fn invalid(message: impl Into<String>) -> ApiError {
         ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,

@@ -124,9 +124,7 @@ pub(super) fn unexpected(instance: &str) -> ApiError {
 }
 
 pub(super) fn zone_or_404(s: &AppState, zone: &str) -> Result<ZoneRecord, ApiError> {
-    s.store
-        .zone(zone)
-        .ok_or_else(|| ApiError::not_found(format!("Zone {zone} does not exist.")))
+    s.store.zone(zone).ok_or_else(|| ApiError::no_zone(zone))
 }
 
 /// A cluster is known in a zone when it is registered there or has live instances.
@@ -138,9 +136,7 @@ pub(super) fn cluster_or_404(
     if sidecars.knows(zone, cluster) {
         Ok(())
     } else {
-        Err(ApiError::not_found(format!(
-            "Cluster {cluster} does not exist in zone {zone}."
-        )))
+        Err(ApiError::no_cluster(cluster, Some(zone)))
     }
 }
 

@@ -160,10 +160,7 @@ pub async fn get_cluster(
         .render_cluster(&name, zone.as_deref(), caller.authorized)
     {
         Some(body) => Ok(json_bytes(body.into())),
-        None => Err(ApiError::not_found(match zone {
-            Some(z) => format!("Cluster {name} does not exist in zone {z}."),
-            None => format!("Cluster {name} does not exist."),
-        })),
+        None => Err(ApiError::no_cluster(&name, zone.as_deref())),
     }
 }
 

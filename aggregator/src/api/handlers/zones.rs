@@ -65,7 +65,7 @@ pub async fn get_zone(
     s.store
         .zone(&name)
         .map(Json)
-        .ok_or_else(|| ApiError::not_found(format!("Zone {name} does not exist.")))
+        .ok_or_else(|| ApiError::no_zone(&name))
 }
 
 #[utoipa::path(
@@ -150,5 +150,5 @@ pub async fn zone_metadata(
     s.store
         .zone_summary(&name)
         .map(|z| Json((&z).into()))
-        .ok_or_else(|| ApiError::not_found(format!("Zone {name} does not exist.")))
+        .ok_or_else(|| ApiError::no_zone(&name))
 }
