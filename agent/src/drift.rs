@@ -28,7 +28,7 @@
 //!   `generic_secret`): only that a value is set, and file names, are hashed. Trust
 //!   (`validation_context`) is hashed whole: it is shared and public.
 //!
-//! Each resource is hashed alone, as it is read ([`crate::config_dump`]): the SHA-256
+//! Each resource is hashed alone, as it is read ([`meshcat_common::config_dump`]): the SHA-256
 //! of its canonical JSON (keys sorted, no spaces). A kind's hash is the SHA-256 of its
 //! resources' digests sorted by (name, digest), since Envoy's order of them carries no
 //! meaning; the whole hash is the SHA-256 of the kinds' hashes, the bootstrap's fields'
@@ -41,7 +41,7 @@ use std::collections::BTreeMap;
 use ring::digest::{Context, SHA256};
 use serde_json::Value;
 
-use crate::config_dump::Item;
+use meshcat_common::config_dump::Item;
 
 /// Depth beyond which a dump is not walked: real dumps are far shallower.
 const MAX_DEPTH: usize = 64;
@@ -417,7 +417,8 @@ mod tests {
     /// The drift hashes of a whole dump, read as the agent reads it.
     fn config_hashes(dump: &Value) -> ConfigHashes {
         let mut h = DriftHasher::default();
-        crate::config_dump::read(dump.to_string().as_bytes(), |item| h.take(item)).unwrap();
+        meshcat_common::config_dump::read(dump.to_string().as_bytes(), |item| h.take(item))
+            .unwrap();
         h.finish()
     }
 

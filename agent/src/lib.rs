@@ -7,7 +7,6 @@
 pub mod board;
 pub mod commands;
 pub mod config;
-pub mod config_dump;
 pub mod debugwindow;
 pub mod discovery;
 pub mod drift;

@@ -216,7 +216,7 @@ enum DumpError {
     #[error(transparent)]
     Fetch(EnvoyError),
     #[error("admin answer to /config_dump is not a config dump: {0}")]
-    Json(#[from] crate::config_dump::Error),
+    Json(#[from] meshcat_common::config_dump::Error),
     #[error("the parse of /config_dump ended early: {0}")]
     Stopped(#[from] tokio::task::JoinError),
     #[error("the parse of /config_dump panicked")]
@@ -259,7 +259,7 @@ async fn parse_dump_within(
     let parse = move || {
         let mut reader = topology::TopologyReader::new(&bound, &own_host);
         let mut hasher = drift::DriftHasher::default();
-        let read = crate::config_dump::read(&text, |item| {
+        let read = meshcat_common::config_dump::read(&text, |item| {
             reader.take(&item);
             hasher.take(item);
         });
@@ -576,7 +576,7 @@ mod tests {
             limit: crate::envoy::MAX_CONFIG_DUMP,
         };
         assert_eq!(DumpError::Fetch(too_large).failure(), ReadFailure::Lasting);
-        let not_json = crate::config_dump::read(b"{\"configs\": [", |_| {}).unwrap_err();
+        let not_json = meshcat_common::config_dump::read(b"{\"configs\": [", |_| {}).unwrap_err();
         assert_eq!(DumpError::from(not_json).failure(), ReadFailure::Lasting);
         let status = EnvoyError::Status {
             addr: "127.0.0.1:9901".into(),
@@ -614,7 +614,7 @@ mod tests {
         let text = std::fs::read(path).unwrap();
         assert!(text.len() <= INLINE_PARSE_MAX);
         let mut expected = drift::DriftHasher::default();
-        crate::config_dump::read(&text, |item| expected.take(item)).unwrap();
+        meshcat_common::config_dump::read(&text, |item| expected.take(item)).unwrap();
         let expected = expected.finish();
         runtime.block_on(async {
             let (release, busy_until) = std::sync::mpsc::channel::<()>();

@@ -10,9 +10,9 @@ use std::hash::{Hash, Hasher};
 use meshcat_common::wire::{ListenerRoutes, UpstreamTraffic};
 use serde_json::Value;
 
-use crate::config_dump::Item;
 use crate::drift::ConfigHashes;
 use crate::envoy::model::StatsSnapshot;
+use meshcat_common::config_dump::Item;
 
 use meshcat_common::limits::{
     MAX_LISTENER_CLUSTERS, MAX_LISTENERS, MAX_UPSTREAM_CLUSTERS as MAX_UPSTREAMS,
@@ -192,7 +192,7 @@ pub fn upstream_traffic(
 }
 
 /// Reads the listeners, their routes' clusters and the TLS clusters from the
-/// resources of a `/config_dump` ([`crate::config_dump::read`]), one at a time. A
+/// resources of a `/config_dump` ([`meshcat_common::config_dump::read`]), one at a time. A
 /// listener's address is the one it is bound to (`bound`, from `/listeners`, by
 /// listener name), else the configured one; a wildcard host (`0.0.0.0`, `::`) is
 /// given as `own_host`, the host the sidecar is reached at, so that other sidecars'

@@ -7,6 +7,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use meshcat_common::config_dump::{self, Item};
+use meshcat_common::limits::MAX_SIDECAR_CLUSTERS as MAX_CLUSTERS;
 use meshcat_common::wire::{Command, CommandOutput};
 use serde_json::Value;
 use tokio::sync::watch;
@@ -15,35 +17,21 @@ use tracing::{debug, warn};
 use crate::ingest::Agents;
 use crate::store::Store;
 
-use meshcat_common::limits::MAX_SIDECAR_CLUSTERS as MAX_CLUSTERS;
-
-/// The names of the clusters in a `/config_dump` document: static and dynamic
-/// (active and warming) clusters of its clusters section.
-pub fn cluster_names(dump: &Value) -> Vec<String> {
+/// The names of the clusters a `/config_dump` declares (static and dynamic, active
+/// and warming), sorted, each once, at most [`MAX_CLUSTERS`].
+pub fn cluster_names(dump: &[u8]) -> Result<Vec<String>, config_dump::Error> {
     let mut names = Vec::new();
-    let configs = dump.get("configs").and_then(Value::as_array);
-    for section in configs.into_iter().flatten() {
-        for key in [
-            "static_clusters",
-            "dynamic_active_clusters",
-            "dynamic_warming_clusters",
-        ] {
-            let entries = section.get(key).and_then(Value::as_array);
-            for entry in entries.into_iter().flatten() {
-                if let Some(name) = entry
-                    .get("cluster")
-                    .and_then(|c| c.get("name"))
-                    .and_then(Value::as_str)
-                    && names.len() < MAX_CLUSTERS
-                {
-                    names.push(name.to_owned());
-                }
-            }
+    config_dump::read_declared(dump, |item| {
+        if let Item::Cluster(c) = item
+            && let Some(name) = c.get("name").and_then(Value::as_str)
+            && names.len() < MAX_CLUSTERS
+        {
+            names.push(name.to_owned());
         }
-    }
+    })?;
     names.sort();
     names.dedup();
-    names
+    Ok(names)
 }
 
 /// Refreshes every zone's edge clusters now: asks one live instance of each zone's
@@ -66,15 +54,14 @@ pub async fn refresh(store: &Store, agents: &Agents, deadline: Duration) {
                 )
                 .await;
             match outcome {
-                Ok(CommandOutput::ConfigDump(text)) => match serde_json::from_str(&text) {
-                    Ok(dump) => {
-                        let names = cluster_names(&dump);
+                Ok(CommandOutput::ConfigDump(text)) => match cluster_names(text.as_bytes()) {
+                    Ok(names) => {
                         debug!(zone = %zone.zone_name, instance = %edge.instance, clusters = names.len(), "Edge clusters refreshed.");
                         store.set_edge_clusters(&zone.zone_name, names);
                         break;
                     }
                     Err(e) => {
-                        warn!(zone = %zone.zone_name, instance = %edge.instance, error = %e, "Edge config dump is not JSON.");
+                        warn!(zone = %zone.zone_name, instance = %edge.instance, error = %e, "Edge config dump cannot be read.");
                     }
                 },
                 Ok(_) => {
@@ -117,13 +104,18 @@ mod tests {
 
     #[test]
     fn names_of_static_and_dynamic_clusters() {
-        let dump: Value = serde_json::json!({"configs": [
+        let dump = serde_json::json!({"configs": [
             {"@type": "type.googleapis.com/envoy.admin.v3.BootstrapConfigDump"},
             {"@type": "type.googleapis.com/envoy.admin.v3.ClustersConfigDump",
              "static_clusters": [{"cluster": {"name": "b"}}, {"cluster": {"name": "a"}}],
-             "dynamic_active_clusters": [{"cluster": {"name": "c"}}, {"cluster": {"name": "a"}}]}
+             "dynamic_active_clusters": [{"cluster": {"name": "c"}}, {"cluster": {"name": "a"}}],
+             "dynamic_warming_clusters": [{"cluster": {"name": "d"}}]}
         ]});
-        assert_eq!(cluster_names(&dump), ["a", "b", "c"]);
-        assert!(cluster_names(&Value::Null).is_empty());
+        assert_eq!(
+            cluster_names(dump.to_string().as_bytes()).unwrap(),
+            ["a", "b", "c", "d"]
+        );
+        assert!(cluster_names(b"null").is_err());
+        assert!(cluster_names(b"{}").unwrap().is_empty());
     }
 }

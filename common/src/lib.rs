@@ -5,6 +5,7 @@
 //! agent and `meshcat inject` read on a Kubernetes pod.
 
 pub mod config;
+pub mod config_dump;
 pub mod envoy_log;
 pub mod http;
 pub mod level;

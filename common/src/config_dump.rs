@@ -1,13 +1,16 @@
-//! Envoy's `/config_dump`, read one resource at a time. A dump holds every listener,
-//! cluster, route configuration and secret of the sidecar: megabytes on a big mesh,
-//! with each static resource twice (in its section and in the bootstrap). Parsed
-//! whole into a `serde_json::Value` it costs many times its size in memory. Here
-//! the sections and their lists are only split (borrowed from the text, unparsed),
-//! and each resource is parsed alone, handed to the readers (the graph's
-//! [`crate::topology`], the [`crate::drift`] hash) and dropped.
+//! Envoy's `/config_dump`, read one resource at a time: the one reader of it, for the
+//! agent (the graph's topology and the drift hash) and the aggregator (a zone's
+//! clusters from its edge sidecar). A dump holds every listener, cluster, route
+//! configuration and secret of the sidecar: megabytes on a big mesh, with each static
+//! resource twice (in its section and in the bootstrap). Parsed whole into a
+//! `serde_json::Value` it costs many times its size in memory. Here the sections and
+//! their lists are only split (borrowed from the text, unparsed), and each resource is
+//! parsed alone, handed to the caller and dropped.
 //!
-//! Only what is in effect is read: a dynamic listener's `active_state` (not its
+//! [`read`] gives what is in effect: a dynamic listener's `active_state` (not its
 //! warming or draining state), active clusters and secrets (not warming ones).
+//! [`read_declared`] also gives the warming clusters: those the sidecar was sent and
+//! is still initialising, which a list of the services it knows counts.
 
 use std::collections::BTreeMap;
 
@@ -47,7 +50,17 @@ struct Dump<'a> {
 /// effect: sections in the dump's order; within a section, its lists in a fixed order
 /// (static before dynamic) and each list's resources in the dump's order; the
 /// bootstrap's fields sorted by name.
-pub fn read(text: &[u8], mut f: impl FnMut(Item)) -> Result<(), Error> {
+pub fn read(text: &[u8], f: impl FnMut(Item)) -> Result<(), Error> {
+    read_dump(text, false, f)
+}
+
+/// As [`read`], with the dynamic warming clusters given as [`Item::Cluster`] too,
+/// after the active ones.
+pub fn read_declared(text: &[u8], f: impl FnMut(Item)) -> Result<(), Error> {
+    read_dump(text, true, f)
+}
+
+fn read_dump(text: &[u8], warming: bool, mut f: impl FnMut(Item)) -> Result<(), Error> {
     let dump: Dump<'_> = serde_json::from_slice(text)?;
     for raw in dump.configs {
         let section: Fields<'_> = serde_json::from_str(raw.get())?;
@@ -79,7 +92,16 @@ pub fn read(text: &[u8], mut f: impl FnMut(Item)) -> Result<(), Error> {
                 )?;
             }
             "ClustersConfigDump" => {
-                for key in ["static_clusters", "dynamic_active_clusters"] {
+                let lists: &[&str] = if warming {
+                    &[
+                        "static_clusters",
+                        "dynamic_active_clusters",
+                        "dynamic_warming_clusters",
+                    ]
+                } else {
+                    &["static_clusters", "dynamic_active_clusters"]
+                };
+                for key in lists {
                     each(&section, key, &["cluster"], &mut |v| f(Item::Cluster(v)))?;
                 }
             }
@@ -207,6 +229,23 @@ mod tests {
                 "section type.googleapis.com/envoy.admin.v3.EcdsConfigDump",
             ]
         );
+    }
+
+    #[test]
+    fn declared_clusters_count_the_warming_ones() {
+        let dump = serde_json::json!({"configs": [
+            {"@type": "type.googleapis.com/envoy.admin.v3.ClustersConfigDump",
+             "static_clusters": [{"cluster": {"name": "c1"}}],
+             "dynamic_active_clusters": [{"cluster": {"name": "c2"}}],
+             "dynamic_warming_clusters": [{"cluster": {"name": "c3"}}]}]});
+        let mut names = Vec::new();
+        read_declared(dump.to_string().as_bytes(), |item| {
+            if let Item::Cluster(c) = item {
+                names.push(c["name"].as_str().unwrap_or_default().to_owned());
+            }
+        })
+        .unwrap();
+        assert_eq!(names, ["c1", "c2", "c3"]);
     }
 
     #[test]
