@@ -140,7 +140,7 @@ pub struct ServeArgs {
     /// Most API requests in progress at once; more answer 503 overloaded at once.
     /// Event streams and blocking queries that wait (index the current index) are not
     /// counted.
-    #[arg(long, env = "MESHCAT_API_MAX_CONCURRENCY", default_value = "1024", value_parser = clap::value_parser!(u32).range(1..=1_000_000), value_name = "N")]
+    #[arg(long, env = "MESHCAT_API_MAX_CONCURRENCY", default_value_t = crate::api::DEFAULT_MAX_CONCURRENCY as u32, value_parser = clap::value_parser!(u32).range(1..=1_000_000), value_name = "N")]
     pub api_max_concurrency: u32,
     /// Largest accepted request body (like 1MiB, 512KiB, 1048576).
     #[arg(long, env = "MESHCAT_MAX_BODY", default_value = "1MiB", value_parser = parse_bytes, value_name = "SIZE")]
@@ -160,12 +160,12 @@ pub struct ServeArgs {
     /// Most upstream hosts one instance may report over all its clusters, with the
     /// clusters its listeners name; a report with more is refused whole
     /// (too_many_upstream_hosts).
-    #[arg(long, env = "MESHCAT_MAX_UPSTREAM_HOSTS", default_value = "32768", value_parser = clap::value_parser!(u32).range(1..), value_name = "N")]
+    #[arg(long, env = "MESHCAT_MAX_UPSTREAM_HOSTS", default_value_t = crate::ingest::DEFAULT_MAX_UPSTREAM_HOSTS as u32, value_parser = clap::value_parser!(u32).range(1..), value_name = "N")]
     pub max_upstream_hosts: u32,
     /// Most instances the live connections of one agent credential (certificate or
     /// token) may report, each connection counting its last report's; a report that
     /// would go over is refused whole (too_many_credential_instances).
-    #[arg(long, env = "MESHCAT_MAX_INSTANCES_PER_CREDENTIAL", default_value = "10000", value_parser = clap::value_parser!(u32).range(1..), value_name = "N")]
+    #[arg(long, env = "MESHCAT_MAX_INSTANCES_PER_CREDENTIAL", default_value_t = crate::ingest::DEFAULT_MAX_CREDENTIAL_INSTANCES as u32, value_parser = clap::value_parser!(u32).range(1..), value_name = "N")]
     pub max_instances_per_credential: u32,
     /// How often the configuration of each zone's edge sidecar (its requestCluster)
     /// is fetched through its agent, so that GET /services lists the clusters it
@@ -181,7 +181,7 @@ pub struct ServeArgs {
     #[arg(long, env = "MESHCAT_EVENT_BUFFER", default_value = "256KiB", value_parser = parse_bytes, value_name = "SIZE")]
     pub event_buffer: u64,
     /// Most GET /events streams open at once; more answer 503 overloaded.
-    #[arg(long, env = "MESHCAT_MAX_EVENT_STREAMS", default_value = "1024", value_parser = clap::value_parser!(u32).range(1..=1_000_000), value_name = "N")]
+    #[arg(long, env = "MESHCAT_MAX_EVENT_STREAMS", default_value_t = crate::api::events::MAX_STREAMS as u32, value_parser = clap::value_parser!(u32).range(1..=1_000_000), value_name = "N")]
     pub max_event_streams: u32,
     /// How often a GET /events stream sends a comment line, so proxies and clients
     /// keep it open (> 0).
@@ -219,7 +219,7 @@ pub struct ServeArgs {
     pub history_retention: Duration,
     /// Most entries the history keeps, the oldest dropped first (at most
     /// 100000000); 0 keeps no history.
-    #[arg(long, env = "MESHCAT_HISTORY_MAX_ENTRIES", default_value = "1000000", value_parser = clap::value_parser!(u64).range(0..=100_000_000), value_name = "N")]
+    #[arg(long, env = "MESHCAT_HISTORY_MAX_ENTRIES", default_value_t = crate::history::DEFAULT_MAX_ENTRIES, value_parser = clap::value_parser!(u64).range(0..=100_000_000), value_name = "N")]
     pub history_max_entries: u64,
     /// Log line format.
     #[arg(long, env = "MESHCAT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
@@ -680,6 +680,9 @@ mod tests {
     /// The flags' defaults are the components' own: a component's default changed
     /// without its flag (or the other way round) fails here. (The status rules'
     /// flags take their defaults from `store` itself.)
+    /// The flags whose defaults are durations or sizes give them as text; the others
+    /// take the component's constant itself. Either way the flag's default is the
+    /// component's.
     #[test]
     fn flag_defaults_are_the_components_defaults() {
         let d = Config::from_args(parse(&[]).unwrap()).unwrap();
