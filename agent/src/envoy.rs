@@ -70,17 +70,6 @@ pub enum EnvoyError {
     Level(String),
 }
 
-impl EnvoyError {
-    /// The namespace failure behind this error, when the sidecar's namespace could
-    /// not be entered (counted by reason in the agent's metrics).
-    pub fn netns(&self) -> Option<&NetnsError> {
-        match self {
-            EnvoyError::Netns { source, .. } => Some(source),
-            _ => None,
-        }
-    }
-}
-
 /// Where a sidecar's admin API listens: `host:port`, inside the network namespace
 /// `netns` when given (the pod's loopback, contract section 18), else in the agent's
 /// own.
