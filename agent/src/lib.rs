@@ -65,11 +65,11 @@ pub async fn run(
     let agent = Agent::new(config.scrape_timeout);
     let source = match (&config.targets_file, &config.pods_file) {
         (Some(path), _) => TargetSource::File(path.clone()),
-        (None, Some(path)) => TargetSource::Pods {
+        (None, Some(path)) => TargetSource::Pods(scrape::PodSource {
             file: path.clone(),
             log_dir: config.pod_log_dir.clone(),
             proc_dir: config.pod_netns.then(|| config.proc_dir.clone()),
-        },
+        }),
         (None, None) => TargetSource::Fixed(config.flag_targets()),
     };
     let (stop_tx, stop_rx) = watch::channel(false);

@@ -31,15 +31,21 @@ pub enum TargetSource {
     /// A file polled every interval.
     File(PathBuf),
     /// A pod list polled every interval, turned into targets by [`crate::discovery`].
-    Pods {
-        file: PathBuf,
-        log_dir: PathBuf,
-        /// The node's process list (`--proc-dir`) when each pod's admin is reached on
-        /// its loopback inside its namespace (`--pod-netns`); its namespaces are looked
-        /// up again every interval, since pods start and restart without the pod list
-        /// changing.
-        proc_dir: Option<PathBuf>,
-    },
+    Pods(PodSource),
+}
+
+/// The node's pods as the DaemonSet discovers them.
+#[derive(Debug, Clone)]
+pub struct PodSource {
+    /// The pod list (`--pods-file`).
+    pub file: PathBuf,
+    /// The node's container logs (`--pod-log-dir`).
+    pub log_dir: PathBuf,
+    /// The node's process list (`--proc-dir`) when each pod's admin is reached on its
+    /// loopback inside its namespace (`--pod-netns`); its namespaces are looked up
+    /// again every interval, since pods start and restart without the pod list
+    /// changing.
+    pub proc_dir: Option<PathBuf>,
 }
 
 fn now_ms() -> i64 {
@@ -416,28 +422,26 @@ struct PodDiscovery {
 impl PodDiscovery {
     /// Derives the targets of `list` and applies them when they changed, logging the
     /// notes (pods left out) when they changed.
-    #[allow(clippy::too_many_arguments)]
     fn apply(
         &mut self,
         agent: &Agent,
         scrapers: &mut Scrapers,
         list: &crate::discovery::PodList,
-        file: &Path,
-        log_dir: &Path,
-        proc_dir: Option<&Path>,
+        source: &PodSource,
         interval: Duration,
     ) {
         use crate::discovery::{AdminReach, checked_targets, podns};
-        let namespaces = match proc_dir.map(podns::scan).transpose() {
+        let file = source.file.as_path();
+        let namespaces = match source.proc_dir.as_deref().map(podns::scan).transpose() {
             Ok(Some(mut found)) => {
+                // A listed pod found before and not now keeps the namespace it had.
                 let listed: std::collections::BTreeSet<String> = list
                     .items
                     .iter()
                     .map(|p| p.metadata.uid.to_ascii_lowercase())
                     .collect();
-                self.known.retain(|uid, _| listed.contains(uid));
-                for (uid, ns) in &self.known {
-                    found.entry(uid.clone()).or_insert_with(|| ns.clone());
+                for (uid, ns) in std::mem::take(&mut self.known) {
+                    found.entry(uid).or_insert(ns);
                 }
                 self.known = found
                     .iter()
@@ -448,14 +452,14 @@ impl PodDiscovery {
             }
             Ok(None) => None,
             Err(e) => {
-                error!(proc_dir = %proc_dir.unwrap_or(Path::new("")).display(), error = %e, "The node's process list cannot be read; keeping the previous targets.");
+                error!(proc_dir = ?source.proc_dir, error = %e, "The node's process list cannot be read; keeping the previous targets.");
                 return;
             }
         };
         let reach = namespaces
             .as_ref()
             .map_or(AdminReach::PodIp, AdminReach::PodLoopback);
-        match checked_targets(list, log_dir, reach, file) {
+        match checked_targets(list, &source.log_dir, reach, file) {
             Ok(found) => {
                 if found.notes != self.notes {
                     for note in &found.notes {
@@ -519,11 +523,8 @@ pub async fn manage(
                     }
                 }
             }
-            TargetSource::Pods {
-                file,
-                log_dir,
-                proc_dir,
-            } => {
+            TargetSource::Pods(source) => {
+                let file = &source.file;
                 let now = fingerprint(file);
                 let reread = first || now != seen;
                 if reread {
@@ -539,17 +540,9 @@ pub async fn manage(
                     }
                 }
                 if let Some(list) = &pods
-                    && (reread || proc_dir.is_some())
+                    && (reread || source.proc_dir.is_some())
                 {
-                    discovery.apply(
-                        &agent,
-                        &mut scrapers,
-                        list,
-                        file,
-                        log_dir,
-                        proc_dir.as_deref(),
-                        interval,
-                    );
+                    discovery.apply(&agent, &mut scrapers, list, source, interval);
                 }
             }
         }
