@@ -492,3 +492,19 @@ impl Sidecar {
         Ok(())
     }
 }
+
+/// A node's pod list as a DaemonSet agent reads it (`--pods-file`), written under
+/// `dir` with `pods` as its items, beside an empty folder of container logs
+/// (`--pod-log-dir`): the agent flags that point at both.
+pub fn pods_flags(dir: &Path, pods: Vec<Value>) -> anyhow::Result<Vec<String>> {
+    let logs = dir.join("pods");
+    std::fs::create_dir_all(&logs)?;
+    let file = dir.join("pods.json");
+    std::fs::write(&file, json!({"kind": "List", "items": pods}).to_string())?;
+    Ok(vec![
+        "--pods-file".into(),
+        file.display().to_string(),
+        "--pod-log-dir".into(),
+        logs.display().to_string(),
+    ])
+}

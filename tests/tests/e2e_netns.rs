@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use meshcat_tests::mesh::{instance_names, metric_sum};
+use meshcat_tests::mesh::{instance_names, metric_sum, pods_flags};
 use meshcat_tests::netns::{PodCgroup, http_in};
 use meshcat_tests::{Bootstrap, Catalog, Envoy, MeshAgent, wait_for};
 use serde_json::{Value, json};
@@ -330,26 +330,12 @@ async fn pod_discovery_finds_each_pods_namespace_by_its_uid() {
     let mut cgroup = PodCgroup::place(envoy.pid().unwrap(), uid).unwrap();
     let catalog = registered("bookinfo", "reviews").await;
     let dir = tempfile::tempdir().unwrap();
-    let logs = dir.path().join("pods");
-    std::fs::create_dir_all(&logs).unwrap();
-    let pods = dir.path().join("pods.json");
-    std::fs::write(
-        &pods,
-        json!({"kind": "List", "items": [istio_pod(uid)]}).to_string(),
-    )
-    .unwrap();
-    let agent = MeshAgent::start(&agent_flags(
-        &catalog,
-        &[
-            "--pods-file",
-            pods.to_str().unwrap(),
-            "--pod-log-dir",
-            logs.to_str().unwrap(),
-            "--pod-netns",
-        ],
-    ))
-    .await
-    .unwrap();
+    let mut flags = pods_flags(dir.path(), vec![istio_pod(uid)]).unwrap();
+    flags.push("--pod-netns".into());
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let agent = MeshAgent::start(&agent_flags(&catalog, &flags))
+        .await
+        .unwrap();
     catalog
         .wait_cluster("reviews-1 live", "bookinfo", "reviews", DEADLINE, |c| {
             instance_names(c) == ["reviews-1"]

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use meshcat_tests::mesh::instance_names;
+use meshcat_tests::mesh::{instance_names, pods_flags};
 use meshcat_tests::{Catalog, MeshAgent, Sidecar};
 use serde_json::json;
 
@@ -49,30 +49,17 @@ async fn pods_of_one_name_in_two_namespaces_are_both_reported_and_commanded_apar
     let b = Sidecar::start().await.unwrap();
 
     let dir = tempfile::tempdir().unwrap();
-    let logs = dir.path().join("pods");
-    std::fs::create_dir_all(&logs).unwrap();
-    let pods = dir.path().join("pods.json");
-    std::fs::write(
-        &pods,
-        json!({"kind": "List", "items": [
+    let pods = pods_flags(
+        dir.path(),
+        vec![
             pod("team-a", "uid-a", &admin_port(&a)),
             pod("team-b", "uid-b", &admin_port(&b)),
-        ]})
-        .to_string(),
+        ],
     )
     .unwrap();
     let mut args = catalog.agent_args();
-    args.extend(
-        [
-            "--pods-file",
-            pods.to_str().unwrap(),
-            "--pod-log-dir",
-            logs.to_str().unwrap(),
-            "--interval",
-            "200ms",
-        ]
-        .map(str::to_owned),
-    );
+    args.extend(pods);
+    args.extend(["--interval", "200ms"].map(str::to_owned));
     let agent = MeshAgent::start(&args).await.unwrap();
 
     // Both pods are reported, each in its namespace's zone.
