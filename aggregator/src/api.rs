@@ -37,8 +37,9 @@ pub use auth::{CallerAccess, Tokens};
 pub use error::ApiError;
 
 use crate::diagnosis::DiagnosisTools;
+use crate::history::History;
 use crate::ingest::Agents;
-use crate::store::Store;
+use crate::store::{Instances, Store};
 use crate::telemetry::ApiMetrics;
 
 /// Every (method, path template) the API serves. The router and the OpenAPI
@@ -86,6 +87,10 @@ pub const ROUTES: &[(&str, &str)] = &[
 #[derive(Debug)]
 pub struct AppState {
     pub store: Arc<Store>,
+    /// The live instances beside the catalog.
+    pub instances: Arc<Instances>,
+    /// The history, when it is on.
+    pub history: Option<Arc<History>>,
     pub tokens: Tokens,
     pub metrics: ApiMetrics,
     /// How forwarded requests reach the other replicas (etcd store).

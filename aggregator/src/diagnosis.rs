@@ -21,9 +21,9 @@ use meshcat_diagnose::{
 use tracing::{info, warn};
 
 use crate::graph::snapshot::{Graphs, Snapshot};
-use crate::history::{Detail, Kind, Pending, Query};
+use crate::history::{Detail, History, Kind, Pending, Query};
 use crate::sidecars::{Answer, Ask, Sidecars, window_deadline};
-use crate::store::Store;
+use crate::store::{Instances, Store};
 
 /// Most service instances one diagnosis collects evidence from.
 pub const MAX_DIAGNOSED_INSTANCES: usize = 5;
@@ -134,6 +134,10 @@ pub struct DiagnosisConfig {
 pub struct Diagnosis {
     pub sidecars: Sidecars,
     pub store: Arc<Store>,
+    pub instances: Arc<Instances>,
+    /// Where the diagnosis is recorded and recent changes are read, when the
+    /// history is on.
+    pub history: Option<Arc<History>>,
     /// The shared graph snapshot the failing calls are read from.
     pub graphs: Arc<Graphs>,
     /// The commands' deadline and the Prometheus client.
@@ -281,8 +285,15 @@ impl Diagnosis {
                 .as_ref()
                 .and_then(|r| serde_json::to_value(r).ok()),
         };
-        self.store
-            .note(|| Pending::new(Kind::Diagnosed, &zone.zone_name, cluster, "", detail));
+        if let Some(h) = &self.history {
+            h.record(Pending::new(
+                Kind::Diagnosed,
+                &zone.zone_name,
+                cluster,
+                "",
+                detail,
+            ));
+        }
         Ok(report)
     }
 
@@ -294,7 +305,7 @@ impl Diagnosis {
         hops: &[(String, String)],
         lookback: Duration,
     ) -> Vec<meshcat_common::model::HistoryEntry> {
-        let Some(db) = self.store.history().map(|h| h.db().clone()) else {
+        let Some(db) = self.history.as_ref().map(|h| h.db().clone()) else {
             return Vec::new();
         };
         let since = crate::history::entry::now_ms()
@@ -555,12 +566,17 @@ async fn metrics_evidence(
     // (instance, whether it reports metrics): this replica's instances, then those
     // other replicas own, whose metrics are asked from their owner.
     let mut read: Vec<(String, bool)> = d
-        .store
+        .instances
         .live_instances(zone, cluster)
         .iter()
         .map(|i| (i.instance.clone(), reports_metrics(&i.metrics)))
         .collect();
-    let mut remote = d.store.remote_live(zone, cluster);
+    let mut remote: Vec<(String, String)> = d
+        .instances
+        .live_owners(zone, cluster)
+        .into_iter()
+        .filter_map(|(instance, owner)| Some((instance, owner?)))
+        .collect();
     if remote.len() > MAX_REMOTE_METRICS {
         notes.push(format!(
             "{} instances owned by other replicas not read (the first {MAX_REMOTE_METRICS} by name were)",
@@ -960,7 +976,7 @@ mod tests {
     #[test]
     fn the_root_cause_is_the_deepest_cluster_whose_own_checks_fail() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path(), crate::store::Rules::defaults()).unwrap();
+        let (store, _instances) = Store::open(dir.path(), crate::store::Rules::defaults()).unwrap();
         store.create_zone(ZoneRecord::new("z", "cp:50000")).unwrap();
         for (cluster, owner) in [("a", "team-a"), ("b", "team-b")] {
             let mut r = ClusterRecord::new("z", cluster, cluster);

@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use tracing::{debug, warn};
 
 use crate::ingest::Agents;
-use crate::store::Store;
+use crate::store::{Instances, Store};
 
 /// The names of the clusters a `/config_dump` declares (static and dynamic, active
 /// and warming), sorted, each once, at most [`MAX_CLUSTERS`].
@@ -37,12 +37,12 @@ pub fn cluster_names(dump: &[u8]) -> Result<Vec<String>, config_dump::Error> {
 /// Refreshes every zone's edge clusters now: asks one live instance of each zone's
 /// request cluster for its config dump. Zones whose edge has no live instance keep
 /// their previous list until one reports again.
-pub async fn refresh(store: &Store, agents: &Agents, deadline: Duration) {
+pub async fn refresh(store: &Store, instances: &Instances, agents: &Agents, deadline: Duration) {
     for zone in store.zones() {
         if zone.request_cluster.is_empty() {
             continue;
         }
-        let live = store.live_instances(&zone.zone_name, &zone.request_cluster);
+        let live = instances.live_instances(&zone.zone_name, &zone.request_cluster);
         for edge in live {
             let outcome = agents
                 .command(
@@ -57,7 +57,7 @@ pub async fn refresh(store: &Store, agents: &Agents, deadline: Duration) {
                 Ok(CommandOutput::ConfigDump(text)) => match cluster_names(text.as_bytes()) {
                     Ok(names) => {
                         debug!(zone = %zone.zone_name, instance = %edge.instance, clusters = names.len(), "Edge clusters refreshed.");
-                        store.set_edge_clusters(&zone.zone_name, names);
+                        instances.set_edge_clusters(&zone.zone_name, names);
                         break;
                     }
                     Err(e) => {
@@ -79,6 +79,7 @@ pub async fn refresh(store: &Store, agents: &Agents, deadline: Duration) {
 /// zones whose edge has not reported yet are skipped until the next).
 pub async fn refresh_loop(
     store: Arc<Store>,
+    instances: Arc<Instances>,
     agents: Agents,
     period: Duration,
     deadline: Duration,
@@ -94,7 +95,7 @@ pub async fn refresh_loop(
         if stopping {
             return;
         }
-        refresh(&store, &agents, deadline).await;
+        refresh(&store, &instances, &agents, deadline).await;
     }
 }
 

@@ -19,7 +19,7 @@ use meshcat_common::model::Status;
 use serde::Serialize;
 
 use crate::store::Store;
-use crate::store::traffic::AddressMap;
+use crate::store::traffic::{AddressMap, Traffic};
 
 /// Default and largest `depth` of a focused graph.
 pub const DEFAULT_DEPTH: u32 = 1;
@@ -350,8 +350,8 @@ fn declared_node(zone: &str, cluster: &str) -> Node {
 /// The whole graph at `now`. Nodes and links are found by position: a mesh's graph
 /// is built from every upstream of every live instance (hundreds of thousands on a
 /// big mesh), once a second, so no id is built or compared per upstream.
-pub fn build(store: &Store, now: Instant, counters: Counters) -> Built {
-    let window = store.graph_window();
+pub fn build(store: &Store, traffic: &Traffic, now: Instant, counters: Counters) -> Built {
+    let window = traffic.window();
     let facts = store.cluster_facts();
     let mut all: Vec<Node> = Vec::with_capacity(facts.len());
     let mut clusters = ByZone::default();
@@ -371,7 +371,7 @@ pub fn build(store: &Store, now: Instant, counters: Counters) -> Built {
     }
     // One view for every walk: a peer's summary replaced meanwhile shows in the
     // next build, whole.
-    let calls = store.calls_view();
+    let calls = traffic.view();
     // Who listens where (by address key: upstream hosts are kept hashed), and
     // whether another sidecar sends traffic there.
     let mut listening: AddressMap<(u32, bool)> = AddressMap::default();
@@ -428,7 +428,7 @@ pub fn build(store: &Store, now: Instant, counters: Counters) -> Built {
         declared: !observed,
         ..Link::new(source, target)
     };
-    let now_bucket = store.graph_bucket(now);
+    let now_bucket = traffic.bucket(now);
     calls.each(|zone, cluster, c| {
         // The calls of a cluster no longer known (its last instance expired while the
         // graph was built) draw no edge.
@@ -462,7 +462,7 @@ pub fn build(store: &Store, now: Instant, counters: Counters) -> Built {
             if local.contains(&name) {
                 continue;
             }
-            let w = store.calls_window(u, now);
+            let w = traffic.window_of(u, now);
             if w.requests == 0 && w.errors == 0 {
                 continue;
             }
@@ -532,9 +532,14 @@ fn max_opt(a: Option<f64>, b: Option<f64>) -> Option<f64> {
 /// The graph as `scope` asks for it, built afresh: the oracle the snapshot's views
 /// are checked against.
 #[cfg(test)]
-pub fn view(store: &Store, scope: &Scope, now: Instant) -> Result<GraphView, GraphError> {
+pub fn view(
+    store: &Store,
+    traffic: &Traffic,
+    scope: &Scope,
+    now: Instant,
+) -> Result<GraphView, GraphError> {
     let index = store.index();
-    let built = build(store, now, Counters::Leave);
+    let built = build(store, traffic, now, Counters::Leave);
     let mut nodes = built.nodes.clone();
     let mut edges: Vec<Edge> = (0..built.links.len()).map(|i| built.edge(i)).collect();
     if let Some(zone) = &scope.zone {
@@ -576,7 +581,7 @@ pub fn view(store: &Store, scope: &Scope, now: Instant) -> Result<GraphView, Gra
     }
     Ok(GraphView {
         index,
-        window_seconds: store.graph_window().as_secs(),
+        window_seconds: traffic.window().as_secs(),
         error_ratio_warning: store.rules().error_ratio_warning,
         nodes,
         edges,

@@ -1,15 +1,15 @@
 //! The history (contract section 15): what changed in the catalog and its sidecars,
 //! and when, durable under `--data-dir` (`history.redb`, see [`log`]).
 //!
-//! Recording never waits: the points where something happens (the store's
-//! registration, instance and status paths, the sidecar commands, the diagnosis)
-//! hand a [`Pending`] entry to a bounded queue with `try_send`, and one writer
-//! thread ([`writer`]) stores what is queued in batches, one durable commit each, at
-//! most [`writer::GATHER`] after the first entry of a batch. A full queue drops the
-//! entry and counts it (`meshcat_history_dropped_total`): the ingest and the API are
-//! never held up by the history. Stored entries reach `GET /events` as `history`
-//! events through [`publish_events`]; a batch of them the feed has no room for is
-//! counted (`meshcat_history_events_dropped_total`) and the streams that show
+//! Recording never waits: the points where something happens (the catalog's
+//! registration and status paths, the live instances' paths, the sidecar commands, the
+//! diagnosis) hand a [`Pending`] entry to a bounded queue with `try_send`, and one
+//! writer thread ([`writer`]) stores what is queued in batches, one durable commit
+//! each, at most [`writer::GATHER`] after the first entry of a batch. A full queue
+//! drops the entry and counts it (`meshcat_history_dropped_total`): the ingest and the
+//! API are never held up by the history. Stored entries reach `GET /events` as
+//! `history` events through [`publish_events`]; a batch of them the feed has no room
+//! for is counted (`meshcat_history_events_dropped_total`) and the streams that show
 //! history are reset, so that their clients read the history again.
 
 pub mod entry;

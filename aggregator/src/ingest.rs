@@ -37,7 +37,7 @@ pub use meshcat_common::limits::MAX_UPSTREAM_CLUSTERS as DEFAULT_MAX_UPSTREAM_CL
 /// Most upstream hosts one instance may report, over all its clusters.
 pub const DEFAULT_MAX_UPSTREAM_HOSTS: usize = 32_768;
 /// Most distinct instances the live connections of one credential may report, so
-/// one zone's credential cannot use up the store's global bound.
+/// one zone's credential cannot use up the live instances' global bound.
 pub const DEFAULT_MAX_CREDENTIAL_INSTANCES: usize = 10_000;
 /// Most agent connections served at once; more are refused at the handshake.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 20_000;
@@ -50,10 +50,31 @@ pub const MAX_HELLO: usize = 4 << 10;
 /// included).
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// An instance of a report that was not applied: (zone, cluster, instance).
-pub type RefusedInstance = (String, String, String);
+/// One reported instance, as a report names it: the key of everything kept per
+/// instance, and what the sink answers for an instance it did not apply.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct InstanceKey {
+    pub zone: String,
+    pub cluster: String,
+    pub instance: String,
+}
 
-/// Where accepted reports go (the catalog store implements it). The sink owns which
+impl InstanceKey {
+    pub fn new(zone: &str, cluster: &str, instance: &str) -> InstanceKey {
+        InstanceKey {
+            zone: zone.to_owned(),
+            cluster: cluster.to_owned(),
+            instance: instance.to_owned(),
+        }
+    }
+
+    /// The key of the instance `report` is about.
+    pub fn of(report: &InstanceReport) -> InstanceKey {
+        InstanceKey::new(&report.zone_name, &report.cluster_name, &report.instance)
+    }
+}
+
+/// Where accepted reports go (the live instances implement it). The sink owns which
 /// session reports which instance; commands are routed by asking it. A session is
 /// named by its key: a tag of its credential, `:`, and the agent id.
 pub trait ReportSink: Send + Sync + 'static {
@@ -67,7 +88,7 @@ pub trait ReportSink: Send + Sync + 'static {
         instances: Vec<InstanceReport>,
         now: Instant,
         may_take: &dyn Fn(&str) -> bool,
-    ) -> Vec<RefusedInstance>;
+    ) -> Vec<InstanceKey>;
     /// The session's connection ended: its instances go.
     fn agent_gone(&self, key: &str);
     /// The key of the session that reports this instance now.

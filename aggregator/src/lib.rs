@@ -47,7 +47,7 @@ use crate::ingest::{Ingest, IngestConfig};
 use crate::ops::OpsState;
 use crate::store::etcd::EtcdTlsFiles;
 use crate::store::persist::PersistError;
-use crate::store::{Store, StoreConfig, StoreSpec};
+use crate::store::{Instances, Store, StoreConfig, StoreSpec};
 use crate::telemetry::Telemetry;
 
 /// How often instances past their TTL are dropped.
@@ -83,46 +83,57 @@ pub enum RunError {
 pub struct Aggregator {
     pub config: Config,
     pub store: Arc<Store>,
+    pub instances: Arc<Instances>,
+    /// Where the catalog, the instances, the sidecar layer and the diagnosis record
+    /// what changed, when the history is on.
+    pub history: Option<Arc<history::History>>,
     pub telemetry: Telemetry,
 }
 
 impl Aggregator {
-    /// Opens the store (loading the registrations) and the metric registry.
+    /// Opens the store (loading the registrations) with the live instances beside
+    /// it, the history and the metric registry.
     /// With an etcd store this only prepares the client: [`serve`] loads the
     /// catalog, and the replica is ready once it has. Call it within a runtime
     /// (on its blocking pool, as [`run`] does).
     pub fn open(config: Config) -> Result<Aggregator, RunError> {
-        let store = open_store(&config.store)?;
+        let (store, instances) = open_store(&config.store)?;
         let lag = config.events.lag;
         store.changes().configure(lag, lag.max(DEFAULT_RETAINED));
         let telemetry = Telemetry::new()?;
-        if config.history.is_on() {
+        let history = if config.history.is_on() {
             let metrics = history::HistoryMetrics::register(&telemetry.registry)?;
-            let h = history::History::open(
+            let h = Arc::new(history::History::open(
                 &config.store.data_dir,
                 &config.history_file(),
                 config.history,
                 metrics,
-            )?;
-            let _ = store.set_history(h);
-        }
+            )?);
+            let _ = store.set_history(h.clone());
+            Some(h)
+        } else {
+            None
+        };
         Ok(Aggregator {
             config,
             store: Arc::new(store),
+            instances: Arc::new(instances),
+            history,
             telemetry,
         })
     }
 }
 
-/// Opens the registrations where the configuration says they live.
-fn open_store(config: &StoreConfig) -> Result<Store, RunError> {
+/// Opens the registrations where the configuration says they live, with the live
+/// instances beside them.
+fn open_store(config: &StoreConfig) -> Result<(Store, Instances), RunError> {
     let rules = config.rules;
     Ok(match &config.spec {
         StoreSpec::Redb => {
-            let store = Store::open(&config.data_dir, rules)?;
+            let (store, instances) = Store::open(&config.data_dir, rules)?;
             let t = store.totals();
             info!(data_dir = %config.data_dir.display(), zones = t.zones, clusters = t.clusters, "Registrations loaded.");
-            store
+            (store, instances)
         }
         StoreSpec::Etcd { endpoints, prefix } => {
             let tls = config.etcd_tls.as_ref().map(etcd_tls).transpose()?;
@@ -139,23 +150,23 @@ fn open_store(config: &StoreConfig) -> Result<Store, RunError> {
     })
 }
 
-impl ingest::ReportSink for Store {
+impl ingest::ReportSink for Instances {
     fn apply_report(
         &self,
         key: &str,
         instances: Vec<InstanceReport>,
         now: Instant,
         may_take: &dyn Fn(&str) -> bool,
-    ) -> Vec<ingest::RefusedInstance> {
-        Store::apply_reports_guarded(self, key, instances, now, may_take)
+    ) -> Vec<ingest::InstanceKey> {
+        Instances::apply_reports_guarded(self, key, instances, now, may_take)
     }
 
     fn agent_gone(&self, key: &str) {
-        Store::agent_gone(self, key);
+        Instances::agent_gone(self, key);
     }
 
     fn reporter(&self, zone: &str, cluster: &str, instance: &str) -> Option<String> {
-        Store::reporter(self, zone, cluster, instance)
+        Instances::reporter(self, zone, cluster, instance)
     }
 }
 
@@ -198,7 +209,7 @@ fn prepare_ingest(agg: &Aggregator) -> Result<Option<IngestParts>, RunError> {
         auth,
         limits: c.limits,
     };
-    let sink: Arc<dyn ingest::ReportSink> = agg.store.clone();
+    let sink: Arc<dyn ingest::ReportSink> = agg.instances.clone();
     let ingest = Ingest::new(config, sink, &agg.telemetry.registry)
         .map_err(|e| RunError::Ingest(e.to_string()))?;
     let socket = std::net::UdpSocket::bind(c.addr).map_err(|error| RunError::Bind {
@@ -258,9 +269,13 @@ async fn serve_with(
     };
     let diagnosis =
         DiagnosisTools::new(&c.diagnosis).map_err(|e| RunError::Serve(std::io::Error::other(e)))?;
-    let graphs = Arc::new(graph::snapshot::Graphs::default());
+    let graphs = Arc::new(graph::snapshot::Graphs::new(
+        agg.instances.traffic().clone(),
+    ));
     let app_state = Arc::new(AppState {
         store: agg.store.clone(),
+        instances: agg.instances.clone(),
+        history: agg.history.clone(),
         tokens: c.tokens.clone(),
         metrics: agg.telemetry.api.clone(),
         peers: peers.clone(),
@@ -305,16 +320,20 @@ async fn serve_with(
         None,
         stop_rx.clone(),
     ));
-    let expiry_task = tokio::spawn(expire_loop(agg.store.clone(), stop_rx.clone()));
+    let expiry_task = tokio::spawn(expire_loop(agg.instances.clone(), stop_rx.clone()));
     let graph_task = tokio::spawn(graph::snapshot::watch(
         agg.store.clone(),
         graphs,
         stop_rx.clone(),
     ));
-    let sync_task = tokio::spawn(store::etcd::sync(agg.store.clone(), stop_rx.clone()));
+    let sync_task = tokio::spawn(store::etcd::sync(
+        agg.store.clone(),
+        agg.instances.clone(),
+        stop_rx.clone(),
+    ));
     let history_task = agg
-        .store
-        .history()
+        .history
+        .as_deref()
         .and_then(history::History::take_events)
         .map(|events| {
             tokio::spawn(history::publish_events(
@@ -336,13 +355,14 @@ async fn serve_with(
                 .unwrap_or_else(|| api_addr.to_string()),
             c.store.rules,
         );
-        let _ = agg.store.set_membership(Arc::new(membership));
+        let _ = agg.instances.set_membership(Arc::new(membership));
         tokio::spawn(publisher.run(stop_rx.clone()))
     });
     // With etcd, every replica draws the graph from its peers' traffic too.
     let traffic_task = agg.store.etcd().map(|_| {
         tokio::spawn(replicas::pull_traffic(
             replicas::Replicas::new(agg.store.clone(), peers.clone()),
+            agg.instances.traffic().clone(),
             stop_rx.clone(),
         ))
     });
@@ -352,6 +372,7 @@ async fn serve_with(
     let edge_task = agents.map(|agents| {
         tokio::spawn(edge::refresh_loop(
             agg.store.clone(),
+            agg.instances.clone(),
             agents,
             c.diagnosis.edge_refresh,
             c.diagnosis.command_timeout,
@@ -425,12 +446,12 @@ async fn serve_with(
     Ok(())
 }
 
-async fn expire_loop(store: Arc<Store>, mut stop: watch::Receiver<bool>) {
+async fn expire_loop(instances: Arc<Instances>, mut stop: watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(EXPIRY_PERIOD);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            _ = tick.tick() => store.expire(Instant::now()),
+            _ = tick.tick() => instances.expire(Instant::now()),
             _ = stop.wait_for(|s| *s) => return,
         }
     }
@@ -448,6 +469,7 @@ pub struct RunningAggregator {
     /// The connected agents, to send them commands.
     pub agents: Option<ingest::Agents>,
     pub store: Arc<Store>,
+    pub instances: Arc<Instances>,
     pub telemetry: Telemetry,
     /// Fires the shutdown.
     stop: Option<tokio::sync::oneshot::Sender<()>>,
@@ -493,6 +515,7 @@ pub async fn start(config: Config) -> Result<RunningAggregator, RunError> {
     let agents = ingest.as_ref().map(|p| p.ingest.agents());
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let store = agg.store.clone();
+    let instances = agg.instances.clone();
     let telemetry = agg.telemetry.clone();
     let api_scheme = if agg.config.api.tls.is_some() {
         "https"
@@ -509,6 +532,7 @@ pub async fn start(config: Config) -> Result<RunningAggregator, RunError> {
         quic_addr,
         agents,
         store,
+        instances,
         telemetry,
         stop: Some(tx),
         task,

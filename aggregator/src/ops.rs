@@ -143,7 +143,7 @@ mod tests {
     use crate::store::Rules;
 
     fn state(dir: &std::path::Path, cluster_metrics: bool) -> Arc<OpsState> {
-        let store = Store::open(dir, Rules::defaults()).unwrap();
+        let (store, instances) = Store::open(dir, Rules::defaults()).unwrap();
         store
             .create_zone(ZoneRecord {
                 zone_name: "z".into(),
@@ -162,7 +162,8 @@ mod tests {
             store: Arc::new(store),
             telemetry: Telemetry::new().unwrap(),
             ready: AtomicBool::new(true),
-            cluster_series: cluster_metrics.then(|| Arc::new(Graphs::default())),
+            cluster_series: cluster_metrics
+                .then(|| Arc::new(Graphs::new(instances.traffic().clone()))),
         })
     }
 

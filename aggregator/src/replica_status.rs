@@ -15,7 +15,7 @@ use utoipa::ToSchema;
 use crate::ingest::Agents;
 use crate::ingest::RECENT_REJECTIONS;
 use crate::peer_signature::Access;
-use crate::store::{Store, ZoneReporters};
+use crate::store::{Instances, Store, ZoneReporters};
 
 /// The answer of `GET /status`.
 #[derive(Debug, Clone, Serialize, ToSchema)]
@@ -84,6 +84,7 @@ pub struct Rejections {
 /// as `token`. It walks every instance: call it on the blocking pool.
 pub fn replica_status(
     store: &Store,
+    instances: &Instances,
     agents: Option<&Agents>,
     stopping: bool,
     access: Access,
@@ -110,7 +111,7 @@ pub fn replica_status(
         ingest: agents.is_some(),
         agents_connected: agents.map_or(0, |a| a.connected() as u64),
         // Names agents report that nobody registered are live data.
-        zones: store.reporters_by_zone(access >= Access::Read),
+        zones: instances.reporters_by_zone(access >= Access::Read),
         rejections: Rejections {
             window_seconds: RECENT_REJECTIONS.as_secs(),
             total: by_reason.values().sum(),

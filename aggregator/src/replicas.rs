@@ -23,7 +23,7 @@ use tracing::warn;
 
 use crate::peer_signature::{Access, Signed, Signer};
 use crate::store::Store;
-use crate::store::traffic::ClusterTraffic;
+use crate::store::traffic::{ClusterTraffic, Traffic};
 
 /// Carries the signature of a forwarded request.
 pub const FORWARDED: HeaderName = HeaderName::from_static("x-meshcat-forwarded");
@@ -602,7 +602,11 @@ fn json<T: serde::de::DeserializeOwned>(b: &Bytes) -> Result<T, String> {
 /// [`TRAFFIC_PULL_PERIOD`], all at once, and forgets the peers that left. A peer
 /// that does not answer keeps its last summary until it is older than the graph
 /// window (its edges then fade like any whose traffic stopped).
-pub async fn pull_traffic(replicas: Replicas, mut stop: tokio::sync::watch::Receiver<bool>) {
+pub async fn pull_traffic(
+    replicas: Replicas,
+    traffic: Arc<Traffic>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
     let mut tick = tokio::time::interval(TRAFFIC_PULL_PERIOD);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut answered: std::collections::HashMap<String, std::time::Instant> =
@@ -622,17 +626,16 @@ pub async fn pull_traffic(replicas: Replicas, mut stop: tokio::sync::watch::Rece
         }))
         .await;
         let now = std::time::Instant::now();
-        let traffic = replicas.store.traffic();
         for (peer, answer) in asked {
             match answer {
                 Ok(clusters) => {
-                    replicas.store.set_remote_traffic(peer, &clusters, now);
+                    traffic.set_remote(peer, &clusters, now);
                     answered.insert(peer.clone(), now);
                 }
                 Err(e) => warn!(%peer, error = %e, "A peer's traffic was not read."),
             }
         }
-        let window = replicas.store.graph_window();
+        let window = traffic.window();
         for peer in traffic.remote_peers() {
             let stale = answered
                 .get(&peer)

@@ -11,10 +11,10 @@ use std::time::Duration;
 use meshcat_common::level;
 use meshcat_common::wire::{Command, CommandOutput, DebugWindowOutput, EvidenceOutput};
 
-use crate::history::{ChangedBy, Detail, Kind, Pending};
+use crate::history::{ChangedBy, Detail, History, Kind, Pending};
 use crate::ingest::{Agents, CommandError};
 use crate::replicas::{PeerCallError, Replicas};
-use crate::store::Store;
+use crate::store::{Instances, Store};
 
 /// Time beyond a debug window's length an agent gets to restore the level, wait for
 /// the sidecar's last lines (1 s) and answer.
@@ -102,14 +102,26 @@ pub enum SidecarError {
 #[derive(Debug, Clone)]
 pub struct Sidecars {
     store: Arc<Store>,
+    instances: Arc<Instances>,
+    /// Where log-level changes and debug windows are recorded, when the history is
+    /// on.
+    history: Option<Arc<History>>,
     agents: Option<Agents>,
     replicas: Replicas,
 }
 
 impl Sidecars {
-    pub fn new(store: Arc<Store>, agents: Option<Agents>, replicas: Replicas) -> Sidecars {
+    pub fn new(
+        store: Arc<Store>,
+        instances: Arc<Instances>,
+        history: Option<Arc<History>>,
+        agents: Option<Agents>,
+        replicas: Replicas,
+    ) -> Sidecars {
         Sidecars {
             store,
+            instances,
+            history,
             agents,
             replicas,
         }
@@ -117,7 +129,7 @@ impl Sidecars {
 
     /// Every live instance of (zone, cluster), by name, with where it is reached.
     pub fn targets(&self, zone: &str, cluster: &str) -> Vec<Target> {
-        self.store
+        self.instances
             .live_owners(zone, cluster)
             .into_iter()
             .map(|(instance, owner)| Target {
@@ -135,7 +147,7 @@ impl Sidecars {
         cluster: &str,
         instance: &str,
     ) -> Result<Target, SidecarError> {
-        match self.store.live_owner(zone, cluster, instance) {
+        match self.instances.live_owner(zone, cluster, instance) {
             Some(owner) => Ok(Target {
                 instance: instance.to_owned(),
                 owner: owner.map_or(Owner::Here, Owner::Replica),
@@ -151,7 +163,8 @@ impl Sidecars {
     /// Whether (zone, cluster) is known: registered, or with a live instance here or
     /// on a peer.
     pub fn knows(&self, zone: &str, cluster: &str) -> bool {
-        self.store.is_registered(zone, cluster) || !self.store.live_owners(zone, cluster).is_empty()
+        self.store.is_registered(zone, cluster)
+            || !self.instances.live_owners(zone, cluster).is_empty()
     }
 
     /// Whether commands can reach any sidecar through this aggregator's agents.
@@ -229,7 +242,7 @@ impl Sidecars {
             _ => None,
         };
         let changes_level = window.is_some() || matches!(ask, Ask::SetLevel(_));
-        let before = if changes_level && self.store.history().is_some() {
+        let before = if changes_level && self.history.is_some() {
             match agents
                 .command(zone, cluster, instance, Command::GetLogLevel, deadline)
                 .await
@@ -241,8 +254,9 @@ impl Sidecars {
             None
         };
         let note = |kind: Kind, detail: Detail| {
-            self.store
-                .note(|| Pending::new(kind, zone, cluster, instance, detail));
+            if let Some(h) = &self.history {
+                h.record(Pending::new(kind, zone, cluster, instance, detail));
+            }
         };
         let level_changed = |from: &str, to: &str, by: ChangedBy| {
             if from != to {

@@ -1,23 +1,23 @@
-//! The catalog's in-memory index and its shape: every known (zone, cluster) with its
-//! registration and reported instances, and the registered zones with their
-//! counters. The catalog index (the change generation that keys read caches and
-//! numbers the change feed) is the change feed's ([`crate::changes`]), moved from
-//! here. How the catalog is opened and its rules are in [`config`]. Three modules own
-//! the facts kept in it, each behind its own seam:
+//! The catalog: the registrations (zones and clusters, durable in redb or etcd) and
+//! the read model, kept in one in-memory index beside the live instances. This file
+//! owns that index and its shape (every known (zone, cluster) with its registration,
+//! its reported instances and its status; the registered zones with their counters)
+//! and the two types that write it:
 //!
-//! - [`registrations`]: zone and cluster records, durable behind the
-//!   [`Registrations`] trait (redb in [`persist`]), shown in memory only after the
-//!   durable commit, in commit order;
-//! - [`instances`]: reported instances and which agent reports each (the one owner of that
-//!   fact), expiry, and the [`Membership`] seam where a replica publishes them;
-//! - [`read`]: answers, rendered from the index ([`render`]), cached per generation.
+//! - [`Store`], the catalog: its registrations ([`registrations`], durable behind the
+//!   [`Registrations`] trait, redb in [`persist`], etcd in [`etcd`]), shown in memory
+//!   only after the durable commit, in commit order, and the answers read from the
+//!   index ([`read`], rendered by [`render`], cached per generation);
+//! - [`Instances`] ([`instances`]), the live instances: the reports of agents and
+//!   peers, who reports each, expiry, their drift ([`drift`]) and the traffic their
+//!   reports carry ([`traffic`]).
 //!
-//! Each of the three moves the catalog index at the one point where a fact a reader
-//! can see changed, through [`publish`], which renders that change's events for the
-//! change feed ([`crate::changes`]).
-//!
-//! This file keeps what the three share: the index types and each entry's status,
-//! recomputed from its registration and its live instances.
+//! A cluster's registration, its instances and its status share one entry under one
+//! map guard, so a report's run of instances costs one lookup and a rendered view
+//! always shows the status of the instances it lists; each writer changes only its
+//! part and recomputes the status. Both move the catalog index (the change feed's,
+//! [`crate::changes`]) where a fact a reader can see changed, through [`publish`].
+//! How the catalog is opened and its rules are in [`config`].
 
 mod aggregate;
 mod config;
@@ -46,13 +46,13 @@ pub use config::{
     DEFAULT_ERROR_RATIO_WARNING, DEFAULT_GRAPH_WINDOW, DEFAULT_INSTANCE_TTL, Rules, StoreConfig,
     StoreSpec,
 };
-use instances::Live;
 pub use instances::{
-    LiveInstance, MAX_INSTANCES, Member, Membership, RemoteInstance, Reporter, ZoneReporters,
+    InstanceKey, Instances, LiveInstance, MAX_INSTANCES, Member, Membership, MetricsLookup,
+    RemoteInstance, Reporter, ZoneReporters,
 };
 pub use persist::{PersistError, RedbRegistrations};
 use read::ReadCache;
-pub use read::{Cached, CachedKind, MetricsLookup, Totals};
+pub use read::{Cached, CachedKind, ClusterFacts, Totals};
 use registrations::Sequencer;
 pub use registrations::{Committed, Loaded, Refusal, Registrations, Write};
 
@@ -139,9 +139,10 @@ struct ZoneState {
     clusters: BTreeSet<String>,
 }
 
-/// The catalog.
+/// The in-memory index: what the catalog shows, shared by the catalog ([`Store`])
+/// and the live instances ([`Instances`]), each writing its part of an entry.
 #[derive(Debug)]
-pub struct Store {
+struct Memory {
     /// Registered zones by name.
     zones: DashMap<String, ZoneState>,
     /// Every known (zone, cluster), registered or only reported: by clusterName, then
@@ -151,28 +152,32 @@ pub struct Store {
     edge: DashMap<String, Vec<String>>,
     /// Live instances over all entries, registered or not.
     live_total: AtomicU64,
-    /// Who reports which instance, and the instance budget.
-    live: Live,
-    /// What each instance's sidecar saw of its upstreams, for the graph.
-    traffic: traffic::Traffic,
-    /// The durable registrations.
-    registrations: Box<dyn Registrations>,
-    /// The same backend when it is etcd: its follower loads and updates memory.
+    /// The etcd backend, when registrations live in etcd: its follower loads and
+    /// updates memory, and until its first listing nothing shown is news.
     etcd: Option<Arc<etcd::EtcdRegistrations>>,
-    /// Shows committed registration changes in memory in their commit order.
-    sequencer: Sequencer,
     /// Registration changes take it exclusively, reports shared: reports move the
     /// counters of their own entry under that entry's map guard, registrations move
     /// many at once.
     state: RwLock<()>,
-    /// Large answers by generation (the catalog index, moved by [`Store::publish`]
-    /// after every change a read answer could show).
-    cache: ReadCache,
     rules: Rules,
     /// The change feed: the catalog index, events, replay window, index watch.
     changes: Arc<Changes>,
     /// Where what changes is recorded, when the history is on (set once).
-    history: OnceLock<History>,
+    history: OnceLock<Arc<History>>,
+}
+
+/// The catalog: the registrations and the answers read from them.
+#[derive(Debug)]
+pub struct Store {
+    /// The index, shared with the live instances.
+    memory: Arc<Memory>,
+    /// The durable registrations.
+    registrations: Box<dyn Registrations>,
+    /// Shows committed registration changes in memory in their commit order.
+    sequencer: Sequencer,
+    /// Large answers by generation (the catalog index, moved by [`Memory::publish`]
+    /// after every change a read answer could show).
+    cache: ReadCache,
 }
 
 // The guarded value is `()`: a panic elsewhere leaves nothing inconsistent to see.
@@ -185,18 +190,20 @@ fn shared(m: &RwLock<()>) -> RwLockReadGuard<'_, ()> {
 }
 
 impl Store {
-    /// Opens the redb registrations in `data_dir` and loads them.
-    pub fn open(data_dir: &Path, rules: Rules) -> Result<Store, PersistError> {
+    /// Opens the redb registrations in `data_dir` and loads them; the live instances
+    /// are kept beside them.
+    pub fn open(data_dir: &Path, rules: Rules) -> Result<(Store, Instances), PersistError> {
         Store::with_registrations(Box::new(RedbRegistrations::open(data_dir)?), rules)
     }
 
-    /// A catalog over any durable registrations backend, loaded from it.
+    /// A catalog over any durable registrations backend, loaded from it, and the
+    /// live instances beside it.
     pub fn with_registrations(
         registrations: Box<dyn Registrations>,
         rules: Rules,
-    ) -> Result<Store, PersistError> {
+    ) -> Result<(Store, Instances), PersistError> {
         let loaded = registrations.load()?;
-        let store = Store::empty(registrations, None, rules);
+        let (store, instances) = Store::empty(registrations, None, rules);
         let mut changes: Vec<Committed> =
             loaded.zones.into_iter().map(Committed::PutZone).collect();
         for c in loaded.clusters {
@@ -211,12 +218,13 @@ impl Store {
         }
         // Loading is not a change anyone could have seen: it moves no index.
         store.apply_changes_quietly(&changes);
-        Ok(store)
+        Ok((store, instances))
     }
 
-    /// A catalog whose registrations live in etcd. It starts empty and not loaded:
-    /// [`etcd::sync`] loads it and then follows every change, on every replica.
-    pub fn with_etcd(registrations: etcd::EtcdRegistrations, rules: Rules) -> Store {
+    /// A catalog whose registrations live in etcd, and the live instances beside it.
+    /// It starts empty and not loaded: [`etcd::sync`] loads it and then follows every
+    /// change, on every replica.
+    pub fn with_etcd(registrations: etcd::EtcdRegistrations, rules: Rules) -> (Store, Instances) {
         let shared = Arc::new(registrations);
         Store::empty(
             Box::new(etcd::EtcdBackend(shared.clone())),
@@ -229,61 +237,67 @@ impl Store {
         registrations: Box<dyn Registrations>,
         etcd: Option<Arc<etcd::EtcdRegistrations>>,
         rules: Rules,
-    ) -> Store {
-        let start = changes::start_index();
-        Store {
+    ) -> (Store, Instances) {
+        let memory = Arc::new(Memory {
             zones: DashMap::new(),
             clusters: DashMap::new(),
             edge: DashMap::new(),
             live_total: AtomicU64::new(0),
-            live: Live::default(),
-            traffic: traffic::Traffic::default(),
-            registrations,
             etcd,
-            sequencer: Sequencer::default(),
             state: RwLock::new(()),
-            cache: ReadCache::default(),
             rules,
-            changes: Arc::new(Changes::new(start)),
+            changes: Arc::new(Changes::new(changes::start_index())),
             history: OnceLock::new(),
-        }
+        });
+        let store = Store {
+            memory: memory.clone(),
+            registrations,
+            sequencer: Sequencer::default(),
+            cache: ReadCache::default(),
+        };
+        (store, Instances::new(memory))
     }
 
-    /// Records what changes in `history` from now on (set once).
-    pub fn set_history(&self, history: History) -> Result<(), History> {
-        self.history.set(history)
-    }
-
-    /// The history, when it is on.
-    pub fn history(&self) -> Option<&History> {
-        self.history.get()
-    }
-
-    /// Records the entry `make` builds, when the history is on. Never waits.
-    pub fn note(&self, make: impl FnOnce() -> Pending) {
-        if let Some(h) = self.history.get() {
-            h.record(make());
-        }
+    /// Records what changes, in the catalog and in the live instances, in `history`
+    /// from now on (set once).
+    pub fn set_history(&self, history: Arc<History>) -> Result<(), Arc<History>> {
+        self.memory.history.set(history)
     }
 
     /// The etcd backend, when registrations live in etcd.
     pub fn etcd(&self) -> Option<&etcd::EtcdRegistrations> {
-        self.etcd.as_deref()
+        self.memory.etcd.as_deref()
     }
 
     /// Whether the registrations are in memory (always with redb; with etcd once the
     /// first listing is applied).
     pub fn is_loaded(&self) -> bool {
-        self.etcd().is_none_or(|e| e.is_loaded())
+        self.memory.is_loaded()
     }
 
     pub fn rules(&self) -> Rules {
-        self.rules
+        self.memory.rules
+    }
+}
+
+impl Memory {
+    /// See [`Store::is_loaded`].
+    fn is_loaded(&self) -> bool {
+        self.etcd.as_deref().is_none_or(|e| e.is_loaded())
     }
 
-    /// Current change generation.
-    pub fn generation(&self) -> u64 {
-        self.changes.index()
+    /// Records the entry `make` builds, when the history is on. Never waits.
+    fn note(&self, make: impl FnOnce() -> Pending) {
+        if let Some(h) = self.history.get() {
+            h.record(make());
+        }
+    }
+
+    /// The registration of (zone, cluster).
+    fn record(&self, zone: &str, cluster: &str) -> Option<Arc<ClusterRecord>> {
+        self.clusters
+            .get(cluster)
+            .and_then(|m| m.get(zone).and_then(|e| e.record.clone()))
     }
 
     /// Recomputes an entry's status from its live sums (no scan); keeps the global

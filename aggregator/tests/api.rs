@@ -632,7 +632,7 @@ async fn every_filter() {
     )
     .await;
     api.agg
-        .store
+        .instances
         .apply_report("agent", report("z1", "a", "i1", true, 0, 0), Instant::now());
 
     let all = ["z1/a", "z1/b", "z2/a"];
@@ -700,12 +700,12 @@ async fn status_instances_metrics_and_summaries() {
     .await;
     api.cluster(json!({"clusterName": "db", "zoneName": "z", "name": "DB", "owner": "o2"}))
         .await;
-    let store = &api.agg.store;
+    let live = &api.agg.instances;
     let now = Instant::now();
-    store.apply_report("a1", report("z", "web", "web-2", true, 0, 0), now);
-    store.apply_report("a1", report("z", "web", "web-1", true, 0, 0), now);
-    store.apply_report("a2", report("z", "db", "db-1", true, 100, 0), now);
-    store.apply_report("a2", report("z", "db", "db-1", true, 200, 50), now);
+    live.apply_report("a1", report("z", "web", "web-2", true, 0, 0), now);
+    live.apply_report("a1", report("z", "web", "web-1", true, 0, 0), now);
+    live.apply_report("a2", report("z", "db", "db-1", true, 100, 0), now);
+    live.apply_report("a2", report("z", "db", "db-1", true, 200, 50), now);
 
     let (_, v) = api.get("/clusters/web").await;
     assert_eq!(v[0]["status"], "stable");
@@ -716,7 +716,7 @@ async fn status_instances_metrics_and_summaries() {
     );
     assert_eq!(api.get("/clusters/db").await.1[0]["status"], "warning");
 
-    store.apply_report("a1", report("z", "web", "node-a:9901", false, 0, 0), now);
+    live.apply_report("a1", report("z", "web", "node-a:9901", false, 0, 0), now);
     assert_eq!(
         api.get("/metrics/web/node-a:9901").await.0,
         StatusCode::NOT_FOUND
@@ -774,7 +774,7 @@ async fn status_instances_metrics_and_summaries() {
     assert_eq!(sum["zones"]["empty"]["clusters"], json!({}));
 
     // An unreachable sidecar is not live.
-    store.apply_report(
+    live.apply_report(
         "a1",
         report("z", "web", "web-2", false, 0, 0),
         Instant::now(),
@@ -812,9 +812,11 @@ async fn services_lists_unregistered_clusters() {
     api.cluster(json!({"clusterName": "reg", "zoneName": "z", "name": "Registered"}))
         .await;
     api.agg
-        .store
+        .instances
         .apply_report("a", report("z", "seen", "s-1", true, 0, 0), Instant::now());
-    api.agg.store.set_edge_clusters("y", vec!["routed".into()]);
+    api.agg
+        .instances
+        .set_edge_clusters("y", vec!["routed".into()]);
     let (s, v) = api.get("/services").await;
     assert_eq!(s, StatusCode::OK);
     let got: Vec<(String, String, String, String)> = v
@@ -920,7 +922,7 @@ async fn tokens() {
     );
     api.token = None;
     api.agg
-        .store
+        .instances
         .apply_report("a", report("z", "c", "i", true, 0, 0), Instant::now());
 
     // Without the read token: metadata only.

@@ -33,8 +33,8 @@ impl Server {
         Server::start_with(config, sink.clone(), sink).await
     }
 
-    /// Serves reports into `catalog` (the real store, say); `sink` is kept for the
-    /// test's own helpers and sees nothing then.
+    /// Serves reports into `catalog` (the real live instances, say); `sink` is kept
+    /// for the test's own helpers and sees nothing then.
     async fn start_with(
         config: IngestConfig,
         sink: Arc<RecordingSink>,
@@ -516,8 +516,8 @@ fn tag_of(key: &str) -> &str {
 /// Sessions are keyed by credential and agent id: an agent of another credential that
 /// gives a live agent's id neither keeps it out nor closes it, and the instances a live
 /// connection reports are not taken over by another credential (`instance_in_use`),
-/// while the rest of that report applies. Reports go into the real store, where the
-/// take-over is decided.
+/// while the rest of that report applies. Reports go into the real live instances,
+/// where the take-over is decided.
 #[tokio::test]
 async fn another_credential_can_neither_shut_out_an_agent_nor_take_its_instances() {
     let dir = tempfile::tempdir().unwrap();
@@ -532,12 +532,13 @@ async fn another_credential_can_neither_shut_out_an_agent_nor_take_its_instances
         error_ratio_warning: 0.05,
         graph_window: std::time::Duration::from_secs(60),
     };
-    let store =
-        Arc::new(meshcat_aggregator::store::Store::open(&dir.path().join("data"), rules).unwrap());
+    let (_store, instances) =
+        meshcat_aggregator::store::Store::open(&dir.path().join("data"), rules).unwrap();
+    let instances = Arc::new(instances);
     let server = Server::start_with(
         IngestConfig::new(server_tls, auth),
         Arc::new(RecordingSink::default()),
-        store.clone(),
+        instances.clone(),
     )
     .await;
     let in_use = |server: &Server| {
@@ -551,7 +552,7 @@ async fn another_credential_can_neither_shut_out_an_agent_nor_take_its_instances
     holder.hello("pod", Some("tok-a")).await.unwrap();
     let web = || instance("zone-a", "web", "web-1");
     assert!(accepted(&holder.report(vec![web()]).await));
-    let held_by = store.reporter("zone-a", "web", "web-1").unwrap();
+    let held_by = instances.reporter("zone-a", "web", "web-1").unwrap();
 
     // Same id, other credential: welcomed, and the holder's connection stays open.
     let mut other = connect(server.addr, &files.ca, None).await.unwrap();
@@ -573,10 +574,10 @@ async fn another_credential_can_neither_shut_out_an_agent_nor_take_its_instances
     );
     assert_eq!(in_use(&server), 1.0);
     assert_eq!(
-        store.reporter("zone-a", "web", "web-1").as_deref(),
+        instances.reporter("zone-a", "web", "web-1").as_deref(),
         Some(held_by.as_str())
     );
-    let other_key = store.reporter("zone-b", "api", "api-1").unwrap();
+    let other_key = instances.reporter("zone-b", "api", "api-1").unwrap();
     assert_ne!(tag_of(&other_key), tag_of(&held_by));
     // The holder goes on reporting and answering, untouched.
     assert!(matches!(
@@ -587,11 +588,11 @@ async fn another_credential_can_neither_shut_out_an_agent_nor_take_its_instances
     // The other connection ends: only its own instance goes.
     other.conn.close(0u32.into(), b"bye");
     eventually("the other session's instance dropped", || {
-        store.reporter("zone-b", "api", "api-1").is_none()
+        instances.reporter("zone-b", "api", "api-1").is_none()
     })
     .await;
     assert_eq!(
-        store.reporter("zone-a", "web", "web-1").as_deref(),
+        instances.reporter("zone-a", "web", "web-1").as_deref(),
         Some(held_by.as_str())
     );
 
@@ -610,7 +611,7 @@ async fn another_credential_can_neither_shut_out_an_agent_nor_take_its_instances
         .await
         .expect("goodbye closes the connection");
     eventually("the instance released", || {
-        store.reporter("zone-a", "web", "web-1").is_none()
+        instances.reporter("zone-a", "web", "web-1").is_none()
     })
     .await;
     let mut next = connect(server.addr, &files.ca, None).await.unwrap();

@@ -153,15 +153,17 @@ impl Stack {
         let edge_agent = Agent::start(&agg, data.path(), &sc.edge, EDGE, "edge-0").await;
         let service_agent =
             Agent::start(&agg, data.path(), &sc.service, SERVICE, "catalog-0").await;
-        let store = agg.store.clone();
+        let instances = agg.instances.clone();
         wait_for(
             "the edge and service instances to be live",
             Duration::from_secs(30),
             || {
-                let store = store.clone();
+                let instances = instances.clone();
                 async move {
-                    (store.live_instance(ZONE, EDGE, "edge-0").is_some()
-                        && store.live_instance(ZONE, SERVICE, "catalog-0").is_some())
+                    (instances.live_instance(ZONE, EDGE, "edge-0").is_some()
+                        && instances
+                            .live_instance(ZONE, SERVICE, "catalog-0")
+                            .is_some())
                     .then_some(())
                 }
             },
@@ -187,15 +189,16 @@ impl Stack {
 
     /// Waits until `instance` of `cluster` is live in the catalog.
     pub async fn wait_live(&self, cluster: &str, instance: &str) {
-        let store = self.agg.store.clone();
+        let instances = self.agg.instances.clone();
         let (cluster, instance) = (cluster.to_owned(), instance.to_owned());
         wait_for(
             &format!("{instance} of {cluster} to be live"),
             Duration::from_secs(30),
             || {
-                let (store, cluster, instance) = (store.clone(), cluster.clone(), instance.clone());
+                let (instances, cluster, instance) =
+                    (instances.clone(), cluster.clone(), instance.clone());
                 async move {
-                    store
+                    instances
                         .live_instance(ZONE, &cluster, &instance)
                         .is_some()
                         .then_some(())

@@ -77,14 +77,14 @@ async fn diagnose_errors_missing_evidence_and_missing_metrics() {
     // An instance whose sidecar reports no inbound HTTP stats (its metrics object is
     // empty) makes the reporting check fail, naming it; it passes again once gone.
     let (stop_silent, silent_task) = hung_agent(&stack, SERVICE, "catalog-silent", "silent-agent");
-    let store = stack.agg.store.clone();
+    let instances = stack.agg.instances.clone();
     meshcat_tests::wait_for(
         "the silent instance to be live",
         Duration::from_secs(20),
         || {
-            let store = store.clone();
+            let instances = instances.clone();
             async move {
-                store
+                instances
                     .live_instance(ZONE, SERVICE, "catalog-silent")
                     .is_some()
                     .then_some(())
@@ -113,9 +113,9 @@ async fn diagnose_errors_missing_evidence_and_missing_metrics() {
         "the silent instance to leave",
         Duration::from_secs(20),
         || {
-            let store = store.clone();
+            let instances = instances.clone();
             async move {
-                store
+                instances
                     .live_instance(ZONE, SERVICE, "catalog-silent")
                     .is_none()
                     .then_some(())
@@ -141,14 +141,14 @@ async fn diagnose_errors_missing_evidence_and_missing_metrics() {
     // The edge's agent goes away: the edge's checks are skipped, saying why; the
     // service's checks still run.
     stack.edge_agent.take().unwrap().stop().await;
-    let store = stack.agg.store.clone();
+    let instances = stack.agg.instances.clone();
     meshcat_tests::wait_for(
         "the edge to leave the catalog",
         Duration::from_secs(20),
         || {
-            let store = store.clone();
+            let instances = instances.clone();
             async move {
-                store
+                instances
                     .live_instance(ZONE, EDGE, "edge-0")
                     .is_none()
                     .then_some(())

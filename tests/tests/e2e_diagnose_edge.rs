@@ -19,14 +19,14 @@ async fn a_hung_first_edge_falls_back_to_the_next_edge_instance() {
     let sc = Scenario::start("healthy").await.unwrap();
     let stack = Stack::start(&sc).await;
     let (stop_hung, hung_task) = hung_agent(&stack, EDGE, HUNG_EDGE, "hung-edge-agent");
-    let store = stack.agg.store.clone();
+    let instances = stack.agg.instances.clone();
     wait_for(
         "the hung edge instance to be live",
         Duration::from_secs(20),
         || {
-            let store = store.clone();
+            let instances = instances.clone();
             async move {
-                store
+                instances
                     .live_instance(ZONE, EDGE, HUNG_EDGE)
                     .is_some()
                     .then_some(())
@@ -65,9 +65,9 @@ async fn a_hung_first_edge_falls_back_to_the_next_edge_instance() {
         "the real edge to leave the catalog",
         Duration::from_secs(20),
         || {
-            let store = store.clone();
+            let instances = instances.clone();
             async move {
-                store
+                instances
                     .live_instance(ZONE, EDGE, "edge-0")
                     .is_none()
                     .then_some(())

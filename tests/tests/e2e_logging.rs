@@ -136,14 +136,14 @@ async fn a_hung_agent_costs_only_its_own_deadline() {
     })
     .await;
     let (stop_hung, hung_task) = hung_agent(&stack, SERVICE, "catalog-hung", "hung-agent");
-    let store = stack.agg.store.clone();
+    let instances = stack.agg.instances.clone();
     wait_for(
         "the hung agent's instance to be live",
         Duration::from_secs(20),
         || {
-            let store = store.clone();
+            let instances = instances.clone();
             async move {
-                store
+                instances
                     .live_instance(ZONE, SERVICE, "catalog-hung")
                     .map(|_| ())
             }

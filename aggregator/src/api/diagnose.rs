@@ -257,6 +257,8 @@ pub async fn diagnose(
     let diagnosis = Diagnosis {
         sidecars,
         store: s.store.clone(),
+        instances: s.instances.clone(),
+        history: s.history.clone(),
         graphs: s.graph.clone(),
         tools: s.diagnosis.clone(),
     };

@@ -131,11 +131,11 @@ pub async fn to_owner(State(state): State<Arc<AppState>>, req: Request, next: Ne
     }
     let owned = match instance_of(&req) {
         Some(Named::Cluster(zone, cluster, instance)) => state
-            .store
+            .instances
             .remote_owner(zone.as_deref(), &cluster, &instance)
             .map(|o| (o, instance)),
         Some(Named::Version(name, version, instance)) => state
-            .store
+            .instances
             .remote_owner_by_version(&name, &version, &instance)
             .map(|o| (o, instance)),
         None => None,

@@ -110,7 +110,7 @@ pub async fn peer_traffic(
         )));
     }
     Ok(axum::Json(
-        s.store.traffic_summary(std::time::Instant::now()),
+        s.instances.traffic().summary(std::time::Instant::now()),
     ))
 }
 
@@ -153,7 +153,7 @@ pub async fn drift(
     RawQuery(q): RawQuery,
 ) -> Result<axum::Json<crate::store::drift::DriftView>, ApiError> {
     let zone = DriftQuery::parse(q.as_deref())?.zone_name;
-    s.store
+    s.instances
         .drift(&zone, &cluster)
         .map(axum::Json)
         .ok_or_else(|| {

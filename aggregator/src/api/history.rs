@@ -240,7 +240,7 @@ async fn answer(s: &super::AppState, q: Query) -> Result<Response, ApiError> {
     let mut body = Vec::with_capacity(2 + q.limit.min(MAX_LIMIT) * 160);
     body.push(b'[');
     let mut incomplete = None;
-    if let Some(h) = s.store.history() {
+    if let Some(h) = &s.history {
         let found = h.db().read(move |db| db.query(&q)).await.map_err(|e| {
             tracing::warn!(error = %e, "History query failed.");
             ApiError::internal()

@@ -27,11 +27,12 @@ pub async fn status(
 ) -> Result<Json<ReplicaStatus>, ApiError> {
     super::query::parse(q.as_deref(), &[])?;
     let stopping = *s.events.stopping.borrow();
-    let (store, agents) = (s.store.clone(), s.agents.clone());
+    let (store, instances, agents) = (s.store.clone(), s.instances.clone(), s.agents.clone());
     let now = std::time::Instant::now();
     let status = tokio::task::spawn_blocking(move || {
         replica_status(
             &store,
+            &instances,
             agents.as_ref(),
             stopping,
             caller.access,

@@ -30,9 +30,14 @@ fn router(dir: &std::path::Path) -> Router {
 }
 
 fn state(dir: &std::path::Path, tokens: Tokens) -> Arc<AppState> {
-    let store = Store::open(dir, Rules::defaults()).unwrap();
+    let (store, instances) = Store::open(dir, Rules::defaults()).unwrap();
+    let graph = Arc::new(crate::graph::snapshot::Graphs::new(
+        instances.traffic().clone(),
+    ));
     Arc::new(AppState {
         store: Arc::new(store),
+        instances: Arc::new(instances),
+        history: None,
         tokens,
         metrics: Telemetry::new().unwrap().api,
         agents: None,
@@ -45,7 +50,7 @@ fn state(dir: &std::path::Path, tokens: Tokens) -> Arc<AppState> {
             crate::api::events::EventsConfig::default(),
             tokio::sync::watch::channel(false).1,
         ),
-        graph: Arc::default(),
+        graph,
     })
 }
 
@@ -183,7 +188,7 @@ async fn status_names_unregistered_zones_only_to_readers() {
             format!("{zone}-0"),
         );
         r.reachable = true;
-        st.store
+        st.instances
             .apply_report("agent-1", r, std::time::Instant::now());
     }
     let app = app(st, 1 << 20);

@@ -27,6 +27,8 @@ pub const MAX_DEBUG_SECONDS: u32 = meshcat_common::envoy_log::MAX_DEBUG_WINDOW_S
 pub(super) fn sidecars(s: &AppState) -> Sidecars {
     Sidecars::new(
         s.store.clone(),
+        s.instances.clone(),
+        s.history.clone(),
         s.agents.clone(),
         Replicas::new(s.store.clone(), s.peers.clone()),
     )

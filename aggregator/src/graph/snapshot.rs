@@ -4,7 +4,7 @@
 //! A build walks every upstream of every live instance (hundreds of thousands on a
 //! big mesh), so the watcher ([`watch`]) looks every [`WATCH_PERIOD`] and rebuilds
 //! only when the graph may differ or is wanted: when the traffic changed in a way
-//! that could change its shape ([`Store::traffic_shape`]), when the window moved on
+//! that could change its shape ([`Traffic::shape`]), when the window moved on
 //! by a bucket (an edge may have aged out; figures change with time only then),
 //! when the catalog index moved, or when a request read the graph since the last
 //! build (a steady reader sees figures about one period old). A request never reads
@@ -27,6 +27,7 @@ use super::{
     Built, Counters, EdgeJson, GraphError, GraphView, Node, Scope, WATCH_PERIOD, Watcher, build,
 };
 use crate::store::Store;
+use crate::store::traffic::Traffic;
 
 /// Most rendered answers kept per snapshot: the whole graph and zones, in two
 /// encodings. Answers past it are rendered for each request.
@@ -137,9 +138,9 @@ impl Snapshot {
     }
 
     /// Builds the whole graph from the store now.
-    pub fn build(store: &Store, counters: Counters) -> Self {
+    pub fn build(store: &Store, traffic: &Traffic, counters: Counters) -> Self {
         let index = store.index();
-        Snapshot::new(index, build(store, Instant::now(), counters))
+        Snapshot::new(index, build(store, traffic, Instant::now(), counters))
     }
 
     /// Makes the edges' counters run on from `previous`'s: adds its totals of the
@@ -418,8 +419,11 @@ impl Snapshot {
 }
 
 /// The latest snapshot, its builder and the watcher of the graph's shape.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Graphs {
+    /// The instances' traffic the graph is drawn from, beside the catalog each
+    /// build is handed.
+    traffic: Arc<Traffic>,
     latest: RwLock<Option<Arc<Snapshot>>>,
     /// One build at a time: requests that find the snapshot stale wait for the build
     /// under way, then read it. It also keeps the edges' counters whole: each build
@@ -432,6 +436,17 @@ pub struct Graphs {
 }
 
 impl Graphs {
+    /// No snapshot yet; graphs drawn from `traffic`.
+    pub fn new(traffic: Arc<Traffic>) -> Self {
+        Graphs {
+            traffic,
+            latest: RwLock::default(),
+            building: tokio::sync::Mutex::default(),
+            watcher: Mutex::default(),
+            read: AtomicBool::default(),
+        }
+    }
+
     /// The latest snapshot when it shows `index` and is at most [`MAX_AGE`] old.
     fn latest_at(&self, index: u64) -> Option<Arc<Snapshot>> {
         self.latest
@@ -473,9 +488,9 @@ impl Graphs {
         if let Some(s) = self.latest_at(store.index()) {
             return Ok(s);
         }
-        let from = store.clone();
+        let (from, traffic) = (store.clone(), self.traffic.clone());
         let mut snapshot =
-            tokio::task::spawn_blocking(move || Snapshot::build(&from, Counters::Claim))
+            tokio::task::spawn_blocking(move || Snapshot::build(&from, &traffic, Counters::Claim))
                 .await
                 .map_err(|e| {
                     tracing::error!(error = %e, "Graph build failed.");
@@ -522,7 +537,7 @@ impl Graphs {
     pub fn rebuild(&self, store: &Store) {
         let before = store.index();
         let started = Instant::now();
-        let graph = build(store, started, Counters::Claim);
+        let graph = build(store, &self.traffic, started, Counters::Claim);
         tracing::debug!(
             nodes = graph.nodes.len(),
             edges = graph.links.len(),
@@ -573,8 +588,8 @@ pub async fn watch(store: Arc<Store>, graphs: Arc<Graphs>, mut stop: watch::Rece
         }
         // Read before the build: a change during it is seen at the next look.
         let now = Inputs {
-            shape: store.traffic_shape(),
-            bucket: store.graph_bucket(Instant::now()),
+            shape: graphs.traffic.shape(),
+            bucket: graphs.traffic.bucket(Instant::now()),
             index: store.index(),
         };
         let read = graphs.read.swap(false, Ordering::Relaxed);
@@ -598,7 +613,7 @@ mod tests {
     };
 
     use super::*;
-    use crate::store::Rules;
+    use crate::store::{Instances, Rules};
 
     fn zone(name: &str) -> ZoneRecord {
         ZoneRecord {
@@ -655,9 +670,9 @@ mod tests {
     /// Two zones: z/a calls z/b, z/c and an external service and declares z/b, a
     /// ghost and y/d; z/b calls z/c; z/c calls y/d through d's listener address; y/d
     /// calls an external service of its own.
-    fn mesh() -> (tempfile::TempDir, Arc<Store>) {
+    fn mesh() -> (tempfile::TempDir, Arc<Store>, Arc<Instances>) {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path(), Rules::defaults()).unwrap();
+        let (store, live) = Store::open(dir.path(), Rules::defaults()).unwrap();
         for z in ["z", "y"] {
             store.create_zone(zone(z)).unwrap();
         }
@@ -692,9 +707,9 @@ mod tests {
             ]
         };
         let now = Instant::now();
-        store.apply_reports("agent", reports(100), now);
-        store.apply_reports("agent", reports(150), now);
-        (dir, Arc::new(store))
+        live.apply_reports("agent", reports(100), now);
+        live.apply_reports("agent", reports(150), now);
+        (dir, Arc::new(store), Arc::new(live))
     }
 
     /// A view without the figures that depend on the clock of the build.
@@ -735,8 +750,8 @@ mod tests {
 
     #[test]
     fn the_build_finds_each_edge_by_name_listener_or_as_external_beside_the_declared() {
-        let (_dir, store) = mesh();
-        let g = build(&store, Instant::now(), Counters::Leave);
+        let (_dir, store, live) = mesh();
+        let g = build(&store, live.traffic(), Instant::now(), Counters::Leave);
         let ids: Vec<&str> = g.nodes.iter().map(|n| n.id.as_str()).collect();
         assert_eq!(
             ids,
@@ -808,11 +823,12 @@ mod tests {
 
     #[test]
     fn every_scope_answers_as_a_build_from_the_store_does() {
-        let (_dir, store) = mesh();
-        let snapshot = Snapshot::build(&store, Counters::Leave);
+        let (_dir, store, live) = mesh();
+        let snapshot = Snapshot::build(&store, live.traffic(), Counters::Leave);
         assert!(snapshot.edge_count() >= 6, "{:?}", snapshot.graph.links);
         for scope in scopes() {
-            let oracle = super::super::view(&store, &scope, Instant::now()).map(timeless);
+            let oracle =
+                super::super::view(&store, live.traffic(), &scope, Instant::now()).map(timeless);
             assert_eq!(
                 snapshot.view(&scope).map(timeless),
                 oracle,
@@ -857,8 +873,8 @@ mod tests {
 
     #[test]
     fn edge_counters_only_grow_whoever_comes_and_goes() {
-        let (_dir, store) = mesh();
-        let graphs = Graphs::default();
+        let (_dir, store, live) = mesh();
+        let graphs = Graphs::new(live.traffic().clone());
         // The mesh's instances reported 100 then 150 requests (a tenth of them
         // errors): the first report only sets where differences start.
         graphs.rebuild(&store);
@@ -866,7 +882,7 @@ mod tests {
         assert_eq!(totals(&graphs, "z/a", "z/external:ext"), (50, 5));
         assert_eq!(totals(&graphs, "z/a", "z/ghost"), (0, 0), "declared only");
         // A build thrown away takes nothing from the next one.
-        let once = Snapshot::build(&store, Counters::Leave);
+        let once = Snapshot::build(&store, live.traffic(), Counters::Leave);
         assert!(once.graph().links.iter().all(|l| l.requests_total == 0));
         graphs.rebuild(&store);
         assert_eq!(totals(&graphs, "z/a", "z/b"), (50, 5), "nothing new");
@@ -879,11 +895,11 @@ mod tests {
             r.instance = "a-2".into();
             vec![r]
         };
-        store.apply_reports("agent-2", second(1000), now);
-        store.apply_reports("agent-2", second(1020), now);
+        live.apply_reports("agent-2", second(1000), now);
+        live.apply_reports("agent-2", second(1020), now);
         graphs.rebuild(&store);
         assert_eq!(totals(&graphs, "z/a", "z/b"), (70, 7));
-        store.agent_gone("agent-2");
+        live.agent_gone("agent-2");
         graphs.rebuild(&store);
         assert_eq!(totals(&graphs, "z/a", "z/b"), (70, 7));
 
@@ -900,14 +916,14 @@ mod tests {
             Some("10.0.0.1:80"),
             30,
         );
-        store.apply_reports("agent", vec![restarted], now);
+        live.apply_reports("agent", vec![restarted], now);
         graphs.rebuild(&store);
         assert_eq!(totals(&graphs, "z/a", "z/b"), (100, 10));
     }
 
     #[test]
     fn an_edge_names_the_upstream_with_the_most_errors() {
-        let (_dir, store) = mesh();
+        let (_dir, store, live) = mesh();
         // Another instance of a reaches b through its listener under another name,
         // with more errors than a-1's calls to b by name.
         let calls = |n| {
@@ -916,9 +932,9 @@ mod tests {
             vec![r]
         };
         let now = Instant::now();
-        store.apply_reports("agent-2", calls(1000), now);
-        store.apply_reports("agent-2", calls(2000), now);
-        let snapshot = Snapshot::build(&store, Counters::Leave);
+        live.apply_reports("agent-2", calls(1000), now);
+        live.apply_reports("agent-2", calls(2000), now);
+        let snapshot = Snapshot::build(&store, live.traffic(), Counters::Leave);
         let from_a: Vec<(&str, u64, Option<&str>)> = snapshot
             .calls_from("z", "a")
             .into_iter()
@@ -939,7 +955,7 @@ mod tests {
 
     #[test]
     fn an_edge_drawn_from_two_upstreams_saturates_its_counters() {
-        let (_dir, store) = mesh();
+        let (_dir, store, live) = mesh();
         // a reaches b by name and through b's listener under another name, both
         // with counters near the top of a u64.
         let calls = |n| {
@@ -954,9 +970,9 @@ mod tests {
             vec![r]
         };
         let now = Instant::now();
-        store.apply_reports("agent-2", calls(0), now);
-        store.apply_reports("agent-2", calls(u64::MAX), now);
-        let graphs = Graphs::default();
+        live.apply_reports("agent-2", calls(0), now);
+        live.apply_reports("agent-2", calls(u64::MAX), now);
+        let graphs = Graphs::new(live.traffic().clone());
         graphs.rebuild(&store);
         assert_eq!(
             totals(&graphs, "z/a", "z/b"),
@@ -966,8 +982,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_catalog_change_is_seen_at_once_and_a_read_answer_is_rendered_ahead() {
-        let (_dir, store) = mesh();
-        let graphs = Arc::new(Graphs::default());
+        let (_dir, store, live) = mesh();
+        let graphs = Arc::new(Graphs::new(live.traffic().clone()));
         // The watcher's first build sees every zone's edges: its own change.
         graphs.rebuild(&store);
         let first = graphs.fresh(&store).await.unwrap();

@@ -64,9 +64,9 @@ type ReplySender = oneshot::Sender<Result<CommandOutput, String>>;
 pub(crate) struct Reported {
     /// The instances of the last accepted report (every report is the agent's whole
     /// snapshot, so an instance it no longer reports stops counting): a keyed 64-bit
-    /// hash of (zone, cluster, instance) each, not the names, which the store already
-    /// keeps once (with 10 instances an agent the names cost more than the rest of the
-    /// session).
+    /// hash of (zone, cluster, instance) each, not the names, which the live
+    /// instances keep once (with 10 instances an agent the names cost more than the
+    /// rest of the session).
     pub(crate) keys: std::collections::HashSet<u64>,
     /// Set when the connection ends, under the same lock a report is applied under:
     /// a report still in flight then is not applied after the connection's instances

@@ -537,11 +537,11 @@ fn admit_and_apply(
         // Refused instances are not this connection's: they do not count against its
         // credential, and the next report may claim them again once they are free.
         let mut n = 0;
-        for (zone, cluster, instance) in &refused {
+        for refused in &refused {
             let key = session.reported_keys.hash_one((
-                zone.as_str(),
-                cluster.as_str(),
-                instance.as_str(),
+                refused.zone.as_str(),
+                refused.cluster.as_str(),
+                refused.instance.as_str(),
             ));
             if reported.keys.remove(&key) {
                 n += 1;
@@ -555,13 +555,13 @@ fn admit_and_apply(
                 *total == 0
             });
         shared.refusals.warn(|suppressed| {
-            let (zone, cluster, instance) = &refused[0];
+            let first = &refused[0];
             warn!(
                 reason = "instance_in_use",
                 refused = refused.len(),
-                zone = %zone,
-                cluster = %cluster,
-                instance = %instance,
+                zone = %first.zone,
+                cluster = %first.cluster,
+                instance = %first.instance,
                 suppressed,
                 "Instances refused: reported by a live connection with other credentials."
             );

@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
+use super::Entry;
 use super::instances::LiveInstance;
-use super::{Entry, Store};
 use crate::history::GroupDetail;
 use crate::history::entry::{MAX_GROUP_NAMES, MAX_GROUPS};
 
@@ -125,43 +125,38 @@ pub(super) fn group_details(e: &Entry) -> Vec<GroupDetail> {
         .collect()
 }
 
-impl Store {
-    /// The drift of (zone, cluster); `None` when the cluster is neither registered
-    /// nor reported there.
-    pub fn drift(&self, zone: &str, cluster: &str) -> Option<DriftView> {
-        let by_zone = self.clusters.get(cluster)?;
-        let e = by_zone.get(zone)?;
-        // One instance per configuration, whose report says its kinds' hashes.
-        let mut sample: BTreeMap<Arc<str>, &LiveInstance> = BTreeMap::new();
-        for i in e.instances.values().filter(|i| i.is_live()) {
-            if let Some(h) = &i.config_hash {
-                sample.entry(h.clone()).or_insert(i);
-            }
+/// The drift of the live instances of `e` (`GET /clusters/{c}/drift`).
+pub(super) fn view(e: &Entry) -> DriftView {
+    // One instance per configuration, whose report says its kinds' hashes.
+    let mut sample: BTreeMap<Arc<str>, &LiveInstance> = BTreeMap::new();
+    for i in e.instances.values().filter(|i| i.is_live()) {
+        if let Some(h) = &i.config_hash {
+            sample.entry(h.clone()).or_insert(i);
         }
-        let drifted = sample.len() > 1;
-        let differs = if drifted {
-            let kinds: Vec<BTreeMap<String, String>> =
-                sample.values().map(|i| i.report().config_hashes).collect();
-            let names: BTreeSet<&String> = kinds.iter().flat_map(|k| k.keys()).collect();
-            names
-                .into_iter()
-                .filter(|n| kinds.iter().any(|k| k.get(*n) != kinds[0].get(*n)))
-                .cloned()
-                .collect()
-        } else {
-            Vec::new()
-        };
-        let groups = groups_of(e)
+    }
+    let drifted = sample.len() > 1;
+    let differs = if drifted {
+        let kinds: Vec<BTreeMap<String, String>> =
+            sample.values().map(|i| i.report().config_hashes).collect();
+        let names: BTreeSet<&String> = kinds.iter().flat_map(|k| k.keys()).collect();
+        names
             .into_iter()
-            .map(|(h, instances)| DriftGroup {
-                config_hash: h.map(|h| h.to_string()),
-                instances: instances.into_iter().cloned().collect(),
-            })
-            .collect();
-        Some(DriftView {
-            drifted,
-            groups,
-            differs,
+            .filter(|n| kinds.iter().any(|k| k.get(*n) != kinds[0].get(*n)))
+            .cloned()
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let groups = groups_of(e)
+        .into_iter()
+        .map(|(h, instances)| DriftGroup {
+            config_hash: h.map(|h| h.to_string()),
+            instances: instances.into_iter().cloned().collect(),
         })
+        .collect();
+    DriftView {
+        drifted,
+        groups,
+        differs,
     }
 }

@@ -27,7 +27,7 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use super::registrations::Outcome;
-use super::{Committed, Loaded, PersistError, Refusal, Registrations, Store, Write};
+use super::{Committed, Instances, Loaded, PersistError, Refusal, Registrations, Store, Write};
 use crate::history::LeftReason;
 
 /// Longest wait for etcd to commit a write. etcd without quorum holds a request
@@ -503,7 +503,7 @@ fn snapshot_changes(
         .map(|c| (c.zone_name.as_str(), c.cluster_name.as_str()))
         .collect();
     let mut changes = Vec::new();
-    for z in store.zones.iter() {
+    for z in store.memory.zones.iter() {
         if !keep_zones.contains(z.key().as_str()) {
             changes.push(Committed::DeleteZone(zone_named(z.key())));
             continue;
@@ -521,7 +521,7 @@ fn snapshot_changes(
 
 /// Shows or drops another replica's instance publication (`path` is
 /// `<zone>/<cluster>/<instance>`); this replica's own are already in memory.
-fn instance_event(store: &Store, e: &EtcdRegistrations, path: &str, value: Option<&[u8]>) {
+fn instance_event(instances: &Instances, e: &EtcdRegistrations, path: &str, value: Option<&[u8]>) {
     let mut parts = path.splitn(3, '/');
     let (Some(zone), Some(cluster), Some(instance)) = (parts.next(), parts.next(), parts.next())
     else {
@@ -529,27 +529,31 @@ fn instance_event(store: &Store, e: &EtcdRegistrations, path: &str, value: Optio
     };
     match value {
         // A withdrawal without its marked publication before it: the lease ended.
-        None => store.drop_remote(zone, cluster, instance, LeftReason::Expired),
+        None => instances.drop_remote(zone, cluster, instance, LeftReason::Expired),
         Some(v) => match serde_json::from_slice::<membership::Published>(v) {
             Ok(p) if p.owner == e.owner => {}
             Ok(p) => match p.left {
-                Some(reason) => store.drop_remote(zone, cluster, instance, reason),
-                None => store.put_remote(p.remote(zone, cluster, instance)),
+                Some(reason) => instances.drop_remote(zone, cluster, instance, reason),
+                None => instances.put_remote(p.remote(zone, cluster, instance)),
             },
             Err(err) => warn!(key = path, error = %err, "Instance publication cannot be decoded."),
         },
     }
 }
 
-/// Lists the registrations and applies them as the whole truth; returns the
-/// revision of the listing.
-async fn relist(store: &Store, e: &EtcdRegistrations) -> Result<i64, etcd_client::Error> {
+/// Lists the registrations and the other replicas' instances and applies them as
+/// the whole truth; returns the revision of the listing.
+async fn relist(
+    store: &Store,
+    instances: &Instances,
+    e: &EtcdRegistrations,
+) -> Result<i64, etcd_client::Error> {
     let mut kv = e.client.kv_client();
     let root = format!("{}/", e.prefix);
     let mut zones = Vec::new();
     let mut clusters = Vec::new();
     let mut revision = 0;
-    let mut instances: Vec<(String, Option<Vec<u8>>)> = Vec::new();
+    let mut published: Vec<(String, Option<Vec<u8>>)> = Vec::new();
     for sub in ["zones/", "clusters/", "instances/", "replicas/"] {
         let get = kv.get(
             format!("{root}{sub}"),
@@ -572,7 +576,7 @@ async fn relist(store: &Store, e: &EtcdRegistrations) -> Result<i64, etcd_client
                 continue;
             }
             if let Some(path) = key[root.len()..].strip_prefix("instances/") {
-                instances.push((path.to_owned(), Some(kv.value().to_vec())));
+                published.push((path.to_owned(), Some(kv.value().to_vec())));
                 continue;
             }
             match decode(&key[root.len()..], Some(kv.value())) {
@@ -588,14 +592,15 @@ async fn relist(store: &Store, e: &EtcdRegistrations) -> Result<i64, etcd_client
     store.apply_changes(&changes);
     // Other replicas' instances: the listing is the truth, drop what it lacks.
     let listed: std::collections::HashSet<&str> =
-        instances.iter().map(|(p, _)| p.as_str()).collect();
-    for (z, c, i) in store.remote_instances() {
-        if !listed.contains(format!("{z}/{c}/{i}").as_str()) {
-            store.drop_remote(&z, &c, &i, LeftReason::Expired);
+        published.iter().map(|(p, _)| p.as_str()).collect();
+    for k in instances.remote_instances() {
+        let path = format!("{}/{}/{}", k.zone, k.cluster, k.instance);
+        if !listed.contains(path.as_str()) {
+            instances.drop_remote(&k.zone, &k.cluster, &k.instance, LeftReason::Expired);
         }
     }
-    for (path, value) in &instances {
-        instance_event(store, e, path, value.as_deref());
+    for (path, value) in &published {
+        instance_event(instances, e, path, value.as_deref());
     }
     info!(
         zones = nz,
@@ -610,6 +615,7 @@ async fn relist(store: &Store, e: &EtcdRegistrations) -> Result<i64, etcd_client
 /// `stop` fires; returns whether to stop.
 async fn follow(
     store: &Store,
+    instances: &Instances,
     e: &EtcdRegistrations,
     from: i64,
     stop: &mut watch::Receiver<bool>,
@@ -652,7 +658,7 @@ async fn follow(
             if let Some(id) = rest.strip_prefix("replicas/") {
                 e.peer_event(id, value);
             } else if let Some(path) = rest.strip_prefix("instances/") {
-                instance_event(store, e, path, value);
+                instance_event(instances, e, path, value);
             } else if let Some(change) = decode(rest, value) {
                 store.apply_changes(&[change]);
             }
@@ -682,11 +688,11 @@ async fn follow(
 /// Keeps memory equal to etcd: lists, then follows the watch; on any failure
 /// (member lost, compaction, cancellation) lists again and resumes from the new
 /// listing's revision, so no change is missed. Runs until `stop`.
-pub async fn sync(store: Arc<Store>, mut stop: watch::Receiver<bool>) {
+pub async fn sync(store: Arc<Store>, instances: Arc<Instances>, mut stop: watch::Receiver<bool>) {
     let Some(e) = store.etcd() else { return };
     loop {
         let listed = tokio::select! {
-            r = relist(&store, e) => r,
+            r = relist(&store, &instances, e) => r,
             _ = stop.wait_for(|s| *s) => return,
         };
         let revision = match listed {
@@ -707,7 +713,7 @@ pub async fn sync(store: Arc<Store>, mut stop: watch::Receiver<bool>) {
             newer
         });
         e.loaded.store(true, Ordering::Release);
-        match follow(&store, e, revision + 1, &mut stop).await {
+        match follow(&store, &instances, e, revision + 1, &mut stop).await {
             Ok(true) => return,
             Ok(false) => {}
             Err(err) => warn!(error = %err, "etcd watch lost; listing again."),

@@ -1,7 +1,10 @@
-//! Live instances: the snapshots agents report, which agent reports each instance
-//! (the one owner of that fact: the ingest routes commands by asking here), the
-//! instance budget, expiry past the TTL, the edge clusters reported per zone, and the
-//! [`Membership`] seam where a replica publishes the instances it owns.
+//! The live instances ([`Instances`]): the snapshots agents report and the instances
+//! other replicas publish, which agent reports each instance (the one owner of that
+//! fact: the ingest routes commands by asking here), the instance budget, expiry past
+//! the TTL, the history entries instances make (joined, left, restarted, another
+//! configuration, drift), the lookups of their reports, metrics and owners, the edge
+//! clusters reported per zone, and the [`Membership`] seam where a replica publishes
+//! the instances it owns.
 
 use std::cell::RefCell;
 use std::collections::{HashSet, VecDeque};
@@ -17,18 +20,24 @@ use meshcat_common::wire::InstanceReport;
 use tracing::{debug, warn};
 
 use super::publish::Touch;
-use super::read::MetricsLookup;
-use super::{Entry, MAX_EDGE_CLUSTERS, Store, shared};
+use super::traffic::Traffic;
+use super::{Entry, MAX_EDGE_CLUSTERS, Memory, shared};
 use crate::history::{Detail, Kind, LeftReason, Pending};
+pub use crate::ingest::InstanceKey;
+
+/// What a metrics lookup found.
+#[derive(Debug)]
+pub enum MetricsLookup {
+    NoCluster,
+    NoInstance,
+    Found(Box<InstanceMetrics>),
+}
 
 /// Most reported instances kept at once: reports for further new instances are
 /// dropped (and logged) until others expire, so no set of agents can exhaust memory.
 pub const MAX_INSTANCES: u64 = 200_000;
 
-/// Identifies one reported instance: (zone, cluster, instance).
-pub type InstanceKey = (String, String, String);
-
-/// One instance as its agent last reported it. The fields the store reads on every
+/// One instance as its agent last reported it. The fields read on every
 /// report are kept apart, the graph's fields (upstream traffic, listeners, local
 /// cluster) in [`super::traffic`]; the rest of the report (metrics, upstream
 /// clusters, admin address) is kept packed, as MessagePack, and unpacked only when read: decoded, a
@@ -190,9 +199,15 @@ pub trait Membership: Send + Sync + fmt::Debug {
     fn withdraw(&self, zone: &str, cluster: &str, instance: &str, reason: LeftReason);
 }
 
-/// Who reports what.
-#[derive(Debug, Default)]
-pub(super) struct Live {
+/// The live instances: what agents and peers report, beside the catalog. Each
+/// instance is kept in its (zone, cluster) entry of the shared index, with that
+/// cluster's registration and status; here is who reports which instance, the
+/// instance budget, the expiry wheel, where owned instances are published, and the
+/// traffic their reports carry.
+#[derive(Debug)]
+pub struct Instances {
+    /// The index shared with the catalog.
+    memory: Arc<Memory>,
     /// The instances each agent reports, so `agent_gone` visits only those.
     agents: DashMap<String, HashSet<InstanceKey>>,
     /// Reported instances kept (live or not), bounded by [`MAX_INSTANCES`].
@@ -203,6 +218,9 @@ pub(super) struct Live {
     /// instances only once a bucket it is in is older than the TTL. An agent is in one
     /// bucket per report it sent within the TTL, so the work follows the report rate.
     wheel: Mutex<VecDeque<Bucket>>,
+    /// What each instance's sidecar saw of its upstreams, for the graph: the part of
+    /// each report that is not kept with the instance.
+    traffic: Arc<Traffic>,
 }
 
 /// Agents that reported between `first` and `last`.
@@ -220,9 +238,8 @@ const BUCKET_SPAN: Duration = Duration::from_millis(250);
 enum Put {
     /// Over the instance budget.
     Dropped,
-    /// Held by another reporter that may not be displaced (`instance_in_use`):
-    /// (zone, cluster, instance).
-    Refused(String, String, String),
+    /// Held by another reporter that may not be displaced (`instance_in_use`).
+    Refused(InstanceKey),
     /// Stored; `shown` when a reader sees the change; `drift` when the cluster's
     /// drift may have moved (a configuration or a live instance with one changed).
     Done {
@@ -254,7 +271,25 @@ struct Seen<'a> {
 /// each thread's scratch buffer.
 const PACK_SCRATCH: usize = 2048;
 
-impl Live {
+impl Instances {
+    /// The live instances kept in `memory`, with no instance yet.
+    pub(super) fn new(memory: Arc<Memory>) -> Instances {
+        let traffic = Arc::new(Traffic::new(memory.rules.graph_window));
+        Instances {
+            memory,
+            agents: DashMap::new(),
+            total: AtomicU64::new(0),
+            membership: OnceLock::new(),
+            wheel: Mutex::new(VecDeque::new()),
+            traffic,
+        }
+    }
+
+    /// The traffic the instances' reports carried, which the graph is drawn from.
+    pub fn traffic(&self) -> &Arc<Traffic> {
+        &self.traffic
+    }
+
     /// Takes one more instance into the budget, or says it is full.
     fn admit(&self) -> bool {
         if self.total.fetch_add(1, Ordering::AcqRel) >= MAX_INSTANCES {
@@ -297,10 +332,10 @@ impl Live {
     }
 }
 
-impl Store {
+impl Instances {
     /// Publishes owned instances through `m` from now on (set once).
     pub fn set_membership(&self, m: Arc<dyn Membership>) -> Result<(), Arc<dyn Membership>> {
-        self.live.membership.set(m)
+        self.membership.set(m)
     }
 
     /// Records one instance snapshot from an agent.
@@ -330,8 +365,8 @@ impl Store {
         reports: Vec<InstanceReport>,
         now: Instant,
         may_take: &dyn Fn(&str) -> bool,
-    ) -> Vec<(String, String, String)> {
-        let _st = shared(&self.state);
+    ) -> Vec<InstanceKey> {
+        let _st = shared(&self.memory.state);
         let mut refused = Vec::new();
         let agent: Arc<str> = Arc::from(agent_id);
         let mut visible = false;
@@ -346,7 +381,7 @@ impl Store {
         while let Some(first) = reports.next() {
             let zone = first.zone_name.clone();
             let cluster = first.cluster_name.clone();
-            let mut by_zone = self.clusters.entry(cluster.clone()).or_default();
+            let mut by_zone = self.memory.clusters.entry(cluster.clone()).or_default();
             let e = by_zone.entry(zone.clone()).or_insert_with(Entry::new);
             let before = (e.status, e.live);
             let mut shown_here = false;
@@ -355,9 +390,7 @@ impl Store {
             while let Some(r) = report.take() {
                 match self.put_instance(e, &agent, r, now, may_take) {
                     Put::Dropped => {}
-                    Put::Refused(zone, cluster, instance) => {
-                        refused.push((zone, cluster, instance));
-                    }
+                    Put::Refused(key) => refused.push(key),
                     Put::Done {
                         shown,
                         joined: j,
@@ -367,7 +400,11 @@ impl Store {
                         shown_here |= shown;
                         drift_here |= drift;
                         if let Some(j) = j {
-                            let key = (zone.clone(), cluster.clone(), j.instance);
+                            let key = InstanceKey {
+                                zone: zone.clone(),
+                                cluster: cluster.clone(),
+                                instance: j.instance,
+                            };
                             if let Some(p) = j.previous {
                                 moved.push((p, key.clone()));
                             }
@@ -377,38 +414,37 @@ impl Store {
                 }
                 report = reports.next_if(|n| n.zone_name == zone && n.cluster_name == cluster);
             }
-            self.refresh(e, before);
+            self.memory.refresh(e, before);
             if drift_here {
                 self.note_drift(&zone, &cluster, e);
             }
             shown_here |= before.0 != e.status;
             visible |= shown_here;
             if e.record.is_some() {
-                self.count_change(&zone, before, (e.status, e.live));
+                self.memory.count_change(&zone, before, (e.status, e.live));
                 if shown_here {
                     touched.push(Touch::Cluster(zone, cluster));
                 }
             }
         }
         for (other, key) in moved {
-            if let Some(mut keys) = self.live.agents.get_mut(&*other) {
+            if let Some(mut keys) = self.agents.get_mut(&*other) {
                 keys.remove(&key);
             }
         }
         if !joined.is_empty() {
-            self.live
-                .agents
+            self.agents
                 .entry(agent_id.to_owned())
                 .or_default()
                 .extend(joined);
         }
         if stored {
-            self.live.due(&agent, now);
+            self.due(&agent, now);
         }
         // Reports for clusters nobody registered move only `GET /services`: the
         // index, no event.
         if visible {
-            self.publish(&touched);
+            self.memory.publish(&touched);
         }
         refused
     }
@@ -429,9 +465,13 @@ impl Store {
             && other != agent
             && !may_take(other)
         {
-            return Put::Refused(report.zone_name, report.cluster_name, report.instance);
+            return Put::Refused(InstanceKey {
+                zone: report.zone_name,
+                cluster: report.cluster_name,
+                instance: report.instance,
+            });
         }
-        if prev.is_none() && !self.live.admit() {
+        if prev.is_none() && !self.admit() {
             warn!(agent_id = %agent, zone = %report.zone_name, cluster = %report.cluster_name, instance = %report.instance, limit = MAX_INSTANCES, "Instance report dropped: too many instances.");
             return Put::Dropped;
         }
@@ -470,7 +510,7 @@ impl Store {
                 },
             }),
         };
-        if let Some(m) = self.live.membership.get() {
+        if let Some(m) = self.membership.get() {
             m.publish(Member {
                 zone: &report.zone_name,
                 cluster: &report.cluster_name,
@@ -484,8 +524,7 @@ impl Store {
             });
         }
         // The graph's fields move to the traffic: the packed report goes without them.
-        self.traffic
-            .record(&mut report, now, self.rules.graph_window);
+        self.traffic.record(&mut report, now);
         let fresh = LiveInstance::new(
             Reporter::Agent(agent.clone()),
             now,
@@ -509,7 +548,7 @@ impl Store {
     /// answering), restarted (its start time moved), or runs another configuration.
     /// Returns whether the cluster's drift may have moved.
     fn note_instance(&self, prev: Option<&LiveInstance>, next: &Seen<'_>) -> bool {
-        let Some(history) = self.history() else {
+        let Some(history) = self.memory.history.get() else {
             return false;
         };
         let entry = |kind, detail| {
@@ -592,24 +631,25 @@ impl Store {
             Kind::DriftEnded
         };
         let groups = super::drift::group_details(e);
-        self.note(|| Pending::new(kind, zone, cluster, "", Detail::Drift { groups }));
+        self.memory
+            .note(|| Pending::new(kind, zone, cluster, "", Detail::Drift { groups }));
     }
 
     /// Shows (or updates) an instance another replica owns. The shared store is the
     /// truth: its latest publication replaces whatever this replica had.
     pub fn put_remote(&self, mut r: RemoteInstance) {
         super::drift::sanitise_hashes(&mut r.config_hash, &mut r.config_hashes);
-        let _st = shared(&self.state);
+        let _st = shared(&self.memory.state);
         let touched = {
-            let mut by_zone = self.clusters.entry(r.cluster.clone()).or_default();
+            let mut by_zone = self.memory.clusters.entry(r.cluster.clone()).or_default();
             let e = by_zone.entry(r.zone.clone()).or_insert_with(Entry::new);
-            if !e.instances.contains_key(&r.instance) && !self.live.admit() {
+            if !e.instances.contains_key(&r.instance) && !self.admit() {
                 warn!(zone = %r.zone, cluster = %r.cluster, instance = %r.instance, limit = MAX_INSTANCES, "Published instance dropped: too many instances.");
                 return;
             }
             let before = (e.status, e.live);
             // The first listing of a replica is a load: nothing in it is news.
-            let note = self.is_loaded();
+            let note = self.memory.is_loaded();
             let drift = if note {
                 self.note_instance(
                     e.instances.get(&r.instance),
@@ -648,7 +688,7 @@ impl Store {
                 }
                 None => r.reachable,
             };
-            self.refresh_noting(e, before, note);
+            self.memory.refresh_noting(e, before, note);
             if drift {
                 self.note_drift(&r.zone, &r.cluster, e);
             } else if !note {
@@ -656,7 +696,8 @@ impl Store {
             }
             let shown = shown || before.0 != e.status;
             if e.record.is_some() {
-                self.count_change(&r.zone, before, (e.status, e.live));
+                self.memory
+                    .count_change(&r.zone, before, (e.status, e.live));
             }
             shown.then(|| {
                 e.record
@@ -666,18 +707,19 @@ impl Store {
         };
         // Metrics alone move nothing a reader sees: no index, no event.
         if let Some(touched) = touched {
-            self.publish(touched.as_slice());
+            self.memory.publish(touched.as_slice());
         }
     }
 
     /// Drops an instance another replica owned (its publication is gone, or its
     /// owner marked it as left for `reason`).
     pub fn drop_remote(&self, zone: &str, cluster: &str, instance: &str, reason: LeftReason) {
-        let _st = shared(&self.state);
-        let key = (zone.to_owned(), cluster.to_owned(), instance.to_owned());
-        let reason = self.is_loaded().then_some(reason);
+        let _st = shared(&self.memory.state);
+        let key = InstanceKey::new(zone, cluster, instance);
+        let reason = self.memory.is_loaded().then_some(reason);
         if self.drop_instance(&key, LiveInstance::is_remote, reason) {
-            self.publish(self.touch_if_registered(&key).as_slice());
+            self.memory
+                .publish(self.touch_if_registered(&key).as_slice());
         }
     }
 
@@ -685,11 +727,11 @@ impl Store {
     /// instance).
     pub fn remote_instances(&self) -> Vec<InstanceKey> {
         let mut out = Vec::new();
-        for by_zone in self.clusters.iter() {
+        for by_zone in self.memory.clusters.iter() {
             for (zone, e) in by_zone.iter() {
                 for (name, i) in &e.instances {
                     if i.is_remote() {
-                        out.push((zone.clone(), by_zone.key().clone(), name.clone()));
+                        out.push(InstanceKey::new(zone, by_zone.key(), name));
                     }
                 }
             }
@@ -703,7 +745,8 @@ impl Store {
     /// operator's occasional read, not a dashboard's poll, on the blocking pool.
     pub fn reporters_by_zone(&self, unregistered: bool) -> Vec<ZoneReporters> {
         let mut by_zone: std::collections::BTreeMap<String, (ZoneReporters, HashSet<Arc<str>>)> =
-            self.zones
+            self.memory
+                .zones
                 .iter()
                 .map(|z| {
                     let zone = ZoneReporters {
@@ -714,7 +757,7 @@ impl Store {
                     (z.key().clone(), (zone, HashSet::new()))
                 })
                 .collect();
-        for by_zone_entry in self.clusters.iter() {
+        for by_zone_entry in self.memory.clusters.iter() {
             for (zone, e) in by_zone_entry.iter() {
                 if e.instances.is_empty() || (!unregistered && !by_zone.contains_key(zone)) {
                     continue;
@@ -748,8 +791,8 @@ impl Store {
 
     /// Drops an agent's instances at once (it said goodbye or its connection closed).
     pub fn agent_gone(&self, agent_id: &str) {
-        let _st = shared(&self.state);
-        let Some((_, keys)) = self.live.agents.remove(agent_id) else {
+        let _st = shared(&self.memory.state);
+        let Some((_, keys)) = self.agents.remove(agent_id) else {
             return;
         };
         let mut changed = false;
@@ -765,7 +808,7 @@ impl Store {
             }
         }
         if changed {
-            self.publish(&touched);
+            self.memory.publish(&touched);
         }
     }
 
@@ -773,12 +816,12 @@ impl Store {
     /// agents whose reports fell due, never the whole catalog, and copies the keys
     /// of the stale ones only.
     pub fn expire(&self, now: Instant) {
-        let ttl = self.rules.instance_ttl;
-        let due = self.live.take_due(now, ttl);
+        let ttl = self.memory.rules.instance_ttl;
+        let due = self.take_due(now, ttl);
         if due.is_empty() {
             return;
         }
-        let _st = shared(&self.state);
+        let _st = shared(&self.memory.state);
         // Another replica's instances leave when its publication does.
         let stale =
             |i: &LiveInstance| !i.is_remote() && now.saturating_duration_since(i.last_seen) > ttl;
@@ -787,7 +830,7 @@ impl Store {
         for agent in due {
             // Lock order: an agent's set, then the clusters map. No path holds a
             // cluster entry while it waits for an agent's set.
-            let keys: Vec<InstanceKey> = match self.live.agents.get(&*agent) {
+            let keys: Vec<InstanceKey> = match self.agents.get(&*agent) {
                 Some(keys) => keys
                     .iter()
                     .filter(|k| self.instance_is(k, stale))
@@ -797,38 +840,41 @@ impl Store {
             };
             for key in keys {
                 if self.drop_instance(&key, stale, Some(LeftReason::Expired)) {
-                    debug!(%agent, zone = %key.0, cluster = %key.1, instance = %key.2, "Instance expired.");
+                    debug!(%agent, zone = %key.zone, cluster = %key.cluster, instance = %key.instance, "Instance expired.");
                     changed = true;
                     touched.extend(self.touch_if_registered(&key));
-                    if let Some(mut keys) = self.live.agents.get_mut(&*agent) {
+                    if let Some(mut keys) = self.agents.get_mut(&*agent) {
                         keys.remove(&key);
                     }
                 }
             }
-            self.live
-                .agents
-                .remove_if(&*agent, |_, keys| keys.is_empty());
+            self.agents.remove_if(&*agent, |_, keys| keys.is_empty());
         }
         if changed {
-            self.publish(&touched);
+            self.memory.publish(&touched);
         }
     }
 
     /// The cluster event an instance's departure makes, when its cluster is
     /// registered (an unregistered one shows only in `GET /services`).
     fn touch_if_registered(&self, key: &InstanceKey) -> Option<Touch> {
-        self.is_registered(&key.0, &key.1)
-            .then(|| Touch::Cluster(key.0.clone(), key.1.clone()))
+        self.memory
+            .record(&key.zone, &key.cluster)
+            .is_some()
+            .then(|| Touch::cluster(&key.zone, &key.cluster))
     }
 
     /// Whether the instance is stored and `cond` holds for it (read only).
     fn instance_is(&self, key: &InstanceKey, cond: impl Fn(&LiveInstance) -> bool) -> bool {
-        self.clusters.get(&key.1).is_some_and(|by_zone| {
-            by_zone
-                .get(&key.0)
-                .and_then(|e| e.instances.get(&key.2))
-                .is_some_and(cond)
-        })
+        self.memory
+            .clusters
+            .get(&key.cluster)
+            .is_some_and(|by_zone| {
+                by_zone
+                    .get(&key.zone)
+                    .and_then(|e| e.instances.get(&key.instance))
+                    .is_some_and(cond)
+            })
     }
 
     /// Removes one instance when `cond` holds; refreshes status and counters; notes
@@ -842,60 +888,63 @@ impl Store {
     ) -> bool {
         let mut owned = false;
         {
-            let Some(mut by_zone) = self.clusters.get_mut(&key.1) else {
+            let Some(mut by_zone) = self.memory.clusters.get_mut(&key.cluster) else {
                 return false;
             };
-            let Some(e) = by_zone.get_mut(&key.0) else {
+            let Some(e) = by_zone.get_mut(&key.zone) else {
                 return false;
             };
-            if !e.instances.get(&key.2).is_some_and(&cond) {
+            if !e.instances.get(&key.instance).is_some_and(&cond) {
                 return false;
             }
             let before = (e.status, e.live);
-            if let Some(old) = e.instances.remove(&key.2) {
+            if let Some(old) = e.instances.remove(&key.instance) {
                 e.count(&old, false);
                 owned = !old.is_remote();
                 if let Some(reason) = reason.filter(|_| old.is_live()) {
-                    self.note(|| {
+                    self.memory.note(|| {
                         Pending::new(
                             Kind::InstanceLeft,
-                            &key.0,
-                            &key.1,
-                            &key.2,
+                            &key.zone,
+                            &key.cluster,
+                            &key.instance,
                             Detail::Left { reason },
                         )
                     });
                 }
                 if old.is_live() && old.config_hash.is_some() {
                     if reason.is_some() {
-                        self.note_drift(&key.0, &key.1, e);
+                        self.note_drift(&key.zone, &key.cluster, e);
                     } else {
                         e.drifted = super::drift::drifted(e.instances.values());
                     }
                 }
             }
-            self.live.total.fetch_sub(1, Ordering::AcqRel);
-            self.refresh_noting(e, before, reason.is_some());
+            self.total.fetch_sub(1, Ordering::AcqRel);
+            self.memory.refresh_noting(e, before, reason.is_some());
             if e.record.is_some() {
-                self.count_change(&key.0, before, (e.status, e.live));
+                self.memory
+                    .count_change(&key.zone, before, (e.status, e.live));
             }
             let forget = e.record.is_none() && e.instances.is_empty();
             if forget {
-                by_zone.remove(&key.0);
+                by_zone.remove(&key.zone);
             }
             let empty = by_zone.is_empty();
             drop(by_zone);
             if empty {
-                self.clusters.remove_if(&key.1, |_, m| m.is_empty());
+                self.memory
+                    .clusters
+                    .remove_if(&key.cluster, |_, m| m.is_empty());
             }
         }
         self.traffic.forget(key);
         // Only this replica's own publications are its to withdraw.
-        if owned && let Some(m) = self.live.membership.get() {
+        if owned && let Some(m) = self.membership.get() {
             m.withdraw(
-                &key.0,
-                &key.1,
-                &key.2,
+                &key.zone,
+                &key.cluster,
+                &key.instance,
                 reason.unwrap_or(LeftReason::Expired),
             );
         }
@@ -910,7 +959,7 @@ impl Store {
         cluster: &str,
         instance: &str,
     ) -> Option<String> {
-        let by_zone = self.clusters.get(cluster)?;
+        let by_zone = self.memory.clusters.get(cluster)?;
         by_zone
             .iter()
             .filter(|(z, _)| zone.is_none_or(|want| want == z.as_str()))
@@ -931,7 +980,7 @@ impl Store {
         instance: &str,
     ) -> Option<String> {
         let mut owner: Option<(String, String, String)> = None;
-        for by_zone in self.clusters.iter() {
+        for by_zone in self.memory.clusters.iter() {
             for (z, e) in by_zone.iter() {
                 let named = e
                     .record
@@ -954,27 +1003,11 @@ impl Store {
         owner.map(|(_, _, o)| o)
     }
 
-    /// The live instances of (zone, cluster) that other replicas own, with their
-    /// owners, sorted by instance name.
-    pub fn remote_live(&self, zone: &str, cluster: &str) -> Vec<(String, String)> {
-        self.clusters
-            .get(cluster)
-            .and_then(|m| {
-                m.get(zone).map(|e| {
-                    e.instances
-                        .iter()
-                        .filter(|(_, i)| i.is_live())
-                        .filter_map(|(n, i)| Some((n.clone(), i.owner()?.to_owned())))
-                        .collect()
-                })
-            })
-            .unwrap_or_default()
-    }
-
     /// The live instances of (zone, cluster) by name, each with the replica that owns
     /// it (`None`: an agent of this replica reports it). Nothing is unpacked.
     pub fn live_owners(&self, zone: &str, cluster: &str) -> Vec<(String, Option<String>)> {
-        self.clusters
+        self.memory
+            .clusters
             .get(cluster)
             .and_then(|m| {
                 m.get(zone).map(|e| {
@@ -992,7 +1025,7 @@ impl Store {
     /// and an agent of this replica reports it, `Some(Some(replica))` when another
     /// replica owns it, `None` otherwise.
     pub fn live_owner(&self, zone: &str, cluster: &str, instance: &str) -> Option<Option<String>> {
-        let by_zone = self.clusters.get(cluster)?;
+        let by_zone = self.memory.clusters.get(cluster)?;
         let i = by_zone.get(zone)?;
         let i = i.instances.get(instance)?;
         match i.owner() {
@@ -1004,7 +1037,7 @@ impl Store {
     /// The agent of this replica that reports this instance now, for routing
     /// commands to it (`None` also when another replica owns it).
     pub fn reporter(&self, zone: &str, cluster: &str, instance: &str) -> Option<String> {
-        self.clusters.get(cluster).and_then(|m| {
+        self.memory.clusters.get(cluster).and_then(|m| {
             m.get(zone)
                 .and_then(|e| e.instances.get(instance))
                 .and_then(|i| match &i.reporter {
@@ -1020,16 +1053,16 @@ impl Store {
         clusters.sort();
         clusters.dedup();
         clusters.truncate(MAX_EDGE_CLUSTERS);
-        let _st = super::exclusive(&self.state);
-        let same = self.edge.get(zone).is_some_and(|c| *c == clusters);
+        let _st = super::exclusive(&self.memory.state);
+        let same = self.memory.edge.get(zone).is_some_and(|c| *c == clusters);
         if !same {
             if clusters.is_empty() {
-                self.edge.remove(zone);
+                self.memory.edge.remove(zone);
             } else {
-                self.edge.insert(zone.to_owned(), clusters);
+                self.memory.edge.insert(zone.to_owned(), clusters);
             }
             // Only `GET /services` shows it: the index moves, no event.
-            self.publish(&[]);
+            self.memory.publish(&[]);
         }
     }
 
@@ -1041,7 +1074,7 @@ impl Store {
         zone: Option<&str>,
         instance: &str,
     ) -> MetricsLookup {
-        let Some(by_zone) = self.clusters.get(name) else {
+        let Some(by_zone) = self.memory.clusters.get(name) else {
             return MetricsLookup::NoCluster;
         };
         let mut any = false;
@@ -1075,7 +1108,7 @@ impl Store {
         instance: &str,
     ) -> MetricsLookup {
         let mut candidates: Vec<(String, String)> = Vec::new();
-        for by_zone in self.clusters.iter() {
+        for by_zone in self.memory.clusters.iter() {
             for (z, e) in by_zone.iter() {
                 if e.record
                     .as_ref()
@@ -1100,7 +1133,8 @@ impl Store {
     /// The last reports of a cluster's live instances, sorted by instance name (the
     /// instances map is ordered).
     pub fn live_instances(&self, zone: &str, cluster: &str) -> Vec<Arc<InstanceReport>> {
-        self.clusters
+        self.memory
+            .clusters
             .get(cluster)
             .and_then(|m| {
                 m.get(zone).map(|e| {
@@ -1114,6 +1148,13 @@ impl Store {
             .unwrap_or_default()
     }
 
+    /// The drift of (zone, cluster); `None` when the cluster is neither registered
+    /// nor reported there.
+    pub fn drift(&self, zone: &str, cluster: &str) -> Option<super::drift::DriftView> {
+        let by_zone = self.memory.clusters.get(cluster)?;
+        Some(super::drift::view(by_zone.get(zone)?))
+    }
+
     /// The last report of a live instance, for commands and diagnosis.
     pub fn live_instance(
         &self,
@@ -1121,7 +1162,7 @@ impl Store {
         cluster: &str,
         instance: &str,
     ) -> Option<Arc<InstanceReport>> {
-        self.clusters.get(cluster).and_then(|m| {
+        self.memory.clusters.get(cluster).and_then(|m| {
             m.get(zone)
                 .and_then(|e| e.instances.get(instance))
                 .filter(|i| i.is_live() && !i.is_remote())

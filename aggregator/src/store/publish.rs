@@ -1,13 +1,13 @@
 //! What the catalog shows on the change feed ([`crate::changes`]): each change of
 //! registrations, live instances or the graph's shape names what it touched
-//! ([`Touch`]), and [`Store::publish`] renders those clusters and zones as they are
-//! now, with the summary when it moved, as one change.
+//! ([`Touch`]), and the index's `publish` renders those clusters and zones as they
+//! are now, with the summary when it moved, as one change.
 
 use std::sync::Arc;
 
 use meshcat_common::model::OverallSummary;
 
-use super::{Store, render};
+use super::{Memory, Store, render};
 use crate::changes::{Changes, Event};
 
 /// What a change touched; the events are rendered from the state after it.
@@ -47,14 +47,28 @@ fn kind_json(v: &impl serde::Serialize) -> Vec<u8> {
 impl Store {
     /// The change feed the catalog publishes on.
     pub fn changes(&self) -> &Arc<Changes> {
-        &self.changes
+        &self.memory.changes
     }
 
     /// The catalog index.
     pub fn index(&self) -> u64 {
-        self.changes.index()
+        self.memory.changes.index()
     }
 
+    /// Moves the index and sends a `graph` event for each zone whose part of the
+    /// dependency graph changed shape. Returns the index before the change and the
+    /// change's own; nothing when no zone changed.
+    pub fn graph_changed(&self, zones: &[String]) -> Option<(u64, u64)> {
+        if zones.is_empty() {
+            return None;
+        }
+        let touched: Vec<Touch> = zones.iter().map(|z| Touch::Graph(z.clone())).collect();
+        let _st = super::shared(&self.memory.state);
+        Some(self.memory.publish(&touched))
+    }
+}
+
+impl Memory {
     /// Moves the index and publishes what `touched` shows now. Numbering, rendering
     /// and sending happen while the feed is held, so changes are numbered and sent
     /// in one order and each event shows the state after its change (or later). The
@@ -132,20 +146,8 @@ impl Store {
         }
     }
 
-    /// Moves the index and sends a `graph` event for each zone whose part of the
-    /// dependency graph changed shape. Returns the index before the change and the
-    /// change's own; nothing when no zone changed.
-    pub fn graph_changed(&self, zones: &[String]) -> Option<(u64, u64)> {
-        if zones.is_empty() {
-            return None;
-        }
-        let touched: Vec<Touch> = zones.iter().map(|z| Touch::Graph(z.clone())).collect();
-        let _st = super::shared(&self.state);
-        Some(self.publish(&touched))
-    }
-
     /// The summary's `metadata`, from the per-zone counters only.
-    pub fn overall(&self) -> OverallSummary {
+    fn overall(&self) -> OverallSummary {
         let mut totals = super::aggregate::OverallTotals::default();
         for z in self.zones.iter() {
             totals.add(&z.agg);

@@ -1,29 +1,20 @@
 //! Read models: every answer the API serves from the catalog (`GET /clusters`, one
 //! cluster, `/summary`, `/zones`, `/services`, the ops totals), rendered from the
-//! pre-serialized records ([`super::render`]), and the per-generation cache of the
-//! large ones. Readers never take the catalog's write lock. The serde views kept
-//! under `#[cfg(test)]` are the oracle the rendered bytes are checked against.
+//! pre-serialized records ([`super::render`]), the per-generation cache of the
+//! large ones, and each cluster's facts the graph is built from. Readers never take
+//! the catalog's write lock. The serde views kept under `#[cfg(test)]` are the
+//! oracle the rendered bytes are checked against.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use meshcat_common::model::{
-    ClusterRecord, ClusterView, InstanceMetrics, Status, ZoneRecord, ZoneSummary,
-};
+use meshcat_common::model::{ClusterRecord, ClusterView, Status, ZoneRecord, ZoneSummary};
 
 use super::{Store, ZoneAggregate, render};
 
-/// What a metrics lookup found.
-#[derive(Debug)]
-pub enum MetricsLookup {
-    NoCluster,
-    NoInstance,
-    Found(Box<InstanceMetrics>),
-}
-
-/// Which large answer [`Store::cached_body`] serves.
+/// Which large answer [`Store::cached_body_shared`] serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CachedKind {
     Summary,
@@ -53,6 +44,22 @@ pub struct Totals {
     pub by_status: [u64; 3],
 }
 
+/// One (zone, cluster) as the graph shows it.
+#[derive(Debug, Clone)]
+pub struct ClusterFacts {
+    pub zone: String,
+    pub cluster: String,
+    pub registered: bool,
+    pub status: Status,
+    pub owner: String,
+    /// Live instances.
+    pub instances: u64,
+    /// Declared dependencies as (zone, cluster).
+    pub dependencies: Vec<(String, String)>,
+    /// Whether its live instances run different configurations.
+    pub drifted: bool,
+}
+
 /// Serialized bodies with their generation, by [`Cached::slot`].
 #[derive(Debug, Default)]
 pub(super) struct ReadCache {
@@ -65,9 +72,7 @@ pub(super) struct ReadCache {
 impl Store {
     /// The registration of (zone, cluster).
     pub fn record(&self, zone: &str, cluster: &str) -> Option<Arc<ClusterRecord>> {
-        self.clusters
-            .get(cluster)
-            .and_then(|m| m.get(zone).and_then(|e| e.record.clone()))
+        self.memory.record(zone, cluster)
     }
 
     /// Whether (zone, cluster) is registered.
@@ -77,27 +82,32 @@ impl Store {
 
     /// Every zone record, sorted by name.
     pub fn zones(&self) -> Vec<ZoneRecord> {
-        let mut out: Vec<ZoneRecord> = self.zones.iter().map(|z| (*z.record).clone()).collect();
+        let mut out: Vec<ZoneRecord> = self
+            .memory
+            .zones
+            .iter()
+            .map(|z| (*z.record).clone())
+            .collect();
         out.sort_unstable_by(|a, b| a.zone_name.cmp(&b.zone_name));
         out
     }
 
     pub fn zone(&self, name: &str) -> Option<ZoneRecord> {
-        self.zones.get(name).map(|z| (*z.record).clone())
+        self.memory.zones.get(name).map(|z| (*z.record).clone())
     }
 
     /// The zone's summary from its incremental counters.
     pub fn zone_summary(&self, name: &str) -> Option<ZoneSummary> {
-        self.zones.get(name).map(|z| z.agg.summary(name))
+        self.memory.zones.get(name).map(|z| z.agg.summary(name))
     }
 
     /// Totals for the ops exposition, from the per-zone counters.
     pub fn totals(&self) -> Totals {
         let mut t = Totals {
-            live_instances: self.live_total.load(Ordering::Acquire),
+            live_instances: self.memory.live_total.load(Ordering::Acquire),
             ..Totals::default()
         };
-        for z in self.zones.iter() {
+        for z in self.memory.zones.iter() {
             t.zones += 1;
             t.clusters += z.agg.clusters;
             for i in 0..3 {
@@ -110,7 +120,7 @@ impl Store {
     /// A body from the cache when it is of the current generation, else built and
     /// cached.
     fn cached(&self, slot: usize, build: impl FnOnce() -> Vec<u8>) -> Bytes {
-        let generation = self.generation();
+        let generation = self.index();
         {
             let cache = self.cache.slots.lock().unwrap_or_else(|p| p.into_inner());
             if let Some((g, body)) = &cache[slot]
@@ -130,7 +140,7 @@ impl Store {
 
     /// A large read answer served from the per-generation cache: `GET /summary` or
     /// the unfiltered `GET /clusters`, identity or gzip-encoded.
-    pub fn cached_body(&self, which: Cached) -> Bytes {
+    fn cached_body(&self, which: Cached) -> Bytes {
         if which.gzip {
             let plain = Cached {
                 gzip: false,
@@ -146,7 +156,7 @@ impl Store {
 
     /// The cached body when it is of the current generation.
     fn fresh(&self, slot: usize) -> Option<Bytes> {
-        let generation = self.generation();
+        let generation = self.index();
         let cache = self.cache.slots.lock().unwrap_or_else(|p| p.into_inner());
         cache[slot]
             .as_ref()
@@ -175,15 +185,6 @@ impl Store {
         }
     }
 
-    /// The `GET /summary` body, serialized once per change generation.
-    pub fn summary_body(&self, authorized: bool) -> Bytes {
-        self.cached_body(Cached {
-            kind: CachedKind::Summary,
-            authorized,
-            gzip: false,
-        })
-    }
-
     /// The `GET /clusters` body for the registered clusters matching `keep`, sorted
     /// by (zoneName, clusterName).
     pub fn render_clusters(
@@ -192,7 +193,7 @@ impl Store {
         keep: impl Fn(&ClusterRecord, Status) -> bool,
     ) -> Vec<u8> {
         let mut items: Vec<(String, String, Vec<u8>)> = Vec::new();
-        for by_zone in self.clusters.iter() {
+        for by_zone in self.memory.clusters.iter() {
             for (zone, e) in by_zone.iter() {
                 if let Some(r) = &e.record
                     && keep(r, e.status)
@@ -215,7 +216,7 @@ impl Store {
         zone: Option<&str>,
         authorized: bool,
     ) -> Option<Vec<u8>> {
-        let by_zone = self.clusters.get(name)?;
+        let by_zone = self.memory.clusters.get(name)?;
         let mut out = Vec::with_capacity(1024);
         out.push(b'[');
         let mut any = false;
@@ -236,7 +237,8 @@ impl Store {
     /// Each zone's counters and cluster names, copied out so that no zone guard is
     /// held while cluster entries are read.
     fn zone_snapshots(&self) -> Vec<(String, ZoneAggregate, Vec<String>)> {
-        self.zones
+        self.memory
+            .zones
             .iter()
             .map(|z| {
                 (
@@ -264,7 +266,7 @@ impl Store {
             body.extend_from_slice(b":{\"clusters\":{");
             let mut first = true;
             for name in names {
-                if let Some(by_zone) = self.clusters.get(name)
+                if let Some(by_zone) = self.memory.clusters.get(name)
                     && let Some(e) = by_zone.get(zone)
                     && e.record.is_some()
                 {
@@ -294,11 +296,44 @@ impl Store {
         out
     }
 
+    /// Every known (zone, cluster): registered, or with reported instances.
+    pub fn cluster_facts(&self) -> Vec<ClusterFacts> {
+        let mut out = Vec::new();
+        for by_zone in self.memory.clusters.iter() {
+            for (zone, e) in by_zone.iter() {
+                let registered = e.record.is_some() && self.memory.zones.contains_key(zone);
+                if !registered && e.instances.is_empty() {
+                    continue;
+                }
+                let record = e.record.as_ref().filter(|_| registered);
+                out.push(ClusterFacts {
+                    zone: zone.clone(),
+                    cluster: by_zone.key().clone(),
+                    registered,
+                    status: e.status,
+                    owner: record.map(|r| r.owner.clone()).unwrap_or_default(),
+                    instances: e.live,
+                    drifted: super::drift::drifted(e.instances.values()),
+                    dependencies: record
+                        .map(|r| {
+                            r.dependencies
+                                .iter()
+                                .filter_map(|d| meshcat_common::validate::dependency(zone, d))
+                                .map(|(z, c)| (z.to_owned(), c.to_owned()))
+                                .collect()
+                        })
+                        .unwrap_or_default(),
+                });
+            }
+        }
+        out
+    }
+
     /// `GET /services`: registered clusters plus clusters agents report or edge
     /// sidecars know that nobody registered, sorted by (zoneName, clusterName).
     pub fn services(&self, zone: Option<&str>, authorized: bool) -> Vec<ClusterView> {
         let mut out: BTreeMap<(String, String), ClusterView> = BTreeMap::new();
-        for by_zone in self.clusters.iter() {
+        for by_zone in self.memory.clusters.iter() {
             for (z, e) in by_zone.iter() {
                 if zone.is_some_and(|want| want != z) {
                     continue;
@@ -312,6 +347,7 @@ impl Store {
             }
         }
         let edges: Vec<(String, Vec<String>)> = self
+            .memory
             .edge
             .iter()
             .filter(|e| zone.is_none_or(|want| want == e.key()))
@@ -336,6 +372,15 @@ impl Store {
 /// views, slowly, for tests to compare with.
 #[cfg(test)]
 impl Store {
+    /// The `GET /summary` body, serialized once per change generation.
+    pub fn summary_body(&self, authorized: bool) -> Bytes {
+        self.cached_body(Cached {
+            kind: CachedKind::Summary,
+            authorized,
+            gzip: false,
+        })
+    }
+
     /// Registered clusters matching `keep`, sorted by (zoneName, clusterName).
     pub fn list_clusters(
         &self,
@@ -343,7 +388,7 @@ impl Store {
         keep: impl Fn(&ClusterRecord, Status) -> bool,
     ) -> Vec<ClusterView> {
         let mut out: Vec<ClusterView> = Vec::new();
-        for by_zone in self.clusters.iter() {
+        for by_zone in self.memory.clusters.iter() {
             for e in by_zone.values() {
                 if let Some(r) = &e.record
                     && keep(r, e.status)
@@ -366,7 +411,7 @@ impl Store {
         zone: Option<&str>,
         authorized: bool,
     ) -> Vec<ClusterView> {
-        let Some(by_zone) = self.clusters.get(name) else {
+        let Some(by_zone) = self.memory.clusters.get(name) else {
             return Vec::new();
         };
         by_zone
@@ -386,7 +431,7 @@ impl Store {
             totals.add(&agg);
             let mut clusters = BTreeMap::new();
             for name in names {
-                if let Some(by_zone) = self.clusters.get(&name)
+                if let Some(by_zone) = self.memory.clusters.get(&name)
                     && let Some(e) = by_zone.get(&zone)
                     && let Some(r) = &e.record
                 {

@@ -392,42 +392,6 @@ impl Store {
         Ok(self.commit_one(Write::ReplaceZone(z))?.into_zone())
     }
 
-    /// Deletes a zone and its clusters. Blocks on the durable commit.
-    pub fn delete_zone(&self, name: &str) -> Result<ZoneRecord, StoreError> {
-        Ok(self
-            .commit_one(Write::DeleteZone(name.to_owned()))?
-            .into_zone())
-    }
-
-    /// Registers a cluster. Blocks on the durable commit.
-    pub fn create_cluster(&self, c: ClusterRecord) -> Result<ClusterRecord, StoreError> {
-        Ok(self.commit_one(Write::CreateCluster(c))?.into_cluster())
-    }
-
-    /// Registers clusters all or nothing, in one durable commit. A refusal carries the
-    /// index of the refused record.
-    pub fn create_clusters(
-        &self,
-        cs: Vec<ClusterRecord>,
-    ) -> Result<Vec<ClusterRecord>, (usize, StoreError)> {
-        let changes = self.commit(cs.into_iter().map(Write::CreateCluster).collect())?;
-        Ok(changes.into_iter().map(Committed::into_cluster).collect())
-    }
-
-    /// Replaces a registered cluster. Blocks on the durable commit.
-    pub fn replace_cluster(&self, c: ClusterRecord) -> Result<ClusterRecord, StoreError> {
-        Ok(self.commit_one(Write::ReplaceCluster(c))?.into_cluster())
-    }
-
-    /// Deletes a registered cluster. Blocks on the durable commit.
-    pub fn delete_cluster(&self, zone: &str, cluster: &str) -> Result<ClusterRecord, StoreError> {
-        let w = Write::DeleteCluster {
-            zone: zone.to_owned(),
-            cluster: cluster.to_owned(),
-        };
-        Ok(self.commit_one(w)?.into_cluster())
-    }
-
     /// Shows committed changes in memory: this process's own writes after their
     /// commit, or changes that arrive from elsewhere (another replica's writes seen
     /// through the backend), in their commit order. This is the one point where
@@ -447,11 +411,12 @@ impl Store {
     /// Shows `changes`; with `publish` (not at loading) they are changes a reader
     /// sees: published on the feed and noted in the history.
     fn apply(&self, changes: &[Committed], publish: bool) {
-        let _st = exclusive(&self.state);
+        let _st = exclusive(&self.memory.state);
         let mut touched = Vec::new();
         let note = |kind: Kind, zone: &str, cluster: &str, detail: Detail| {
             if publish {
-                self.note(|| Pending::new(kind, zone, cluster, "", detail));
+                self.memory
+                    .note(|| Pending::new(kind, zone, cluster, "", detail));
             }
         };
         for change in changes {
@@ -459,7 +424,11 @@ impl Store {
                 Committed::PutZone(z) => {
                     // A listing after a lost watch puts every record again: only what
                     // differs is a change.
-                    let old = self.zones.get(&z.zone_name).map(|old| old.record.clone());
+                    let old = self
+                        .memory
+                        .zones
+                        .get(&z.zone_name)
+                        .map(|old| old.record.clone());
                     if old.as_deref().is_none_or(|old| *old != *z) {
                         touched.push(Touch::Zone(z.zone_name.clone()));
                     }
@@ -478,7 +447,7 @@ impl Store {
                     self.put_zone_in_memory(z.clone());
                 }
                 Committed::DeleteZone(z) => {
-                    if let Some((_, zone)) = self.zones.remove(&z.zone_name) {
+                    if let Some((_, zone)) = self.memory.zones.remove(&z.zone_name) {
                         for cluster in &zone.clusters {
                             self.unregister_in_memory(&z.zone_name, cluster);
                             note(
@@ -493,7 +462,7 @@ impl Store {
                     }
                 }
                 Committed::PutCluster(c) => {
-                    if self.zones.contains_key(&c.zone_name) {
+                    if self.memory.zones.contains_key(&c.zone_name) {
                         let old = self.record(&c.zone_name, &c.cluster_name);
                         if old.as_deref().is_none_or(|old| *old != *c) {
                             touched.push(Touch::cluster(&c.zone_name, &c.cluster_name));
@@ -532,7 +501,7 @@ impl Store {
                         );
                     }
                     self.unregister_in_memory(&c.zone_name, &c.cluster_name);
-                    if let Some(mut z) = self.zones.get_mut(&c.zone_name) {
+                    if let Some(mut z) = self.memory.zones.get_mut(&c.zone_name) {
                         z.clusters.remove(&c.cluster_name);
                     }
                 }
@@ -542,19 +511,19 @@ impl Store {
             return;
         }
         if publish {
-            self.publish(&touched);
+            self.memory.publish(&touched);
         } else {
-            self.advance();
+            self.memory.advance();
         }
     }
 
     fn put_zone_in_memory(&self, z: ZoneRecord) {
         let record = Arc::new(z);
-        if let Some(mut existing) = self.zones.get_mut(&record.zone_name) {
+        if let Some(mut existing) = self.memory.zones.get_mut(&record.zone_name) {
             existing.record = record;
             return;
         }
-        self.zones.insert(
+        self.memory.zones.insert(
             record.zone_name.clone(),
             ZoneState {
                 record,
@@ -571,15 +540,16 @@ impl Store {
         let zone = c.zone_name.clone();
         let name = c.cluster_name.clone();
         let (old, new) = {
-            let mut by_zone = self.clusters.entry(name.clone()).or_default();
+            let mut by_zone = self.memory.clusters.entry(name.clone()).or_default();
             let e = by_zone.entry(zone.clone()).or_insert_with(Entry::new);
             let old = e.record.take().map(|r| (r, e.status, e.live));
             e.record_json = render::record_json(&c);
             e.record = Some(Arc::new(c));
-            self.refresh_noting(e, (e.status, e.live), note_status);
+            self.memory
+                .refresh_noting(e, (e.status, e.live), note_status);
             (old, (e.record.clone().expect("just set"), e.status, e.live))
         };
-        if let Some(mut z) = self.zones.get_mut(&zone) {
+        if let Some(mut z) = self.memory.zones.get_mut(&zone) {
             if let Some((r, s, l)) = old {
                 z.agg.remove(&r, s, l);
             }
@@ -592,7 +562,7 @@ impl Store {
     /// instances as an unregistered cluster.
     fn unregister_in_memory(&self, zone: &str, cluster: &str) {
         let old = {
-            let Some(mut by_zone) = self.clusters.get_mut(cluster) else {
+            let Some(mut by_zone) = self.memory.clusters.get_mut(cluster) else {
                 return;
             };
             let Some(e) = by_zone.get_mut(zone) else {
@@ -600,20 +570,62 @@ impl Store {
             };
             let old = e.record.take().map(|r| (r, e.status, e.live));
             e.record_json = Bytes::new();
-            self.refresh(e, (e.status, e.live));
+            self.memory.refresh(e, (e.status, e.live));
             if e.instances.is_empty() {
                 by_zone.remove(zone);
             }
             let empty = by_zone.is_empty();
             drop(by_zone);
             if empty {
-                self.clusters.remove_if(cluster, |_, m| m.is_empty());
+                self.memory.clusters.remove_if(cluster, |_, m| m.is_empty());
             }
             old
         };
-        if let (Some((r, s, l)), Some(mut z)) = (old, self.zones.get_mut(zone)) {
+        if let (Some((r, s, l)), Some(mut z)) = (old, self.memory.zones.get_mut(zone)) {
             z.agg.remove(&r, s, l);
         }
+    }
+}
+
+/// Single writes, for tests: the API commits its [`Write`]s itself
+/// ([`Store::commit_async`]), and registers and replaces zones with
+/// [`Store::create_zone`] and [`Store::replace_zone`].
+#[cfg(test)]
+impl Store {
+    /// Registers a cluster. Blocks on the durable commit.
+    pub fn create_cluster(&self, c: ClusterRecord) -> Result<ClusterRecord, StoreError> {
+        Ok(self.commit_one(Write::CreateCluster(c))?.into_cluster())
+    }
+
+    /// Registers clusters all or nothing, in one durable commit. A refusal carries the
+    /// index of the refused record.
+    pub fn create_clusters(
+        &self,
+        cs: Vec<ClusterRecord>,
+    ) -> Result<Vec<ClusterRecord>, (usize, StoreError)> {
+        let changes = self.commit(cs.into_iter().map(Write::CreateCluster).collect())?;
+        Ok(changes.into_iter().map(Committed::into_cluster).collect())
+    }
+
+    /// Replaces a registered cluster. Blocks on the durable commit.
+    pub fn replace_cluster(&self, c: ClusterRecord) -> Result<ClusterRecord, StoreError> {
+        Ok(self.commit_one(Write::ReplaceCluster(c))?.into_cluster())
+    }
+
+    /// Deletes a registered cluster. Blocks on the durable commit.
+    pub fn delete_cluster(&self, zone: &str, cluster: &str) -> Result<ClusterRecord, StoreError> {
+        let w = Write::DeleteCluster {
+            zone: zone.to_owned(),
+            cluster: cluster.to_owned(),
+        };
+        Ok(self.commit_one(w)?.into_cluster())
+    }
+
+    /// Deletes a zone and its clusters. Blocks on the durable commit.
+    pub fn delete_zone(&self, name: &str) -> Result<ZoneRecord, StoreError> {
+        Ok(self
+            .commit_one(Write::DeleteZone(name.to_owned()))?
+            .into_zone())
     }
 }
 

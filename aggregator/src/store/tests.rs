@@ -32,10 +32,10 @@ fn report(zone: &str, cluster: &str, instance: &str, req: u64, err: u64) -> Inst
     }
 }
 
-fn open() -> (tempfile::TempDir, Store) {
+fn open() -> (tempfile::TempDir, Store, Instances) {
     let dir = tempfile::tempdir().unwrap();
-    let s = Store::open(dir.path(), Rules::defaults()).unwrap();
-    (dir, s)
+    let (s, live) = Store::open(dir.path(), Rules::defaults()).unwrap();
+    (dir, s, live)
 }
 
 fn summary(s: &Store, z: &str) -> ZoneSummary {
@@ -44,7 +44,7 @@ fn summary(s: &Store, z: &str) -> ZoneSummary {
 
 #[test]
 fn registrations_and_conflicts() {
-    let (_d, s) = open();
+    let (_d, s, _live) = open();
     assert!(matches!(
         s.create_cluster(ClusterRecord::new("z", "a", "A")),
         Err(StoreError::Invalid(_))
@@ -71,74 +71,74 @@ fn registrations_and_conflicts() {
 
 #[test]
 fn reports_drive_status_and_counters() {
-    let (_d, s) = open();
+    let (_d, s, live) = open();
     s.create_zone(zone("z")).unwrap();
     let mut r = ClusterRecord::new("z", "a", "A");
     r.min_instances = 2;
     r.owner = "team".into();
     s.create_cluster(r).unwrap();
     let now = Instant::now();
-    s.apply_report("agent-1", report("z", "a", "i1", 0, 0), now);
+    live.apply_report("agent-1", report("z", "a", "i1", 0, 0), now);
     let v = &s.get_cluster("a", None, true)[0];
     assert_eq!(v.status, Status::Warning);
     assert_eq!(v.instances.len(), 1);
-    s.apply_report("agent-2", report("z", "a", "i2", 0, 0), now);
+    live.apply_report("agent-2", report("z", "a", "i2", 0, 0), now);
     assert_eq!(s.get_cluster("a", None, true)[0].status, Status::Stable);
     let z = summary(&s, "z");
     assert_eq!((z.cluster_stable_count, z.instance_count), (1, 2));
     assert_eq!(z.owners, vec!["team"]);
 
     // 10 errors out of 100 requests in the window: above 5%.
-    s.apply_report("agent-1", report("z", "a", "i1", 100, 10), now);
+    live.apply_report("agent-1", report("z", "a", "i1", 100, 10), now);
     assert_eq!(s.get_cluster("a", None, true)[0].status, Status::Warning);
-    s.apply_report("agent-1", report("z", "a", "i1", 200, 10), now);
+    live.apply_report("agent-1", report("z", "a", "i1", 200, 10), now);
     assert_eq!(s.get_cluster("a", None, true)[0].status, Status::Stable);
 
-    s.agent_gone("agent-2");
+    live.agent_gone("agent-2");
     let z = summary(&s, "z");
     assert_eq!((z.cluster_warning_count, z.instance_count), (1, 1));
     assert_eq!(s.totals().live_instances, 1);
 
     let mut unreachable = report("z", "a", "i1", 200, 10);
     unreachable.reachable = false;
-    s.apply_report("agent-1", unreachable, now);
+    live.apply_report("agent-1", unreachable, now);
     assert_eq!(summary(&s, "z").cluster_down_count, 1);
     assert!(s.get_cluster("a", None, true)[0].instances.is_empty());
     assert!(matches!(
-        s.instance_metrics("a", None, "i1"),
+        live.instance_metrics("a", None, "i1"),
         MetricsLookup::NoInstance
     ));
 }
 
 #[test]
 fn expiry_drops_silent_instances() {
-    let (_d, s) = open();
+    let (_d, s, live) = open();
     s.create_zone(zone("z")).unwrap();
     s.create_cluster(ClusterRecord::new("z", "a", "A")).unwrap();
     let t0 = Instant::now();
-    s.apply_report("agent", report("z", "a", "i1", 0, 0), t0);
-    s.apply_report(
+    live.apply_report("agent", report("z", "a", "i1", 0, 0), t0);
+    live.apply_report(
         "agent",
         report("z", "a", "i2", 0, 0),
         t0 + Duration::from_secs(10),
     );
-    s.expire(t0 + Duration::from_secs(14));
+    live.expire(t0 + Duration::from_secs(14));
     assert_eq!(s.totals().live_instances, 2);
-    s.expire(t0 + Duration::from_secs(16));
+    live.expire(t0 + Duration::from_secs(16));
     assert_eq!(s.totals().live_instances, 1);
     assert_eq!(s.get_cluster("a", None, true)[0].instances[0].name, "i2");
-    s.expire(t0 + Duration::from_secs(30));
+    live.expire(t0 + Duration::from_secs(30));
     assert_eq!(summary(&s, "z").cluster_down_count, 1);
     assert_eq!(s.totals().live_instances, 0);
 }
 
 #[test]
 fn unregistered_clusters_show_in_services() {
-    let (_d, s) = open();
+    let (_d, s, live) = open();
     s.create_zone(zone("z")).unwrap();
     s.create_cluster(ClusterRecord::new("z", "a", "A")).unwrap();
-    s.apply_report("agent", report("z", "ghost", "i1", 0, 0), Instant::now());
-    s.set_edge_clusters("z", vec!["a".into(), "backend".into(), "bad name".into()]);
+    live.apply_report("agent", report("z", "ghost", "i1", 0, 0), Instant::now());
+    live.set_edge_clusters("z", vec!["a".into(), "backend".into(), "bad name".into()]);
     let names: Vec<(String, Status)> = s
         .services(None, true)
         .into_iter()
@@ -168,7 +168,7 @@ fn unregistered_clusters_show_in_services() {
 
 #[test]
 fn summary_cache_follows_generations() {
-    let (_d, s) = open();
+    let (_d, s, _live) = open();
     s.create_zone(zone("z")).unwrap();
     let a = s.summary_body(true);
     let b = s.summary_body(true);
@@ -185,13 +185,13 @@ fn summary_cache_follows_generations() {
 fn registrations_are_reloaded() {
     let dir = tempfile::tempdir().unwrap();
     {
-        let s = Store::open(dir.path(), Rules::defaults()).unwrap();
+        let (s, _live) = Store::open(dir.path(), Rules::defaults()).unwrap();
         s.create_zone(zone("z")).unwrap();
         s.create_cluster(ClusterRecord::new("z", "a", "A")).unwrap();
         s.create_cluster(ClusterRecord::new("z", "b", "B")).unwrap();
         s.delete_cluster("z", "b").unwrap();
     }
-    let s = Store::open(dir.path(), Rules::defaults()).unwrap();
+    let (s, _live) = Store::open(dir.path(), Rules::defaults()).unwrap();
     assert_eq!(s.zones().len(), 1);
     assert_eq!(s.list_clusters(true, |_, _| true).len(), 1);
     assert_eq!(summary(&s, "z").cluster_down_count, 1);
@@ -199,7 +199,7 @@ fn registrations_are_reloaded() {
 
 #[test]
 fn rendered_bodies_equal_serde_views() {
-    let (_d, s) = open();
+    let (_d, s, live) = open();
     s.create_zone(zone("z")).unwrap();
     s.create_zone(zone("y")).unwrap();
     let mut r = ClusterRecord::new("z", "a", "Weird \"name\" \u{e9}\n");
@@ -213,8 +213,8 @@ fn rendered_bodies_equal_serde_views() {
     s.create_cluster(ClusterRecord::new("y", "a", "A")).unwrap();
     s.create_cluster(ClusterRecord::new("z", "b", "B")).unwrap();
     let now = Instant::now();
-    s.apply_report("x", report("z", "a", "i2", 0, 0), now);
-    s.apply_report("x", report("z", "a", "i1", 0, 0), now);
+    live.apply_report("x", report("z", "a", "i2", 0, 0), now);
+    live.apply_report("x", report("z", "a", "i1", 0, 0), now);
     for authorized in [false, true] {
         let rendered: serde_json::Value =
             serde_json::from_slice(&s.render_clusters(authorized, |_, _| true)).unwrap();
@@ -244,16 +244,16 @@ fn rendered_bodies_equal_serde_views() {
 
 #[test]
 fn the_reporter_of_an_instance_has_one_owner() {
-    let (_d, s) = open();
+    let (_d, s, live) = open();
     let now = Instant::now();
-    s.apply_report("agent-1", report("z", "a", "i1", 0, 0), now);
-    assert_eq!(s.reporter("z", "a", "i1").as_deref(), Some("agent-1"));
+    live.apply_report("agent-1", report("z", "a", "i1", 0, 0), now);
+    assert_eq!(live.reporter("z", "a", "i1").as_deref(), Some("agent-1"));
     // The instance moved to another agent: the first one's departure leaves it.
-    s.apply_report("agent-2", report("z", "a", "i1", 0, 0), now);
-    s.agent_gone("agent-1");
-    assert_eq!(s.reporter("z", "a", "i1").as_deref(), Some("agent-2"));
-    s.agent_gone("agent-2");
-    assert_eq!(s.reporter("z", "a", "i1"), None);
+    live.apply_report("agent-2", report("z", "a", "i1", 0, 0), now);
+    live.agent_gone("agent-1");
+    assert_eq!(live.reporter("z", "a", "i1").as_deref(), Some("agent-2"));
+    live.agent_gone("agent-2");
+    assert_eq!(live.reporter("z", "a", "i1"), None);
     assert_eq!(s.totals().live_instances, 0);
 }
 
@@ -262,27 +262,27 @@ fn the_reporter_of_an_instance_has_one_owner() {
 /// as if it were an agent, and an agent's report takes a replica's instance over.
 #[test]
 fn agents_and_replicas_are_separate_reporters() {
-    let (_d, s) = open();
+    let (_d, _s, live) = open();
     let now = Instant::now();
-    s.put_remote(remote("r1", true, 0));
-    s.apply_report("peer", report("z", "a", "local", 0, 0), now);
+    live.put_remote(remote("r1", true, 0));
+    live.apply_report("peer", report("z", "a", "local", 0, 0), now);
     assert_eq!(
-        s.reporter("z", "a", "r1"),
+        live.reporter("z", "a", "r1"),
         None,
         "owned by a replica, no agent"
     );
-    assert_eq!(s.live_owner("z", "a", "r1"), Some(Some("peer".into())));
-    assert_eq!(s.live_owner("z", "a", "local"), Some(None));
-    s.agent_gone("peer");
+    assert_eq!(live.live_owner("z", "a", "r1"), Some(Some("peer".into())));
+    assert_eq!(live.live_owner("z", "a", "local"), Some(None));
+    live.agent_gone("peer");
     assert_eq!(
-        s.live_owners("z", "a"),
+        live.live_owners("z", "a"),
         vec![("r1".into(), Some("peer".into()))]
     );
     // Its agent moved here: this replica's agent reports it now.
-    s.apply_report("agent-2", report("z", "a", "r1", 0, 0), now);
-    assert_eq!(s.reporter("z", "a", "r1").as_deref(), Some("agent-2"));
-    assert_eq!(s.live_owner("z", "a", "r1"), Some(None));
-    assert!(s.remote_instances().is_empty());
+    live.apply_report("agent-2", report("z", "a", "r1", 0, 0), now);
+    assert_eq!(live.reporter("z", "a", "r1").as_deref(), Some("agent-2"));
+    assert_eq!(live.live_owner("z", "a", "r1"), Some(None));
+    assert!(live.remote_instances().is_empty());
 }
 
 /// A steady report adds nothing to its agent's set of instances; moves, expiry and
@@ -290,52 +290,52 @@ fn agents_and_replicas_are_separate_reporters() {
 /// that reports it, or it would never expire and outlive its agent.
 #[test]
 fn each_instance_stays_in_its_reporters_set_through_moves_and_expiry() {
-    let (_d, s) = open();
+    let (_d, s, live) = open();
     let t0 = Instant::now();
     let at = |secs: u64| t0 + Duration::from_secs(secs);
-    s.apply_reports("a", vec![report("z", "c", "i", 0, 0)], at(0));
-    s.apply_reports("b", vec![report("z", "c", "i", 0, 0)], at(1));
+    live.apply_reports("a", vec![report("z", "c", "i", 0, 0)], at(0));
+    live.apply_reports("b", vec![report("z", "c", "i", 0, 0)], at(1));
     // Back to the first agent, which reports it steadily for a while.
-    s.apply_reports("a", vec![report("z", "c", "i", 0, 0)], at(2));
-    s.apply_reports("a", vec![report("z", "c", "i", 0, 0)], at(3));
-    s.agent_gone("b");
-    assert_eq!(s.reporter("z", "c", "i").as_deref(), Some("a"));
+    live.apply_reports("a", vec![report("z", "c", "i", 0, 0)], at(2));
+    live.apply_reports("a", vec![report("z", "c", "i", 0, 0)], at(3));
+    live.agent_gone("b");
+    assert_eq!(live.reporter("z", "c", "i").as_deref(), Some("a"));
     // "a" goes on with "j" only: "i" expires from the agent's set.
     for n in 1..=4 {
-        s.apply_reports("a", vec![report("z", "c", "j", 0, 0)], at(5 * n));
-        s.expire(at(5 * n));
+        live.apply_reports("a", vec![report("z", "c", "j", 0, 0)], at(5 * n));
+        live.expire(at(5 * n));
     }
-    assert_eq!(s.reporter("z", "c", "i"), None);
+    assert_eq!(live.reporter("z", "c", "i"), None);
     assert_eq!(s.totals().live_instances, 1);
     // Reported again after it expired: the agent's departure takes it again.
-    s.apply_reports("a", vec![report("z", "c", "i", 0, 0)], at(21));
-    s.apply_reports("a", vec![report("z", "c", "i", 0, 0)], at(22));
+    live.apply_reports("a", vec![report("z", "c", "i", 0, 0)], at(21));
+    live.apply_reports("a", vec![report("z", "c", "i", 0, 0)], at(22));
     assert_eq!(s.totals().live_instances, 2);
-    s.agent_gone("a");
+    live.agent_gone("a");
     assert_eq!(s.totals().live_instances, 0);
     // And expiry takes it again when it is reported after expiring.
-    s.apply_reports("a", vec![report("z", "c", "k", 0, 0)], at(30));
-    s.expire(at(46));
+    live.apply_reports("a", vec![report("z", "c", "k", 0, 0)], at(30));
+    live.expire(at(46));
     assert_eq!(s.totals().live_instances, 0);
-    s.apply_reports("a", vec![report("z", "c", "k", 0, 0)], at(47));
-    s.apply_reports("a", vec![report("z", "c", "k", 0, 0)], at(48));
-    s.expire(at(62));
+    live.apply_reports("a", vec![report("z", "c", "k", 0, 0)], at(47));
+    live.apply_reports("a", vec![report("z", "c", "k", 0, 0)], at(48));
+    live.expire(at(62));
     assert_eq!(s.totals().live_instances, 1, "reported within the TTL");
-    s.expire(at(64));
+    live.expire(at(64));
     assert_eq!(s.totals().live_instances, 0);
     // Moved for good: the new agent's departure takes it, the old one's does not.
-    s.apply_reports("a", vec![report("z", "c", "m", 0, 0)], at(70));
-    s.apply_reports("b", vec![report("z", "c", "m", 0, 0)], at(71));
-    s.apply_reports("b", vec![report("z", "c", "m", 0, 0)], at(72));
-    s.agent_gone("a");
-    assert_eq!(s.reporter("z", "c", "m").as_deref(), Some("b"));
-    s.agent_gone("b");
+    live.apply_reports("a", vec![report("z", "c", "m", 0, 0)], at(70));
+    live.apply_reports("b", vec![report("z", "c", "m", 0, 0)], at(71));
+    live.apply_reports("b", vec![report("z", "c", "m", 0, 0)], at(72));
+    live.agent_gone("a");
+    assert_eq!(live.reporter("z", "c", "m").as_deref(), Some("b"));
+    live.agent_gone("b");
     assert_eq!(s.totals().live_instances, 0);
 }
 
 #[test]
 fn remote_changes_show_like_local_ones() {
-    let (_d, s) = open();
+    let (_d, s, _live) = open();
     s.apply_changes(&[
         Committed::PutZone(zone("z")),
         Committed::PutCluster(ClusterRecord::new("z", "a", "A")),
@@ -351,7 +351,7 @@ fn remote_changes_show_like_local_ones() {
 
 #[test]
 fn bulk_creation_is_all_or_nothing() {
-    let (_d, s) = open();
+    let (_d, s, _live) = open();
     s.create_zone(zone("z")).unwrap();
     let err = s
         .create_clusters(vec![
@@ -374,32 +374,32 @@ fn bulk_creation_is_all_or_nothing() {
 
 #[test]
 fn an_instance_left_out_of_later_reports_expires_on_time() {
-    let (_d, s) = open();
+    let (_d, s, live) = open();
     let t0 = Instant::now();
-    s.apply_reports(
+    live.apply_reports(
         "agent",
         vec![report("z", "a", "i1", 0, 0), report("z", "a", "i2", 0, 0)],
         t0,
     );
     // The agent goes on reporting i2 only.
     for n in 1..=4 {
-        s.apply_reports(
+        live.apply_reports(
             "agent",
             vec![report("z", "a", "i2", 0, 0)],
             t0 + Duration::from_secs(5 * n),
         );
-        s.expire(t0 + Duration::from_secs(5 * n));
+        live.expire(t0 + Duration::from_secs(5 * n));
     }
     // 20 s after its last report i1 is gone; i2 stays.
-    assert_eq!(s.reporter("z", "a", "i1"), None);
-    assert_eq!(s.reporter("z", "a", "i2").as_deref(), Some("agent"));
+    assert_eq!(live.reporter("z", "a", "i1"), None);
+    assert_eq!(live.reporter("z", "a", "i2").as_deref(), Some("agent"));
     assert_eq!(s.totals().live_instances, 1);
     // Not yet past the TTL at 14 s, past it at 16 s.
-    let (_d, s) = open();
-    s.apply_reports("agent", vec![report("z", "b", "j", 0, 0)], t0);
-    s.expire(t0 + Duration::from_secs(14));
+    let (_d, s, live) = open();
+    live.apply_reports("agent", vec![report("z", "b", "j", 0, 0)], t0);
+    live.expire(t0 + Duration::from_secs(14));
     assert_eq!(s.totals().live_instances, 1);
-    s.expire(t0 + Duration::from_secs(16));
+    live.expire(t0 + Duration::from_secs(16));
     assert_eq!(s.totals().live_instances, 0);
 }
 
@@ -439,7 +439,7 @@ fn remote(instance: &str, reachable: bool, requests: u64) -> RemoteInstance {
 
 #[test]
 fn a_replay_starts_only_from_an_index_this_store_issued() {
-    let (_d, s) = open();
+    let (_d, s, live) = open();
     let loaded = s.index();
     s.create_zone(zone("z")).unwrap();
     let first = s.index();
@@ -453,7 +453,7 @@ fn a_replay_starts_only_from_an_index_this_store_issued() {
     assert!(second > first + 1, "{first} {second}");
     // A change only `GET /services` shows has an index, and a reader may resume
     // from it.
-    s.set_edge_clusters("z", vec!["a".into()]);
+    live.set_edge_clusters("z", vec!["a".into()]);
     let services = s.index();
     assert!(services > second);
     s.delete_cluster("z", "a").unwrap();
@@ -477,20 +477,20 @@ fn a_replay_starts_only_from_an_index_this_store_issued() {
 
 #[test]
 fn a_cluster_touched_by_many_instances_at_once_gets_one_event() {
-    let (_d, s) = open();
+    let (_d, s, live) = open();
     s.create_zone(zone("z")).unwrap();
     s.create_cluster(ClusterRecord::new("z", "a", "A")).unwrap();
     let now = Instant::now();
     let batch = |agent: &str, names: &[&str]| {
         let reports = names.iter().map(|i| report("z", "a", i, 0, 0)).collect();
-        s.apply_reports(agent, reports, now);
+        live.apply_reports(agent, reports, now);
     };
     batch("agent", &["i1", "i2", "i3"]);
     batch("other", &["j1", "j2"]);
 
     // The agent goes with three instances of one cluster: one cluster event.
     let i = s.index();
-    s.agent_gone("agent");
+    live.agent_gone("agent");
     let (n, events) = events_after(&s, i);
     assert_eq!(n, 1);
     let clusters = events.iter().filter(|(k, _)| k == "cluster").count();
@@ -498,7 +498,7 @@ fn a_cluster_touched_by_many_instances_at_once_gets_one_event() {
 
     // Both of the other agent's instances expire in one pass: one cluster event.
     let i = s.index();
-    s.expire(now + Duration::from_secs(60));
+    live.expire(now + Duration::from_secs(60));
     let (_, events) = events_after(&s, i);
     let clusters = events.iter().filter(|(k, _)| k == "cluster").count();
     assert_eq!(clusters, 1, "{events:?}");
@@ -507,7 +507,7 @@ fn a_cluster_touched_by_many_instances_at_once_gets_one_event() {
 
 #[test]
 fn every_visible_change_moves_the_index_and_metrics_alone_do_not() {
-    let (_d, s) = open();
+    let (_d, s, live) = open();
     s.create_zone(zone("z")).unwrap();
     s.create_cluster(ClusterRecord::new("z", "a", "A")).unwrap();
     let now = Instant::now();
@@ -515,30 +515,30 @@ fn every_visible_change_moves_the_index_and_metrics_alone_do_not() {
 
     // A new instance: its cluster turns stable, the summary moves.
     let i = s.index();
-    s.apply_report("agent", report("z", "a", "i1", 0, 0), now);
+    live.apply_report("agent", report("z", "a", "i1", 0, 0), now);
     let (n, events) = events_after(&s, i);
     assert_eq!(n, 1);
     assert_eq!(events, [ev("cluster"), ("summary".into(), String::new())]);
 
     // New counters, same status: nothing a reader sees, no index.
     let i = s.index();
-    s.apply_report("agent", report("z", "a", "i1", 50, 0), now);
+    live.apply_report("agent", report("z", "a", "i1", 50, 0), now);
     assert_eq!(s.index(), i);
     // A new start time (the sidecar restarted) is a change.
     let mut restarted = report("z", "a", "i1", 60, 0);
     restarted.start_time_ms += 1;
-    s.apply_report("agent", restarted, now);
+    live.apply_report("agent", restarted, now);
     assert_eq!(events_after(&s, i), (1, vec![ev("cluster")]));
 
     // Another replica's instance: shown, then its metrics alone move nothing, then
     // its departure is a change.
     let i = s.index();
-    s.put_remote(remote("r1", true, 0));
+    live.put_remote(remote("r1", true, 0));
     assert_eq!(events_after(&s, i).1[0], ev("cluster"));
     let i = s.index();
-    s.put_remote(remote("r1", true, 30));
+    live.put_remote(remote("r1", true, 30));
     assert_eq!(s.index(), i);
-    s.drop_remote("z", "a", "r1", crate::history::LeftReason::Expired);
+    live.drop_remote("z", "a", "r1", crate::history::LeftReason::Expired);
     assert_eq!(events_after(&s, i).1[0], ev("cluster"));
 
     // The same record again (a listing after a lost watch) is no change.
@@ -548,15 +548,15 @@ fn every_visible_change_moves_the_index_and_metrics_alone_do_not() {
 
     // The agent goes: its cluster turns down.
     let i = s.index();
-    s.agent_gone("agent");
+    live.agent_gone("agent");
     let (n, events) = events_after(&s, i);
     assert_eq!(n, 1);
     assert_eq!(events[0], ev("cluster"));
 
     // Expiry, then deletion of the zone with its cluster.
-    s.apply_report("agent", report("z", "a", "i2", 0, 0), now);
+    live.apply_report("agent", report("z", "a", "i2", 0, 0), now);
     let i = s.index();
-    s.expire(now + Duration::from_secs(60));
+    live.expire(now + Duration::from_secs(60));
     assert_eq!(events_after(&s, i).1[0], ev("cluster"));
     let i = s.index();
     s.delete_zone("z").unwrap();
@@ -576,7 +576,7 @@ fn every_visible_change_moves_the_index_and_metrics_alone_do_not() {
 
 #[test]
 fn a_replaced_zone_keeps_its_clusters_and_is_one_zone_event() {
-    let (_d, s) = open();
+    let (_d, s, _live) = open();
     s.create_zone(zone("z")).unwrap();
     s.create_cluster(ClusterRecord::new("z", "a", "A")).unwrap();
     let moved = ZoneRecord {
@@ -602,7 +602,7 @@ fn a_replaced_zone_keeps_its_clusters_and_is_one_zone_event() {
 
 #[test]
 fn a_stored_report_reads_back_whole() {
-    let (_d, s) = open();
+    let (_d, s, live) = open();
     let mut r = report("z", "a", "i1", 1200, 7);
     r.error = Some("admin slow".into());
     r.log_level = Some("debug".into());
@@ -629,35 +629,35 @@ fn a_stored_report_reads_back_whole() {
             health_flags: "healthy".into(),
         }],
     }];
-    s.apply_report("agent", r.clone(), Instant::now());
-    assert_eq!(s.live_instance("z", "a", "i1").as_deref(), Some(&r));
+    live.apply_report("agent", r.clone(), Instant::now());
+    assert_eq!(live.live_instance("z", "a", "i1").as_deref(), Some(&r));
     assert_eq!(
-        s.live_instances("z", "a")
+        live.live_instances("z", "a")
             .iter()
             .map(|i| (**i).clone())
             .collect::<Vec<_>>(),
         vec![r.clone()]
     );
-    match s.instance_metrics("a", Some("z"), "i1") {
+    match live.instance_metrics("a", Some("z"), "i1") {
         MetricsLookup::Found(m) => assert_eq!(*m, r.metrics),
         _ => panic!("the instance's metrics are not found"),
     }
     // The window comes from the counters kept beside the packed report.
-    s.apply_report("agent", report("z", "a", "i1", 1500, 10), Instant::now());
+    live.apply_report("agent", report("z", "a", "i1", 1500, 10), Instant::now());
     let window = {
-        let by_zone = s.clusters.get("a").unwrap();
+        let by_zone = s.memory.clusters.get("a").unwrap();
         let i = &by_zone.get("z").unwrap().instances["i1"];
         (i.window_requests, i.window_errors)
     };
     assert_eq!(window, (300, 3));
-    let i = s.live_instance("z", "a", "i1").unwrap();
+    let i = live.live_instance("z", "a", "i1").unwrap();
     assert_eq!((i.requests_total, i.errors_5xx_total), (1500, 10));
     assert_eq!(i.clusters, Vec::new());
 }
 
 #[tokio::test]
 async fn a_write_whose_caller_goes_away_is_shown_and_later_writes_go_on() {
-    let (_d, s) = open();
+    let (_d, s, _live) = open();
     let s = Arc::new(s);
     s.create_zone(zone("z")).unwrap();
     // The caller is dropped after the first poll, which hands the batch to the
@@ -687,7 +687,7 @@ async fn a_write_whose_caller_goes_away_is_shown_and_later_writes_go_on() {
 
 #[tokio::test]
 async fn writes_from_tasks_and_threads_are_shown_in_commit_order() {
-    let (_d, s) = open();
+    let (_d, s, _live) = open();
     let s = Arc::new(s);
     s.create_zone(zone("z")).unwrap();
     let mut tasks = Vec::new();
@@ -722,21 +722,21 @@ async fn writes_from_tasks_and_threads_are_shown_in_commit_order() {
 /// replicas' agents report, for registered zones and zones reported without one.
 #[test]
 fn reporters_by_zone_tell_agents_from_peer_replicas() {
-    let (_d, s) = open();
+    let (_d, s, live) = open();
     let now = Instant::now();
     s.apply_changes(&[
         Committed::PutZone(zone("z")),
         Committed::PutZone(zone("quiet")),
     ]);
-    s.apply_reports(
+    live.apply_reports(
         "agent-1",
         vec![report("z", "a", "a-0", 0, 0), report("z", "b", "b-0", 0, 0)],
         now,
     );
-    s.apply_report("agent-2", report("z", "a", "a-1", 0, 0), now);
-    s.apply_report("agent-2", report("elsewhere", "c", "c-0", 0, 0), now);
-    s.put_remote(remote("a-2", true, 0));
-    let by_zone = s.reporters_by_zone(true);
+    live.apply_report("agent-2", report("z", "a", "a-1", 0, 0), now);
+    live.apply_report("agent-2", report("elsewhere", "c", "c-0", 0, 0), now);
+    live.put_remote(remote("a-2", true, 0));
+    let by_zone = live.reporters_by_zone(true);
     let z = |name: &str| {
         by_zone
             .iter()
@@ -767,15 +767,15 @@ fn reporters_by_zone_tell_agents_from_peer_replicas() {
         (false, 1)
     );
     // Without the right to read live data, unregistered zones are left out.
-    let registered: Vec<String> = s
+    let registered: Vec<String> = live
         .reporters_by_zone(false)
         .into_iter()
         .map(|z| z.zone_name)
         .collect();
     assert_eq!(registered, ["quiet", "z"]);
-    s.agent_gone("agent-2");
+    live.agent_gone("agent-2");
     assert_eq!(
-        s.reporters_by_zone(true)
+        live.reporters_by_zone(true)
             .iter()
             .find(|z| z.zone_name == "z")
             .unwrap()

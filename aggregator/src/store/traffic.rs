@@ -31,7 +31,7 @@ use meshcat_common::wire::{InstanceReport, ListenerRoutes, UpstreamCluster, Upst
 pub use ring::{AddressMap, Window, address_key};
 use ring::{Clock, Ring};
 
-use super::instances::InstanceKey;
+use crate::ingest::InstanceKey;
 
 use meshcat_common::limits::{
     MAX_LISTENER_CLUSTERS, MAX_LISTENERS, MAX_UPSTREAM_CLUSTERS as MAX_UPSTREAMS,
@@ -378,32 +378,47 @@ pub struct Traffic {
     /// coming or going, or traffic on an upstream idle over the window. Figures
     /// moving alone leave it (see [`Traffic::shape`]).
     shape: AtomicU64,
+    /// The graph window (`--graph-window`): how long reported traffic counts.
+    window: Duration,
 }
 
-impl Default for Traffic {
-    fn default() -> Self {
+impl Traffic {
+    /// No traffic yet, counted over `window`.
+    pub fn new(window: Duration) -> Self {
         Traffic {
             instances: DashMap::new(),
             clusters: DashMap::new(),
             remote: RwLock::default(),
             epoch: Instant::now(),
             shape: AtomicU64::new(0),
+            window,
         }
     }
-}
 
-impl Traffic {
+    /// The graph window (`--graph-window`).
+    pub fn window(&self) -> Duration {
+        self.window
+    }
+
+    /// The window bucket `now` falls in: the graph's figures change with time only
+    /// when it moves (a bucket leaves the window).
+    pub fn bucket(&self, now: Instant) -> u64 {
+        Clock::at(self.epoch, now, self.window).bucket
+    }
+
+    /// An upstream's figures over the window before `now`.
+    pub fn window_of(&self, u: &Calls, now: Instant) -> Window {
+        u.ring.window(self.epoch, now, self.window)
+    }
+
     /// Takes one report's graph fields in (its upstreams, listeners and local
     /// cluster, moved out of the report): adds each upstream's counter differences
     /// since the instance's previous report to its cluster's calls. A report
     /// without them (an agent older than the graph, or a sidecar that calls
     /// nothing) takes the instance out.
-    pub fn record(&self, r: &mut InstanceReport, now: Instant, window: Duration) {
-        let key = (
-            r.zone_name.clone(),
-            r.cluster_name.clone(),
-            r.instance.clone(),
-        );
+    pub fn record(&self, r: &mut InstanceReport, now: Instant) {
+        let window = self.window;
+        let key = InstanceKey::of(r);
         if r.upstreams.is_empty() && r.listeners.is_empty() && r.local_cluster.is_none() {
             self.forget(&key);
             return;
@@ -573,7 +588,7 @@ impl Traffic {
         let Some((_, t)) = self.instances.remove(key) else {
             return;
         };
-        let cluster = (key.0.clone(), key.1.clone());
+        let cluster = (key.zone.clone(), key.cluster.clone());
         if let Some(mut c) = self.clusters.get_mut(&cluster) {
             c.remove_instance(&t);
         }
@@ -661,9 +676,10 @@ pub struct UpstreamWindow {
 }
 
 impl Traffic {
-    /// The calls of the clusters whose instances report to this replica, over
-    /// `window` before `now`; peers' summaries are not included.
-    pub fn summary(&self, now: Instant, window: Duration) -> Vec<ClusterTraffic> {
+    /// The calls of the clusters whose instances report to this replica, over the
+    /// window before `now`; peers' summaries are not included.
+    pub fn summary(&self, now: Instant) -> Vec<ClusterTraffic> {
+        let window = self.window;
         let now_bucket = Clock::at(self.epoch, now, window).bucket;
         let mut out: Vec<ClusterTraffic> = self
             .clusters
@@ -708,13 +724,8 @@ impl Traffic {
     /// Replaces what replica `peer` last said about its instances' traffic, received
     /// at `at`: the new summary is made whole, then takes the old one's place at
     /// once.
-    pub fn set_remote(
-        &self,
-        peer: &str,
-        clusters: &[ClusterTraffic],
-        at: Instant,
-        window: Duration,
-    ) {
+    pub fn set_remote(&self, peer: &str, clusters: &[ClusterTraffic], at: Instant) {
+        let window = self.window;
         let clock = Clock::at(self.epoch, at, window);
         let mut summary: PeerCalls = Vec::with_capacity(clusters.len());
         for c in clusters {
@@ -801,101 +812,6 @@ fn max_opt(a: Option<f64>, b: Option<f64>) -> Option<f64> {
     }
 }
 
-/// One (zone, cluster) as the graph shows it.
-#[derive(Debug, Clone)]
-pub struct ClusterFacts {
-    pub zone: String,
-    pub cluster: String,
-    pub registered: bool,
-    pub status: meshcat_common::model::Status,
-    pub owner: String,
-    /// Live instances.
-    pub instances: u64,
-    /// Declared dependencies as (zone, cluster).
-    pub dependencies: Vec<(String, String)>,
-    /// Whether its live instances run different configurations.
-    pub drifted: bool,
-}
-
-impl super::Store {
-    /// Every known (zone, cluster): registered, or with reported instances.
-    pub fn cluster_facts(&self) -> Vec<ClusterFacts> {
-        let mut out = Vec::new();
-        for by_zone in self.clusters.iter() {
-            for (zone, e) in by_zone.iter() {
-                let registered = e.record.is_some() && self.zones.contains_key(zone);
-                if !registered && e.instances.is_empty() {
-                    continue;
-                }
-                let record = e.record.as_ref().filter(|_| registered);
-                out.push(ClusterFacts {
-                    zone: zone.clone(),
-                    cluster: by_zone.key().clone(),
-                    registered,
-                    status: e.status,
-                    owner: record.map(|r| r.owner.clone()).unwrap_or_default(),
-                    instances: e.live,
-                    drifted: super::drift::drifted(e.instances.values()),
-                    dependencies: record
-                        .map(|r| {
-                            r.dependencies
-                                .iter()
-                                .filter_map(|d| meshcat_common::validate::dependency(zone, d))
-                                .map(|(z, c)| (z.to_owned(), c.to_owned()))
-                                .collect()
-                        })
-                        .unwrap_or_default(),
-                });
-            }
-        }
-        out
-    }
-
-    /// The calls of every cluster, this replica's and its peers' (see
-    /// [`Traffic::view`]).
-    pub fn calls_view(&self) -> TrafficView<'_> {
-        self.traffic.view()
-    }
-
-    /// See [`Traffic::shape`].
-    pub fn traffic_shape(&self) -> u64 {
-        self.traffic.shape()
-    }
-
-    /// The window bucket `now` falls in: the graph's figures change with time only
-    /// when it moves (a bucket leaves the window).
-    pub fn graph_bucket(&self, now: Instant) -> u64 {
-        Clock::at(self.traffic.epoch(), now, self.rules.graph_window).bucket
-    }
-
-    /// An upstream's figures over the graph window before `now`.
-    pub fn calls_window(&self, u: &Calls, now: Instant) -> Window {
-        u.ring
-            .window(self.traffic.epoch(), now, self.rules.graph_window)
-    }
-
-    /// The traffic this replica's agents reported, per cluster, for its peers.
-    pub fn traffic_summary(&self, now: Instant) -> Vec<ClusterTraffic> {
-        self.traffic.summary(now, self.graph_window())
-    }
-
-    /// Takes replica `peer`'s summary in, received at `at`.
-    pub fn set_remote_traffic(&self, peer: &str, clusters: &[ClusterTraffic], at: Instant) {
-        self.traffic
-            .set_remote(peer, clusters, at, self.graph_window());
-    }
-
-    /// The store's traffic.
-    pub fn traffic(&self) -> &Traffic {
-        &self.traffic
-    }
-
-    /// The graph window (`--graph-window`).
-    pub fn graph_window(&self) -> Duration {
-        self.rules.graph_window
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -946,31 +862,31 @@ mod tests {
 
     #[test]
     fn counters_become_window_figures_and_a_restart_is_no_negative_spike() {
-        let t = Traffic::default();
+        let t = Traffic::new(WIN);
         let t0 = Instant::now();
         let at = |s: u64| t0 + Duration::from_secs(s);
-        t.record(&mut report(100, 1), at(0), WIN);
+        t.record(&mut report(100, 1), at(0));
         assert_eq!(
             window(&t, at(0)).requests,
             0,
             "nothing to take a difference from"
         );
-        t.record(&mut report(130, 4), at(5), WIN);
+        t.record(&mut report(130, 4), at(5));
         assert_eq!(
             (window(&t, at(5)).requests, window(&t, at(5)).errors),
             (30, 3)
         );
         // The sidecar restarted: its counters start again from zero.
-        t.record(&mut report(7, 0), at(10), WIN);
+        t.record(&mut report(7, 0), at(10));
         assert_eq!(
             (window(&t, at(10)).requests, window(&t, at(10)).errors),
             (37, 3)
         );
         // A report counts until its bucket leaves the window.
-        t.record(&mut report(7, 0), at(65), WIN);
+        t.record(&mut report(7, 0), at(65));
         let w = window(&t, at(65));
         assert_eq!((w.requests, w.errors, w.last_seen), (7, 0, Some(at(10))));
-        t.record(&mut report(7, 0), at(70), WIN);
+        t.record(&mut report(7, 0), at(70));
         let w = window(&t, at(70));
         assert_eq!((w.requests, w.errors, w.last_seen), (0, 0, None));
         // An agent older than the graph sends nothing: the instance is taken out,
@@ -978,14 +894,13 @@ mod tests {
         t.record(
             &mut InstanceReport::unread("z".into(), "a".into(), "a-1".into()),
             at(71),
-            WIN,
         );
         assert_eq!(clusters(&t), 0);
     }
 
     #[test]
     fn a_clusters_instances_add_up_and_an_upstream_goes_with_its_last_instance() {
-        let t = Traffic::default();
+        let t = Traffic::new(WIN);
         let t0 = Instant::now();
         let at = |s: u64| t0 + Duration::from_secs(s);
         let mut one = report_of("a-1", 100, 0);
@@ -994,13 +909,13 @@ mod tests {
         one.upstreams[0].tls = true;
         let mut two = report_of("a-2", 10, 0);
         two.clusters = vec![listing("10.0.0.3:80")];
-        t.record(&mut one.clone(), at(0), WIN);
-        t.record(&mut two.clone(), at(0), WIN);
+        t.record(&mut one.clone(), at(0));
+        t.record(&mut two.clone(), at(0));
         one.upstreams[0].requests_total = 150;
         two.upstreams[0].requests_total = 30;
         two.upstreams[0].p99_ms = Some(20.0);
-        t.record(&mut one.clone(), at(5), WIN);
-        t.record(&mut two.clone(), at(5), WIN);
+        t.record(&mut one.clone(), at(5));
+        t.record(&mut two.clone(), at(5));
         assert_eq!(clusters(&t), 1, "one cluster, two instances");
         let now_bucket = Clock::at(t.epoch(), at(5), WIN).bucket;
         t.each(|_, _, c| {
@@ -1015,7 +930,7 @@ mod tests {
             assert_eq!(u.hosts().count(), 2, "both instances' hosts");
         });
         // a-2 leaves: what it reported stays in the window, its host goes.
-        t.forget(&("z".into(), "a".into(), "a-2".into()));
+        t.forget(&InstanceKey::new("z", "a", "a-2"));
         t.each(|_, _, c| {
             let u = &c.upstreams()[0];
             assert_eq!(u.ring.window(t.epoch(), at(6), WIN).requests, 70);
@@ -1024,13 +939,13 @@ mod tests {
         // a-1 stops listing b: no live instance lists it, it goes.
         let mut none = report_of("a-1", 0, 0);
         none.upstreams[0].name = "c".into();
-        t.record(&mut none, at(10), WIN);
+        t.record(&mut none, at(10));
         t.each(|_, _, c| {
             let names: Vec<&str> = c.upstreams().iter().map(Calls::name).collect();
             assert_eq!(names, ["c"]);
         });
         // Latency is kept over two buckets; past them it is unknown.
-        t.record(&mut none, at(30), WIN);
+        t.record(&mut none, at(30));
         t.each(|_, _, c| {
             let later = Clock::at(t.epoch(), at(60), WIN).bucket;
             assert_eq!(c.upstreams()[0].latency(later), (None, None));
@@ -1039,7 +954,7 @@ mod tests {
 
     #[test]
     fn the_shape_moves_with_what_can_change_an_edge_and_not_with_figures() {
-        let t = Traffic::default();
+        let t = Traffic::new(WIN);
         let t0 = Instant::now();
         let at = |s: u64| t0 + Duration::from_secs(s);
         let mut moved = {
@@ -1051,17 +966,17 @@ mod tests {
                 m
             }
         };
-        t.record(&mut report(100, 1), at(0), WIN);
+        t.record(&mut report(100, 1), at(0));
         assert!(moved(&t), "a new instance and upstream");
-        t.record(&mut report(130, 1), at(5), WIN);
+        t.record(&mut report(130, 1), at(5));
         assert!(moved(&t), "traffic on an idle upstream");
-        t.record(&mut report(160, 2), at(10), WIN);
+        t.record(&mut report(160, 2), at(10));
         assert!(!moved(&t), "figures alone");
-        t.record(&mut report(160, 2), at(15), WIN);
+        t.record(&mut report(160, 2), at(15));
         assert!(!moved(&t), "no traffic");
         let mut with_hosts = report(190, 2);
         with_hosts.clusters = vec![listing("10.0.0.2:80")];
-        t.record(&mut with_hosts, at(20), WIN);
+        t.record(&mut with_hosts, at(20));
         assert!(moved(&t), "other hosts");
         let mut with_listener = report(220, 2);
         with_listener.clusters = with_hosts.clusters.clone();
@@ -1069,23 +984,23 @@ mod tests {
             address: "10.0.0.1:80".into(),
             clusters: vec!["local".into()],
         }];
-        t.record(&mut with_listener, at(25), WIN);
+        t.record(&mut with_listener, at(25));
         assert!(moved(&t), "a listener");
         let mut other = report(10, 0);
         other.upstreams[0].name = "c".into();
         other.clusters = with_hosts.clusters.clone();
         other.listeners = with_listener.listeners.clone();
-        t.record(&mut other, at(30), WIN);
+        t.record(&mut other, at(30));
         assert!(moved(&t), "an upstream gone and another new");
-        t.forget(&("z".into(), "a".into(), "a-1".into()));
+        t.forget(&InstanceKey::new("z", "a", "a-1"));
         assert!(moved(&t), "the instance gone");
-        t.forget(&("z".into(), "a".into(), "a-1".into()));
+        t.forget(&InstanceKey::new("z", "a", "a-1"));
         assert!(!moved(&t), "nothing more to forget");
     }
 
     #[test]
     fn a_host_past_the_clusters_bound_is_not_taken_from_another_instance() {
-        let t = Traffic::default();
+        let t = Traffic::new(WIN);
         let now = Instant::now();
         let calling = |instance: &str, addresses: &[String]| {
             let mut r = report_of(instance, 10, 0);
@@ -1110,35 +1025,35 @@ mod tests {
         for i in 0..4 {
             let addresses: Vec<String> =
                 (0..MAX_HOSTS).map(|h| format!("10.{i}.0.{h}:80")).collect();
-            t.record(&mut calling(&format!("a-{i}"), &addresses), now, WIN);
+            t.record(&mut calling(&format!("a-{i}"), &addresses), now);
         }
         assert_eq!(hosts_of(&t).len(), MAX_CLUSTER_HOSTS);
         let late = vec!["10.9.9.9:80".to_owned()];
-        t.record(&mut calling("a-late", &late), now, WIN);
+        t.record(&mut calling("a-late", &late), now);
         assert!(
             !hosts_of(&t).contains(&address_key(&late[0])),
             "past the bound"
         );
         // Room again: another instance lists the same address and it is kept.
-        t.forget(&("z".into(), "a".into(), "a-0".into()));
-        t.record(&mut calling("a-other", &late), now, WIN);
+        t.forget(&InstanceKey::new("z", "a", "a-0"));
+        t.record(&mut calling("a-other", &late), now);
         assert!(hosts_of(&t).contains(&address_key(&late[0])));
         // The instance whose host was never counted leaves: the other's stays.
-        t.forget(&("z".into(), "a".into(), "a-late".into()));
+        t.forget(&InstanceKey::new("z", "a", "a-late"));
         assert!(hosts_of(&t).contains(&address_key(&late[0])));
         // A host list that changes takes back only what was counted too.
         let mut again = calling("a-late", &late);
-        t.record(&mut again, now, WIN);
+        t.record(&mut again, now);
         let mut moved = calling("a-late", &["10.9.9.8:80".to_owned()]);
-        t.record(&mut moved, now, WIN);
+        t.record(&mut moved, now);
         assert!(hosts_of(&t).contains(&address_key(&late[0])));
-        t.forget(&("z".into(), "a".into(), "a-other".into()));
+        t.forget(&InstanceKey::new("z", "a", "a-other"));
         assert!(!hosts_of(&t).contains(&address_key(&late[0])));
     }
 
     #[test]
     fn tls_is_what_the_recent_reports_said() {
-        let t = Traffic::default();
+        let t = Traffic::new(WIN);
         let t0 = Instant::now();
         let at = |s: u64| t0 + Duration::from_secs(s);
         let tls_at = |t: &Traffic, s: u64| {
@@ -1149,43 +1064,43 @@ mod tests {
         };
         let mut r = report(100, 0);
         r.upstreams[0].tls = true;
-        t.record(&mut r, at(5), WIN);
+        t.record(&mut r, at(5));
         assert!(tls_at(&t, 5));
         // TLS turned off; reports every 10 s land in every other 5 s bucket, so one
         // recent slot keeps the old report's note.
         for s in [10, 20, 30] {
-            t.record(&mut report(100 + s, 0), at(s), WIN);
+            t.record(&mut report(100 + s, 0), at(s));
         }
         assert!(!tls_at(&t, 30), "the report of 5 s is no longer recent");
         // Without a recent report, the last one says.
         assert!(!tls_at(&t, 120));
         let mut r = report(200, 0);
         r.upstreams[0].tls = true;
-        t.record(&mut r, at(125), WIN);
+        t.record(&mut r, at(125));
         assert!(tls_at(&t, 300));
     }
 
     #[test]
     fn a_peers_new_summary_takes_the_old_ones_place_at_once() {
-        let here = Traffic::default();
+        let here = Traffic::new(WIN);
         let t0 = Instant::now();
         for (n, at) in [(100, t0), (130, t0 + Duration::from_secs(5))] {
             for cluster in ["a", "b", "c", "d", "e", "f", "g", "h"] {
                 let mut r = report(n, 1);
                 r.cluster_name = cluster.into();
-                here.record(&mut r, at, WIN);
+                here.record(&mut r, at);
             }
         }
         let now = t0 + Duration::from_secs(6);
-        let summary = here.summary(now, WIN);
+        let summary = here.summary(now);
         assert_eq!(summary.len(), 8);
-        let there = Traffic::default();
-        there.set_remote("r1", &summary, now, WIN);
+        let there = Traffic::new(WIN);
+        there.set_remote("r1", &summary, now);
         let done = std::sync::atomic::AtomicBool::new(false);
         std::thread::scope(|s| {
             s.spawn(|| {
                 for _ in 0..2_000 {
-                    there.set_remote("r1", &summary, now, WIN);
+                    there.set_remote("r1", &summary, now);
                 }
                 done.store(true, Ordering::Relaxed);
             });
@@ -1205,11 +1120,11 @@ mod tests {
 
     #[test]
     fn counters_near_the_top_of_u64_saturate() {
-        let t = Traffic::default();
+        let t = Traffic::new(WIN);
         let t0 = Instant::now();
         let at = |s: u64| t0 + Duration::from_secs(s);
-        t.record(&mut report(0, 0), at(0), WIN);
-        t.record(&mut report(u64::MAX, u64::MAX), at(5), WIN);
+        t.record(&mut report(0, 0), at(0));
+        t.record(&mut report(u64::MAX, u64::MAX), at(5));
         let w = window(&t, at(5));
         let most = u64::from(u32::MAX);
         assert_eq!(
@@ -1220,32 +1135,32 @@ mod tests {
         t.each(|_, _, c| claimed = c.upstreams()[0].claim());
         assert_eq!(claimed, (u64::MAX, u64::MAX));
         // A restart from near the top, then more on top of what is unclaimed.
-        t.record(&mut report(u64::MAX - 1, u64::MAX - 1), at(10), WIN);
-        t.record(&mut report(u64::MAX, u64::MAX), at(15), WIN);
+        t.record(&mut report(u64::MAX - 1, u64::MAX - 1), at(10));
+        t.record(&mut report(u64::MAX, u64::MAX), at(15));
         t.each(|_, _, c| claimed = c.upstreams()[0].claim());
         assert_eq!(claimed, (u64::MAX, u64::MAX));
         // Connect failures and 5xx answers add up to more than a u64.
         let mut both = report(u64::MAX, u64::MAX);
         both.upstreams[0].connect_fail_total = u64::MAX;
-        t.record(&mut both, at(20), WIN);
+        t.record(&mut both, at(20));
         // A peer's summary with the largest figures.
-        let mut summary = t.summary(at(20), WIN);
+        let mut summary = t.summary(at(20));
         summary[0].upstreams[0].requests = u64::MAX;
         summary[0].upstreams[0].errors = u64::MAX;
-        let there = Traffic::default();
-        there.set_remote("r1", &summary, at(20), WIN);
+        let there = Traffic::new(WIN);
+        there.set_remote("r1", &summary, at(20));
         let w = window(&there, at(20));
         assert_eq!((w.requests, w.errors), (most, most));
     }
 
     #[test]
     fn a_peers_summary_shows_as_the_same_figures() {
-        let here = Traffic::default();
+        let here = Traffic::new(WIN);
         let t0 = Instant::now();
-        here.record(&mut report(100, 1), t0, WIN);
-        here.record(&mut report(130, 4), t0 + Duration::from_secs(5), WIN);
+        here.record(&mut report(100, 1), t0);
+        here.record(&mut report(130, 4), t0 + Duration::from_secs(5));
         let now = t0 + Duration::from_secs(6);
-        let summary = here.summary(now, WIN);
+        let summary = here.summary(now);
         assert_eq!(summary.len(), 1);
         assert_eq!(
             (
@@ -1258,16 +1173,16 @@ mod tests {
         // Through JSON, as it travels between replicas.
         let summary: Vec<ClusterTraffic> =
             serde_json::from_slice(&serde_json::to_vec(&summary).unwrap()).unwrap();
-        let there = Traffic::default();
-        there.set_remote("r1", &summary, now, WIN);
+        let there = Traffic::new(WIN);
+        there.set_remote("r1", &summary, now);
         let w = window(&there, now);
         assert_eq!((w.requests, w.errors), (30, 3));
         assert_eq!(w.last_seen, Some(t0 + Duration::from_secs(5)));
         assert_eq!(there.remote_peers(), ["r1"]);
         // A new summary replaces the old one; a peer that left is forgotten.
-        there.set_remote("r1", &[], now, WIN);
+        there.set_remote("r1", &[], now);
         assert!(there.remote_peers().is_empty());
-        there.set_remote("r1", &summary, now, WIN);
+        there.set_remote("r1", &summary, now);
         there.forget_remote("r1");
         assert_eq!(clusters(&there), 0);
     }

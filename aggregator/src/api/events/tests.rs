@@ -320,7 +320,8 @@ fn resume_points_come_from_since_or_a_well_formed_header() {
 #[tokio::test(start_paused = true)]
 async fn a_history_reset_ends_the_streams_that_show_history() {
     let dir = tempfile::tempdir().unwrap();
-    let store = crate::store::Store::open(dir.path(), crate::store::Rules::defaults()).unwrap();
+    let (store, _instances) =
+        crate::store::Store::open(dir.path(), crate::store::Rules::defaults()).unwrap();
     let before = store.index();
     let stopping = tokio::sync::watch::channel(false).1;
     let filtered = Filter {

@@ -45,7 +45,7 @@ pub async fn metrics_by_cluster(
     };
     metrics_answer(
         || {
-            s.store
+            s.instances
                 .instance_metrics(&cluster, zone.as_deref(), &instance)
         },
         what,
@@ -77,7 +77,7 @@ pub async fn metrics_by_version(
     no_query(q.as_deref())?;
     metrics_answer(
         || {
-            s.store
+            s.instances
                 .instance_metrics_by_version(&name, &version, &instance)
         },
         format!("A cluster named {name:?} with version {version:?}"),

@@ -85,7 +85,7 @@ enum Publish {
     Delete(String, LeftReason),
 }
 
-/// The [`Membership`] the store calls on every report: it only queues; the
+/// The [`Membership`] the live instances call on every report: it only queues; the
 /// publisher task decides what reaches etcd.
 #[derive(Debug)]
 pub struct EtcdMembership {
@@ -159,7 +159,7 @@ impl std::fmt::Debug for Publisher {
     }
 }
 
-/// A membership for the store and the publisher task that serves it.
+/// A membership for the live instances and the publisher task that serves it.
 pub fn membership(
     client: Client,
     prefix: &str,
@@ -450,9 +450,9 @@ mod tests {
     #[test]
     fn publications_carry_only_well_formed_hashes() {
         let dir = tempfile::tempdir().unwrap();
-        let store = crate::store::Store::open(dir.path(), Rules::defaults()).unwrap();
+        let (_store, instances) = crate::store::Store::open(dir.path(), Rules::defaults()).unwrap();
         let (tx, mut rx) = mpsc::unbounded_channel();
-        store
+        instances
             .set_membership(std::sync::Arc::new(EtcdMembership {
                 owner: "me".into(),
                 prefix: "/meshcat".into(),
@@ -480,7 +480,7 @@ mod tests {
             Ok(Publish::Put(_, p)) => p,
             other => panic!("a publication, not {other:?}"),
         };
-        store.apply_report(
+        instances.apply_report(
             "agent",
             report("0123456789abcdef".into()),
             std::time::Instant::now(),
@@ -491,7 +491,7 @@ mod tests {
             p.config_hashes,
             BTreeMap::from([("routes".to_owned(), "0a".to_owned())])
         );
-        store.apply_report("agent", report("g".repeat(16)), std::time::Instant::now());
+        instances.apply_report("agent", report("g".repeat(16)), std::time::Instant::now());
         let p = published(&mut rx);
         assert_eq!(p.config_hash, None);
         assert!(p.config_hashes.is_empty());

@@ -7,11 +7,11 @@ use serde_json::json;
 use super::*;
 use crate::history::{HistoryConfig, HistoryMetrics};
 
-fn open_with_history() -> (tempfile::TempDir, Store) {
+fn open_with_history() -> (tempfile::TempDir, Store, Instances) {
     let dir = tempfile::tempdir().unwrap();
-    let s = Store::open(dir.path(), Rules::defaults()).unwrap();
+    let (s, live) = Store::open(dir.path(), Rules::defaults()).unwrap();
     attach(&s, dir.path());
-    (dir, s)
+    (dir, s, live)
 }
 
 fn attach(s: &Store, dir: &std::path::Path) {
@@ -22,12 +22,12 @@ fn attach(s: &Store, dir: &std::path::Path) {
         HistoryMetrics::unregistered(),
     )
     .unwrap();
-    s.set_history(h).unwrap();
+    s.set_history(std::sync::Arc::new(h)).unwrap();
 }
 
 /// Every entry so far, oldest first, as (kind, cluster, instance, detail).
 fn entries(s: &Store) -> Vec<(String, String, String, serde_json::Value)> {
-    let h = s.history().unwrap();
+    let h = s.memory.history.get().unwrap();
     h.flush();
     let mut rows = h
         .db()
@@ -62,7 +62,7 @@ fn hashed(instance: &str, hash: &str, routes: &str) -> InstanceReport {
 
 #[test]
 fn registrations_are_noted_with_the_fields_that_changed() {
-    let (_d, s) = open_with_history();
+    let (_d, s, _live) = open_with_history();
     s.create_zone(zone("z")).unwrap();
     s.create_cluster(ClusterRecord::new("z", "a", "A")).unwrap();
     let mut edited = ClusterRecord::new("z", "a", "A");
@@ -101,35 +101,35 @@ fn registrations_are_noted_with_the_fields_that_changed() {
 fn loading_notes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     {
-        let s = Store::open(dir.path(), Rules::defaults()).unwrap();
+        let (s, _live) = Store::open(dir.path(), Rules::defaults()).unwrap();
         s.create_zone(zone("z")).unwrap();
         s.create_cluster(ClusterRecord::new("z", "a", "A")).unwrap();
     }
-    let s = Store::open(dir.path(), Rules::defaults()).unwrap();
+    let (s, _live) = Store::open(dir.path(), Rules::defaults()).unwrap();
     attach(&s, dir.path());
     assert!(kinds(&s).is_empty());
 }
 
 #[test]
 fn instances_join_leave_and_restart_with_status_reasons() {
-    let (_d, s) = open_with_history();
+    let (_d, s, live) = open_with_history();
     s.create_zone(zone("z")).unwrap();
     let mut c = ClusterRecord::new("z", "a", "A");
     c.min_instances = 2;
     s.create_cluster(c).unwrap();
     let now = Instant::now();
-    s.apply_report("agent-1", report("z", "a", "i1", 0, 0), now);
-    s.apply_report("agent-2", report("z", "a", "i2", 0, 0), now);
+    live.apply_report("agent-1", report("z", "a", "i1", 0, 0), now);
+    live.apply_report("agent-2", report("z", "a", "i2", 0, 0), now);
     // Steady reports note nothing.
-    s.apply_report("agent-1", report("z", "a", "i1", 10, 0), now);
+    live.apply_report("agent-1", report("z", "a", "i1", 10, 0), now);
     let mut down = report("z", "a", "i1", 10, 0);
     down.reachable = false;
-    s.apply_report("agent-1", down, now);
+    live.apply_report("agent-1", down, now);
     let mut back = report("z", "a", "i1", 0, 0);
     back.start_time_ms += 60_000;
-    s.apply_report("agent-1", back, now);
-    s.agent_gone("agent-2");
-    s.expire(now + Duration::from_secs(16));
+    live.apply_report("agent-1", back, now);
+    live.agent_gone("agent-2");
+    live.expire(now + Duration::from_secs(16));
     // After the zone's and the cluster's registrations.
     let got = entries(&s).split_off(2);
     let summary: Vec<(&str, &str)> = got.iter().map(|e| (e.0.as_str(), e.2.as_str())).collect();
@@ -166,7 +166,7 @@ fn instances_join_leave_and_restart_with_status_reasons() {
     assert_eq!(got[11].3, json!({"reason": "expired"}));
     assert_eq!(got[12].3["to"], "down");
     // Raising minInstances moves the status: noted after the update.
-    s.apply_report("agent-1", report("z", "a", "i1", 0, 0), Instant::now());
+    live.apply_report("agent-1", report("z", "a", "i1", 0, 0), Instant::now());
     let mut c = ClusterRecord::new("z", "a", "A");
     c.min_instances = 1;
     s.replace_cluster(c).unwrap();
@@ -176,16 +176,16 @@ fn instances_join_leave_and_restart_with_status_reasons() {
 
 #[test]
 fn configuration_changes_and_drift_are_noted() {
-    let (_d, s) = open_with_history();
+    let (_d, s, live) = open_with_history();
     s.create_zone(zone("z")).unwrap();
     s.create_cluster(ClusterRecord::new("z", "a", "A")).unwrap();
     let now = Instant::now();
-    s.apply_report("agent-1", hashed("i1", "a1", "b1"), now);
-    s.apply_report("agent-2", hashed("i2", "a1", "b1"), now);
+    live.apply_report("agent-1", hashed("i1", "a1", "b1"), now);
+    live.apply_report("agent-2", hashed("i2", "a1", "b1"), now);
     // i2 runs another route: its configuration changed and the cluster drifted.
-    s.apply_report("agent-2", hashed("i2", "a2", "b2"), now);
+    live.apply_report("agent-2", hashed("i2", "a2", "b2"), now);
     // Back to the first: the drift ends.
-    s.apply_report("agent-2", hashed("i2", "a1", "b1"), now);
+    live.apply_report("agent-2", hashed("i2", "a1", "b1"), now);
     let got: Vec<_> = entries(&s)
         .into_iter()
         .filter(|e| e.0.starts_with("config-") || e.0.starts_with("drift-"))
@@ -217,8 +217,8 @@ fn configuration_changes_and_drift_are_noted() {
         json!({"groups": [{"configHash": "a1", "instances": ["i1", "i2"], "instanceCount": 2}]})
     );
     // A drifted instance that leaves ends the drift too.
-    s.apply_report("agent-2", hashed("i2", "a3", "b3"), now);
-    s.agent_gone("agent-2");
+    live.apply_report("agent-2", hashed("i2", "a3", "b3"), now);
+    live.agent_gone("agent-2");
     let tail: Vec<String> = kinds(&s).into_iter().rev().take(4).collect();
     assert_eq!(
         tail,
@@ -233,13 +233,13 @@ fn configuration_changes_and_drift_are_noted() {
 
 #[test]
 fn a_peers_instances_are_noted_from_its_publications() {
-    let (_d, s) = open_with_history();
+    let (_d, s, live) = open_with_history();
     s.create_zone(zone("z")).unwrap();
     s.create_cluster(ClusterRecord::new("z", "a", "A")).unwrap();
-    s.put_remote(remote("r1", true, 0));
+    live.put_remote(remote("r1", true, 0));
     // A new publication with the same facts notes nothing.
-    s.put_remote(remote("r1", true, 5));
-    s.drop_remote("z", "a", "r1", crate::history::LeftReason::Disconnected);
+    live.put_remote(remote("r1", true, 5));
+    live.drop_remote("z", "a", "r1", crate::history::LeftReason::Disconnected);
     let got = entries(&s);
     let summary: Vec<(&str, &str)> = got.iter().map(|e| (e.0.as_str(), e.2.as_str())).collect();
     assert_eq!(
@@ -258,7 +258,7 @@ fn a_peers_instances_are_noted_from_its_publications() {
 /// the contract does not name) reaches neither the history nor the drift answer.
 #[test]
 fn only_well_formed_hashes_reach_the_history_and_the_drift() {
-    let (_d, s) = open_with_history();
+    let (_d, s, live) = open_with_history();
     s.create_zone(zone("z")).unwrap();
     s.create_cluster(ClusterRecord::new("z", "a", "A")).unwrap();
     let now = Instant::now();
@@ -279,11 +279,11 @@ fn only_well_formed_hashes_reach_the_history_and_the_drift() {
         ("clusters", "not hex"),
         ("secrets", long.as_str()),
     ];
-    s.apply_report("agent-1", with("i1", "a1", junk), now);
-    s.apply_report("agent-2", with("i2", "a1", junk), now);
+    live.apply_report("agent-1", with("i1", "a1", junk), now);
+    live.apply_report("agent-2", with("i2", "a1", junk), now);
     // A hash that is no hash counts as none: no configuration change, no drift.
-    s.apply_report("agent-2", with("i2", &long, junk), now);
-    s.apply_report("agent-2", with("i2", "<script>", junk), now);
+    live.apply_report("agent-2", with("i2", &long, junk), now);
+    live.apply_report("agent-2", with("i2", "<script>", junk), now);
     assert!(
         kinds(&s)
             .iter()
@@ -299,8 +299,8 @@ fn only_well_formed_hashes_reach_the_history_and_the_drift() {
         ("clusters", "also not hex"),
         ("secrets", "5e"),
     ];
-    s.apply_report("agent-2", with("i2", "a1", junk), now);
-    s.apply_report("agent-2", with("i2", "A2", other), now);
+    live.apply_report("agent-2", with("i2", "a1", junk), now);
+    live.apply_report("agent-2", with("i2", "A2", other), now);
     let got: Vec<_> = entries(&s)
         .into_iter()
         .filter(|e| e.0 == "config-changed")
@@ -310,7 +310,7 @@ fn only_well_formed_hashes_reach_the_history_and_the_drift() {
         got[0].3,
         json!({"from": "a1", "to": "A2", "resources": ["routes", "secrets"]})
     );
-    let d = s.drift("z", "a").unwrap();
+    let d = live.drift("z", "a").unwrap();
     assert!(d.drifted);
     assert_eq!(d.differs, ["routes", "secrets"]);
     let hashes: Vec<Option<String>> = d.groups.iter().map(|g| g.config_hash.clone()).collect();
@@ -319,8 +319,8 @@ fn only_well_formed_hashes_reach_the_history_and_the_drift() {
     let mut r = remote("r1", true, 0);
     r.config_hash = Some(long.clone());
     r.config_hashes = [("x-injected".to_owned(), "00".to_owned())].into();
-    s.put_remote(r);
-    let d = s.drift("z", "a").unwrap();
+    live.put_remote(r);
+    let d = live.drift("z", "a").unwrap();
     assert!(
         d.groups
             .iter()
@@ -334,11 +334,11 @@ fn only_well_formed_hashes_reach_the_history_and_the_drift() {
 /// hash and the instances without one apart.
 #[test]
 fn the_drift_answer_without_drift_is_one_group_of_every_live_instance() {
-    let (_d, s) = open_with_history();
+    let (_d, s, live) = open_with_history();
     s.create_zone(zone("z")).unwrap();
     s.create_cluster(ClusterRecord::new("z", "a", "A")).unwrap();
     let group = |g: &crate::store::drift::DriftGroup| (g.config_hash.clone(), g.instances.clone());
-    let d = s.drift("z", "a").unwrap();
+    let d = live.drift("z", "a").unwrap();
     assert!(!d.drifted);
     assert_eq!(
         d.groups.iter().map(group).collect::<Vec<_>>(),
@@ -346,9 +346,9 @@ fn the_drift_answer_without_drift_is_one_group_of_every_live_instance() {
     );
     assert!(d.differs.is_empty());
     let now = Instant::now();
-    s.apply_report("agent-1", hashed("i1", "a1", "b1"), now);
-    s.apply_report("agent-2", report("z", "a", "i2", 0, 0), now);
-    let d = s.drift("z", "a").unwrap();
+    live.apply_report("agent-1", hashed("i1", "a1", "b1"), now);
+    live.apply_report("agent-2", report("z", "a", "i2", 0, 0), now);
+    let d = live.drift("z", "a").unwrap();
     assert!(!d.drifted);
     assert_eq!(
         d.groups.iter().map(group).collect::<Vec<_>>(),
@@ -357,8 +357,8 @@ fn the_drift_answer_without_drift_is_one_group_of_every_live_instance() {
             vec!["i1".to_owned(), "i2".to_owned()]
         )]
     );
-    s.apply_report("agent-3", hashed("i3", "c3", "b2"), now);
-    let d = s.drift("z", "a").unwrap();
+    live.apply_report("agent-3", hashed("i3", "c3", "b2"), now);
+    let d = live.drift("z", "a").unwrap();
     assert!(d.drifted);
     assert_eq!(
         d.groups.iter().map(group).collect::<Vec<_>>(),
@@ -370,7 +370,7 @@ fn the_drift_answer_without_drift_is_one_group_of_every_live_instance() {
     );
     assert_eq!(d.differs, ["routes"]);
     // The drift entries' groups are the answer's.
-    s.agent_gone("agent-3");
+    live.agent_gone("agent-3");
     let ended = entries(&s)
         .into_iter()
         .rfind(|e| e.0 == "drift-ended")
