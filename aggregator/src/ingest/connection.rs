@@ -55,19 +55,22 @@ pub(super) async fn serve(incoming: quinn::Incoming, shared: Arc<Shared>) {
     serve_inner(incoming, shared).instrument(span).await;
 }
 
+/// An agent that said a valid hello: who it is, what it may report, and its control
+/// stream, still to be answered.
+struct Greeted {
+    hello: Hello,
+    grant: ZoneGrant,
+    credential: Credential,
+    send: quinn::SendStream,
+    recv: quinn::RecvStream,
+}
+
 /// The handshake and the hello, under one deadline; `None` when the connection was
 /// refused or ended.
 async fn authenticate_connection(
     incoming: quinn::Incoming,
     shared: &Shared,
-) -> Option<(
-    quinn::Connection,
-    Hello,
-    ZoneGrant,
-    Credential,
-    quinn::SendStream,
-    quinn::RecvStream,
-)> {
+) -> Option<(quinn::Connection, Greeted)> {
     let deadline = tokio::time::Instant::now() + shared.hello_timeout;
     let conn = match tokio::time::timeout_at(deadline, incoming).await {
         Ok(Ok(conn)) => conn,
@@ -87,8 +90,8 @@ async fn authenticate_connection(
             return None;
         }
     };
-    let (hello, grant, credential, send, recv) = greet(&conn, shared, deadline).await?;
-    Some((conn, hello, grant, credential, send, recv))
+    let greeted = greet(&conn, shared, deadline).await?;
+    Some((conn, greeted))
 }
 
 async fn serve_inner(incoming: quinn::Incoming, shared: Arc<Shared>) {
@@ -97,8 +100,16 @@ async fn serve_inner(incoming: quinn::Incoming, shared: Arc<Shared>) {
     // Boxed, here and for the refusals below: a task's memory is its largest state,
     // and the handshake's (TLS, hello deadline) would otherwise be kept for the whole
     // life of every connection.
-    let Some((conn, hello, grant, credential, send, recv)) =
-        Box::pin(authenticate_connection(incoming, &shared)).await
+    let Some((
+        conn,
+        Greeted {
+            hello,
+            grant,
+            credential,
+            send,
+            recv,
+        },
+    )) = Box::pin(authenticate_connection(incoming, &shared)).await
     else {
         return;
     };
@@ -225,13 +236,7 @@ async fn greet(
     conn: &quinn::Connection,
     shared: &Shared,
     deadline: tokio::time::Instant,
-) -> Option<(
-    Hello,
-    ZoneGrant,
-    Credential,
-    quinn::SendStream,
-    quinn::RecvStream,
-)> {
+) -> Option<Greeted> {
     let refuse = |reason: &'static str, why: &str| {
         shared.metrics.rejected(reason);
         shared.refusals.warn(|suppressed| {
@@ -265,7 +270,13 @@ async fn greet(
             } else {
                 match authenticate(conn, shared, &hello) {
                     Some((grant, credential)) => {
-                        return Some((hello, grant, credential, send, recv));
+                        return Some(Greeted {
+                            hello,
+                            grant,
+                            credential,
+                            send,
+                            recv,
+                        });
                     }
                     None => {
                         refuse("auth", "no valid agent certificate or token");
