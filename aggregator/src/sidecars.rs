@@ -41,6 +41,35 @@ pub enum Owner {
     Replica(String),
 }
 
+/// One instance as a per-instance request names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InstanceRef {
+    /// By (zone, cluster, instance); without a zone, the first zone by name that has
+    /// the instance.
+    Cluster {
+        zone: Option<String>,
+        cluster: String,
+        instance: String,
+    },
+    /// By the cluster's name and version, and the instance.
+    Version {
+        name: String,
+        version: String,
+        instance: String,
+    },
+}
+
+impl InstanceRef {
+    /// The instance's name.
+    pub fn instance(&self) -> &str {
+        match self {
+            InstanceRef::Cluster { instance, .. } | InstanceRef::Version { instance, .. } => {
+                instance
+            }
+        }
+    }
+}
+
 /// A live instance and where its sidecar is reached.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target {
@@ -158,6 +187,28 @@ impl Sidecars {
                 instance: instance.to_owned(),
             }),
         }
+    }
+
+    /// Where a request about one instance is served: here, unless another replica
+    /// owns the instance (an instance of this replica, or none, is served here).
+    pub fn serving(&self, named: &InstanceRef) -> Owner {
+        let remote = match named {
+            InstanceRef::Cluster {
+                zone,
+                cluster,
+                instance,
+            } => self
+                .instances
+                .remote_owner(zone.as_deref(), cluster, instance),
+            InstanceRef::Version {
+                name,
+                version,
+                instance,
+            } => self
+                .instances
+                .remote_owner_by_version(name, version, instance),
+        };
+        remote.map_or(Owner::Here, Owner::Replica)
     }
 
     /// Whether (zone, cluster) is known: registered, or with a live instance here or

@@ -1,7 +1,8 @@
 //! Forwarding to the owning replica (etcd store): an instance's metrics and its
 //! sidecar's logging live with the replica its agent reports to. Any replica
 //! answers these routes by passing the request on to the owner's advertised API
-//! address. The caller's token never travels: this replica authenticates the caller
+//! address; which replica that is, the sidecar layer says
+//! ([`crate::sidecars::Sidecars::serving`]). The caller's token never travels: this replica authenticates the caller
 //! and signs, with the secret the replicas share through etcd, the request and the
 //! access it granted ([`crate::peer_signature`]). The owner serves a request with a
 //! valid signature itself, judged by that access alone, and never forwards it
@@ -22,23 +23,16 @@ use tracing::debug;
 use super::AppState;
 use super::auth::Granted;
 use super::error::ApiError;
+use super::troubleshoot::sidecars;
 use crate::peer_signature::{Access, Signed, Signer};
 use crate::replicas::{PeerCallError, PeerRequest, Replicas};
+use crate::sidecars::{InstanceRef, Owner};
 
 pub use crate::replicas::{FORWARDED, Peers};
 /// Deadline of a forwarded request (the owner may run a command on a sidecar).
 pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(15);
 /// Largest body forwarded: the per-instance routes take small JSON bodies.
 const MAX_FORWARDED_BODY: usize = 64 << 10;
-
-/// The instance a per-instance route names.
-enum Named {
-    /// (zone, cluster, instance): `GET /metrics/{cluster}/{instance}` (zone from
-    /// `zoneName`) and `/zones/{zone}/clusters/{cluster}/instances/{instance}/logging`.
-    Cluster(Option<String>, String, String),
-    /// (name, version, instance): `GET /metrics/{name}/{version}/{instance}`.
-    Version(String, String, String),
-}
 
 /// A path segment, percent-decoded as the router decodes it.
 fn decoded(seg: &str) -> String {
@@ -47,7 +41,7 @@ fn decoded(seg: &str) -> String {
         .into_owned()
 }
 
-fn instance_of(req: &Request) -> Option<Named> {
+fn instance_of(req: &Request) -> Option<InstanceRef> {
     let segs: Vec<&str> = req.uri().path().trim_matches('/').split('/').collect();
     match segs.as_slice() {
         ["metrics", cluster, instance] => {
@@ -56,13 +50,17 @@ fn instance_of(req: &Request) -> Option<Named> {
                     .find(|(k, _)| k == "zoneName")
                     .map(|(_, v)| v.into_owned())
             });
-            Some(Named::Cluster(zone, decoded(cluster), decoded(instance)))
+            Some(InstanceRef::Cluster {
+                zone,
+                cluster: decoded(cluster),
+                instance: decoded(instance),
+            })
         }
-        ["metrics", name, version, instance] => Some(Named::Version(
-            decoded(name),
-            decoded(version),
-            decoded(instance),
-        )),
+        ["metrics", name, version, instance] => Some(InstanceRef::Version {
+            name: decoded(name),
+            version: decoded(version),
+            instance: decoded(instance),
+        }),
         [
             "zones",
             zone,
@@ -71,11 +69,11 @@ fn instance_of(req: &Request) -> Option<Named> {
             "instances",
             instance,
             "logging",
-        ] => Some(Named::Cluster(
-            Some(decoded(zone)),
-            decoded(cluster),
-            decoded(instance),
-        )),
+        ] => Some(InstanceRef::Cluster {
+            zone: Some(decoded(zone)),
+            cluster: decoded(cluster),
+            instance: decoded(instance),
+        }),
         _ => None,
     }
 }
@@ -129,20 +127,14 @@ pub async fn to_owner(State(state): State<Arc<AppState>>, req: Request, next: Ne
         req.extensions_mut().insert(Granted(access));
         return next.run(req).await;
     }
-    let owned = match instance_of(&req) {
-        Some(Named::Cluster(zone, cluster, instance)) => state
-            .instances
-            .remote_owner(zone.as_deref(), &cluster, &instance)
-            .map(|o| (o, instance)),
-        Some(Named::Version(name, version, instance)) => state
-            .instances
-            .remote_owner_by_version(&name, &version, &instance)
-            .map(|o| (o, instance)),
-        None => None,
-    };
-    let Some((owner, instance)) = owned else {
+    // The sidecar layer says where an instance is served; this only carries it out.
+    let Some(named) = instance_of(&req) else {
         return next.run(req).await;
     };
+    let Owner::Replica(owner) = sidecars(&state).serving(&named) else {
+        return next.run(req).await;
+    };
+    let instance = named.instance().to_owned();
     // The caller's credentials first, as the owner would check them: a request the
     // owner would refuse is refused here, neither forwarded nor telling whether the
     // instance exists.
