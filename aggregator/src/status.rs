@@ -108,7 +108,6 @@ impl Verdict {
 /// minInstances 2").
 impl std::fmt::Display for Verdict {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let ratio = |errors: u64, requests: u64| errors as f64 / requests as f64;
         match *self {
             Verdict::NoLiveInstance => write!(
                 f,
@@ -130,11 +129,7 @@ impl std::fmt::Display for Verdict {
                 errors,
                 requests,
                 warning,
-            } => write!(
-                f,
-                "error ratio {:.3} ({errors} of {requests} requests answered 5xx in the last window), above {warning}",
-                ratio(errors, requests)
-            ),
+            } => write!(f, "{}, above {warning}", ratio(errors, requests)),
             Verdict::Within {
                 live,
                 errors,
@@ -142,12 +137,20 @@ impl std::fmt::Display for Verdict {
                 warning,
             } => write!(
                 f,
-                "{}, within its bounds; error ratio {:.3} ({errors} of {requests} requests answered 5xx in the last window), at most {warning}",
+                "{}, within its bounds; {}, at most {warning}",
                 instances(live),
                 ratio(errors, requests)
             ),
         }
     }
+}
+
+/// The window's error ratio in words, with its figures.
+fn ratio(errors: u64, requests: u64) -> String {
+    format!(
+        "error ratio {:.3} ({errors} of {requests} requests answered 5xx in the last window)",
+        errors as f64 / requests as f64
+    )
 }
 
 /// The status the rules give, with the given error ratio threshold.
