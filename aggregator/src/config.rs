@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use meshcat_common::config::{
-    LogFormat, TlsFiles, parse_bytes, parse_host_port, parse_positive_duration, parse_ratio,
-    read_token_file,
+    LogFormat, TlsFiles, duration_text, parse_bytes, parse_host_port, parse_positive_duration,
+    parse_ratio, read_token_file, size_text,
 };
 
 use crate::api::events::EventsConfig;
@@ -135,7 +135,7 @@ pub struct ServeArgs {
     /// Time limit of an API request; a request past it answers 503 timeout. Event
     /// streams and blocking queries that wait (index the current index) are exempt,
     /// debug windows get their length on top.
-    #[arg(long, env = "MESHCAT_API_REQUEST_TIMEOUT", default_value = "30s", value_parser = parse_positive_duration, value_name = "DURATION")]
+    #[arg(long, env = "MESHCAT_API_REQUEST_TIMEOUT", default_value = duration_text(crate::api::DEFAULT_REQUEST_TIMEOUT), value_parser = parse_positive_duration, value_name = "DURATION")]
     pub api_request_timeout: Duration,
     /// Most API requests in progress at once; more answer 503 overloaded at once.
     /// Event streams and blocking queries that wait (index the current index) are not
@@ -150,7 +150,7 @@ pub struct ServeArgs {
     pub http: meshcat_common::http::ServerLimitArgs,
     /// Largest accepted agent message; a larger one is refused and counted, the
     /// agent's other messages are unaffected.
-    #[arg(long, env = "MESHCAT_MAX_MESSAGE", default_value = "4MiB", value_parser = parse_bytes, value_name = "SIZE")]
+    #[arg(long, env = "MESHCAT_MAX_MESSAGE", default_value = size_text(meshcat_common::wire::DEFAULT_MAX_MESSAGE as u64), value_parser = parse_bytes, value_name = "SIZE")]
     pub max_message: u64,
     /// Most upstream clusters one instance may report (its upstreams with traffic and
     /// its listeners counted apart, the same way); a report with more is refused
@@ -178,19 +178,19 @@ pub struct ServeArgs {
     /// Most bytes one GET /events stream queues (like 256KiB, 1MiB; at most 64MiB): a
     /// resume whose replay is larger gets `reset` instead, and live changes are
     /// written in chunks of at most this size.
-    #[arg(long, env = "MESHCAT_EVENT_BUFFER", default_value = "256KiB", value_parser = parse_bytes, value_name = "SIZE")]
+    #[arg(long, env = "MESHCAT_EVENT_BUFFER", default_value = size_text(crate::api::events::BUFFER as u64), value_parser = parse_bytes, value_name = "SIZE")]
     pub event_buffer: u64,
     /// Most GET /events streams open at once; more answer 503 overloaded.
     #[arg(long, env = "MESHCAT_MAX_EVENT_STREAMS", default_value_t = crate::api::events::MAX_STREAMS as u32, value_parser = clap::value_parser!(u32).range(1..=1_000_000), value_name = "N")]
     pub max_event_streams: u32,
     /// How often a GET /events stream sends a comment line, so proxies and clients
     /// keep it open (> 0).
-    #[arg(long, env = "MESHCAT_EVENT_HEARTBEAT", default_value = "15s", value_parser = parse_positive_duration, value_name = "DURATION")]
+    #[arg(long, env = "MESHCAT_EVENT_HEARTBEAT", default_value = duration_text(crate::api::events::HEARTBEAT), value_parser = parse_positive_duration, value_name = "DURATION")]
     pub event_heartbeat: Duration,
     /// How long a GET /events stream gathers changes after a write before it writes
     /// again (0 to 1s): an isolated change goes out at once, a steady flow in one
     /// write per period. Longer saves CPU with many streams, at up to this much delay.
-    #[arg(long, env = "MESHCAT_EVENT_COALESCE", default_value = "50ms", value_parser = parse_coalesce, value_name = "DURATION")]
+    #[arg(long, env = "MESHCAT_EVENT_COALESCE", default_value = duration_text(crate::api::events::COALESCE), value_parser = parse_coalesce, value_name = "DURATION")]
     pub event_coalesce: Duration,
     /// Prometheus base URL (http://host:port); when set, the missing-metrics
     /// diagnosis asks it whether `up{job="<prometheusJob>"}` has a series.
@@ -215,7 +215,7 @@ pub struct ServeArgs {
     #[arg(long, env = "MESHCAT_ADVERTISE_ADDR", value_parser = parse_host_port, value_name = "HOST:PORT")]
     pub advertise_addr: Option<String>,
     /// How long the history (<data-dir>/history.redb) keeps an entry (like 12h, 7d).
-    #[arg(long, env = "MESHCAT_HISTORY_RETENTION", default_value = "7d", value_parser = parse_positive_duration, value_name = "DURATION")]
+    #[arg(long, env = "MESHCAT_HISTORY_RETENTION", default_value = duration_text(crate::history::DEFAULT_RETENTION), value_parser = parse_positive_duration, value_name = "DURATION")]
     pub history_retention: Duration,
     /// Most entries the history keeps, the oldest dropped first (at most
     /// 100000000); 0 keeps no history.
@@ -680,9 +680,8 @@ mod tests {
     /// The flags' defaults are the components' own: a component's default changed
     /// without its flag (or the other way round) fails here. (The status rules'
     /// flags take their defaults from `store` itself.)
-    /// The flags whose defaults are durations or sizes give them as text; the others
-    /// take the component's constant itself. Either way the flag's default is the
-    /// component's.
+    /// Every flag takes its default from the component's constant (as text for the
+    /// durations and sizes): the parsed defaults are the components' own.
     #[test]
     fn flag_defaults_are_the_components_defaults() {
         let d = Config::from_args(parse(&[]).unwrap()).unwrap();

@@ -50,6 +50,35 @@ pub fn parse_aggregators(s: &str) -> Result<String, String> {
     Ok(list.join(","))
 }
 
+/// A duration as a flag's default is written: in the largest of days, hours, minutes,
+/// seconds and milliseconds that it is a whole number of (`7d`, `30s`, `50ms`), so a
+/// component's constant gives its flag's default text ([`parse_duration`] reads it
+/// back).
+pub fn duration_text(d: Duration) -> String {
+    let ms = d.as_millis();
+    for (unit, size) in [
+        ("d", 86_400_000),
+        ("h", 3_600_000),
+        ("m", 60_000),
+        ("s", 1_000),
+    ] {
+        if ms > 0 && ms % size == 0 {
+            return format!("{}{unit}", ms / size);
+        }
+    }
+    format!("{ms}ms")
+}
+
+/// A size as a flag's default is written: in MiB or KiB when a whole number of them
+/// (`4MiB`, `256KiB`), else in bytes ([`parse_bytes`] reads it back).
+pub fn size_text(bytes: u64) -> String {
+    match bytes {
+        b if b > 0 && b % (1 << 20) == 0 => format!("{}MiB", b >> 20),
+        b if b > 0 && b % (1 << 10) == 0 => format!("{}KiB", b >> 10),
+        b => b.to_string(),
+    }
+}
+
 /// Parses a duration written like `500ms`, `5s` or `2m`.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let d = humantime::parse_duration(s.trim())
@@ -164,6 +193,25 @@ pub fn read_token_file(path: &std::path::Path) -> Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn defaults_as_text_read_back() {
+        for (d, text) in [
+            (Duration::from_secs(7 * 86_400), "7d"),
+            (Duration::from_secs(30), "30s"),
+            (Duration::from_secs(90), "90s"),
+            (Duration::from_secs(120), "2m"),
+            (Duration::from_millis(50), "50ms"),
+            (Duration::ZERO, "0ms"),
+        ] {
+            assert_eq!(duration_text(d), text);
+            assert_eq!(parse_duration(text), Ok(d), "{text}");
+        }
+        for (b, text) in [(4 << 20, "4MiB"), (256 << 10, "256KiB"), (1000, "1000")] {
+            assert_eq!(size_text(b), text);
+            assert_eq!(parse_bytes(text), Ok(b), "{text}");
+        }
+    }
 
     #[test]
     fn addresses_and_lists_of_them() {
