@@ -49,11 +49,12 @@ pub enum EnvoyError {
     #[error("admin API at {addr} did not answer within {timeout:?}")]
     Timeout { addr: String, timeout: Duration },
     /// The sidecar's network namespace could not be entered (contract section 18).
+    /// Shared: the HTTP client hands its connector's error back only by reference.
     #[error("admin API at {addr}: {source}")]
     Netns {
         addr: String,
         #[source]
-        source: NetnsError,
+        source: Arc<NetnsError>,
     },
     #[error("admin API at {addr} answered {status} to {path}: {body}")]
     Status {
@@ -109,7 +110,9 @@ impl tower::Service<http::Uri> for AdminConnector {
         let (endpoint, timeout) = (self.endpoint.clone(), self.timeout);
         Box::pin(async move {
             let stream = match &endpoint.netns {
-                Some(ns) => netns::connect(ns, &endpoint.addr, timeout).await?,
+                Some(ns) => netns::connect(ns, &endpoint.addr, timeout)
+                    .await
+                    .map_err(Arc::new)?,
                 None => {
                     let s = tokio::time::timeout(
                         timeout,
@@ -438,10 +441,10 @@ impl EnvoyAdmin {
 }
 
 /// The namespace failure a client error carries, when the connection failed there.
-fn netns_source(e: &hyper_util::client::legacy::Error) -> Option<NetnsError> {
+fn netns_source(e: &hyper_util::client::legacy::Error) -> Option<Arc<NetnsError>> {
     let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
     while let Some(c) = cause {
-        if let Some(ns) = c.downcast_ref::<NetnsError>() {
+        if let Some(ns) = c.downcast_ref::<Arc<NetnsError>>() {
             return Some(ns.clone());
         }
         cause = c.source();

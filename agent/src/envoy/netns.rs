@@ -42,8 +42,9 @@ impl Netns {
     /// The namespace at `path`, its identity pinned to the namespace found there now
     /// (none pinned when it cannot be read now: the connection then names the error).
     pub fn pinned_now(path: PathBuf) -> Self {
-        let inode = std::fs::metadata(&path).ok().map(|m| m.ino());
-        Netns { path, inode }
+        let mut ns = Netns::from(path);
+        ns.pin();
+        ns
     }
 
     /// The namespace at `path`, known to be the one with `inode`.
@@ -69,12 +70,6 @@ impl Netns {
     /// The namespace's inode, when pinned.
     pub fn inode(&self) -> Option<u64> {
         self.inode
-    }
-}
-
-impl std::fmt::Display for Netns {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.path.display())
     }
 }
 
@@ -129,44 +124,6 @@ impl NetnsError {
                 Some("enter_failed")
             }
             NetnsError::Connect { .. } => None,
-        }
-    }
-}
-
-/// A copy that keeps each I/O error's kind and message (`std::io::Error` is not
-/// `Clone`): the HTTP client hands its connector's error back only by reference.
-impl Clone for NetnsError {
-    fn clone(&self) -> Self {
-        let io = |e: &std::io::Error| std::io::Error::new(e.kind(), e.to_string());
-        match self {
-            NetnsError::Gone { path } => NetnsError::Gone { path: path.clone() },
-            NetnsError::NotNetns { path } => NetnsError::NotNetns { path: path.clone() },
-            NetnsError::Replaced {
-                path,
-                expected,
-                found,
-            } => NetnsError::Replaced {
-                path: path.clone(),
-                expected: *expected,
-                found: *found,
-            },
-            NetnsError::Open { path, source } => NetnsError::Open {
-                path: path.clone(),
-                source: io(source),
-            },
-            NetnsError::Enter { path, source } => NetnsError::Enter {
-                path: path.clone(),
-                source: io(source),
-            },
-            NetnsError::Connect { path, addr, source } => NetnsError::Connect {
-                path: path.clone(),
-                addr: addr.clone(),
-                source: io(source),
-            },
-            NetnsError::Thread { path, reason } => NetnsError::Thread {
-                path: path.clone(),
-                reason: reason.clone(),
-            },
         }
     }
 }
