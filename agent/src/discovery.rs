@@ -268,7 +268,7 @@ fn target_of(
             (SocketAddr::new(ip, port), None)
         }
         AdminReach::PodLoopback(namespaces) => {
-            let ns = uid_key(&m.uid)
+            let ns = podns::uid_key(&m.uid)
                 .and_then(|uid| namespaces.get(&uid))
                 .ok_or("no process of this pod in the node's process list, so its network namespace is unknown")?;
             (
@@ -296,11 +296,6 @@ fn target_of(
         },
         note,
     ))
-}
-
-/// A pod UID as [`podns`] keys it (lower case), when it is one.
-fn uid_key(uid: &str) -> Option<String> {
-    (uid.len() == 36).then(|| uid.to_ascii_lowercase())
 }
 
 /// A path component Kubernetes could have produced: no separator, not `.` or `..`.

@@ -438,7 +438,7 @@ impl PodDiscovery {
                 let listed: std::collections::BTreeSet<String> = list
                     .items
                     .iter()
-                    .map(|p| p.metadata.uid.to_ascii_lowercase())
+                    .filter_map(|p| podns::uid_key(&p.metadata.uid))
                     .collect();
                 for (uid, ns) in std::mem::take(&mut self.known) {
                     found.entry(uid).or_insert(ns);

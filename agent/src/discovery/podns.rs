@@ -39,7 +39,7 @@ fn pod_uid_of_path(path: &str) -> Option<String> {
         if let Some(slice) = part.strip_suffix(".slice") {
             if slice.contains("kubepods")
                 && let Some((_, uid)) = slice.rsplit_once("-pod")
-                && let Some(uid) = uid_of(&uid.replace('_', "-"))
+                && let Some(uid) = uid_key(&uid.replace('_', "-"))
             {
                 return Some(uid);
             }
@@ -49,15 +49,17 @@ fn pod_uid_of_path(path: &str) -> Option<String> {
             below_kubepods = true;
             continue;
         }
-        if below_kubepods && let Some(uid) = part.strip_prefix("pod").and_then(uid_of) {
+        if below_kubepods && let Some(uid) = part.strip_prefix("pod").and_then(uid_key) {
             return Some(uid);
         }
     }
     None
 }
 
-/// `s` when it is a Kubernetes UID (a UUID: 36 characters, hex and four dashes).
-fn uid_of(s: &str) -> Option<String> {
+/// `s` when it is a Kubernetes UID (a UUID: 36 characters, hex and four dashes), in
+/// lower case: how pods are keyed here, whether the UID comes from a cgroup path or
+/// from the pod list.
+pub fn uid_key(s: &str) -> Option<String> {
     let dashes = [8, 13, 18, 23];
     let ok = s.len() == 36
         && s.char_indices().all(|(i, c)| {
