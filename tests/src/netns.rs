@@ -37,14 +37,6 @@ pub async fn http_in(ns: &Path, addr: &str, post: bool, path: &str) -> anyhow::R
     Ok(text)
 }
 
-/// Whether a TCP connection to `addr` opens from inside `ns`.
-pub async fn reachable_in(ns: &Path, addr: &str) -> bool {
-    let netns = Netns::pinned_now(ns.to_owned());
-    meshcat_agent::envoy::netns::connect(&netns, addr, std::time::Duration::from_secs(1))
-        .await
-        .is_ok()
-}
-
 /// The cgroup v2 hierarchy, where a process is placed as a pod's.
 const CGROUP_ROOT: &str = "/sys/fs/cgroup/unified";
 /// Where the cgroup v2 hierarchy is when it is the only one.
