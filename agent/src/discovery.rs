@@ -15,7 +15,8 @@ use std::path::{Path, PathBuf};
 
 use meshcat_common::pods::{
     ADMIN_PORT_ANNOTATION, CLUSTER_ANNOTATION, DEFAULT_SIDECAR, LOCAL_CLUSTER_ANNOTATION,
-    MESH_ANNOTATION, Mesh, SCRAPE_LABEL, SIDECAR_ANNOTATION, ZONE_ANNOTATION, default_admin_port,
+    MESH_ANNOTATION, Mesh, SCRAPE_LABEL, SIDECAR_ANNOTATION, ZONE_ANNOTATION, admin_port_of,
+    mesh_of,
 };
 use meshcat_common::validate::is_valid_name;
 use serde::Deserialize;
@@ -224,21 +225,11 @@ fn target_of(
     if pod.spec.host_network {
         return Err("it uses the node's network (hostNetwork), so its IP is the node's".into());
     }
-    let mesh = match m.annotations.get(MESH_ANNOTATION) {
-        None => None,
-        Some(v) => Some(
-            Mesh::parse(v)
-                .ok_or_else(|| format!("{MESH_ANNOTATION} {v:?} is not one of istio, consul"))?,
-        ),
-    };
-    let port = match m.annotations.get(ADMIN_PORT_ANNOTATION) {
-        None => default_admin_port(mesh),
-        Some(p) => p
-            .parse::<u16>()
-            .ok()
-            .filter(|p| *p > 0)
-            .ok_or_else(|| format!("{ADMIN_PORT_ANNOTATION} {p:?} is not a port number"))?,
-    };
+    let mesh = mesh_of(m.annotations.get(MESH_ANNOTATION).map(String::as_str))?;
+    let port = admin_port_of(
+        m.annotations.get(ADMIN_PORT_ANNOTATION).map(String::as_str),
+        mesh,
+    )?;
     let cluster = m
         .annotations
         .get(CLUSTER_ANNOTATION)

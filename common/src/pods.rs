@@ -66,10 +66,34 @@ impl Mesh {
     }
 }
 
-/// The admin port of a pod: its [`ADMIN_PORT_ANNOTATION`] when given, else its mesh's,
-/// else [`DEFAULT_ADMIN_PORT`].
+/// The admin port of a pod without an [`ADMIN_PORT_ANNOTATION`]: its mesh's, else
+/// [`DEFAULT_ADMIN_PORT`].
 pub fn default_admin_port(mesh: Option<Mesh>) -> u16 {
     mesh.map_or(DEFAULT_ADMIN_PORT, Mesh::admin_port)
+}
+
+/// The mesh a pod's [`MESH_ANNOTATION`] names (`None` without one); any other value
+/// is refused, named in the answer.
+pub fn mesh_of(annotation: Option<&str>) -> Result<Option<Mesh>, String> {
+    annotation
+        .map(|v| {
+            Mesh::parse(v)
+                .ok_or_else(|| format!("{MESH_ANNOTATION} {v:?} is not one of istio, consul"))
+        })
+        .transpose()
+}
+
+/// A pod's admin port: its [`ADMIN_PORT_ANNOTATION`], a port number and nothing
+/// else, when given; else [`default_admin_port`] of its mesh.
+pub fn admin_port_of(annotation: Option<&str>, mesh: Option<Mesh>) -> Result<u16, String> {
+    match annotation {
+        None => Ok(default_admin_port(mesh)),
+        Some(p) => p
+            .parse::<u16>()
+            .ok()
+            .filter(|p| *p > 0)
+            .ok_or_else(|| format!("{ADMIN_PORT_ANNOTATION} {p:?} is not a port number")),
+    }
 }
 
 #[cfg(test)]
@@ -88,5 +112,17 @@ mod tests {
             [(15000, "istio-proxy"), (19000, "consul-dataplane")]
         );
         assert_eq!(default_admin_port(None), 9901);
+        assert_eq!(mesh_of(Some("consul")), Ok(Some(Mesh::Consul)));
+        assert_eq!(mesh_of(None), Ok(None));
+        assert!(
+            mesh_of(Some("linkerd"))
+                .unwrap_err()
+                .contains("\"linkerd\"")
+        );
+        assert_eq!(admin_port_of(None, Some(Mesh::Istio)), Ok(15000));
+        assert_eq!(admin_port_of(Some("19001"), Some(Mesh::Consul)), Ok(19001));
+        for bad in ["0", "70000", "http", " 1", "1@h:80"] {
+            assert!(admin_port_of(Some(bad), None).is_err(), "{bad}");
+        }
     }
 }

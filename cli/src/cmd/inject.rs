@@ -13,7 +13,7 @@ use std::io::Write;
 use std::path::Path;
 
 use meshcat_common::pods::{
-    ADMIN_PORT_ANNOTATION, CLUSTER_ANNOTATION, MESH_ANNOTATION, Mesh, default_admin_port,
+    ADMIN_PORT_ANNOTATION, CLUSTER_ANNOTATION, MESH_ANNOTATION, admin_port_of, mesh_of,
 };
 use meshcat_common::validate::is_valid_name;
 use serde_json::{Map, Value, json};
@@ -478,19 +478,8 @@ fn target(annotations: Option<&Map<String, Value>>, name: &str) -> Result<Target
             ));
         }
     };
-    let mesh = annotation(MESH_ANNOTATION)?
-        .map(|m| {
-            Mesh::parse(m)
-                .ok_or_else(|| format!("{MESH_ANNOTATION} {} is not istio or consul", quoted(m)))
-        })
-        .transpose()?;
-    let admin_port =
-        match annotation(ADMIN_PORT_ANNOTATION)? {
-            Some(p) => p.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| {
-                format!("{ADMIN_PORT_ANNOTATION} {} is not a port number", quoted(p))
-            })?,
-            None => default_admin_port(mesh),
-        };
+    let mesh = mesh_of(annotation(MESH_ANNOTATION)?)?;
+    let admin_port = admin_port_of(annotation(ADMIN_PORT_ANNOTATION)?, mesh)?;
     Ok(Target {
         cluster,
         admin_port,
@@ -1044,7 +1033,7 @@ spec: {template: {spec: {containers: {name: app}}}}
                 "app.yaml: document 3 (statefulset \"db\"): no spec.template",
                 "app.yaml: document 4: no kind",
                 "app.yaml: document 5 (daemonset \"ds\"): meshcat.io/admin-port \"http\" is not a port number",
-                "app.yaml: document 6 (deployment \"mesh\"): meshcat.io/mesh \"linkerd\" is not istio or consul",
+                "app.yaml: document 6 (deployment \"mesh\"): meshcat.io/mesh \"linkerd\" is not one of istio, consul",
                 "app.yaml: document 7 (deployment \"kafka\"): container \"broker\" has port 9092, the agent's ops port: choose another with --ops-port",
                 "app.yaml: document 8 (deployment \"c\"): meshcat.io/cluster \"a/b\" is not a valid cluster name",
                 "app.yaml: document 9 (item 1, deployment \"x\"): no spec.template.spec",
