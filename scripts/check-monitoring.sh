@@ -9,6 +9,10 @@
 #     PromQL: they become the recording rules of a temporary rules file that
 #     `promtool check rules` reads. A self-test first feeds it a broken query and
 #     fails if that is not caught;
+#   - every variable in a regex matcher of the dashboard is written `${var:regex}`
+#     inside backticks (Grafana escapes the value's regex metacharacters with single
+#     backslashes, which a PromQL raw string keeps), with a self-test on a copy that
+#     uses `"$owner"`;
 #   - the Alertmanager routing example (deploy/monitoring/alertmanager.yml) with
 #     `amtool check-config`, and `amtool config routes test` sends alerts of each
 #     owner to the receiver the example means.
@@ -63,7 +67,7 @@ if not queries:
 
 def grafana_variables(expr):
     expr = re.sub(r"\$__(rate_interval|interval|range)\b", "5m", expr)
-    return re.sub(r"\$\{?\w+\}?", ".*", expr)
+    return re.sub(r"\$\{\w+(:\w+)?\}|\$\w+", ".*", expr)
 
 rules = [{"record": name, "expr": grafana_variables(e)} for name, e in queries]
 # JSON is YAML: promtool reads it as a rules file.
@@ -87,6 +91,34 @@ if promtool check rules "$tmp/broken-rules.json" >/dev/null 2>&1; then
 fi
 dashboard_rules "$dir/dashboard.json" "$tmp/dashboard-rules.json"
 promtool check rules "$tmp/dashboard-rules.json"
+
+echo "--> dashboard variables in regex matchers"
+# regex_variables DASHBOARD: fails naming each variable of a query that is not
+# ${var:regex} in backticks right after =~ or !~.
+regex_variables() {
+    python3 - "$1" <<'PY'
+import json, re, sys
+
+text = json.dumps(json.load(open(sys.argv[1])))
+bad = []
+for m in re.finditer(r"\$\{?(\w+)(:\w+)?\}?", text):
+    name = m.group(1)
+    if name.startswith("__") or name == "datasource":
+        continue
+    if not (text[max(0, m.start() - 3):m.start()] in ("=~`", "!~`")
+            and m.group(0) == "${" + name + ":regex}"
+            and text[m.end():m.end() + 1] == "`"):
+        bad.append(text[max(0, m.start() - 12):m.end() + 3])
+if bad:
+    sys.exit("variables not written =~`${var:regex}`: " + "; ".join(bad))
+PY
+}
+sed 's/owner=~`${owner:regex}`/owner=~\\"$owner\\"/' "$dir/dashboard.json" >"$tmp/unescaped.json"
+if cmp -s "$dir/dashboard.json" "$tmp/unescaped.json" || regex_variables "$tmp/unescaped.json" 2>/dev/null; then
+    echo "check-monitoring: FAILED: self-test: a variable without the regex format was not caught" >&2
+    exit 1
+fi
+regex_variables "$dir/dashboard.json"
 
 echo "--> Alertmanager routing example"
 routing="$root/deploy/monitoring/alertmanager.yml"

@@ -51,13 +51,14 @@ pub enum CliError {
 }
 
 impl CliError {
-    /// Says the error on standard error, each of its lines after `meshcat: `.
+    /// Says the error on standard error, each of its lines after `meshcat: `, with
+    /// the control characters of what it quotes (a server's message) escaped.
     pub fn report(&self) {
         use std::io::Write;
         let text = self.to_string();
         let mut err = anstream::stderr();
         for line in text.lines() {
-            let _ = writeln!(err, "meshcat: {line}");
+            let _ = writeln!(err, "meshcat: {}", crate::render::clean(line));
         }
     }
 

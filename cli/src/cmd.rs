@@ -19,6 +19,7 @@ use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::client::{Api, CliError};
+use crate::render;
 
 /// What every subcommand is given.
 #[derive(Debug)]
@@ -31,7 +32,10 @@ pub struct Ctx {
 /// Set once standard output's reader has left.
 static OUTPUT_CLOSED: AtomicBool = AtomicBool::new(false);
 
-/// Writes `text` to `out`. A closed pipe (`meshcat apply -f dir | head -1`) is not
+/// Writes `text` to `out`, through [`render::terminal`]: whatever a renderer let
+/// through, no control character but a newline, a tab or one of meshcat's own
+/// colours reaches the terminal (JSON and YAML pass unchanged). A closed pipe
+/// (`meshcat apply -f dir | head -1`) is not
 /// the command's failure: it goes on with its work, writing nothing more (an apply
 /// finishes its writes, a check or a diagnosis still ends with its own status), and
 /// [`output_closed`] tells a command that would print forever to stop. Any other
@@ -40,6 +44,7 @@ pub fn emit(out: &mut dyn Write, text: &str) -> Result<(), CliError> {
     if output_closed() {
         return Ok(());
     }
+    let text = render::terminal(text);
     match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {

@@ -1,7 +1,10 @@
 //! What every command's output shares: aligned tables cut to the terminal's width,
 //! the colours of statuses and verdicts (written always; [`anstream`] strips them off
-//! a terminal and under `NO_COLOR`), times and ages, and the JSON and YAML printers.
+//! a terminal and under `NO_COLOR`), times and ages, the JSON and YAML printers, and
+//! the one rule for text from outside on a terminal ([`clean`], [`terminal`]): no
+//! control character that the catalog, an agent or the API sent is ever written raw.
 
+use std::borrow::Cow;
 use std::fmt::Write as _;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -23,10 +26,22 @@ pub const BOLD: Style = Style::new().bold();
 pub const DIM: Style = Style::new().dimmed();
 pub const PLAIN: Style = Style::new();
 
-/// `text` in `style`.
+/// The escape sequences of the styles above, the only ones [`terminal`] lets
+/// through: each style's start and the reset that ends it.
+const OUR_ESCAPES: [&str; 6] = [
+    "\u{1b}[31m",
+    "\u{1b}[32m",
+    "\u{1b}[33m",
+    "\u{1b}[1m",
+    "\u{1b}[2m",
+    "\u{1b}[0m",
+];
+
+/// `text` in `style` (its control characters escaped, as [`clean`] does).
 pub fn paint(style: Style, text: &str) -> String {
+    let text = clean(text);
     if style == PLAIN {
-        text.to_owned()
+        text.into_owned()
     } else {
         format!("{style}{text}{style:#}")
     }
@@ -97,10 +112,21 @@ impl Table {
     /// The table as text, cut to `width` characters per line when given (a
     /// terminal's width): the widest columns give way first, and a cut value ends
     /// with `…`. Without a width (a pipe, a file) nothing is cut.
+    ///
+    /// Every cell is [`clean`]ed first: a newline, a tab or an escape sequence in a
+    /// value is written visibly and cannot break the table or reach the terminal.
     pub fn render(&self, width: Option<usize>) -> String {
         let n = self.header.len();
-        let mut widths: Vec<usize> = self.header.iter().map(|h| h.chars().count()).collect();
-        for row in &self.rows {
+        let header: Vec<Cell> = self.header.iter().map(|h| Cell::styled(*h, BOLD)).collect();
+        let rows: Vec<Vec<Cell>> = std::iter::once(header)
+            .chain(self.rows.iter().map(|row| {
+                row.iter()
+                    .map(|c| Cell::styled(clean(&c.text), c.style))
+                    .collect()
+            }))
+            .collect();
+        let mut widths = vec![0; n];
+        for row in &rows {
             for (w, c) in widths.iter_mut().zip(row) {
                 *w = (*w).max(c.text.chars().count());
             }
@@ -120,8 +146,7 @@ impl Table {
             }
         }
         let mut out = String::new();
-        let header: Vec<Cell> = self.header.iter().map(|h| Cell::styled(*h, BOLD)).collect();
-        for row in std::iter::once(&header).chain(&self.rows) {
+        for row in &rows {
             let mut line = String::new();
             for (i, (cell, w)) in row.iter().zip(&widths).enumerate() {
                 let text = cut(&cell.text, *w);
@@ -198,15 +223,40 @@ pub fn age(ms: i64, now: i64) -> String {
 pub fn data(value: &Value, format: Format) -> Result<String, CliError> {
     match format {
         Format::Json | Format::Table => {
-            let mut s = serde_json::to_string_pretty(value).map_err(|e| CliError::Body {
-                what: "output".into(),
-                reason: e.to_string(),
-            })?;
+            let mut s = json_text(value, true);
             s.push('\n');
             Ok(s)
         }
         Format::Yaml => yaml(value),
     }
+}
+
+/// `value` as JSON text (indented when `pretty`) in which no control character is
+/// raw: serde_json escapes those below U+0020, and DEL and the C1 controls
+/// (U+007F to U+009F), which JSON may carry raw but a terminal may obey, are written
+/// `\u007f` to `\u009f` too. The same JSON value, byte for byte another text.
+pub fn json_text(value: &Value, pretty: bool) -> String {
+    let text = if pretty {
+        serde_json::to_string_pretty(value)
+    } else {
+        serde_json::to_string(value)
+    }
+    // A `Value` always serializes (its map keys are strings).
+    .unwrap_or_default();
+    if !text.chars().any(char::is_control) {
+        return text;
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        // Outside strings JSON text has only ASCII and newlines (pretty): a control
+        // character here is inside a string, where `\uXXXX` is the same character.
+        if c.is_control() && c != '\n' {
+            let _ = write!(out, "\\u{:04x}", u32::from(c));
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// A JSON value as YAML.
@@ -244,6 +294,113 @@ pub fn printable(text: &str) -> String {
         }
     }
     out
+}
+
+/// Whether `c` is written escaped by [`clean`]: a control character (C0, DEL, C1)
+/// or a bidirectional control, which reorders what follows it on the line.
+fn escaped(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{61c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+/// Writes `c` as the visible escape that stands for it: `\n`, `\t`, `\r`, or
+/// `\u{1b}` (the code point in hexadecimal, as Rust writes it).
+fn push_escape(out: &mut String, c: char) {
+    match c {
+        '\n' => out.push_str("\\n"),
+        '\t' => out.push_str("\\t"),
+        '\r' => out.push_str("\\r"),
+        c => {
+            let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
+        }
+    }
+}
+
+/// Text from outside (the catalog, an agent, the API, a server's message) made safe
+/// for one line of a terminal: every control character (C0 with newline and tab,
+/// DEL, C1, ESC among them) and every bidirectional control written as its visible
+/// escape (`\u{1b}`, `\n`), everything else as it is. What every text renderer puts
+/// in a table cell or a line goes through here.
+pub fn clean(text: &str) -> Cow<'_, str> {
+    if !text.chars().any(escaped) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if escaped(c) {
+            push_escape(&mut out, c);
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// As [`clean`] for a field that may hold several lines (a description): its lines
+/// are kept (`\r\n` ends one too) and a tab becomes four spaces; every other control
+/// character is escaped.
+pub fn clean_lines(text: &str) -> String {
+    text.split('\n')
+        .map(|line| {
+            let line = line.strip_suffix('\r').unwrap_or(line);
+            clean(&line.replace('\t', "    ")).into_owned()
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A copy of a JSON value from outside with every string and key [`clean`]ed (with
+/// [`clean_lines`] when `lines`), for the renderers that write its text into lines
+/// of their own. `-o json|yaml` never go through here.
+pub fn cleaned(value: &Value, lines: bool) -> Value {
+    let text = |s: &str| {
+        if lines {
+            clean_lines(s)
+        } else {
+            clean(s).into_owned()
+        }
+    };
+    match value {
+        Value::String(s) => Value::String(text(s)),
+        Value::Array(a) => a.iter().map(|v| cleaned(v, lines)).collect(),
+        Value::Object(m) => m
+            .iter()
+            .map(|(k, v)| (text(k), cleaned(v, lines)))
+            .collect(),
+        other => other.clone(),
+    }
+}
+
+/// What [`crate::cmd::emit`] writes to standard output: `text` with every control
+/// character escaped as [`clean`] does, except newlines and tabs (the layout of
+/// tables, YAML and completion scripts) and the escape sequences of this module's
+/// own styles. The last guard: renderers [`clean`] what they are given, and a value
+/// that one missed still cannot move the cursor, clear the screen, set a title or
+/// write the clipboard. JSON from [`json_text`] and YAML from [`yaml`] hold no raw
+/// control character, so they pass unchanged.
+pub fn terminal(text: &str) -> Cow<'_, str> {
+    let unsafe_char = |c: char| c.is_control() && c != '\n' && c != '\t';
+    if !text.chars().any(unsafe_char) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    let mut rest = text;
+    while let Some(c) = rest.chars().next() {
+        if c == '\u{1b}' {
+            if let Some(ours) = OUR_ESCAPES.iter().find(|e| rest.starts_with(**e)) {
+                out.push_str(ours);
+                rest = &rest[ours.len()..];
+                continue;
+            }
+        }
+        if unsafe_char(c) {
+            push_escape(&mut out, c);
+        } else {
+            out.push(c);
+        }
+        rest = &rest[c.len_utf8()..];
+    }
+    Cow::Owned(out)
 }
 
 /// `"text"`, quoted, with [`printable`]'s escapes and `"` and `\` escaped too.
@@ -332,6 +489,77 @@ mod tests {
         for s in [printable("\u{1b}\u{7}\r\t\u{85}"), quoted("\u{1b}\u{85}")] {
             assert!(!s.chars().any(char::is_control), "{s:?}");
         }
+    }
+
+    /// What a hostile registration may hold: a clipboard write (OSC 52), a screen
+    /// clear, BEL, CSI as one C1 character, DEL, a carriage return, a bidi override.
+    const HOSTILE: &str = "a\u{1b}]52;c;aGk=\u{7}b\u{1b}[2Jc\u{9b}31md\u{7f}e\rf\u{202e}g";
+
+    #[test]
+    fn text_from_outside_is_written_escaped() {
+        assert!(matches!(clean("team-catalog é"), Cow::Borrowed(_)));
+        assert_eq!(
+            clean(HOSTILE),
+            "a\\u{1b}]52;c;aGk=\\u{7}b\\u{1b}[2Jc\\u{9b}31md\\u{7f}e\\rf\\u{202e}g"
+        );
+        assert_eq!(clean("a\nb\tc"), "a\\nb\\tc");
+        assert_eq!(clean_lines("one\r\ntwo\tx\u{1b}"), "one\ntwo    x\\u{1b}");
+        let v = cleaned(
+            &serde_json::json!({"o\u{7}": [HOSTILE, 1, {"d": "x\ny"}]}),
+            false,
+        );
+        assert_eq!(
+            v,
+            serde_json::json!({"o\\u{7}": [clean(HOSTILE), 1, {"d": "x\\ny"}]})
+        );
+    }
+
+    #[test]
+    fn the_last_guard_lets_only_our_own_colours_through() {
+        for style in [GREEN, YELLOW, RED, BOLD, DIM] {
+            for e in [format!("{style}"), format!("{style:#}")] {
+                assert!(OUR_ESCAPES.contains(&e.as_str()), "{e:?}");
+            }
+        }
+        let text = format!("{}\n{HOSTILE}\t\n", paint(RED, "down"));
+        let safe = terminal(&text);
+        assert!(safe.starts_with("\u{1b}[31mdown\u{1b}[0m\n"), "{safe:?}");
+        assert!(safe.ends_with("g\t\n"), "{safe:?}");
+        let raw: Vec<char> = safe
+            .replace("\u{1b}[31m", "")
+            .replace("\u{1b}[0m", "")
+            .chars()
+            .filter(|c| c.is_control() && !matches!(c, '\n' | '\t'))
+            .collect();
+        assert!(raw.is_empty(), "{raw:?} in {safe:?}");
+        // A hostile copy of a colour inside a painted value is escaped with it.
+        assert!(!paint(GREEN, "\u{1b}[31m").contains("\u{1b}[31m"));
+        assert!(matches!(terminal("plain\n\ttext"), Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn json_is_exact_and_has_no_raw_control_character() {
+        let v = serde_json::json!({"owner": HOSTILE, "n": [1, "\u{85}"]});
+        for pretty in [true, false] {
+            let text = json_text(&v, pretty);
+            assert!(
+                !text.chars().any(|c| c.is_control() && c != '\n'),
+                "{text:?}"
+            );
+            assert_eq!(serde_json::from_str::<Value>(&text).unwrap(), v);
+            assert_eq!(terminal(&text), text);
+        }
+        let y = yaml(&v).unwrap();
+        assert_eq!(terminal(&y), y, "YAML passes the last guard unchanged");
+        assert_eq!(serde_saphyr::from_str::<Value>(&y).unwrap(), v);
+    }
+
+    #[test]
+    fn a_newline_in_a_cell_does_not_break_the_table() {
+        let mut t = Table::new(&["OWNER", "X"]);
+        t.row(vec!["two\nlines\u{1b}[2J".into(), "1".into()]);
+        let text = plain(&t.render(None));
+        assert_eq!(text, "OWNER                 X\ntwo\\nlines\\u{1b}[2J   1\n");
     }
 
     #[test]

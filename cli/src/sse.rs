@@ -2,9 +2,13 @@
 //! I/O, so chunk boundaries anywhere (inside a line, inside a UTF-8 character) are
 //! tested without a server.
 
-/// Longest line kept while waiting for its end: a cluster record is a few KiB, a
-/// bulk change sends one event per record.
-pub const MAX_LINE: usize = 16 << 20;
+/// Largest event: the bytes of its `data:` lines. A cluster record is a few KiB and
+/// a bulk change sends one event per record, so an event past this is a broken or
+/// hostile server: `meshcat watch` stops there (exit status 2) rather than hold it.
+pub const MAX_EVENT: usize = 1 << 20;
+
+/// Longest line kept while waiting for its end: a `data:` line with a whole event.
+pub const MAX_LINE: usize = MAX_EVENT + 64;
 
 /// One event.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -20,11 +24,20 @@ pub struct Event {
 /// Why the stream cannot be read.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum SseError {
-    #[error("an event stream line is longer than {} MiB", MAX_LINE >> 20)]
+    #[error(
+        "a line of the event stream is longer than {} MiB, the bound of one event",
+        MAX_EVENT >> 20
+    )]
     LineTooLong,
+    #[error(
+        "an event of the stream is larger than {} MiB, the bound of one event",
+        MAX_EVENT >> 20
+    )]
+    EventTooLarge,
 }
 
-/// Reads events from chunks of a stream.
+/// Reads events from chunks of a stream, holding at most [`MAX_LINE`] bytes of an
+/// unfinished line and [`MAX_EVENT`] bytes of an unfinished event.
 #[derive(Debug, Default)]
 pub struct Parser {
     /// Bytes after the last complete line.
@@ -35,41 +48,47 @@ pub struct Parser {
 }
 
 impl Parser {
-    /// Takes the next chunk; answers the events it completes.
+    /// Takes the next chunk; answers the events it completes, or the bound it
+    /// breaks (checked before the bytes are kept, whatever the chunk's size).
     pub fn push(&mut self, chunk: &[u8]) -> Result<Vec<Event>, SseError> {
-        self.pending.extend_from_slice(chunk);
         let mut out = Vec::new();
-        let mut start = 0;
-        while let Some(n) = self.pending[start..].iter().position(|b| *b == b'\n') {
-            let end = start + n;
-            let mut line = &self.pending[start..end];
+        let mut rest = chunk;
+        while let Some(n) = rest.iter().position(|b| *b == b'\n') {
+            if self.pending.len() + n > MAX_LINE {
+                return Err(SseError::LineTooLong);
+            }
+            self.pending.extend_from_slice(&rest[..n]);
+            rest = &rest[n + 1..];
+            let mut line = &self.pending[..];
             if let Some(l) = line.strip_suffix(b"\r") {
                 line = l;
             }
             let line = String::from_utf8_lossy(line).into_owned();
-            if let Some(e) = self.line(&line) {
+            self.pending.clear();
+            if let Some(e) = self.line(&line)? {
                 out.push(e);
             }
-            start = end + 1;
         }
-        self.pending.drain(..start);
-        if self.pending.len() > MAX_LINE {
+        if self.pending.len() + rest.len() > MAX_LINE {
             return Err(SseError::LineTooLong);
         }
+        self.pending.extend_from_slice(rest);
         Ok(out)
     }
 
-    fn line(&mut self, line: &str) -> Option<Event> {
+    fn line(&mut self, line: &str) -> Result<Option<Event>, SseError> {
         if line.is_empty() {
-            let data = self.data.take()?;
-            return Some(Event {
+            let Some(data) = self.data.take() else {
+                return Ok(None);
+            };
+            return Ok(Some(Event {
                 id: self.id.take(),
                 event: self.event.take().unwrap_or_else(|| "message".into()),
                 data,
-            });
+            }));
         }
         if line.starts_with(':') {
-            return None;
+            return Ok(None);
         }
         let (field, value) = line.split_once(':').unwrap_or((line, ""));
         let value = value.strip_prefix(' ').unwrap_or(value);
@@ -77,15 +96,19 @@ impl Parser {
             "event" => self.event = Some(value.to_owned()),
             "id" => self.id = Some(value.to_owned()),
             "data" => match &mut self.data {
+                Some(d) if d.len() + 1 + value.len() > MAX_EVENT => {
+                    return Err(SseError::EventTooLarge);
+                }
                 Some(d) => {
                     d.push('\n');
                     d.push_str(value);
                 }
+                None if value.len() > MAX_EVENT => return Err(SseError::EventTooLarge),
                 None => self.data = Some(value.to_owned()),
             },
             _ => {}
         }
-        None
+        Ok(None)
     }
 }
 
@@ -127,11 +150,53 @@ mod tests {
     #[test]
     fn a_line_without_end_is_bounded() {
         let mut p = Parser::default();
-        let chunk = vec![b'x'; 1 << 20];
-        let mut result = Ok(Vec::new());
-        for _ in 0..=(MAX_LINE >> 20) {
-            result = p.push(&chunk);
-        }
-        assert_eq!(result, Err(SseError::LineTooLong));
+        let chunk = vec![b'x'; 64 << 10];
+        let mut pushed = 0;
+        let err = loop {
+            match p.push(&chunk) {
+                Ok(events) => assert!(events.is_empty()),
+                Err(e) => break e,
+            }
+            pushed += chunk.len();
+            assert!(pushed <= MAX_LINE, "a line of {pushed} bytes was kept");
+        };
+        assert_eq!(err, SseError::LineTooLong);
+        assert!(p.pending.len() <= MAX_LINE, "{}", p.pending.len());
+        // One chunk larger than the bound is refused before it is kept.
+        let mut p = Parser::default();
+        assert_eq!(
+            p.push(&vec![b'x'; 2 * MAX_LINE]),
+            Err(SseError::LineTooLong)
+        );
+        assert!(p.pending.is_empty());
+    }
+
+    #[test]
+    fn an_event_of_many_lines_is_bounded() {
+        let line = format!("data: {}\n", "x".repeat(999));
+        let mut p = Parser::default();
+        let mut kept = 0;
+        let err = loop {
+            match p.push(line.as_bytes()) {
+                Ok(events) => assert!(events.is_empty()),
+                Err(e) => break e,
+            }
+            kept += 1000;
+            assert!(kept <= MAX_EVENT + 1000, "{kept} bytes of data kept");
+        };
+        assert_eq!(err, SseError::EventTooLarge);
+        assert!(p.data.as_ref().is_some_and(|d| d.len() <= MAX_EVENT));
+        // Up to the bound an event is whole.
+        let mut p = Parser::default();
+        let data = "y".repeat(MAX_EVENT);
+        let events = p
+            .push(format!("event: big\ndata: {data}\n\n").as_bytes())
+            .unwrap();
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].data.len(), MAX_EVENT);
+        assert_eq!(
+            p.push(format!("data: {data}\ndata: y\n").as_bytes()),
+            Err(SseError::EventTooLarge)
+        );
     }
 }

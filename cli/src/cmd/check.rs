@@ -108,7 +108,8 @@ fn failed(items: &[Item]) -> CliError {
     CliError::Failed(format!("check failed: {}", names.join("; ")))
 }
 
-/// The checklist as text.
+/// The checklist as text, one line per item (what an item quotes of the API's
+/// answers with its control characters escaped).
 pub fn lines(items: &[Item]) -> String {
     let mut out = String::new();
     for i in items {
@@ -117,10 +118,11 @@ pub fn lines(items: &[Item]) -> String {
             Verdict::Warn => paint(render::YELLOW, "[warn]"),
             Verdict::Fail => paint(render::RED, "[FAIL]"),
         };
+        let name = render::clean(&i.name);
         if i.detail.is_empty() {
-            let _ = writeln!(out, "{mark} {}", i.name);
+            let _ = writeln!(out, "{mark} {name}");
         } else {
-            let _ = writeln!(out, "{mark} {}: {}", i.name, i.detail);
+            let _ = writeln!(out, "{mark} {name}: {}", render::clean(&i.detail));
         }
     }
     out

@@ -83,7 +83,10 @@ const FIELDS: &[(&str, &str, bool)] = &[
 
 const LABEL: usize = 18;
 
+/// One `Label:  value` line; a value of several lines (a description) goes on
+/// under its first line, indented to it.
 fn field(out: &mut String, label: &str, value: &str) {
+    let value = value.replace('\n', &format!("\n{:LABEL$}", ""));
     let _ = writeln!(
         out,
         "{}{value}",
@@ -91,9 +94,12 @@ fn field(out: &mut String, label: &str, value: &str) {
     );
 }
 
-/// The description as text.
+/// The description as text. What the API answered is [`render::cleaned`] first: its
+/// text reaches the terminal with control characters escaped (a field's own lines
+/// kept, indented).
 pub fn describe(view: &Value, sections: &Sections, now: i64, width: Option<usize>) -> String {
     let mut out = String::new();
+    let view = &render::cleaned(view, true);
     let zone = s(view, "zoneName");
     let cluster = s(view, "clusterName");
     field(&mut out, "Cluster:", cluster);
@@ -172,7 +178,7 @@ pub fn describe(view: &Value, sections: &Sections, now: i64, width: Option<usize
             &format!(
                 "{} ago, {}",
                 render::age(change.at_ms, now),
-                history::detail(&change.kind, &change.detail)
+                render::clean(&history::detail(&change.kind, &change.detail))
             ),
         );
     }
@@ -200,6 +206,7 @@ pub fn describe(view: &Value, sections: &Sections, now: i64, width: Option<usize
     out.push('\n');
     match &sections.graph {
         Ok(g) => {
+            let g = &render::cleaned(g, false);
             let id = format!("{zone}/{cluster}");
             let window = g["windowSeconds"].as_u64().unwrap_or(0);
             let edges = g["edges"].as_array().map_or(&[][..], Vec::as_slice);
@@ -230,15 +237,19 @@ pub fn describe(view: &Value, sections: &Sections, now: i64, width: Option<usize
             }
         }
         Err(why) => {
-            let _ = writeln!(out, "Callers and callees: unavailable: {why}");
+            let _ = writeln!(
+                out,
+                "Callers and callees: unavailable: {}",
+                render::clean(why)
+            );
         }
     }
 
     out.push('\n');
     match &sections.drift {
-        Ok(d) => out.push_str(&drift(d)),
+        Ok(d) => out.push_str(&drift(&render::cleaned(d, false))),
         Err(why) => {
-            let _ = writeln!(out, "Drift: unavailable: {why}");
+            let _ = writeln!(out, "Drift: unavailable: {}", render::clean(why));
         }
     }
 
@@ -252,7 +263,7 @@ pub fn describe(view: &Value, sections: &Sections, now: i64, width: Option<usize
             ));
         }
         Err(why) => {
-            let _ = writeln!(out, "History: unavailable: {why}");
+            let _ = writeln!(out, "History: unavailable: {}", render::clean(why));
         }
     }
     out

@@ -10,8 +10,9 @@ use std::io::Write;
 use meshcat_diagnose::{DiagnosisReport, Verdict};
 
 use super::{Ctx, emit, history};
-use crate::args::{DiagnoseArgs, DiagnoseFormat};
+use crate::args::{DiagnoseArgs, DiagnoseFormat, Format};
 use crate::client::{Call, CliError};
+use crate::render;
 
 /// The diagnosis report as the API answers it (CONTRACT.md section 5), the type the
 /// aggregator serializes.
@@ -28,13 +29,16 @@ pub async fn run(ctx: &Ctx, args: DiagnoseArgs, out: &mut dyn Write) -> Result<(
         CliError::Api { .. } => CliError::NotRun(e.to_string()),
         other => other,
     })?;
-    let report: Report = serde_json::from_value(raw.clone()).map_err(|e| CliError::Body {
-        what: format!("GET /diagnose/{}", args.cluster),
-        reason: format!("not a diagnosis report: {e}"),
-    })?;
+    // The report's text is shown on a terminal: its strings with control characters
+    // escaped (`-o json` prints the answer as it came).
+    let report: Report =
+        serde_json::from_value(render::cleaned(&raw, false)).map_err(|e| CliError::Body {
+            what: format!("GET /diagnose/{}", args.cluster),
+            reason: format!("not a diagnosis report: {e}"),
+        })?;
     let text = match args.output {
         DiagnoseFormat::Text => render(&report, ctx.width),
-        DiagnoseFormat::Json => format!("{raw:#}\n"),
+        DiagnoseFormat::Json => render::data(&raw, Format::Json)?,
     };
     emit(out, &text)?;
     match report.first_failure() {

@@ -207,9 +207,9 @@ pub fn dot(graph: &Value) -> String {
     out
 }
 
-/// Text inside a dot double-quoted string.
+/// Text inside a dot double-quoted string, its control characters escaped.
 fn quote(s: &str) -> String {
-    s.replace('\\', "\\\\").replace('"', "\\\"")
+    render::clean(s).replace('\\', "\\\\").replace('"', "\\\"")
 }
 
 #[cfg(test)]

@@ -25,7 +25,7 @@ pub async fn run(ctx: &Ctx, args: HistoryArgs, out: &mut dyn Write) -> Result<()
         .get_with_header(&call, "x-meshcat-history-incomplete")
         .await?;
     if let Some(at) = incomplete {
-        eprintln!("{}", incomplete_note(&at));
+        eprintln!("{}", incomplete_note(&render::clean(&at)));
     }
     let text = match args.output.output {
         Format::Table => {

@@ -126,12 +126,21 @@ async fn follow(api: &Api, args: &WatchArgs, out: &mut dyn Write) -> Result<(), 
                 if delivered {
                     delay = BACKOFF_MIN;
                 }
-                eprintln!("meshcat: the event stream {why}; reconnecting in {delay:?}.");
+                eprintln!(
+                    "meshcat: the event stream {}; reconnecting in {delay:?}.",
+                    render::clean(&why)
+                );
             }
             // Until a stream has opened, a refusal or an unreachable API is the
             // command's error; afterwards the aggregator may be restarting.
             Err(e) if !opened_once || matches!(e, CliError::Closed) => return Err(e),
-            Err(e) => eprintln!("meshcat: {e}; reconnecting in {delay:?}."),
+            // A stream past the bounds of its events is not retried: the server
+            // would send the same again.
+            Err(e @ CliError::Body { .. }) => return Err(e),
+            Err(e) => eprintln!(
+                "meshcat: {}; reconnecting in {delay:?}.",
+                render::clean(&e.to_string())
+            ),
         }
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(BACKOFF_MAX);
@@ -178,9 +187,10 @@ async fn stream(
             Ok(Ok(None)) => return Ok(Ended::Closed("ended".into(), delivered)),
             Ok(Ok(Some(c))) => c,
         };
-        let events = parser
-            .push(&chunk)
-            .map_err(|e| CliError::Failed(e.to_string()))?;
+        let events = parser.push(&chunk).map_err(|e| CliError::Body {
+            what: "GET /events".into(),
+            reason: e.to_string(),
+        })?;
         for e in events {
             if !resume.admit(e.id.as_deref(), &mut skip) {
                 continue;
@@ -188,7 +198,7 @@ async fn stream(
             delivered = true;
             let text = match args.output {
                 WatchFormat::Table => format!("{}\n", line(&e, now_ms())),
-                WatchFormat::Json => format!("{}\n", json_line(&e)),
+                WatchFormat::Json => format!("{}\n", render::json_text(&json_line(&e), false)),
             };
             emit(out, &text)?;
             if output_closed() {
@@ -210,9 +220,11 @@ pub fn json_line(e: &Event) -> Value {
     })
 }
 
-/// An event as one line: the time it arrived, its name, and what it says.
+/// An event as one line: the time it arrived, its name, and what it says (the
+/// server's text with its control characters escaped, newlines too: one event is
+/// one line).
 pub fn line(e: &Event, now: i64) -> String {
-    let d: Value = serde_json::from_str(&e.data).unwrap_or(Value::Null);
+    let d = render::cleaned(&serde_json::from_str(&e.data).unwrap_or(Value::Null), false);
     let place = |d: &Value| {
         [s(d, "zoneName"), s(d, "clusterName"), s(d, "instance")]
             .into_iter()
@@ -252,9 +264,9 @@ pub fn line(e: &Event, now: i64) -> String {
             history::detail(s(&d, "kind"), &d["detail"])
         ),
         "reset" => "events were missed; following from now on".to_owned(),
-        _ => e.data.clone(),
+        _ => render::clean(&e.data).into_owned(),
     };
-    format!("{} {} {what}", render::time(now), e.event)
+    format!("{} {} {what}", render::time(now), render::clean(&e.event))
         .trim_end()
         .to_owned()
 }
@@ -335,6 +347,23 @@ mod tests {
         assert_eq!(
             plain(&event("reset", json!({}))),
             "2023-11-14T22:13:20Z reset events were missed; following from now on"
+        );
+        // A server's text is one line, its control characters escaped.
+        let hostile = Event {
+            id: None,
+            event: "x\u{1b}]52;c;aGk=\u{7}".into(),
+            data: "a\nb\u{9b}2J".into(),
+        };
+        assert_eq!(
+            line(&hostile, now),
+            "2023-11-14T22:13:20Z x\\u{1b}]52;c;aGk=\\u{7} a\\nb\\u{9b}2J"
+        );
+        assert_eq!(
+            plain(&event(
+                "cluster-deleted",
+                json!({"zoneName": "z\u{7f}", "clusterName": "c\n"})
+            )),
+            "2023-11-14T22:13:20Z cluster-deleted z\\u{7f}/c\\n"
         );
         let j = json_line(&event("zone-deleted", json!({"zoneName": "z"})));
         assert_eq!(
