@@ -11,10 +11,16 @@
 # The last line reads `history: <n> appends/s, newest 100 p99 <ms> ms, <bytes> bytes
 # per entry, <n> entries`.
 #
+# With FLOOD_INSTANCES, it then floods a fresh history: that many instances flipping
+# every FLOOD_EVERY seconds and diagnoses at --history-max-diagnoses, until
+# FLOOD_BYTES are full (or FLOOD_ENTRIES held), reading the newest 100 entries
+# meanwhile (meshcat-bench-history flood).
+#
 # Environment: ENTRIES (1000000), CHURN (0: entries recorded beyond ENTRIES, each
 # making the history drop its oldest, as a full history does), REQUESTS (2000),
 # ROUNDS (2; 0 skips the ingest comparison), INGEST_AGENTS (2000), INGEST_DURATION
-# (15s), CARGO_TARGET_DIR (./target).
+# (15s), FLOOD_INSTANCES (0: no flood), FLOOD_EVERY (5), FLOOD_BYTES (536870912),
+# FLOOD_ENTRIES (100000000), CARGO_TARGET_DIR (./target).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -27,6 +33,10 @@ REQUESTS=${REQUESTS:-2000}
 ROUNDS=${ROUNDS:-2}
 INGEST_AGENTS=${INGEST_AGENTS:-2000}
 INGEST_DURATION=${INGEST_DURATION:-15s}
+FLOOD_INSTANCES=${FLOOD_INSTANCES:-0}
+FLOOD_EVERY=${FLOOD_EVERY:-5}
+FLOOD_BYTES=${FLOOD_BYTES:-536870912}
+FLOOD_ENTRIES=${FLOOD_ENTRIES:-100000000}
 
 build_release
 bench="$target/release/meshcat-bench-history"
@@ -71,6 +81,11 @@ if [ "$ROUNDS" -gt 0 ]; then
          /history on/  { split($0, a, "cpu "); on += a[2] + 0; n_on++ }
          END { if (n_off && n_on) printf "ingest cpu: history off %.1f%%, on %.1f%% (%+.1f%%)\n",
                off / n_off, on / n_on, (on / n_on - off / n_off) / (off / n_off) * 100 }' "$work/ingest.summary"
+fi
+if [ "$FLOOD_INSTANCES" -gt 0 ]; then
+    echo "==> flood: $FLOOD_INSTANCES instances flipping on every report, until $FLOOD_BYTES bytes"
+    "$bench" flood --data-dir "$work/flood" --instances "$FLOOD_INSTANCES" \
+        --report-every "$FLOOD_EVERY" --max-bytes "$FLOOD_BYTES" --max-entries "$FLOOD_ENTRIES"
 fi
 machine
 echo "history: $appends appends/s, newest 100 p99 $p99 ms, $per_entry bytes per entry, $ENTRIES entries"

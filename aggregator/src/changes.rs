@@ -8,7 +8,11 @@
 //! The feed is fed by whoever changes something a reader can see (the catalog and
 //! its live instances through `store`, the history through `history`) and knows none
 //! of them: each numbers its change with [`Changes::begin`], renders its events for
-//! that index while the feed is held, and sends them.
+//! that index while the feed is held, and sends them. What the indexed routes
+//! (`/clusters`, `/zones`, `/summary`, `/services`) cannot show (a history entry)
+//! goes beside the catalog's changes with [`Changes::begin_aside`]: it reaches the
+//! streams and their replays under the index of the last catalog change, and never
+//! moves the index, so a blocking query does not wake for it.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -238,6 +242,26 @@ impl Changes {
             feed,
             previous,
             index,
+            aside: false,
+            events: Vec::with_capacity(events),
+        }
+    }
+
+    /// Holds the feed for events beside the catalog's changes: they take the
+    /// index of the last change as their id and do not move the index (nothing a
+    /// blocking query or the index header shows changed). They are kept for
+    /// replays after that change: a resume from an earlier id replays them after
+    /// it, one from that id does not (the client had them, or `reset` told it to
+    /// read again).
+    pub fn begin_aside(&self, events: usize) -> Publishing<'_> {
+        let feed = self.feed();
+        let index = feed.last;
+        Publishing {
+            changes: self,
+            feed,
+            previous: index,
+            index,
+            aside: true,
             events: Vec::with_capacity(events),
         }
     }
@@ -312,6 +336,8 @@ pub struct Publishing<'a> {
     feed: MutexGuard<'a, Feed>,
     previous: u64,
     index: u64,
+    /// Beside the catalog's changes: the index does not move.
+    aside: bool,
     events: Vec<Event>,
 }
 
@@ -338,7 +364,8 @@ impl Publishing<'_> {
 
     /// Keeps the change in the window and sends it. A change no event shows is
     /// kept too, without events: its index may come back as a `since` (a reader's
-    /// last index). Returns the index before the change and the change's own.
+    /// last index). Returns the index before the change and the change's own (the
+    /// same, beside the catalog's changes).
     pub fn send(mut self) -> (u64, u64) {
         let index = self.index;
         let change = Arc::new(Change {
@@ -346,6 +373,17 @@ impl Publishing<'_> {
             events: std::mem::take(&mut self.events),
         });
         let f = &mut *self.feed;
+        if self.aside {
+            if change.events.is_empty() {
+                return (index, index);
+            }
+            if f.window.len() >= f.retained {
+                f.evict();
+            }
+            f.window.push_back(change.clone());
+            let _ = f.tx.send(change);
+            return (index, index);
+        }
         if f.window.len() >= f.retained {
             f.evict();
         }
@@ -357,5 +395,61 @@ impl Publishing<'_> {
         // Under the lock too: the watch never moves backwards.
         self.changes.index.send_replace(index);
         (self.previous, index)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn publish(c: &Changes, aside: bool, kind: &'static str) -> u64 {
+        let mut p = if aside { c.begin_aside(1) } else { c.begin(1) };
+        let index = p.index();
+        p.push(Event::new(kind, "z", None, index, b"{}", None));
+        p.send();
+        index
+    }
+
+    /// Events beside the catalog's changes reach the streams with the last
+    /// change's index as id, move neither the index nor its watch, and are
+    /// replayed after that change to a resume from before it.
+    #[tokio::test]
+    async fn events_aside_do_not_move_the_index() {
+        let c = Changes::new(start_index());
+        let mut watch = c.watch();
+        let mut sub = c.subscribe(None);
+        let zone = publish(&c, false, "zone");
+        watch.borrow_and_update();
+        let before = sub.feed.recv().await.unwrap();
+        assert_eq!(before.index, zone);
+        assert_eq!(publish(&c, true, "history"), zone);
+        assert_eq!(publish(&c, true, "history"), zone);
+        assert_eq!(c.index(), zone);
+        assert!(!watch.has_changed().unwrap(), "no blocking query wakes");
+        let h = sub.feed.recv().await.unwrap();
+        assert_eq!((h.index, h.events[0].kind), (zone, "history"));
+        assert!(
+            std::str::from_utf8(&h.events[0].frame)
+                .unwrap()
+                .contains(&format!("id: {zone}\n"))
+        );
+        // A resume from before the change gets it and what went beside it; one
+        // from the change itself gets nothing more.
+        let kinds = |since| -> Vec<&'static str> {
+            c.subscribe(Some(since))
+                .replay
+                .unwrap()
+                .iter()
+                .flat_map(|ch| ch.events.iter().map(|e| e.kind))
+                .collect()
+        };
+        let start = c.feed().floor;
+        assert_eq!(kinds(start), ["zone", "history", "history"]);
+        assert!(kinds(zone).is_empty());
+        // The next catalog change moves the index past it.
+        let next = publish(&c, false, "zone");
+        assert!(next > zone);
+        assert!(watch.has_changed().unwrap());
+        assert_eq!(kinds(zone), ["zone"]);
     }
 }

@@ -277,22 +277,17 @@ impl Diagnosis {
         let mut report = across_hops(&self.store, reports);
         report.recent_changes = self.recent_changes(&hops, req.lookback).await;
         info!(zone = %zone.zone_name, %cluster, symptom = req.symptom.map_or("all", Symptom::as_str), hops = report.hops.len(), recent_changes = report.recent_changes.len(), conclusion = %report.conclusion, "Diagnosis run.");
-        let detail = Detail::Diagnosed {
-            symptom: req.symptom.map(Symptom::as_str),
-            conclusion: report.conclusion.clone(),
-            root_cause: report
-                .root_cause
-                .as_ref()
-                .and_then(|r| serde_json::to_value(r).ok()),
-        };
         if let Some(h) = &self.history {
-            h.record(Pending::new(
-                Kind::Diagnosed,
-                &zone.zone_name,
-                cluster,
-                "",
-                detail,
-            ));
+            h.record_diagnosis(
+                Pending::new(
+                    Kind::Diagnosed,
+                    &zone.zone_name,
+                    cluster,
+                    "",
+                    diagnosed_detail(req.symptom, &report),
+                ),
+                std::time::Instant::now(),
+            );
         }
         Ok(report)
     }
@@ -521,6 +516,44 @@ fn across_hops(store: &Store, reports: Vec<DiagnosisReport>) -> DiagnosisReport 
     first.hops = hops;
     first.root_cause = root_cause;
     first
+}
+
+/// The detail of a `diagnosed` entry: the conclusion as the root cause's own
+/// cluster put it, naming that cluster but not its owner (the registration says
+/// who owns it, once, not every entry), and the root cause by zone, cluster, step
+/// and finding. The writer caps each string.
+fn diagnosed_detail(symptom: Option<Symptom>, report: &DiagnosisReport) -> Detail {
+    let own = |zone: &str, cluster: &str| {
+        report
+            .hops
+            .iter()
+            .find(|h| h.zone_name == zone && h.cluster_name == cluster)
+            .map(|h| h.conclusion.as_str())
+    };
+    let conclusion = match &report.root_cause {
+        Some(rc) => format!(
+            "{} in zone {}: {}",
+            rc.cluster_name,
+            rc.zone_name,
+            own(&rc.zone_name, &rc.cluster_name).unwrap_or("")
+        ),
+        None => report
+            .hops
+            .first()
+            .map_or_else(|| report.conclusion.clone(), |h| h.conclusion.clone()),
+    };
+    Detail::Diagnosed {
+        symptom: symptom.map(Symptom::as_str),
+        conclusion,
+        root_cause: report.root_cause.as_ref().map(|rc| {
+            serde_json::json!({
+                "zoneName": rc.zone_name,
+                "clusterName": rc.cluster_name,
+                "step": rc.step,
+                "finding": rc.finding,
+            })
+        }),
+    }
 }
 
 /// Notes on evidence that could not be collected, added to the skipped steps.
@@ -971,6 +1004,49 @@ mod tests {
         ] {
             assert_eq!(fails_on_its_own(&report("a", failure)), own, "{failure:?}");
         }
+    }
+
+    /// A `diagnosed` entry names the root cause's cluster, never its owner's text,
+    /// however long that is; without a root cause it holds the asked cluster's own
+    /// conclusion.
+    #[test]
+    fn a_diagnosed_entry_names_the_cluster_and_holds_no_owner_text() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _instances) = Store::open(dir.path(), crate::store::Rules::defaults()).unwrap();
+        store.create_zone(ZoneRecord::new("z", "cp:50000")).unwrap();
+        let owner = format!("team-secret {}", "x".repeat(3000));
+        for cluster in ["a", "b"] {
+            let mut r = ClusterRecord::new("z", cluster, cluster);
+            r.owner = owner.clone();
+            r.owner_url = "https://teams.example/secret".into();
+            store.create_cluster(r).unwrap();
+        }
+        let r = across_hops(
+            &store,
+            vec![
+                report("a", Some((StepName::ServiceLogs, true))),
+                report("b", Some((StepName::ServiceLogs, false))),
+            ],
+        );
+        assert!(r.conclusion.contains("team-secret"), "the answer names it");
+        let d =
+            serde_json::to_string(&diagnosed_detail(Some(Symptom::NoHealthyUpstream), &r)).unwrap();
+        assert!(
+            !d.contains("team-secret") && !d.contains("teams.example"),
+            "{d}"
+        );
+        let j: serde_json::Value = serde_json::from_str(&d).unwrap();
+        assert_eq!(
+            j["conclusion"],
+            "b in zone z: service_logs failed: b fails at service_logs."
+        );
+        assert_eq!(j["rootCause"]["clusterName"], "b");
+        assert_eq!(j["rootCause"]["step"], "service_logs");
+        assert!(d.len() < 400, "{d}");
+        let r = across_hops(&store, vec![report("a", None)]);
+        let j = serde_json::to_value(diagnosed_detail(None, &r)).unwrap();
+        assert_eq!(j["conclusion"], r.conclusion.as_str());
+        assert!(j["rootCause"].is_null());
     }
 
     #[test]

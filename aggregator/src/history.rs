@@ -10,9 +10,16 @@
 //! API are never held up by the history. Stored entries reach `GET /events` as
 //! `history` events through [`publish_events`]; a batch of them the feed has no room
 //! for is counted (`meshcat_history_events_dropped_total`) and the streams that show
-//! history are reset, so that their clients read the history again.
+//! history are reset, so that their clients read the history again. Those events
+//! do not move the catalog index (contract section 11): they carry the index of
+//! the last catalog change, so a blocking query never wakes for them.
+//!
+//! The history is bounded in entries, age and bytes ([`log::Retention`]), each
+//! detail string is cut to [`entry::MAX_DETAIL_STRING`], and [`limit`] bounds how
+//! fast one instance or the diagnoses add entries.
 
 pub mod entry;
+pub mod limit;
 pub mod log;
 pub mod metrics;
 pub mod writer;
@@ -20,12 +27,13 @@ pub mod writer;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::mpsc::{SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, watch};
 use tracing::warn;
 
 pub use entry::{ChangedBy, Detail, GroupDetail, Kind, LeftReason, Pending, StatusReason};
+pub use limit::{DEFAULT_MAX_DIAGNOSES, Rates};
 pub use log::{DB_FILE, Found, HistoryDb, HistoryError, Query, Retention, Row, replica_file};
 pub use metrics::HistoryMetrics;
 pub use writer::HistoryEvent;
@@ -37,6 +45,10 @@ use writer::Msg;
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Default `--history-max-entries`.
 pub const DEFAULT_MAX_ENTRIES: u64 = 1_000_000;
+/// Default `--history-max-bytes`: half the volume the manifests give the data
+/// directory (1 GiB), which leaves room for the catalog, for the pages a commit
+/// writes before it frees the old ones, and for redb's own bookkeeping.
+pub const DEFAULT_MAX_BYTES: u64 = 512 << 20;
 /// Entries queued for the writer at most: a burst this large (every instance of a
 /// big fleet joining at once) is taken whole while the writer stores at its pace.
 pub const QUEUE: usize = 65_536;
@@ -50,6 +62,10 @@ pub struct HistoryConfig {
     pub retention: Duration,
     /// `--history-max-entries`: beyond it the oldest are dropped; 0 keeps no history.
     pub max_entries: u64,
+    /// `--history-max-bytes`: beyond it the oldest are dropped.
+    pub max_bytes: u64,
+    /// `--history-max-diagnoses`: `diagnosed` entries recorded a minute at most.
+    pub max_diagnoses: u32,
 }
 
 impl Default for HistoryConfig {
@@ -57,6 +73,8 @@ impl Default for HistoryConfig {
         HistoryConfig {
             retention: DEFAULT_RETENTION,
             max_entries: DEFAULT_MAX_ENTRIES,
+            max_bytes: DEFAULT_MAX_BYTES,
+            max_diagnoses: DEFAULT_MAX_DIAGNOSES,
         }
     }
 }
@@ -80,6 +98,8 @@ pub struct History {
     warned_ms: AtomicI64,
     /// The stored entries for the change feed, until [`publish_events`] takes them.
     events: Mutex<Option<Feed>>,
+    /// How fast one instance, and the diagnoses, may add entries.
+    rates: Arc<Rates>,
     writer: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -95,7 +115,9 @@ impl History {
         let appender = db.appender(Retention {
             max_age: config.retention,
             max_entries: config.max_entries,
+            max_bytes: config.max_bytes,
         })?;
+        let rates = Arc::new(Rates::new(config.max_diagnoses));
         let (queue, rx) = std::sync::mpsc::sync_channel(QUEUE);
         let (events_tx, batches) = mpsc::channel(EVENT_BATCHES);
         let missed = Arc::new(AtomicBool::new(false));
@@ -104,9 +126,10 @@ impl History {
             missed: missed.clone(),
         };
         let m = metrics.clone();
+        let r = rates.clone();
         let writer = std::thread::Builder::new()
             .name("meshcat-history".into())
-            .spawn(move || writer::run(appender, rx, events_tx, m))
+            .spawn(move || writer::run(appender, rx, events_tx, m, &r))
             .map_err(HistoryError::Writer)?;
         let events = Feed { batches, missed };
         Ok(History {
@@ -115,8 +138,41 @@ impl History {
             metrics,
             warned_ms: AtomicI64::new(0),
             events: Mutex::new(Some(events)),
+            rates,
             writer: Some(writer),
         })
+    }
+
+    /// Records `entry`, about one instance, at `now` (the time of the report that
+    /// showed it), within the instance's allowance a minute ([`limit`]): past it the
+    /// change is counted, and the minute's count is recorded as one
+    /// `instance-flapping` entry once the minute is over.
+    pub fn record_instance(&self, entry: Pending, now: Instant) {
+        let admitted = self.rates.instance(&entry, now);
+        for summary in admitted.due {
+            self.record(summary);
+        }
+        if admitted.record {
+            self.record(entry);
+        } else {
+            self.metrics
+                .unrecorded
+                .with_label_values(&["flapping"])
+                .inc();
+        }
+    }
+
+    /// Records a `diagnosed` entry at `now`, unless `--history-max-diagnoses`
+    /// were recorded within the minute: then it is only counted.
+    pub fn record_diagnosis(&self, entry: Pending, now: Instant) {
+        if self.rates.diagnosis(now) {
+            self.record(entry);
+        } else {
+            self.metrics
+                .unrecorded
+                .with_label_values(&["diagnoses"])
+                .inc();
+        }
     }
 
     /// Queues `entry` for the writer, never waiting: with the queue full it is
@@ -183,8 +239,10 @@ pub struct Feed {
 }
 
 /// Sends each stored batch on the change feed as `history` events until `stop` turns
-/// true, one change for a batch (the history is something a reader can see:
-/// `GET /history`); only callers holding the read token see them. After a batch was
+/// true, beside the catalog's changes: they do not move the catalog index (only
+/// `GET /history` shows them, never `/summary` or the other indexed routes), and
+/// carry the index of the last catalog change as their id. Only callers holding
+/// the read token see them. After a batch was
 /// dropped on its way here, the streams that show history are reset first: their
 /// clients missed entries.
 pub async fn publish_events(
@@ -208,12 +266,12 @@ pub async fn publish_events(
     }
 }
 
-/// One stored batch as one change of `history` events.
+/// One stored batch as `history` events beside the catalog's changes.
 fn publish_batch(changes: &Changes, batch: &[HistoryEvent]) {
     if batch.is_empty() {
         return;
     }
-    let mut p = changes.begin(batch.len());
+    let mut p = changes.begin_aside(batch.len());
     let index = p.index();
     for e in batch {
         let cluster = (!e.cluster.is_empty()).then_some(e.cluster.as_str());

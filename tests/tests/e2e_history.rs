@@ -382,7 +382,10 @@ async fn edits_stopped_sidecars_and_log_levels_are_recorded_with_their_reasons()
         |_| true,
     )
     .await;
-    assert_eq!(diagnosed["detail"]["conclusion"], report["conclusion"]);
+    // The entry names the cluster; the owner's text stays with the registration.
+    let conclusion = diagnosed["detail"]["conclusion"].as_str().unwrap();
+    assert!(conclusion.starts_with("pay"), "{diagnosed}");
+    assert!(!diagnosed.to_string().contains("team-q"), "{diagnosed}");
     assert!(
         diagnosed["detail"].get("rootCause").is_some(),
         "{diagnosed}"
@@ -823,4 +826,97 @@ async fn every_replica_records_the_same_registrations_statuses_and_instances() {
         .await
         .unwrap();
     }
+}
+
+/// What only the history shows (here: diagnoses, which any reader may run) moves
+/// no catalog index: a blocking `GET /summary` from the index after a diagnosis
+/// waits its whole wait and answers the same index. A `diagnosed` entry holds no
+/// owner text, and past `--history-max-diagnoses` a minute diagnoses still answer
+/// but are only counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn diagnoses_move_no_index_hold_no_owner_text_and_are_bounded() {
+    let catalog = Catalog::start(|c| c.history.max_diagnoses = 2)
+        .await
+        .unwrap();
+    catalog.register_zone("zone-q", "edge").await.unwrap();
+    catalog
+        .register_cluster(
+            "zone-q",
+            "quiet",
+            json!({"owner": "team-secret", "ownerURL": "https://teams.example/secret"}),
+        )
+        .await
+        .unwrap();
+    let quiet = "/clusters/quiet/history?zoneName=zone-q";
+    wait_entry(&catalog, "the registration recorded", quiet, |e| {
+        e["kind"] == "cluster-registered"
+    })
+    .await;
+    let http = reqwest::Client::new();
+    let summary = |query: String| {
+        let http = http.clone();
+        let url = format!("{}/summary{query}", catalog.api_url());
+        async move {
+            let r = http.get(url).send().await.unwrap();
+            assert_eq!(r.status(), 200);
+            r.headers()["x-meshcat-index"]
+                .to_str()
+                .unwrap()
+                .parse::<u64>()
+                .unwrap()
+        }
+    };
+    let index = summary(String::new()).await;
+    let (status, report) = catalog
+        .get("/diagnose/quiet?zoneName=zone-q")
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{report}");
+    let diagnosed = wait_entry(
+        &catalog,
+        "the diagnosis recorded",
+        &format!("{quiet}&kind=diagnosed"),
+        |_| true,
+    )
+    .await;
+    assert!(
+        !diagnosed.to_string().contains("team-secret"),
+        "{diagnosed}"
+    );
+    assert!(
+        !diagnosed.to_string().contains("teams.example"),
+        "{diagnosed}"
+    );
+    let started = Instant::now();
+    let after = summary(format!("?index={index}&wait=2s")).await;
+    assert_eq!(after, index, "the diagnosis moved the catalog index");
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "answered early"
+    );
+
+    // Three more: one recorded, two only counted; all answer.
+    for _ in 0..3 {
+        let (status, _) = catalog
+            .get("/diagnose/quiet?zoneName=zone-q")
+            .await
+            .unwrap();
+        assert_eq!(status, 200);
+    }
+    wait_entry(
+        &catalog,
+        "the second diagnosis recorded",
+        &format!("{quiet}&kind=diagnosed"),
+        |e| e["id"].as_u64() > diagnosed["id"].as_u64(),
+    )
+    .await;
+    let metrics = catalog.ops_metrics().await.unwrap();
+    let unrecorded = meshcat_tests::mesh::metric_sum(
+        &metrics,
+        "meshcat_history_unrecorded_total",
+        &[("reason", "diagnoses")],
+    );
+    assert_eq!(unrecorded, Some(2.0), "{metrics}");
+    let all = history(&catalog, &format!("{quiet}&kind=diagnosed")).await;
+    assert_eq!(all.len(), 2, "{all:?}");
 }

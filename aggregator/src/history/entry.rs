@@ -30,10 +30,13 @@ pub enum Kind {
     /// meshcat's addition to the contract's kinds: a zone's record was replaced by a
     /// different one (`PUT /zones/{zoneName}`).
     ZoneUpdated = 16,
+    /// meshcat's addition: the changes of one instance within a minute past what it
+    /// may record one by one, summed (see [`super::limit`]).
+    InstanceFlapping = 17,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 16] = [
+    pub const ALL: [Kind; 17] = [
         Kind::ClusterRegistered,
         Kind::ClusterUpdated,
         Kind::ClusterDeleted,
@@ -43,6 +46,7 @@ impl Kind {
         Kind::InstanceJoined,
         Kind::InstanceLeft,
         Kind::InstanceRestarted,
+        Kind::InstanceFlapping,
         Kind::StatusChanged,
         Kind::ConfigChanged,
         Kind::DriftStarted,
@@ -64,6 +68,7 @@ impl Kind {
             Kind::InstanceJoined => "instance-joined",
             Kind::InstanceLeft => "instance-left",
             Kind::InstanceRestarted => "instance-restarted",
+            Kind::InstanceFlapping => "instance-flapping",
             Kind::StatusChanged => "status-changed",
             Kind::ConfigChanged => "config-changed",
             Kind::DriftStarted => "drift-started",
@@ -179,7 +184,14 @@ pub enum Detail {
     },
     /// `debug-window`.
     DebugWindow { seconds: u32 },
-    /// `diagnosed`.
+    /// `instance-flapping`: from when (the start of the minute it sums), and how
+    /// many changes of each kind that minute were not recorded one by one.
+    Flapping {
+        since_ms: i64,
+        flips: std::collections::BTreeMap<&'static str, u32>,
+    },
+    /// `diagnosed`: the conclusion without the owner's text, and the root cause by
+    /// its cluster, step and finding.
     Diagnosed {
         symptom: Option<&'static str>,
         conclusion: String,
@@ -187,6 +199,99 @@ pub enum Detail {
     },
     /// Kinds without detail (registrations, deletions): `{}`.
     Nothing {},
+}
+
+/// Longest string an entry's detail holds, in bytes: a longer one (a conclusion, a
+/// finding, a configuration hash an agent sent) is cut at a character boundary and
+/// ends with `…`, so no entry's detail grows with what a sidecar or a caller says.
+pub const MAX_DETAIL_STRING: usize = 512;
+/// Most bytes of instance names one drift entry lists over all its groups (each
+/// group's `instanceCount` still counts them all): with the hashes, a drift entry
+/// stays under 6 KiB however long the names.
+pub const MAX_DRIFT_NAME_BYTES: usize = 4096;
+
+/// Cuts `s` to [`MAX_DETAIL_STRING`] bytes.
+fn cap(s: &mut String) {
+    if s.len() <= MAX_DETAIL_STRING {
+        return;
+    }
+    let mut end = MAX_DETAIL_STRING - '…'.len_utf8();
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s.truncate(end);
+    s.push('…');
+}
+
+/// Cuts every string within `v` (its keys are the aggregator's own field names).
+fn cap_value(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::String(s) => cap(s),
+        serde_json::Value::Array(a) => a.iter_mut().for_each(cap_value),
+        serde_json::Value::Object(o) => o.values_mut().for_each(cap_value),
+        _ => {}
+    }
+}
+
+impl Detail {
+    /// Cuts every string of the detail to [`MAX_DETAIL_STRING`] bytes.
+    pub fn cap(&mut self) {
+        match self {
+            Detail::Changed { changed } => changed.iter_mut().for_each(cap),
+            Detail::Config {
+                from,
+                to,
+                resources,
+            } => {
+                cap(from);
+                cap(to);
+                resources.iter_mut().for_each(cap);
+            }
+            Detail::Drift { groups } => {
+                let mut budget = MAX_DRIFT_NAME_BYTES;
+                for g in groups {
+                    if let Some(h) = &mut g.config_hash {
+                        cap(h);
+                    }
+                    g.instances.iter_mut().for_each(cap);
+                    // Each name costs its quotes and comma in the JSON too.
+                    let keep = g
+                        .instances
+                        .iter()
+                        .take_while(|n| {
+                            let fits = n.len() + 3 <= budget;
+                            if fits {
+                                budget -= n.len() + 3;
+                            }
+                            fits
+                        })
+                        .count();
+                    g.instances.truncate(keep);
+                }
+            }
+            Detail::LogLevel { from, to, .. } => {
+                cap(from);
+                cap(to);
+            }
+            Detail::Diagnosed {
+                conclusion,
+                root_cause,
+                ..
+            } => {
+                cap(conclusion);
+                if let Some(v) = root_cause {
+                    cap_value(v);
+                }
+            }
+            Detail::Joined { .. }
+            | Detail::Left { .. }
+            | Detail::Restarted { .. }
+            | Detail::Status { .. }
+            | Detail::DebugWindow { .. }
+            | Detail::Flapping { .. }
+            | Detail::Nothing {} => {}
+        }
+    }
 }
 
 /// An entry as recorded, before the writer numbers and stores it.
@@ -399,6 +504,60 @@ mod tests {
         assert_eq!(status["from"], "stable");
         assert_eq!(status["to"], "warning");
         assert_eq!(status["reason"], "1 live instance, below minInstances 2");
+    }
+
+    /// Every string of a detail is cut to the cap, at a character boundary, and
+    /// short ones are left as they are.
+    #[test]
+    fn detail_strings_are_capped() {
+        let long = "é".repeat(MAX_DETAIL_STRING);
+        let mut d = Detail::Diagnosed {
+            symptom: None,
+            conclusion: long.clone(),
+            root_cause: Some(serde_json::json!({"finding": long, "step": "routes"})),
+        };
+        d.cap();
+        let Detail::Diagnosed {
+            conclusion,
+            root_cause: Some(rc),
+            ..
+        } = &d
+        else {
+            unreachable!()
+        };
+        assert!(conclusion.len() <= MAX_DETAIL_STRING && conclusion.len() > 500);
+        assert!(conclusion.ends_with('…'));
+        assert!(rc["finding"].as_str().unwrap().len() <= MAX_DETAIL_STRING);
+        assert_eq!(rc["step"], "routes");
+        let mut c = Detail::Config {
+            from: "a".repeat(4096),
+            to: "b".into(),
+            resources: vec!["routes".into()],
+        };
+        c.cap();
+        let j = serde_json::to_value(&c).unwrap();
+        assert_eq!(j["from"].as_str().unwrap().len(), MAX_DETAIL_STRING);
+        assert_eq!(j["to"], "b");
+        // A drift entry of 16 groups of 32 names at their longest lists 4 KiB of
+        // names, and still counts them all.
+        let group = |g: usize| GroupDetail {
+            config_hash: Some(format!("{g:064x}")),
+            instances: (0..MAX_GROUP_NAMES)
+                .map(|i| format!("{g:02}{i:02}{}", "p".repeat(249)))
+                .collect(),
+            instance_count: 40,
+        };
+        let mut d = Detail::Drift {
+            groups: (0..MAX_GROUPS).map(group).collect(),
+        };
+        d.cap();
+        let json = serde_json::to_vec(&d).unwrap();
+        assert!(json.len() < 6 << 10, "{} bytes", json.len());
+        let Detail::Drift { groups } = &d else {
+            unreachable!()
+        };
+        assert_eq!(groups[0].instances.len(), 16);
+        assert!(groups.iter().all(|g| g.instance_count == 40));
     }
 
     #[test]

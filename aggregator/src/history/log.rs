@@ -15,7 +15,8 @@
 //!   scan; `by_kind`: (kind, id), the same for kinds. Both are fixed-width keys with
 //!   no value: 12 and 9 bytes an entry.
 //! - `meta`: the next id, so ids keep growing across restarts even when retention
-//!   emptied the log.
+//!   emptied the log, and the bytes the entries held take ([`entry_bytes`]), for
+//!   `--history-max-bytes`.
 //!
 //! One [`Appender`] writes (the history's writer thread); any number of readers
 //! query at once, each in its own read transaction, at most [`QUERIES_AT_ONCE`] on
@@ -36,6 +37,18 @@ const BY_CLUSTER: TableDefinition<'_, (u32, u64), ()> = TableDefinition::new("by
 const BY_KIND: TableDefinition<'_, (u8, u64), ()> = TableDefinition::new("by_kind");
 const META: TableDefinition<'_, &str, u64> = TableDefinition::new("meta");
 const NEXT_ID: &str = "next_id";
+const BYTES: &str = "bytes";
+
+/// What one entry costs besides its stored form, as the byte bound counts it: its
+/// keys in the three tables (8, 9 and 12 bytes) and redb's per-entry bookkeeping
+/// and page slack, as measured on a full log (`docs/benchmarks.md`, history).
+pub const ENTRY_OVERHEAD: u64 = 64;
+
+/// The bytes one entry takes as `--history-max-bytes` counts them: its stored form
+/// and [`ENTRY_OVERHEAD`].
+pub fn entry_bytes(stored: &[u8]) -> u64 {
+    stored.len() as u64 + ENTRY_OVERHEAD
+}
 
 /// File name of the history inside the data directory, with the redb store.
 pub const DB_FILE: &str = "history.redb";
@@ -88,11 +101,14 @@ pub enum HistoryError {
 crate::redb_errors::from_redb_errors!(HistoryError);
 
 /// How long and how much the log keeps (`--history-retention`,
-/// `--history-max-entries`); the oldest entries go first.
+/// `--history-max-entries`, `--history-max-bytes`); the oldest entries go first
+/// when any bound is passed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Retention {
     pub max_age: Duration,
     pub max_entries: u64,
+    /// The most bytes the entries held take ([`entry_bytes`]).
+    pub max_bytes: u64,
 }
 
 /// What a query asks: every filter given must hold; `kinds` matches any of them.
@@ -187,11 +203,24 @@ impl HistoryDb {
             Some((_, v)) => Stored::decode(v.value()).map(|s| s.at_ms),
             None => None,
         };
+        // A log written before the byte bound has no count yet: counted once here,
+        // kept from the next commit on.
+        let bytes = match meta.get(BYTES)? {
+            Some(v) => v.value(),
+            None => {
+                let mut total = 0;
+                for row in entries.iter()? {
+                    total += entry_bytes(row?.1.value());
+                }
+                total
+            }
+        };
         Ok(Appender {
             db: self.db.clone(),
             first,
             next,
             last_at,
+            bytes,
             retention,
             behind: true,
             buf: Vec::with_capacity(256),
@@ -465,6 +494,8 @@ pub struct Appender {
     next: u64,
     /// The time of the newest entry stored (by this process or before it), if any.
     last_at: Option<i64>,
+    /// What the entries held take ([`entry_bytes`]).
+    bytes: u64,
     retention: Retention,
     /// Whether the last eviction stopped at [`MAX_EVICT`] with more to drop (or
     /// none ran yet).
@@ -481,6 +512,11 @@ impl Appender {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// What the entries held take, as the byte bound counts it.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
     }
 
     /// Whether retention may have more to drop than the last commit dropped: the
@@ -503,7 +539,7 @@ impl Appender {
         let tx = self.db.begin_write()?;
         let mut encoded: Vec<(u64, usize, usize)> = Vec::with_capacity(batch.len());
         let mut arena: Vec<u8> = Vec::with_capacity(batch.len() * 96);
-        let (mut next, mut last_at) = (self.next, self.last_at);
+        let (mut next, mut last_at, mut bytes) = (self.next, self.last_at, self.bytes);
         {
             let mut entries = tx.open_table(ENTRIES)?;
             let mut runs = tx.open_table(RUNS)?;
@@ -535,6 +571,7 @@ impl Appender {
                     detail: &self.buf,
                 }
                 .encode(&mut arena);
+                bytes += entry_bytes(&arena[start..]);
                 entries.insert(id, &arena[start..])?;
                 by_kind.insert((p.kind.code(), id), ())?;
                 if !p.cluster.is_empty() {
@@ -544,9 +581,12 @@ impl Appender {
             }
             tx.open_table(META)?.insert(NEXT_ID, next)?;
         }
-        let (first, behind) = self.evict_in(&tx, self.first, next, now_ms)?;
+        let (first, behind, gone) = self.evict_in(&tx, self.first, next, bytes, now_ms)?;
+        let bytes = bytes - gone;
+        tx.open_table(META)?.insert(BYTES, bytes)?;
         tx.commit()?;
-        (self.first, self.next, self.last_at, self.behind) = (first, next, last_at, behind);
+        (self.first, self.next, self.last_at, self.behind, self.bytes) =
+            (first, next, last_at, behind, bytes);
         for (id, start, end) in encoded {
             stored(
                 id,
@@ -562,29 +602,34 @@ impl Appender {
         // A failure is tried again at the next round, not at once.
         self.behind = false;
         let tx = self.db.begin_write()?;
-        let (first, behind) = self.evict_in(&tx, self.first, self.next, now_ms)?;
+        let (first, behind, gone_bytes) =
+            self.evict_in(&tx, self.first, self.next, self.bytes, now_ms)?;
         if first == self.first {
             tx.abort()?;
             return Ok(0);
         }
+        let bytes = self.bytes - gone_bytes;
+        tx.open_table(META)?.insert(BYTES, bytes)?;
         tx.commit()?;
         let gone = first - self.first;
-        (self.first, self.behind) = (first, behind);
+        (self.first, self.behind, self.bytes) = (first, behind, bytes);
         Ok(gone)
     }
 
-    /// Removes the oldest entries past either bound, at most [`MAX_EVICT`], with
-    /// their index keys; returns the new first id and whether more are due. By age,
-    /// the entries go from the oldest id on while their time is before the cutoff:
-    /// an entry stamped later than the cutoff (a run whose clock was ahead) keeps
-    /// the ones after it until it is due itself, or the count bound takes them.
+    /// Removes the oldest entries past any bound, at most [`MAX_EVICT`], with their
+    /// index keys; `bytes` is what the entries `first..next` take. Returns the new
+    /// first id, whether more are due, and the bytes that went. By age, the entries
+    /// go from the oldest id on while their time is before the cutoff: an entry
+    /// stamped later than the cutoff (a run whose clock was ahead) keeps the ones
+    /// after it until it is due itself, or the count or byte bound takes them.
     fn evict_in(
         &self,
         tx: &redb::WriteTransaction,
         first: u64,
         next: u64,
+        bytes: u64,
         now_ms: i64,
-    ) -> Result<(u64, bool), HistoryError> {
+    ) -> Result<(u64, bool, u64), HistoryError> {
         let mut entries = tx.open_table(ENTRIES)?;
         let mut runs = tx.open_table(RUNS)?;
         let held = next - first;
@@ -603,31 +648,46 @@ impl Appender {
                 break;
             }
         }
-        let behind = to > first + MAX_EVICT;
-        let to = to.min(first + MAX_EVICT);
-        if to <= first {
-            return Ok((first, false));
+        if to <= first && bytes <= self.retention.max_bytes {
+            return Ok((first, false, 0));
+        }
+        // Count and age drop `..to`; the byte bound goes on from there while the
+        // rest takes more than it allows.
+        let limit = first + MAX_EVICT;
+        let (mut end, mut left, mut behind) = (first, bytes, false);
+        let mut doomed: Vec<(u64, Option<u32>, u8)> = Vec::new();
+        for row in entries.range(first..next)? {
+            let (k, v) = row?;
+            let id = k.value();
+            if id >= to && left <= self.retention.max_bytes {
+                break;
+            }
+            if id >= limit {
+                behind = true;
+                break;
+            }
+            left = left.saturating_sub(entry_bytes(v.value()));
+            if let Some(s) = Stored::decode(v.value()) {
+                let cluster = (!s.cluster.is_empty()).then(|| cluster_key(s.cluster));
+                doomed.push((id, cluster, s.kind.code()));
+            }
+            end = id + 1;
+        }
+        if end <= first {
+            return Ok((first, false, 0));
         }
         let mut by_cluster = tx.open_table(BY_CLUSTER)?;
         let mut by_kind = tx.open_table(BY_KIND)?;
-        let mut doomed: Vec<(u64, Option<u32>, u8)> = Vec::with_capacity((to - first) as usize);
-        for row in entries.range(first..to)? {
-            let (k, v) = row?;
-            if let Some(s) = Stored::decode(v.value()) {
-                let cluster = (!s.cluster.is_empty()).then(|| cluster_key(s.cluster));
-                doomed.push((k.value(), cluster, s.kind.code()));
-            }
-        }
         for (id, cluster, kind) in doomed {
             by_kind.remove((kind, id))?;
             if let Some(c) = cluster {
                 by_cluster.remove((c, id))?;
             }
         }
-        entries.retain_in(first..to, |_, _| false)?;
-        // The run that holds `to` is the first now: its start is implied.
-        runs.retain_in(..=to, |_, _| false)?;
-        Ok((to, behind))
+        entries.retain_in(first..end, |_, _| false)?;
+        // The run that holds `end` is the first now: its start is implied.
+        runs.retain_in(..=end, |_, _| false)?;
+        Ok((end, behind, bytes - left))
     }
 }
 
@@ -652,6 +712,7 @@ mod tests {
     const KEEP_ALL: Retention = Retention {
         max_age: Duration::from_secs(3600),
         max_entries: 1_000_000,
+        max_bytes: u64::MAX,
     };
 
     fn ids(rows: &[Row]) -> Vec<u64> {
@@ -773,6 +834,7 @@ mod tests {
             .appender(Retention {
                 max_age: Duration::from_secs(60),
                 max_entries: 10,
+                max_bytes: u64::MAX,
             })
             .unwrap();
         let batch: Vec<Pending> = (0..25)
@@ -891,6 +953,7 @@ mod tests {
             .appender(Retention {
                 max_age: Duration::from_secs(60),
                 max_entries: 1_000_000,
+                max_bytes: u64::MAX,
             })
             .unwrap();
         let batch: Vec<Pending> = [100_000, 100_001, 100_002, 50_000, 50_001, 50_002]
@@ -990,6 +1053,62 @@ mod tests {
         assert_eq!(found.incomplete, Some(10_495));
     }
 
+    /// Past `max_bytes` the oldest entries go until the rest fits, whatever the
+    /// count bound allows; the count survives a reopening, and the file stops
+    /// growing once the bound is reached.
+    #[test]
+    fn the_byte_bound_drops_the_oldest_first_and_bounds_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = HistoryDb::open(dir.path(), DB_FILE).unwrap();
+        let big = |i: i64| Pending {
+            detail: Detail::Config {
+                from: "f".repeat(400),
+                to: format!("{i:0400}"),
+                resources: vec!["routes".into()],
+            },
+            ..entry(1_000 + i, Kind::ConfigChanged, "c", "i")
+        };
+        let mut sizes = Vec::new();
+        let mut a = db
+            .appender(Retention {
+                max_bytes: 1 << 20,
+                ..KEEP_ALL
+            })
+            .unwrap();
+        let file = || std::fs::metadata(dir.path().join(DB_FILE)).unwrap().len();
+        let mut last = 0;
+        for round in 0..40 {
+            let batch: Vec<Pending> = (0..250).map(|i| big(round * 250 + i)).collect();
+            a.append(&batch, 100_000, |id, _| last = id).unwrap();
+            assert!(a.bytes() <= 1 << 20, "{} bytes held", a.bytes());
+            sizes.push(file());
+        }
+        // About 900 bytes an entry: some 1,150 fit in 1 MiB, the newest.
+        let held = a.len();
+        assert!((1_000..1_300).contains(&held), "{held} held");
+        assert_eq!(db.len().unwrap(), held);
+        let rows = db.query(&all(5000)).unwrap().rows;
+        assert_eq!(rows.len() as u64, held);
+        assert_eq!(rows[0].id, last);
+        assert_eq!(rows.last().unwrap().id, last - held + 1, "the oldest went");
+        let counted: u64 = rows.iter().map(|r| entry_bytes(&r.bytes)).sum();
+        assert_eq!(counted, a.bytes());
+        // The index lost them too.
+        let by_kind = Query {
+            kinds: vec![Kind::ConfigChanged],
+            limit: 5000,
+            ..Query::default()
+        };
+        assert_eq!(db.query(&by_kind).unwrap().rows.len() as u64, held);
+        // Once full, the file takes no more room (freed pages are reused).
+        assert_eq!(sizes[39], sizes[20], "{sizes:?}");
+        assert!(sizes[39] < 16 << 20, "{sizes:?}");
+        let bytes = a.bytes();
+        drop(a);
+        let a = db.appender(KEEP_ALL).unwrap();
+        assert_eq!(a.bytes(), bytes, "kept in the log");
+    }
+
     /// A backlog (a lowered limit, a long downtime) goes in commits of at most
     /// [`MAX_EVICT`], and the appender says while more is due.
     #[test]
@@ -1010,6 +1129,7 @@ mod tests {
             .appender(Retention {
                 max_age: Duration::from_secs(3600),
                 max_entries: 100,
+                max_bytes: u64::MAX,
             })
             .unwrap();
         assert!(a.behind(), "retention runs once at start");

@@ -1,6 +1,6 @@
 //! The history's own metric families.
 
-use prometheus::{IntCounter, IntGauge, Registry};
+use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 
 #[derive(Debug, Clone)]
 pub struct HistoryMetrics {
@@ -14,6 +14,12 @@ pub struct HistoryMetrics {
     /// Stored entries whose `history` event was dropped: the change feed had no
     /// room for their batch.
     pub events_dropped: IntCounter,
+    /// Bytes the entries held take, as the byte bound counts them.
+    pub bytes: IntGauge,
+    /// Entries not recorded one by one, by reason: `flapping` (an instance past its
+    /// allowance a minute, summed into `instance-flapping`) or `diagnoses` (past
+    /// `--history-max-diagnoses`).
+    pub unrecorded: IntCounterVec,
 }
 
 impl HistoryMetrics {
@@ -34,6 +40,19 @@ impl HistoryMetrics {
             "meshcat_history_events_dropped_total",
             "Stored history entries whose history event was dropped: the change feed was behind.",
         )?;
+        let bytes = IntGauge::new(
+            "meshcat_history_bytes",
+            "Bytes the history's entries take as --history-max-bytes counts them.",
+        )?;
+        let unrecorded = IntCounterVec::new(
+            Opts::new(
+                "meshcat_history_unrecorded_total",
+                "History entries not recorded one by one: an instance past its allowance a minute (reason flapping, summed into instance-flapping) or diagnoses past --history-max-diagnoses (reason diagnoses).",
+            ),
+            &["reason"],
+        )?;
+        registry.register(Box::new(bytes.clone()))?;
+        registry.register(Box::new(unrecorded.clone()))?;
         registry.register(Box::new(appended.clone()))?;
         registry.register(Box::new(events_dropped.clone()))?;
         registry.register(Box::new(dropped.clone()))?;
@@ -43,6 +62,8 @@ impl HistoryMetrics {
             dropped,
             entries,
             events_dropped,
+            bytes,
+            unrecorded,
         })
     }
 

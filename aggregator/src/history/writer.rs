@@ -5,7 +5,10 @@
 //! [`EXPIRE_EVERY`] when nothing happens, at once again while it is behind (a long
 //! downtime or a lowered limit is caught up in short commits). A batch of events
 //! the change feed has no room for is counted (`meshcat_history_events_dropped_total`),
-//! logged, and makes the event streams that show history `reset`.
+//! logged, and makes the event streams that show history `reset`. Every detail is
+//! cut to [`super::entry::MAX_DETAIL_STRING`] here, off the paths that record, and
+//! the `instance-flapping` summaries of instances that went quiet are added here
+//! ([`super::limit::Rates::sweep`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,6 +20,7 @@ use tokio::sync::mpsc::error::TrySendError;
 use tracing::{error, warn};
 
 use super::entry::{Pending, Stored, now_ms};
+use super::limit::Rates;
 use super::log::Appender;
 use super::metrics::HistoryMetrics;
 
@@ -60,8 +64,15 @@ pub struct Events {
 /// Most WARN lines about dropped event batches: one a minute.
 const WARN_EVERY: Duration = Duration::from_secs(60);
 
-pub(super) fn run(mut log: Appender, rx: Receiver<Msg>, events: Events, metrics: HistoryMetrics) {
+pub(super) fn run(
+    mut log: Appender,
+    rx: Receiver<Msg>,
+    events: Events,
+    metrics: HistoryMetrics,
+    rates: &Rates,
+) {
     metrics.entries.set(log.len() as i64);
+    metrics.bytes.set(log.bytes() as i64);
     let mut batch: Vec<Pending> = Vec::with_capacity(256);
     let mut warned: Option<Instant> = None;
     loop {
@@ -78,12 +89,18 @@ pub(super) fn run(mut log: Appender, rx: Receiver<Msg>, events: Events, metrics:
             Ok(Msg::Flush(done)) => flushed = Some(done),
             Ok(Msg::Stop) | Err(RecvTimeoutError::Disconnected) => stopping = true,
             Err(RecvTimeoutError::Timeout) => {
-                match log.expire(now_ms()) {
-                    Ok(0) => {}
-                    Ok(_) => metrics.entries.set(log.len() as i64),
-                    Err(e) => warn!(error = %e, "History retention failed; tried again later."),
+                batch.extend(rates.sweep(Instant::now()));
+                if batch.is_empty() {
+                    match log.expire(now_ms()) {
+                        Ok(0) => {}
+                        Ok(_) => {
+                            metrics.entries.set(log.len() as i64);
+                            metrics.bytes.set(log.bytes() as i64);
+                        }
+                        Err(e) => warn!(error = %e, "History retention failed; tried again later."),
+                    }
+                    continue;
                 }
-                continue;
             }
         }
         let until = Instant::now() + GATHER;
@@ -95,6 +112,7 @@ pub(super) fn run(mut log: Appender, rx: Receiver<Msg>, events: Events, metrics:
                 Err(RecvTimeoutError::Timeout) => break,
             }
         }
+        batch.extend(rates.sweep(Instant::now()));
         if stopping {
             // Whatever was recorded before the stop is stored too.
             while let Ok(msg) = rx.try_recv() {
@@ -122,6 +140,9 @@ fn commit(
     metrics: &HistoryMetrics,
     warned: &mut Option<Instant>,
 ) {
+    for p in batch.iter_mut() {
+        p.detail.cap();
+    }
     for chunk in batch.chunks(MAX_BATCH) {
         let mut out = Vec::with_capacity(chunk.len());
         let stored = log.append(chunk, now_ms(), |id, s| {
@@ -155,6 +176,7 @@ fn commit(
         }
     }
     metrics.entries.set(log.len() as i64);
+    metrics.bytes.set(log.bytes() as i64);
     batch.clear();
 }
 

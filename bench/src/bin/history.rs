@@ -12,19 +12,33 @@
 //!   request after the other over one keep-alive connection: the newest 100
 //!   (`limit` default), then one cluster's and two kinds' newest 100. Prints latency
 //!   percentiles (time to the last byte).
+//! - `flood`: the history under a flood, as the aggregator records it
+//!   (`History::record_instance` with the per-instance allowance,
+//!   `History::record_diagnosis` with `--history-max-diagnoses`): `--instances`
+//!   instances that flip on every report (`--report-every` of simulated time; each
+//!   report alternately makes an instance leave, then join, restart and run another
+//!   configuration), and diagnoses at the cap carrying 4 KiB conclusions, until the
+//!   entries take `--max-bytes` or number `--max-entries` (or `--max-minutes` of
+//!   simulated time). A reader
+//!   asks for the newest 100 entries (`HistoryDb::query`, what `GET /history`
+//!   runs) every 5 ms meanwhile. Prints the simulated time the byte budget took
+//!   to fill, the changes the flood made against the entries it recorded, bytes per
+//!   entry on disk and as counted, and the reader's latency percentiles.
 
 // The figures on standard output are this program's whole purpose.
 #![allow(clippy::print_stdout)]
 
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use meshcat_aggregator::history::{
     ChangedBy, DB_FILE, Detail, History, HistoryConfig, HistoryDb, HistoryMetrics, Kind,
-    LeftReason, Pending, StatusReason,
+    LeftReason, Pending, Query, StatusReason,
 };
 use meshcat_aggregator::status::Inputs;
 use meshcat_common::model::Status;
@@ -52,6 +66,31 @@ enum Step {
         /// writer's queue, 65,536, so none is dropped).
         #[arg(long, default_value_t = 32_768)]
         burst: u64,
+    },
+    /// Floods a history with flapping instances and diagnoses until its byte
+    /// budget is full, reading the newest entries meanwhile.
+    Flood {
+        #[arg(long)]
+        data_dir: PathBuf,
+        /// Instances that flip on every report.
+        #[arg(long, default_value_t = 10_000)]
+        instances: u64,
+        /// Simulated time between two reports of an instance, in seconds.
+        #[arg(long, default_value_t = 10)]
+        report_every: u64,
+        /// The history's --history-max-bytes.
+        #[arg(long, default_value_t = 512 << 20)]
+        max_bytes: u64,
+        /// The history's --history-max-entries: the flood stops at whichever bound
+        /// it reaches first.
+        #[arg(long, default_value_t = 1_000_000)]
+        max_entries: u64,
+        /// The history's --history-max-diagnoses; the flood runs this many a minute.
+        #[arg(long, default_value_t = 60)]
+        diagnoses: u32,
+        /// Simulated minutes after which the flood stops, full or not.
+        #[arg(long, default_value_t = 600)]
+        max_minutes: u64,
     },
     /// Reads GET /history of a running aggregator.
     Read {
@@ -184,6 +223,204 @@ fn fill(dir: &std::path::Path, entries: u64, keep: u64, burst: u64) -> anyhow::R
     Ok(())
 }
 
+/// The flood's parameters.
+struct Flood {
+    instances: u64,
+    report_every: Duration,
+    max_bytes: u64,
+    max_entries: u64,
+    diagnoses: u32,
+    max_minutes: u64,
+}
+
+/// The changes one report of instance `i` makes at report `tick`: it leaves on one
+/// report, and joins, restarts and runs another configuration on the next.
+fn flips(i: u64, tick: u64) -> Vec<Pending> {
+    let cluster = i % CLUSTERS;
+    let zone = format!("zone-{:02}", cluster % ZONES);
+    let name = format!("svc-{cluster:04}");
+    let pod = format!("{name}-7d9f8c6b5-{i:05x}");
+    let start = 1_780_000_000_000 + tick as i64 * 10_000;
+    let hash = |k: u64| format!("{:016x}", k.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let at = |kind, detail| Pending::new(kind, &zone, &name, &pod, detail);
+    if (tick + i) % 2 == 1 {
+        return vec![at(
+            Kind::InstanceLeft,
+            Detail::Left {
+                reason: LeftReason::Unreachable,
+            },
+        )];
+    }
+    vec![
+        at(Kind::InstanceJoined, Detail::Joined { start_time: start }),
+        at(
+            Kind::InstanceRestarted,
+            Detail::Restarted {
+                start_time: start,
+                previous_start_time: start - 20_000,
+            },
+        ),
+        at(
+            Kind::ConfigChanged,
+            Detail::Config {
+                from: hash(tick),
+                to: hash(tick + 1),
+                resources: vec!["clusters".into(), "routes".into()],
+            },
+        ),
+    ]
+}
+
+/// How often the flood's reader asks for the newest entries.
+const READ_EVERY: Duration = Duration::from_millis(5);
+
+fn flood(dir: &std::path::Path, f: &Flood) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let metrics = HistoryMetrics::unregistered();
+    let config = HistoryConfig {
+        max_bytes: f.max_bytes,
+        max_entries: f.max_entries,
+        max_diagnoses: f.diagnoses,
+        ..HistoryConfig::default()
+    };
+    let history = History::open(dir, DB_FILE, config, metrics.clone())?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let reader = {
+        let (db, stop) = (history.db().clone(), stop.clone());
+        std::thread::spawn(move || {
+            let newest = Query {
+                limit: 100,
+                ..Query::default()
+            };
+            let mut took = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                let found = db.query(&newest).map(|f| f.rows.len());
+                took.push(t.elapsed());
+                if found.is_err() {
+                    break;
+                }
+                // A dashboard's pace, not a spin: the reader leaves the writer its
+                // core.
+                std::thread::sleep(READ_EVERY);
+            }
+            took
+        })
+    };
+    // 4 KiB of owner-like text in every conclusion: the writer caps it.
+    let conclusion = format!(
+        "svc-0001 in zone zone-01 (owner {}): failing",
+        "o".repeat(4096)
+    );
+    let per_report = u64::from(f.diagnoses) * f.report_every.as_secs() / 60;
+    let t0 = Instant::now();
+    let started = Instant::now();
+    let (mut tick, mut changes, mut diagnoses) = (0u64, 0u64, 0u64);
+    let mut filled = None;
+    while tick * f.report_every.as_secs() < f.max_minutes * 60 {
+        let now = t0 + f.report_every * tick as u32;
+        for i in 0..f.instances {
+            for p in flips(i, tick) {
+                changes += 1;
+                history.record_instance(p, now);
+            }
+        }
+        for d in 0..per_report {
+            diagnoses += 1;
+            history.record_diagnosis(
+                Pending::new(
+                    Kind::Diagnosed,
+                    "zone-01",
+                    &format!("svc-{:04}", d % CLUSTERS),
+                    "",
+                    Detail::Diagnosed {
+                        symptom: None,
+                        conclusion: conclusion.clone(),
+                        root_cause: None,
+                    },
+                ),
+                now,
+            );
+        }
+        history.flush();
+        tick += 1;
+        let sim = tick * f.report_every.as_secs();
+        if sim % 600 == 0 {
+            println!(
+                "  {} simulated minutes: {:.1} MiB counted, {:.0}s to run",
+                sim / 60,
+                metrics.bytes.get() as f64 / (1 << 20) as f64,
+                started.elapsed().as_secs_f64()
+            );
+        }
+        // Full once the next report's entries would not fit: eviction has begun.
+        let by = if metrics.bytes.get() as u64 >= f.max_bytes / 100 * 99 {
+            Some("byte budget")
+        } else if metrics.entries.get() as u64 >= f.max_entries {
+            Some("entry bound")
+        } else {
+            None
+        };
+        if let Some(by) = by {
+            filled = Some((by, f.report_every * tick as u32, started.elapsed()));
+            break;
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut took = reader.join().expect("the reader ends");
+    let appended = metrics.appended.get();
+    let unrecorded = metrics.unrecorded.with_label_values(&["flapping"]).get()
+        + metrics.unrecorded.with_label_values(&["diagnoses"]).get();
+    let bytes = metrics.bytes.get();
+    drop(history);
+    if metrics.dropped.get() > 0 {
+        bail!("{} entries were dropped", metrics.dropped.get());
+    }
+    let held = HistoryDb::open(dir, DB_FILE)?.len()?;
+    let file = std::fs::metadata(dir.join(DB_FILE))?;
+    let simulated = f.report_every * tick as u32;
+    match filled {
+        Some((by, sim, real)) => println!(
+            "{by} reached ({:.0} MiB, {} entries) after {:.1} simulated minutes ({:.1}s to run)",
+            f.max_bytes as f64 / (1 << 20) as f64,
+            f.max_entries,
+            sim.as_secs_f64() / 60.0,
+            real.as_secs_f64()
+        ),
+        None => println!(
+            "no bound reached after {:.1} simulated minutes: {:.1} MiB counted",
+            simulated.as_secs_f64() / 60.0,
+            bytes as f64 / (1 << 20) as f64
+        ),
+    }
+    let minutes = simulated.as_secs_f64() / 60.0;
+    println!(
+        "{} instances flipping every {}s: {changes} changes and {diagnoses} diagnoses ({:.0} a minute), {appended} entries recorded ({:.0} a minute), {unrecorded} counted only",
+        f.instances,
+        f.report_every.as_secs(),
+        (changes + diagnoses) as f64 / minutes,
+        appended as f64 / minutes
+    );
+    println!(
+        "{held} entries held: {:.0} bytes per entry on disk ({:.1} MiB, file length {:.1} MiB), {:.0} as counted",
+        (file.blocks() * 512) as f64 / held.max(1) as f64,
+        (file.blocks() * 512) as f64 / (1 << 20) as f64,
+        file.len() as f64 / (1 << 20) as f64,
+        bytes as f64 / held.max(1) as f64
+    );
+    took.sort_unstable();
+    if !took.is_empty() {
+        println!(
+            "newest 100 during the flood: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms over {} queries",
+            pct(&took, 0.5),
+            pct(&took, 0.99),
+            pct(&took, 1.0),
+            took.len()
+        );
+    }
+    Ok(())
+}
+
 fn pct(sorted: &[Duration], p: f64) -> f64 {
     let i = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
     sorted[i].as_secs_f64() * 1000.0
@@ -242,6 +479,25 @@ async fn main() -> anyhow::Result<()> {
         } => {
             let keep = keep.unwrap_or(entries);
             tokio::task::spawn_blocking(move || fill(&data_dir, entries, keep, burst)).await?
+        }
+        Step::Flood {
+            data_dir,
+            instances,
+            report_every,
+            max_bytes,
+            max_entries,
+            diagnoses,
+            max_minutes,
+        } => {
+            let f = Flood {
+                instances,
+                report_every: Duration::from_secs(report_every.max(1)),
+                max_bytes,
+                max_entries,
+                diagnoses,
+                max_minutes,
+            };
+            tokio::task::spawn_blocking(move || flood(&data_dir, &f)).await?
         }
         Step::Read { api, requests } => read(&api, requests).await,
     }

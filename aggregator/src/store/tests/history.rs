@@ -380,3 +380,59 @@ fn the_drift_answer_without_drift_is_one_group_of_every_live_instance() {
         json!({"groups": [{"configHash": "a1", "instances": ["i1", "i2"], "instanceCount": 2}]})
     );
 }
+
+/// An instance that flips on every report (reachable or not, another start time),
+/// applied through the store at the reports' times, records at most its allowance
+/// one by one and one `instance-flapping` entry a minute with the counts of the
+/// rest: nothing is lost from the counts, and the history grows by minutes, not by
+/// reports.
+#[test]
+fn a_flapping_instance_is_summed_once_a_minute() {
+    let (_d, s, live) = open_with_history();
+    let t0 = Instant::now();
+    let mut flips = 0u64;
+    let at = |k: u64| {
+        let mut r = report("z", "a", "i1", 0, 0);
+        r.reachable = k % 2 == 0;
+        r.start_time_ms += (k / 2) as i64;
+        r
+    };
+    // Every 2 s for 5 minutes: left, then joined and restarted, over and over.
+    for k in 0..150 {
+        live.apply_report("agent-1", at(k), t0 + Duration::from_secs(2 * k));
+        flips += match k {
+            0 => 1,
+            k if k % 2 == 1 => 1,
+            _ => 2,
+        };
+    }
+    // A report after the fifth minute ends it.
+    live.apply_report("agent-1", at(180), t0 + Duration::from_secs(360));
+    flips += 2;
+    let got = entries(&s);
+    let (summaries, one_by_one): (Vec<_>, Vec<_>) = got
+        .iter()
+        .filter(|e| e.2 == "i1")
+        .partition(|e| e.0 == "instance-flapping");
+    assert_eq!(summaries.len(), 5, "one a minute: {summaries:?}");
+    let limit = crate::history::limit::INSTANCE_ENTRIES as usize;
+    assert!(
+        one_by_one.len() <= 6 * limit,
+        "{} one by one",
+        one_by_one.len()
+    );
+    let summed: u64 = summaries
+        .iter()
+        .flat_map(|e| e.3["flips"].as_object().unwrap().values())
+        .map(|n| n.as_u64().unwrap())
+        .sum();
+    assert_eq!(
+        summed + one_by_one.len() as u64,
+        flips,
+        "every flip counted"
+    );
+    let first = &summaries[0].3["flips"];
+    assert!(first["instance-left"].as_u64() > Some(5), "{first}");
+    assert!(first["instance-restarted"].as_u64() > Some(5), "{first}");
+    assert!(summaries[0].3["sinceMs"].is_i64());
+}
