@@ -35,7 +35,8 @@ build_release
 
 new_work
 
-start_graph_mesh
+# The series measured here are served only with --cluster-metrics.
+start_graph_mesh --cluster-metrics
 bench_graph --ops "http://$ops" --scrapes "$SCRAPES" | tee "$work/metrics.out"
 machine
 grep '^metrics: ' "$work/metrics.out"

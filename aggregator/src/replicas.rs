@@ -24,6 +24,7 @@ use tracing::warn;
 use crate::peer_signature::{Access, Signed, Signer};
 use crate::store::Store;
 use crate::store::traffic::{ClusterTraffic, Traffic};
+use crate::telemetry::peers::PeerSummaryChecks;
 
 /// Carries the signature of a forwarded request.
 pub const FORWARDED: HeaderName = HeaderName::from_static("x-meshcat-forwarded");
@@ -601,10 +602,13 @@ fn json<T: serde::de::DeserializeOwned>(b: &Bytes) -> Result<T, String> {
 /// Keeps the peers' traffic summaries fresh for the graph: asks every peer each
 /// [`TRAFFIC_PULL_PERIOD`], all at once, and forgets the peers that left. A peer
 /// that does not answer keeps its last summary until it is older than the graph
-/// window (its edges then fade like any whose traffic stopped).
+/// window (its edges then fade like any whose traffic stopped). A summary is checked
+/// like an agent's report: the parts that fail are dropped, counted and logged in
+/// `checks`, the rest applies ([`Traffic::set_remote`]).
 pub async fn pull_traffic(
     replicas: Replicas,
     traffic: Arc<Traffic>,
+    checks: PeerSummaryChecks,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let mut tick = tokio::time::interval(TRAFFIC_PULL_PERIOD);
@@ -629,7 +633,8 @@ pub async fn pull_traffic(
         for (peer, answer) in asked {
             match answer {
                 Ok(clusters) => {
-                    traffic.set_remote(peer, &clusters, now);
+                    let dropped = traffic.set_remote(peer, &clusters, now);
+                    checks.dropped("traffic", peer, &dropped);
                     answered.insert(peer.clone(), now);
                 }
                 Err(e) => warn!(%peer, error = %e, "A peer's traffic was not read."),

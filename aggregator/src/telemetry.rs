@@ -5,11 +5,12 @@
 //! graph at each scrape ([`clusters`]).
 
 pub mod clusters;
+pub mod peers;
 
 use std::time::Duration;
 
 use prometheus::{
-    HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
 
 use crate::store::Totals;
@@ -163,6 +164,30 @@ impl ReadinessMetrics {
     }
 }
 
+/// How the ops port's `/metrics` is served: renderings, each served to every scrape
+/// until it is too old, and scrapes turned away past the bound.
+#[derive(Debug, Clone)]
+pub struct OpsMetrics {
+    pub renders: IntCounter,
+    pub busy: IntCounter,
+}
+
+impl OpsMetrics {
+    pub fn register(registry: &Registry) -> prometheus::Result<OpsMetrics> {
+        let renders = IntCounter::new(
+            "meshcat_ops_metrics_renders_total",
+            "Renderings of the ops port's /metrics; every scrape within a rendering's age is served that same body.",
+        )?;
+        let busy = IntCounter::new(
+            "meshcat_ops_metrics_busy_total",
+            "Scrapes of the ops port's /metrics answered 503 because as many as the bound were being served.",
+        )?;
+        registry.register(Box::new(renders.clone()))?;
+        registry.register(Box::new(busy.clone()))?;
+        Ok(OpsMetrics { renders, busy })
+    }
+}
+
 /// Every family of the aggregator in one registry; other parts of the aggregator
 /// register theirs into `registry` too.
 #[derive(Debug, Clone)]
@@ -171,6 +196,8 @@ pub struct Telemetry {
     pub api: ApiMetrics,
     pub catalog: CatalogMetrics,
     pub readiness: ReadinessMetrics,
+    pub ops: OpsMetrics,
+    pub peers: peers::PeerSummaryChecks,
 }
 
 impl Telemetry {
@@ -179,11 +206,15 @@ impl Telemetry {
         let api = ApiMetrics::register(&registry)?;
         let catalog = CatalogMetrics::register(&registry)?;
         let readiness = ReadinessMetrics::register(&registry)?;
+        let ops = OpsMetrics::register(&registry)?;
+        let peers = peers::PeerSummaryChecks::register(&registry)?;
         Ok(Telemetry {
             registry,
             api,
             catalog,
             readiness,
+            ops,
+            peers,
         })
     }
 }

@@ -265,7 +265,8 @@ start_meshcat() {
         --store "$store" --etcd-ca-file "$tls/ca.crt" \
         --etcd-cert "$tls/client/aggregator.crt" --etcd-key "$tls/client/aggregator.key" \
         --api-addr "127.0.0.1:${HA_API[$i]}" --advertise-addr "127.0.0.1:${HA_API[$i]}" \
-        --quic-addr "127.0.0.1:${HA_QUIC[$i]}" --ops-addr "127.0.0.1:${HA_OPS[$i]}"
+        --quic-addr "127.0.0.1:${HA_QUIC[$i]}" --ops-addr "127.0.0.1:${HA_OPS[$i]}" \
+        --cluster-metrics
       # The first replica writes the development certificates the others read.
       wait_for "replica $i /readyz" 30 curl -fsS "http://127.0.0.1:${HA_OPS[$i]}/readyz"
     done
@@ -276,7 +277,7 @@ start_meshcat() {
     say "aggregator (--dev)"
     spawn aggregator "$bin/meshcat-aggregator" serve --dev --data-dir "$state/data" \
       --api-addr "127.0.0.1:$API_PORT" --quic-addr "127.0.0.1:$QUIC_PORT" \
-      --ops-addr "127.0.0.1:$OPS_PORT"
+      --ops-addr "127.0.0.1:$OPS_PORT" --cluster-metrics
     wait_for "aggregator /readyz" 30 curl -fsS "http://127.0.0.1:$OPS_PORT/readyz"
   fi
   wait_for "dev certificates in $dev" 10 test -s "$dev/agent-key.pem"

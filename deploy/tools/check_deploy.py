@@ -23,7 +23,9 @@ PyYAML). It checks, and reports every problem before failing:
    every key and token file, from Secret volumes; an agent whose ops port is not on
    loopback has an ops token from a Secret; an agent's zone is its pod's namespace
    (never a label or annotation the pod sets); no shipped manifest turns on
-   development mode or anonymous writes;
+   development mode or anonymous writes; every aggregator turns on the per-cluster and
+   per-edge series (MESHCAT_CLUSTER_METRICS, off by default) that the alerting rules
+   shipped beside it use;
 7. etcd and NetworkPolicies (contract section 10), on every rendered kustomization:
    an aggregator with `--store etcd://` has --etcd-ca-file, --etcd-cert and --etcd-key
    from Secret volumes; every etcd container listens on https only (a plain-HTTP
@@ -426,6 +428,12 @@ class Checker:
                 if eff.get(var, "false").lower() not in ("false", "0", ""):
                     self.fail(where, f"{var} is on: shipped manifests must be secure by default")
             wanted = list(required[binary])
+            # The alerting rules shipped beside it (monitoring/) are written on the
+            # per-cluster and per-edge series, which are off by default.
+            if binary == AGGREGATOR and eff.get("MESHCAT_CLUSTER_METRICS", "false").lower() \
+                    not in ("true", "1", "yes", "y", "on", "t"):
+                self.fail(where, "MESHCAT_CLUSTER_METRICS is not on: the alerting rules of "
+                                 "monitoring/ need the per-cluster and per-edge series")
             if binary == AGENT:
                 host = eff.get("MESHCAT_OPS_ADDR", "127.0.0.1:9092").rpartition(":")[0]
                 if host not in ("127.0.0.1", "localhost", "[::1]"):

@@ -29,6 +29,8 @@ async fn mesh() -> Mesh {
         // The shop is also the zone's edge: its configuration is fetched with a
         // command, so the command family shows too.
         c.diagnosis.edge_refresh = Duration::from_millis(300);
+        // Every family is exposed and checked: the per-cluster ones too.
+        c.ops.cluster_metrics = true;
     })
     .await
     .unwrap();

@@ -69,20 +69,37 @@ async fn cluster_commands_reach_i1(
 }
 
 /// API requests replica `i` answered 401 or 403, from its ops metrics: a request
-/// refused by the replica it reached never reaches the owner and leaves this as it is.
-async fn refused_requests(set: &Replicas, i: usize) -> anyhow::Result<f64> {
-    let text = reqwest::get(format!("{}/metrics", set.replicas[i].ops_url()))
-        .await?
-        .text()
-        .await?;
-    Ok(text
+/// refused by the replica it reached never reaches the owner and leaves this as it
+/// is. Also the number of the rendering they come from
+/// (`meshcat_ops_metrics_renders_total`): with `after`, waits for a newer rendering
+/// than that, one made after every request sent before the call (a rendering is
+/// served again for a few seconds).
+async fn refused_requests(
+    set: &Replicas,
+    i: usize,
+    after: Option<f64>,
+) -> anyhow::Result<(f64, f64)> {
+    let url = format!("{}/metrics", set.replicas[i].ops_url());
+    let text = wait_for(
+        "a new rendering of /metrics",
+        Duration::from_secs(30),
+        || async {
+            let text = reqwest::get(&url).await.ok()?.text().await.ok()?;
+            let rendering = metric_sum(&text, "meshcat_ops_metrics_renders_total", &[])?;
+            (after.is_none_or(|a| rendering > a)).then_some((rendering, text))
+        },
+    )
+    .await?;
+    let (rendering, text) = text;
+    let refused = text
         .lines()
         .filter(|l| {
             l.starts_with("meshcat_api_requests_total")
                 && (l.contains("code=\"401\"") || l.contains("code=\"403\""))
         })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum())
+        .sum();
+    Ok((rendering, refused))
 }
 
 /// The flags that reach an etcd cluster started with TLS through its client
@@ -830,7 +847,7 @@ async fn replicas_over_tls_reach_etcd_with_a_client_certificate_and_forward_over
     assert_eq!(s, StatusCode::OK, "{m}");
     // Without a token, or with the read token for a change, the non-owner answers
     // as the owner would, and the owner (replica 0) never sees the request.
-    let before = refused_requests(&set, 0).await?;
+    let (rendering, before) = refused_requests(&set, 0, None).await?;
     let (s, body) = set
         .send(
             1,
@@ -844,7 +861,7 @@ async fn replicas_over_tls_reach_etcd_with_a_client_certificate_and_forward_over
     let (s, body) = set.get(1, "/metrics/svc/i1?zoneName=z").await?;
     assert_eq!(s, StatusCode::FORBIDDEN, "{body}");
     assert_eq!(
-        refused_requests(&set, 0).await?,
+        refused_requests(&set, 0, Some(rendering)).await?.1,
         before,
         "a refused request was forwarded"
     );
@@ -1019,14 +1036,14 @@ async fn forwarded_requests_are_signed_never_carry_the_token_and_replay_fails() 
 
     // A HEAD without a token is refused by the replica it reached; the owner never
     // sees it.
-    let before = refused_requests(&set, 0).await?;
+    let (rendering, before) = refused_requests(&set, 0, None).await?;
     let head = reqwest::Client::new()
         .head(format!("{}{metrics}", set.replicas[1].api_url()))
         .send()
         .await?;
     assert_eq!(head.status(), StatusCode::FORBIDDEN);
     assert_eq!(
-        refused_requests(&set, 0).await?,
+        refused_requests(&set, 0, Some(rendering)).await?.1,
         before,
         "a HEAD was forwarded"
     );
@@ -1174,7 +1191,8 @@ async fn every_replica_answers_the_same_graph() -> anyhow::Result<()> {
     use meshcat_tests::{Bootstrap, Envoy, Upstream};
 
     let etcd = EtcdCluster::start().await?;
-    let mut set = Replicas::start(BIN, 3, &etcd.store_url("/graph"), &[]).await?;
+    let mut set =
+        Replicas::start(BIN, 3, &etcd.store_url("/graph"), &["--cluster-metrics"]).await?;
     set.token = None;
     assert_eq!(
         set.post(0, "/zones", &zone("z")).await?.0,

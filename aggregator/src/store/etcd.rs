@@ -29,6 +29,7 @@ use tracing::{info, warn};
 use super::registrations::Outcome;
 use super::{Committed, Instances, Loaded, PersistError, Refusal, Registrations, Store, Write};
 use crate::history::LeftReason;
+use crate::telemetry::peers::PeerSummaryChecks;
 
 /// Longest wait for etcd to commit a write. etcd without quorum holds a request
 /// until its own timeout (7 s in 3.4); answering 503 sooner keeps the API's answer
@@ -520,8 +521,16 @@ fn snapshot_changes(
 }
 
 /// Shows or drops another replica's instance publication (`path` is
-/// `<zone>/<cluster>/<instance>`); this replica's own are already in memory.
-fn instance_event(instances: &Instances, e: &EtcdRegistrations, path: &str, value: Option<&[u8]>) {
+/// `<zone>/<cluster>/<instance>`); this replica's own (those of `owner`) are already
+/// in memory. A publication is checked like an instance of an agent's report
+/// ([`membership::check`]): one that fails is dropped, counted and logged in `checks`.
+fn instance_event(
+    instances: &Instances,
+    owner: &str,
+    checks: &PeerSummaryChecks,
+    path: &str,
+    value: Option<&[u8]>,
+) {
     let mut parts = path.splitn(3, '/');
     let (Some(zone), Some(cluster), Some(instance)) = (parts.next(), parts.next(), parts.next())
     else {
@@ -531,11 +540,17 @@ fn instance_event(instances: &Instances, e: &EtcdRegistrations, path: &str, valu
         // A withdrawal without its marked publication before it: the lease ended.
         None => instances.drop_remote(zone, cluster, instance, LeftReason::Expired),
         Some(v) => match serde_json::from_slice::<membership::Published>(v) {
-            Ok(p) if p.owner == e.owner => {}
-            Ok(p) => match p.left {
-                Some(reason) => instances.drop_remote(zone, cluster, instance, reason),
-                None => instances.put_remote(p.remote(zone, cluster, instance)),
-            },
+            Ok(p) if p.owner == owner => {}
+            Ok(p) => {
+                if let Err(d) = membership::check(zone, cluster, instance, &p) {
+                    checks.dropped("instance", &p.owner, &[d]);
+                    return;
+                }
+                match p.left {
+                    Some(reason) => instances.drop_remote(zone, cluster, instance, reason),
+                    None => instances.put_remote(p.remote(zone, cluster, instance)),
+                }
+            }
             Err(err) => warn!(key = path, error = %err, "Instance publication cannot be decoded."),
         },
     }
@@ -547,6 +562,7 @@ async fn relist(
     store: &Store,
     instances: &Instances,
     e: &EtcdRegistrations,
+    checks: &PeerSummaryChecks,
 ) -> Result<i64, etcd_client::Error> {
     let mut kv = e.client.kv_client();
     let root = format!("{}/", e.prefix);
@@ -600,7 +616,7 @@ async fn relist(
         }
     }
     for (path, value) in &published {
-        instance_event(instances, e, path, value.as_deref());
+        instance_event(instances, &e.owner, checks, path, value.as_deref());
     }
     info!(
         zones = nz,
@@ -617,6 +633,7 @@ async fn follow(
     store: &Store,
     instances: &Instances,
     e: &EtcdRegistrations,
+    checks: &PeerSummaryChecks,
     from: i64,
     stop: &mut watch::Receiver<bool>,
 ) -> Result<bool, String> {
@@ -658,7 +675,7 @@ async fn follow(
             if let Some(id) = rest.strip_prefix("replicas/") {
                 e.peer_event(id, value);
             } else if let Some(path) = rest.strip_prefix("instances/") {
-                instance_event(instances, e, path, value);
+                instance_event(instances, &e.owner, checks, path, value);
             } else if let Some(change) = decode(rest, value) {
                 store.apply_changes(&[change]);
             }
@@ -687,12 +704,18 @@ async fn follow(
 
 /// Keeps memory equal to etcd: lists, then follows the watch; on any failure
 /// (member lost, compaction, cancellation) lists again and resumes from the new
-/// listing's revision, so no change is missed. Runs until `stop`.
-pub async fn sync(store: Arc<Store>, instances: Arc<Instances>, mut stop: watch::Receiver<bool>) {
+/// listing's revision, so no change is missed. Runs until `stop`. What peers publish
+/// of their instances is checked, and what fails counted in `checks`.
+pub async fn sync(
+    store: Arc<Store>,
+    instances: Arc<Instances>,
+    checks: PeerSummaryChecks,
+    mut stop: watch::Receiver<bool>,
+) {
     let Some(e) = store.etcd() else { return };
     loop {
         let listed = tokio::select! {
-            r = relist(&store, &instances, e) => r,
+            r = relist(&store, &instances, e, &checks) => r,
             _ = stop.wait_for(|s| *s) => return,
         };
         let revision = match listed {
@@ -713,7 +736,7 @@ pub async fn sync(store: Arc<Store>, instances: Arc<Instances>, mut stop: watch:
             newer
         });
         e.loaded.store(true, Ordering::Release);
-        match follow(&store, &instances, e, revision + 1, &mut stop).await {
+        match follow(&store, &instances, e, &checks, revision + 1, &mut stop).await {
             Ok(true) => return,
             Ok(false) => {}
             Err(err) => warn!(error = %err, "etcd watch lost; listing again."),
@@ -722,5 +745,52 @@ pub async fn sync(store: Arc<Store>, instances: Arc<Instances>, mut stop: watch:
             _ = tokio::time::sleep(RETRY) => {}
             _ = stop.wait_for(|s| *s) => return,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Rules;
+
+    /// Peers' publications, decoded as the watch hands them over: one a report could
+    /// carry shows; one whose names no report could carry, or whose owner is no
+    /// replica id, is dropped and counted, and the others still apply.
+    #[test]
+    fn peer_publications_are_checked_like_reports() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_store, instances) = Store::open(dir.path(), Rules::defaults()).unwrap();
+        let checks = PeerSummaryChecks::register(&prometheus::Registry::new()).unwrap();
+        let published = |owner: &str| {
+            serde_json::to_vec(&serde_json::json!({
+                "owner": owner,
+                "startTimeMs": 1,
+                "reachable": true,
+                "windowRequests": 0,
+                "windowErrors": 0,
+            }))
+            .unwrap()
+        };
+        let peer = published("0123456789abcdef");
+        let long = format!("z/orders/{}", "i".repeat(300));
+        for (path, value) in [
+            ("z/orders/orders-1", &peer),
+            ("z/orders/orders\u{1b}[2J", &peer),
+            ("z/or ders/orders-2", &peer),
+            (long.as_str(), &peer),
+            ("z/orders/orders-3", &published("peer\nforged")),
+            ("z/orders/orders-4", &peer),
+        ] {
+            instance_event(&instances, "me", &checks, path, Some(value));
+        }
+        let mut shown: Vec<String> = instances
+            .remote_instances()
+            .into_iter()
+            .map(|k| format!("{}/{}/{}", k.zone, k.cluster, k.instance))
+            .collect();
+        shown.sort();
+        assert_eq!(shown, ["z/orders/orders-1", "z/orders/orders-4"]);
+        assert_eq!(checks.count("instance", "invalid_name"), 3);
+        assert_eq!(checks.count("instance", "invalid_owner"), 1);
     }
 }

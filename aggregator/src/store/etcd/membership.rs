@@ -19,6 +19,8 @@ use tracing::{debug, warn};
 
 use crate::history::LeftReason;
 use crate::store::{Member, Membership, RemoteInstance, Rules};
+use crate::telemetry::peers::{Dropped, shown};
+use meshcat_common::validate::{is_valid_instance, is_valid_name};
 
 /// A publication, as stored in etcd.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -67,6 +69,33 @@ impl Published {
             config_hashes: self.config_hashes,
         }
     }
+}
+
+/// Checks a peer's publication of `zone/cluster/instance` as the ingest checks an
+/// instance of a report: the zone and cluster names, the instance name, and its
+/// owner, a replica id, held to the rules of a name.
+pub fn check(zone: &str, cluster: &str, instance: &str, p: &Published) -> Result<(), Dropped> {
+    if !is_valid_name(zone) || !is_valid_name(cluster) || !is_valid_instance(instance) {
+        return Err(Dropped::new(
+            "invalid_name",
+            format!(
+                "instance {}/{}/{}",
+                shown(zone),
+                shown(cluster),
+                shown(instance)
+            ),
+        ));
+    }
+    if !is_valid_name(&p.owner) {
+        return Err(Dropped::new(
+            "invalid_owner",
+            format!(
+                "owner {} of instance {zone}/{cluster}/{instance}",
+                shown(&p.owner)
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// A random identity for this replica's run.
