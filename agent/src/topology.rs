@@ -196,7 +196,9 @@ pub fn upstream_traffic(
 /// listener's address is the one it is bound to (`bound`, from `/listeners`, by
 /// listener name), else the configured one; a wildcard host (`0.0.0.0`, `::`) is
 /// given as `own_host`, the host the sidecar is reached at, so that other sidecars'
-/// upstream host addresses can match it.
+/// upstream host addresses can match it. Only the sidecar's own addresses are kept
+/// ([`own_address`]): a listener at another workload's address (a configuration
+/// may name any) would draw that workload's callers to this sidecar's cluster.
 #[derive(Debug)]
 pub struct TopologyReader<'a> {
     bound: &'a BTreeMap<String, (String, u32)>,
@@ -234,6 +236,7 @@ impl<'a> TopologyReader<'a> {
                     .get(name)
                     .map(|(h, p)| socket_address(h, u64::from(*p), self.own_host))
                     .or_else(|| listener_address(l, self.own_host))
+                    .filter(|a| own_address(a, self.own_host))
                 else {
                     return;
                 };
@@ -287,6 +290,25 @@ impl<'a> TopologyReader<'a> {
             listeners,
             tls_clusters: self.tls_clusters,
         }
+    }
+}
+
+/// Whether the sidecar reached at `own_host` may report a listener at `address`
+/// (`host:port`, `[host]:port`): its host is `own_host`, or a loopback address
+/// (the aggregator takes those only from a sidecar it is told is reached on
+/// loopback).
+fn own_address(address: &str, own_host: &str) -> bool {
+    let Some((host, _)) = address.rsplit_once(':') else {
+        return false;
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    match (
+        host.parse::<std::net::IpAddr>(),
+        own_host.parse::<std::net::IpAddr>(),
+    ) {
+        (Ok(h), _) if h.is_loopback() => true,
+        (Ok(h), Ok(own)) => h == own,
+        _ => host.eq_ignore_ascii_case(own_host),
     }
 }
 
@@ -393,6 +415,61 @@ mod tests {
             kinds: BTreeMap::new(),
         };
         (topology, hashes)
+    }
+
+    /// The listeners of a dump as a sidecar reached at `own_host` reports them.
+    fn listeners_of(dump: &[u8], own_host: &str) -> Vec<ListenerRoutes> {
+        let bound = BTreeMap::new();
+        let mut reader = TopologyReader::new(&bound, own_host);
+        meshcat_common::config_dump::read(dump, |item| reader.take(&item)).unwrap();
+        reader.finish().listeners
+    }
+
+    #[test]
+    fn a_listener_at_another_workloads_address_is_not_reported() {
+        let path = format!(
+            "{}/tests/fixtures/config_dumps/orders_a.json",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let real = std::fs::read(path).unwrap();
+        let addresses = |dump: &[u8], own: &str| -> Vec<String> {
+            listeners_of(dump, own)
+                .into_iter()
+                .map(|l| l.address)
+                .collect()
+        };
+        // The captured sidecar listens on loopback, where its agent reaches it.
+        assert_eq!(
+            addresses(&real, "127.0.0.1"),
+            ["127.0.0.1:34173", "127.0.0.1:51685"]
+        );
+        // The same configuration with its outbound listener at the address of
+        // another workload (its payments endpoint, 10.1.0.1:8443): that one is
+        // left out, whether the sidecar is reached on loopback or at its pod IP.
+        let mut dump: Value = serde_json::from_slice(&real).unwrap();
+        fn move_listener(v: &mut Value) {
+            match v {
+                Value::Object(m) => {
+                    let sa = m.get_mut("socket_address");
+                    if let Some(sa) = sa.filter(|sa| sa["port_value"] == 51685) {
+                        sa["address"] = "10.1.0.1".into();
+                        sa["port_value"] = 8443.into();
+                    }
+                    m.values_mut().for_each(move_listener);
+                }
+                Value::Array(a) => a.iter_mut().for_each(move_listener),
+                _ => {}
+            }
+        }
+        move_listener(&mut dump);
+        let claiming = serde_json::to_vec(&dump).unwrap();
+        assert_eq!(addresses(&claiming, "127.0.0.1"), ["127.0.0.1:34173"]);
+        assert_eq!(addresses(&claiming, "10.1.0.7"), ["127.0.0.1:34173"]);
+        // At its own pod IP it is reported.
+        assert_eq!(
+            addresses(&claiming, "10.1.0.1"),
+            ["10.1.0.1:8443", "127.0.0.1:34173"]
+        );
     }
 
     #[test]

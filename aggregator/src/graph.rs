@@ -19,7 +19,16 @@ use meshcat_common::model::Status;
 use serde::Serialize;
 
 use crate::store::Store;
-use crate::store::traffic::{AddressMap, Traffic};
+use crate::store::traffic::{AddressMap, Micros, OTHER, Traffic};
+
+/// The graph's bounds, from the command line.
+#[derive(Debug, Clone, Copy)]
+pub struct GraphConfig {
+    /// `--max-edges-per-node`: most upstreams a cluster's calls keep apart, and
+    /// most observed edges a build draws from one node; the rest is summed into
+    /// its edge to `external:other`.
+    pub max_edges_per_node: usize,
+}
 
 /// Default and largest `depth` of a focused graph.
 pub const DEFAULT_DEPTH: u32 = 1;
@@ -117,8 +126,16 @@ fn external_id(zone: &str, upstream: &str) -> String {
     format!("{zone}/external:{upstream}")
 }
 
+/// [`Link::last_seen_ms`] of a link without traffic in the window.
+pub const NEVER: i64 = i64::MIN;
+
+/// A node position that more than one cluster claims (a listener address two
+/// clusters' sidecars both report): it resolves no edge.
+const AMBIGUOUS: u32 = u32::MAX;
+
 /// An edge as the graph keeps it: its ends as positions in the nodes, and the
-/// figures `rps` and `errorRatio` are derived from when it is shown.
+/// figures `rps` and `errorRatio` are derived from when it is shown. A mesh has one
+/// per edge in each snapshot: 80 bytes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Link {
     pub source: u32,
@@ -132,9 +149,12 @@ pub struct Link {
     /// totals of the same edge ([`snapshot::Snapshot::count_from`]).
     pub requests_total: u64,
     pub errors_total: u64,
-    pub p50_ms: Option<f64>,
-    pub p99_ms: Option<f64>,
-    pub last_seen_ms: Option<i64>,
+    /// The highest p50 and p99 of the source's instances.
+    pub p50: Micros,
+    pub p99: Micros,
+    /// When traffic was last seen, ms since the epoch; [`NEVER`] when not within
+    /// the window.
+    pub last_seen_ms: i64,
     pub tls: bool,
     pub observed: bool,
     pub declared: bool,
@@ -145,6 +165,9 @@ pub struct Link {
     /// within the window, then the most requests. None for an edge only declared.
     pub via: Option<Arc<str>>,
 }
+
+#[cfg(target_pointer_width = "64")]
+const _: () = assert!(std::mem::size_of::<Link>() <= 80);
 
 impl Link {
     /// An edge from `source` to `target` with no figures, neither observed nor
@@ -157,9 +180,9 @@ impl Link {
             errors: 0,
             requests_total: 0,
             errors_total: 0,
-            p50_ms: None,
-            p99_ms: None,
-            last_seen_ms: None,
+            p50: Micros::NONE,
+            p99: Micros::NONE,
+            last_seen_ms: NEVER,
             tls: false,
             observed: false,
             declared: false,
@@ -175,8 +198,8 @@ impl Link {
         self.errors = self.errors.saturating_add(o.errors);
         self.requests_total = self.requests_total.saturating_add(o.requests_total);
         self.errors_total = self.errors_total.saturating_add(o.errors_total);
-        self.p50_ms = max_opt(self.p50_ms, o.p50_ms);
-        self.p99_ms = max_opt(self.p99_ms, o.p99_ms);
+        self.p50 = self.p50.max(o.p50);
+        self.p99 = self.p99.max(o.p99);
         self.last_seen_ms = self.last_seen_ms.max(o.last_seen_ms);
         self.tls |= o.tls;
         self.observed |= o.observed;
@@ -236,12 +259,12 @@ impl Built {
             } else {
                 (l.errors as f64 / l.requests as f64).min(1.0)
             },
-            p50_ms: l.p50_ms,
-            p99_ms: l.p99_ms,
+            p50_ms: l.p50.ms(),
+            p99_ms: l.p99.ms(),
             tls: l.tls,
             observed: l.observed,
             declared: l.declared,
-            last_seen_ms: l.last_seen_ms,
+            last_seen_ms: (l.last_seen_ms != NEVER).then_some(l.last_seen_ms),
         }
     }
 
@@ -317,6 +340,62 @@ impl ByZone {
     }
 }
 
+/// The links of a graph in the making, found by their ends.
+struct Links {
+    links: Vec<Link>,
+    /// (source, target) to position in `links`.
+    found: foldhash::HashMap<(u32, u32), usize>,
+    /// The errors and requests of the upstream each link names (`via`), by position.
+    via_figures: Vec<(u64, u64)>,
+    /// The observed callees of each cluster node so far (`--max-edges-per-node`),
+    /// by node position.
+    callees: Vec<u32>,
+}
+
+impl Links {
+    /// Room for `links` links from the first `sources` nodes.
+    fn with_capacity(links: usize, sources: usize) -> Self {
+        Links {
+            links: Vec::with_capacity(links),
+            found: foldhash::HashMap::with_capacity_and_hasher(links, Default::default()),
+            via_figures: Vec::with_capacity(links),
+            callees: vec![0; sources],
+        }
+    }
+
+    fn has(&self, source: u32, target: u32) -> bool {
+        self.found.contains_key(&(source, target))
+    }
+
+    /// Adds `l`, or merges it into the link of the same ends.
+    fn add(&mut self, l: Link) {
+        match self.found.entry((l.source, l.target)) {
+            std::collections::hash_map::Entry::Occupied(at) => {
+                let (at, figures) = (*at.get(), (l.errors, l.requests));
+                let kept = &mut self.links[at];
+                if let Some(name) = &l.via {
+                    // The busier upstream; of two alike, the first name (a build's
+                    // order of calls is no order).
+                    let busier = kept.via.as_ref().is_none_or(|k| {
+                        (figures, std::cmp::Reverse(&**name))
+                            > (self.via_figures[at], std::cmp::Reverse(&**k))
+                    });
+                    if busier {
+                        kept.via = Some(name.clone());
+                        self.via_figures[at] = figures;
+                    }
+                }
+                kept.merge(&l);
+            }
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(self.links.len());
+                self.via_figures.push((l.errors, l.requests));
+                self.links.push(l);
+            }
+        }
+    }
+}
+
 /// The node of an upstream that is no cluster of the mesh.
 fn external_node(zone: &str, upstream: &str) -> Node {
     Node {
@@ -378,7 +457,16 @@ pub fn build(store: &Store, traffic: &Traffic, now: Instant, counters: Counters)
     calls.each(|zone, cluster, c| {
         if let Some(at) = clusters.get(zone, cluster) {
             for (key, _) in c.listeners() {
-                listening.insert(key, (at, false));
+                // Claimed by two clusters, an address is neither's: it is no
+                // sidecar's to draw another's callers to.
+                listening
+                    .entry(key)
+                    .and_modify(|(owner, _)| {
+                        if *owner != at {
+                            *owner = AMBIGUOUS;
+                        }
+                    })
+                    .or_insert((at, false));
             }
         }
     });
@@ -394,41 +482,19 @@ pub fn build(store: &Store, traffic: &Traffic, now: Instant, counters: Counters)
     let epoch_now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64);
-    let mut links: Vec<Link> = Vec::new();
-    // (source, target) to position in `links`.
-    let mut found: foldhash::HashMap<(u32, u32), usize> = foldhash::HashMap::default();
-    // The errors and requests of the upstream each link names (`via`), by position.
-    let mut via_figures: Vec<(u64, u64)> = Vec::new();
-    let mut add = |links: &mut Vec<Link>, l: Link| match found.entry((l.source, l.target)) {
-        std::collections::hash_map::Entry::Occupied(at) => {
-            let (at, figures) = (*at.get(), (l.errors, l.requests));
-            let kept = &mut links[at];
-            if let Some(name) = &l.via {
-                // The busier upstream; of two alike, the first name (a build's order
-                // of calls is no order).
-                let busier = kept.via.as_ref().is_none_or(|k| {
-                    (figures, std::cmp::Reverse(&**name))
-                        > (via_figures[at], std::cmp::Reverse(&**k))
-                });
-                if busier {
-                    kept.via = Some(name.clone());
-                    via_figures[at] = figures;
-                }
-            }
-            kept.merge(&l);
-        }
-        std::collections::hash_map::Entry::Vacant(v) => {
-            v.insert(links.len());
-            via_figures.push((l.errors, l.requests));
-            links.push(l);
-        }
-    };
+    // Sized once: a mesh's links are hundreds of thousands, and a vector grown by
+    // doubling would hold up to twice as many while the build runs.
+    let mut upstreams = 0;
+    calls.each(|_, _, c| upstreams += c.upstreams().len() + usize::from(c.other().is_some()));
+    let declared: usize = facts.iter().map(|f| f.dependencies.len()).sum();
+    let mut links = Links::with_capacity(upstreams + declared, all.len());
     let link = |source: u32, target: u32, observed: bool| Link {
         observed,
         declared: !observed,
         ..Link::new(source, target)
     };
     let now_bucket = traffic.bucket(now);
+    let max_edges = traffic.max_edges_per_node();
     calls.each(|zone, cluster, c| {
         // The calls of a cluster no longer known (its last instance expired while the
         // graph was built) draw no edge.
@@ -451,7 +517,10 @@ pub fn build(store: &Store, traffic: &Traffic, now: Instant, counters: Counters)
                 }
             }
         }
-        for u in c.upstreams() {
+        // The upstreams the cluster's calls keep apart, then those they sum as
+        // `other` (past `--max-edges-per-node`).
+        let summed = c.other().map(|u| (u, true));
+        for (u, summed) in c.upstreams().iter().map(|u| (u, false)).chain(summed) {
             let name = u.name();
             // Claimed whatever becomes of it: the sidecar's own cluster is no edge,
             // and what it counted now is not counted later on one.
@@ -459,31 +528,54 @@ pub fn build(store: &Store, traffic: &Traffic, now: Instant, counters: Counters)
                 Counters::Claim => u.claim(),
                 Counters::Leave => (0, 0),
             };
-            if local.contains(&name) {
+            if !summed && local.contains(&name) {
                 continue;
             }
             let w = traffic.window_of(u, now);
             if w.requests == 0 && w.errors == 0 {
                 continue;
             }
-            let target = same_zone
-                .get(name)
-                .copied()
-                .or_else(|| u.hosts().find_map(|h| listening.get(&h).map(|(at, _)| *at)))
-                .unwrap_or_else(|| {
+            let known = if summed {
+                None
+            } else {
+                same_zone
+                    .get(name)
+                    .copied()
+                    .or_else(|| {
+                        u.hosts().find_map(|h| {
+                            listening
+                                .get(&h)
+                                .map(|(at, _)| *at)
+                                .filter(|at| *at != AMBIGUOUS)
+                        })
+                    })
+                    .or_else(|| externals.get(zone, name))
+            };
+            // A callee past the source's `--max-edges-per-node` others is summed
+            // into its `external:other` edge.
+            let new = known.is_none_or(|t| !links.has(source, t));
+            let full = new && links.callees[source as usize] as usize >= max_edges;
+            let target = if summed || full {
+                externals.get_or_push(&mut all, zone, OTHER, || external_node(zone, OTHER))
+            } else {
+                if new {
+                    links.callees[source as usize] += 1;
+                }
+                known.unwrap_or_else(|| {
                     externals.get_or_push(&mut all, zone, name, || external_node(zone, name))
-                });
+                })
+            };
             let mut l = link(source, target, true);
             l.requests = w.requests;
             l.errors = w.errors;
             (l.requests_total, l.errors_total) = claimed;
-            (l.p50_ms, l.p99_ms) = u.latency(now_bucket);
+            (l.p50, l.p99) = u.latency_micros(now_bucket);
             l.tls = u.tls(now_bucket);
             l.via = Some(u.shared_name().clone());
-            l.last_seen_ms = w
-                .last_seen
-                .map(|at| epoch_now - now.saturating_duration_since(at).as_millis() as i64);
-            add(&mut links, l);
+            l.last_seen_ms = w.last_seen.map_or(NEVER, |at| {
+                epoch_now - now.saturating_duration_since(at).as_millis() as i64
+            });
+            links.add(l);
         }
     });
     for f in &facts {
@@ -492,9 +584,17 @@ pub fn build(store: &Store, traffic: &Traffic, now: Instant, counters: Counters)
             .expect("every cluster of the facts is a node");
         for (z, c) in &f.dependencies {
             let target = clusters.get_or_push(&mut all, z, c, || declared_node(z, c));
-            add(&mut links, link(source, target, false));
+            links.add(link(source, target, false));
         }
     }
+    // The lookups go before the sorting, which allocates again.
+    let Links {
+        mut links,
+        found,
+        via_figures,
+        callees,
+    } = links;
+    drop((found, via_figures, callees));
     // Nodes sorted by id, links by (source, target): then by their ends' positions.
     let mut order: Vec<u32> = (0..all.len() as u32).collect();
     order.sort_unstable_by(|a, b| all[*a as usize].id.cmp(&all[*b as usize].id));
@@ -518,14 +618,6 @@ pub fn build(store: &Store, traffic: &Traffic, now: Instant, counters: Counters)
         error_ratio_warning: store.rules().error_ratio_warning,
         nodes,
         links,
-    }
-}
-
-fn max_opt(a: Option<f64>, b: Option<f64>) -> Option<f64> {
-    match (a, b) {
-        (Some(a), Some(b)) => Some(a.max(b)),
-        (a, None) => a,
-        (None, b) => b,
     }
 }
 

@@ -250,6 +250,64 @@ async fn the_graph_shows_observed_and_declared_calls_and_a_failing_hop() {
     );
 }
 
+/// Envoy lists an upstream's counters from its first request on: the graph counts
+/// that first burst whole on every hop, whenever the agents' scrapes fall.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_burst_on_each_hop_is_counted_whole() {
+    const ZONE: &str = "zone-f";
+    const BURST: usize = 20;
+    let catalog = Catalog::start(|_| {}).await.unwrap();
+    catalog.register_zone(ZONE, "edge").await.unwrap();
+    for cluster in ["svc-a", "svc-b"] {
+        catalog
+            .register_cluster(ZONE, cluster, json!({"owner": "team-a"}))
+            .await
+            .unwrap();
+    }
+    let chain = Chain::start(&catalog, ZONE).await.unwrap();
+    // Every sidecar reported before the first request.
+    wait_for("the chain's instances", DEADLINE, || async {
+        let (_, g) = catalog.get("/graph").await.ok()?;
+        ["edge", "svc-a", "svc-b"]
+            .iter()
+            .all(|c| node(&g, &format!("{ZONE}/{c}")).is_some_and(|n| n["instances"] == 1))
+            .then_some(())
+    })
+    .await
+    .unwrap();
+    let client = reqwest::Client::new();
+    for path in [
+        format!("{}/orders", chain.edge.url("edge")),
+        format!("{}/b", chain.a.url("egress")),
+        format!("{}/ext", chain.a.url("egress")),
+    ] {
+        let codes = send(&client, &path, BURST).await;
+        assert!(codes.iter().all(|c| *c == 200), "{path}: {codes:?}");
+    }
+    let hops = [
+        ("zone-f/edge", "zone-f/svc-a"),
+        ("zone-f/svc-a", "zone-f/svc-b"),
+        ("zone-f/svc-a", "zone-f/external:external-api"),
+    ];
+    let counted = |g: &Value| -> Vec<Option<u64>> {
+        hops.iter()
+            .map(|(s, t)| link(g, s, t).and_then(|e| e["requests"].as_u64()))
+            .collect()
+    };
+    let whole = wait_for("the first burst on every hop", DEADLINE, || async {
+        let (_, g) = catalog.get("/graph").await.ok()?;
+        counted(&g)
+            .iter()
+            .all(|n| *n == Some(BURST as u64))
+            .then_some(())
+    })
+    .await;
+    if whole.is_err() {
+        let (_, g) = catalog.get("/graph").await.unwrap();
+        panic!("{:?} of {BURST} on {hops:?}: {g}", counted(&g));
+    }
+}
+
 /// The chain with svc-a's sidecar reaching svc-b through its listener address under
 /// its own cluster name: the graph links them by address, and the diagnosis of the
 /// hop asks svc-a's sidecar under that name. Then svc-a's own service dies too: its

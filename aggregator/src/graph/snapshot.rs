@@ -608,9 +608,7 @@ pub async fn watch(store: Arc<Store>, graphs: Arc<Graphs>, mut stop: watch::Rece
 #[cfg(test)]
 mod tests {
     use meshcat_common::model::{ClusterRecord, ZoneRecord};
-    use meshcat_common::wire::{
-        InstanceReport, ListenerRoutes, UpstreamCluster, UpstreamHost, UpstreamTraffic,
-    };
+    use meshcat_common::wire::{InstanceReport, ListenerRoutes, ReportedCluster, UpstreamTraffic};
 
     use super::*;
     use crate::store::{Instances, Rules};
@@ -637,11 +635,7 @@ mod tests {
             server_state: "LIVE".into(),
             clusters: upstreams
                 .iter()
-                .map(|(name, host)| UpstreamCluster {
-                    name: (*name).into(),
-                    added_via_api: false,
-                    hosts: vec![UpstreamHost::idle(*host)],
-                })
+                .map(|(name, host)| ReportedCluster::healthy(*name, vec![(*host).to_owned()]))
                 .collect(),
             upstreams: upstreams
                 .iter()
@@ -663,8 +657,33 @@ mod tests {
                     }]
                 })
                 .unwrap_or_default(),
+            // Reached at the host it listens at, as an agent reaches a pod.
+            admin_address: listen
+                .and_then(|a| a.rsplit_once(':'))
+                .map(|(host, _)| format!("{host}:15000"))
+                .unwrap_or_default(),
             ..InstanceReport::unread(zone.into(), cluster.into(), format!("{cluster}-1"))
         }
+    }
+
+    /// A store with zone z and nothing else.
+    fn empty() -> (tempfile::TempDir, Arc<Store>, Arc<Instances>) {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, live) = Store::open(dir.path(), Rules::defaults()).unwrap();
+        store.create_zone(zone("z")).unwrap();
+        (dir, Arc::new(store), Arc::new(live))
+    }
+
+    /// The observed edges of `g` as (source, target, requests).
+    fn observed(g: &Built) -> Vec<(&str, &str, u64)> {
+        g.links
+            .iter()
+            .filter(|l| l.observed)
+            .map(|l| {
+                let (s, t) = g.ends(l);
+                (s, t, l.requests)
+            })
+            .collect()
     }
 
     /// Two zones: z/a calls z/b, z/c and an external service and declares z/b, a
@@ -819,6 +838,111 @@ mod tests {
                 ("z/c", "y/d", 50, 5, true, false),
             ]
         );
+    }
+
+    #[test]
+    fn a_sidecar_cannot_draw_another_workloads_callers_to_itself() {
+        // Which of two claims of one address a build met last was a matter of the
+        // maps' order: every try starts afresh.
+        for _ in 0..16 {
+            let (_dir, store, live) = empty();
+            let reports = |n| {
+                // The tenant t, reached at 10.0.0.9, claims the victim b's address.
+                let mut tenant = report("z", "t", &[], Some("10.0.0.2:80"), n);
+                tenant.admin_address = "10.0.0.9:15000".into();
+                vec![
+                    // a calls b through b's address, under a name of its own.
+                    report("z", "a", &[("to-b", "10.0.0.2:80")], None, n),
+                    report("z", "b", &[], Some("10.0.0.2:80"), n),
+                    tenant,
+                ]
+            };
+            let now = Instant::now();
+            live.apply_reports("agent", reports(100), now);
+            live.apply_reports("agent", reports(150), now);
+            let g = build(&store, live.traffic(), Instant::now(), Counters::Leave);
+            assert_eq!(observed(&g), [("z/a", "z/b", 50)]);
+            assert!(
+                live.traffic().metrics().refused(
+                    crate::store::traffic::Item::Listener,
+                    crate::store::traffic::Refusal::NotOwnAddress
+                ) >= 1
+            );
+        }
+    }
+
+    #[test]
+    fn an_address_two_clusters_listen_at_draws_no_edge() {
+        // Both reached on loopback (on one machine): each may claim it, neither wins.
+        let (_dir, store, live) = empty();
+        let reports = |n| {
+            vec![
+                report("z", "a", &[("to-b", "127.0.0.1:10002")], None, n),
+                report("z", "b", &[], Some("127.0.0.1:10002"), n),
+                report("z", "t", &[], Some("127.0.0.1:10002"), n),
+            ]
+        };
+        let now = Instant::now();
+        live.apply_reports("agent", reports(100), now);
+        live.apply_reports("agent", reports(150), now);
+        let g = build(&store, live.traffic(), Instant::now(), Counters::Leave);
+        assert_eq!(observed(&g), [("z/a", "z/external:to-b", 50)]);
+    }
+
+    #[test]
+    fn a_nodes_callees_past_the_bound_go_to_external_other() {
+        let (_dir, store, live) = empty();
+        live.traffic().set_max_edges_per_node(2);
+        let calls = |n| {
+            vec![report(
+                "z",
+                "a",
+                &[
+                    ("b", "10.0.0.2:80"),
+                    ("c", "10.0.0.3:80"),
+                    ("d", "10.0.0.4:80"),
+                    ("e", "10.0.0.5:80"),
+                ],
+                None,
+                n,
+            )]
+        };
+        let now = Instant::now();
+        live.apply_reports("agent", calls(100), now);
+        live.apply_reports("agent", calls(150), now);
+        let g = build(&store, live.traffic(), Instant::now(), Counters::Leave);
+        assert_eq!(
+            observed(&g),
+            [
+                ("z/a", "z/external:b", 50),
+                ("z/a", "z/external:c", 50),
+                ("z/a", "z/external:other", 100),
+            ]
+        );
+        let other = g
+            .nodes
+            .iter()
+            .find(|n| n.id == "z/external:other")
+            .expect("the node of the sum");
+        assert_eq!(other.kind, "external");
+        assert_eq!(live.traffic().metrics().rolled_up(), 2);
+    }
+
+    #[test]
+    fn the_first_burst_to_an_upstream_is_on_its_edge() {
+        // a's sidecar reports before its first request to b, then with the 20
+        // requests that made b's counters.
+        let (_dir, store, live) = empty();
+        let now = Instant::now();
+        let quiet = report("z", "a", &[], Some("10.0.0.1:80"), 0);
+        live.apply_reports("agent", vec![quiet], now);
+        let burst = report("z", "a", &[("b", "10.0.0.2:80")], Some("10.0.0.1:80"), 20);
+        live.apply_reports("agent", vec![burst], now);
+        let graphs = Graphs::new(live.traffic().clone());
+        graphs.rebuild(&store);
+        let g = graphs.latest().expect("a snapshot");
+        assert_eq!(observed(g.graph()), [("z/a", "z/external:b", 20)]);
+        assert_eq!(totals(&graphs, "z/a", "z/external:b"), (20, 2));
     }
 
     #[test]

@@ -125,6 +125,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             instances,
             interval: args.interval,
             traffic: traffic.clone(),
+            deltas: true,
         };
         tasks.push(tokio::spawn(agent.run(
             endpoint.clone(),

@@ -16,13 +16,17 @@ pub const WINDOW_BUCKETS: usize = 12;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Clock {
     pub bucket: u64,
+    /// Nanoseconds since the epoch (saturating after 584 years).
+    pub nanos: u64,
 }
 
 impl Clock {
     pub fn at(epoch: Instant, now: Instant, window: Duration) -> Self {
         let width = (window.as_millis() / WINDOW_BUCKETS as u128).max(1);
+        let since = now.saturating_duration_since(epoch);
         Clock {
-            bucket: (now.saturating_duration_since(epoch).as_millis() / width) as u64,
+            bucket: (since.as_millis() / width) as u64,
+            nanos: u64::try_from(since.as_nanos()).unwrap_or(u64::MAX),
         }
     }
 }
@@ -36,20 +40,22 @@ pub struct Window {
     pub last_seen: Option<Instant>,
 }
 
-/// Requests and errors per bucket over the window.
+/// Requests and errors per bucket over the window: 112 bytes, one per edge.
 #[derive(Debug, Default, Clone)]
 pub struct Ring {
     /// Requests and errors added in each bucket, bucket `n` at `n % WINDOW_BUCKETS`.
     buckets: [(u32, u32); WINDOW_BUCKETS],
     /// The newest bucket written; older ones within the ring are its predecessors.
     head: u64,
-    /// When the last report that added requests or errors arrived.
-    last_seen: Option<Instant>,
+    /// When the last report that added requests or errors arrived: its clock's
+    /// nanoseconds since the epoch, plus one (0: never).
+    last_seen: u64,
 }
 
 impl Ring {
-    /// Adds requests and errors in the bucket of `clock`, reported at `now`.
-    pub fn add(&mut self, clock: Clock, now: Instant, requests: u64, errors: u64) {
+    /// Adds requests and errors in the bucket of `clock` (the time of the report,
+    /// `_reported`, as numbered from the epoch).
+    pub fn add(&mut self, clock: Clock, _reported: Instant, requests: u64, errors: u64) {
         let n = WINDOW_BUCKETS as u64;
         if clock.bucket > self.head {
             // The buckets between the newest written and this one saw no report.
@@ -67,7 +73,7 @@ impl Ring {
         slot.1 = slot.1.saturating_add(clamp(errors));
         // Agent-supplied figures: a sum could overflow.
         if requests > 0 || errors > 0 {
-            self.last_seen = Some(self.last_seen.map_or(now, |t| t.max(now)));
+            self.last_seen = self.last_seen.max(clock.nanos.saturating_add(1));
         }
     }
 
@@ -85,6 +91,8 @@ impl Ring {
         }
         w.last_seen = self
             .last_seen
+            .checked_sub(1)
+            .map(|nanos| epoch + Duration::from_nanos(nanos))
             .filter(|at| Clock::at(epoch, *at, window).bucket >= oldest);
         w
     }
