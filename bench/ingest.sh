@@ -9,7 +9,9 @@
 # and the aggregator's memory over DURATION after the ramp-up and one interval.
 #
 # Environment: AGENTS (10000), INSTANCES (10), UPSTREAMS (5), INTERVAL (5s),
-# DURATION (30s), CONNECT_RATE (300), AGGREGATOR_FLAGS (more flags for the aggregator,
+# DURATION (30s), CONNECT_RATE (300), LARGE (0: agents whose first instance knows
+# LARGE_CLUSTERS (20000) idle upstream clusters), WHOLE (set: every report whole, as
+# agents of protocol version 1 sent them), AGGREGATOR_FLAGS (more flags for the aggregator,
 # e.g. `--history-max-entries 0`), CARGO_TARGET_DIR (./target).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -23,6 +25,8 @@ UPSTREAMS=${UPSTREAMS:-5}
 INTERVAL=${INTERVAL:-5s}
 DURATION=${DURATION:-30s}
 CONNECT_RATE=${CONNECT_RATE:-300}
+LARGE=${LARGE:-0}
+LARGE_CLUSTERS=${LARGE_CLUSTERS:-20000}
 
 build_release
 
@@ -32,7 +36,8 @@ echo "==> starting the aggregator"
 # Every simulated agent presents the development certificate: its bound on
 # instances is raised to the fleet's.
 read -r -a extra <<< "${AGGREGATOR_FLAGS:-}"
-start_aggregator "$bin" --dev --max-instances-per-credential "$((AGENTS * INSTANCES * 2))" "${extra[@]}"
+start_aggregator "$bin" --dev --max-instances-per-credential "$((AGENTS * INSTANCES * 2))" \
+    "${FLEET_FLAGS[@]}" "${extra[@]}"
 wait_quic
 # The aggregator on core 1, the load generator on core 0: on a 2-core machine they
 # would otherwise take each other's time.
@@ -42,5 +47,6 @@ ulimit -n "$((AGENTS + 1024))" 2>/dev/null || true
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 taskset -c 0 "$target/release/meshcat-bench-agents" --agents "$AGENTS" --instances "$INSTANCES" \
     --upstreams "$UPSTREAMS" --interval "$INTERVAL" --duration "$DURATION" \
-    --connect-rate "$CONNECT_RATE" --addr "$quic" --pid "$pid" --data-dir "$work/data"
+    --connect-rate "$CONNECT_RATE" --addr "$quic" --pid "$pid" --data-dir "$work/data" \
+    --large "$LARGE" --large-clusters "$LARGE_CLUSTERS" ${WHOLE:+--whole}
 machine

@@ -65,16 +65,21 @@ wait_quic() {
     [ -n "$quic" ] || { echo "the ingest did not start"; cat "$work/log"; exit 1; }
 }
 
-# start_graph_mesh: the mesh of bench/graph.sh and bench/metrics.sh, after
-# build_release and new_work: starts the aggregator (--dev, --graph-window $WINDOW;
-# sets pid, api, ops and quic) and registers $CLUSTERS clusters in $ZONES zones with
-# meshcat-bench-writes.
+# The simulated agents all present the development agent certificate: its bounds on
+# connections, report streams and new instances are raised to a whole fleet's.
+FLEET_FLAGS=(--max-connections-per-credential 1000000 --max-streams-per-credential 1000000
+    --max-new-instances-per-minute 1000000)
+
+# start_graph_mesh [MORE FLAGS...]: the mesh of bench/graph.sh and bench/metrics.sh,
+# after build_release and new_work: starts the aggregator (--dev, --graph-window
+# $WINDOW, MORE FLAGS; sets pid, api, ops and quic) and registers $CLUSTERS clusters
+# in $ZONES zones with meshcat-bench-writes.
 start_graph_mesh() {
     echo "==> starting the aggregator"
     # --dev: the simulated agents present the development agent certificate; they
     # all share it, so its bound on instances is raised to the cluster count.
     start_aggregator "$bin" --dev --graph-window "$WINDOW" \
-        --max-instances-per-credential "$((CLUSTERS * 2))"
+        --max-instances-per-credential "$((CLUSTERS * 2))" "${FLEET_FLAGS[@]}" "$@"
     wait_quic
 
     echo "==> registering $CLUSTERS clusters in $ZONES zones"

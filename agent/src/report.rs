@@ -5,6 +5,7 @@
 //! goodbye on shutdown. Outbound data is bounded: only the latest snapshot is ever
 //! sent, nothing queues up while the aggregator is away.
 
+mod delta;
 mod telemetry;
 
 use std::future::Future;
@@ -17,8 +18,10 @@ use futures::future::BoxFuture;
 use meshcat_common::transport::{TransportError, code, read_frame, write_frame};
 use meshcat_common::wire::{
     AgentMessage, Command, CommandOutput, CommandReply, DEFAULT_MAX_MESSAGE, Hello, InstanceReport,
-    Report, ServerMessage, WireError,
+    RefusedInstance, Report, STALE_BASE, ServerMessage, WireError,
 };
+
+use delta::{Deltas, Prepared};
 use prometheus::Registry;
 use rand::Rng;
 use tokio::sync::{Semaphore, mpsc};
@@ -290,12 +293,14 @@ impl Reporter {
 
         let mut ticker = tokio::time::interval(self.config.interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // A new connection starts from nothing: every instance is sent whole first.
+        let mut deltas = Deltas::default();
         let ended = loop {
             tokio::select! {
                 // The first tick is immediate: a (re)connected agent resends its state at once.
                 _ = ticker.tick() => {
                     let sent = tokio::select! {
-                        r = tokio::time::timeout(self.config.report_timeout(), self.send_report(&conn)) => {
+                        r = tokio::time::timeout(self.config.report_timeout(), self.send_report(&conn, &mut deltas)) => {
                             r.unwrap_or(Err(ReportError::Timeout))
                         }
                         () = shutdown.as_mut() => break Ended::Shutdown,
@@ -381,11 +386,54 @@ impl Reporter {
         }
     }
 
-    /// Sends the current snapshot on a new stream and waits for its acknowledgement.
-    async fn send_report(&self, conn: &quinn::Connection) -> Result<u32, ReportError> {
+    /// Sends the current snapshot, whole or as what changed since what the
+    /// aggregator acknowledged, in as many reports as the message limit needs
+    /// (one after the other, each on its own stream). Answers how many instances
+    /// the aggregator applied.
+    async fn send_report(
+        &self,
+        conn: &quinn::Connection,
+        deltas: &mut Deltas,
+    ) -> Result<u32, ReportError> {
+        let snapshot = self.source.snapshot();
+        deltas.retain_current(&snapshot);
+        let prepared = deltas.prepare(snapshot);
+        let mut applied = 0;
+        for batch in batches(prepared, self.config.max_message, deltas) {
+            let (instances, pending): (Vec<InstanceReport>, Vec<delta::Pending>) =
+                batch.into_iter().map(|p| (p.report, p.pending)).unzip();
+            let bytes = self.metrics.observe_report(&instances);
+            debug!(instances = instances.len(), bytes, "Sending a report.");
+            match self.send_one(conn, instances).await {
+                Ok((n, refused)) => {
+                    applied += n;
+                    for r in &refused {
+                        if r.reason != STALE_BASE {
+                            warn!(zone = %r.zone_name, cluster = %r.cluster_name, instance = %r.instance, reason = %r.reason, "The aggregator refused an instance.");
+                        }
+                    }
+                    deltas.acknowledged(pending, &refused);
+                }
+                Err(e) => {
+                    for p in &pending {
+                        deltas.forget(p);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(applied)
+    }
+
+    /// Sends one report on a new stream and waits for its acknowledgement.
+    async fn send_one(
+        &self,
+        conn: &quinn::Connection,
+        instances: Vec<InstanceReport>,
+    ) -> Result<(u32, Vec<RefusedInstance>), ReportError> {
         let report = AgentMessage::Report(Report {
             sent_at_ms: now_ms(),
-            instances: self.source.snapshot(),
+            instances,
         });
         let (mut send, mut recv) = conn.open_bi().await?;
         if let Err(e) = write_frame(&mut send, &report, self.config.max_message).await {
@@ -397,7 +445,7 @@ impl Reporter {
         }
         let _ = send.finish();
         match read_frame::<ServerMessage>(&mut recv, self.config.max_message).await? {
-            Some(ServerMessage::ReportAccepted { instances }) => Ok(instances),
+            Some(ServerMessage::ReportAccepted { instances, refused }) => Ok((instances, refused)),
             Some(ServerMessage::Rejected { reason }) => Err(ReportError::Rejected(reason)),
             Some(_) => Err(ReportError::Unexpected),
             None => Err(match conn.close_reason() {
@@ -515,6 +563,57 @@ async fn read_commands(
 
 /// Full jitter over the upper half: spreads reconnecting agents without ever retrying
 /// much sooner than the backoff asks.
+/// Room left in a message for its instances: the envelope, the report's time and
+/// the array headers take a few bytes.
+const REPORT_OVERHEAD: usize = 64;
+
+/// Encoded size of one instance, as inside a report.
+fn encoded_len(r: &InstanceReport) -> usize {
+    meshcat_common::wire::encoded_len(r)
+}
+
+/// Packs instances into reports that each fit the message limit, in order. An
+/// instance too large on its own is sent without the host addresses of its idle
+/// upstream clusters (their digests and counts stay); still too large, it is left
+/// out, logged, and sent whole again next time.
+fn batches(prepared: Vec<Prepared>, max_message: usize, deltas: &mut Deltas) -> Vec<Vec<Prepared>> {
+    let room = max_message.saturating_sub(REPORT_OVERHEAD);
+    let mut out: Vec<Vec<Prepared>> = Vec::new();
+    let mut current: Vec<Prepared> = Vec::new();
+    let mut used = 0;
+    for mut p in prepared {
+        let mut size = encoded_len(&p.report);
+        if size > room {
+            let used_upstreams: std::collections::HashSet<&str> =
+                p.report.upstreams.iter().map(|u| u.name.as_str()).collect();
+            let mut thinned = p.report.clusters.clone();
+            for c in &mut thinned {
+                if !used_upstreams.contains(c.name.as_str()) {
+                    c.hosts = Vec::new();
+                }
+            }
+            p.report.clusters = thinned;
+            size = encoded_len(&p.report);
+            if size > room {
+                warn!(zone = %p.report.zone_name, cluster = %p.report.cluster_name, instance = %p.report.instance, size, limit = max_message, "Instance too large for one message even without idle hosts; not sent. Raise --max-message on both sides.");
+                deltas.forget(&p.pending);
+                continue;
+            }
+            debug!(instance = %p.report.instance, size, "Idle clusters' host addresses left out to fit the message limit.");
+        }
+        if used + size > room && !current.is_empty() {
+            out.push(std::mem::take(&mut current));
+            used = 0;
+        }
+        used += size;
+        current.push(p);
+    }
+    if !current.is_empty() {
+        out.push(current);
+    }
+    out
+}
+
 fn jittered(delay: Duration) -> Duration {
     let factor = rand::rng().random_range(0.5..=1.0);
     delay.mul_f64(factor)

@@ -201,7 +201,18 @@ async fn reports_reach_the_sink_and_commands_make_the_round_trip() {
     eventually("two reports", || server.sink.count() >= 2).await;
     let (agent_id, report) = server.sink.reports()[0].clone();
     assert_eq!(meshcat_aggregator::ingest::agent_of(&agent_id), "agent-1");
-    assert_eq!(report, instance("east", "web", "web-1"));
+    // The first report of an instance on a connection is its whole state; the next
+    // ones say what changed since the acknowledged one (here nothing).
+    assert_eq!(
+        report,
+        InstanceReport {
+            seq: 1,
+            ..instance("east", "web", "web-1")
+        }
+    );
+    let second = server.sink.reports()[1].1.clone();
+    assert_eq!(second.seq, 2);
+    assert_eq!(second.delta.as_ref().map(|d| d.base), Some(1));
     eventually("the reporter's metrics", || {
         agent.metric("meshcat_agent_reports_sent_total") >= 2.0
             && agent.metric("meshcat_agent_connected") == 1.0
@@ -329,7 +340,16 @@ async fn the_reporter_reconnects_after_a_restart_and_resends_its_state() {
         second.sink.count() >= 1
     })
     .await;
-    assert_eq!(second.sink.reports()[0].1, instance("east", "web", "web-1"));
+    // Whole again on the new connection.
+    let resent = second.sink.reports()[0].1.clone();
+    assert_eq!(resent.delta, None);
+    assert_eq!(
+        resent,
+        InstanceReport {
+            seq: resent.seq,
+            ..instance("east", "web", "web-1")
+        }
+    );
     assert!(agent.metric("meshcat_agent_reconnects_total") >= 1.0);
     eventually("connected again", || {
         agent.metric("meshcat_agent_connected") == 1.0

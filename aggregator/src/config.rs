@@ -64,10 +64,12 @@ pub struct ServeArgs {
     /// Address of the ops endpoints: Prometheus /metrics, /healthz, /readyz (TCP) [default: 0.0.0.0:9091; 127.0.0.1:9091 with --dev].
     #[arg(long, env = "MESHCAT_OPS_ADDR", value_name = "HOST:PORT")]
     pub ops_addr: Option<SocketAddr>,
-    /// Whether /metrics carries a series per registered cluster (status and live
-    /// instances, labelled with its owner) and two per edge of the dependency graph
-    /// (requests and errors); false leaves them out for very large catalogs.
-    #[arg(long, env = "MESHCAT_CLUSTER_METRICS", default_value_t = true, action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new(), value_name = "true|false")]
+    /// Serve on /metrics a series per registered cluster (status and live instances,
+    /// labelled with its owner) and two per edge of the dependency graph (requests and
+    /// errors), which the alerting rules use. The ops port has no token and these
+    /// series name clusters, owners and who calls whom: off unless given
+    /// (`--cluster-metrics` alone means true).
+    #[arg(long, env = "MESHCAT_CLUSTER_METRICS", default_value_t = crate::ops::DEFAULT_CLUSTER_METRICS, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new(), value_name = "true|false")]
     pub cluster_metrics: bool,
     /// Directory of the durable registrations (zones and clusters).
     #[arg(
@@ -96,6 +98,10 @@ pub struct ServeArgs {
     /// requests within it, and its figures are summed over it.
     #[arg(long, env = "MESHCAT_GRAPH_WINDOW", default_value = store::DEFAULT_GRAPH_WINDOW, value_parser = parse_positive_duration, value_name = "DURATION")]
     pub graph_window: Duration,
+    /// Most callees one cluster keeps in the dependency graph (at most 10000): calls
+    /// to further upstream clusters are summed into one edge to external:other.
+    #[arg(long, env = "MESHCAT_MAX_EDGES_PER_NODE", default_value_t = crate::store::traffic::DEFAULT_MAX_EDGES_PER_NODE as u32, value_parser = clap::value_parser!(u32).range(1..=10_000), value_name = "N")]
+    pub max_edges_per_node: u32,
     /// PEM certificate chain of the QUIC server.
     #[arg(long, env = "MESHCAT_TLS_CERT", value_name = "FILE")]
     pub tls_cert: Option<PathBuf>,
@@ -153,20 +159,35 @@ pub struct ServeArgs {
     #[arg(long, env = "MESHCAT_MAX_MESSAGE", default_value = size_text(meshcat_common::wire::DEFAULT_MAX_MESSAGE as u64), value_parser = parse_bytes, value_name = "SIZE")]
     pub max_message: u64,
     /// Most upstream clusters one instance may report (its upstreams with traffic and
-    /// its listeners counted apart, the same way); a report with more is refused
-    /// whole (too_many_upstream_clusters).
+    /// its listeners counted apart, the same way); an instance with more is refused
+    /// alone (too_many_upstream_clusters), the rest of its report applies.
     #[arg(long, env = "MESHCAT_MAX_UPSTREAM_CLUSTERS", default_value_t = meshcat_common::limits::MAX_UPSTREAM_CLUSTERS as u32, value_parser = clap::value_parser!(u32).range(1..), value_name = "N")]
     pub max_upstream_clusters: u32,
     /// Most upstream hosts one instance may report over all its clusters, with the
-    /// clusters its listeners name; a report with more is refused whole
+    /// clusters its listeners name; an instance with more is refused alone
     /// (too_many_upstream_hosts).
     #[arg(long, env = "MESHCAT_MAX_UPSTREAM_HOSTS", default_value_t = crate::ingest::DEFAULT_MAX_UPSTREAM_HOSTS as u32, value_parser = clap::value_parser!(u32).range(1..), value_name = "N")]
     pub max_upstream_hosts: u32,
     /// Most instances the live connections of one agent credential (certificate or
-    /// token) may report, each connection counting its last report's; a report that
-    /// would go over is refused whole (too_many_credential_instances).
+    /// token) may hold, each counted from its first report until it goes unreported
+    /// for --instance-ttl; further new instances are refused alone
+    /// (too_many_credential_instances).
     #[arg(long, env = "MESHCAT_MAX_INSTANCES_PER_CREDENTIAL", default_value_t = crate::ingest::DEFAULT_MAX_CREDENTIAL_INSTANCES as u32, value_parser = clap::value_parser!(u32).range(1..), value_name = "N")]
     pub max_instances_per_credential: u32,
+    /// Most instances one agent credential creates per minute, sustained (renamed
+    /// instances count): a credential may create up to
+    /// --max-instances-per-credential at once, then at this rate; past it new
+    /// instances are refused alone (instance_rate).
+    #[arg(long, env = "MESHCAT_MAX_NEW_INSTANCES_PER_MINUTE", default_value_t = crate::ingest::DEFAULT_MAX_NEW_INSTANCES_PER_MINUTE as u32, value_parser = clap::value_parser!(u32).range(1..), value_name = "N")]
+    pub max_new_instances_per_minute: u32,
+    /// Most agent connections of one credential; past it a new connection is
+    /// refused (too_many_credential_connections), except an agent's reconnect.
+    #[arg(long, env = "MESHCAT_MAX_CONNECTIONS_PER_CREDENTIAL", default_value_t = crate::ingest::DEFAULT_MAX_CREDENTIAL_CONNECTIONS as u32, value_parser = clap::value_parser!(u32).range(1..), value_name = "N")]
+    pub max_connections_per_credential: u32,
+    /// Most report streams of one agent credential in flight at once; past it a
+    /// report is refused (too_many_credential_streams).
+    #[arg(long, env = "MESHCAT_MAX_STREAMS_PER_CREDENTIAL", default_value_t = crate::ingest::DEFAULT_MAX_CREDENTIAL_STREAMS as u32, value_parser = clap::value_parser!(u32).range(1..), value_name = "N")]
+    pub max_streams_per_credential: u32,
     /// How often the configuration of each zone's edge sidecar (its requestCluster)
     /// is fetched through its agent, so that GET /services lists the clusters it
     /// knows.
@@ -221,6 +242,15 @@ pub struct ServeArgs {
     /// 100000000); 0 keeps no history.
     #[arg(long, env = "MESHCAT_HISTORY_MAX_ENTRIES", default_value_t = crate::history::DEFAULT_MAX_ENTRIES, value_parser = clap::value_parser!(u64).range(0..=100_000_000), value_name = "N")]
     pub history_max_entries: u64,
+    /// Most bytes the history's entries take (like 512MiB, at least 1MiB), the
+    /// oldest dropped first; keep it well within the data directory's volume.
+    #[arg(long, env = "MESHCAT_HISTORY_MAX_BYTES", default_value = size_text(crate::history::DEFAULT_MAX_BYTES), value_parser = parse_history_bytes, value_name = "SIZE")]
+    pub history_max_bytes: u64,
+    /// Most `diagnosed` entries the history records a minute (at most 100000); past
+    /// it diagnoses still run and answer, unrecorded (counted in
+    /// meshcat_history_unrecorded_total).
+    #[arg(long, env = "MESHCAT_HISTORY_MAX_DIAGNOSES", default_value_t = crate::history::DEFAULT_MAX_DIAGNOSES, value_parser = clap::value_parser!(u32).range(0..=100_000), value_name = "N")]
+    pub history_max_diagnoses: u32,
     /// Log line format.
     #[arg(long, env = "MESHCAT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -230,6 +260,15 @@ pub struct ServeArgs {
 const MAX_PREFIX_LEN: usize = 256;
 /// Most etcd endpoints in `--store`.
 const MAX_ENDPOINTS: usize = 16;
+
+/// `--history-max-bytes`: a size of at least 1 MiB.
+fn parse_history_bytes(s: &str) -> Result<u64, String> {
+    let n = parse_bytes(s)?;
+    if n < 1 << 20 {
+        return Err("must be at least 1MiB".into());
+    }
+    Ok(n)
+}
 
 /// `--event-coalesce`: 0 to 1 s.
 fn parse_coalesce(s: &str) -> Result<Duration, String> {
@@ -341,6 +380,8 @@ pub struct Config {
     /// not on loopback: each is warned about at start.
     pub exposed: Vec<(&'static str, SocketAddr)>,
     pub log_format: LogFormat,
+    /// The dependency graph's bounds.
+    pub graph: crate::graph::GraphConfig,
 }
 
 impl Config {
@@ -456,6 +497,7 @@ impl Config {
             ops_addr,
             ops: OpsConfig {
                 cluster_metrics: a.cluster_metrics,
+                ..OpsConfig::default()
             },
             ingest: IngestSettings {
                 addr: quic_addr,
@@ -468,6 +510,10 @@ impl Config {
                     max_upstream_clusters: a.max_upstream_clusters as usize,
                     max_upstream_hosts: a.max_upstream_hosts as usize,
                     max_credential_instances: a.max_instances_per_credential as usize,
+                    max_credential_connections: a.max_connections_per_credential as usize,
+                    max_credential_streams: a.max_streams_per_credential as usize,
+                    max_new_instances_per_minute: a.max_new_instances_per_minute as usize,
+                    instance_ttl: a.instance_ttl,
                     ..IngestLimits::default()
                 },
             },
@@ -507,12 +553,17 @@ impl Config {
             history: HistoryConfig {
                 retention: a.history_retention,
                 max_entries: a.history_max_entries,
+                max_bytes: a.history_max_bytes,
+                max_diagnoses: a.history_max_diagnoses,
             },
             http: a.http.limits(),
             tokens,
             dev: a.dev,
             exposed,
             log_format: a.log_format,
+            graph: crate::graph::GraphConfig {
+                max_edges_per_node: a.max_edges_per_node as usize,
+            },
         })
     }
 }
@@ -658,6 +709,20 @@ mod tests {
         assert!(parse(&["--history-retention", "0s"]).is_err());
         assert!(parse(&["--history-max-entries", "100000001"]).is_err());
         assert!(parse(&["--history-max-entries", "-1"]).is_err());
+        assert_eq!(d.history.max_bytes, 512 << 20);
+        assert_eq!(d.history.max_diagnoses, 60);
+        let a = parse(&[
+            "--history-max-bytes",
+            "2GiB",
+            "--history-max-diagnoses",
+            "0",
+        ])
+        .unwrap();
+        let c = Config::from_args(a).unwrap();
+        assert_eq!(c.history.max_bytes, 2 << 30);
+        assert_eq!(c.history.max_diagnoses, 0);
+        assert!(parse(&["--history-max-bytes", "1KiB"]).is_err());
+        assert!(parse(&["--history-max-diagnoses", "100001"]).is_err());
         let etcd = |extra: &[&str]| {
             let mut args = vec![
                 "--store",
@@ -709,13 +774,19 @@ mod tests {
     }
 
     #[test]
-    fn cluster_metrics_are_on_unless_turned_off() {
+    fn cluster_metrics_are_off_unless_turned_on() {
         let on = |args: &[&str]| Config::from_args(parse(args).unwrap()).unwrap();
-        assert!(on(&[]).ops.cluster_metrics);
+        assert!(!on(&[]).ops.cluster_metrics);
+        assert!(on(&["--cluster-metrics"]).ops.cluster_metrics);
+        assert!(on(&["--cluster-metrics", "--dev"]).ops.cluster_metrics);
+        assert!(on(&["--cluster-metrics=true"]).ops.cluster_metrics);
+        assert!(on(&["--cluster-metrics", "true"]).ops.cluster_metrics);
         assert!(!on(&["--cluster-metrics=false"]).ops.cluster_metrics);
         assert!(!on(&["--cluster-metrics", "false"]).ops.cluster_metrics);
-        assert!(on(&["--cluster-metrics=true"]).ops.cluster_metrics);
         assert!(parse(&["--cluster-metrics=maybe"]).is_err());
+        let d = on(&[]).ops;
+        assert_eq!(d.render_max_age, crate::ops::DEFAULT_RENDER_MAX_AGE);
+        assert_eq!(d.max_scrapes, crate::ops::DEFAULT_MAX_SCRAPES);
     }
 
     #[test]

@@ -7,6 +7,7 @@
 
 mod agents;
 mod auth;
+mod budget;
 mod connection;
 mod metrics;
 mod recording;
@@ -27,6 +28,10 @@ use tracing::{info, warn};
 
 pub use agents::{Agents, CommandError, MAX_PENDING_COMMANDS};
 pub use auth::{AgentAuth, AuthError, SecurityOptions, ZoneGrant, cert_grant};
+pub use budget::{
+    DEFAULT_MAX_CREDENTIAL_CONNECTIONS, DEFAULT_MAX_CREDENTIAL_STREAMS,
+    DEFAULT_MAX_NEW_INSTANCES_PER_MINUTE,
+};
 pub use metrics::{IngestMetrics, RECENT_REJECTIONS};
 pub use recording::{RecordingSink, agent_of};
 
@@ -35,7 +40,7 @@ pub const DEFAULT_MAX_INSTANCES: usize = 1000;
 /// Most upstream clusters one instance may report, by default.
 pub use meshcat_common::limits::MAX_UPSTREAM_CLUSTERS as DEFAULT_MAX_UPSTREAM_CLUSTERS;
 /// Most upstream hosts one instance may report, over all its clusters.
-pub const DEFAULT_MAX_UPSTREAM_HOSTS: usize = 32_768;
+pub const DEFAULT_MAX_UPSTREAM_HOSTS: usize = meshcat_common::limits::MAX_UPSTREAM_HOSTS;
 /// Most distinct instances the live connections of one credential may report, so
 /// one zone's credential cannot use up the live instances' global bound.
 pub const DEFAULT_MAX_CREDENTIAL_INSTANCES: usize = 10_000;
@@ -74,6 +79,14 @@ impl InstanceKey {
     }
 }
 
+/// An instance of a report that was not applied, and why (a reason code of
+/// docs/wire.md).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstanceRefusal {
+    pub key: InstanceKey,
+    pub reason: &'static str,
+}
+
 /// Where accepted reports go (the live instances implement it). The sink owns which
 /// session reports which instance; commands are routed by asking it. A session is
 /// named by its key: a tag of its credential, `:`, and the agent id.
@@ -88,7 +101,7 @@ pub trait ReportSink: Send + Sync + 'static {
         instances: Vec<InstanceReport>,
         now: Instant,
         may_take: &dyn Fn(&str) -> bool,
-    ) -> Vec<InstanceKey>;
+    ) -> Vec<InstanceRefusal>;
     /// The session's connection ended: its instances go.
     fn agent_gone(&self, key: &str);
     /// The key of the session that reports this instance now.
@@ -140,6 +153,17 @@ pub struct IngestLimits {
     /// Most instances reported by the live connections of one credential
     /// (`--max-instances-per-credential`).
     pub max_credential_instances: usize,
+    /// Most connections of one credential (`--max-connections-per-credential`).
+    pub max_credential_connections: usize,
+    /// Most report streams of one credential in flight
+    /// (`--max-streams-per-credential`).
+    pub max_credential_streams: usize,
+    /// Most instances one credential creates per minute, sustained
+    /// (`--max-new-instances-per-minute`).
+    pub max_new_instances_per_minute: usize,
+    /// How long an instance counts against its credential after its last report
+    /// (the catalog's `--instance-ttl`).
+    pub instance_ttl: Duration,
     /// Most concurrent authenticated agent connections.
     pub max_connections: usize,
     /// Most connections not yet authenticated.
@@ -156,6 +180,10 @@ impl Default for IngestLimits {
             max_upstream_clusters: DEFAULT_MAX_UPSTREAM_CLUSTERS,
             max_upstream_hosts: DEFAULT_MAX_UPSTREAM_HOSTS,
             max_credential_instances: DEFAULT_MAX_CREDENTIAL_INSTANCES,
+            max_credential_connections: budget::DEFAULT_MAX_CREDENTIAL_CONNECTIONS,
+            max_credential_streams: budget::DEFAULT_MAX_CREDENTIAL_STREAMS,
+            max_new_instances_per_minute: budget::DEFAULT_MAX_NEW_INSTANCES_PER_MINUTE,
+            instance_ttl: crate::store::Rules::defaults().instance_ttl,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_pending: DEFAULT_MAX_PENDING_CONNECTIONS,
             hello_timeout: HELLO_TIMEOUT,
@@ -211,9 +239,9 @@ struct Shared {
     max_instances: usize,
     max_upstream_clusters: usize,
     max_upstream_hosts: usize,
-    max_credential_instances: usize,
-    /// Instances reported by the live connections of each credential.
-    by_credential: dashmap::DashMap<connection::Credential, usize>,
+    /// What each credential holds: connections, streams, instances.
+    budgets: budget::Budgets,
+    instance_ttl: Duration,
     hello_timeout: Duration,
     sink: Arc<dyn ReportSink>,
     agents: Agents,
@@ -264,8 +292,13 @@ impl Ingest {
             max_instances: limits.max_instances,
             max_upstream_clusters: limits.max_upstream_clusters,
             max_upstream_hosts: limits.max_upstream_hosts,
-            max_credential_instances: limits.max_credential_instances,
-            by_credential: dashmap::DashMap::new(),
+            budgets: budget::Budgets::new(budget::CredentialLimits {
+                instances: limits.max_credential_instances,
+                connections: limits.max_credential_connections,
+                streams: limits.max_credential_streams,
+                new_per_minute: limits.max_new_instances_per_minute,
+            }),
+            instance_ttl: limits.instance_ttl,
             hello_timeout: limits.hello_timeout,
             sink: sink.clone(),
             agents: Agents::new(metrics.clone(), sink.clone()),

@@ -101,6 +101,9 @@ impl Aggregator {
         let lag = config.events.lag;
         store.changes().configure(lag, lag.max(DEFAULT_RETAINED));
         let telemetry = Telemetry::new()?;
+        let traffic = instances.traffic();
+        traffic.set_max_edges_per_node(config.graph.max_edges_per_node);
+        traffic.metrics().register(&telemetry.registry)?;
         let history = if config.history.is_on() {
             let metrics = history::HistoryMetrics::register(&telemetry.registry)?;
             let h = Arc::new(history::History::open(
@@ -157,7 +160,7 @@ impl ingest::ReportSink for Instances {
         instances: Vec<InstanceReport>,
         now: Instant,
         may_take: &dyn Fn(&str) -> bool,
-    ) -> Vec<ingest::InstanceKey> {
+    ) -> Vec<ingest::InstanceRefusal> {
         Instances::apply_reports_guarded(self, key, instances, now, may_take)
     }
 
@@ -289,6 +292,7 @@ async fn serve_with(
         telemetry: agg.telemetry.clone(),
         ready: AtomicBool::new(false),
         cluster_series: c.ops.cluster_metrics.then(|| graphs.clone()),
+        renderings: ops::Renderings::new(&c.ops),
     });
     let api_addr = api.local_addr()?;
     let ops_addr = ops.local_addr()?;
@@ -329,6 +333,7 @@ async fn serve_with(
     let sync_task = tokio::spawn(store::etcd::sync(
         agg.store.clone(),
         agg.instances.clone(),
+        agg.telemetry.peers.clone(),
         stop_rx.clone(),
     ));
     let history_task = agg
@@ -363,6 +368,7 @@ async fn serve_with(
         tokio::spawn(replicas::pull_traffic(
             replicas::Replicas::new(agg.store.clone(), peers.clone()),
             agg.instances.traffic().clone(),
+            agg.telemetry.peers.clone(),
             stop_rx.clone(),
         ))
     });
@@ -449,13 +455,21 @@ async fn serve_with(
 async fn expire_loop(instances: Arc<Instances>, mut stop: watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(EXPIRY_PERIOD);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut names = tokio::time::interval(NAMES_SWEEP_PERIOD);
+    names.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = tick.tick() => instances.expire(Instant::now()),
+            // Upstream cluster names no instance holds any more (their sidecars
+            // left, or dropped the cluster) are forgotten.
+            _ = names.tick() => store::clusterset::NAMES.sweep(),
             _ = stop.wait_for(|s| *s) => return,
         }
     }
 }
+
+/// How often unheld upstream cluster names are swept.
+const NAMES_SWEEP_PERIOD: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// A running aggregator, for tests and embedding.
 #[derive(Debug)]

@@ -20,6 +20,7 @@
 //! How the catalog is opened and its rules are in [`config`].
 
 mod aggregate;
+pub mod clusterset;
 mod config;
 pub mod drift;
 pub mod etcd;

@@ -200,8 +200,20 @@ impl Client {
     }
 }
 
+/// Whether the whole report was applied: acknowledged with no instance refused.
 fn accepted(m: &ServerMessage) -> bool {
-    matches!(m, ServerMessage::ReportAccepted { .. })
+    matches!(m, ServerMessage::ReportAccepted { refused, .. } if refused.is_empty())
+}
+
+/// The reasons of the instances a report's answer refused, by instance name.
+fn refusals(m: &ServerMessage) -> Vec<(String, String)> {
+    match m {
+        ServerMessage::ReportAccepted { refused, .. } => refused
+            .iter()
+            .map(|r| (r.instance.clone(), r.reason.clone()))
+            .collect(),
+        other => panic!("not acknowledged: {other:?}"),
+    }
 }
 
 fn dev(dir: &Path) -> DevFiles {
@@ -316,10 +328,15 @@ async fn certificate_zones_limit_reports() {
             instance("west", "web", "web-2"),
         ])
         .await;
-    assert!(
-        matches!(&answer, ServerMessage::Rejected { reason } if reason.contains("west")),
-        "{answer:?}"
+    // The instance of the other zone is refused alone; the rest applies.
+    assert_eq!(
+        refusals(&answer),
+        [("web-2".to_owned(), "forbidden_zone".to_owned())]
     );
+    assert!(matches!(
+        answer,
+        ServerMessage::ReportAccepted { instances: 1, .. }
+    ));
     assert_eq!(
         server.metric(
             "meshcat_reports_rejected_total",
@@ -327,8 +344,7 @@ async fn certificate_zones_limit_reports() {
         ),
         1.0
     );
-    // The refused report was not applied even in part.
-    assert_eq!(server.sink.reports_of("scoped"), 1);
+    assert_eq!(server.sink.reports_of("scoped"), 2);
     server.stop().await;
 }
 
@@ -452,7 +468,9 @@ async fn bad_messages_are_refused_without_harm_to_other_agents() {
     assert!(accepted(&bad.report(vec![instance("z", "c", "j")]).await));
     assert_eq!(server.sink.reports_of("good"), 2);
     assert_eq!(server.sink.reports_of("bad"), 1);
-    assert_eq!(server.metric("meshcat_reports_received_total", None), 3.0);
+    // The report whose one instance had a bad name was received, that instance
+    // refused.
+    assert_eq!(server.metric("meshcat_reports_received_total", None), 4.0);
     assert_eq!(server.metric("meshcat_agents_connected", None), 2.0);
     server.stop().await;
 }
@@ -569,7 +587,7 @@ async fn another_credential_can_neither_shut_out_an_agent_nor_take_its_instances
         .report(vec![web(), instance("zone-b", "api", "api-1")])
         .await;
     assert!(
-        matches!(answer, ServerMessage::ReportAccepted { instances: 1 }),
+        matches!(answer, ServerMessage::ReportAccepted { instances: 1, .. }),
         "{answer:?}"
     );
     assert_eq!(in_use(&server), 1.0);
@@ -582,7 +600,7 @@ async fn another_credential_can_neither_shut_out_an_agent_nor_take_its_instances
     // The holder goes on reporting and answering, untouched.
     assert!(matches!(
         holder.report(vec![web()]).await,
-        ServerMessage::ReportAccepted { instances: 1 }
+        ServerMessage::ReportAccepted { instances: 1, .. }
     ));
 
     // The other connection ends: only its own instance goes.
@@ -618,7 +636,7 @@ async fn another_credential_can_neither_shut_out_an_agent_nor_take_its_instances
     next.hello("pod", Some("tok-b")).await.unwrap();
     assert!(matches!(
         next.report(vec![web()]).await,
-        ServerMessage::ReportAccepted { instances: 1 }
+        ServerMessage::ReportAccepted { instances: 1, .. }
     ));
     assert_eq!(in_use(&server), 1.0);
     server.stop().await;
@@ -668,20 +686,21 @@ async fn certificates_without_an_exact_zone_uri_are_refused() {
     }
 }
 
-fn upstream(clusters: usize, hosts_each: usize) -> Vec<wire::UpstreamCluster> {
+fn upstream(clusters: usize, hosts_each: usize) -> Vec<wire::ReportedCluster> {
     (0..clusters)
-        .map(|c| wire::UpstreamCluster {
-            name: format!("up-{c}"),
-            added_via_api: false,
-            hosts: (0..hosts_each)
-                .map(|h| wire::UpstreamHost::idle(format!("10.0.{c}.{h}:80")))
-                .collect(),
+        .map(|c| {
+            wire::ReportedCluster::healthy(
+                format!("up-{c}"),
+                (0..hosts_each)
+                    .map(|h| format!("10.0.{c}.{h}:80"))
+                    .collect(),
+            )
         })
         .collect()
 }
 
 #[tokio::test]
-async fn upstream_and_per_credential_bounds_refuse_reports_whole() {
+async fn an_instance_over_a_bound_is_refused_alone_and_the_rest_of_its_report_applies() {
     let dir = tempfile::tempdir().unwrap();
     let files = dev(dir.path());
     let tokens = dir.path().join("tokens");
@@ -692,24 +711,23 @@ async fn upstream_and_per_credential_bounds_refuse_reports_whole() {
     let mut config = IngestConfig::new(server_tls, auth);
     config.limits.max_upstream_clusters = 3;
     config.limits.max_upstream_hosts = 4;
-    config.limits.max_credential_instances = 2;
     let server = Server::start(config).await;
     let rejected =
         |reason| server.metric("meshcat_reports_rejected_total", Some(("reason", reason)));
-
     let mut a1 = connect(server.addr, &files.ca, None).await.unwrap();
     a1.hello("a-1", Some("tok-a")).await.unwrap();
-    let mut wide = instance("zone-a", "web", "web-1");
-    wide.clusters = upstream(4, 1);
-    assert!(!accepted(&a1.report(vec![wide]).await));
-    assert_eq!(rejected("too_many_upstream_clusters"), 1.0);
-    let mut crowded = instance("zone-a", "web", "web-1");
-    crowded.clusters = upstream(2, 3);
-    assert!(!accepted(&a1.report(vec![crowded]).await));
-    assert_eq!(rejected("too_many_upstream_hosts"), 1.0);
+    let small = || instance("zone-a", "web", "small");
+    let with = |name: &str, clusters| {
+        let mut r = instance("zone-a", "web", name);
+        r.clusters = clusters;
+        r
+    };
+
+    let wide = with("wide", upstream(4, 1));
+    let crowded = with("crowded", upstream(2, 3));
     // The graph's fields count too: upstreams and listeners as clusters, the
     // clusters listeners name as hosts.
-    let mut busy = instance("zone-a", "web", "web-1");
+    let mut busy = instance("zone-a", "web", "busy");
     busy.upstreams = (0..4)
         .map(|c| wire::UpstreamTraffic {
             name: format!("up-{c}"),
@@ -721,79 +739,164 @@ async fn upstream_and_per_credential_bounds_refuse_reports_whole() {
             tls: false,
         })
         .collect();
-    assert!(!accepted(&a1.report(vec![busy]).await));
-    assert_eq!(rejected("too_many_upstream_clusters"), 2.0);
-    let mut routed = instance("zone-a", "web", "web-1");
-    routed.clusters = upstream(2, 2);
+    let mut routed = with("routed", upstream(2, 2));
     routed.listeners = vec![wire::ListenerRoutes {
         address: "10.0.0.1:80".into(),
         clusters: vec!["up-0".into()],
     }];
-    assert!(!accepted(&a1.report(vec![routed]).await));
-    assert_eq!(rejected("too_many_upstream_hosts"), 2.0);
-    let mut fine = instance("zone-a", "web", "web-1");
-    fine.clusters = upstream(2, 2);
-    assert!(accepted(&a1.report(vec![fine]).await));
-    assert_eq!(server.sink.reports_of("a-1"), 1);
-
-    // Two instances per credential, over all its connections; reporting the same
-    // instance again costs nothing.
-    let mut a2 = connect(server.addr, &files.ca, None).await.unwrap();
-    a2.hello("a-2", Some("tok-a")).await.unwrap();
-    assert!(accepted(
-        &a2.report(vec![instance("zone-a", "web", "web-2")]).await
-    ));
-    assert!(accepted(
-        &a2.report(vec![instance("zone-a", "web", "web-2")]).await
-    ));
-    let answer = a2
+    // Hosts sent without their addresses count by their number.
+    let mut bare = upstream(1, 5);
+    bare[0].hosts.clear();
+    let bare = with("bare", bare);
+    let answer = a1
         .report(vec![
-            instance("zone-a", "web", "web-2"),
-            instance("zone-a", "web", "web-3"),
+            wide,
+            small(),
+            crowded,
+            busy,
+            routed,
+            bare,
+            with("fine", upstream(2, 2)),
         ])
         .await;
     assert!(
-        matches!(&answer, ServerMessage::Rejected { reason } if reason.contains("limit")),
+        matches!(answer, ServerMessage::ReportAccepted { instances: 2, .. }),
         "{answer:?}"
     );
+    let refused = refusals(&answer);
+    let refused: Vec<(&str, &str)> = refused
+        .iter()
+        .map(|(i, r)| (i.as_str(), r.as_str()))
+        .collect();
+    assert_eq!(
+        refused,
+        [
+            ("wide", "too_many_upstream_clusters"),
+            ("crowded", "too_many_upstream_hosts"),
+            ("busy", "too_many_upstream_clusters"),
+            ("routed", "too_many_upstream_hosts"),
+            ("bare", "too_many_upstream_hosts"),
+        ]
+    );
+    assert_eq!(rejected("too_many_upstream_clusters"), 2.0);
+    assert_eq!(rejected("too_many_upstream_hosts"), 3.0);
+    let applied: Vec<String> = server
+        .sink
+        .reports()
+        .into_iter()
+        .map(|(_, r)| r.instance)
+        .collect();
+    assert_eq!(applied, ["small", "fine"]);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_credential_is_bounded_in_instances_creation_rate_connections_and_streams() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = dev(dir.path());
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, "tok-a zone-a\ntok-b zone-b\n").unwrap();
+    let auth = AgentAuth::default().with_token_file(&tokens).unwrap();
+    let server_tls =
+        tls::server_config(&files.server_cert, &files.server_key, &ClientAuth::None).unwrap();
+    let mut config = IngestConfig::new(server_tls, auth);
+    config.limits.max_credential_instances = 3;
+    config.limits.max_new_instances_per_minute = 1;
+    config.limits.max_credential_connections = 2;
+    config.limits.max_credential_streams = 2;
+    config.limits.instance_ttl = Duration::from_millis(400);
+    let server = Server::start(config).await;
+    let rejected =
+        |reason| server.metric("meshcat_reports_rejected_total", Some(("reason", reason)));
+    let web = |name: &str| instance("zone-a", "web", name);
+
+    let mut a1 = connect(server.addr, &files.ca, None).await.unwrap();
+    a1.hello("a-1", Some("tok-a")).await.unwrap();
+    let mut a2 = connect(server.addr, &files.ca, None).await.unwrap();
+    a2.hello("a-2", Some("tok-a")).await.unwrap();
+    // Three instances over all the credential's connections; reporting one again
+    // costs nothing.
+    assert!(accepted(&a1.report(vec![web("w-1")]).await));
+    assert!(accepted(&a2.report(vec![web("w-2"), web("w-3")]).await));
+    assert!(accepted(&a2.report(vec![web("w-2"), web("w-3")]).await));
+    let answer = a2.report(vec![web("w-3"), web("w-4")]).await;
+    assert_eq!(
+        refusals(&answer),
+        [("w-4".to_owned(), "too_many_credential_instances".to_owned())]
+    );
     assert_eq!(rejected("too_many_credential_instances"), 1.0);
-    assert_eq!(server.sink.reports_of("a-2"), 2);
-    // Each report is the agent's whole snapshot: pods that come and go on a node
-    // never add up, the last report's instances are what counts.
-    for pod in ["web-4", "web-5", "web-6"] {
-        assert!(accepted(
-            &a2.report(vec![instance("zone-a", "web", pod)]).await
-        ));
+    // An agent that renames its instances spends its budget: the old names count
+    // until they go unreported for the TTL, and then the creation rate (one a
+    // minute after the first three) holds it back.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let answer = a2.report(vec![web("w-5")]).await;
+        let reasons = refusals(&answer);
+        if reasons == [("w-5".to_owned(), "instance_rate".to_owned())] {
+            break;
+        }
+        assert_eq!(
+            reasons,
+            [("w-5".to_owned(), "too_many_credential_instances".to_owned())],
+            "until the old names' TTL"
+        );
+        assert!(Instant::now() < deadline, "the old names never expired");
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(rejected("too_many_credential_instances"), 1.0);
-    assert_eq!(server.sink.reports_of("a-2"), 5);
-    // Another credential (zone) has its own bound.
+    // Another credential has its own budget.
     let mut b = connect(server.addr, &files.ca, None).await.unwrap();
     b.hello("b-1", Some("tok-b")).await.unwrap();
     assert!(accepted(
         &b.report(vec![
-            instance("zone-b", "web", "web-1"),
-            instance("zone-b", "web", "web-2")
+            instance("zone-b", "web", "w-1"),
+            instance("zone-b", "web", "w-2")
         ])
         .await
     ));
-    // A connection that ends gives its instances back.
-    a1.goodbye().await;
+
+    // Two connections per credential; a reconnect replaces its own.
+    let mut a3 = connect(server.addr, &files.ca, None).await.unwrap();
+    let reason = a3.hello("a-3", Some("tok-a")).await.unwrap_err();
+    assert!(reason.contains("too many connections"), "{reason}");
+    assert_eq!(rejected("too_many_credential_connections"), 1.0);
+    let mut again = connect(server.addr, &files.ca, None).await.unwrap();
+    again.hello("a-1", Some("tok-a")).await.unwrap();
     tokio::time::timeout(Duration::from_secs(5), a1.conn.closed())
         .await
-        .expect("goodbye closes the connection");
-    eventually("a-1 gone", || server.sink.is_gone("a-1")).await;
-    eventually("the bound released", || {
-        server.metric("meshcat_agents_connected", None) == 2.0
-    })
-    .await;
-    assert!(accepted(
-        &a2.report(vec![
-            instance("zone-a", "web", "web-2"),
-            instance("zone-a", "web", "web-3")
-        ])
-        .await
-    ));
+        .expect("the reconnect replaced the older connection");
+
+    // Two report streams in flight per credential: two that never finish their
+    // report hold both, and the next is refused while the connection lives on.
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let (mut send, recv) = a2.conn.open_bi().await.unwrap();
+        send.write_all(&1000u32.to_be_bytes()).await.unwrap();
+        held.push((send, recv));
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        // Until the server has taken both held streams, a report still finds room.
+        let answer = again.report(Vec::new()).await;
+        if matches!(&answer, ServerMessage::Rejected { reason } if reason.contains("report streams"))
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a third report stream was never refused"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(rejected("too_many_credential_streams") >= 1.0);
+    drop(held);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !accepted(&again.report(Vec::new()).await) {
+        assert!(
+            Instant::now() < deadline,
+            "the held streams were never given back"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     server.stop().await;
 }
 

@@ -13,7 +13,7 @@ use meshcat_common::model::InstanceMetrics;
 use meshcat_common::transport::{read_frame, write_frame};
 use meshcat_common::wire::{
     AgentMessage, DEFAULT_MAX_MESSAGE, Hello, InstanceReport, ListenerRoutes, Report,
-    ServerMessage, UpstreamCluster, UpstreamHost, UpstreamTraffic,
+    ReportedCluster, ServerMessage, UpstreamTraffic,
 };
 use rand::Rng;
 
@@ -28,6 +28,14 @@ pub struct Stats {
     /// Acknowledgement latencies in microseconds, while measuring.
     pub latencies: Mutex<Vec<u32>>,
     pub measuring: AtomicBool,
+    /// Encoded bytes and count of instances sent whole, and as deltas, while
+    /// measuring; and the largest whole instance (a reconnect's cost).
+    pub whole_bytes: AtomicU64,
+    pub whole_sent: AtomicU64,
+    pub delta_bytes: AtomicU64,
+    pub delta_sent: AtomicU64,
+    pub largest_whole: AtomicU64,
+    pub largest_delta: AtomicU64,
 }
 
 /// Requests each upstream cluster carries between two reports of an instance, and
@@ -46,6 +54,9 @@ pub struct SimAgent {
     /// Whether the reports carry the upstreams' traffic (when false they are sent
     /// without it, as an agent older than the graph would send them).
     pub traffic: Arc<AtomicBool>,
+    /// Whether steady reports are deltas against the acknowledged one, as the
+    /// agent sends them (false: every report whole).
+    pub deltas: bool,
 }
 
 impl SimAgent {
@@ -70,21 +81,46 @@ impl SimAgent {
         let offset = self.interval.mul_f64(rand::rng().random_range(0.0..1.0));
         tokio::time::sleep(offset).await;
         let mut ticker = tokio::time::interval(self.interval);
+        // The seq of each instance's acknowledged report; 0 before the first.
+        let mut acked = vec![0u64; self.instances.len()];
         for sent in 0u64.. {
             tokio::select! {
                 _ = ticker.tick() => {}
                 () = stop.notified() => return,
             }
             let started = Instant::now();
-            match send_report(&conn, self.report(sent)).await {
-                Ok(true) => {
+            let report = self.report(sent, &acked);
+            if stats.measuring.load(Ordering::Relaxed) {
+                for r in &report {
+                    let bytes = meshcat_common::wire::encoded_len(r) as u64;
+                    let (total, count, largest) = if r.delta.is_some() {
+                        (&stats.delta_bytes, &stats.delta_sent, &stats.largest_delta)
+                    } else {
+                        (&stats.whole_bytes, &stats.whole_sent, &stats.largest_whole)
+                    };
+                    total.fetch_add(bytes, Ordering::Relaxed);
+                    count.fetch_add(1, Ordering::Relaxed);
+                    largest.fetch_max(bytes, Ordering::Relaxed);
+                }
+            }
+            let seqs: Vec<u64> = report.iter().map(|r| r.seq).collect();
+            match send_report(&conn, report).await {
+                Ok(Some(refused)) => {
+                    for (i, seq) in seqs.into_iter().enumerate() {
+                        let name = &self.instances[i].instance;
+                        acked[i] = if refused.iter().any(|r| &r.instance == name) {
+                            0
+                        } else {
+                            seq
+                        };
+                    }
                     stats.accepted.fetch_add(1, Ordering::Relaxed);
                     if stats.measuring.load(Ordering::Relaxed) {
                         let us = started.elapsed().as_micros().min(u32::MAX as u128) as u32;
                         stats.latencies.lock().expect("latencies").push(us);
                     }
                 }
-                Ok(false) => {
+                Ok(None) => {
                     stats.rejected.fetch_add(1, Ordering::Relaxed);
                 }
                 Err(e) => {
@@ -100,12 +136,53 @@ impl SimAgent {
 
     /// The instances of the agent's `sent`-th report: the upstreams' counters moved
     /// by one report's traffic each time.
-    fn report(&self, sent: u64) -> Vec<InstanceReport> {
+    fn report(&self, sent: u64, acked: &[u64]) -> Vec<InstanceReport> {
         let traffic = self.traffic.load(Ordering::Relaxed);
         self.instances
             .iter()
-            .map(|i| {
+            .zip(acked)
+            .map(|(i, &base)| {
+                // Every instance's seq is the report number: unique and growing.
+                let seq = sent + 1;
+                if self.deltas && base > 0 {
+                    // Nothing of the sidecar's configuration moves: only the
+                    // upstreams' figures, which move with every report.
+                    let mut d = InstanceReport {
+                        seq,
+                        upstreams: i.upstreams.clone(),
+                        delta: Some(meshcat_common::wire::Delta {
+                            base,
+                            listeners_unchanged: true,
+                            ..Default::default()
+                        }),
+                        ..InstanceReport::unread(
+                            i.zone_name.clone(),
+                            i.cluster_name.clone(),
+                            i.instance.clone(),
+                        )
+                    };
+                    d.admin_address.clone_from(&i.admin_address);
+                    d.reachable = i.reachable;
+                    d.start_time_ms = i.start_time_ms;
+                    d.server_state.clone_from(&i.server_state);
+                    d.envoy_version.clone_from(&i.envoy_version);
+                    d.log_level.clone_from(&i.log_level);
+                    d.requests_total = i.requests_total;
+                    d.errors_5xx_total = i.errors_5xx_total;
+                    d.metrics = i.metrics.clone();
+                    d.local_cluster.clone_from(&i.local_cluster);
+                    if traffic {
+                        for u in &mut d.upstreams {
+                            u.requests_total += sent * REQUESTS_PER_REPORT;
+                            u.errors_5xx_total += sent * ERRORS_PER_REPORT;
+                        }
+                    } else {
+                        d.upstreams.clear();
+                    }
+                    return d;
+                }
                 let mut i = i.clone();
+                i.seq = seq;
                 if traffic {
                     for u in &mut i.upstreams {
                         u.requests_total += sent * REQUESTS_PER_REPORT;
@@ -139,10 +216,12 @@ impl SimAgent {
     }
 }
 
+/// Sends one report; the instances refused (an empty list when all applied), or
+/// `None` when the whole report was refused.
 async fn send_report(
     conn: &quinn::Connection,
     instances: Vec<InstanceReport>,
-) -> anyhow::Result<bool> {
+) -> anyhow::Result<Option<Vec<meshcat_common::wire::RefusedInstance>>> {
     let (mut send, mut recv) = conn.open_bi().await?;
     let report = AgentMessage::Report(Report {
         sent_at_ms: 0,
@@ -151,8 +230,8 @@ async fn send_report(
     write_frame(&mut send, &report, DEFAULT_MAX_MESSAGE).await?;
     send.finish()?;
     match read_frame::<ServerMessage>(&mut recv, DEFAULT_MAX_MESSAGE).await? {
-        Some(ServerMessage::ReportAccepted { .. }) => Ok(true),
-        Some(ServerMessage::Rejected { .. }) => Ok(false),
+        Some(ServerMessage::ReportAccepted { refused, .. }) => Ok(Some(refused)),
+        Some(ServerMessage::Rejected { .. }) => Ok(None),
         other => bail!("unexpected answer: {other:?}"),
     }
 }
@@ -208,25 +287,20 @@ pub fn instance(
     let clusters = std::iter::once(&local)
         .chain(upstreams)
         .enumerate()
-        .map(|(c, name)| UpstreamCluster {
-            name: name.clone(),
-            added_via_api: c > 0,
-            hosts: (0..2)
-                .map(|h| UpstreamHost {
-                    address: if c == 0 {
-                        "127.0.0.1:8080".into()
+        .map(|(c, name)| {
+            let hosts = (0..2)
+                .map(|h| {
+                    if c == 0 {
+                        "127.0.0.1:8080".to_owned()
                     } else {
                         format!("10.{}.{}.{}:15006", c % 250, agent % 250, h + 1)
-                    },
-                    cx_active: 3,
-                    cx_connect_fail: 0,
-                    cx_total: 120,
-                    rq_active: 1,
-                    rq_error: 2,
-                    rq_total: 4_000,
-                    health_flags: "healthy".into(),
+                    }
                 })
-                .collect(),
+                .collect();
+            ReportedCluster {
+                added_via_api: c > 0,
+                ..ReportedCluster::healthy(name.clone(), hosts)
+            }
         })
         .collect();
     let traffic = upstreams
@@ -256,7 +330,8 @@ pub fn instance(
         ]
     };
     InstanceReport {
-        admin_address: "127.0.0.1:9901".into(),
+        // Reached at the pod's address, where its listeners are.
+        admin_address: format!("{pod}:15000"),
         reachable: true,
         start_time_ms: 1_700_000_000_000,
         server_state: "LIVE".into(),
@@ -271,4 +346,27 @@ pub fn instance(
         local_cluster: (!upstreams.is_empty()).then_some(local),
         ..InstanceReport::unread(zone, cluster, instance)
     }
+}
+
+/// A sidecar of a mesh without configuration scoping: instance `i` of
+/// `instance(...)` that also knows `clusters` idle upstream clusters of 5 hosts
+/// each, the same names in every such sidecar (as every sidecar of an Istio mesh
+/// has every cluster of the mesh).
+pub fn large(mut i: InstanceReport, clusters: usize) -> InstanceReport {
+    i.clusters.extend((0..clusters).map(|c| {
+        ReportedCluster::healthy(
+            format!("outbound|8080||service-{c}.mesh.svc.cluster.local"),
+            (0..5)
+                .map(|h| {
+                    format!(
+                        "10.{}.{}.{}:8080",
+                        100 + c / 65_536,
+                        c / 256 % 256,
+                        c % 256 + h
+                    )
+                })
+                .collect(),
+        )
+    }));
+    i
 }

@@ -5,7 +5,11 @@
 
 /// Most upstream clusters reported for one instance: the agent sends at most as many
 /// (the busiest first), and the aggregator's `--max-upstream-clusters` defaults to it.
-pub const MAX_UPSTREAM_CLUSTERS: usize = 4096;
+/// A sidecar of a mesh without configuration scoping knows every cluster of the mesh.
+pub const MAX_UPSTREAM_CLUSTERS: usize = 20_000;
+/// Most upstream hosts (over all its upstream clusters) reported for one instance: the
+/// aggregator's `--max-upstream-hosts` defaults to it.
+pub const MAX_UPSTREAM_HOSTS: usize = 100_000;
 /// Most listeners reported and kept for one instance.
 pub const MAX_LISTENERS: usize = 256;
 /// Most clusters one listener's routes name, reported and kept.
@@ -48,6 +52,12 @@ mod tests {
                 "`MESHCAT_MAX_UPSTREAM_CLUSTERS` | `{MAX_UPSTREAM_CLUSTERS}`"
             )),
             "docs/configuration.md gives another --max-upstream-clusters default"
+        );
+        assert!(
+            configuration.contains(&format!(
+                "`MESHCAT_MAX_UPSTREAM_HOSTS` | `{MAX_UPSTREAM_HOSTS}`"
+            )),
+            "docs/configuration.md gives another --max-upstream-hosts default"
         );
         let api = doc("api.md");
         assert!(

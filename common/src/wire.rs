@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use crate::model::InstanceMetrics;
 
 /// The protocol version this build speaks.
-pub const PROTOCOL_VERSION: u16 = 1;
+pub const PROTOCOL_VERSION: u16 = 2;
 /// ALPN of the QUIC connection.
 pub const ALPN: &[u8] = b"meshcat/1";
 /// Default largest frame body (4 MiB).
@@ -49,8 +49,12 @@ pub enum ServerMessage {
     Rejected { reason: String },
     /// Run a command against one of the agent's sidecars.
     Command(CommandRequest),
-    /// The report on this stream was accepted and handed to the catalog.
-    ReportAccepted { instances: u32 },
+    /// The report on this stream was handed to the catalog: `instances` of its
+    /// instances applied, each of the others refused alone with its reason.
+    ReportAccepted {
+        instances: u32,
+        refused: Vec<RefusedInstance>,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -94,28 +98,130 @@ pub struct InstanceReport {
     /// Of those, answered with a 5xx.
     pub errors_5xx_total: u64,
     pub metrics: InstanceMetrics,
-    /// The upstream clusters the sidecar knows, with their hosts.
-    pub clusters: Vec<UpstreamCluster>,
-    /// The traffic to each upstream cluster that carried any (empty from agents
-    /// older than the graph: their instances have no edges).
-    #[serde(default)]
+    /// The upstream clusters the sidecar knows, with their host sets; in a
+    /// [`Delta`], only those that are new or whose host set changed.
+    pub clusters: Vec<ReportedCluster>,
+    /// The traffic to each upstream cluster that carried any; in a [`Delta`], only
+    /// those whose figures changed.
     pub upstreams: Vec<UpstreamTraffic>,
     /// The sidecar's listeners with the clusters their routes name, as of its last
-    /// configuration change.
-    #[serde(default)]
+    /// configuration change; in a [`Delta`] with `listeners_unchanged`, empty.
     pub listeners: Vec<ListenerRoutes>,
     /// The sidecar's own (local) cluster, when its target names it.
-    #[serde(default)]
     pub local_cluster: Option<String>,
     /// The drift hash: 16 lowercase hex digits of the sidecar's configuration without
     /// what is per instance (docs/agent.md, "The drift hash"). `None` until the agent
-    /// read a `/config_dump`, and from agents older than drift.
-    #[serde(default)]
+    /// read a `/config_dump`.
     pub config_hash: Option<String>,
     /// The same per resource kind (`listeners`, `clusters`, `routes`, `secrets`):
     /// which kinds two drifted instances differ in. Empty with no `config_hash`.
-    #[serde(default)]
     pub config_hashes: BTreeMap<String, String>,
+    /// This instance's report number on this connection, from 1; 0 in a snapshot
+    /// that was never sent.
+    pub seq: u64,
+    /// `None`: the report holds the sidecar's whole state. Otherwise it holds only
+    /// what changed since the acknowledged report `base` (docs/wire.md, "Deltas").
+    pub delta: Option<Delta>,
+}
+
+/// What a delta report leaves out or takes away, against the acknowledged report
+/// of the same instance numbered `base`. Every other field of the report is whole.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Delta {
+    /// The `seq` of the acknowledged report this one changes.
+    pub base: u64,
+    /// Upstream clusters the sidecar no longer has.
+    pub removed_clusters: Vec<String>,
+    /// Upstreams whose traffic figures are no longer listed (their cluster is gone).
+    pub removed_upstreams: Vec<String>,
+    /// The listeners are those of the base report (`listeners` is empty).
+    pub listeners_unchanged: bool,
+}
+
+/// An instance of a report that the aggregator did not apply, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RefusedInstance {
+    pub zone_name: String,
+    pub cluster_name: String,
+    pub instance: String,
+    /// A reason code (`too_many_upstream_clusters`, `stale_base`, ...; docs/wire.md).
+    pub reason: String,
+}
+
+/// The reason code of a delta whose base the aggregator does not hold: the agent
+/// sends the instance's whole state next.
+pub const STALE_BASE: &str = "stale_base";
+
+/// One upstream cluster of a report: its host set as a digest and a count, and
+/// the hosts' addresses when they are sent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReportedCluster {
+    pub name: String,
+    pub added_via_api: bool,
+    /// [`hosts_digest`] of the hosts' addresses.
+    pub hosts_digest: u64,
+    /// Hosts in the cluster, and of them those Envoy counts healthy.
+    pub host_count: u32,
+    pub healthy_count: u32,
+    /// The hosts' addresses (`ip:port`), sorted; empty when not sent (a full report
+    /// over the message budget sends the addresses only of upstreams with traffic).
+    pub hosts: Vec<String>,
+}
+
+impl ReportedCluster {
+    /// A cluster of healthy hosts at `addresses`, with their digest.
+    pub fn healthy(name: impl Into<String>, addresses: Vec<String>) -> Self {
+        let mut hosts = addresses;
+        hosts.sort();
+        hosts.dedup();
+        let n = u32::try_from(hosts.len()).unwrap_or(u32::MAX);
+        ReportedCluster {
+            name: name.into(),
+            added_via_api: false,
+            hosts_digest: hosts_digest(hosts.iter().map(String::as_str)),
+            host_count: n,
+            healthy_count: n,
+            hosts,
+        }
+    }
+
+    /// Whether the hosts' addresses are in this entry.
+    pub fn has_addresses(&self) -> bool {
+        self.hosts.len() as u64 == u64::from(self.host_count)
+    }
+
+    /// Whether `other` describes the same host set and health (traffic figures are
+    /// reported apart, in [`UpstreamTraffic`]).
+    pub fn same_set(&self, other: &ReportedCluster) -> bool {
+        self.hosts_digest == other.hosts_digest
+            && self.host_count == other.host_count
+            && self.healthy_count == other.healthy_count
+            && self.added_via_api == other.added_via_api
+    }
+}
+
+/// The digest of a host set: the wrapping sum, over the distinct addresses, of
+/// [`address_hash`]. Independent of order, so the agent and a control server's
+/// view compute it alike without sorting; 0 for no hosts.
+pub fn hosts_digest<'a>(addresses: impl IntoIterator<Item = &'a str>) -> u64 {
+    addresses
+        .into_iter()
+        .fold(0u64, |sum, a| sum.wrapping_add(address_hash(a)))
+}
+
+/// A 64-bit hash of one address (`ip:port`) that every build computes alike:
+/// FNV-1a over its bytes, then the splitmix64 finaliser (docs/wire.md).
+pub fn address_hash(address: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in address.as_bytes() {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h ^= h >> 30;
+    h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h ^= h >> 27;
+    h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^ (h >> 31)
 }
 
 /// One upstream cluster's traffic as the sidecar counted it: counters since the
@@ -169,11 +275,14 @@ impl InstanceReport {
             local_cluster: None,
             config_hash: None,
             config_hashes: BTreeMap::new(),
+            seq: 0,
+            delta: None,
         }
     }
 }
 
-/// A cluster in the sidecar's `/clusters` output.
+/// A cluster in the sidecar's `/clusters` output, with its hosts' counters: the
+/// diagnosis's evidence (reports carry [`ReportedCluster`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UpstreamCluster {
     pub name: String,
@@ -347,6 +456,23 @@ impl WireError {
             WireError::Encode(_) => "encode",
         }
     }
+}
+
+/// The size of `value` encoded as inside a message, without encoding it into
+/// memory; `usize::MAX` when it does not encode.
+pub fn encoded_len<M: Serialize>(value: &M) -> usize {
+    struct Counter(usize);
+    impl std::io::Write for Counter {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut c = Counter(0);
+    rmp_serde::encode::write(&mut c, value).map_or(usize::MAX, |()| c.0)
 }
 
 /// Encodes a message as a whole frame: length prefix and envelope.

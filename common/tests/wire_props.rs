@@ -10,8 +10,8 @@ use std::alloc::System;
 
 use cap::Cap;
 use meshcat_common::wire::{
-    self, AgentMessage, DEFAULT_MAX_MESSAGE, Hello, InstanceReport, Report, ServerMessage,
-    UpstreamCluster, UpstreamHost,
+    self, AgentMessage, DEFAULT_MAX_MESSAGE, Delta, Hello, InstanceReport, Report, ReportedCluster,
+    ServerMessage,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
@@ -39,21 +39,8 @@ fn decode_capped(body: &[u8]) -> (bool, bool) {
 }
 
 fn report(instances: usize, clusters: usize, hosts: usize) -> AgentMessage {
-    let host = UpstreamHost {
-        address: "10.0.0.1:80".into(),
-        cx_active: 1,
-        cx_connect_fail: 2,
-        cx_total: 3,
-        rq_active: 4,
-        rq_error: 5,
-        rq_total: 6,
-        health_flags: "healthy".into(),
-    };
-    let cluster = UpstreamCluster {
-        name: "up".into(),
-        added_via_api: true,
-        hosts: vec![host; hosts],
-    };
+    let cluster =
+        ReportedCluster::healthy("up", (0..hosts).map(|h| format!("10.0.0.{h}:80")).collect());
     let inst = InstanceReport {
         admin_address: "127.0.0.1:9901".into(),
         reachable: true,
@@ -65,6 +52,12 @@ fn report(instances: usize, clusters: usize, hosts: usize) -> AgentMessage {
         requests_total: 10,
         errors_5xx_total: 1,
         clusters: vec![cluster; clusters],
+        delta: (instances % 2 == 1).then(|| Delta {
+            base: 1,
+            removed_clusters: vec!["gone".into()],
+            removed_upstreams: Vec::new(),
+            listeners_unchanged: true,
+        }),
         ..InstanceReport::unread("z".into(), "c".into(), "i".into())
     };
     AgentMessage::Report(Report {

@@ -99,9 +99,12 @@ async fn scrape_counts_exact_requests_and_5xx() {
         .iter()
         .find(|c| c.name == "local_service")
         .expect("local_service listed");
-    assert_eq!(local.hosts.len(), 1);
-    assert_eq!(local.hosts[0].address, upstream.addr.to_string());
-    assert_eq!(local.hosts[0].rq_total, 20);
+    assert_eq!(local.hosts, [upstream.addr.to_string()]);
+    assert_eq!((local.host_count, local.healthy_count), (1, 1));
+    assert_eq!(
+        local.hosts_digest,
+        meshcat_common::wire::hosts_digest([upstream.addr.to_string().as_str()])
+    );
 
     // The graph's figures: the upstream cluster's counters and the listener that
     // routes to it, read from the real /stats and /config_dump.

@@ -62,12 +62,13 @@ type ReplySender = oneshot::Sender<Result<CommandOutput, String>>;
 /// What one connection counts against its credential's bound.
 #[derive(Debug, Default)]
 pub(crate) struct Reported {
-    /// The instances of the last accepted report (every report is the agent's whole
-    /// snapshot, so an instance it no longer reports stops counting): a keyed 64-bit
-    /// hash of (zone, cluster, instance) each, not the names, which the live
-    /// instances keep once (with 10 instances an agent the names cost more than the
-    /// rest of the session).
-    pub(crate) keys: std::collections::HashSet<u64>,
+    /// The instances this connection reported within the instance TTL, with when
+    /// each was last reported: a keyed 64-bit hash of (zone, cluster, instance)
+    /// each, not the names, which the live instances keep once (with 10 instances
+    /// an agent the names cost more than the rest of the session).
+    pub(crate) keys: HashMap<u64, std::time::Instant>,
+    /// When `keys` was last pruned of instances reported longer ago than the TTL.
+    pruned: Option<std::time::Instant>,
     /// Set when the connection ends, under the same lock a report is applied under:
     /// a report still in flight then is not applied after the connection's instances
     /// were dropped.
@@ -121,6 +122,24 @@ pub(crate) struct Session {
     /// Replies awaited, by command id.
     pending: Mutex<HashMap<u64, ReplySender>>,
     next_command: AtomicU64,
+}
+
+impl Reported {
+    /// Forgets the instances not reported within `ttl` (the catalog drops them
+    /// then too), at most every quarter of it; answers how many went.
+    pub(crate) fn prune(&mut self, now: std::time::Instant, ttl: std::time::Duration) -> usize {
+        if self
+            .pruned
+            .is_some_and(|p| now.saturating_duration_since(p) < ttl / 4)
+        {
+            return 0;
+        }
+        self.pruned = Some(now);
+        let before = self.keys.len();
+        self.keys
+            .retain(|_, seen| now.saturating_duration_since(*seen) <= ttl);
+        before - self.keys.len()
+    }
 }
 
 impl Session {
@@ -205,6 +224,16 @@ impl Agents {
     /// Whether some connected agent reports this instance.
     pub fn knows(&self, zone: &str, cluster: &str, instance: &str) -> bool {
         self.session_of(zone, cluster, instance).is_some()
+    }
+
+    /// Whether a hello of `agent_id` with `credential` replaces a live connection
+    /// (a reconnect).
+    pub(crate) fn replaces(
+        &self,
+        agent_id: &str,
+        credential: &super::connection::Credential,
+    ) -> bool {
+        self.is_live(&session_key(credential, agent_id))
     }
 
     /// Whether the session of this key has a live connection.

@@ -9,7 +9,10 @@ use std::time::Instant;
 use meshcat_common::tls;
 use meshcat_common::transport::{TransportError, code, read_frame, write_frame};
 use meshcat_common::validate::{is_valid_instance, is_valid_name};
-use meshcat_common::wire::{AgentMessage, Hello, Report, ServerMessage, WireError};
+use meshcat_common::wire::{
+    AgentMessage, Hello, InstanceReport, RefusedInstance, Report, STALE_BASE, ServerMessage,
+    WireError,
+};
 use rustls_pki_types::CertificateDer;
 use tokio::sync::mpsc;
 use tracing::{Instrument, Span, debug, info, info_span, warn};
@@ -41,6 +44,24 @@ struct Open<'a>(&'a Shared);
 impl Drop for Open<'_> {
     fn drop(&mut self) {
         self.0.open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Counts a connection against its credential's bound until dropped.
+struct CredentialConnection<'a>(&'a Shared, Credential);
+
+impl Drop for CredentialConnection<'_> {
+    fn drop(&mut self) {
+        self.0.budgets.disconnect(self.1);
+    }
+}
+
+/// Counts a report stream against its credential's bound until dropped.
+struct CredentialStream<'a>(&'a Shared, Credential);
+
+impl Drop for CredentialStream<'_> {
+    fn drop(&mut self) {
+        self.0.budgets.close_stream(self.1);
     }
 }
 
@@ -114,6 +135,26 @@ async fn serve_inner(incoming: quinn::Incoming, shared: Arc<Shared>) {
         return;
     };
     drop(pending);
+    // One credential holds at most its share of the connection slots.
+    let replacing = shared.agents.replaces(&hello.agent_id, &credential);
+    if !shared.budgets.connect(credential, replacing) {
+        shared.metrics.rejected("too_many_credential_connections");
+        shared.refusals.warn(|suppressed| {
+            warn!(
+                max_connections_per_credential = shared.budgets.limits().connections,
+                suppressed, "Agent refused: its credential holds its bound of connections."
+            );
+        });
+        Box::pin(refuse_hello(
+            &conn,
+            send,
+            &shared,
+            "too many connections with this agent credential".to_owned(),
+        ))
+        .await;
+        return;
+    }
+    let _counted = CredentialConnection(&shared, credential);
     // Only authenticated connections count against the connection limit.
     if shared.open.fetch_add(1, Ordering::Relaxed) >= shared.max_connections {
         shared.open.fetch_sub(1, Ordering::Relaxed);
@@ -367,6 +408,30 @@ async fn handle_report(
     session: &Arc<Session>,
     grant: &ZoneGrant,
 ) {
+    let _stream = if shared.budgets.open_stream(session.credential) {
+        CredentialStream(shared, session.credential)
+    } else {
+        let _ = recv.stop(code::TOO_LARGE.into());
+        let reason = "too_many_credential_streams";
+        shared.metrics.rejected(reason);
+        shared.refusals.warn(|suppressed| {
+            warn!(
+                reason,
+                suppressed,
+                "Report refused: its credential has its bound of report streams in flight."
+            );
+        });
+        let reply = ServerMessage::Rejected {
+            reason: "too many report streams in flight with this agent credential".to_owned(),
+        };
+        if write_frame(&mut send, &reply, shared.max_message)
+            .await
+            .is_ok()
+        {
+            let _ = send.finish();
+        }
+        return;
+    };
     let outcome = match read_frame::<AgentMessage>(&mut recv, shared.max_message).await {
         Ok(Some(AgentMessage::Report(report))) => accept(report, shared, session, grant),
         Ok(Some(other)) => Err((
@@ -383,7 +448,7 @@ async fn handle_report(
         }
     };
     let reply = match outcome {
-        Ok(instances) => ServerMessage::ReportAccepted { instances },
+        Ok((instances, refused)) => ServerMessage::ReportAccepted { instances, refused },
         Err((reason, why)) => {
             shared.metrics.rejected(reason);
             shared.refusals.warn(|suppressed| {
@@ -400,14 +465,16 @@ async fn handle_report(
     }
 }
 
-/// Validates a whole report, then hands it to the sink. A report with any invalid
-/// instance is refused whole, so the catalog never holds half of an agent's view.
+/// Checks each instance of a report, then hands the valid ones to the sink. An
+/// instance over a bound or with a bad name is refused alone, with its reason; the
+/// rest of the report applies, so no sidecar, however large or hostile, takes the
+/// other instances of its agent down with it.
 fn accept(
     report: Report,
     shared: &Shared,
     session: &Arc<Session>,
     grant: &ZoneGrant,
-) -> Result<u32, (&'static str, String)> {
+) -> Result<(u32, Vec<RefusedInstance>), (&'static str, String)> {
     if report.instances.len() > shared.max_instances {
         return Err((
             "too_many_instances",
@@ -418,167 +485,213 @@ fn accept(
             ),
         ));
     }
-    for inst in &report.instances {
-        // The graph's fields count against the same bounds: its upstreams and
-        // listeners as upstream clusters, the clusters its listeners name as hosts.
-        let hosts: usize = inst.clusters.iter().map(|c| c.hosts.len()).sum::<usize>()
-            + inst
-                .listeners
-                .iter()
-                .map(|l| l.clusters.len())
-                .sum::<usize>();
-        let clusters = inst
-            .clusters
-            .len()
-            .max(inst.upstreams.len())
-            .max(inst.listeners.len());
-        if clusters > shared.max_upstream_clusters {
-            return Err((
-                "too_many_upstream_clusters",
-                format!(
-                    "instance {:?} reports {clusters} upstream clusters, over the limit of {}",
-                    inst.instance, shared.max_upstream_clusters
-                ),
-            ));
-        }
-        if hosts > shared.max_upstream_hosts {
-            return Err((
-                "too_many_upstream_hosts",
-                format!(
-                    "instance {:?} reports {hosts} upstream hosts, over the limit of {}",
-                    inst.instance, shared.max_upstream_hosts
-                ),
-            ));
-        }
-        for (field, value, ok) in [
-            ("zone", &inst.zone_name, is_valid_name(&inst.zone_name)),
-            (
-                "cluster",
-                &inst.cluster_name,
-                is_valid_name(&inst.cluster_name),
-            ),
-            (
-                "instance",
-                &inst.instance,
-                is_valid_instance(&inst.instance),
-            ),
-        ] {
-            if !ok {
-                return Err((
-                    "invalid_name",
-                    format!("{field} name {value:?} is not valid"),
-                ));
+    let mut refused = Vec::new();
+    let mut valid = Vec::with_capacity(report.instances.len());
+    for inst in report.instances {
+        match check_instance(&inst, shared, grant) {
+            Ok(()) => valid.push(inst),
+            Err((reason, why)) => {
+                refuse_instance(shared, reason, &why);
+                refused.push(RefusedInstance {
+                    zone_name: inst.zone_name,
+                    cluster_name: inst.cluster_name,
+                    instance: inst.instance,
+                    reason: reason.to_owned(),
+                });
             }
         }
-        if !grant.allows(&inst.zone_name) {
+    }
+    let applied = admit_and_apply(valid, shared, session, &mut refused)?;
+    shared.metrics.reports_received.inc();
+    shared.metrics.instances_reported.inc_by(applied as u64);
+    Ok((applied as u32, refused))
+}
+
+/// Counts and logs (rate-limited) one refused instance.
+fn refuse_instance(shared: &Shared, reason: &'static str, why: &str) {
+    shared.metrics.rejected(reason);
+    shared.refusals.warn(|suppressed| {
+        warn!(reason, error = %why, suppressed, "Instance refused; the rest of its report applies.");
+    });
+}
+
+/// Whether one instance of a report may be applied: its names, its zone, and its
+/// size against the per-instance bounds (a delta's parts are counted as sent; the
+/// set they change is bounded where it is kept).
+fn check_instance(
+    inst: &InstanceReport,
+    shared: &Shared,
+    grant: &ZoneGrant,
+) -> Result<(), (&'static str, String)> {
+    for (field, value, ok) in [
+        ("zone", &inst.zone_name, is_valid_name(&inst.zone_name)),
+        (
+            "cluster",
+            &inst.cluster_name,
+            is_valid_name(&inst.cluster_name),
+        ),
+        (
+            "instance",
+            &inst.instance,
+            is_valid_instance(&inst.instance),
+        ),
+    ] {
+        if !ok {
             return Err((
-                "forbidden_zone",
-                format!("this agent may not report for zone {:?}", inst.zone_name),
+                "invalid_name",
+                format!("{field} name {value:?} is not valid"),
             ));
         }
     }
-    let n = report.instances.len();
-    let refused = admit_and_apply(report, shared, session)?;
-    shared.metrics.reports_received.inc();
-    shared
-        .metrics
-        .instances_reported
-        .inc_by((n - refused) as u64);
-    Ok((n - refused) as u32)
+    if !grant.allows(&inst.zone_name) {
+        return Err((
+            "forbidden_zone",
+            format!("this agent may not report for zone {:?}", inst.zone_name),
+        ));
+    }
+    // The graph's fields count against the same bounds: its upstreams and
+    // listeners as upstream clusters, the clusters its listeners name as hosts.
+    let hosts: u64 = inst
+        .clusters
+        .iter()
+        .map(|c| u64::from(c.host_count).max(c.hosts.len() as u64))
+        .sum::<u64>()
+        + inst
+            .listeners
+            .iter()
+            .map(|l| l.clusters.len() as u64)
+            .sum::<u64>();
+    let clusters = inst
+        .clusters
+        .len()
+        .max(inst.upstreams.len())
+        .max(inst.listeners.len());
+    if clusters > shared.max_upstream_clusters {
+        return Err((
+            "too_many_upstream_clusters",
+            format!(
+                "instance {:?} reports {clusters} upstream clusters, over the limit of {}",
+                inst.instance, shared.max_upstream_clusters
+            ),
+        ));
+    }
+    if hosts > shared.max_upstream_hosts as u64 {
+        return Err((
+            "too_many_upstream_hosts",
+            format!(
+                "instance {:?} reports {hosts} upstream hosts, over the limit of {}",
+                inst.instance, shared.max_upstream_hosts
+            ),
+        ));
+    }
+    Ok(())
 }
 
-/// Counts the report's instances against its credential's bound in place of the
-/// connection's previous report (each report is the agent's whole snapshot), and
-/// applies it; refuses it whole when the credential would go over the bound. Runs
-/// under the connection's count lock, so a report is never applied after the
-/// connection ended and its instances were given back.
+/// Counts the report's instances that are new to this connection against its
+/// credential's budget (how many it holds, how fast it creates them), refuses
+/// those past it, and applies the rest. An instance counts from its first report
+/// on the connection until it goes unreported for the instance TTL (when the
+/// catalog drops it too) or the connection ends, so an agent that rotates names
+/// spends its budget. Runs under the connection's count lock, so a report is never
+/// applied after the connection ended and its instances were given back.
 fn admit_and_apply(
-    report: Report,
+    mut instances: Vec<InstanceReport>,
     shared: &Shared,
     session: &Session,
+    refused: &mut Vec<RefusedInstance>,
 ) -> Result<usize, (&'static str, String)> {
     use std::hash::BuildHasher;
+    let now = Instant::now();
     let mut reported = lock(&session.reported);
     if reported.closed {
         return Err(("closed", "the connection has ended".to_owned()));
     }
-    let keys: std::collections::HashSet<u64> = report
-        .instances
+    let expired = reported.prune(now, shared.instance_ttl);
+    shared.budgets.release(session.credential, expired);
+    let key_of = |zone: &str, cluster: &str, instance: &str| {
+        session.reported_keys.hash_one((zone, cluster, instance))
+    };
+    let keys: Vec<u64> = instances
         .iter()
-        .map(|i| {
-            session.reported_keys.hash_one((
-                i.zone_name.as_str(),
-                i.cluster_name.as_str(),
-                i.instance.as_str(),
-            ))
-        })
+        .map(|i| key_of(&i.zone_name, &i.cluster_name, &i.instance))
         .collect();
-    let fresh = keys.difference(&reported.keys).count();
-    let gone = reported.keys.difference(&keys).count();
-    if fresh > gone {
-        let mut total = shared.by_credential.entry(session.credential).or_insert(0);
-        let others = total.saturating_sub(reported.keys.len());
-        if others + keys.len() > shared.max_credential_instances {
-            return Err((
-                "too_many_credential_instances",
-                format!(
-                    "this agent's credentials report {} instances; {} more is over the limit of {}",
-                    *total,
-                    fresh - gone,
-                    shared.max_credential_instances
-                ),
-            ));
-        }
-        *total += fresh - gone;
-    } else if gone > fresh {
-        shared
-            .by_credential
-            .remove_if_mut(&session.credential, |_, total| {
-                *total = total.saturating_sub(gone - fresh);
-                *total == 0
-            });
-    }
-    reported.keys = keys;
-    let may_take = |holder: &str| shared.agents.may_take(session, holder);
-    let refused =
-        shared
-            .sink
-            .apply_report(&session.key, report.instances, Instant::now(), &may_take);
-    if !refused.is_empty() {
-        // Refused instances are not this connection's: they do not count against its
-        // credential, and the next report may claim them again once they are free.
-        let mut n = 0;
-        for refused in &refused {
-            let key = session.reported_keys.hash_one((
-                refused.zone.as_str(),
-                refused.cluster.as_str(),
-                refused.instance.as_str(),
-            ));
-            if reported.keys.remove(&key) {
-                n += 1;
-            }
-            shared.metrics.rejected("instance_in_use");
-        }
-        shared
-            .by_credential
-            .remove_if_mut(&session.credential, |_, total| {
-                *total = total.saturating_sub(n);
-                *total == 0
-            });
+    let fresh: Vec<usize> = (0..keys.len())
+        .filter(|&i| !reported.keys.contains_key(&keys[i]))
+        .collect();
+    let (granted, short) = shared.budgets.create(session.credential, fresh.len(), now);
+    // The fresh instances past the grant are refused, the last first.
+    let mut denied = std::collections::HashSet::new();
+    if let Some(short) = short {
+        denied.extend(fresh[granted..].iter().copied());
+        let limits = shared.budgets.limits();
         shared.refusals.warn(|suppressed| {
-            let first = &refused[0];
             warn!(
-                reason = "instance_in_use",
-                refused = refused.len(),
-                zone = %first.zone,
-                cluster = %first.cluster,
-                instance = %first.instance,
+                reason = short.reason(),
+                refused = fresh.len() - granted,
+                max_instances_per_credential = limits.instances,
+                max_new_instances_per_minute = limits.new_per_minute,
                 suppressed,
-                "Instances refused: reported by a live connection with other credentials."
+                "New instances refused: their credential is at its bound."
             );
         });
     }
-    Ok(refused.len())
+    let mut kept = Vec::with_capacity(instances.len());
+    for (i, inst) in instances.drain(..).enumerate() {
+        if denied.contains(&i) {
+            if let Some(short) = short {
+                shared.metrics.rejected(short.reason());
+                refused.push(RefusedInstance {
+                    zone_name: inst.zone_name,
+                    cluster_name: inst.cluster_name,
+                    instance: inst.instance,
+                    reason: short.reason().to_owned(),
+                });
+            }
+            continue;
+        }
+        reported.keys.insert(keys[i], now);
+        kept.push(inst);
+    }
+    let n = kept.len();
+    let may_take = |holder: &str| shared.agents.may_take(session, holder);
+    let sunk = shared.sink.apply_report(&session.key, kept, now, &may_take);
+    let mut given_back = 0;
+    for r in &sunk {
+        // An instance that is not this connection's does not count against its
+        // credential; the next report may claim it again once it is free. A delta
+        // on a stale base stays counted: the agent sends the whole state next.
+        if r.reason != STALE_BASE
+            && reported
+                .keys
+                .remove(&key_of(&r.key.zone, &r.key.cluster, &r.key.instance))
+                .is_some()
+        {
+            given_back += 1;
+        }
+        shared.metrics.rejected(r.reason);
+    }
+    shared.budgets.release(session.credential, given_back);
+    if let Some(first) = sunk.iter().find(|r| r.reason != STALE_BASE) {
+        shared.refusals.warn(|suppressed| {
+            warn!(
+                reason = first.reason,
+                refused = sunk.len(),
+                zone = %first.key.zone,
+                cluster = %first.key.cluster,
+                instance = %first.key.instance,
+                suppressed,
+                "Instances refused by the catalog."
+            );
+        });
+    }
+    let applied = n - sunk.len();
+    refused.extend(sunk.into_iter().map(|r| RefusedInstance {
+        zone_name: r.key.zone,
+        cluster_name: r.key.cluster,
+        instance: r.key.instance,
+        reason: r.reason.to_owned(),
+    }));
+    Ok(applied)
 }
 
 /// Gives a finished connection's instances back to its credential's bound, and
@@ -587,15 +700,7 @@ fn release_instances(shared: &Shared, session: &Session) {
     let mut reported = lock(&session.reported);
     reported.closed = true;
     let n = std::mem::take(&mut reported.keys).len();
-    if n == 0 {
-        return;
-    }
-    shared
-        .by_credential
-        .remove_if_mut(&session.credential, |_, total| {
-            *total = total.saturating_sub(n);
-            *total == 0
-        });
+    shared.budgets.release(session.credential, n);
 }
 
 fn message_name(m: &AgentMessage) -> &'static str {

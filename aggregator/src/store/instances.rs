@@ -16,14 +16,15 @@ use std::time::{Duration, Instant};
 use dashmap::DashMap;
 use meshcat_common::model::InstanceMetrics;
 use meshcat_common::validate::is_valid_name;
-use meshcat_common::wire::InstanceReport;
+use meshcat_common::wire::{InstanceReport, STALE_BASE};
 use tracing::{debug, warn};
 
+use super::clusterset::ClusterSet;
 use super::publish::Touch;
 use super::traffic::Traffic;
 use super::{Entry, MAX_EDGE_CLUSTERS, Memory, shared};
 use crate::history::{Detail, Kind, LeftReason, Pending};
-pub use crate::ingest::InstanceKey;
+pub use crate::ingest::{InstanceKey, InstanceRefusal};
 
 /// What a metrics lookup found.
 #[derive(Debug)]
@@ -64,7 +65,11 @@ pub struct LiveInstance {
     /// The sidecar's request and 5xx counters, for the next report's window.
     requests_total: u64,
     errors_5xx_total: u64,
-    /// The whole last report, packed.
+    /// The number of the last report applied, the base of the agent's next delta.
+    seq: u64,
+    /// The sidecar's upstream clusters and their host sets.
+    clusters: Arc<ClusterSet>,
+    /// The last report without its upstream clusters and graph fields, packed.
     packed: Box<[u8]>,
 }
 
@@ -72,7 +77,13 @@ impl LiveInstance {
     /// The report is encoded into this thread's scratch buffer and copied out in one
     /// allocation of its exact size, where growing a fresh vector would reallocate it
     /// several times per instance.
-    fn new(reporter: Reporter, now: Instant, window: (u64, u64), report: &InstanceReport) -> Self {
+    fn new(
+        reporter: Reporter,
+        now: Instant,
+        window: (u64, u64),
+        report: &InstanceReport,
+        clusters: Arc<ClusterSet>,
+    ) -> Self {
         thread_local! {
             static SCRATCH: RefCell<Vec<u8>> = RefCell::new(Vec::with_capacity(PACK_SCRATCH));
         }
@@ -98,11 +109,19 @@ impl LiveInstance {
             config_hash: report.config_hash.as_deref().map(Arc::from),
             requests_total: report.requests_total,
             errors_5xx_total: report.errors_5xx_total,
+            seq: report.seq,
+            clusters,
             packed,
         }
     }
 
-    /// The last report, unpacked (its graph fields empty: see [`super::traffic`]).
+    /// The sidecar's upstream clusters as last reported.
+    pub fn clusters(&self) -> &Arc<ClusterSet> {
+        &self.clusters
+    }
+
+    /// The last report, unpacked (its upstream clusters in [`Self::clusters`], its
+    /// graph fields in [`super::traffic`]).
     pub fn report(&self) -> InstanceReport {
         rmp_serde::from_slice(&self.packed).expect("the store packed this report itself")
     }
@@ -236,10 +255,10 @@ const BUCKET_SPAN: Duration = Duration::from_millis(250);
 
 /// What became of one snapshot.
 enum Put {
-    /// Over the instance budget.
-    Dropped,
-    /// Held by another reporter that may not be displaced (`instance_in_use`).
-    Refused(InstanceKey),
+    /// Not applied, with the reason: held by another reporter that may not be
+    /// displaced (`instance_in_use`), or a delta whose base is not the held report
+    /// ([`STALE_BASE`]).
+    Refused(InstanceKey, &'static str),
     /// Stored; `shown` when a reader sees the change; `drift` when the cluster's
     /// drift may have moved (a configuration or a live instance with one changed).
     Done {
@@ -356,8 +375,8 @@ impl Instances {
     ///
     /// An instance that another agent reports is taken over only when
     /// `may_take(that agent)` allows it, decided under the entry's lock; the
-    /// instances refused are answered as (zone, cluster, instance), and the rest of
-    /// the report applies. Another replica's instance is always taken over (its
+    /// instances refused are answered with their reason, and the rest of the report
+    /// applies. Another replica's instance is always taken over (its
     /// agent moved here).
     pub fn apply_reports_guarded(
         &self,
@@ -365,7 +384,7 @@ impl Instances {
         reports: Vec<InstanceReport>,
         now: Instant,
         may_take: &dyn Fn(&str) -> bool,
-    ) -> Vec<InstanceKey> {
+    ) -> Vec<InstanceRefusal> {
         let _st = shared(&self.memory.state);
         let mut refused = Vec::new();
         let agent: Arc<str> = Arc::from(agent_id);
@@ -389,8 +408,7 @@ impl Instances {
             let mut report = Some(first);
             while let Some(r) = report.take() {
                 match self.put_instance(e, &agent, r, now, may_take) {
-                    Put::Dropped => {}
-                    Put::Refused(key) => refused.push(key),
+                    Put::Refused(key, reason) => refused.push(InstanceRefusal { key, reason }),
                     Put::Done {
                         shown,
                         joined: j,
@@ -465,15 +483,29 @@ impl Instances {
             && other != agent
             && !may_take(other)
         {
-            return Put::Refused(InstanceKey {
-                zone: report.zone_name,
-                cluster: report.cluster_name,
-                instance: report.instance,
-            });
+            return Put::Refused(InstanceKey::of(&report), "instance_in_use");
         }
+        // A delta applies only on top of the report it was made against, from the
+        // same agent: anything else (a report lost, another replica, a restart of
+        // the aggregator) is refused so that the agent sends the whole state.
+        let clusters = match &report.delta {
+            None => Arc::new(ClusterSet::full(&report.clusters)),
+            Some(d) => match prev {
+                Some(p) if p.reported_by(agent) && p.seq == d.base => {
+                    let next = p.clusters.apply(&report.clusters, d);
+                    if next == *p.clusters {
+                        p.clusters.clone()
+                    } else {
+                        Arc::new(next)
+                    }
+                }
+                _ => return Put::Refused(InstanceKey::of(&report), STALE_BASE),
+            },
+        };
+        report.clusters = Vec::new();
         if prev.is_none() && !self.admit() {
             warn!(agent_id = %agent, zone = %report.zone_name, cluster = %report.cluster_name, instance = %report.instance, limit = MAX_INSTANCES, "Instance report dropped: too many instances.");
-            return Put::Dropped;
+            return Put::Refused(InstanceKey::of(&report), "catalog_full");
         }
         let (window_requests, window_errors) = match prev {
             Some(p) if report.requests_total >= p.requests_total => (
@@ -490,6 +522,7 @@ impl Instances {
         };
         let drift = self.note_instance(
             prev,
+            now,
             &Seen {
                 zone: &report.zone_name,
                 cluster: &report.cluster_name,
@@ -524,12 +557,14 @@ impl Instances {
             });
         }
         // The graph's fields move to the traffic: the packed report goes without them.
-        self.traffic.record(&mut report, now);
+        self.traffic.record_with(&mut report, &clusters, now);
+        report.delta = None;
         let fresh = LiveInstance::new(
             Reporter::Agent(agent.clone()),
             now,
             (window_requests, window_errors),
             &report,
+            clusters,
         );
         let name = report.instance;
         e.count(&fresh, true);
@@ -543,22 +578,21 @@ impl Instances {
         }
     }
 
-    /// Notes in the history what `next` changes of an instance last seen as `prev`:
-    /// it joined (new and live, or live again), left (its sidecar stopped
-    /// answering), restarted (its start time moved), or runs another configuration.
+    /// Notes in the history what `next` changes of an instance last seen as `prev`
+    /// at `now`: it joined (new and live, or live again), left (its sidecar stopped
+    /// answering), restarted (its start time moved), or runs another configuration;
+    /// within the instance's allowance a minute, past which its changes are summed
+    /// into one `instance-flapping` entry a minute (see `crate::history::limit`).
     /// Returns whether the cluster's drift may have moved.
-    fn note_instance(&self, prev: Option<&LiveInstance>, next: &Seen<'_>) -> bool {
+    fn note_instance(&self, prev: Option<&LiveInstance>, now: Instant, next: &Seen<'_>) -> bool {
         let Some(history) = self.memory.history.get() else {
             return false;
         };
         let entry = |kind, detail| {
-            history.record(Pending::new(
-                kind,
-                next.zone,
-                next.cluster,
-                next.instance,
-                detail,
-            ))
+            history.record_instance(
+                Pending::new(kind, next.zone, next.cluster, next.instance, detail),
+                now,
+            );
         };
         let joined = Detail::Joined {
             start_time: next.start_time_ms,
@@ -653,6 +687,7 @@ impl Instances {
             let drift = if note {
                 self.note_instance(
                     e.instances.get(&r.instance),
+                    Instant::now(),
                     &Seen {
                         zone: &r.zone,
                         cluster: &r.cluster,
@@ -677,6 +712,7 @@ impl Instances {
                     config_hashes: r.config_hashes.clone(),
                     ..InstanceReport::unread(r.zone.clone(), r.cluster.clone(), r.instance.clone())
                 },
+                Arc::default(),
             );
             e.count(&fresh, true);
             // What a reader sees of an instance: that it is live, and its start
@@ -717,7 +753,7 @@ impl Instances {
         let _st = shared(&self.memory.state);
         let key = InstanceKey::new(zone, cluster, instance);
         let reason = self.memory.is_loaded().then_some(reason);
-        if self.drop_instance(&key, LiveInstance::is_remote, reason) {
+        if self.drop_instance(&key, LiveInstance::is_remote, reason, Instant::now()) {
             self.memory
                 .publish(self.touch_if_registered(&key).as_slice());
         }
@@ -802,6 +838,7 @@ impl Instances {
                 &key,
                 |i| i.reported_by(agent_id),
                 Some(LeftReason::Disconnected),
+                Instant::now(),
             ) {
                 changed = true;
                 touched.extend(self.touch_if_registered(&key));
@@ -839,7 +876,7 @@ impl Instances {
                 None => continue,
             };
             for key in keys {
-                if self.drop_instance(&key, stale, Some(LeftReason::Expired)) {
+                if self.drop_instance(&key, stale, Some(LeftReason::Expired), now) {
                     debug!(%agent, zone = %key.zone, cluster = %key.cluster, instance = %key.instance, "Instance expired.");
                     changed = true;
                     touched.extend(self.touch_if_registered(&key));
@@ -878,13 +915,14 @@ impl Instances {
     }
 
     /// Removes one instance when `cond` holds; refreshes status and counters; notes
-    /// in the history that a live instance left for `reason` (none: quietly).
-    /// Returns whether it was removed.
+    /// in the history that a live instance left for `reason` (none: quietly) at
+    /// `now`. Returns whether it was removed.
     fn drop_instance(
         &self,
         key: &InstanceKey,
         cond: impl Fn(&LiveInstance) -> bool,
         reason: Option<LeftReason>,
+        now: Instant,
     ) -> bool {
         let mut owned = false;
         {
@@ -901,16 +939,19 @@ impl Instances {
             if let Some(old) = e.instances.remove(&key.instance) {
                 e.count(&old, false);
                 owned = !old.is_remote();
-                if let Some(reason) = reason.filter(|_| old.is_live()) {
-                    self.memory.note(|| {
+                if let Some(reason) = reason.filter(|_| old.is_live())
+                    && let Some(history) = self.memory.history.get()
+                {
+                    history.record_instance(
                         Pending::new(
                             Kind::InstanceLeft,
                             &key.zone,
                             &key.cluster,
                             &key.instance,
                             Detail::Left { reason },
-                        )
-                    });
+                        ),
+                        now,
+                    );
                 }
                 if old.is_live() && old.config_hash.is_some() {
                     if reason.is_some() {

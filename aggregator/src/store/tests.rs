@@ -601,7 +601,7 @@ fn a_replaced_zone_keeps_its_clusters_and_is_one_zone_event() {
 }
 
 #[test]
-fn a_stored_report_reads_back_whole() {
+fn a_stored_report_reads_back_whole_with_its_clusters_kept_apart() {
     let (_d, s, live) = open();
     let mut r = report("z", "a", "i1", 1200, 7);
     r.error = Some("admin slow".into());
@@ -615,21 +615,20 @@ fn a_stored_report_reads_back_whole() {
         memory_used_percent: 50.5,
         ..InstanceMetrics::default()
     };
-    r.clusters = vec![meshcat_common::wire::UpstreamCluster {
-        name: "auth".into(),
-        added_via_api: true,
-        hosts: vec![meshcat_common::wire::UpstreamHost {
-            address: "10.0.0.1:8080".into(),
-            cx_active: 3,
-            cx_connect_fail: 1,
-            cx_total: 120,
-            rq_active: 2,
-            rq_error: 5,
-            rq_total: 4000,
-            health_flags: "healthy".into(),
-        }],
-    }];
+    let auth = meshcat_common::wire::ReportedCluster::healthy("auth", vec!["10.0.0.1:8080".into()]);
+    r.clusters = vec![auth.clone()];
     live.apply_report("agent", r.clone(), Instant::now());
+    // The upstream clusters are kept apart, as digests and counts.
+    let held = {
+        let by_zone = s.memory.clusters.get("a").unwrap();
+        by_zone.get("z").unwrap().instances["i1"].clusters().clone()
+    };
+    let c = held.get("auth").expect("the cluster is held");
+    assert_eq!(
+        (c.hosts_digest, c.host_count, c.healthy_count),
+        (auth.hosts_digest, 1, 1)
+    );
+    r.clusters = Vec::new();
     assert_eq!(live.live_instance("z", "a", "i1").as_deref(), Some(&r));
     assert_eq!(
         live.live_instances("z", "a")
@@ -785,3 +784,74 @@ fn reporters_by_zone_tell_agents_from_peer_replicas() {
 }
 
 mod history;
+
+/// A delta applies on top of the report it names, from the same agent; any other
+/// base is refused alone so that the agent sends the whole state.
+#[test]
+fn a_delta_applies_on_its_base_and_a_stale_one_is_refused() {
+    use meshcat_common::wire::{Delta, ReportedCluster, STALE_BASE};
+    let (_d, s, live) = open();
+    let held = |s: &Store| {
+        let by_zone = s.memory.clusters.get("a").unwrap();
+        let set = by_zone.get("z").unwrap().instances["i1"].clusters().clone();
+        set.iter()
+            .map(|c| (c.name.to_string(), c.host_count))
+            .collect::<Vec<_>>()
+    };
+    let now = Instant::now();
+    let mut whole = report("z", "a", "i1", 10, 0);
+    whole.seq = 1;
+    whole.clusters = (0..3)
+        .map(|i| ReportedCluster::healthy(format!("up-{i}"), vec![format!("10.0.0.{i}:80")]))
+        .collect();
+    assert!(
+        live.apply_reports_guarded("agent", vec![whole], now, &|_| true)
+            .is_empty()
+    );
+    let delta = |seq, base, clusters: Vec<ReportedCluster>, removed: &[&str]| InstanceReport {
+        seq,
+        clusters,
+        delta: Some(Delta {
+            base,
+            removed_clusters: removed.iter().map(|r| (*r).to_owned()).collect(),
+            ..Delta::default()
+        }),
+        ..report("z", "a", "i1", 20, 0)
+    };
+    let grown = ReportedCluster::healthy("up-1", vec!["10.0.0.1:80".into(), "10.0.0.9:80".into()]);
+    let refused = live.apply_reports_guarded(
+        "agent",
+        vec![delta(2, 1, vec![grown], &["up-2"])],
+        now,
+        &|_| true,
+    );
+    assert!(refused.is_empty(), "{refused:?}");
+    assert_eq!(held(&s), [("up-0".to_owned(), 1), ("up-1".to_owned(), 2)]);
+    // A base the store does not hold, or another agent's delta: refused, nothing
+    // changes.
+    for (agent, base) in [("agent", 1), ("other", 2)] {
+        let refused = live.apply_reports_guarded(
+            agent,
+            vec![delta(3, base, vec![], &["up-0"])],
+            now,
+            &|_| true,
+        );
+        assert_eq!(refused.len(), 1);
+        assert_eq!(refused[0].reason, STALE_BASE);
+        assert_eq!(held(&s), [("up-0".to_owned(), 1), ("up-1".to_owned(), 2)]);
+    }
+    // A steady delta keeps the set as it is, shared.
+    let before = {
+        let by_zone = s.memory.clusters.get("a").unwrap();
+        by_zone.get("z").unwrap().instances["i1"].clusters().clone()
+    };
+    assert!(
+        live.apply_reports_guarded("agent", vec![delta(3, 2, vec![], &[])], now, &|_| true)
+            .is_empty()
+    );
+    let after = {
+        let by_zone = s.memory.clusters.get("a").unwrap();
+        by_zone.get("z").unwrap().instances["i1"].clusters().clone()
+    };
+    assert!(std::sync::Arc::ptr_eq(&before, &after));
+}

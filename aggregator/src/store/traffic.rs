@@ -18,20 +18,26 @@
 //! how the edges' `meshcat_edge_*_total` counters only ever grow, whatever instances
 //! come and go (see `docs/metrics.md`).
 
+mod bounds;
 mod ring;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
-use meshcat_common::wire::{InstanceReport, ListenerRoutes, UpstreamCluster, UpstreamTraffic};
+use meshcat_common::wire::{InstanceReport, ListenerRoutes, UpstreamTraffic};
 
+use super::clusterset::ClusterSet;
+
+pub use bounds::{DEFAULT_MAX_EDGES_PER_NODE, GraphMetrics, Item, OTHER, Refusal};
 pub use ring::{AddressMap, Window, address_key};
 use ring::{Clock, Ring};
 
 use crate::ingest::InstanceKey;
+use crate::telemetry::peers::{Dropped, shown};
+use meshcat_common::validate::is_valid_name;
 
 use meshcat_common::limits::{
     MAX_LISTENER_CLUSTERS, MAX_LISTENERS, MAX_UPSTREAM_CLUSTERS as MAX_UPSTREAMS,
@@ -59,6 +65,9 @@ struct InstanceTraffic {
     listener_keys: Box<[u64]>,
     /// A hash of the listeners' routes, to tell when they change.
     listener_routes: u64,
+    /// The sidecar's start time as its last report said: a counter that first
+    /// appears in a later report of the same sidecar counted from zero.
+    start_time_ms: i64,
     /// Sorted by name.
     upstreams: Vec<InstanceUpstream>,
 }
@@ -75,8 +84,20 @@ struct InstanceUpstream {
     hosts: Box<[u64]>,
     /// Which of `hosts` its cluster's calls count for it (bit `i` for `hosts[i]`):
     /// past [`MAX_CLUSTER_HOSTS`] a host is not kept, and its leaving must not take
-    /// away another instance's count of the same address.
+    /// away another instance's count of the same address. [`ROLLED_UP`] with no
+    /// hosts: the upstream is summed into its cluster's [`OTHER`] calls.
     counted: u64,
+}
+
+/// [`InstanceUpstream::counted`] of an upstream summed into [`OTHER`] (which keeps
+/// no hosts).
+const ROLLED_UP: u64 = u64::MAX;
+
+impl InstanceUpstream {
+    /// Whether it is summed into its cluster's [`OTHER`] calls.
+    fn rolled_up(&self) -> bool {
+        self.hosts.is_empty() && self.counted == ROLLED_UP
+    }
 }
 
 /// What the instances of one cluster (or a peer's summary of them) reported of
@@ -91,7 +112,14 @@ pub struct ClusterCalls {
     listeners: AddressMap<(ListenerRoutes, u32)>,
     /// Sorted by name.
     upstreams: Vec<Calls>,
+    /// The upstreams past `--max-edges-per-node`, summed.
+    other: Option<Box<Calls>>,
 }
+
+// A mesh has one per edge and one per instance's upstream: kept small.
+#[cfg(target_pointer_width = "64")]
+const _: () =
+    assert!(std::mem::size_of::<Calls>() <= 200 && std::mem::size_of::<InstanceUpstream>() <= 56);
 
 /// One upstream cluster of a cluster: its calls over the window.
 #[derive(Debug)]
@@ -105,38 +133,56 @@ pub struct Calls {
     /// What the last report said of TLS: kept when no report is recent.
     tls: bool,
     /// Host address keys and how many instances list each, sorted by key.
-    hosts: Vec<(u64, u32)>,
+    /// Boxed rather than a vector: a mesh has one per edge, and hosts change
+    /// seldom.
+    hosts: Box<[(u64, u32)]>,
     /// Requests and errors added by reports since the graph's last build claimed
     /// them. Atomic because the build claims them while reading the calls shared
     /// with other readers; reports add to them under the map's write guard.
     unclaimed: [AtomicU64; 2],
 }
 
-/// The latency and TLS that the reports of one bucket said. A mesh has an entry per
-/// edge: latencies are kept as `f64` with NaN for none, half an `Option<f64>`.
-#[derive(Debug, Clone, Copy)]
+/// The latency and TLS that the reports of one bucket said. A mesh has two per edge:
+/// 16 bytes each.
+#[derive(Debug, Clone, Copy, Default)]
 struct Recent {
-    /// The bucket, plus one (0: never written).
-    bucket: u64,
-    p50_ms: f64,
-    p99_ms: f64,
+    /// The bucket plus one, wrapping ([`tag`]; 0: never written).
+    bucket: u32,
+    p50: Micros,
+    p99: Micros,
     tls: bool,
 }
 
-impl Default for Recent {
-    fn default() -> Self {
-        Recent {
-            bucket: 0,
-            p50_ms: f64::NAN,
-            p99_ms: f64::NAN,
-            tls: false,
-        }
-    }
+/// Bucket `bucket` as a [`Recent`] keeps it: plus one, in 32 bits (wrapping after
+/// 2^32 buckets, 680 years of the default window; only the last two are compared).
+fn tag(bucket: u64) -> u32 {
+    (bucket as u32).wrapping_add(1)
 }
 
-/// `v`, none when NaN.
-fn known(v: f64) -> Option<f64> {
-    (!v.is_nan()).then_some(v)
+/// A latency in whole microseconds, plus one; 0 when unknown. Of two, the higher
+/// is their `max`, whether known or not.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Micros(u32);
+
+impl Micros {
+    /// Unknown.
+    pub const NONE: Micros = Micros(0);
+
+    /// `ms` milliseconds, to the microsecond; unknown when none, not finite or
+    /// negative.
+    pub fn from_ms(ms: Option<f64>) -> Micros {
+        match ms {
+            Some(v) if v.is_finite() && v >= 0.0 => {
+                Micros((v * 1000.0).round().min(f64::from(u32::MAX - 1)) as u32 + 1)
+            }
+            _ => Micros::NONE,
+        }
+    }
+
+    /// In milliseconds; none when unknown.
+    pub fn ms(self) -> Option<f64> {
+        (self.0 != 0).then(|| f64::from(self.0 - 1) / 1000.0)
+    }
 }
 
 impl Calls {
@@ -147,7 +193,7 @@ impl Calls {
             ring: Ring::default(),
             recent: [Recent::default(); RECENT_BUCKETS],
             tls: false,
-            hosts: Vec::new(),
+            hosts: Box::default(),
             unclaimed: [AtomicU64::new(0), AtomicU64::new(0)],
         }
     }
@@ -167,10 +213,13 @@ impl Calls {
     }
 
     /// The recent buckets' notes as of `now_bucket`: those of the last
-    /// [`RECENT_BUCKETS`] buckets up to it.
+    /// [`RECENT_BUCKETS`] buckets up to it (and any after it: reports that came in
+    /// while a build that started before them runs).
     fn recent(&self, now_bucket: u64) -> impl Iterator<Item = &Recent> {
-        let oldest = now_bucket.saturating_sub(RECENT_BUCKETS as u64 - 1) + 1;
-        self.recent.iter().filter(move |r| r.bucket >= oldest)
+        let now = tag(now_bucket);
+        self.recent.iter().filter(move |r| {
+            r.bucket != 0 && (now.wrapping_sub(r.bucket) as i32) < RECENT_BUCKETS as i32
+        })
     }
 
     /// Whether the connections use TLS: as any instance's reports within the recent
@@ -186,9 +235,16 @@ impl Calls {
     /// The highest p50 and p99 the instances reported within the recent buckets
     /// before `now_bucket`; none when unknown.
     pub fn latency(&self, now_bucket: u64) -> (Option<f64>, Option<f64>) {
-        self.recent(now_bucket).fold((None, None), |(p50, p99), r| {
-            (max_opt(p50, known(r.p50_ms)), max_opt(p99, known(r.p99_ms)))
-        })
+        let (p50, p99) = self.latency_micros(now_bucket);
+        (p50.ms(), p99.ms())
+    }
+
+    /// [`Calls::latency`] as the graph keeps it.
+    pub fn latency_micros(&self, now_bucket: u64) -> (Micros, Micros) {
+        self.recent(now_bucket)
+            .fold((Micros::NONE, Micros::NONE), |(p50, p99), r| {
+                (p50.max(r.p50), p99.max(r.p99))
+            })
     }
 
     /// Takes the requests and errors reported since the last claim. Each report's
@@ -213,17 +269,14 @@ impl Calls {
     /// Keeps what a report said of latency and TLS in its bucket.
     fn note(&mut self, clock: Clock, p50: Option<f64>, p99: Option<f64>, tls: bool) {
         let slot = &mut self.recent[(clock.bucket % RECENT_BUCKETS as u64) as usize];
-        if slot.bucket != clock.bucket + 1 {
+        if slot.bucket != tag(clock.bucket) {
             *slot = Recent {
-                bucket: clock.bucket + 1,
+                bucket: tag(clock.bucket),
                 ..Recent::default()
             };
         }
-        let higher = |kept: f64, new: Option<f64>| {
-            max_opt(known(kept), new.filter(|v| v.is_finite())).unwrap_or(f64::NAN)
-        };
-        slot.p50_ms = higher(slot.p50_ms, p50);
-        slot.p99_ms = higher(slot.p99_ms, p99);
+        slot.p50 = slot.p50.max(Micros::from_ms(p50));
+        slot.p99 = slot.p99.max(Micros::from_ms(p99));
         slot.tls |= tls;
         self.tls = tls;
     }
@@ -232,15 +285,17 @@ impl Calls {
     /// were counted, bit `i` for `hosts[i]`.
     fn add_hosts(&mut self, hosts: &[u64]) -> u64 {
         let mut counted = 0;
+        let mut kept = std::mem::take(&mut self.hosts).into_vec();
         for (bit, h) in hosts.iter().take(MAX_HOSTS).enumerate() {
-            match self.hosts.binary_search_by_key(h, |(k, _)| *k) {
-                Ok(i) => self.hosts[i].1 += 1,
-                Err(i) if self.hosts.len() < MAX_CLUSTER_HOSTS => self.hosts.insert(i, (*h, 1)),
+            match kept.binary_search_by_key(h, |(k, _)| *k) {
+                Ok(i) => kept[i].1 += 1,
+                Err(i) if kept.len() < MAX_CLUSTER_HOSTS => kept.insert(i, (*h, 1)),
                 // One matching host is all the graph needs; past the bound, none is kept.
                 Err(_) => continue,
             }
             counted |= 1 << bit;
         }
+        self.hosts = kept.into_boxed_slice();
         counted
     }
 
@@ -253,7 +308,9 @@ impl Calls {
             if let Ok(i) = self.hosts.binary_search_by_key(h, |(k, _)| *k) {
                 self.hosts[i].1 -= 1;
                 if self.hosts[i].1 == 0 {
-                    self.hosts.remove(i);
+                    let mut kept = std::mem::take(&mut self.hosts).into_vec();
+                    kept.remove(i);
+                    self.hosts = kept.into_boxed_slice();
                 }
             }
         }
@@ -274,6 +331,61 @@ impl ClusterCalls {
     /// Sorted by name.
     pub fn upstreams(&self) -> &[Calls] {
         &self.upstreams
+    }
+
+    /// The calls to the upstreams past `--max-edges-per-node`, summed as [`OTHER`].
+    pub fn other(&self) -> Option<&Calls> {
+        self.other.as_deref()
+    }
+
+    /// The calls an instance's upstream `u` is counted in.
+    fn calls_of(&mut self, u: &InstanceUpstream) -> Option<&mut Calls> {
+        if u.rolled_up() {
+            return self.other.as_deref_mut();
+        }
+        self.calls_mut(&u.name)
+    }
+
+    /// An instance lists `name`, new to it, with `hosts`: it joins the cluster's
+    /// calls to `name`, or, when the cluster calls `max` other upstreams already,
+    /// those summed as [`OTHER`] (without hosts: their edge goes to
+    /// `external:other`). Answers the instance's upstream, its counters at `last`.
+    fn enter(
+        &mut self,
+        name: &str,
+        hosts: Box<[u64]>,
+        last: (u64, u64),
+        max: usize,
+    ) -> InstanceUpstream {
+        let i = match self.upstreams.binary_search_by(|c| (*c.name).cmp(name)) {
+            Ok(i) => i,
+            Err(i) if self.upstreams.len() < max => {
+                let shared = super::clusterset::NAMES.intern(name);
+                self.upstreams.insert(i, Calls::new(shared));
+                i
+            }
+            Err(_) => {
+                let other = self
+                    .other
+                    .get_or_insert_with(|| Box::new(Calls::new(Arc::from(OTHER))));
+                other.instances += 1;
+                return InstanceUpstream {
+                    name: super::clusterset::NAMES.intern(name),
+                    last,
+                    hosts: Box::default(),
+                    counted: ROLLED_UP,
+                };
+            }
+        };
+        let c = &mut self.upstreams[i];
+        c.instances += 1;
+        let counted = c.add_hosts(&hosts);
+        InstanceUpstream {
+            name: c.name.clone(),
+            last,
+            hosts,
+            counted,
+        }
     }
 
     fn calls_mut(&mut self, name: &str) -> Option<&mut Calls> {
@@ -302,6 +414,15 @@ impl ClusterCalls {
 
     /// An instance no longer lists `u`: dropped with the last one.
     fn leave(&mut self, u: &InstanceUpstream) {
+        if u.rolled_up() {
+            if let Some(other) = &mut self.other {
+                other.instances -= 1;
+                if other.instances == 0 {
+                    self.other = None;
+                }
+            }
+            return;
+        }
         if let Ok(i) = self.upstreams.binary_search_by(|c| (*c.name).cmp(&u.name)) {
             let c = &mut self.upstreams[i];
             c.remove_hosts(&u.hosts, u.counted);
@@ -380,6 +501,10 @@ pub struct Traffic {
     shape: AtomicU64,
     /// The graph window (`--graph-window`): how long reported traffic counts.
     window: Duration,
+    /// `--max-edges-per-node`: most upstreams a cluster's calls keep apart.
+    max_edges: AtomicUsize,
+    /// What the bounds refused or summed.
+    metrics: GraphMetrics,
 }
 
 impl Traffic {
@@ -392,12 +517,32 @@ impl Traffic {
             epoch: Instant::now(),
             shape: AtomicU64::new(0),
             window,
+            max_edges: AtomicUsize::new(DEFAULT_MAX_EDGES_PER_NODE),
+            metrics: GraphMetrics::default(),
         }
     }
 
     /// The graph window (`--graph-window`).
     pub fn window(&self) -> Duration {
         self.window
+    }
+
+    /// Sets `--max-edges-per-node` (at least 1), before reports come in: a
+    /// cluster's calls then keep at most `max` upstreams apart, and a graph build
+    /// draws at most as many observed edges from one node; the rest is summed into
+    /// its `external:other` edge.
+    pub fn set_max_edges_per_node(&self, max: usize) {
+        self.max_edges.store(max.max(1), Ordering::Relaxed);
+    }
+
+    /// `--max-edges-per-node`.
+    pub fn max_edges_per_node(&self) -> usize {
+        self.max_edges.load(Ordering::Relaxed)
+    }
+
+    /// The counters of what the graph's bounds refused or summed.
+    pub fn metrics(&self) -> &GraphMetrics {
+        &self.metrics
     }
 
     /// The window bucket `now` falls in: the graph's figures change with time only
@@ -417,47 +562,68 @@ impl Traffic {
     /// without them (an agent older than the graph, or a sidecar that calls
     /// nothing) takes the instance out.
     pub fn record(&self, r: &mut InstanceReport, now: Instant) {
+        let clusters = super::clusterset::ClusterSet::full(&r.clusters);
+        self.record_with(r, &clusters, now);
+    }
+
+    /// [`Self::record`] with the instance's upstream clusters (their hosts) given.
+    /// A delta report (`r.delta`) lists only the upstreams whose figures changed:
+    /// the others keep theirs, those it removes go, and its listeners stay when
+    /// it says they are unchanged.
+    pub fn record_with(&self, r: &mut InstanceReport, clusters: &ClusterSet, now: Instant) {
         let window = self.window;
         let key = InstanceKey::of(r);
-        if r.upstreams.is_empty() && r.listeners.is_empty() && r.local_cluster.is_none() {
+        let delta = r.delta.as_ref();
+        let removed: std::collections::HashSet<&str> = delta
+            .map(|d| d.removed_upstreams.iter().map(String::as_str).collect())
+            .unwrap_or_default();
+        let listeners_kept = delta.is_some_and(|d| d.listeners_unchanged);
+        let held = self.instances.contains_key(&key);
+        let nothing = r.upstreams.is_empty() && r.listeners.is_empty() && r.local_cluster.is_none();
+        if nothing && (delta.is_none() || !held) {
             self.forget(&key);
             return;
         }
         let mut incoming = std::mem::take(&mut r.upstreams);
+        // The agent cuts a longer list to the busiest: an upstream of a list at the
+        // bound may have been left out of the last report, and is no new counter.
+        let truncated = incoming.len() >= MAX_UPSTREAMS;
         incoming.truncate(MAX_UPSTREAMS);
-        incoming.retain(|u| !u.name.is_empty() && u.name.len() <= MAX_NAME);
+        incoming.retain(|u| self.metrics.name_ok(Item::Upstream, &u.name));
         incoming.sort_unstable_by(|a, b| a.name.cmp(&b.name));
         incoming.dedup_by(|a, b| a.name == b.name);
         let mut listeners = std::mem::take(&mut r.listeners);
         listeners.truncate(MAX_LISTENERS);
-        listeners.retain(|l| l.address.len() <= MAX_NAME);
+        // Only the sidecar's own addresses: another workload's would draw its
+        // callers' edges to this cluster.
+        listeners.retain(|l| {
+            if !self.metrics.name_ok(Item::Listener, &l.address) {
+                return false;
+            }
+            let own = bounds::own_address(&r.admin_address, &l.address);
+            if !own {
+                self.metrics.refuse(Item::Listener, Refusal::NotOwnAddress);
+            }
+            own
+        });
         for l in &mut listeners {
-            l.clusters.retain(|c| c.len() <= MAX_NAME);
+            l.clusters.retain(|c| self.metrics.name_ok(Item::Route, c));
             l.clusters.truncate(MAX_LISTENER_CLUSTERS);
         }
         let listener_keys: Box<[u64]> = listeners.iter().map(|l| address_key(&l.address)).collect();
         let local_cluster: Option<Arc<str>> = r
             .local_cluster
             .take()
-            .filter(|c| !c.is_empty() && c.len() <= MAX_NAME)
+            .filter(|c| self.metrics.name_ok(Item::LocalCluster, c))
             .map(Arc::from);
         // The hosts of each upstream, found by name (a sidecar may list thousands).
-        let mut listed: Vec<&UpstreamCluster> = r.clusters.iter().collect();
-        listed.sort_unstable_by(|a, b| a.name.cmp(&b.name));
         let hosts_of = |name: &str| -> Box<[u64]> {
-            listed
-                .binary_search_by(|c| c.name.as_str().cmp(name))
-                .ok()
-                .map(|i| {
-                    listed[i]
-                        .hosts
-                        .iter()
-                        .filter(|h| h.address.len() <= MAX_NAME)
-                        .take(MAX_HOSTS)
-                        .map(|h| address_key(&h.address))
-                        .collect()
-                })
-                .unwrap_or_default()
+            clusters
+                .hosts_of(name)
+                .iter()
+                .take(MAX_HOSTS)
+                .copied()
+                .collect()
         };
         let clock = Clock::at(self.epoch, now, window);
         let mut reshaped = false;
@@ -474,6 +640,12 @@ impl Traffic {
         if joined {
             c.instances += 1;
         }
+        // A counter that first appears in a later report of the same sidecar
+        // started from zero since the last one (Envoy lists a cluster's counters
+        // from its first request); in the first report of an instance, or of a
+        // sidecar restarted since, it is where differences start.
+        let baseline = joined || truncated || t.start_time_ms != r.start_time_ms;
+        t.start_time_ms = r.start_time_ms;
         if t.local_cluster != local_cluster {
             if let Some(old) = &t.local_cluster {
                 c.remove_local(old);
@@ -491,7 +663,9 @@ impl Traffic {
             }
             std::hash::Hasher::finish(&h)
         };
-        if t.listener_keys != listener_keys || t.listener_routes != listener_routes {
+        if !listeners_kept
+            && (t.listener_keys != listener_keys || t.listener_routes != listener_routes)
+        {
             for key in &t.listener_keys {
                 c.remove_listener(*key);
             }
@@ -500,13 +674,19 @@ impl Traffic {
             }
             reshaped = true;
         }
-        t.listener_keys = listener_keys;
-        t.listener_routes = listener_routes;
+        if !listeners_kept {
+            t.listener_keys = listener_keys;
+            t.listener_routes = listener_routes;
+        }
         // Both sorted by name: one walk pairs each upstream with its previous state.
         let mut previous = std::mem::take(&mut t.upstreams).into_iter().peekable();
         let mut upstreams = Vec::with_capacity(incoming.len());
         for u in incoming {
             while let Some(gone) = previous.next_if(|p| *p.name < *u.name) {
+                if delta.is_some() && !removed.contains(&*gone.name) {
+                    upstreams.push(gone);
+                    continue;
+                }
                 c.leave(&gone);
                 reshaped = true;
             }
@@ -516,18 +696,21 @@ impl Traffic {
                 u.errors_5xx_total.saturating_add(u.connect_fail_total),
             );
             match previous.next_if(|p| *p.name == *u.name) {
-                // Nothing to take a difference from: counted from the next report.
+                // New to the instance: counted from zero, unless this report is
+                // where differences start.
                 None => {
-                    let (name, counted) = c.join(&u.name, &hosts);
-                    if let Some(calls) = c.calls_mut(&u.name) {
+                    let added = if baseline { (0, 0) } else { totals };
+                    let p = c.enter(&u.name, hosts, totals, self.max_edges_per_node());
+                    if p.rolled_up() {
+                        self.metrics.roll_up();
+                    }
+                    let calls = c.calls_of(&p).expect("an upstream entered has calls");
+                    if added.0 > 0 || added.1 > 0 {
+                        calls.report(clock, now, added, &u);
+                    } else {
                         calls.note(clock, u.p50_ms, u.p99_ms, u.tls);
                     }
-                    upstreams.push(InstanceUpstream {
-                        name,
-                        last: totals,
-                        hosts,
-                        counted,
-                    });
+                    upstreams.push(p);
                     reshaped = true;
                 }
                 Some(mut p) => {
@@ -538,8 +721,9 @@ impl Traffic {
                         (totals.0 - p.last.0, totals.1 - p.last.1)
                     };
                     p.last = totals;
-                    let calls = c.calls_mut(&u.name).expect("a listed upstream has calls");
-                    if hosts != p.hosts {
+                    let rolled_up = p.rolled_up();
+                    let calls = c.calls_of(&p).expect("a listed upstream has calls");
+                    if !rolled_up && hosts != p.hosts {
                         calls.remove_hosts(&p.hosts, p.counted);
                         p.counted = calls.add_hosts(&hosts);
                         p.hosts = hosts;
@@ -555,6 +739,10 @@ impl Traffic {
             }
         }
         for gone in previous {
+            if delta.is_some() && !removed.contains(&*gone.name) {
+                upstreams.push(gone);
+                continue;
+            }
             c.leave(&gone);
             reshaped = true;
         }
@@ -694,9 +882,11 @@ impl Traffic {
                     cluster_name: cluster.clone(),
                     local_clusters: c.local_clusters().map(str::to_owned).collect(),
                     listeners,
+                    // The upstreams summed as `other` travel under that name.
                     upstreams: c
                         .upstreams
                         .iter()
+                        .chain(c.other())
                         .map(|u| {
                             let w = u.ring.window(self.epoch, now, window);
                             let (p50_ms, p99_ms) = u.latency(now_bucket);
@@ -722,30 +912,72 @@ impl Traffic {
     }
 
     /// Replaces what replica `peer` last said about its instances' traffic, received
-    /// at `at`: the new summary is made whole, then takes the old one's place at
-    /// once.
-    pub fn set_remote(&self, peer: &str, clusters: &[ClusterTraffic], at: Instant) {
+    /// at `at`: the new summary is checked like an agent's report ([`check_cluster`]:
+    /// names, counts, lengths), made whole, then takes the old one's place at once.
+    /// Answers the parts it dropped; the rest applies.
+    pub fn set_remote(&self, peer: &str, clusters: &[ClusterTraffic], at: Instant) -> Vec<Dropped> {
         let window = self.window;
         let clock = Clock::at(self.epoch, at, window);
-        let mut summary: PeerCalls = Vec::with_capacity(clusters.len());
-        for c in clusters {
+        let mut dropped = Vec::new();
+        let mut listed = std::collections::HashSet::new();
+        let mut summary: PeerCalls = Vec::with_capacity(clusters.len().min(MAX_PEER_CLUSTERS));
+        for (i, c) in clusters.iter().enumerate() {
+            if i == MAX_PEER_CLUSTERS {
+                dropped.push(Dropped::new(
+                    "too_many_clusters",
+                    format!("{} clusters past the first {i}", clusters.len() - i),
+                ));
+                break;
+            }
+            if let Err(d) = check_cluster(c) {
+                dropped.push(d);
+                continue;
+            }
+            if !listed.insert((c.zone_name.as_str(), c.cluster_name.as_str())) {
+                dropped.push(Dropped::new("duplicate", cluster_named(c)));
+                continue;
+            }
+            let mut item = |what: &str, name: &str| {
+                let ok = is_item_name(name);
+                if !ok {
+                    dropped.push(Dropped::new(
+                        "invalid_item",
+                        format!("{what} {} of {}", shown(name), cluster_named(c)),
+                    ));
+                }
+                ok
+            };
             let mut calls = ClusterCalls {
                 instances: 1,
                 ..ClusterCalls::default()
             };
             // The instances of one cluster name one local cluster (their targets
             // are alike); the inbound listeners' routes name it too.
-            if let Some(l) = c.local_clusters.first().filter(|l| l.len() <= MAX_NAME) {
+            let mut locals = c.local_clusters.iter().filter(|l| item("local cluster", l));
+            if let Some(l) = locals.next() {
                 calls.add_local(&Arc::from(l.as_str()));
             }
+            // The others are only checked.
+            let _ = locals.count();
             for l in c.listeners.iter().take(MAX_LISTENERS) {
-                calls.add_listener(address_key(&l.address), l);
+                if !item("listener", &l.address) {
+                    continue;
+                }
+                let routes = ListenerRoutes {
+                    address: l.address.clone(),
+                    clusters: l
+                        .clusters
+                        .iter()
+                        .filter(|n| item("listener route", n))
+                        .cloned()
+                        .collect(),
+                };
+                calls.add_listener(address_key(&l.address), &routes);
             }
             let mut names: Vec<&UpstreamWindow> = c
                 .upstreams
                 .iter()
-                .take(MAX_UPSTREAMS)
-                .filter(|u| !u.name.is_empty() && u.name.len() <= MAX_NAME)
+                .filter(|u| item("upstream", &u.name))
                 .collect();
             names.sort_unstable_by(|a, b| a.name.cmp(&b.name));
             names.dedup_by(|a, b| a.name == b.name);
@@ -766,7 +998,8 @@ impl Traffic {
                     u.requests,
                     u.errors,
                 );
-                x.note(clock, u.p50_ms, u.p99_ms, u.tls);
+                let latency = |ms: Option<f64>| ms.filter(|v| v.is_finite() && *v >= 0.0);
+                x.note(clock, latency(u.p50_ms), latency(u.p99_ms), u.tls);
             }
             calls.upstreams.shrink_to_fit();
             summary.push(((c.zone_name.clone(), c.cluster_name.clone()), calls));
@@ -782,6 +1015,7 @@ impl Traffic {
         // A summary is the peer's whole view, replaced each time: its shape is not
         // compared, it may have changed.
         self.reshaped();
+        dropped
     }
 
     /// Forgets replica `peer`'s summary (it left).
@@ -804,18 +1038,62 @@ impl Traffic {
     }
 }
 
-fn max_opt(a: Option<f64>, b: Option<f64>) -> Option<f64> {
-    match (a, b) {
-        (Some(a), Some(b)) => Some(a.max(b)),
-        (a, None) => a,
-        (None, b) => b,
+/// Most clusters taken from one peer's summary: a replica has no more calling
+/// clusters than the instances it can hold.
+const MAX_PEER_CLUSTERS: usize = super::MAX_INSTANCES as usize;
+
+/// Whether `name` may stand in an upstream, listener or local cluster list, as in an
+/// agent's report: not empty, at most [`MAX_NAME`] bytes.
+fn is_item_name(name: &str) -> bool {
+    !name.is_empty() && name.len() <= MAX_NAME
+}
+
+/// `zone/cluster` of a peer's cluster, for the log.
+fn cluster_named(c: &ClusterTraffic) -> String {
+    format!("cluster {}/{}", shown(&c.zone_name), shown(&c.cluster_name))
+}
+
+/// Checks one cluster of a peer's summary as the ingest checks an instance of a
+/// report, the cluster standing for one instance: its zone and cluster names, then
+/// the per-instance bounds (upstream clusters; hosts per upstream as a cluster keeps
+/// them, clusters per listener route). A cluster that fails is dropped whole.
+pub fn check_cluster(c: &ClusterTraffic) -> Result<(), Dropped> {
+    if !is_valid_name(&c.zone_name) || !is_valid_name(&c.cluster_name) {
+        return Err(Dropped::new("invalid_name", cluster_named(c)));
     }
+    if c.upstreams.len() > MAX_UPSTREAMS {
+        return Err(Dropped::new(
+            "too_many_upstream_clusters",
+            format!(
+                "{} with {} upstream clusters, over {MAX_UPSTREAMS}",
+                cluster_named(c),
+                c.upstreams.len()
+            ),
+        ));
+    }
+    let hosts = c.upstreams.iter().map(|u| u.hosts.len()).max().unwrap_or(0);
+    let routes = c
+        .listeners
+        .iter()
+        .map(|l| l.clusters.len())
+        .max()
+        .unwrap_or(0);
+    if hosts > MAX_CLUSTER_HOSTS || routes > MAX_LISTENER_CLUSTERS {
+        return Err(Dropped::new(
+            "too_many_upstream_hosts",
+            format!(
+                "{} with {hosts} hosts on an upstream (at most {MAX_CLUSTER_HOSTS}) or {routes} clusters on a listener (at most {MAX_LISTENER_CLUSTERS})",
+                cluster_named(c)
+            ),
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use meshcat_common::wire::{UpstreamHost, UpstreamTraffic};
+    use meshcat_common::wire::{ReportedCluster, UpstreamTraffic};
 
     const WIN: Duration = Duration::from_secs(60);
 
@@ -831,6 +1109,8 @@ mod tests {
                 p99_ms: None,
                 tls: false,
             }],
+            // The sidecar is reached at its own address, where it listens.
+            admin_address: "10.0.0.1:15000".into(),
             ..InstanceReport::unread("z".into(), "a".into(), instance.into())
         }
     }
@@ -839,12 +1119,8 @@ mod tests {
         report_of("a-1", requests, errors)
     }
 
-    fn listing(address: &str) -> UpstreamCluster {
-        UpstreamCluster {
-            name: "b".into(),
-            added_via_api: false,
-            hosts: vec![UpstreamHost::idle(address)],
-        }
+    fn listing(address: &str) -> ReportedCluster {
+        ReportedCluster::healthy("b", vec![address.to_owned()])
     }
 
     /// z/a's calls to its first upstream over the window before `now`.
@@ -858,6 +1134,188 @@ mod tests {
         let mut n = 0;
         t.each(|_, _, _| n += 1);
         n
+    }
+
+    /// A report of `instance` of z/a calling each of `names` with `requests` so far.
+    fn calling(instance: &str, names: &[&str], requests: u64) -> InstanceReport {
+        let mut r = report_of(instance, requests, 0);
+        let one = r.upstreams[0].clone();
+        r.upstreams = names
+            .iter()
+            .map(|n| UpstreamTraffic {
+                name: (*n).into(),
+                ..one.clone()
+            })
+            .collect();
+        r
+    }
+
+    /// The requests within the window of z/a's calls to `name`.
+    fn requests_to(t: &Traffic, name: &str, now: Instant) -> Option<u64> {
+        let mut found = None;
+        t.each(|_, _, c| {
+            found = c
+                .upstreams()
+                .iter()
+                .find(|u| u.name() == name)
+                .map(|u| t.window_of(u, now).requests);
+        });
+        found
+    }
+
+    #[test]
+    fn the_first_burst_to_a_new_upstream_counts_from_zero() {
+        let t = Traffic::new(WIN);
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let listeners = vec![ListenerRoutes {
+            address: "10.0.0.1:80".into(),
+            clusters: vec!["local".into()],
+        }];
+        // Reported once before any request to b (Envoy lists a cluster's counters
+        // from its first request), then with the 20 requests that made them.
+        let mut quiet = calling("a-1", &[], 0);
+        quiet.listeners = listeners.clone();
+        quiet.start_time_ms = 1_000;
+        t.record(&mut quiet, at(0));
+        let mut burst = report(20, 2);
+        burst.listeners = listeners.clone();
+        burst.start_time_ms = 1_000;
+        t.record(&mut burst, at(1));
+        let w = window(&t, at(1));
+        assert_eq!((w.requests, w.errors, w.last_seen), (20, 2, Some(at(1))));
+        let mut claimed = (0, 0);
+        t.each(|_, _, c| claimed = c.upstreams()[0].claim());
+        assert_eq!(claimed, (20, 2), "the edge's counters too");
+        // A new instance's first counters may be its sidecar's whole life: they are
+        // where its differences start.
+        let mut other = calling("a-2", &["c"], 500);
+        other.start_time_ms = 1_000;
+        t.record(&mut other, at(2));
+        assert_eq!(requests_to(&t, "c", at(2)), Some(0));
+        // So are those that first appear after the sidecar restarted.
+        let mut restarted = calling("a-1", &["b", "d"], 7);
+        restarted.listeners = listeners;
+        restarted.start_time_ms = 90_000;
+        t.record(&mut restarted, at(3));
+        assert_eq!(requests_to(&t, "d", at(3)), Some(0));
+        assert_eq!(requests_to(&t, "b", at(3)), Some(27), "b restarted from 0");
+    }
+
+    #[test]
+    fn a_clusters_callees_past_the_bound_are_summed_as_other() {
+        let t = Traffic::new(WIN);
+        t.set_max_edges_per_node(2);
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        // a-1 calls b and c, all the bound lets a's calls keep apart; a-2 calls c
+        // too, and d and e, which are summed.
+        for (s, n) in [(0, 100), (5, 130)] {
+            t.record(&mut calling("a-1", &["b", "c"], n), at(s));
+            t.record(&mut calling("a-2", &["c", "d", "e"], n), at(s));
+        }
+        t.each(|_, _, c| {
+            let names: Vec<&str> = c.upstreams().iter().map(Calls::name).collect();
+            assert_eq!(names, ["b", "c"]);
+            let other = c.other().expect("d and e summed");
+            assert_eq!(other.name(), OTHER);
+            assert!(other.hosts().next().is_none());
+            assert_eq!(t.window_of(other, at(5)).requests, 60);
+        });
+        assert_eq!(
+            requests_to(&t, "c", at(5)),
+            Some(60),
+            "both instances' calls"
+        );
+        assert_eq!(t.metrics().rolled_up(), 2);
+        // A peer is told the sum under its name.
+        let summary = t.summary(at(5));
+        let names: Vec<&str> = summary[0]
+            .upstreams
+            .iter()
+            .map(|u| u.name.as_str())
+            .collect();
+        assert_eq!(names, ["b", "c", OTHER]);
+        // Another report of a-2 keeps its upstreams where they are; its leaving
+        // takes the sum with it.
+        t.record(&mut calling("a-2", &["c", "d", "e"], 140), at(6));
+        assert_eq!(t.metrics().rolled_up(), 2);
+        t.forget(&InstanceKey::new("z", "a", "a-2"));
+        t.each(|_, _, c| {
+            assert!(c.other().is_none());
+            assert_eq!(c.upstreams().len(), 2);
+        });
+    }
+
+    #[test]
+    fn empty_and_over_long_names_are_refused_and_counted() {
+        let t = Traffic::new(WIN);
+        let long = "x".repeat(MAX_NAME + 1);
+        let mut r = calling("a-1", &["b", "", &long], 10);
+        r.listeners = vec![
+            ListenerRoutes {
+                address: String::new(),
+                clusters: vec!["local".into()],
+            },
+            ListenerRoutes {
+                address: "10.0.0.1:80".into(),
+                clusters: vec![String::new(), "local".into(), long.clone()],
+            },
+        ];
+        r.local_cluster = Some(String::new());
+        t.record(&mut r, Instant::now());
+        t.each(|_, _, c| {
+            let names: Vec<&str> = c.upstreams().iter().map(Calls::name).collect();
+            assert_eq!(names, ["b"]);
+            let listeners: Vec<&ListenerRoutes> = c.listeners().map(|(_, l)| l).collect();
+            assert_eq!(
+                listeners,
+                [&ListenerRoutes {
+                    address: "10.0.0.1:80".into(),
+                    clusters: vec!["local".into()],
+                }]
+            );
+            assert_eq!(c.local_clusters().count(), 0);
+        });
+        let m = t.metrics();
+        for (item, why) in [
+            (Item::Upstream, Refusal::Empty),
+            (Item::Upstream, Refusal::TooLong),
+            (Item::Listener, Refusal::Empty),
+            (Item::Route, Refusal::Empty),
+            (Item::Route, Refusal::TooLong),
+            (Item::LocalCluster, Refusal::Empty),
+        ] {
+            assert_eq!(m.refused(item, why), 1, "{item:?} {why:?}");
+        }
+    }
+
+    #[test]
+    fn a_sidecar_keeps_only_listeners_at_its_own_address() {
+        let t = Traffic::new(WIN);
+        // Reached at 10.0.0.1: it listens there, and claims another workload's
+        // address, its loopback (where nobody else calls it) and a wildcard.
+        let mut r = report(10, 0);
+        r.listeners = [
+            "10.0.0.1:80",
+            "10.0.0.2:80",
+            "127.0.0.1:15001",
+            "0.0.0.0:80",
+        ]
+        .map(|a| ListenerRoutes {
+            address: a.into(),
+            clusters: vec!["local".into()],
+        })
+        .to_vec();
+        t.record(&mut r, Instant::now());
+        t.each(|_, _, c| {
+            let keys: Vec<u64> = c.listeners().map(|(k, _)| k).collect();
+            assert_eq!(keys, [address_key("10.0.0.1:80")]);
+        });
+        assert_eq!(
+            t.metrics().refused(Item::Listener, Refusal::NotOwnAddress),
+            3
+        );
     }
 
     #[test]
@@ -1004,16 +1462,7 @@ mod tests {
         let now = Instant::now();
         let calling = |instance: &str, addresses: &[String]| {
             let mut r = report_of(instance, 10, 0);
-            let mut l = listing("unused");
-            let host = l.hosts[0].clone();
-            l.hosts = addresses
-                .iter()
-                .map(|a| UpstreamHost {
-                    address: a.clone(),
-                    ..host.clone()
-                })
-                .collect();
-            r.clusters = vec![l];
+            r.clusters = vec![ReportedCluster::healthy("b", addresses.to_vec())];
             r
         };
         let hosts_of = |t: &Traffic| {
@@ -1185,5 +1634,103 @@ mod tests {
         there.set_remote("r1", &summary, now);
         there.forget_remote("r1");
         assert_eq!(clusters(&there), 0);
+    }
+
+    #[test]
+    fn a_peers_summary_is_checked_like_a_report() {
+        let here = Traffic::new(WIN);
+        let t0 = Instant::now();
+        here.record(&mut report(100, 1), t0);
+        here.record(&mut report(130, 4), t0 + Duration::from_secs(5));
+        let now = t0 + Duration::from_secs(6);
+        let good = here.summary(now).remove(0);
+        let upstream = |name: String| UpstreamWindow {
+            name,
+            ..good.upstreams[0].clone()
+        };
+        let named = |cluster: &str| ClusterTraffic {
+            cluster_name: cluster.into(),
+            ..good.clone()
+        };
+        let bad_name = named("a\u{1b}[2J");
+        let mut wide = named("wide");
+        wide.upstreams = (0..=MAX_UPSTREAMS)
+            .map(|i| upstream(format!("u{i}")))
+            .collect();
+        let mut hosts = named("hosts");
+        hosts.upstreams[0].hosts = (0..=MAX_CLUSTER_HOSTS as u64).collect();
+        let mut items = named("items");
+        items.local_clusters = vec![String::new(), "local-items".into()];
+        items.listeners = vec![
+            ListenerRoutes {
+                address: String::new(),
+                clusters: vec!["items".into()],
+            },
+            ListenerRoutes {
+                address: "10.0.0.9:80".into(),
+                clusters: vec!["items".into(), "r".repeat(MAX_NAME + 1)],
+            },
+        ];
+        items.upstreams.push(upstream("u".repeat(MAX_NAME + 1)));
+        items.upstreams.push(upstream(String::new()));
+        items.upstreams[0].p50_ms = Some(-1.0);
+        let summary = vec![good.clone(), bad_name, wide, hosts, items, good.clone()];
+        // Through JSON, as it travels between replicas.
+        let summary: Vec<ClusterTraffic> =
+            serde_json::from_slice(&serde_json::to_vec(&summary).unwrap()).unwrap();
+        let there = Traffic::new(WIN);
+        let dropped = there.set_remote("r1", &summary, now);
+        let reasons: Vec<&str> = dropped.iter().map(|d| d.reason).collect();
+        assert_eq!(
+            reasons,
+            [
+                "invalid_name",
+                "too_many_upstream_clusters",
+                "too_many_upstream_hosts",
+                "invalid_item",
+                "invalid_item",
+                "invalid_item",
+                "invalid_item",
+                "invalid_item",
+                "duplicate",
+            ],
+            "{dropped:?}"
+        );
+        // The log shows names escaped.
+        assert!(dropped[0].what.contains(r#""a\u{1b}[2J""#), "{dropped:?}");
+        // The rest applies: the good cluster as it was sent, and the valid parts of
+        // the other.
+        let mut seen = BTreeMap::new();
+        there.each(|zone, cluster, c| {
+            let upstreams: Vec<String> =
+                c.upstreams().iter().map(|u| u.name().to_owned()).collect();
+            let locals: Vec<String> = c.local_clusters().map(str::to_owned).collect();
+            let listeners: Vec<ListenerRoutes> = c.listeners().map(|(_, l)| l.clone()).collect();
+            let p50 = c.upstreams()[0].latency(there.bucket(now)).0;
+            seen.insert(
+                format!("{zone}/{cluster}"),
+                (upstreams, locals, listeners, p50),
+            );
+        });
+        assert_eq!(seen.keys().collect::<Vec<_>>(), ["z/a", "z/items"]);
+        let items = &seen["z/items"];
+        assert_eq!(items.0, ["b"]);
+        assert_eq!(items.1, ["local-items"]);
+        assert_eq!(
+            items.2,
+            [ListenerRoutes {
+                address: "10.0.0.9:80".into(),
+                clusters: vec!["items".into()],
+            }]
+        );
+        assert_eq!(items.3, None, "a negative latency is none");
+        assert_eq!(seen["z/a"].3, Some(1.5));
+        let mut w = Window::default();
+        there.each(|_, cluster, c| {
+            if cluster == "a" {
+                w = there.window_of(&c.upstreams()[0], now);
+            }
+        });
+        assert_eq!((w.requests, w.errors), (30, 3));
     }
 }

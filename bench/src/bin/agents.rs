@@ -62,6 +62,17 @@ struct Args {
     /// Process whose CPU is measured when --addr is given.
     #[arg(long)]
     pid: Option<u32>,
+    /// Agents whose first instance is a sidecar of a mesh without configuration
+    /// scoping, knowing --large-clusters idle upstream clusters.
+    #[arg(long, default_value_t = 0)]
+    large: usize,
+    /// Upstream clusters (of 5 hosts each) of each large sidecar.
+    #[arg(long, default_value_t = 20_000)]
+    large_clusters: usize,
+    /// Send every report whole (as agents of protocol version 1 did) instead of
+    /// deltas against the acknowledged one.
+    #[arg(long)]
+    whole: bool,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -133,9 +144,20 @@ async fn run(args: Args) -> anyhow::Result<()> {
         let endpoint = endpoints.last().expect("an endpoint").clone();
         let agent = SimAgent {
             id: format!("bench-agent-{i}"),
-            instances: reports_for(i, args.instances, args.upstreams),
+            instances: {
+                let mut instances = reports_for(i, args.instances, args.upstreams);
+                // The large sidecars are spread over the agents.
+                if args.large > 0
+                    && i % (args.agents / args.large).max(1) == 0
+                    && i / (args.agents / args.large).max(1) < args.large
+                {
+                    instances[0] = sim::large(instances[0].clone(), args.large_clusters);
+                }
+                instances
+            },
             interval: args.interval,
             traffic: traffic.clone(),
+            deltas: !args.whole,
         };
         tasks.push(tokio::spawn(agent.run(
             endpoint,
@@ -202,6 +224,30 @@ async fn run(args: Args) -> anyhow::Result<()> {
         pct(0.99),
         pct(1.0)
     );
+    let per = |bytes: &std::sync::atomic::AtomicU64, n: &std::sync::atomic::AtomicU64| {
+        let n = n.load(Ordering::Relaxed);
+        if n == 0 {
+            0.0
+        } else {
+            bytes.load(Ordering::Relaxed) as f64 / n as f64
+        }
+    };
+    println!(
+        "instances sent whole {} (mean {:.0} bytes, largest {} bytes), as deltas {} (mean {:.0} bytes, largest {} bytes)",
+        stats.whole_sent.load(Ordering::Relaxed),
+        per(&stats.whole_bytes, &stats.whole_sent),
+        stats.largest_whole.load(Ordering::Relaxed),
+        stats.delta_sent.load(Ordering::Relaxed),
+        per(&stats.delta_bytes, &stats.delta_sent),
+        stats.largest_delta.load(Ordering::Relaxed),
+    );
+    if args.large > 0 {
+        let whole = meshcat_common::wire::encoded_len(&sim::large(
+            reports_for(0, 1, args.upstreams).remove(0),
+            args.large_clusters,
+        ));
+        println!("a large sidecar's whole state (sent once per connection): {whole} bytes");
+    }
     let (rss, hwm) = memory_kib(pid)?;
     println!(
         "ingest memory: resident {:.0} MiB, peak {:.0} MiB",

@@ -46,7 +46,7 @@ impl ReportSink for CountingSink {
         instances: Vec<InstanceReport>,
         _now: Instant,
         _may_take: &dyn Fn(&str) -> bool,
-    ) -> Vec<meshcat_aggregator::ingest::InstanceKey> {
+    ) -> Vec<meshcat_aggregator::ingest::InstanceRefusal> {
         for report in &instances {
             // Touch the data as a store would, so the work is not optimised away.
             std::hint::black_box(report.metrics.total_requests);
