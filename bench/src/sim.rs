@@ -24,6 +24,8 @@ pub struct Stats {
     pub connect_failures: AtomicU64,
     pub accepted: AtomicU64,
     pub rejected: AtomicU64,
+    /// Instances the aggregator refused alone, within accepted reports.
+    pub refused_instances: AtomicU64,
     pub errors: AtomicU64,
     /// Acknowledgement latencies in microseconds, while measuring.
     pub latencies: Mutex<Vec<u32>>,
@@ -106,6 +108,9 @@ impl SimAgent {
             let seqs: Vec<u64> = report.iter().map(|r| r.seq).collect();
             match send_report(&conn, report).await {
                 Ok(Some(refused)) => {
+                    stats
+                        .refused_instances
+                        .fetch_add(refused.len() as u64, Ordering::Relaxed);
                     for (i, seq) in seqs.into_iter().enumerate() {
                         let name = &self.instances[i].instance;
                         acked[i] = if refused.iter().any(|r| &r.instance == name) {
@@ -349,11 +354,12 @@ pub fn instance(
 }
 
 /// A sidecar of a mesh without configuration scoping: instance `i` of
-/// `instance(...)` that also knows `clusters` idle upstream clusters of 5 hosts
-/// each, the same names in every such sidecar (as every sidecar of an Istio mesh
+/// `instance(...)` that knows `clusters` upstream clusters in all, the added ones
+/// idle with 5 hosts each, the same names in every such sidecar (as every sidecar of an Istio mesh
 /// has every cluster of the mesh).
 pub fn large(mut i: InstanceReport, clusters: usize) -> InstanceReport {
-    i.clusters.extend((0..clusters).map(|c| {
+    let more = clusters.saturating_sub(i.clusters.len());
+    i.clusters.extend((0..more).map(|c| {
         ReportedCluster::healthy(
             format!("outbound|8080||service-{c}.mesh.svc.cluster.local"),
             (0..5)

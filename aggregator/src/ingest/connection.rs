@@ -411,7 +411,7 @@ async fn handle_report(
     let _stream = if shared.budgets.open_stream(session.credential) {
         CredentialStream(shared, session.credential)
     } else {
-        let _ = recv.stop(code::TOO_LARGE.into());
+        let _ = recv.stop(code::REFUSED.into());
         let reason = "too_many_credential_streams";
         shared.metrics.rejected(reason);
         shared.refusals.warn(|suppressed| {

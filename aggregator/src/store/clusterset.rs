@@ -5,9 +5,10 @@
 //!
 //! Kept small, since a sidecar of a mesh without configuration scoping holds every
 //! cluster of the mesh (20,000 and more) and most of them never carry traffic: a
-//! cluster's name is shared by every instance that has it ([`Names`]), and the
-//! host keys of all its clusters live in one slice. About 40 bytes per cluster and 8
-//! per host kept (docs/benchmarks.md).
+//! cluster's name is shared by every instance that has it ([`Names`]), and host keys
+//! are kept only for the clusters whose upstreams carry traffic (the agent sends a
+//! cluster's addresses again when its upstream starts carrying traffic), all in one
+//! slice. About 40 bytes per idle cluster (docs/benchmarks.md).
 
 use std::collections::HashSet;
 use std::sync::{Arc, LazyLock};
@@ -44,23 +45,30 @@ pub struct ClusterSet {
 }
 
 impl ClusterSet {
-    /// The set a whole report describes. Entries past the first of a name are
-    /// ignored; the caller has checked names and counts.
-    pub fn full(reported: &[ReportedCluster]) -> ClusterSet {
+    /// The set a whole report describes, with host keys for the clusters `used`
+    /// says carry traffic. Entries past the first of a name are ignored; the caller
+    /// has checked names and counts.
+    pub fn full(reported: &[ReportedCluster], used: impl Fn(&str) -> bool) -> ClusterSet {
         let mut sorted: Vec<&ReportedCluster> = reported.iter().collect();
         sorted.sort_unstable_by(|a, b| a.name.cmp(&b.name));
         sorted.dedup_by(|a, b| a.name == b.name);
         let mut b = Builder::with_capacity(sorted.len());
         for c in sorted {
-            b.push_reported(c);
+            b.push_reported(c, used(&c.name));
         }
         b.finish()
     }
 
     /// This set changed by a delta: `changed` replaces or adds clusters, the
     /// delta's `removed_clusters` go. A cluster sent without its addresses keeps
-    /// the keys it had when its digest is the same.
-    pub fn apply(&self, changed: &[ReportedCluster], delta: &Delta) -> ClusterSet {
+    /// the keys it had when its digest is the same; one sent with them has keys
+    /// when `used` says it carries traffic or it had keys before.
+    pub fn apply(
+        &self,
+        changed: &[ReportedCluster],
+        delta: &Delta,
+        used: impl Fn(&str) -> bool,
+    ) -> ClusterSet {
         if changed.is_empty() && delta.removed_clusters.is_empty() {
             return self.clone();
         }
@@ -72,20 +80,20 @@ impl ClusterSet {
         let mut new = incoming.into_iter().peekable();
         for old in self.clusters.iter() {
             while let Some(c) = new.next_if(|c| *c.name < *old.name) {
-                b.push_reported(c);
+                b.push_reported(c, used(&c.name));
             }
             if let Some(c) = new.next_if(|c| *c.name == *old.name) {
                 if !c.has_addresses() && c.hosts_digest == old.hosts_digest {
                     b.push_held(old, self.keys_of(old), c);
                 } else {
-                    b.push_reported(c);
+                    b.push_reported(c, used(&c.name) || old.kept > 0);
                 }
             } else if !removed.contains(&*old.name) {
                 b.keep(old, self.keys_of(old));
             }
         }
         for c in new {
-            b.push_reported(c);
+            b.push_reported(c, used(&c.name));
         }
         b.finish()
     }
@@ -153,15 +161,17 @@ impl Builder {
         }
     }
 
-    fn push_reported(&mut self, c: &ReportedCluster) {
+    fn push_reported(&mut self, c: &ReportedCluster, with_keys: bool) {
         let start = self.keys.len();
-        self.keys.extend(
-            c.hosts
-                .iter()
-                .filter(|a| a.len() <= MAX_NAME)
-                .take(MAX_KEPT_HOSTS)
-                .map(|a| address_key(a)),
-        );
+        if with_keys {
+            self.keys.extend(
+                c.hosts
+                    .iter()
+                    .filter(|a| a.len() <= MAX_NAME)
+                    .take(MAX_KEPT_HOSTS)
+                    .map(|a| address_key(a)),
+            );
+        }
         self.push(c, start);
     }
 
@@ -262,11 +272,14 @@ mod tests {
 
     #[test]
     fn a_delta_changes_adds_and_removes_and_keeps_the_rest() {
-        let base = ClusterSet::full(&[
-            cluster("b", &["10.0.0.2:80"]),
-            cluster("a", &["10.0.0.1:80", "10.0.0.9:80"]),
-            cluster("c", &["10.0.0.3:80"]),
-        ]);
+        let base = ClusterSet::full(
+            &[
+                cluster("b", &["10.0.0.2:80"]),
+                cluster("a", &["10.0.0.1:80", "10.0.0.9:80"]),
+                cluster("c", &["10.0.0.3:80"]),
+            ],
+            |_| true,
+        );
         assert_eq!(base.len(), 3);
         assert_eq!(
             base.hosts_of("a"),
@@ -280,6 +293,7 @@ mod tests {
                 removed_clusters: vec!["c".into()],
                 ..Delta::default()
             },
+            |_| false,
         );
         let names: Vec<&str> = next.iter().map(|c| &*c.name).collect();
         assert_eq!(names, ["a", "b", "d"]);
@@ -288,27 +302,43 @@ mod tests {
         assert_eq!(next.get("a"), base.get("a"));
         assert!(next.get("c").is_none());
         // A steady delta is the same set.
-        assert_eq!(base.apply(&[], &Delta::default()), base);
+        assert_eq!(base.apply(&[], &Delta::default(), |_| true), base);
     }
 
     #[test]
     fn a_cluster_sent_without_addresses_keeps_its_keys_while_its_digest_holds() {
-        let base = ClusterSet::full(&[cluster("a", &["10.0.0.1:80"])]);
+        let base = ClusterSet::full(&[cluster("a", &["10.0.0.1:80"])], |_| true);
         let mut bare = cluster("a", &["10.0.0.1:80"]);
         bare.hosts.clear();
         bare.healthy_count = 0;
-        let next = base.apply(std::slice::from_ref(&bare), &Delta::default());
+        let next = base.apply(std::slice::from_ref(&bare), &Delta::default(), |_| false);
         assert_eq!(next.hosts_of("a"), [address_key("10.0.0.1:80")]);
         assert_eq!(next.get("a").unwrap().healthy_count, 0);
         bare.hosts_digest ^= 1;
-        let moved = base.apply(&[bare], &Delta::default());
+        let moved = base.apply(&[bare], &Delta::default(), |_| true);
         assert!(moved.hosts_of("a").is_empty());
     }
 
     #[test]
+    fn idle_clusters_keep_no_host_keys_until_their_upstream_carries_traffic() {
+        let idle = ClusterSet::full(&[cluster("a", &["10.0.0.1:80", "10.0.0.2:80"])], |_| false);
+        assert!(idle.hosts_of("a").is_empty());
+        assert_eq!(idle.get("a").unwrap().host_count, 2);
+        assert_eq!(idle.heap_bytes(), std::mem::size_of::<HeldCluster>());
+        // The agent sends the cluster again, with its addresses, when its upstream
+        // starts carrying traffic.
+        let used = idle.apply(
+            &[cluster("a", &["10.0.0.1:80", "10.0.0.2:80"])],
+            &Delta::default(),
+            |n| n == "a",
+        );
+        assert_eq!(used.hosts_of("a").len(), 2);
+    }
+
+    #[test]
     fn names_are_shared_between_sets_and_swept_when_unheld() {
-        let one = ClusterSet::full(&[cluster("shared-name-for-the-test", &[])]);
-        let two = ClusterSet::full(&[cluster("shared-name-for-the-test", &[])]);
+        let one = ClusterSet::full(&[cluster("shared-name-for-the-test", &[])], |_| true);
+        let two = ClusterSet::full(&[cluster("shared-name-for-the-test", &[])], |_| true);
         assert!(Arc::ptr_eq(
             &one.get("shared-name-for-the-test").unwrap().name,
             &two.get("shared-name-for-the-test").unwrap().name

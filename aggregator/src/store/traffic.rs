@@ -562,7 +562,7 @@ impl Traffic {
     /// without them (an agent older than the graph, or a sidecar that calls
     /// nothing) takes the instance out.
     pub fn record(&self, r: &mut InstanceReport, now: Instant) {
-        let clusters = super::clusterset::ClusterSet::full(&r.clusters);
+        let clusters = super::clusterset::ClusterSet::full(&r.clusters, |_| true);
         self.record_with(r, &clusters, now);
     }
 

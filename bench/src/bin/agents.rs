@@ -213,10 +213,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
         f64::from(lat[i]) / 1000.0
     };
     println!(
-        "measured {elapsed:.1}s: reports accepted {accepted} ({:.0}/s, {:.0} instances/s), rejected {rejected}, errors {}",
+        "measured {elapsed:.1}s: reports accepted {accepted} ({:.0}/s, {:.0} instances/s), rejected {rejected}, errors {}; instances refused alone since the start {}",
         accepted as f64 / elapsed,
         accepted as f64 * args.instances as f64 / elapsed,
-        stats.errors.load(Ordering::Relaxed)
+        stats.errors.load(Ordering::Relaxed),
+        stats.refused_instances.load(Ordering::Relaxed)
     );
     println!(
         "ingest cpu {cpu:.1}% of one core (load generator {own_cpu:.0}%); ack latency ms p50 {:.2} p99 {:.2} max {:.2}",
