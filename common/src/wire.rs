@@ -558,111 +558,42 @@ impl<'de, M: Deserialize<'de>> Deserialize<'de> for Versioned<M> {
 mod tests {
     use super::*;
 
-    /// An instance report as agents without the graph's fields send it.
-    #[derive(Serialize)]
-    struct ReportBeforeTheGraph {
-        zone_name: String,
-        cluster_name: String,
-        instance: String,
-        admin_address: String,
-        reachable: bool,
-        error: Option<String>,
-        start_time_ms: i64,
-        server_state: String,
-        envoy_version: String,
-        log_level: Option<String>,
-        requests_total: u64,
-        errors_5xx_total: u64,
-        metrics: InstanceMetrics,
-        clusters: Vec<UpstreamCluster>,
+    /// Agents of protocol version 1 sent every report whole, in another shape:
+    /// their frames are refused by their version before anything is decoded.
+    #[test]
+    fn a_version_1_frame_is_refused_by_its_version() {
+        let body = rmp_serde::to_vec(&Envelope {
+            version: 1u16,
+            message: AgentMessage::Goodbye,
+        })
+        .unwrap();
+        let e = decode::<AgentMessage>(&body).unwrap_err();
+        assert!(matches!(e, WireError::Version(1)), "{e}");
+        assert_eq!(
+            e.to_string(),
+            "protocol version 1 is not supported (this build speaks 2)"
+        );
     }
 
     #[test]
-    fn reports_of_agents_before_the_graph_still_decode() {
-        let inst = ReportBeforeTheGraph {
-            zone_name: "z".into(),
-            cluster_name: "c".into(),
-            instance: "i".into(),
-            admin_address: "127.0.0.1:9901".into(),
-            reachable: true,
-            error: None,
-            start_time_ms: 7,
-            server_state: "LIVE".into(),
-            envoy_version: "1.40.0".into(),
-            log_level: None,
-            requests_total: 3,
-            errors_5xx_total: 1,
-            metrics: InstanceMetrics::default(),
-            clusters: vec![],
-        };
-        let packed = rmp_serde::to_vec(&inst).unwrap();
-        let new: InstanceReport = rmp_serde::from_slice(&packed).unwrap();
-        assert_eq!((new.requests_total, new.errors_5xx_total), (3, 1));
-        assert!(new.upstreams.is_empty() && new.listeners.is_empty());
-        assert_eq!(new.local_cluster, None);
-        assert_eq!(new.config_hash, None);
-        assert!(new.config_hashes.is_empty());
-    }
-
-    /// An instance report as agents with the graph but before drift send it.
-    #[derive(Serialize)]
-    struct ReportBeforeDrift {
-        zone_name: String,
-        cluster_name: String,
-        instance: String,
-        admin_address: String,
-        reachable: bool,
-        error: Option<String>,
-        start_time_ms: i64,
-        server_state: String,
-        envoy_version: String,
-        log_level: Option<String>,
-        requests_total: u64,
-        errors_5xx_total: u64,
-        metrics: InstanceMetrics,
-        clusters: Vec<UpstreamCluster>,
-        upstreams: Vec<UpstreamTraffic>,
-        listeners: Vec<ListenerRoutes>,
-        local_cluster: Option<String>,
-    }
-
-    #[test]
-    fn reports_of_agents_before_drift_still_decode_and_new_ones_carry_the_hashes() {
-        let old = ReportBeforeDrift {
-            zone_name: "z".into(),
-            cluster_name: "c".into(),
-            instance: "i".into(),
-            admin_address: "127.0.0.1:9901".into(),
-            reachable: true,
-            error: None,
-            start_time_ms: 7,
-            server_state: "LIVE".into(),
-            envoy_version: "1.40.0".into(),
-            log_level: None,
-            requests_total: 3,
-            errors_5xx_total: 1,
-            metrics: InstanceMetrics::default(),
-            clusters: vec![],
-            upstreams: vec![],
-            listeners: vec![ListenerRoutes {
-                address: "10.0.0.1:8080".into(),
-                clusters: vec!["orders".into()],
-            }],
-            local_cluster: Some("local_orders".into()),
-        };
-        let packed = rmp_serde::to_vec(&old).unwrap();
-        let new: InstanceReport = rmp_serde::from_slice(&packed).unwrap();
-        assert_eq!(new.local_cluster.as_deref(), Some("local_orders"));
-        assert_eq!(new.listeners.len(), 1);
-        assert_eq!(new.config_hash, None);
-        assert!(new.config_hashes.is_empty());
-
+    fn a_delta_report_with_its_hashes_round_trips() {
         let mut report = InstanceReport::unread("z".into(), "c".into(), "i".into());
+        report.seq = 9;
         report.config_hash = Some("0123456789abcdef".into());
         report.config_hashes = [("routes", "fedcba9876543210")]
             .into_iter()
             .map(|(k, v)| (k.to_owned(), v.to_owned()))
             .collect();
+        report.clusters = vec![ReportedCluster::healthy(
+            "orders",
+            vec!["10.0.0.2:80".into(), "10.0.0.1:80".into()],
+        )];
+        report.delta = Some(Delta {
+            base: 8,
+            removed_clusters: vec!["gone".into()],
+            removed_upstreams: vec!["gone".into()],
+            listeners_unchanged: true,
+        });
         let frame = encode(
             &AgentMessage::Report(Report {
                 sent_at_ms: 1,
@@ -675,6 +606,46 @@ mod tests {
             panic!("a report");
         };
         assert_eq!(back.instances, vec![report]);
+        let ServerMessage::ReportAccepted { instances, refused } = decode(
+            &encode(
+                &ServerMessage::ReportAccepted {
+                    instances: 1,
+                    refused: vec![RefusedInstance {
+                        zone_name: "z".into(),
+                        cluster_name: "c".into(),
+                        instance: "j".into(),
+                        reason: STALE_BASE.into(),
+                    }],
+                },
+                DEFAULT_MAX_MESSAGE,
+            )
+            .unwrap()[4..],
+        )
+        .unwrap() else {
+            panic!("an acknowledgement");
+        };
+        assert_eq!((instances, refused[0].reason.as_str()), (1, STALE_BASE));
+    }
+
+    /// The digest is what docs/wire.md says, so that anyone holding a host set (a
+    /// control server's view) computes the same: independent of order, 0 for none.
+    #[test]
+    fn the_host_set_digest_is_the_documented_one() {
+        assert_eq!(hosts_digest([]), 0);
+        let a = hosts_digest(["10.0.0.1:80", "10.0.0.2:80", "[fd00::1]:80"]);
+        let b = hosts_digest(["[fd00::1]:80", "10.0.0.2:80", "10.0.0.1:80"]);
+        assert_eq!(a, b);
+        assert_ne!(a, hosts_digest(["10.0.0.1:80", "10.0.0.2:80"]));
+        // FNV-1a 64 of "a" is 0xaf63dc4c8601ec8c; then the splitmix64 finaliser.
+        let mut h: u64 = 0xaf63_dc4c_8601_ec8c;
+        h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        h ^= h >> 31;
+        assert_eq!(address_hash("a"), h);
+        assert_eq!(
+            hosts_digest(["a", "b"]),
+            address_hash("a").wrapping_add(address_hash("b"))
+        );
     }
 
     #[test]
