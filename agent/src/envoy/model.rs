@@ -5,7 +5,6 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use meshcat_common::wire::{UpstreamCluster, UpstreamHost};
 use serde::Deserialize;
 
 use super::EnvoyError;
@@ -54,38 +53,7 @@ pub fn parse_proto_duration(s: &str) -> Result<Duration, EnvoyError> {
     Ok(Duration::from_secs_f64(secs))
 }
 
-/// `GET /clusters?format=json`.
-#[derive(Debug, Clone, Deserialize)]
-pub struct ClustersResponse {
-    #[serde(default)]
-    pub cluster_statuses: Vec<ClusterStatus>,
-}
-
-/// One cluster of `/clusters?format=json`.
-#[derive(Debug, Clone, Deserialize)]
-pub struct ClusterStatus {
-    pub name: String,
-    /// Present (true) only for clusters that came from CDS.
-    #[serde(default)]
-    pub added_via_api: bool,
-    /// Absent when the cluster has no endpoints.
-    #[serde(default)]
-    pub host_statuses: Vec<HostStatus>,
-}
-
-/// One host of a cluster.
-#[derive(Debug, Clone, Deserialize)]
-pub struct HostStatus {
-    pub address: Address,
-    /// Counters and gauges; Envoy writes values as strings and omits zero values.
-    #[serde(default)]
-    pub stats: Vec<HostStat>,
-    /// `eds_health_status` plus one boolean per failed health flag.
-    #[serde(default)]
-    pub health_status: BTreeMap<String, serde_json::Value>,
-}
-
-/// A host address: a socket address or a pipe.
+/// A listener's address: a socket address or a pipe.
 #[derive(Debug, Clone, Deserialize)]
 pub struct Address {
     pub socket_address: Option<SocketAddress>,
@@ -102,93 +70,6 @@ pub struct SocketAddress {
 #[derive(Debug, Clone, Deserialize)]
 pub struct Pipe {
     pub path: String,
-}
-
-/// One host counter or gauge.
-#[derive(Debug, Clone, Deserialize)]
-pub struct HostStat {
-    pub name: String,
-    /// Decimal text; absent when zero.
-    pub value: Option<String>,
-}
-
-impl Address {
-    /// `ip:port` as `/clusters` text output writes it.
-    pub fn display(&self) -> String {
-        match (&self.socket_address, &self.pipe) {
-            (Some(sa), _) if sa.address.contains(':') => {
-                format!("[{}]:{}", sa.address, sa.port_value)
-            }
-            (Some(sa), _) => format!("{}:{}", sa.address, sa.port_value),
-            (None, Some(p)) => format!("unix://{}", p.path),
-            (None, None) => String::from("-"),
-        }
-    }
-}
-
-impl HostStatus {
-    fn stat(&self, name: &str) -> u64 {
-        self.stats
-            .iter()
-            .find(|s| s.name == name)
-            .and_then(|s| s.value.as_deref())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    }
-
-    /// Health as the text `/clusters` shows: `healthy`, or the failed flags joined
-    /// with `|` (for example `/failed_active_hc|eds_unhealthy`).
-    fn health_flags(&self) -> String {
-        let mut flags: Vec<String> = self
-            .health_status
-            .iter()
-            .filter(|(k, v)| k.as_str() != "eds_health_status" && v.as_bool() == Some(true))
-            .map(|(k, _)| k.clone())
-            .collect();
-        if let Some(eds) = self
-            .health_status
-            .get("eds_health_status")
-            .and_then(|v| v.as_str())
-            .filter(|s| *s != "HEALTHY")
-        {
-            flags.push(format!("eds_{}", eds.to_ascii_lowercase()));
-        }
-        if flags.is_empty() {
-            "healthy".to_owned()
-        } else {
-            flags.join("|")
-        }
-    }
-}
-
-impl ClustersResponse {
-    /// The clusters as the wire reports them, sorted by name.
-    pub fn to_wire(&self) -> Vec<UpstreamCluster> {
-        let mut out: Vec<UpstreamCluster> = self
-            .cluster_statuses
-            .iter()
-            .map(|c| UpstreamCluster {
-                name: c.name.clone(),
-                added_via_api: c.added_via_api,
-                hosts: c
-                    .host_statuses
-                    .iter()
-                    .map(|h| UpstreamHost {
-                        address: h.address.display(),
-                        cx_active: h.stat("cx_active"),
-                        cx_connect_fail: h.stat("cx_connect_fail"),
-                        cx_total: h.stat("cx_total"),
-                        rq_active: h.stat("rq_active"),
-                        rq_error: h.stat("rq_error"),
-                        rq_total: h.stat("rq_total"),
-                        health_flags: h.health_flags(),
-                    })
-                    .collect(),
-            })
-            .collect();
-        out.sort_by(|a, b| a.name.cmp(&b.name));
-        out
-    }
 }
 
 /// `GET /stats?format=json&histogram_buckets=detailed`: a list whose entries are
@@ -440,26 +321,6 @@ mod tests {
         );
         assert!(parse_proto_duration("3m").is_err());
         assert!(parse_proto_duration("-1s").is_err());
-    }
-
-    #[test]
-    fn clusters_with_a_host_and_without_endpoints() {
-        let r: ClustersResponse =
-            serde_json::from_str(&fixture("clusters_one_host_and_no_endpoints.json")).unwrap();
-        let wire = r.to_wire();
-        assert_eq!(wire.len(), 2);
-        assert_eq!(wire[0].name, "local_service");
-        let host = &wire[0].hosts[0];
-        assert_eq!(host.address, "127.0.0.1:34257");
-        assert_eq!((host.cx_total, host.rq_total), (21, 21));
-        assert_eq!(
-            (host.cx_connect_fail, host.rq_error, host.cx_active),
-            (0, 0, 0)
-        );
-        assert_eq!(host.health_flags, "healthy");
-        assert_eq!(wire[1].name, "no_endpoints");
-        assert!(wire[1].hosts.is_empty());
-        assert!(!wire[1].added_via_api);
     }
 
     #[test]
