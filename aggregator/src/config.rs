@@ -696,6 +696,18 @@ mod tests {
         ));
     }
 
+    /// The ingest counts an instance against its credential for the catalog's TTL:
+    /// their defaults agree.
+    #[test]
+    fn the_ingest_and_the_catalog_share_the_instance_ttl() {
+        assert_eq!(
+            crate::ingest::DEFAULT_INSTANCE_TTL,
+            crate::store::Rules::defaults().instance_ttl
+        );
+        let c = Config::from_args(parse(&["--instance-ttl", "40s"]).unwrap()).unwrap();
+        assert_eq!(c.ingest.limits.instance_ttl, Duration::from_secs(40));
+    }
+
     #[test]
     fn the_history_keeps_its_bounds_and_a_file_per_replica() {
         let d = Config::from_args(parse(&[]).unwrap()).unwrap();

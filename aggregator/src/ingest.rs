@@ -40,6 +40,10 @@ pub const DEFAULT_MAX_INSTANCES: usize = 1000;
 /// Most upstream clusters one instance may report, by default.
 pub use meshcat_common::limits::MAX_UPSTREAM_CLUSTERS as DEFAULT_MAX_UPSTREAM_CLUSTERS;
 /// Most upstream hosts one instance may report, over all its clusters.
+/// How long an instance counts against its credential after its last report when
+/// no TTL is given: the catalog's default `--instance-ttl` (the configuration
+/// checks that the two agree).
+pub const DEFAULT_INSTANCE_TTL: Duration = Duration::from_secs(15);
 pub const DEFAULT_MAX_UPSTREAM_HOSTS: usize = meshcat_common::limits::MAX_UPSTREAM_HOSTS;
 /// Most distinct instances the live connections of one credential may report, so
 /// one zone's credential cannot use up the live instances' global bound.
@@ -183,7 +187,7 @@ impl Default for IngestLimits {
             max_credential_connections: budget::DEFAULT_MAX_CREDENTIAL_CONNECTIONS,
             max_credential_streams: budget::DEFAULT_MAX_CREDENTIAL_STREAMS,
             max_new_instances_per_minute: budget::DEFAULT_MAX_NEW_INSTANCES_PER_MINUTE,
-            instance_ttl: crate::store::Rules::defaults().instance_ttl,
+            instance_ttl: DEFAULT_INSTANCE_TTL,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_pending: DEFAULT_MAX_PENDING_CONNECTIONS,
             hello_timeout: HELLO_TIMEOUT,

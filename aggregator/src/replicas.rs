@@ -23,8 +23,8 @@ use tracing::warn;
 
 use crate::peer_signature::{Access, Signed, Signer};
 use crate::store::Store;
+use crate::store::peers::PeerSummaryChecks;
 use crate::store::traffic::{ClusterTraffic, Traffic};
-use crate::telemetry::peers::PeerSummaryChecks;
 
 /// Carries the signature of a forwarded request.
 pub const FORWARDED: HeaderName = HeaderName::from_static("x-meshcat-forwarded");

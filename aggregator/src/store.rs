@@ -25,6 +25,7 @@ mod config;
 pub mod drift;
 pub mod etcd;
 mod instances;
+pub mod peers;
 pub mod persist;
 pub mod publish;
 mod read;

@@ -5,7 +5,6 @@
 //! graph at each scrape ([`clusters`]).
 
 pub mod clusters;
-pub mod peers;
 
 use std::time::Duration;
 
@@ -197,7 +196,7 @@ pub struct Telemetry {
     pub catalog: CatalogMetrics,
     pub readiness: ReadinessMetrics,
     pub ops: OpsMetrics,
-    pub peers: peers::PeerSummaryChecks,
+    pub peers: crate::store::peers::PeerSummaryChecks,
 }
 
 impl Telemetry {
@@ -207,7 +206,7 @@ impl Telemetry {
         let catalog = CatalogMetrics::register(&registry)?;
         let readiness = ReadinessMetrics::register(&registry)?;
         let ops = OpsMetrics::register(&registry)?;
-        let peers = peers::PeerSummaryChecks::register(&registry)?;
+        let peers = crate::store::peers::PeerSummaryChecks::register(&registry)?;
         Ok(Telemetry {
             registry,
             api,

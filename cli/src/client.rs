@@ -58,7 +58,7 @@ impl CliError {
         let text = self.to_string();
         let mut err = anstream::stderr();
         for line in text.lines() {
-            let _ = writeln!(err, "meshcat: {}", crate::render::clean(line));
+            let _ = writeln!(err, "meshcat: {}", crate::text::clean(line));
         }
     }
 

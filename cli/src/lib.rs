@@ -13,6 +13,7 @@ pub mod client;
 pub mod cmd;
 pub mod render;
 pub mod sse;
+pub mod text;
 
 use std::io::Write;
 

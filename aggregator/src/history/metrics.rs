@@ -51,6 +51,10 @@ impl HistoryMetrics {
             ),
             &["reason"],
         )?;
+        // Both reasons are exposed from the start, at 0.
+        for reason in ["flapping", "diagnoses"] {
+            unrecorded.with_label_values(&[reason]);
+        }
         registry.register(Box::new(bytes.clone()))?;
         registry.register(Box::new(unrecorded.clone()))?;
         registry.register(Box::new(appended.clone()))?;

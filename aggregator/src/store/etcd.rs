@@ -29,7 +29,7 @@ use tracing::{info, warn};
 use super::registrations::Outcome;
 use super::{Committed, Instances, Loaded, PersistError, Refusal, Registrations, Store, Write};
 use crate::history::LeftReason;
-use crate::telemetry::peers::PeerSummaryChecks;
+use crate::store::peers::PeerSummaryChecks;
 
 /// Longest wait for etcd to commit a write. etcd without quorum holds a request
 /// until its own timeout (7 s in 3.4); answering 503 sooner keeps the API's answer

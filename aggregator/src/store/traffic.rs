@@ -36,7 +36,7 @@ pub use ring::{AddressMap, Window, address_key};
 use ring::{Clock, Ring};
 
 use crate::ingest::InstanceKey;
-use crate::telemetry::peers::{Dropped, shown};
+use crate::store::peers::{Dropped, shown};
 use meshcat_common::validate::is_valid_name;
 
 use meshcat_common::limits::{

@@ -18,8 +18,8 @@ use tokio::sync::{mpsc, watch};
 use tracing::{debug, warn};
 
 use crate::history::LeftReason;
+use crate::store::peers::{Dropped, shown};
 use crate::store::{Member, Membership, RemoteInstance, Rules};
-use crate::telemetry::peers::{Dropped, shown};
 use meshcat_common::validate::{is_valid_instance, is_valid_name};
 
 /// A publication, as stored in etcd.

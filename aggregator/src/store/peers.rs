@@ -1,4 +1,4 @@
-//! What a replica drops of its peers' summaries (contract section 13): the traffic a
+//! What a replica drops of its peers' summaries, beside the store that takes them (contract section 13): the traffic a
 //! peer's agents saw (`GET /peer/traffic`) and the instances a peer publishes in
 //! etcd are checked like agent reports (names, counts, lengths). A part that fails is
 //! dropped alone and the rest applies; each dropped part is counted in
