@@ -408,8 +408,10 @@ impl Reporter {
                 Ok((n, refused)) => {
                     applied += n;
                     for r in &refused {
-                        if r.reason != STALE_BASE {
-                            warn!(zone = %r.zone_name, cluster = %r.cluster_name, instance = %r.instance, reason = %r.reason, "The aggregator refused an instance.");
+                        // Once per instance and reason on a connection: a refused
+                        // instance is sent, and refused, again every interval.
+                        if r.reason != STALE_BASE && deltas.first_refusal(r) {
+                            warn!(zone = %r.zone_name, cluster = %r.cluster_name, instance = %r.instance, reason = %r.reason, "The aggregator refused an instance; its other instances are reported.");
                         }
                     }
                     deltas.acknowledged(pending, &refused);

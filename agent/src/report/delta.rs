@@ -86,6 +86,8 @@ pub struct Pending {
 pub struct Deltas {
     acked: HashMap<Key, Acked>,
     next_seq: u64,
+    /// The refusals already logged on this connection, by instance and reason.
+    refusals: HashSet<(Key, String)>,
 }
 
 fn listeners_hash(listeners: &[ListenerRoutes]) -> u64 {
@@ -145,6 +147,20 @@ impl Deltas {
         }
     }
 
+    /// Whether this refusal is the first of its instance and reason on this
+    /// connection (the ones before were logged).
+    pub fn first_refusal(&mut self, r: &RefusedInstance) -> bool {
+        // Bounded as the instances are: one entry per instance and reason.
+        self.refusals.insert((
+            (
+                r.zone_name.clone(),
+                r.cluster_name.clone(),
+                r.instance.clone(),
+            ),
+            r.reason.clone(),
+        ))
+    }
+
     /// Forgets one instance's acknowledged state: it is sent whole next time.
     pub fn forget(&mut self, p: &Pending) {
         self.acked.remove(&p.key);
@@ -154,6 +170,7 @@ impl Deltas {
     pub fn retain_current(&mut self, current: &[InstanceReport]) {
         let keep: HashSet<Key> = current.iter().map(key_of).collect();
         self.acked.retain(|k, _| keep.contains(k));
+        self.refusals.retain(|(k, _)| keep.contains(k));
     }
 }
 
@@ -295,6 +312,9 @@ mod tests {
             reason: meshcat_common::wire::STALE_BASE.into(),
         }];
         d.acknowledged(next.into_iter().map(|p| p.pending).collect(), &refused);
+        // Logged once per instance and reason on the connection.
+        assert!(d.first_refusal(&refused[0]));
+        assert!(!d.first_refusal(&refused[0]));
         let again = d.prepare(vec![snapshot(many, vec![])]);
         assert!(again[0].report.delta.is_none());
         assert_eq!(again[0].report.clusters.len(), 1000);
