@@ -485,21 +485,21 @@ impl Instances {
         {
             return Put::Refused(InstanceKey::of(&report), "instance_in_use");
         }
-        // A delta applies only on top of the report it was made against, from the
-        // same agent: anything else (a report lost, another replica, a restart of
-        // the aggregator) is refused so that the agent sends the whole state.
         // Host keys are kept for the clusters whose upstreams carry traffic: the
         // graph matches only those against listener addresses.
         let used: HashSet<&str> = report.upstreams.iter().map(|u| u.name.as_str()).collect();
+        // A delta applies only on top of the report it was made against, from the
+        // same agent: anything else (a report lost, another replica, a restart of
+        // the aggregator) is refused so that the agent sends the whole state. A
+        // steady one keeps the set as it is, shared.
         let clusters = match &report.delta {
             None => Arc::new(ClusterSet::full(&report.clusters, |n| used.contains(n))),
             Some(d) => match prev {
                 Some(p) if p.reported_by(agent) && p.seq == d.base => {
-                    let next = p.clusters.apply(&report.clusters, d, |n| used.contains(n));
-                    if next == *p.clusters {
+                    if report.clusters.is_empty() && d.removed_clusters.is_empty() {
                         p.clusters.clone()
                     } else {
-                        Arc::new(next)
+                        Arc::new(p.clusters.apply(&report.clusters, d, |n| used.contains(n)))
                     }
                 }
                 _ => return Put::Refused(InstanceKey::of(&report), STALE_BASE),
