@@ -220,6 +220,18 @@ fn dev(dir: &Path) -> DevFiles {
     tls::dev_setup(dir).unwrap()
 }
 
+/// Development certificates in `dir`, and an ingest whose agents authenticate with
+/// the `tokens` file's lines (`TOKEN [zone,...]`).
+fn token_config(dir: &Path, tokens: &str) -> (DevFiles, IngestConfig) {
+    let files = dev(dir);
+    let path = dir.join("tokens");
+    std::fs::write(&path, tokens).unwrap();
+    let auth = AgentAuth::default().with_token_file(&path).unwrap();
+    let server_tls =
+        tls::server_config(&files.server_cert, &files.server_key, &ClientAuth::None).unwrap();
+    (files, IngestConfig::new(server_tls, auth))
+}
+
 fn mtls_config(files: &DevFiles, ca: &Path) -> IngestConfig {
     let server = tls::server_config(
         &files.server_cert,
@@ -351,13 +363,8 @@ async fn certificate_zones_limit_reports() {
 #[tokio::test]
 async fn token_auth_accepts_known_tokens_and_enforces_their_zones() {
     let dir = tempfile::tempdir().unwrap();
-    let files = dev(dir.path());
-    let tokens = dir.path().join("tokens");
-    std::fs::write(&tokens, "s3cret-east east\ns3cret-all\n").unwrap();
-    let auth = AgentAuth::default().with_token_file(&tokens).unwrap();
-    let server_tls =
-        tls::server_config(&files.server_cert, &files.server_key, &ClientAuth::None).unwrap();
-    let server = Server::start(IngestConfig::new(server_tls, auth)).await;
+    let (files, config) = token_config(dir.path(), "s3cret-east east\ns3cret-all\n");
+    let server = Server::start(config).await;
 
     let mut wrong = connect(server.addr, &files.ca, None).await.unwrap();
     let reason = wrong
@@ -539,12 +546,7 @@ fn tag_of(key: &str) -> &str {
 #[tokio::test]
 async fn another_credential_can_neither_shut_out_an_agent_nor_take_its_instances() {
     let dir = tempfile::tempdir().unwrap();
-    let files = dev(dir.path());
-    let tokens = dir.path().join("tokens");
-    std::fs::write(&tokens, "tok-a zone-a\ntok-b zone-a,zone-b\n").unwrap();
-    let auth = AgentAuth::default().with_token_file(&tokens).unwrap();
-    let server_tls =
-        tls::server_config(&files.server_cert, &files.server_key, &ClientAuth::None).unwrap();
+    let (files, config) = token_config(dir.path(), "tok-a zone-a\ntok-b zone-a,zone-b\n");
     let rules = meshcat_aggregator::store::Rules {
         instance_ttl: Duration::from_secs(60),
         error_ratio_warning: 0.05,
@@ -554,7 +556,7 @@ async fn another_credential_can_neither_shut_out_an_agent_nor_take_its_instances
         meshcat_aggregator::store::Store::open(&dir.path().join("data"), rules).unwrap();
     let instances = Arc::new(instances);
     let server = Server::start_with(
-        IngestConfig::new(server_tls, auth),
+        config,
         Arc::new(RecordingSink::default()),
         instances.clone(),
     )
@@ -702,13 +704,8 @@ fn upstream(clusters: usize, hosts_each: usize) -> Vec<wire::ReportedCluster> {
 #[tokio::test]
 async fn an_instance_over_a_bound_is_refused_alone_and_the_rest_of_its_report_applies() {
     let dir = tempfile::tempdir().unwrap();
-    let files = dev(dir.path());
-    let tokens = dir.path().join("tokens");
-    std::fs::write(&tokens, "tok-a zone-a\ntok-b zone-b\n").unwrap();
-    let auth = AgentAuth::default().with_token_file(&tokens).unwrap();
-    let server_tls =
-        tls::server_config(&files.server_cert, &files.server_key, &ClientAuth::None).unwrap();
-    let mut config = IngestConfig::new(server_tls, auth);
+    let (files, config) = token_config(dir.path(), "tok-a zone-a\ntok-b zone-b\n");
+    let mut config = config;
     config.limits.max_upstream_clusters = 3;
     config.limits.max_upstream_hosts = 4;
     let server = Server::start(config).await;
@@ -793,13 +790,8 @@ async fn an_instance_over_a_bound_is_refused_alone_and_the_rest_of_its_report_ap
 #[tokio::test]
 async fn a_credential_is_bounded_in_instances_creation_rate_connections_and_streams() {
     let dir = tempfile::tempdir().unwrap();
-    let files = dev(dir.path());
-    let tokens = dir.path().join("tokens");
-    std::fs::write(&tokens, "tok-a zone-a\ntok-b zone-b\n").unwrap();
-    let auth = AgentAuth::default().with_token_file(&tokens).unwrap();
-    let server_tls =
-        tls::server_config(&files.server_cert, &files.server_key, &ClientAuth::None).unwrap();
-    let mut config = IngestConfig::new(server_tls, auth);
+    let (files, config) = token_config(dir.path(), "tok-a zone-a\ntok-b zone-b\n");
+    let mut config = config;
     config.limits.max_credential_instances = 3;
     config.limits.max_new_instances_per_minute = 1;
     config.limits.max_credential_connections = 2;
