@@ -9,12 +9,10 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use std::time::Duration;
 
-use meshcat_common::wire::{
-    Command, CommandOutput, DebugWindowOutput, EvidenceOutput, InstanceReport,
-};
+use meshcat_common::wire::{Command, CommandOutput, EvidenceOutput, InstanceReport};
 use serde_json::Value;
 
-use crate::debugwindow::{DebugWindowReport, is_tls_line};
+use crate::debugwindow::is_tls_line;
 use crate::envoy::{EnvoyAdmin, seed_level};
 use crate::logtail::LogTail;
 use crate::report::{CommandHandler, SnapshotSource};
@@ -72,7 +70,7 @@ async fn run(agent: &Agent, named: &TargetKey, cmd: Command) -> Result<CommandOu
                 .run(Duration::from_secs(u64::from(seconds)))
                 .await
                 .map_err(|e| e.to_string())?;
-            Ok(CommandOutput::DebugWindow(window_output(&report)))
+            Ok(CommandOutput::DebugWindow(report.summary))
         }
         Command::Evidence {
             path,
@@ -100,20 +98,6 @@ pub const MAX_EVIDENCE_LOG_BYTES: usize = 1 << 20;
 /// Longest log line carried; longer ones are cut.
 pub const MAX_EVIDENCE_LINE_LEN: usize = 8 << 10;
 
-fn window_output(r: &DebugWindowReport) -> DebugWindowOutput {
-    DebugWindowOutput {
-        previous_level: r.previous_level.clone(),
-        started_at_ms: r.started_at_ms,
-        ended_at_ms: r.ended_at_ms,
-        restored: r.restored,
-        cut_short: r.cut_short,
-        log_tailed: r.log_tailed,
-        line_count: r.line_count,
-        tls_lines: r.tls_lines.iter().map(|l| l.text.clone()).collect(),
-        tls_line_count: r.tls_line_count,
-    }
-}
-
 /// Collects one sidecar's evidence; what cannot be read is named in `errors`
 /// instead of failing the whole answer, so the diagnosis skips only what it lacks.
 async fn evidence(
@@ -138,7 +122,7 @@ async fn evidence(
                             .filter(|t| is_debug_evidence(t)),
                         MAX_EVIDENCE_LINES,
                     ));
-                    out.debug_window = Some(window_output(&report));
+                    out.debug_window = Some(report.summary);
                 }
                 Err(e) => out.errors.push(format!("debug window: {e}")),
             },
@@ -325,6 +309,43 @@ mod tests {
             local_cluster: None,
             netns: None,
         }
+    }
+
+    /// The debug window's answer as MessagePack, after the envelope's version: `Ok`,
+    /// the `DebugWindow` variant, then `DebugWindowOutput` as an array of its nine
+    /// fields in order, the TLS lines as plain text.
+    const DEBUG_WINDOW_ANSWER: &[u8] = b"\x81\xa2Ok\x81\xabDebugWindow\x99\
+          \xa7warning\
+          \xcf\x00\x00\x01\x8b\xcf\xe5h\x00\
+          \xcf\x00\x00\x01\x8b\xcf\xe5o\xd0\
+          \xc3\xc2\xc3\
+          \x03\
+          \x91\xd9(TLS error: Secret is not supplied by SDS\
+          \x01";
+
+    #[test]
+    fn the_debug_window_answer_keeps_its_encoding() {
+        let report = crate::debugwindow::DebugWindowReport {
+            summary: meshcat_common::wire::DebugWindowOutput {
+                previous_level: "warning".into(),
+                started_at_ms: 1_700_000_000_000,
+                ended_at_ms: 1_700_000_002_000,
+                restored: true,
+                cut_short: false,
+                log_tailed: true,
+                line_count: 3,
+                tls_lines: vec!["TLS error: Secret is not supplied by SDS".into()],
+                tls_line_count: 1,
+            },
+            after_seq: 7,
+            last_seq: 10,
+        };
+        let frame = meshcat_common::wire::encode(
+            &Ok::<_, String>(CommandOutput::DebugWindow(report.summary)),
+            1 << 20,
+        )
+        .unwrap();
+        assert!(frame.ends_with(DEBUG_WINDOW_ANSWER), "{:?}", &frame[4..]);
     }
 
     #[tokio::test]

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use meshcat_common::envoy_log::MAX_DEBUG_WINDOW_SECONDS;
+use meshcat_common::wire::DebugWindowOutput;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -68,33 +69,18 @@ pub enum DebugWindowError {
     Aborted,
 }
 
-/// What a debug window saw.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// What a debug window saw: the summary the agent answers with, and where the
+/// window's lines stand in the tail.
+#[derive(Debug, Clone, PartialEq)]
 pub struct DebugWindowReport {
-    /// The level before the window, restored after it.
-    pub previous_level: String,
-    /// When the level was raised, ms since the epoch.
-    pub started_at_ms: i64,
-    /// When the level was restored (or the restore given up), ms since the epoch.
-    pub ended_at_ms: i64,
-    /// Whether the previous level was restored; false means it stays at debug and an
-    /// error was logged.
-    pub restored: bool,
-    /// Whether the window ended early because the agent shut down.
-    pub cut_short: bool,
-    /// Whether the sidecar's log is tailed at all; without it the window only raised
-    /// the level and no lines can be shown.
-    pub log_tailed: bool,
+    /// The window's summary as the agent answers it: the level before the window, its
+    /// times, whether the level was restored, and the lines naming TLS failures (the
+    /// first [`MAX_TLS_LINES`]) with the count of all of them.
+    pub summary: DebugWindowOutput,
     /// Sequence numbers of the window's lines in the tail: after `after_seq`, up to
     /// and including `last_seq`, for a reader that wants all of them.
     pub after_seq: u64,
     pub last_seq: u64,
-    /// All lines read during the window.
-    pub line_count: u64,
-    /// Lines of the window with a TLS marker, the first [`MAX_TLS_LINES`].
-    pub tls_lines: Vec<TailedLine>,
-    /// All lines of the window with a TLS marker.
-    pub tls_line_count: u64,
 }
 
 /// Whether a log line names a TLS failure.
@@ -368,17 +354,19 @@ impl Inner {
             scan.last_seq = tail.last_seq();
         }
         Ok(DebugWindowReport {
-            previous_level: previous,
-            started_at_ms,
-            ended_at_ms,
-            restored,
-            cut_short,
-            log_tailed: self.tail.is_some(),
+            summary: DebugWindowOutput {
+                previous_level: previous,
+                started_at_ms,
+                ended_at_ms,
+                restored,
+                cut_short,
+                log_tailed: self.tail.is_some(),
+                line_count: scan.last_seq.saturating_sub(scan.after_seq),
+                tls_lines: scan.tls_lines,
+                tls_line_count: scan.tls_line_count,
+            },
             after_seq: scan.after_seq,
             last_seq: scan.last_seq.max(scan.after_seq),
-            line_count: scan.last_seq.saturating_sub(scan.after_seq),
-            tls_lines: scan.tls_lines,
-            tls_line_count: scan.tls_line_count,
         })
     }
 
@@ -417,7 +405,8 @@ struct Scan {
     next_seq: u64,
     /// Last line read when the window's lines were collected.
     last_seq: u64,
-    tls_lines: Vec<TailedLine>,
+    /// The text of the window's lines with a TLS marker, the first [`MAX_TLS_LINES`].
+    tls_lines: Vec<String>,
     tls_line_count: u64,
 }
 
@@ -428,7 +417,7 @@ impl Scan {
             if is_tls_line(&line.text) {
                 self.tls_line_count += 1;
                 if self.tls_lines.len() < MAX_TLS_LINES {
-                    self.tls_lines.push(line);
+                    self.tls_lines.push(line.text);
                 }
             }
         }

@@ -179,14 +179,17 @@ async fn window_raises_debug_collects_its_lines_and_restores() {
     admin.get("/ready?marker=inside-the-window").await;
     let report = run.await.unwrap().expect("window ran");
 
-    assert_eq!(report.previous_level, "warning");
-    assert!(report.restored && !report.cut_short && report.log_tailed);
-    assert!(report.ended_at_ms - report.started_at_ms >= 2_000);
+    assert_eq!(report.summary.previous_level, "warning");
+    assert!(report.summary.restored && !report.summary.cut_short && report.summary.log_tailed);
+    assert!(report.summary.ended_at_ms - report.summary.started_at_ms >= 2_000);
     assert_eq!(admin.level().await, "warning");
-    assert!(report.line_count > 0);
-    assert_eq!(report.line_count, report.last_seq - report.after_seq);
+    assert!(report.summary.line_count > 0);
+    assert_eq!(
+        report.summary.line_count,
+        report.last_seq - report.after_seq
+    );
     let window = windows.lines_of(&report);
-    assert_eq!(window.len() as u64, report.line_count);
+    assert_eq!(window.len() as u64, report.summary.line_count);
     assert!(
         window
             .iter()
@@ -194,8 +197,8 @@ async fn window_raises_debug_collects_its_lines_and_restores() {
         "Envoy's debug lines of the admin request are in the window"
     );
     // This Envoy has no TLS at all.
-    assert_eq!(report.tls_line_count, 0);
-    assert!(report.tls_lines.is_empty());
+    assert_eq!(report.summary.tls_line_count, 0);
+    assert!(report.summary.tls_lines.is_empty());
     cancel.cancel();
 }
 
@@ -223,13 +226,13 @@ async fn overlapping_windows_join_and_restore_once() {
     );
     let first = first.await.unwrap().expect("first");
     assert_eq!(first, second, "both askers see the one window");
-    assert_eq!(first.previous_level, "warning");
+    assert_eq!(first.summary.previous_level, "warning");
     assert_eq!(control.sets(), ["debug", "warning"]);
     assert_eq!(admin.level().await, "warning");
 
     // A window after that one reads the restored level, not debug.
     let again = windows.run(Duration::from_secs(1)).await.unwrap();
-    assert_eq!(again.previous_level, "warning");
+    assert_eq!(again.summary.previous_level, "warning");
     assert_eq!(control.sets(), ["debug", "warning", "debug", "warning"]);
     cancel.cancel();
 }
@@ -260,8 +263,8 @@ async fn cancel_restores_at_once() {
         .await
         .unwrap();
     assert!(cancelled_at.elapsed() < Duration::from_secs(5));
-    assert!(report.cut_short && report.restored);
-    assert_eq!(report.previous_level, "error");
+    assert!(report.summary.cut_short && report.summary.restored);
+    assert_eq!(report.summary.previous_level, "error");
     assert_eq!(admin.level().await, "error");
     assert_eq!(
         windows.run(Duration::from_secs(1)).await,
@@ -284,9 +287,9 @@ async fn the_level_is_restored_when_the_asker_goes_away() {
     wait_level(&admin, "info", Duration::from_secs(10)).await;
 
     let report = windows.run(Duration::from_secs(1)).await.unwrap();
-    assert!(!report.log_tailed);
-    assert_eq!(report.line_count, 0);
-    assert_eq!(report.previous_level, "info");
+    assert!(!report.summary.log_tailed);
+    assert_eq!(report.summary.line_count, 0);
+    assert_eq!(report.summary.previous_level, "info");
     cancel.cancel();
 }
 
@@ -311,7 +314,7 @@ async fn a_failed_restore_is_retried_and_bad_lengths_touch_nothing() {
     assert!(control.sets().is_empty());
 
     let report = windows.run(Duration::from_secs(1)).await.unwrap();
-    assert!(report.restored);
+    assert!(report.summary.restored);
     assert_eq!(control.sets(), ["debug", "warning", "warning", "warning"]);
     assert_eq!(admin.level().await, "warning");
     cancel.cancel();

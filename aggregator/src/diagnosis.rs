@@ -608,7 +608,7 @@ async fn metrics_evidence(
         .instances
         .live_owners(zone, cluster)
         .into_iter()
-        .filter_map(|(instance, owner)| Some((instance, owner?)))
+        .filter_map(|live| Some((live.instance, live.owner?)))
         .collect();
     if remote.len() > MAX_REMOTE_METRICS {
         notes.push(format!(

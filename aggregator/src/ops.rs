@@ -309,6 +309,16 @@ mod tests {
         }
     }
 
+    /// The per-cluster series, one rendering served for an hour, at most
+    /// `max_scrapes` scrapes at once.
+    fn an_hour(max_scrapes: usize) -> OpsConfig {
+        OpsConfig {
+            cluster_metrics: true,
+            render_max_age: Duration::from_secs(3600),
+            max_scrapes,
+        }
+    }
+
     async fn request(state: &Arc<OpsState>, gzip: bool) -> Response {
         let mut req = Request::get("/metrics");
         if gzip {
@@ -388,14 +398,7 @@ mod tests {
     #[tokio::test]
     async fn scrapes_within_the_age_are_served_one_rendering() {
         let dir = tempfile::tempdir().unwrap();
-        let s = state(
-            dir.path(),
-            OpsConfig {
-                cluster_metrics: true,
-                render_max_age: Duration::from_secs(3600),
-                ..OpsConfig::default()
-            },
-        );
+        let s = state(dir.path(), an_hour(DEFAULT_MAX_SCRAPES));
         let (_, first) = scrape(&s, false).await;
         assert_eq!(renders(&first), Some(1), "{first}");
         // What a new rendering would show differently: a new cluster and owner.
@@ -421,14 +424,7 @@ mod tests {
     #[tokio::test]
     async fn scrapes_past_the_bound_answer_503_and_the_others_share_one_rendering() {
         let dir = tempfile::tempdir().unwrap();
-        let s = state(
-            dir.path(),
-            OpsConfig {
-                cluster_metrics: true,
-                render_max_age: Duration::from_secs(3600),
-                max_scrapes: 4,
-            },
-        );
+        let s = state(dir.path(), an_hour(4));
         // Holding the rendering keeps the scrapes that come in waiting for it.
         let held = s.renderings.last.lock().await;
         let waiting: Vec<_> = (0..4)

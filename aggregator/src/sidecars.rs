@@ -161,9 +161,9 @@ impl Sidecars {
         self.instances
             .live_owners(zone, cluster)
             .into_iter()
-            .map(|(instance, owner)| Target {
-                instance,
-                owner: owner.map_or(Owner::Here, Owner::Replica),
+            .map(|live| Target {
+                instance: live.instance,
+                owner: live.owner.map_or(Owner::Here, Owner::Replica),
             })
             .collect()
     }

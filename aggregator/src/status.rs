@@ -175,17 +175,18 @@ fn instances(n: u64) -> String {
 mod tests {
     use super::*;
 
+    fn inputs(live: u64, min: u64, max: u64, req: u64, err: u64) -> Inputs {
+        Inputs {
+            live,
+            min_instances: min,
+            max_instances: max,
+            window_requests: req,
+            window_errors: err,
+        }
+    }
+
     fn with(live: u64, min: u64, max: u64, req: u64, err: u64) -> Status {
-        evaluate(
-            Inputs {
-                live,
-                min_instances: min,
-                max_instances: max,
-                window_requests: req,
-                window_errors: err,
-            },
-            0.05,
-        )
+        evaluate(inputs(live, min, max, req, err), 0.05)
     }
 
     #[test]
@@ -204,18 +205,7 @@ mod tests {
 
     #[test]
     fn the_reason_names_the_rule_and_its_figures() {
-        let why = |live, min, max, req, err| {
-            explain(
-                Inputs {
-                    live,
-                    min_instances: min,
-                    max_instances: max,
-                    window_requests: req,
-                    window_errors: err,
-                },
-                0.05,
-            )
-        };
+        let why = |live, min, max, req, err| explain(inputs(live, min, max, req, err), 0.05);
         assert_eq!(why(1, 2, 0, 0, 0), "1 live instance, below minInstances 2");
         assert_eq!(why(3, 1, 2, 0, 0), "3 live instances, above maxInstances 2");
         assert!(why(0, 2, 0, 0, 0).starts_with("0 live instances: "));

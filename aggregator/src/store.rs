@@ -49,8 +49,8 @@ pub use config::{
     StoreSpec,
 };
 pub use instances::{
-    InstanceKey, Instances, LiveInstance, MAX_INSTANCES, Member, Membership, MetricsLookup,
-    RemoteInstance, Reporter, ZoneReporters,
+    InstanceKey, Instances, LiveInstance, LiveOwner, MAX_INSTANCES, Member, Membership,
+    MetricsLookup, RemoteInstance, Reporter, ZoneReporters,
 };
 pub use persist::{PersistError, RedbRegistrations};
 use read::ReadCache;

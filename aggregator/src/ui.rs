@@ -25,58 +25,32 @@ struct Asset {
     body: &'static [u8],
 }
 
+/// The file `$name` of `aggregator/ui/`, served as `$content_type`.
+macro_rules! asset {
+    ($name:literal, $content_type:expr) => {
+        Asset {
+            name: $name,
+            content_type: $content_type,
+            body: include_bytes!(concat!("../ui/", $name)),
+        }
+    };
+}
+
+/// The content type of the page's ES modules.
+const JAVASCRIPT: &str = "text/javascript; charset=utf-8";
+
 /// Every file the page loads. Adding a file here is all it takes to serve it.
 const ASSETS: &[Asset] = &[
-    Asset {
-        name: "index.html",
-        content_type: "text/html; charset=utf-8",
-        body: include_bytes!("../ui/index.html"),
-    },
-    Asset {
-        name: "app.js",
-        content_type: "text/javascript; charset=utf-8",
-        body: include_bytes!("../ui/app.js"),
-    },
-    Asset {
-        name: "live.js",
-        content_type: "text/javascript; charset=utf-8",
-        body: include_bytes!("../ui/live.js"),
-    },
-    Asset {
-        name: "dom.js",
-        content_type: "text/javascript; charset=utf-8",
-        body: include_bytes!("../ui/dom.js"),
-    },
-    Asset {
-        name: "graph.js",
-        content_type: "text/javascript; charset=utf-8",
-        body: include_bytes!("../ui/graph.js"),
-    },
-    Asset {
-        name: "graph-layout.js",
-        content_type: "text/javascript; charset=utf-8",
-        body: include_bytes!("../ui/graph-layout.js"),
-    },
-    Asset {
-        name: "graph-draw.js",
-        content_type: "text/javascript; charset=utf-8",
-        body: include_bytes!("../ui/graph-draw.js"),
-    },
-    Asset {
-        name: "history.js",
-        content_type: "text/javascript; charset=utf-8",
-        body: include_bytes!("../ui/history.js"),
-    },
-    Asset {
-        name: "style.css",
-        content_type: "text/css; charset=utf-8",
-        body: include_bytes!("../ui/style.css"),
-    },
-    Asset {
-        name: "favicon.svg",
-        content_type: "image/svg+xml",
-        body: include_bytes!("../ui/favicon.svg"),
-    },
+    asset!("index.html", "text/html; charset=utf-8"),
+    asset!("app.js", JAVASCRIPT),
+    asset!("live.js", JAVASCRIPT),
+    asset!("dom.js", JAVASCRIPT),
+    asset!("graph.js", JAVASCRIPT),
+    asset!("graph-layout.js", JAVASCRIPT),
+    asset!("graph-draw.js", JAVASCRIPT),
+    asset!("history.js", JAVASCRIPT),
+    asset!("style.css", "text/css; charset=utf-8"),
+    asset!("favicon.svg", "image/svg+xml"),
 ];
 
 /// The page may load and call only its own origin; nothing inline.

@@ -82,7 +82,14 @@ class Refresher {
     }
   }
 
+  /** Reads now, then every `everyMs` while the page is visible, until stop(). */
+  poll(everyMs) {
+    this.now();
+    this.ticker = setInterval(() => { if (!document.hidden) this.soon(0); }, everyMs);
+  }
+
   stop() {
+    clearInterval(this.ticker);
     clearTimeout(this.timer);
     this.timer = null;
     this.read = async () => {};
@@ -133,13 +140,11 @@ export class GraphPage {
     this.first = true;
     this.refresher = new Refresher(() => this.load());
     this.build();
-    this.refresher.now();
-    this.ticker = setInterval(() => { if (!document.hidden) this.refresher.soon(0); }, FIGURES_EVERY_MS);
+    this.refresher.poll(FIGURES_EVERY_MS);
   }
 
   close() {
     this.closed = true;
-    clearInterval(this.ticker);
     this.refresher.stop();
     this.canvas.destroy();
   }
@@ -496,13 +501,11 @@ export class ClusterCalls {
       h("div", { class: "level" }, h("label", { class: "field", for: "calls-depth" }, h("span", {}, "Graph depth"), depth), link),
       this.body);
     this.refresher = new Refresher(() => this.load());
-    this.refresher.now();
-    this.ticker = setInterval(() => { if (!document.hidden) this.refresher.soon(0); }, FIGURES_EVERY_MS);
+    this.refresher.poll(FIGURES_EVERY_MS);
   }
 
   close() {
     this.closed = true;
-    clearInterval(this.ticker);
     this.refresher.stop();
   }
 

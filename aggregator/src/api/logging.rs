@@ -107,12 +107,14 @@ fn text(level: String) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], level).into_response()
 }
 
-/// Asks one instance's sidecar for its level, or sets it; the level it has now.
+/// Asks one instance's sidecar for its level, or sets it; the level it has now. An
+/// unknown zone is a 404.
 async fn run_level_command(
     s: &AppState,
     (zone, cluster, instance): (&str, &str, &str),
     ask: Ask,
 ) -> Result<String, ApiError> {
+    zone_or_404(s, zone)?;
     let sidecars = sidecars(s);
     let target = sidecars.target(zone, cluster, instance)?;
     match sidecars
@@ -147,7 +149,6 @@ pub async fn get_instance_logging(
     RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
     query::parse(q.as_deref(), &[])?;
-    zone_or_404(&s, &zone)?;
     let level = run_level_command(&s, (&zone, &cluster, &instance), Ask::GetLevel).await?;
     Ok(text(level))
 }
@@ -176,7 +177,6 @@ pub async fn put_instance_logging(
     RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
     let LevelQuery { level } = level_query(q.as_deref())?;
-    zone_or_404(&s, &zone)?;
     let now = run_level_command(&s, (&zone, &cluster, &instance), Ask::SetLevel(level)).await?;
     info!(%zone, %cluster, %instance, level = %now, "Sidecar log level set through the API.");
     Ok(text(now))

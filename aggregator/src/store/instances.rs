@@ -218,6 +218,14 @@ pub trait Membership: Send + Sync + fmt::Debug {
     fn withdraw(&self, zone: &str, cluster: &str, instance: &str, reason: LeftReason);
 }
 
+/// A live instance of a cluster and where it is served.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveOwner {
+    pub instance: String,
+    /// The replica that owns it; `None` when an agent of this replica reports it.
+    pub owner: Option<String>,
+}
+
 /// The live instances: what agents and peers report, beside the catalog. Each
 /// instance is kept in its (zone, cluster) entry of the shared index, with that
 /// cluster's registration and status; here is who reports which instance, the
@@ -1048,21 +1056,35 @@ impl Instances {
     }
 
     /// The live instances of (zone, cluster) by name, each with the replica that owns
-    /// it (`None`: an agent of this replica reports it). Nothing is unpacked.
-    pub fn live_owners(&self, zone: &str, cluster: &str) -> Vec<(String, Option<String>)> {
-        self.memory
-            .clusters
-            .get(cluster)
-            .and_then(|m| {
-                m.get(zone).map(|e| {
-                    e.instances
-                        .iter()
-                        .filter(|(_, i)| i.is_live())
-                        .map(|(n, i)| (n.clone(), i.owner().map(str::to_owned)))
-                        .collect()
-                })
+    /// it. Nothing is unpacked.
+    pub fn live_owners(&self, zone: &str, cluster: &str) -> Vec<LiveOwner> {
+        self.live_of(zone, cluster, |name, i| {
+            Some(LiveOwner {
+                instance: name.to_owned(),
+                owner: i.owner().map(str::to_owned),
             })
-            .unwrap_or_default()
+        })
+    }
+
+    /// What `pick` makes of each live instance of (zone, cluster), in name order (the
+    /// instances map is ordered); `None` leaves an instance out.
+    fn live_of<T>(
+        &self,
+        zone: &str,
+        cluster: &str,
+        mut pick: impl FnMut(&str, &LiveInstance) -> Option<T>,
+    ) -> Vec<T> {
+        let Some(by_zone) = self.memory.clusters.get(cluster) else {
+            return Vec::new();
+        };
+        let Some(e) = by_zone.get(zone) else {
+            return Vec::new();
+        };
+        e.instances
+            .iter()
+            .filter(|(_, i)| i.is_live())
+            .filter_map(|(n, i)| pick(n, i))
+            .collect()
     }
 
     /// Where an instance of (zone, cluster) is served: `Some(None)` when it is live
@@ -1174,22 +1196,12 @@ impl Instances {
         MetricsLookup::NoInstance
     }
 
-    /// The last reports of a cluster's live instances, sorted by instance name (the
-    /// instances map is ordered).
+    /// The last reports of a cluster's live instances of this replica, sorted by
+    /// instance name.
     pub fn live_instances(&self, zone: &str, cluster: &str) -> Vec<Arc<InstanceReport>> {
-        self.memory
-            .clusters
-            .get(cluster)
-            .and_then(|m| {
-                m.get(zone).map(|e| {
-                    e.instances
-                        .values()
-                        .filter(|i| i.is_live() && !i.is_remote())
-                        .map(|i| Arc::new(i.report()))
-                        .collect::<Vec<_>>()
-                })
-            })
-            .unwrap_or_default()
+        self.live_of(zone, cluster, |_, i| {
+            (!i.is_remote()).then(|| Arc::new(i.report()))
+        })
     }
 
     /// The drift of (zone, cluster); `None` when the cluster is neither registered

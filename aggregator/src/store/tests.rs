@@ -276,7 +276,10 @@ fn agents_and_replicas_are_separate_reporters() {
     live.agent_gone("peer");
     assert_eq!(
         live.live_owners("z", "a"),
-        vec![("r1".into(), Some("peer".into()))]
+        vec![LiveOwner {
+            instance: "r1".into(),
+            owner: Some("peer".into())
+        }]
     );
     // Its agent moved here: this replica's agent reports it now.
     live.apply_report("agent-2", report("z", "a", "r1", 0, 0), now);

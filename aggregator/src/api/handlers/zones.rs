@@ -1,6 +1,7 @@
 //! The zone routes: list, create, get, replace, delete, and a zone's metadata.
 
 use super::*;
+use crate::api::troubleshoot::zone_or_404;
 
 #[utoipa::path(
     get,
@@ -62,10 +63,7 @@ pub async fn get_zone(
     RawQuery(q): RawQuery,
 ) -> Result<Json<ZoneRecord>, ApiError> {
     no_query(q.as_deref())?;
-    s.store
-        .zone(&name)
-        .map(Json)
-        .ok_or_else(|| ApiError::no_zone(&name))
+    zone_or_404(&s, &name).map(Json)
 }
 
 #[utoipa::path(
