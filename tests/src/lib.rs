@@ -30,6 +30,7 @@ pub mod replicas;
 pub mod scenario;
 pub mod sse;
 pub mod upstream;
+pub mod xds;
 
 pub use bootstrap::Bootstrap;
 pub use certs::MeshCerts;

@@ -1,0 +1,403 @@
+//! The ADS service (state of the world): one task per stream that answers
+//! subscriptions from the node's snapshot, follows ACKs and NACKs by nonce, and
+//! pushes each subscribed type whose content changed; and the state shared by every
+//! stream (snapshots, held and overridden nodes, what each node was sent and ACKed).
+
+use std::collections::{BTreeMap, HashMap};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryService;
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
+};
+use futures::Stream;
+use serde::Serialize;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::snapshot::{Resources, Snapshot, Subscription};
+
+/// What one node was sent and answered for one type URL.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct TypeState {
+    /// The version of the last response sent ("" before any).
+    pub sent_version: String,
+    /// The version of the last response ACKed ("" before any).
+    pub acked_version: String,
+    /// The `error_detail` message of the last NACK, if any.
+    pub last_nack: Option<String>,
+    /// Whether the last answer to a response of this type was a NACK.
+    pub nacked: bool,
+    /// The names the node last asked for (empty: all, for CDS and LDS).
+    pub resource_names: Vec<String>,
+}
+
+/// One connected node: per type URL what it was sent, ACKed and NACKed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct NodeState {
+    /// `node.id` of the first request of its stream.
+    pub id: String,
+    /// `node.cluster` of that request.
+    pub cluster: String,
+    /// Held on the snapshot it had ([`crate::ControlServer::hold`]).
+    pub held: bool,
+    /// Served a spec of its own ([`crate::ControlServer::override_for`]).
+    pub overridden: bool,
+    /// By type URL.
+    pub types: BTreeMap<String, TypeState>,
+}
+
+impl NodeState {
+    /// The state of one type URL, if the node subscribed to it.
+    pub fn get(&self, type_url: &str) -> Option<&TypeState> {
+        self.types.get(type_url)
+    }
+
+    /// The version last ACKed for `type_url` ("" when none).
+    pub fn acked(&self, type_url: &str) -> &str {
+        self.get(type_url).map_or("", |t| t.acked_version.as_str())
+    }
+
+    /// The version last sent for `type_url` ("" when none).
+    pub fn sent(&self, type_url: &str) -> &str {
+        self.get(type_url).map_or("", |t| t.sent_version.as_str())
+    }
+
+    /// The last NACK's error detail for `type_url`.
+    pub fn last_nack(&self, type_url: &str) -> Option<&str> {
+        self.get(type_url).and_then(|t| t.last_nack.as_deref())
+    }
+}
+
+/// A node as the server tracks it, connected or not.
+#[derive(Debug, Default)]
+struct NodeEntry {
+    /// Open streams with this node id.
+    streams: usize,
+    state: NodeState,
+    /// The snapshot its stream last answered from.
+    served: Option<Arc<Snapshot>>,
+}
+
+/// Snapshots and nodes, under one lock.
+#[derive(Debug)]
+pub(crate) struct State {
+    /// Versions handed out by `set`.
+    pub(crate) set_count: u64,
+    /// Versions handed out to overrides.
+    pub(crate) override_count: u64,
+    pub(crate) shared: Arc<Snapshot>,
+    pub(crate) overrides: HashMap<String, Arc<Snapshot>>,
+    /// Held nodes and the snapshot each is held on.
+    pub(crate) pinned: HashMap<String, Arc<Snapshot>>,
+    nodes: BTreeMap<String, NodeEntry>,
+}
+
+impl State {
+    /// The snapshot `node` is served now.
+    pub(crate) fn effective(&self, node: &str) -> Arc<Snapshot> {
+        self.pinned
+            .get(node)
+            .or_else(|| self.overrides.get(node))
+            .unwrap_or(&self.shared)
+            .clone()
+    }
+
+    /// The snapshot `node` has now: the one its stream last answered from, else the
+    /// one it would be served.
+    pub(crate) fn current(&self, node: &str) -> Arc<Snapshot> {
+        self.nodes
+            .get(node)
+            .and_then(|n| n.served.clone())
+            .unwrap_or_else(|| self.effective(node))
+    }
+
+    pub(crate) fn connected_nodes(&self) -> Vec<NodeState> {
+        self.nodes
+            .iter()
+            .filter(|(_, n)| n.streams > 0)
+            .map(|(id, n)| {
+                let mut s = n.state.clone();
+                s.held = self.pinned.contains_key(id);
+                s.overridden = self.overrides.contains_key(id);
+                s
+            })
+            .collect()
+    }
+}
+
+/// The state every stream shares, and the signals they wait on.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    state: Mutex<State>,
+    /// Moves when any node's effective snapshot may have changed.
+    snapshots: watch::Sender<u64>,
+    /// Moves on every connect, disconnect, response, ACK and NACK.
+    pub(crate) events: watch::Sender<u64>,
+}
+
+impl Shared {
+    pub(crate) fn new() -> Self {
+        Self {
+            state: Mutex::new(State {
+                set_count: 0,
+                override_count: 0,
+                shared: Arc::new(Snapshot::empty("0".to_owned())),
+                overrides: HashMap::new(),
+                pinned: HashMap::new(),
+                nodes: BTreeMap::new(),
+            }),
+            snapshots: watch::channel(0).0,
+            events: watch::channel(0).0,
+        }
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Tells every stream to look at its node's snapshot again.
+    pub(crate) fn snapshots_changed(&self) {
+        self.snapshots.send_modify(|v| *v += 1);
+        self.event();
+    }
+
+    fn event(&self) {
+        self.events.send_modify(|v| *v += 1);
+    }
+
+    fn with_node(&self, id: &str, f: impl FnOnce(&mut NodeEntry)) {
+        let mut state = self.lock();
+        if let Some(n) = state.nodes.get_mut(id) {
+            f(n);
+        }
+        drop(state);
+        self.event();
+    }
+
+    fn connect(&self, id: &str, cluster: &str) {
+        let mut state = self.lock();
+        let n = state.nodes.entry(id.to_owned()).or_default();
+        if n.streams == 0 {
+            n.state = NodeState {
+                id: id.to_owned(),
+                cluster: cluster.to_owned(),
+                ..NodeState::default()
+            };
+            n.served = None;
+        }
+        n.streams += 1;
+        drop(state);
+        tracing::info!(node = %id, cluster = %cluster, "node connected");
+        self.event();
+    }
+
+    fn disconnect(&self, id: &str) {
+        self.with_node(id, |n| n.streams = n.streams.saturating_sub(1));
+        tracing::info!(node = %id, "node stream closed");
+    }
+}
+
+/// The gRPC service of one run of the server.
+#[derive(Debug, Clone)]
+pub(crate) struct Ads {
+    pub(crate) shared: Arc<Shared>,
+    /// Cancelled when this run stops: every stream ends.
+    pub(crate) cancel: CancellationToken,
+}
+
+type ResponseStream = Pin<Box<dyn Stream<Item = Result<DiscoveryResponse, Status>> + Send>>;
+type DeltaStream = Pin<Box<dyn Stream<Item = Result<DeltaDiscoveryResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl AggregatedDiscoveryService for Ads {
+    type StreamAggregatedResourcesStream = ResponseStream;
+    type DeltaAggregatedResourcesStream = DeltaStream;
+
+    async fn stream_aggregated_resources(
+        &self,
+        request: Request<Streaming<DiscoveryRequest>>,
+    ) -> Result<Response<ResponseStream>, Status> {
+        let (tx, rx) = mpsc::channel(16);
+        let stream = AdsStream {
+            shared: self.shared.clone(),
+            tx,
+            node: None,
+            subs: BTreeMap::new(),
+            nonces: 0,
+        };
+        tokio::spawn(stream.run(request.into_inner(), self.cancel.clone()));
+        let out = futures::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|item| (item, rx))
+        });
+        Ok(Response::new(Box::pin(out)))
+    }
+
+    async fn delta_aggregated_resources(
+        &self,
+        _request: Request<Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<Response<DeltaStream>, Status> {
+        Err(Status::unimplemented(
+            "this control server speaks state-of-the-world ADS only",
+        ))
+    }
+}
+
+/// One type URL's subscription on one stream.
+#[derive(Debug, Default)]
+struct Sub {
+    names: Subscription,
+    /// The nonce of the last response of this type.
+    nonce: String,
+    /// What the last response carried.
+    sent: Option<Resources>,
+}
+
+/// One ADS stream.
+struct AdsStream {
+    shared: Arc<Shared>,
+    tx: mpsc::Sender<Result<DiscoveryResponse, Status>>,
+    /// The node id, from the first request.
+    node: Option<String>,
+    subs: BTreeMap<String, Sub>,
+    nonces: u64,
+}
+
+impl AdsStream {
+    async fn run(mut self, mut inbound: Streaming<DiscoveryRequest>, cancel: CancellationToken) {
+        let mut snapshots = self.shared.snapshots.subscribe();
+        loop {
+            tokio::select! {
+                () = cancel.cancelled() => {
+                    let _ = self.tx.send(Err(Status::unavailable("control server stopped"))).await;
+                    break;
+                }
+                () = self.tx.closed() => break,
+                msg = inbound.message() => match msg {
+                    Ok(Some(req)) => {
+                        if !self.on_request(req).await {
+                            break;
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(status) => {
+                        tracing::debug!(node = ?self.node, %status, "stream ended");
+                        break;
+                    }
+                },
+                changed = snapshots.changed() => {
+                    if changed.is_err() || !self.push_all().await {
+                        break;
+                    }
+                }
+            }
+        }
+        if let Some(id) = &self.node {
+            self.shared.disconnect(id);
+        }
+    }
+
+    /// Handles one request; false when the stream is gone.
+    async fn on_request(&mut self, req: DiscoveryRequest) -> bool {
+        let id = match &self.node {
+            Some(id) => id.clone(),
+            None => {
+                let node = req.node.clone().unwrap_or_default();
+                self.shared.connect(&node.id, &node.cluster);
+                self.node = Some(node.id.clone());
+                node.id
+            }
+        };
+        let type_url = req.type_url.clone();
+        if type_url.is_empty() {
+            return true;
+        }
+        let sub = self.subs.entry(type_url.clone()).or_default();
+        if !req.response_nonce.is_empty() && req.response_nonce != sub.nonce {
+            tracing::debug!(node = %id, type_url = %type_url, nonce = %req.response_nonce, "stale nonce ignored");
+            return true;
+        }
+        sub.names = Subscription::from_request(&type_url, &req.resource_names);
+        let names = req.resource_names.clone();
+        let answer = (!req.response_nonce.is_empty()).then_some(req.error_detail.as_ref());
+        if let Some(Some(error)) = answer {
+            tracing::warn!(
+                node = %id,
+                type_url = %type_url,
+                version = %req.version_info,
+                nonce = %req.response_nonce,
+                error = %error.message,
+                "xDS update rejected (NACK)"
+            );
+        }
+        self.shared.with_node(&id, |n| {
+            let t = n.state.types.entry(type_url.clone()).or_default();
+            t.resource_names = names;
+            match answer {
+                Some(Some(error)) => {
+                    t.last_nack = Some(error.message.clone());
+                    t.nacked = true;
+                }
+                Some(None) => {
+                    t.acked_version.clone_from(&req.version_info);
+                    t.nacked = false;
+                }
+                None => {}
+            }
+        });
+        self.push(&id, &type_url).await
+    }
+
+    /// Pushes every subscribed type whose content changed; false when the stream is gone.
+    async fn push_all(&mut self) -> bool {
+        let Some(id) = self.node.clone() else {
+            return true;
+        };
+        let types: Vec<String> = self.subs.keys().cloned().collect();
+        for t in types {
+            if !self.push(&id, &t).await {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Sends `type_url` when nothing was sent yet or its content differs from the
+    /// last response; false when the stream is gone.
+    async fn push(&mut self, id: &str, type_url: &str) -> bool {
+        let snapshot = self.shared.lock().effective(id);
+        let Some(sub) = self.subs.get_mut(type_url) else {
+            return true;
+        };
+        let Some(selected) = snapshot.select(type_url, &sub.names) else {
+            tracing::debug!(node = %id, type_url = %type_url, "unknown type not answered");
+            return true;
+        };
+        if sub.sent.as_ref() == Some(&selected) {
+            return true;
+        }
+        self.nonces += 1;
+        let nonce = self.nonces.to_string();
+        let response = DiscoveryResponse {
+            version_info: snapshot.version.clone(),
+            resources: selected.values().cloned().collect(),
+            type_url: type_url.to_owned(),
+            nonce: nonce.clone(),
+            ..Default::default()
+        };
+        sub.nonce = nonce;
+        sub.sent = Some(selected);
+        self.shared.with_node(id, |n| {
+            n.state
+                .types
+                .entry(type_url.to_owned())
+                .or_default()
+                .sent_version = snapshot.version.clone();
+            n.served = Some(snapshot.clone());
+        });
+        tracing::debug!(node = %id, type_url = %type_url, version = %snapshot.version, "response sent");
+        self.tx.send(Ok(response)).await.is_ok()
+    }
+}
