@@ -6,6 +6,7 @@
 pub mod clusters;
 pub mod model;
 pub mod netns;
+pub mod xds;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -421,6 +422,14 @@ impl EnvoyAdmin {
             "/stats?format=json&usedonly&histogram_buckets=detailed&filter={}",
             encode_query(regex)
         );
+        let r: StatsResponse = self.get_json(&path).await?;
+        Ok(r.into())
+    }
+
+    /// `GET /stats?format=json&filter=<regex>`: the stats matching `regex`, those
+    /// never used included (a gauge never set, which `usedonly` leaves out).
+    pub async fn stats_including_unused(&self, regex: &str) -> Result<StatsSnapshot, EnvoyError> {
+        let path = format!("/stats?format=json&filter={}", encode_query(regex));
         let r: StatsResponse = self.get_json(&path).await?;
         Ok(r.into())
     }

@@ -228,6 +228,17 @@ impl LogTail {
         ring.lines.iter().skip(skip).cloned().collect()
     }
 
+    /// Hands each line read after line `seq` to `f`, oldest first, without copying
+    /// them. The ring stays locked meanwhile: `f` must be quick.
+    pub fn scan_since(&self, seq: u64, mut f: impl FnMut(&TailedLine)) {
+        let ring = self.ring();
+        let Some(first) = ring.lines.front().map(|l| l.seq) else {
+            return;
+        };
+        let skip = usize::try_from((seq + 1).saturating_sub(first)).unwrap_or(usize::MAX);
+        ring.lines.iter().skip(skip).for_each(&mut f);
+    }
+
     /// The newest `max` lines passing `filter`, oldest first.
     pub fn recent(&self, filter: &LineFilter, max: usize) -> Vec<TailedLine> {
         let ring = self.ring();

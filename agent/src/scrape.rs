@@ -13,7 +13,9 @@ use tracing::{debug, error, info, warn};
 
 use crate::board::{Board, Lease};
 use crate::drift::{self, ConfigHashes};
+use crate::envoy::xds::XdsTracker;
 use crate::envoy::{EnvoyAdmin, EnvoyError, Netns, seed_level};
+use crate::logtail::LogTail;
 use crate::metrics_object::{self, HostSampler};
 use crate::state::Agent;
 use crate::target::{Target, TargetKey, read_targets_file};
@@ -54,8 +56,9 @@ fn now_ms() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
-/// Scrapes one sidecar once. `previous` is the last report of this target, used to
-/// keep the start time steady and the last figures when the sidecar is unreachable.
+/// Scrapes one sidecar once, without its xDS state (`xds: None`). `previous` is the
+/// last report of this target, used to keep the start time steady and the last
+/// figures when the sidecar is unreachable.
 pub async fn scrape_once(
     admin: &EnvoyAdmin,
     target: &Target,
@@ -63,7 +66,39 @@ pub async fn scrape_once(
     previous: Option<&InstanceReport>,
     topology: &mut TopologyCache,
 ) -> InstanceReport {
-    match scrape_fallible(admin, target, host, previous, topology).await {
+    scrape(admin, target, host, previous, topology, None).await
+}
+
+/// The xDS side of a scrape: what was read of the sidecar's xDS state so far, and
+/// the tail of its log, which names the reasons of rejections.
+#[derive(Debug)]
+pub struct XdsScrape<'a> {
+    pub tracker: &'a mut XdsTracker,
+    pub log: Option<&'a LogTail>,
+}
+
+/// [`scrape_once`] that reads the sidecar's xDS state as well (docs/agent.md, "xDS
+/// state"), following it in `xds` from one scrape to the next.
+pub async fn scrape_with_xds(
+    admin: &EnvoyAdmin,
+    target: &Target,
+    host: &HostSampler,
+    previous: Option<&InstanceReport>,
+    topology: &mut TopologyCache,
+    xds: XdsScrape<'_>,
+) -> InstanceReport {
+    scrape(admin, target, host, previous, topology, Some(xds)).await
+}
+
+async fn scrape(
+    admin: &EnvoyAdmin,
+    target: &Target,
+    host: &HostSampler,
+    previous: Option<&InstanceReport>,
+    topology: &mut TopologyCache,
+    xds: Option<XdsScrape<'_>>,
+) -> InstanceReport {
+    match scrape_fallible(admin, target, host, previous, topology, xds).await {
         Ok(report) => report,
         Err(e) => {
             let mut report = previous.cloned().unwrap_or_else(|| {
@@ -86,6 +121,7 @@ async fn scrape_fallible(
     host: &HostSampler,
     previous: Option<&InstanceReport>,
     topology: &mut TopologyCache,
+    xds: Option<XdsScrape<'_>>,
 ) -> Result<InstanceReport, EnvoyError> {
     // `/clusters` first, alone: Envoy answers admin calls one at a time on its main
     // thread, and a sidecar that knows 20,000 clusters takes over a second to write
@@ -119,6 +155,10 @@ async fn scrape_fallible(
             None
         }
     };
+    let xds = match xds {
+        Some(x) => read_xds(admin, target, start_time_ms, x).await,
+        None => None,
+    };
     Ok(InstanceReport {
         zone_name: target.zone_name.clone(),
         cluster_name: target.cluster_name.clone(),
@@ -144,7 +184,37 @@ async fn scrape_fallible(
             .unwrap_or_default(),
         seq: 0,
         delta: None,
+        xds,
     })
+}
+
+/// Reads the sidecar's xDS state, after taking the lines its log gained since the
+/// last scrape; `None` when `/stats` did not answer.
+async fn read_xds(
+    admin: &EnvoyAdmin,
+    target: &Target,
+    start_time_ms: i64,
+    xds: XdsScrape<'_>,
+) -> Option<meshcat_common::wire::XdsState> {
+    let XdsScrape { tracker, log } = xds;
+    if let Some(tail) = log {
+        let rejections = tracker.log_mut();
+        if tail.last_seq() < rejections.seen() {
+            // Another tail (another file): read it from its start.
+            rejections.restart();
+        }
+        tail.scan_since(rejections.seen(), |l| {
+            rejections.line(l.seq, l.read_at_ms, &l.text);
+        });
+        rejections.pause();
+    }
+    match tracker.read(admin, start_time_ms, now_ms()).await {
+        Ok(state) => Some(state),
+        Err(e) => {
+            debug!(instance = %target.instance, error = %e, "Sidecar xDS state not read.");
+            None
+        }
+    }
 }
 
 /// Reads the sidecar's `/config_dump` into `cache` (its topology and drift hashes).
@@ -303,16 +373,22 @@ async fn scrape_loop(agent: Agent, target: Target, interval: Duration, lease: Le
     let mut was_reachable = true;
     let mut failure_logged: Option<(String, Instant)> = None;
     let mut topology = TopologyCache::default();
+    let mut xds = XdsTracker::default();
     loop {
         ticker.tick().await;
         let started = Instant::now();
         let previous = agent.board().get(&target.key());
-        let report = scrape_once(
+        let tail = agent.diagnostics().get(&target.key()).and_then(|d| d.tail);
+        let report = scrape_with_xds(
             &admin,
             &target,
             agent.host(),
             previous.as_ref(),
             &mut topology,
+            XdsScrape {
+                tracker: &mut xds,
+                log: tail.as_ref(),
+            },
         )
         .await;
         let ok = report.reachable;

@@ -122,6 +122,45 @@ pub struct InstanceReport {
     /// `None`: the report holds the sidecar's whole state. Otherwise it holds only
     /// what changed since the acknowledged report `base` (docs/wire.md, "Deltas").
     pub delta: Option<Delta>,
+    /// The sidecar's xDS state (contract section 17); `None` when the agent did not
+    /// read it. Whole in every report, deltas included. Added last, with a default, so
+    /// that a report without it (an older agent's) still decodes, as `None`.
+    #[serde(default)]
+    pub xds: Option<XdsState>,
+}
+
+/// Most rejected subscriptions an [`XdsState`] lists.
+pub const MAX_XDS_REJECTIONS: usize = 64;
+
+/// A sidecar's view of its control plane: whether its xDS stream is up, and which of
+/// its subscriptions stand rejected (docs/agent.md, "xDS state").
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct XdsState {
+    /// `control_plane.connected_state`: `None` when the sidecar has no xDS stream
+    /// (static configuration only).
+    pub connected: Option<bool>,
+    /// The subscriptions whose last update was rejected with no successful update
+    /// since (at most [`MAX_XDS_REJECTIONS`], the newest first).
+    pub rejected: Vec<XdsRejection>,
+}
+
+/// One subscription of a sidecar whose last update it rejected.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct XdsRejection {
+    /// "clusters", "listeners", "endpoints" or "routes" (CDS, LDS, an EDS cluster, an
+    /// RDS route configuration).
+    pub kind: String,
+    /// The EDS cluster or RDS route configuration; "" for CDS and LDS.
+    pub resource: String,
+    /// Envoy's reason from the sidecar's log (the text after the rejected resource),
+    /// "" when the log is not read or holds none.
+    pub reason: String,
+    /// When the agent first saw this rejection, ms since the epoch.
+    pub since_ms: i64,
+    /// The subscription's `update_rejected` counter as last read.
+    pub rejected_total: u64,
+    /// The subscription's `update_success` counter as last read.
+    pub success_total: u64,
 }
 
 /// What a delta report leaves out or takes away, against the acknowledged report
@@ -277,6 +316,7 @@ impl InstanceReport {
             config_hashes: BTreeMap::new(),
             seq: 0,
             delta: None,
+            xds: None,
         }
     }
 }
@@ -625,6 +665,47 @@ mod tests {
             panic!("an acknowledgement");
         };
         assert_eq!((instances, refused[0].reason.as_str()), (1, STALE_BASE));
+    }
+
+    /// `xds` came last, with a default: a report of an agent without it (one element
+    /// fewer in the compact array) decodes with `None`; one with it round-trips.
+    #[test]
+    fn a_report_without_xds_still_decodes() {
+        let mut report = InstanceReport::unread("z".into(), "c".into(), "i".into());
+        report.seq = 3;
+        let new = rmp_serde::to_vec(&report).unwrap();
+        // array 16 of 22 fields, the last one nil.
+        assert_eq!(&new[..3], &[0xdc, 0x00, 22]);
+        assert_eq!(new.last(), Some(&0xc0));
+        let mut old = new.clone();
+        old[2] = 21;
+        old.pop();
+        let back: InstanceReport = rmp_serde::from_slice(&old).unwrap();
+        assert_eq!(back, report);
+
+        report.xds = Some(XdsState {
+            connected: Some(false),
+            rejected: vec![XdsRejection {
+                kind: "clusters".into(),
+                resource: String::new(),
+                reason: "payments: Proto constraint validation failed (ClusterValidationError.ConnectTimeout: value must be greater than 0s)".into(),
+                since_ms: 1_795_801_037_377,
+                rejected_total: 2,
+                success_total: 2,
+            }],
+        });
+        let frame = encode(
+            &AgentMessage::Report(Report {
+                sent_at_ms: 1,
+                instances: vec![report.clone()],
+            }),
+            DEFAULT_MAX_MESSAGE,
+        )
+        .unwrap();
+        let AgentMessage::Report(back) = decode(&frame[4..]).unwrap() else {
+            panic!("a report");
+        };
+        assert_eq!(back.instances, vec![report]);
     }
 
     /// The digest is what docs/wire.md says, so that anyone holding a host set (a
