@@ -8,6 +8,7 @@
 pub mod api;
 pub mod changes;
 pub mod config;
+pub mod control;
 pub mod diagnosis;
 pub mod edge;
 pub mod graph;
