@@ -4,6 +4,7 @@
 
 mod auth;
 pub mod blocking;
+mod control;
 mod diagnose;
 mod error;
 pub mod events;
@@ -61,6 +62,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("PUT", "/zones/{zoneName}"),
     ("DELETE", "/zones/{zoneName}"),
     ("GET", "/zones/{zoneName}/metadata"),
+    ("GET", "/zones/{zoneName}/control"),
+    ("GET", "/sync"),
     ("GET", "/services"),
     (
         "GET",
@@ -103,6 +106,10 @@ pub struct AppState {
     pub events: EventStreams,
     /// `GET /graph`: the latest graph snapshot, rebuilt by the graph watcher.
     pub graph: Arc<crate::graph::snapshot::Graphs>,
+    /// The zones' control servers: their connections and views.
+    pub controls: crate::control::Controls,
+    /// Each sidecar's sync with its zone's control server.
+    pub sync: Arc<crate::sync::Sync>,
 }
 
 /// The catalog REST API.
@@ -191,6 +198,8 @@ pub fn app_with_limits(
             get(h::get_zone).put(h::replace_zone).delete(h::delete_zone),
         )
         .route("/zones/{zoneName}/metadata", get(h::zone_metadata))
+        .route("/zones/{zoneName}/control", get(control::zone_control))
+        .route("/sync", get(control::sync))
         .route("/services", get(h::services))
         .route(
             "/zones/{zoneName}/clusters/{clusterName}/instances/{instanceId}/logging",
@@ -216,6 +225,7 @@ pub fn app_with_limits(
         .route("/openapi.json", get(h::openapi))
         .route(d::PEER_EVIDENCE, get(d::peer_evidence))
         .route(crate::replicas::PEER_TRAFFIC, get(graph::peer_traffic))
+        .route(crate::replicas::PEER_SYNC, get(control::peer_sync))
         .route("/events", get(events::events))
         .fallback(no_route)
         .layer(middleware::from_fn_with_state(
@@ -228,7 +238,7 @@ pub fn app_with_limits(
             forward::to_owner,
         ))
         .layer(middleware::from_fn_with_state(
-            (limits, state.store.clone()),
+            (limits, state.store.clone(), state.sync.clone()),
             limits::enforce,
         ))
         .layer(middleware::from_fn_with_state(state.clone(), track))

@@ -158,6 +158,28 @@ pub struct ServeArgs {
     /// agent's other messages are unaffected.
     #[arg(long, env = "MESHCAT_MAX_MESSAGE", default_value = size_text(meshcat_common::wire::DEFAULT_MAX_MESSAGE as u64), value_parser = parse_bytes, value_name = "SIZE")]
     pub max_message: u64,
+    /// Connect to each zone's control server over xDS (ADS), holding the mesh's
+    /// intended configuration beside what each sidecar has (contract section 17);
+    /// false: never connect, every zone's control state is `disabled`.
+    #[arg(long, env = "MESHCAT_CONTROL_PLANE", default_value_t = crate::control::DEFAULT_ENABLED, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new(), value_name = "true|false")]
+    pub control_plane: bool,
+    /// The node id meshcat presents to each zone's control server: `{zone}` is the
+    /// zone's name, `{replica}` this replica (its --advertise-addr, else the host name).
+    #[arg(long, env = "MESHCAT_CONTROL_NODE_ID", default_value = crate::control::DEFAULT_NODE_ID, value_name = "TEMPLATE")]
+    pub control_node_id: String,
+    /// Largest xDS response read from a control server; a larger one is refused
+    /// (the zone `rejected`, its last good view kept).
+    #[arg(long, env = "MESHCAT_MAX_CONTROL_MESSAGE", default_value = size_text(crate::control::DEFAULT_MAX_MESSAGE as u64), value_parser = parse_bytes, value_name = "SIZE")]
+    pub max_control_message: u64,
+    /// Most clusters (and listeners, and route configurations) one zone's view
+    /// holds; endpoints are held to ten times as many. A response past it is NACKed
+    /// and the last good view kept.
+    #[arg(long, env = "MESHCAT_MAX_CONTROL_RESOURCES", default_value_t = crate::control::DEFAULT_MAX_CLUSTERS as u32, value_parser = clap::value_parser!(u32).range(1..), value_name = "N")]
+    pub max_control_resources: u32,
+    /// How long a sidecar's host set may differ from its control server's endpoints
+    /// (or keep a cluster the control server dropped) before it is `stale`.
+    #[arg(long, env = "MESHCAT_SYNC_GRACE", default_value = duration_text(crate::sync::DEFAULT_SYNC_GRACE), value_parser = parse_positive_duration, value_name = "DURATION")]
+    pub sync_grace: Duration,
     /// Most upstream clusters one instance may report (its upstreams with traffic and
     /// its listeners counted apart, the same way); an instance with more is refused
     /// alone (too_many_upstream_clusters), the rest of its report applies.
@@ -382,6 +404,10 @@ pub struct Config {
     pub log_format: LogFormat,
     /// The dependency graph's bounds.
     pub graph: crate::graph::GraphConfig,
+    /// The zones' control servers.
+    pub control: crate::control::ControlConfig,
+    /// The sync of the sidecars with them.
+    pub sync: crate::sync::SyncConfig,
 }
 
 impl Config {
@@ -535,7 +561,7 @@ impl Config {
                 },
             },
             replicas: ReplicaConfig {
-                advertise_addr: a.advertise_addr,
+                advertise_addr: a.advertise_addr.clone(),
                 peer_ca_file: a.peer_ca_file,
             },
             diagnosis: DiagnosisConfig {
@@ -564,8 +590,33 @@ impl Config {
             graph: crate::graph::GraphConfig {
                 max_edges_per_node: a.max_edges_per_node as usize,
             },
+            control: crate::control::ControlConfig {
+                enabled: a.control_plane,
+                node_id: a.control_node_id,
+                replica: replica_name(a.advertise_addr.as_deref(), api_addr.port()),
+                max_message: usize::try_from(a.max_control_message).unwrap_or(usize::MAX),
+                max_clusters: a.max_control_resources as usize,
+                max_endpoints: (a.max_control_resources as usize).saturating_mul(10),
+            },
+            sync: crate::sync::SyncConfig {
+                grace: a.sync_grace,
+            },
         })
     }
+}
+
+/// `{replica}` of the control node id: the advertised address, else the host name
+/// and the API port (replicas on one machine differ by port).
+fn replica_name(advertise: Option<&str>, api_port: u16) -> String {
+    if let Some(a) = advertise {
+        return a.to_owned();
+    }
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "meshcat".to_owned());
+    format!("{host}:{api_port}")
 }
 
 impl Config {

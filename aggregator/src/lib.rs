@@ -23,6 +23,7 @@ pub mod replicas;
 pub mod sidecars;
 pub mod status;
 pub mod store;
+pub mod sync;
 pub mod telemetry;
 pub mod ui;
 
@@ -89,6 +90,10 @@ pub struct Aggregator {
     /// what changed, when the history is on.
     pub history: Option<Arc<history::History>>,
     pub telemetry: Telemetry,
+    /// The zones' control servers: one xDS stream and view per zone.
+    pub controls: control::Controls,
+    /// Each sidecar's sync with its zone's control server.
+    pub sync: Arc<sync::Sync>,
 }
 
 impl Aggregator {
@@ -118,12 +123,21 @@ impl Aggregator {
         } else {
             None
         };
+        let controls = control::Controls::new(config.control.clone(), &telemetry.registry)
+            .map_err(|e| RunError::Serve(std::io::Error::other(format!("control plane: {e}"))))?;
+        let sync = Arc::new(sync::Sync::new(
+            config.sync,
+            store.changes().clone(),
+            history.clone(),
+        ));
         Ok(Aggregator {
             config,
             store: Arc::new(store),
             instances: Arc::new(instances),
             history,
             telemetry,
+            controls,
+            sync,
         })
     }
 }
@@ -174,6 +188,46 @@ impl ingest::ReportSink for Instances {
     }
 }
 
+/// Where the served ingest's accepted reports go: the live instances, then the sync
+/// derivation, told which instances to look at again.
+#[derive(Debug)]
+struct Reports {
+    instances: Arc<Instances>,
+    sync: Arc<sync::Sync>,
+}
+
+impl ingest::ReportSink for Reports {
+    fn apply_report(
+        &self,
+        key: &str,
+        instances: Vec<InstanceReport>,
+        now: Instant,
+        may_take: &dyn Fn(&str) -> bool,
+    ) -> Vec<ingest::InstanceRefusal> {
+        let keys: Vec<ingest::InstanceKey> = instances
+            .iter()
+            .map(|r| ingest::InstanceKey::new(&r.zone_name, &r.cluster_name, &r.instance))
+            .collect();
+        let refused = self
+            .instances
+            .apply_reports_guarded(key, instances, now, may_take);
+        for k in keys {
+            if !refused.iter().any(|r| r.key == k) {
+                self.sync.reported(k);
+            }
+        }
+        refused
+    }
+
+    fn agent_gone(&self, key: &str) {
+        self.instances.agent_gone(key);
+    }
+
+    fn reporter(&self, zone: &str, cluster: &str, instance: &str) -> Option<String> {
+        self.instances.reporter(zone, cluster, instance)
+    }
+}
+
 /// Reads the etcd TLS files named by the configuration.
 fn etcd_tls(files: &EtcdTlsFiles) -> Result<store::etcd::EtcdTls, RunError> {
     let read = |p: &std::path::Path| {
@@ -213,7 +267,10 @@ fn prepare_ingest(agg: &Aggregator) -> Result<Option<IngestParts>, RunError> {
         auth,
         limits: c.limits,
     };
-    let sink: Arc<dyn ingest::ReportSink> = agg.instances.clone();
+    let sink: Arc<dyn ingest::ReportSink> = Arc::new(Reports {
+        instances: agg.instances.clone(),
+        sync: agg.sync.clone(),
+    });
     let ingest = Ingest::new(config, sink, &agg.telemetry.registry)
         .map_err(|e| RunError::Ingest(e.to_string()))?;
     let socket = std::net::UdpSocket::bind(c.addr).map_err(|error| RunError::Bind {
@@ -287,6 +344,8 @@ async fn serve_with(
         diagnosis,
         events: EventStreams::new(c.events.clone(), stop_rx.clone()),
         graph: graphs.clone(),
+        controls: agg.controls.clone(),
+        sync: agg.sync.clone(),
     });
     let ops_state = Arc::new(OpsState {
         store: agg.store.clone(),
@@ -294,6 +353,7 @@ async fn serve_with(
         ready: AtomicBool::new(false),
         cluster_series: c.ops.cluster_metrics.then(|| graphs.clone()),
         renderings: ops::Renderings::new(&c.ops),
+        sync: agg.sync.clone(),
     });
     let api_addr = api.local_addr()?;
     let ops_addr = ops.local_addr()?;
@@ -337,6 +397,18 @@ async fn serve_with(
         agg.telemetry.peers.clone(),
         stop_rx.clone(),
     ));
+    let zones_task = tokio::spawn(follow_zones(
+        agg.store.clone(),
+        agg.instances.clone(),
+        agg.controls.clone(),
+        stop_rx.clone(),
+    ));
+    let sidecar_sync_task = tokio::spawn(sync::run(
+        agg.sync.clone(),
+        agg.instances.clone(),
+        agg.controls.clone(),
+        stop_rx.clone(),
+    ));
     let history_task = agg
         .history
         .as_deref()
@@ -369,6 +441,15 @@ async fn serve_with(
         tokio::spawn(replicas::pull_traffic(
             replicas::Replicas::new(agg.store.clone(), peers.clone()),
             agg.instances.traffic().clone(),
+            agg.telemetry.peers.clone(),
+            stop_rx.clone(),
+        ))
+    });
+    // With etcd, every replica shows its peers' sync states beside its own.
+    let peer_sync_task = agg.store.etcd().map(|_| {
+        tokio::spawn(replicas::pull_sync(
+            replicas::Replicas::new(agg.store.clone(), peers.clone()),
+            agg.sync.clone(),
             agg.telemetry.peers.clone(),
             stop_rx.clone(),
         ))
@@ -418,7 +499,15 @@ async fn serve_with(
     ops_state.ready.store(false, Ordering::Release);
     let _ = stop_tx.send(true);
     let drain = async {
-        let (a, o, _, _, _) = tokio::join!(api_task, ops_task, expiry_task, graph_task, sync_task);
+        let (a, o, _, _, _, _, _) = tokio::join!(
+            api_task,
+            ops_task,
+            expiry_task,
+            graph_task,
+            sync_task,
+            zones_task,
+            sidecar_sync_task
+        );
         if let Some(t) = publish_task {
             let _ = t.await;
         }
@@ -426,6 +515,9 @@ async fn serve_with(
             let _ = t.await;
         }
         if let Some(t) = traffic_task {
+            let _ = t.await;
+        }
+        if let Some(t) = peer_sync_task {
             let _ = t.await;
         }
         if let Some(t) = edge_task {
@@ -451,6 +543,74 @@ async fn serve_with(
     }
     info!("Aggregator stopped.");
     Ok(())
+}
+
+/// How often the registered zones are compared with the control servers' streams,
+/// and the declared clusters mapped again onto the registrations.
+const ZONES_PERIOD: Duration = Duration::from_millis(250);
+const REMAP_PERIOD: Duration = Duration::from_secs(5);
+
+/// Keeps one control-server stream per registered zone (contract section 17): a new
+/// zone connects, a replaced serverAddress or TLS file reconnects, a deleted zone's
+/// stream closes (within [`ZONES_PERIOD`]); and shows each zone's view in the catalog
+/// as it changes (and every [`REMAP_PERIOD`], so a cluster registered later is mapped).
+async fn follow_zones(
+    store: Arc<Store>,
+    instances: Arc<Instances>,
+    controls: control::Controls,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut known: std::collections::BTreeMap<String, meshcat_common::model::ZoneRecord> =
+        std::collections::BTreeMap::new();
+    let mut changes = controls.subscribe();
+    let mut tick = tokio::time::interval(ZONES_PERIOD);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut remap = tokio::time::interval(REMAP_PERIOD);
+    remap.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.changed() => break,
+            _ = tick.tick() => {
+                if !store.is_loaded() {
+                    continue;
+                }
+                let zones: std::collections::BTreeMap<String, meshcat_common::model::ZoneRecord> =
+                    store.zones().into_iter().map(|z| (z.zone_name.clone(), z)).collect();
+                for (name, z) in &zones {
+                    if known.get(name) != Some(z) {
+                        controls.set_zone(z);
+                    }
+                }
+                for name in known.keys().filter(|n| !zones.contains_key(*n)) {
+                    controls.remove_zone(name);
+                    instances.apply_declared(name, None);
+                }
+                known = zones;
+            }
+            _ = remap.tick() => {
+                for name in known.keys() {
+                    instances.apply_declared(name, controls.view(name));
+                }
+            }
+            change = changes.recv() => match change {
+                Ok(control::ControlChange::View { zone }) => {
+                    if known.contains_key(&zone) {
+                        instances.apply_declared(&zone, controls.view(&zone));
+                    }
+                }
+                Ok(control::ControlChange::State { .. }) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                    for name in known.keys() {
+                        instances.apply_declared(name, controls.view(name));
+                    }
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+            },
+        }
+    }
+    for name in known.keys() {
+        controls.remove_zone(name);
+    }
 }
 
 async fn expire_loop(instances: Arc<Instances>, mut stop: watch::Receiver<bool>) {

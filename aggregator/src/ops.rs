@@ -110,6 +110,8 @@ pub struct OpsState {
     pub cluster_series: Option<Arc<Graphs>>,
     /// The rendering served to scrapes, and the bound on them.
     pub renderings: Renderings,
+    /// The sidecars' sync, rendered per cluster beside the cluster series.
+    pub sync: Arc<crate::sync::Sync>,
 }
 
 impl OpsState {
@@ -183,8 +185,15 @@ impl OpsState {
         };
         // The snapshot is shared and immutable: it is walked without any lock, on the
         // blocking pool since a large catalog takes milliseconds.
+        let counts = self.sync.counts();
+        let store = self.store.clone();
         tokio::task::spawn_blocking(move || {
             clusters::render(snapshot.graph(), &mut buf);
+            clusters::render_sync(
+                &counts,
+                |zone, cluster| store.record(zone, cluster).map(|r| r.owner.clone()),
+                &mut buf,
+            );
             Bytes::from(buf)
         })
         .await
@@ -289,7 +298,13 @@ mod tests {
         let mut c = ClusterRecord::new("z", "orders", "Orders");
         c.owner = "team-orders".into();
         store.create_cluster(c).unwrap();
+        let sync = Arc::new(crate::sync::Sync::new(
+            Default::default(),
+            store.changes().clone(),
+            None,
+        ));
         Arc::new(OpsState {
+            sync,
             store: Arc::new(store),
             telemetry: Telemetry::new().unwrap(),
             ready: AtomicBool::new(true),

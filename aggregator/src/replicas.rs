@@ -36,6 +36,11 @@ pub const PEER_EVIDENCE: &str = "/peer/evidence";
 pub const PEER_TRAFFIC: &str = "/peer/traffic";
 /// How often a replica asks each peer for its traffic.
 pub const TRAFFIC_PULL_PERIOD: Duration = Duration::from_secs(2);
+/// The route a replica reads its peers' own sync states from (contract section 17):
+/// answered once the peer's own sync index passes `index` (or after [`SYNC_WAIT`]).
+pub const PEER_SYNC: &str = "/peer/sync";
+/// How long a peer holds a `/peer/sync` read open waiting for a change.
+pub const SYNC_WAIT: Duration = Duration::from_secs(10);
 
 /// How replicas sharing an etcd store reach each other.
 #[derive(Debug, Clone, Default)]
@@ -578,6 +583,28 @@ impl Replicas {
         .await
     }
 
+    /// The sync states of the instances replica `owner`'s agents report, once its own
+    /// sync index moves past `after` (at once without one).
+    pub async fn sync(
+        &self,
+        owner: &str,
+        after: Option<u64>,
+    ) -> Result<crate::sync::OwnSync, PeerCallError> {
+        let path = match after {
+            Some(i) => format!("{PEER_SYNC}?index={i}"),
+            None => PEER_SYNC.to_owned(),
+        };
+        self.call(
+            owner,
+            Method::GET,
+            &path,
+            Access::Read,
+            SYNC_WAIT + Duration::from_secs(5),
+            json,
+        )
+        .await
+    }
+
     /// An instance's metrics, from the replica `owner` that serves it.
     pub async fn metrics(
         &self,
@@ -650,6 +677,82 @@ pub async fn pull_traffic(
                 answered.remove(&peer);
             }
         }
+    }
+}
+
+/// Keeps every peer's own sync states beside this replica's: one long read per peer
+/// that answers as soon as the peer's states change, so every replica's `GET /sync`
+/// follows within moments. A peer's proxies that fail the checks are dropped and
+/// counted; a peer that leaves is forgotten.
+pub async fn pull_sync(
+    replicas: Replicas,
+    sync: Arc<crate::sync::Sync>,
+    checks: PeerSummaryChecks,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut tasks: std::collections::HashMap<String, tokio::task::JoinHandle<()>> =
+        std::collections::HashMap::new();
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.wait_for(|s| *s) => break,
+        }
+        let Some(etcd) = replicas.store.etcd() else {
+            break;
+        };
+        let peers = etcd.peer_ids();
+        tasks.retain(|peer, task| {
+            let keep = peers.contains(peer) && !task.is_finished();
+            if !keep {
+                task.abort();
+                sync.forget_remote(peer);
+            }
+            keep
+        });
+        for peer in peers {
+            if tasks.contains_key(&peer) {
+                continue;
+            }
+            let (replicas, sync, checks) = (replicas.clone(), sync.clone(), checks.clone());
+            let p = peer.clone();
+            tasks.insert(
+                peer,
+                tokio::spawn(async move {
+                    let mut after = None;
+                    loop {
+                        match replicas.sync(&p, after).await {
+                            Ok(own) => {
+                                let total = own.proxies.len();
+                                let kept: Vec<crate::sync::Proxy> =
+                                    own.proxies.into_iter().filter(|x| x.is_valid()).collect();
+                                if kept.len() < total {
+                                    let dropped: Vec<crate::store::peers::Dropped> = (kept.len()
+                                        ..total)
+                                        .map(|_| crate::store::peers::Dropped {
+                                            reason: "invalid_item",
+                                            what: "a sync state".to_owned(),
+                                        })
+                                        .collect();
+                                    checks.dropped("sync", &p, &dropped);
+                                }
+                                sync.set_remote(&p, kept);
+                                after = Some(own.index);
+                            }
+                            Err(e) => {
+                                warn!(peer = %p, error = %e, "A peer's sync states were not read.");
+                                after = None;
+                                tokio::time::sleep(TRAFFIC_PULL_PERIOD).await;
+                            }
+                        }
+                    }
+                }),
+            );
+        }
+    }
+    for (_, task) in tasks {
+        task.abort();
     }
 }
 

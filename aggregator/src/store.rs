@@ -22,6 +22,7 @@
 mod aggregate;
 pub mod clusterset;
 mod config;
+mod declared;
 pub mod drift;
 pub mod etcd;
 mod instances;
@@ -31,6 +32,7 @@ pub mod publish;
 mod read;
 pub mod registrations;
 mod render;
+mod syncinput;
 pub mod traffic;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -57,6 +59,7 @@ use read::ReadCache;
 pub use read::{Cached, CachedKind, ClusterFacts, Totals};
 use registrations::Sequencer;
 pub use registrations::{Committed, Loaded, Refusal, Registrations, Write};
+pub use syncinput::SyncInput;
 
 use crate::changes::{self, Changes};
 use crate::history::{Detail, History, Kind, Pending, StatusReason};
@@ -92,8 +95,10 @@ pub struct Entry {
     pub instances: BTreeMap<String, LiveInstance>,
     /// Status by the rules, refreshed on every change of its inputs.
     pub status: Status,
-    /// Live instances, kept with every change of `instances`.
-    pub live: u64,
+    /// Live reported instances, kept with every change of `instances`.
+    reported: u64,
+    /// What the zone's control server declares of this cluster, when it does.
+    declared: Option<declared::Declared>,
     /// Requests and 5xx answers in the last window, summed over the live instances and
     /// kept with every change of `instances`, so a report never rescans the cluster.
     window: (u64, u64),
@@ -103,13 +108,24 @@ pub struct Entry {
 }
 
 impl Entry {
+    /// Live instances: the reported ones, or, when no agent reports any, the control
+    /// server's live endpoints (contract section 17).
+    pub fn live(&self) -> u64 {
+        if self.reported > 0 {
+            self.reported
+        } else {
+            self.declared.as_ref().map_or(0, |d| d.live())
+        }
+    }
+
     fn new() -> Entry {
         Entry {
             record: None,
             record_json: Bytes::new(),
             instances: BTreeMap::new(),
             status: Status::Down,
-            live: 0,
+            reported: 0,
+            declared: None,
             window: (0, 0),
             drifted: false,
         }
@@ -121,11 +137,11 @@ impl Entry {
             return;
         }
         if add {
-            self.live += 1;
+            self.reported += 1;
             self.window.0 += i.window_requests;
             self.window.1 += i.window_errors;
         } else {
-            self.live -= 1;
+            self.reported -= 1;
             self.window.0 -= i.window_requests;
             self.window.1 -= i.window_errors;
         }
@@ -152,6 +168,8 @@ struct Memory {
     clusters: DashMap<String, BTreeMap<String, Entry>>,
     /// Per zone, the clusters its edge sidecar has in its configuration.
     edge: DashMap<String, Vec<String>>,
+    /// Per zone, the catalog clusters its control server's view declares.
+    declared: DashMap<String, BTreeSet<String>>,
     /// Live instances over all entries, registered or not.
     live_total: AtomicU64,
     /// The etcd backend, when registrations live in etcd: its follower loads and
@@ -244,6 +262,7 @@ impl Store {
             zones: DashMap::new(),
             clusters: DashMap::new(),
             edge: DashMap::new(),
+            declared: DashMap::new(),
             live_total: AtomicU64::new(0),
             etcd,
             state: RwLock::new(()),
@@ -316,7 +335,7 @@ impl Memory {
             (r.min_instances.max(0) as u64, r.max_instances.max(0) as u64)
         });
         let inputs = Inputs {
-            live: e.live,
+            live: e.live(),
             min_instances: min,
             max_instances: max,
             window_requests: e.window.0,
@@ -346,7 +365,7 @@ impl Memory {
                 )
             });
         }
-        let live = e.live;
+        let live = e.live();
         if live >= before.1 {
             self.live_total.fetch_add(live - before.1, Ordering::AcqRel);
         } else {

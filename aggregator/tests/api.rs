@@ -711,8 +711,8 @@ async fn status_instances_metrics_and_summaries() {
     assert_eq!(v[0]["status"], "stable");
     assert_eq!(
         v[0]["instances"],
-        json!([{"name": "web-1", "startTime": 1_700_000_000_000i64},
-        {"name": "web-2", "startTime": 1_700_000_000_000i64}])
+        json!([{"name": "web-1", "startTime": 1_700_000_000_000i64, "source": "agent"},
+        {"name": "web-2", "startTime": 1_700_000_000_000i64, "source": "agent"}])
     );
     assert_eq!(api.get("/clusters/db").await.1[0]["status"], "warning");
 

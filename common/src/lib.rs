@@ -10,6 +10,7 @@ pub mod envoy_log;
 pub mod http;
 pub mod level;
 pub mod limits;
+pub mod mesh_names;
 pub mod model;
 pub mod pods;
 pub mod tls;

@@ -145,6 +145,42 @@ pub struct Instance {
     pub name: String,
     /// Milliseconds since the Unix epoch.
     pub start_time: i64,
+    /// Who says the instance runs: an agent's report, or the zone's control server
+    /// for a cluster no agent reports (contract section 17).
+    #[serde(default)]
+    pub source: InstanceSource,
+}
+
+/// Where a listed instance comes from.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum InstanceSource {
+    /// A sidecar whose agent reports it.
+    #[default]
+    Agent,
+    /// An endpoint of the zone's control server (`name` is its `address:port`).
+    ControlServer,
+}
+
+impl InstanceSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InstanceSource::Agent => "agent",
+            InstanceSource::ControlServer => "control-server",
+        }
+    }
+}
+
+/// What the zone's control server declares of a cluster (contract section 17):
+/// false and 0 when it declares no such cluster or the zone has no view yet.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ControlPlane {
+    pub declared: bool,
+    pub endpoints: u64,
+    pub healthy_endpoints: u64,
 }
 
 /// Health of a cluster, derived from its live instances (see `docs/status.md`).
@@ -198,6 +234,9 @@ pub struct ClusterView {
     /// Live instances sorted by name; empty when `authorized` is false.
     pub instances: Vec<Instance>,
     pub status: Status,
+    /// What the zone's control server declares of this cluster.
+    #[serde(default)]
+    pub control_plane: ControlPlane,
 }
 
 /// A zone (mesh), registered by the address of the control server that manages it.
@@ -435,13 +474,21 @@ mod tests {
             instances: vec![Instance {
                 name: "i".into(),
                 start_time: 5,
+                source: InstanceSource::ControlServer,
             }],
             status: Status::Warning,
+            control_plane: ControlPlane {
+                declared: true,
+                endpoints: 2,
+                healthy_endpoints: 1,
+            },
         };
         let v = serde_json::to_value(&view).unwrap();
         assert_eq!(v["clusterName"], "c");
         assert_eq!(v["status"], "warning");
         assert_eq!(v["instances"][0]["startTime"], 5);
+        assert_eq!(v["instances"][0]["source"], "control-server");
+        assert_eq!(v["controlPlane"]["healthyEndpoints"], 1);
         let back: ClusterView = serde_json::from_value(v).unwrap();
         assert_eq!(back, view);
     }

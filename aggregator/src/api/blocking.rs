@@ -29,7 +29,11 @@ pub const INDEXED: &[&str] = &[
     "/zones",
     "/services",
     "/graph",
+    "/sync",
 ];
+
+/// The route whose index is the sync index (contract section 17), not the catalog's.
+pub const SYNC_ROUTE: &str = "/sync";
 
 /// Parses a wait such as `500ms`, `5s`, `2m`, `1h` or a bare number of seconds.
 pub fn parse_wait(v: &str) -> Option<Duration> {
@@ -130,14 +134,23 @@ pub fn waits(index: u64, current: u64) -> bool {
 /// Layer of the read routes: waits out a blocking query, then answers with the
 /// index the data was read at.
 pub async fn indexed(State(s): State<Arc<AppState>>, mut req: Request, next: Next) -> Response {
-    let on_route = req.method() == Method::GET
-        && req
-            .extensions()
-            .get::<MatchedPath>()
-            .is_some_and(|p| INDEXED.contains(&p.as_str()));
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_owned());
+    let on_route =
+        req.method() == Method::GET && route.as_deref().is_some_and(|p| INDEXED.contains(&p));
     if !on_route {
         return next.run(req).await;
     }
+    let sync = route.as_deref() == Some(SYNC_ROUTE);
+    let current = || {
+        if sync {
+            s.sync.index()
+        } else {
+            s.store.index()
+        }
+    };
     if let Some(raw) = req.uri().query().map(str::to_owned) {
         let (BlockingQuery { index, wait }, rest) = match split_blocking(&raw) {
             Ok(v) => v,
@@ -147,8 +160,12 @@ pub async fn indexed(State(s): State<Arc<AppState>>, mut req: Request, next: Nex
             return ApiError::bad_query("Query parameter wait needs index.").into_response();
         }
         // Any other index answers at once (see `waits`).
-        if let Some(after) = index.filter(|after| waits(*after, s.store.index())) {
-            let mut watch = s.store.changes().watch();
+        if let Some(after) = index.filter(|after| waits(*after, current())) {
+            let mut watch = if sync {
+                s.sync.watch()
+            } else {
+                s.store.changes().watch()
+            };
             let wait = wait.unwrap_or(DEFAULT_WAIT);
             // Timing out is an answer too: the unchanged index tells the client so.
             let _ = tokio::time::timeout(wait, watch.wait_for(|i| *i > after)).await;
@@ -163,7 +180,7 @@ pub async fn indexed(State(s): State<Arc<AppState>>, mut req: Request, next: Nex
             *req.uri_mut() = uri;
         }
     }
-    let index = s.store.index();
+    let index = current();
     let mut res = next.run(req).await;
     if res.status().is_success() {
         res.headers_mut()

@@ -20,9 +20,10 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use tokio::sync::Semaphore;
 
-use super::blocking::{INDEXED, blocking_query, waits};
+use super::blocking::{INDEXED, SYNC_ROUTE, blocking_query, waits};
 use super::error::ApiError;
 use crate::store::Store;
+use crate::sync::Sync;
 
 /// The limits every API request is held to.
 #[derive(Debug)]
@@ -97,7 +98,7 @@ fn seconds(v: &str) -> Duration {
 
 /// The middleware.
 pub async fn enforce(
-    State((limits, store)): State<(Arc<Limits>, Arc<Store>)>,
+    State((limits, store, sync)): State<(Arc<Limits>, Arc<Store>, Arc<Sync>)>,
     req: Request,
     next: Next,
 ) -> Response {
@@ -110,7 +111,11 @@ pub async fn enforce(
         route,
         req.uri().path(),
         req.uri().query(),
-        store.index(),
+        if route == Some(SYNC_ROUTE) {
+            sync.index()
+        } else {
+            store.index()
+        },
     ) else {
         return next.run(req).await;
     };

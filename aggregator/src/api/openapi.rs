@@ -11,7 +11,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{RefOr, Response, ResponseBuilder, content::ContentBuilder};
 use utoipa::{Modify, OpenApi};
 
-use super::{diagnose, events, graph, handlers, history, logging, status};
+use super::{control, diagnose, events, graph, handlers, history, logging, status};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -34,6 +34,8 @@ use super::{diagnose, events, graph, handlers, history, logging, status};
         handlers::replace_zone,
         handlers::delete_zone,
         handlers::zone_metadata,
+        control::zone_control,
+        control::sync,
         handlers::services,
         handlers::openapi,
         logging::get_instance_logging,

@@ -34,12 +34,23 @@ fn state(dir: &std::path::Path, tokens: Tokens) -> Arc<AppState> {
     let graph = Arc::new(crate::graph::snapshot::Graphs::new(
         instances.traffic().clone(),
     ));
+    let telemetry = Telemetry::new().unwrap();
+    let controls = crate::control::Controls::new(
+        crate::control::ControlConfig::default(),
+        &telemetry.registry,
+    )
+    .unwrap();
+    let sync = Arc::new(crate::sync::Sync::new(
+        crate::sync::SyncConfig::default(),
+        store.changes().clone(),
+        None,
+    ));
     Arc::new(AppState {
         store: Arc::new(store),
         instances: Arc::new(instances),
         history: None,
         tokens,
-        metrics: Telemetry::new().unwrap().api,
+        metrics: telemetry.api,
         agents: None,
         peers: super::forward::Peers::plain(),
         diagnosis: crate::diagnosis::DiagnosisTools {
@@ -51,6 +62,8 @@ fn state(dir: &std::path::Path, tokens: Tokens) -> Arc<AppState> {
             tokio::sync::watch::channel(false).1,
         ),
         graph,
+        controls,
+        sync,
     })
 }
 

@@ -101,7 +101,11 @@ impl Zone {
         };
         {
             let st = zone.lock();
-            zone.metrics.connected.with_label_values(&[name]).set(0);
+            // A disabled zone has no connection to count: no series, so that an
+            // alert on a zero cannot fire for it.
+            if !disabled {
+                zone.metrics.connected.with_label_values(&[name]).set(0);
+            }
             zone.metrics.held(name, counts(&st.status));
         }
         zone

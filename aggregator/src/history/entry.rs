@@ -33,10 +33,15 @@ pub enum Kind {
     /// meshcat's addition: the changes of one instance within a minute past what it
     /// may record one by one, summed (see [`super::limit`]).
     InstanceFlapping = 17,
+    /// A sidecar's sync with its zone's control server changed state (contract
+    /// section 17).
+    SyncChanged = 18,
+    /// A zone's control server connection changed state.
+    ControlChanged = 19,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 17] = [
+    pub const ALL: [Kind; 19] = [
         Kind::ClusterRegistered,
         Kind::ClusterUpdated,
         Kind::ClusterDeleted,
@@ -54,6 +59,8 @@ impl Kind {
         Kind::LogLevelChanged,
         Kind::DebugWindow,
         Kind::Diagnosed,
+        Kind::SyncChanged,
+        Kind::ControlChanged,
     ];
 
     /// The name the API uses.
@@ -76,6 +83,8 @@ impl Kind {
             Kind::LogLevelChanged => "log-level-changed",
             Kind::DebugWindow => "debug-window",
             Kind::Diagnosed => "diagnosed",
+            Kind::SyncChanged => "sync-changed",
+            Kind::ControlChanged => "control-changed",
         }
     }
 
@@ -197,6 +206,18 @@ pub enum Detail {
         conclusion: String,
         root_cause: Option<serde_json::Value>,
     },
+    /// `sync-changed`: the states, and the new state's detail in words.
+    Sync {
+        from: &'static str,
+        to: &'static str,
+        detail: String,
+    },
+    /// `control-changed`: the states, and the last failure in words ("" when none).
+    Control {
+        from: &'static str,
+        to: &'static str,
+        error: String,
+    },
     /// Kinds without detail (registrations, deletions): `{}`.
     Nothing {},
 }
@@ -273,6 +294,8 @@ impl Detail {
                 cap(from);
                 cap(to);
             }
+            Detail::Sync { detail, .. } => cap(detail),
+            Detail::Control { error, .. } => cap(error),
             Detail::Diagnosed {
                 conclusion,
                 root_cause,

@@ -234,7 +234,7 @@ pub struct LiveOwner {
 #[derive(Debug)]
 pub struct Instances {
     /// The index shared with the catalog.
-    memory: Arc<Memory>,
+    pub(super) memory: Arc<Memory>,
     /// The instances each agent reports, so `agent_gone` visits only those.
     agents: DashMap<String, HashSet<InstanceKey>>,
     /// Reported instances kept (live or not), bounded by [`MAX_INSTANCES`].
@@ -410,7 +410,7 @@ impl Instances {
             let cluster = first.cluster_name.clone();
             let mut by_zone = self.memory.clusters.entry(cluster.clone()).or_default();
             let e = by_zone.entry(zone.clone()).or_insert_with(Entry::new);
-            let before = (e.status, e.live);
+            let before = (e.status, e.live());
             let mut shown_here = false;
             let mut drift_here = false;
             let mut report = Some(first);
@@ -447,7 +447,8 @@ impl Instances {
             shown_here |= before.0 != e.status;
             visible |= shown_here;
             if e.record.is_some() {
-                self.memory.count_change(&zone, before, (e.status, e.live));
+                self.memory
+                    .count_change(&zone, before, (e.status, e.live()));
                 if shown_here {
                     touched.push(Touch::Cluster(zone, cluster));
                 }
@@ -692,7 +693,7 @@ impl Instances {
                 warn!(zone = %r.zone, cluster = %r.cluster, instance = %r.instance, limit = MAX_INSTANCES, "Published instance dropped: too many instances.");
                 return;
             }
-            let before = (e.status, e.live);
+            let before = (e.status, e.live());
             // The first listing of a replica is a load: nothing in it is news.
             let note = self.memory.is_loaded();
             let drift = if note {
@@ -744,7 +745,7 @@ impl Instances {
             let shown = shown || before.0 != e.status;
             if e.record.is_some() {
                 self.memory
-                    .count_change(&r.zone, before, (e.status, e.live));
+                    .count_change(&r.zone, before, (e.status, e.live()));
             }
             shown.then(|| {
                 e.record
@@ -946,7 +947,7 @@ impl Instances {
             if !e.instances.get(&key.instance).is_some_and(&cond) {
                 return false;
             }
-            let before = (e.status, e.live);
+            let before = (e.status, e.live());
             if let Some(old) = e.instances.remove(&key.instance) {
                 e.count(&old, false);
                 owned = !old.is_remote();
@@ -976,9 +977,9 @@ impl Instances {
             self.memory.refresh_noting(e, before, reason.is_some());
             if e.record.is_some() {
                 self.memory
-                    .count_change(&key.zone, before, (e.status, e.live));
+                    .count_change(&key.zone, before, (e.status, e.live()));
             }
-            let forget = e.record.is_none() && e.instances.is_empty();
+            let forget = e.record.is_none() && e.instances.is_empty() && e.declared.is_none();
             if forget {
                 by_zone.remove(&key.zone);
             }

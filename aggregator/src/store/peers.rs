@@ -20,7 +20,7 @@ pub const PERIOD: Duration = Duration::from_secs(10);
 /// Characters of a dropped name shown in the log.
 const SHOWN: usize = 64;
 /// Every (summary, reason) a part can be dropped for: their series start at 0.
-const REASONS: [(&str, &str); 8] = [
+const REASONS: [(&str, &str); 9] = [
     ("traffic", "invalid_name"),
     ("traffic", "invalid_item"),
     ("traffic", "too_many_upstream_clusters"),
@@ -29,6 +29,7 @@ const REASONS: [(&str, &str); 8] = [
     ("traffic", "duplicate"),
     ("instance", "invalid_name"),
     ("instance", "invalid_owner"),
+    ("sync", "invalid_item"),
 ];
 
 /// One dropped part of a peer's summary.
@@ -80,7 +81,7 @@ impl PeerSummaryChecks {
         let dropped = IntCounterVec::new(
             Opts::new(
                 "meshcat_peer_parts_dropped_total",
-                "Parts of peer replicas' summaries dropped by summary (traffic, instance) and reason; the rest of each summary applies.",
+                "Parts of peer replicas' summaries dropped by summary (traffic, instance, sync) and reason; the rest of each summary applies.",
             ),
             &["summary", "reason"],
         )?;

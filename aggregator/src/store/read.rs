@@ -302,7 +302,7 @@ impl Store {
         for by_zone in self.memory.clusters.iter() {
             for (zone, e) in by_zone.iter() {
                 let registered = e.record.is_some() && self.memory.zones.contains_key(zone);
-                if !registered && e.instances.is_empty() {
+                if !registered && e.instances.is_empty() && e.declared.is_none() {
                     continue;
                 }
                 let record = e.record.as_ref().filter(|_| registered);
@@ -312,7 +312,7 @@ impl Store {
                     registered,
                     status: e.status,
                     owner: record.map(|r| r.owner.clone()).unwrap_or_default(),
-                    instances: e.live,
+                    instances: e.live(),
                     drifted: super::drift::drifted(e.instances.values()),
                     dependencies: record
                         .map(|r| {
@@ -361,6 +361,7 @@ impl Store {
                         authorized,
                         instances: Vec::new(),
                         status: Status::Down,
+                        control_plane: Default::default(),
                     });
             }
         }

@@ -542,12 +542,15 @@ impl Store {
         let (old, new) = {
             let mut by_zone = self.memory.clusters.entry(name.clone()).or_default();
             let e = by_zone.entry(zone.clone()).or_insert_with(Entry::new);
-            let old = e.record.take().map(|r| (r, e.status, e.live));
+            let old = e.record.take().map(|r| (r, e.status, e.live()));
             e.record_json = render::record_json(&c);
             e.record = Some(Arc::new(c));
             self.memory
-                .refresh_noting(e, (e.status, e.live), note_status);
-            (old, (e.record.clone().expect("just set"), e.status, e.live))
+                .refresh_noting(e, (e.status, e.live()), note_status);
+            (
+                old,
+                (e.record.clone().expect("just set"), e.status, e.live()),
+            )
         };
         if let Some(mut z) = self.memory.zones.get_mut(&zone) {
             if let Some((r, s, l)) = old {
@@ -568,10 +571,10 @@ impl Store {
             let Some(e) = by_zone.get_mut(zone) else {
                 return;
             };
-            let old = e.record.take().map(|r| (r, e.status, e.live));
+            let old = e.record.take().map(|r| (r, e.status, e.live()));
             e.record_json = Bytes::new();
-            self.memory.refresh(e, (e.status, e.live));
-            if e.instances.is_empty() {
+            self.memory.refresh(e, (e.status, e.live()));
+            if e.instances.is_empty() && e.declared.is_none() {
                 by_zone.remove(zone);
             }
             let empty = by_zone.is_empty();

@@ -1,14 +1,34 @@
 //! JSON rendering of read answers from pre-serialized records: each registered
 //! cluster keeps its record's JSON, and a view is that object with `authorized`,
-//! `instances` and `status` appended. Lists and the summary are then mostly memory
+//! `instances`, `status` and `controlPlane` appended. Lists and the summary are then mostly memory
 //! copies, byte for byte what serde would write for a `ClusterView`.
 
 use std::io::Write;
 
 use bytes::Bytes;
-use meshcat_common::model::{ClusterRecord, ClusterView, Instance};
+use meshcat_common::model::{ClusterRecord, ClusterView, Instance, InstanceSource};
 
 use super::Entry;
+use super::declared::control_plane;
+
+/// The live instances a view lists, by name: the reported ones, or, when no agent
+/// reports any, the control server's live endpoints (contract section 17).
+fn instances(e: &Entry) -> Vec<(&str, i64, InstanceSource)> {
+    if e.reported > 0 || e.declared.is_none() {
+        return e
+            .instances
+            .iter()
+            .filter(|(_, i)| i.is_live())
+            .map(|(name, i)| (name.as_str(), i.start_time_ms, InstanceSource::Agent))
+            .collect();
+    }
+    e.declared.as_ref().map_or_else(Vec::new, |d| {
+        d.instances()
+            .into_iter()
+            .map(|(address, first_seen)| (address, first_seen, InstanceSource::ControlServer))
+            .collect()
+    })
+}
 
 /// Serializes a record once, when it is stored.
 pub fn record_json(r: &ClusterRecord) -> Bytes {
@@ -16,7 +36,8 @@ pub fn record_json(r: &ClusterRecord) -> Bytes {
 }
 
 /// Appends the view of a registered entry: its record's fields, then `authorized`,
-/// `instances` (live ones, by name; none when not authorized) and `status`.
+/// `instances` (live ones, by name; none when not authorized), `status` and
+/// `controlPlane`.
 pub fn write_view(out: &mut Vec<u8>, record_json: &[u8], e: &Entry, authorized: bool) {
     // The record is a JSON object: reopen it by dropping its closing brace.
     let body = record_json.strip_suffix(b"}").unwrap_or(record_json);
@@ -27,32 +48,39 @@ pub fn write_view(out: &mut Vec<u8>, record_json: &[u8], e: &Entry, authorized: 
         b",\"authorized\":false,\"instances\":["
     });
     if authorized {
-        let mut first = true;
-        for (name, i) in e.instances.iter().filter(|(_, i)| i.is_live()) {
-            if !first {
+        for (n, (name, start, source)) in instances(e).into_iter().enumerate() {
+            if n > 0 {
                 out.push(b',');
             }
-            first = false;
             out.extend_from_slice(b"{\"name\":");
             serde_json::to_writer(&mut *out, name).expect("strings serialise");
-            let _ = write!(out, ",\"startTime\":{}}}", i.start_time_ms);
+            let _ = write!(
+                out,
+                ",\"startTime\":{start},\"source\":\"{}\"}}",
+                source.as_str()
+            );
         }
     }
     out.extend_from_slice(b"],\"status\":\"");
     out.extend_from_slice(e.status.as_str().as_bytes());
-    out.extend_from_slice(b"\"}");
+    let cp = control_plane(e);
+    let _ = write!(
+        out,
+        "\",\"controlPlane\":{{\"declared\":{},\"endpoints\":{},\"healthyEndpoints\":{}}}}}",
+        cp.declared, cp.endpoints, cp.healthy_endpoints
+    );
 }
 
 /// The typed view of an entry under `record` (for `GET /services`, whose unregistered
 /// entries have no stored JSON, and for the tests' serde oracle).
 pub fn view(record: &ClusterRecord, e: &Entry, authorized: bool) -> ClusterView {
     let instances = if authorized {
-        e.instances
-            .iter()
-            .filter(|(_, i)| i.is_live())
-            .map(|(name, i)| Instance {
-                name: name.clone(),
-                start_time: i.start_time_ms,
+        instances(e)
+            .into_iter()
+            .map(|(name, start_time, source)| Instance {
+                name: name.to_owned(),
+                start_time,
+                source,
             })
             .collect()
     } else {
@@ -63,6 +91,7 @@ pub fn view(record: &ClusterRecord, e: &Entry, authorized: bool) -> ClusterView 
         authorized,
         instances,
         status: e.status,
+        control_plane: control_plane(e),
     }
 }
 

@@ -858,3 +858,114 @@ fn a_delta_applies_on_its_base_and_a_stale_one_is_refused() {
     };
     assert!(std::sync::Arc::ptr_eq(&before, &after));
 }
+
+/// A zone's view with `clusters`, each a list of (address, healthy).
+fn declared_view(clusters: &[(&str, &[(&str, bool)])]) -> Arc<crate::control::ZoneView> {
+    use crate::control::{ViewCluster, ViewEndpoint, ZoneView};
+    let mut v = ZoneView::default();
+    for (name, endpoints) in clusters {
+        let endpoints: Vec<ViewEndpoint> = endpoints
+            .iter()
+            .map(|(a, healthy)| ViewEndpoint {
+                address: (*a).to_owned(),
+                healthy: *healthy,
+                health: if *healthy { "HEALTHY" } else { "UNHEALTHY" }.into(),
+                first_seen_ms: 42,
+            })
+            .collect();
+        v.clusters.insert(
+            (*name).to_owned(),
+            ViewCluster {
+                digest: meshcat_common::wire::hosts_digest(
+                    endpoints.iter().map(|e| e.address.as_str()),
+                ),
+                healthy: endpoints.iter().filter(|e| e.healthy).count() as u32,
+                endpoints,
+                previous: Vec::new(),
+            },
+        );
+    }
+    Arc::new(v)
+}
+
+#[test]
+fn declared_clusters_show_their_endpoints_until_an_agent_reports() {
+    let (_d, s, live) = open();
+    s.create_zone(zone("z")).unwrap();
+    s.create_cluster(ClusterRecord::new("z", "payments", "Payments"))
+        .unwrap();
+    let index = s.index();
+    live.apply_declared(
+        "z",
+        Some(declared_view(&[
+            ("payments", &[("10.0.0.1:80", true), ("10.0.0.2:80", false)]),
+            (
+                "outbound|9080||orders.default.svc.cluster.local",
+                &[("10.0.1.1:9080", true)],
+            ),
+            (
+                "outbound|9080|v2|orders.default.svc.cluster.local",
+                &[("10.0.1.2:9080", true)],
+            ),
+        ])),
+    );
+    assert!(s.index() > index, "a registered cluster's figures moved");
+    let v = &s.get_cluster("payments", Some("z"), true)[0];
+    assert_eq!(
+        v.control_plane,
+        meshcat_common::model::ControlPlane {
+            declared: true,
+            endpoints: 2,
+            healthy_endpoints: 1
+        }
+    );
+    assert_eq!(v.instances.len(), 1);
+    assert_eq!(v.instances[0].name, "10.0.0.1:80");
+    assert_eq!(
+        v.instances[0].source,
+        meshcat_common::model::InstanceSource::ControlServer
+    );
+    assert_eq!(v.instances[0].start_time, 42);
+    assert_eq!(v.status, Status::Stable);
+    // The rendered answer is the typed one.
+    let rendered: serde_json::Value =
+        serde_json::from_slice(&s.render_cluster("payments", Some("z"), true).unwrap()).unwrap();
+    assert_eq!(
+        rendered,
+        serde_json::json!([serde_json::to_value(v).unwrap()])
+    );
+
+    // Istio's subsets of one host are one unregistered service.
+    let services = s.services(Some("z"), true);
+    let orders = services
+        .iter()
+        .find(|c| c.record.cluster_name == "orders")
+        .expect("declared, unregistered");
+    assert_eq!(orders.control_plane.endpoints, 2);
+    assert_eq!(orders.instances.len(), 2);
+
+    // Once an agent reports, only reported instances count.
+    live.apply_report(
+        "agent-1",
+        report("z", "payments", "pod-1", 0, 0),
+        Instant::now(),
+    );
+    let v = &s.get_cluster("payments", Some("z"), true)[0];
+    assert_eq!(v.instances.len(), 1);
+    assert_eq!(v.instances[0].name, "pod-1");
+    assert_eq!(
+        v.instances[0].source,
+        meshcat_common::model::InstanceSource::Agent
+    );
+    assert!(v.control_plane.declared);
+
+    // No view: nothing declared, the unregistered service gone.
+    live.apply_declared("z", None);
+    let v = &s.get_cluster("payments", Some("z"), true)[0];
+    assert!(!v.control_plane.declared);
+    assert!(
+        !s.services(Some("z"), true)
+            .iter()
+            .any(|c| c.record.cluster_name == "orders")
+    );
+}

@@ -55,6 +55,48 @@ pub const EDGE_ERRORS: Family = Family {
     help: "5xx answers and connect failures on each edge of the dependency graph, from the reports of the agents connected to this aggregator.",
 };
 
+/// `meshcat_sidecar_sync{zone,cluster,owner,state}`.
+pub const SIDECAR_SYNC: Family = Family {
+    name: "meshcat_sidecar_sync",
+    kind: "gauge",
+    help: "Instances of each cluster per sync state with the zone's control server (synced, stale, rejected, disconnected, unknown), derived by this replica.",
+};
+
+/// Appends `meshcat_sidecar_sync`: for every registered (zone, cluster) with
+/// instances, one series per state (0 for the states none is in), labelled with its
+/// owner (`owner` answers `None` for a cluster nobody registered: no series, as for
+/// the other per-cluster series).
+pub fn render_sync(
+    counts: &std::collections::BTreeMap<(String, String, crate::sync::SyncState), u64>,
+    owner: impl Fn(&str, &str) -> Option<String>,
+    out: &mut Vec<u8>,
+) {
+    use crate::sync::SyncState;
+    header(out, &SIDECAR_SYNC);
+    let mut clusters: Vec<(&str, &str)> = counts
+        .keys()
+        .map(|(z, c, _)| (z.as_str(), c.as_str()))
+        .collect();
+    clusters.dedup();
+    for (zone, cluster) in clusters {
+        let Some(owner) = owner(zone, cluster) else {
+            continue;
+        };
+        let mut l = Vec::with_capacity(64);
+        label(&mut l, "zone", zone, true);
+        label(&mut l, "cluster", cluster, false);
+        label(&mut l, "owner", &owner, false);
+        for state in SyncState::ALL {
+            sample(out, SIDECAR_SYNC.name, &l, Some(("state", state.as_str())));
+            let n = counts
+                .get(&(zone.to_owned(), cluster.to_owned(), state))
+                .copied()
+                .unwrap_or(0);
+            value(out, n);
+        }
+    }
+}
+
 /// Every family, in the order they are rendered.
 pub const FAMILIES: [Family; 4] = [
     CLUSTER_STATUS,
@@ -246,6 +288,33 @@ mod tests {
         assert_eq!(
             text.lines().filter(|l| !l.starts_with('#')).count(),
             3 + 1 + 2 * 2
+        );
+    }
+
+    #[test]
+    fn sync_series_are_one_per_state_of_each_registered_cluster() {
+        use crate::sync::SyncState;
+        let mut counts = std::collections::BTreeMap::new();
+        counts.insert(("z".to_owned(), "orders".to_owned(), SyncState::Stale), 2);
+        counts.insert(("z".to_owned(), "orders".to_owned(), SyncState::Synced), 1);
+        counts.insert(("z".to_owned(), "gone".to_owned(), SyncState::Synced), 1);
+        let mut out = Vec::new();
+        render_sync(
+            &counts,
+            |_, c| (c == "orders").then(|| "team-\"o\"".to_owned()),
+            &mut out,
+        );
+        let text = String::from_utf8(out).unwrap();
+        let lines: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+        assert_eq!(lines.len(), 5, "{text}");
+        assert!(
+            text.contains(r#"meshcat_sidecar_sync{zone="z",cluster="orders",owner="team-\"o\"",state="stale"} 2"#),
+            "{text}"
+        );
+        assert!(text.contains(r#"state="rejected"} 0"#), "{text}");
+        assert!(
+            !text.contains("gone"),
+            "an unregistered cluster has no series: {text}"
         );
     }
 }

@@ -1,0 +1,189 @@
+//! What each zone's control server declares, shown in the catalog (contract section
+//! 17): the clusters of a zone's view mapped to catalog clusters (the registered one
+//! of the same name, else the service a mesh-specific name stands for,
+//! [`meshcat_common::mesh_names`]), each entry's `controlPlane` figures, and the
+//! control server's live endpoints as the instances of a cluster no agent reports.
+//! Declared clusters nobody registered are entries of their own, so `GET /services`
+//! lists them. The view itself is shared, never copied: an entry holds the zone's
+//! view and the names of its clusters that stand for the entry.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use meshcat_common::mesh_names::service_of;
+use meshcat_common::model::ControlPlane;
+use meshcat_common::wire::address_hash;
+
+use super::publish::Touch;
+use super::{Entry, Instances, shared};
+use crate::control::ZoneView;
+
+/// A catalog cluster's part of its zone's view.
+#[derive(Debug, Clone)]
+pub(super) struct Declared {
+    view: Arc<ZoneView>,
+    /// The view's clusters that stand for this entry.
+    names: Vec<String>,
+    endpoints: u64,
+    /// Endpoints whose health is HEALTHY or UNKNOWN: the live ones.
+    healthy: u64,
+    /// The wrapping sum of the live endpoints' address hashes: whether the listed
+    /// instances changed, without comparing them.
+    live_digest: u64,
+}
+
+impl Declared {
+    fn new(view: Arc<ZoneView>, names: Vec<String>) -> Declared {
+        let (mut endpoints, mut healthy, mut live_digest) = (0u64, 0u64, 0u64);
+        for (address, _) in live_endpoints(&view, &names) {
+            healthy += 1;
+            live_digest = live_digest.wrapping_add(address_hash(address));
+        }
+        for name in &names {
+            if let Some(c) = view.clusters.get(name) {
+                endpoints += c.endpoints.len() as u64;
+            }
+        }
+        Declared {
+            view,
+            names,
+            endpoints,
+            healthy,
+            live_digest,
+        }
+    }
+
+    /// Live endpoints, counted once per address.
+    pub(super) fn live(&self) -> u64 {
+        self.healthy
+    }
+
+    pub(super) fn control_plane(&self) -> ControlPlane {
+        ControlPlane {
+            declared: true,
+            endpoints: self.endpoints,
+            healthy_endpoints: self.healthy,
+        }
+    }
+
+    /// The live endpoints by address, with when the view first listed each.
+    pub(super) fn instances(&self) -> BTreeMap<&str, i64> {
+        live_endpoints(&self.view, &self.names)
+    }
+
+    /// What a reader sees of it changed.
+    fn differs(&self, other: &Declared) -> bool {
+        (self.endpoints, self.healthy, self.live_digest)
+            != (other.endpoints, other.healthy, other.live_digest)
+    }
+}
+
+/// The live endpoints of `names` in `view`, one per address (the earliest first
+/// sighting when several clusters list it).
+fn live_endpoints<'a>(view: &'a ZoneView, names: &[String]) -> BTreeMap<&'a str, i64> {
+    let mut out: BTreeMap<&str, i64> = BTreeMap::new();
+    for name in names {
+        let Some(c) = view.clusters.get(name) else {
+            continue;
+        };
+        for ep in c.endpoints.iter().filter(|ep| ep.healthy) {
+            out.entry(ep.address.as_str())
+                .and_modify(|t| *t = (*t).min(ep.first_seen_ms))
+                .or_insert(ep.first_seen_ms);
+        }
+    }
+    out
+}
+
+/// `controlPlane` of an entry.
+pub(super) fn control_plane(e: &Entry) -> ControlPlane {
+    e.declared
+        .as_ref()
+        .map(Declared::control_plane)
+        .unwrap_or_default()
+}
+
+impl Instances {
+    /// Shows `view` as what the control server of `zone` declares, in place of what
+    /// it declared before; `None` forgets the zone's view (the zone has none, or was
+    /// deleted). Entries whose figures, instances or status moved are published.
+    pub fn apply_declared(&self, zone: &str, view: Option<Arc<ZoneView>>) {
+        let _st = shared(&self.memory.state);
+        let registered: BTreeSet<String> = self
+            .memory
+            .zones
+            .get(zone)
+            .map(|z| z.clusters.clone())
+            .unwrap_or_default();
+        let mut groups: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        if let Some(v) = &view {
+            for raw in v.clusters.keys() {
+                let name = if registered.contains(raw) {
+                    raw.as_str()
+                } else {
+                    service_of(raw)
+                };
+                if meshcat_common::validate::is_valid_name(name) {
+                    groups.entry(name.to_owned()).or_default().push(raw.clone());
+                }
+            }
+        }
+        let before: BTreeSet<String> = self
+            .memory
+            .declared
+            .get(zone)
+            .map(|s| s.clone())
+            .unwrap_or_default();
+        let mut touched = Vec::new();
+        let mut visible = false;
+        for name in before.iter().filter(|n| !groups.contains_key(*n)) {
+            let shown = self.declare(zone, name, None);
+            visible |= shown.is_some();
+            touched.extend(shown.flatten());
+        }
+        let now: BTreeSet<String> = groups.keys().cloned().collect();
+        for (name, raws) in groups {
+            let declared = view.clone().map(|v| Declared::new(v, raws));
+            let shown = self.declare(zone, &name, declared);
+            visible |= shown.is_some();
+            touched.extend(shown.flatten());
+        }
+        if now.is_empty() {
+            self.memory.declared.remove(zone);
+        } else {
+            self.memory.declared.insert(zone.to_owned(), now);
+        }
+        if visible {
+            self.memory.publish(&touched);
+        }
+    }
+
+    /// Sets one entry's declared part. `None` when a reader sees no difference;
+    /// `Some(touch)` when one does, with the cluster to publish when registered.
+    fn declare(&self, zone: &str, name: &str, declared: Option<Declared>) -> Option<Option<Touch>> {
+        let mut by_zone = self.memory.clusters.entry(name.to_owned()).or_default();
+        let e = by_zone.entry(zone.to_owned()).or_insert_with(Entry::new);
+        let before = (e.status, e.live());
+        let moved = match (&e.declared, &declared) {
+            (None, None) => false,
+            (Some(a), Some(b)) => a.differs(b),
+            _ => true,
+        };
+        e.declared = declared;
+        self.memory.refresh(e, before);
+        let shown = moved || before != (e.status, e.live());
+        let registered = e.record.is_some();
+        if registered {
+            self.memory.count_change(zone, before, (e.status, e.live()));
+        }
+        if !registered && e.instances.is_empty() && e.declared.is_none() {
+            by_zone.remove(zone);
+        }
+        let empty = by_zone.is_empty();
+        drop(by_zone);
+        if empty {
+            self.memory.clusters.remove_if(name, |_, m| m.is_empty());
+        }
+        shown.then(|| registered.then(|| Touch::cluster(zone, name)))
+    }
+}
