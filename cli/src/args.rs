@@ -38,12 +38,14 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// List zones or clusters, or show one cluster, as a table, JSON or YAML.
+    /// List zones (with their control servers' state) or clusters, or show one
+    /// cluster, as a table, JSON or YAML.
     Get {
         #[command(subcommand)]
         what: GetWhat,
     },
-    /// Describe a cluster: its record, instances, status and why, callers and
+    /// Describe a cluster: its record, what its zone's control server declares of
+    /// it, instances with their source and sync, status and why, callers and
     /// callees, configuration drift and recent history.
     Describe {
         #[command(subcommand)]
@@ -66,9 +68,12 @@ pub enum Command {
     History(HistoryArgs),
     /// Print one line per catalog event as it happens, until interrupted (Ctrl-C).
     Watch(WatchArgs),
+    /// Show each sidecar's sync with its zone's control server, in the manner of
+    /// `istioctl proxy-status`. Exits 1 when a sidecar listed is stale or rejected.
+    Sync(SyncArgs),
     /// Check the mesh in the manner of `linkerd check`: API reachable and ready,
-    /// versions, token, agents per zone, clusters down or drifted, agent rejections.
-    /// Exits 1 when an item fails.
+    /// versions, token, agents per zone, clusters down or drifted, agent rejections,
+    /// control servers connected, sidecars in sync. Exits 1 when an item fails.
     Check,
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completion {
@@ -122,7 +127,7 @@ pub enum GetWhat {
         #[command(flatten)]
         output: OutputArg,
     },
-    /// Registered zones.
+    /// Registered zones (`ZONE SERVER-ADDRESS REQUEST-CLUSTER TLS CONTROL`).
     Zones {
         #[command(flatten)]
         output: OutputArg,
@@ -317,6 +322,43 @@ pub struct WatchArgs {
 pub enum WatchFormat {
     Table,
     Json,
+}
+
+#[derive(Debug, Args)]
+pub struct SyncArgs {
+    /// Only this zone's sidecars.
+    #[arg(long)]
+    pub zone: Option<String>,
+    /// Only this cluster's sidecars.
+    #[arg(long)]
+    pub cluster: Option<String>,
+    /// Only sidecars in this state.
+    #[arg(long, value_enum)]
+    pub state: Option<SyncStateArg>,
+    #[command(flatten)]
+    pub output: OutputArg,
+}
+
+/// A sidecar's sync state, as the API spells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SyncStateArg {
+    Synced,
+    Stale,
+    Rejected,
+    Disconnected,
+    Unknown,
+}
+
+impl SyncStateArg {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SyncStateArg::Synced => "synced",
+            SyncStateArg::Stale => "stale",
+            SyncStateArg::Rejected => "rejected",
+            SyncStateArg::Disconnected => "disconnected",
+            SyncStateArg::Unknown => "unknown",
+        }
+    }
 }
 
 #[derive(Debug, Args)]

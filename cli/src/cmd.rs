@@ -13,6 +13,7 @@ pub mod graph;
 pub mod history;
 pub mod inject;
 pub mod log_level;
+pub mod sync;
 pub mod watch;
 
 use std::io::Write;

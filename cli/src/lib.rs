@@ -1,16 +1,18 @@
 //! The `meshcat` command: the operator's tool for the catalog API, in the manner of
 //! kubectl, istioctl and linkerd (contract section 16). `get`, `describe`, `graph`,
 //! `history` and `watch` read; `apply` (catalog as code, [`catalog`]), `delete` and
-//! `log-level set` write; `check` and `diagnose` judge; `completion` prints shell
-//! completions; `inject` adds the agent to Kubernetes workloads as a sidecar, with no
-//! API (contract section 18). [`run`] takes the parsed command line and answers the
-//! exit status: 0 done, 1 a check, diagnosis or write failed, 2 bad usage, a bad file
-//! or an unreachable API.
+//! `log-level set` write; `check`, `diagnose` and `sync` (each sidecar's sync with its
+//! zone's control server, [`control`]) judge; `completion` prints shell completions;
+//! `inject` adds the agent to Kubernetes workloads as a sidecar, with no API (contract
+//! section 18). [`run`] takes the parsed command line and answers the exit status: 0
+//! done, 1 a check, diagnosis, sync or write failed, 2 bad usage, a bad file or an
+//! unreachable API.
 
 pub mod args;
 pub mod catalog;
 pub mod client;
 pub mod cmd;
+pub mod control;
 pub mod render;
 pub mod sse;
 pub mod text;
@@ -69,6 +71,7 @@ async fn execute(cli: Cli, out: &mut dyn Write) -> Result<(), CliError> {
         Command::Graph(a) => cmd::graph::run(&ctx, a, out).await,
         Command::History(a) => cmd::history::run(&ctx, a, out).await,
         Command::Watch(a) => cmd::watch::run(&ctx, a, out).await,
+        Command::Sync(a) => cmd::sync::run(&ctx, a, out).await,
         Command::Check => cmd::check::run(&ctx, out).await,
         Command::Diagnose(a) => cmd::diagnose::run(&ctx, a, out).await,
         Command::Completion { .. } | Command::Inject(_) => unreachable!("answered above"),

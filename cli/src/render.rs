@@ -59,6 +59,27 @@ pub fn status_style(status: &str) -> Style {
     }
 }
 
+/// The colour of a sidecar's sync state: red for the states that fail `sync` and
+/// `check`, yellow for a sidecar cut off from its control plane.
+pub fn sync_style(state: &str) -> Style {
+    match state {
+        "synced" => GREEN,
+        "disconnected" => YELLOW,
+        "stale" | "rejected" => RED,
+        _ => PLAIN,
+    }
+}
+
+/// The colour of a zone's control state.
+pub fn control_style(state: &str) -> Style {
+    match state {
+        "connected" => GREEN,
+        "connecting" => YELLOW,
+        "unreachable" | "tls-error" | "rejected" => RED,
+        _ => PLAIN,
+    }
+}
+
 /// One cell: its text and its style.
 #[derive(Debug, Clone)]
 pub struct Cell {

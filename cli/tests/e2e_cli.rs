@@ -6,7 +6,11 @@
 //! `describe` with its history, `history` from the real history API, the sidecar's
 //! log level through to Envoy, `graph`, a diagnosis's recent changes, `delete`,
 //! `check` on a healthy mesh, `watch` (records and history entries) until SIGINT, and
-//! `check` failing once the agent stops. Cheaper checks (completion
+//! `check` failing once the agent stops. Its aggregator runs with
+//! `--control-plane=false` (the zones' control servers are names, not servers):
+//! every zone's control state is `disabled`, which `get zones` shows and `check`
+//! passes, and `sync` lists the sidecar as `unknown`. A zone whose control server
+//! cannot be reached fails `check`, in a test of its own. Cheaper checks (completion
 //! scripts, bad usage, an unreachable API, `inject`, which needs no API) have their
 //! own tests.
 
@@ -15,6 +19,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use meshcat_tests::mesh::{Catalog, MeshAgent, Sidecar, metric_sum};
+use meshcat_tests::wait_for;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 
@@ -147,6 +152,7 @@ async fn the_operators_command_line_against_a_live_mesh() {
     let catalog = Catalog::start(|c| {
         c.tokens.write = Some(TOKEN.into());
         c.tokens.anonymous_writes = false;
+        c.control.enabled = false;
     })
     .await
     .unwrap();
@@ -351,6 +357,7 @@ async fn the_operators_command_line_against_a_live_mesh() {
         .await
         .unwrap();
     describe(&api).await;
+    sync(&catalog, &api).await;
     history(&catalog, &api).await;
     log_level(&api, &token, &sidecar).await;
     graph(&catalog, &api).await;
@@ -406,6 +413,8 @@ async fn the_operators_command_line_against_a_live_mesh() {
         "[ok]   no cluster down\n",
         "[ok]   no drifted cluster\n",
         "[ok]   no recent agent rejections: none in the last 5m\n",
+        "[ok]   every zone's control server connected: 1 disabled\n",
+        "[ok]   no stale or rejected sidecar\n",
         "Status check results are ok\n",
     ] {
         assert!(r.out.contains(want), "{want:?}: {r:?}");
@@ -506,11 +515,27 @@ async fn get_in_three_formats(catalog: &Catalog, api: &str) {
         }
     }
     let r = run(&["--api", api, "get", "zones"]).await;
+    assert_eq!(r.code, 0, "{r:?}");
     assert_eq!(
         r.lines()[0].split_whitespace().collect::<Vec<_>>(),
-        ["ZONE", "SERVER-ADDRESS", "REQUEST-CLUSTER", "TLS"]
+        [
+            "ZONE",
+            "SERVER-ADDRESS",
+            "REQUEST-CLUSTER",
+            "TLS",
+            "CONTROL"
+        ]
     );
-    assert!(r.out.contains("control.shop.svc:50001"), "{r:?}");
+    let shop = r
+        .lines()
+        .into_iter()
+        .find(|l| l.starts_with("shop "))
+        .unwrap_or_else(|| panic!("a row of zone shop: {r:?}"))
+        .split_whitespace()
+        .collect::<Vec<_>>();
+    assert_eq!(shop[1], "control.shop.svc:50001", "{r:?}");
+    assert_eq!(shop.last(), Some(&"disabled"), "{r:?}");
+    assert!(r.err.is_empty(), "{r:?}");
     let r = run(&["--api", api, "get", "clusters", "--status", "stable"]).await;
     assert_eq!(r.lines().len(), 1, "only the header: {r:?}");
     let r = run(&["--api", api, "get", "cluster", "nope", "--zone", "shop"]).await;
@@ -572,6 +597,7 @@ async fn describe(api: &str) {
         "Link:             runbook https://runbooks.example.com/catalog\n",
         "Instances wanted: 1 to 6\n",
         "Status:           stable (1 live instance within the wanted count",
+        "Control plane:    not declared by the zone's control server\n",
         "Instances (1):\n  NAME        STARTED ",
         "Callers (3):\n",
         "  shop/edge ",
@@ -625,11 +651,69 @@ async fn describe(api: &str) {
         cells[2].ends_with('s') || cells[2].ends_with('m'),
         "age: {instance}"
     );
+    assert_eq!(
+        cells[3..],
+        ["agent", "unknown"],
+        "source and sync: {instance}"
+    );
     let r = run(&[
         "--api", api, "describe", "cluster", "nope", "--zone", "shop",
     ])
     .await;
     assert_eq!(r.code, 1, "{r:?}");
+}
+
+/// `meshcat sync`: the sidecar of shop/catalog, `unknown` with the control plane
+/// off (no view to compare with), which does not fail it; its filters; `-o json`
+/// is the API's answer.
+async fn sync(catalog: &Catalog, api: &str) {
+    let r = run(&["--api", api, "sync"]).await;
+    assert_eq!(r.code, 0, "{r:?}");
+    let lines = r.lines();
+    assert_eq!(
+        lines[0].split_whitespace().collect::<Vec<_>>(),
+        ["ZONE", "CLUSTER", "INSTANCE", "STATE", "SINCE", "DETAIL"],
+        "{r:?}"
+    );
+    assert_eq!(lines.len(), 2, "{r:?}");
+    let row: Vec<&str> = lines[1].split_whitespace().collect();
+    assert_eq!(
+        row[..4],
+        ["shop", "catalog", "catalog-0", "unknown"],
+        "{r:?}"
+    );
+    assert!(row[4].ends_with('Z') && row[4].contains('T'), "{r:?}");
+    let r = run(&[
+        "--api",
+        api,
+        "sync",
+        "--zone",
+        "shop",
+        "--cluster",
+        "catalog",
+        "-o",
+        "json",
+    ])
+    .await;
+    assert_eq!(r.code, 0, "{r:?}");
+    let got: Value = serde_json::from_str(&r.out).unwrap();
+    let (_, want) = catalog
+        .get("/sync?zoneName=shop&clusterName=catalog")
+        .await
+        .unwrap();
+    assert_eq!(got["proxies"], want["proxies"], "{r:?}");
+    assert_eq!(got["proxies"][0]["state"], "unknown", "{r:?}");
+    for args in [
+        ["--state", "stale", "--zone", "shop"],
+        ["--zone", "backoffice", "--cluster", "ledger"],
+    ] {
+        let mut all = vec!["--api", api, "sync"];
+        all.extend(args);
+        let r = run(&all).await;
+        assert_eq!((r.code, r.lines().len()), (0, 1), "only the header: {r:?}");
+    }
+    let r = run(&["--api", api, "sync", "--state", "lost"]).await;
+    assert_eq!(r.code, 2, "{r:?}");
 }
 
 /// `meshcat history` shows the real history API's entries, the ones this story's own
@@ -1015,6 +1099,7 @@ async fn completion_scripts_for_bash_zsh_and_fish() {
             "prune",
             "inject",
             "ops-token-secret",
+            "sync",
         ] {
             assert!(r.out.contains(word), "{shell} lacks {word}");
         }
@@ -1046,6 +1131,60 @@ async fn completion_scripts_for_bash_zsh_and_fish() {
     }
     let r = run(&["completion", "tcsh"]).await;
     assert_eq!(r.code, 2, "{r:?}");
+}
+
+/// A zone whose control server refuses connections: `get zones` shows it
+/// `unreachable`, and `check` fails naming the zone, its state and the error the
+/// aggregator gives; with no sidecar, `sync` lists nothing and passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_control_server_that_cannot_be_reached_fails_check() {
+    let catalog = Catalog::start(|_| {}).await.unwrap();
+    let api = catalog.api_url();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let server = closed.local_addr().unwrap().to_string();
+    drop(closed);
+    catalog
+        .create(
+            "/zones",
+            json!({"zoneName": "far", "serverAddress": server, "requestCluster": "edge"}),
+        )
+        .await
+        .unwrap();
+    let control = wait_for("zone far unreachable", DEADLINE, || async {
+        let (_, c) = catalog.get("/zones/far/control").await.ok()?;
+        (c["state"] == "unreachable").then_some(c)
+    })
+    .await
+    .unwrap();
+    let error = control["error"].as_str().unwrap().to_owned();
+    assert!(!error.is_empty(), "{control}");
+
+    let r = run(&["--api", &api, "get", "zones"]).await;
+    assert_eq!(r.code, 0, "{r:?}");
+    assert_eq!(
+        r.lines()[1].split_whitespace().collect::<Vec<_>>(),
+        ["far", server.as_str(), "edge", "no", "unreachable"],
+        "{r:?}"
+    );
+
+    let r = run(&["--api", &api, "check"]).await;
+    assert_eq!(r.code, 1, "{r:?}");
+    let want = format!(
+        "[FAIL] every zone's control server connected: 1 of 1 not connected: zone far unreachable ({})\n",
+        meshcat_cli::render::clean(&error)
+    );
+    assert!(r.out.contains(&want), "{want:?}: {r:?}");
+    assert!(
+        r.out.contains("[ok]   no stale or rejected sidecar\n"),
+        "{r:?}"
+    );
+    assert!(
+        r.err.contains("every zone's control server connected"),
+        "{r:?}"
+    );
+
+    let r = run(&["--api", &api, "sync"]).await;
+    assert_eq!((r.code, r.lines().len()), (0, 1), "only the header: {r:?}");
 }
 
 #[tokio::test]

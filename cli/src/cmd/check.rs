@@ -1,9 +1,11 @@
 //! `meshcat check`: a checklist in the manner of `linkerd check`. It reads
 //! `GET /status` (the replica's version, readiness, agents per zone, recent agent
-//! rejections, what the token grants), the clusters that are down and the graph's
-//! drifted nodes, and prints one line per item; any failed item makes the exit
-//! status 1 and is named at the end.
+//! rejections, what the token grants), the clusters that are down, the graph's
+//! drifted nodes, each registered zone's control state (`GET /zones/{z}/control`)
+//! and the sidecars that are stale or rejected (`GET /sync`), and prints one line
+//! per item; any failed item makes the exit status 1 and is named at the end.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::Write;
 
@@ -11,6 +13,7 @@ use serde_json::Value;
 
 use super::{Ctx, emit};
 use crate::client::{Call, CliError, is_not_found};
+use crate::control::{self, Proxy, SyncAnswer, ZoneControl};
 use crate::render::{self, paint, s};
 
 /// Clusters named in one item at most.
@@ -68,13 +71,37 @@ pub async fn run(ctx: &Ctx, out: &mut dyn Write) -> Result<(), CliError> {
     };
     let down = Call::new(&["clusters"]).q("status", "down");
     let graph = Call::new(&["graph"]);
-    let (down, graph) = tokio::join!(ctx.api.get(&down), ctx.api.get(&graph));
-    let items = items(
+    let zones: Vec<String> = status["zones"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|z| z["registered"] == Value::Bool(true))
+        .map(|z| s(z, "zoneName").to_owned())
+        .collect();
+    let sync = |state| async move {
+        let answer = control::read_sync(&ctx.api, None, None, Some(state)).await?;
+        control::sync_answer(&answer)
+    };
+    let (down, graph, controls, stale, rejected) = tokio::join!(
+        ctx.api.get(&down),
+        ctx.api.get(&graph),
+        control::read_controls(&ctx.api, &zones),
+        sync("stale"),
+        sync("rejected"),
+    );
+    let mut items = items(
         &status,
         env!("CARGO_PKG_VERSION"),
         down.map_err(|e| e.to_string()),
         graph.map_err(|e| (e.status(), e.to_string())),
     );
+    items.push(control_item(
+        zones
+            .into_iter()
+            .zip(controls.into_iter().map(refusal))
+            .collect(),
+    ));
+    items.push(sync_item(refusal(stale), refusal(rejected)));
     emit(out, &lines(&items))?;
     let fails = items.iter().filter(|i| i.verdict == Verdict::Fail).count();
     emit(
@@ -96,6 +123,122 @@ pub async fn run(ctx: &Ctx, out: &mut dyn Write) -> Result<(), CliError> {
         return Err(failed(&items));
     }
     Ok(())
+}
+
+/// A read's answer, or its refusal's status code and its words.
+type Read<T> = Result<T, (Option<u16>, String)>;
+
+fn refusal<T>(r: Result<T, CliError>) -> Read<T> {
+    r.map_err(|e| (e.status(), e.to_string()))
+}
+
+/// "every zone's control server connected", from each registered zone's control
+/// state: a zone passes connected, or `disabled` (the aggregator is told not to
+/// connect); any other state fails, named with its error. Without the read token it
+/// is not checked (a warning); neither is it against an aggregator that answers 404
+/// for every zone (older than this `meshcat`). A single 404 among answers is a zone
+/// deleted since `/status` was read, and is left out.
+pub fn control_item(zones: Vec<(String, Read<ZoneControl>)>) -> Item {
+    let name = "every zone's control server connected";
+    if zones.is_empty() {
+        return item(Verdict::Ok, name, "no zone is registered");
+    }
+    if zones.iter().any(|(_, r)| matches!(r, Err((Some(403), _)))) {
+        return item(
+            Verdict::Warn,
+            name,
+            "not checked: the control servers' state is live data and needs the read token",
+        );
+    }
+    if zones.iter().all(|(_, r)| matches!(r, Err((Some(404), _)))) {
+        return item(
+            Verdict::Warn,
+            name,
+            "not checked: the aggregator is older than this meshcat (no GET /zones/{zoneName}/control)",
+        );
+    }
+    let mut states: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut failing = Vec::new();
+    for (zone, r) in &zones {
+        match r {
+            Ok(c) if c.passes() => *states.entry(c.state.as_str()).or_default() += 1,
+            Ok(c) => {
+                *states.entry(c.state.as_str()).or_default() += 1;
+                failing.push(if c.error.is_empty() {
+                    format!("zone {zone} {}", c.state)
+                } else {
+                    format!("zone {zone} {} ({})", c.state, c.error)
+                });
+            }
+            Err((Some(404), _)) => {}
+            Err((_, why)) => failing.push(format!("zone {zone}: cannot tell: {why}")),
+        }
+    }
+    let counts = states
+        .iter()
+        .map(|(state, n)| format!("{n} {state}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if failing.is_empty() {
+        item(Verdict::Ok, name, counts)
+    } else {
+        item(
+            Verdict::Fail,
+            name,
+            format!(
+                "{} of {} not connected: {}",
+                failing.len(),
+                zones.len(),
+                names_with(&failing, "; ")
+            ),
+        )
+    }
+}
+
+/// "no stale or rejected sidecar", from `GET /sync?state=stale` and
+/// `?state=rejected`: the sidecars named, the first few, with their state. Without
+/// the read token, or against an aggregator without `/sync`, not checked (a
+/// warning).
+pub fn sync_item(stale: Read<SyncAnswer>, rejected: Read<SyncAnswer>) -> Item {
+    let name = "no stale or rejected sidecar";
+    let (stale, rejected) = match (stale, rejected) {
+        (Ok(a), Ok(b)) => (a, b),
+        (Err((Some(403), _)), _) | (_, Err((Some(403), _))) => {
+            return item(
+                Verdict::Warn,
+                name,
+                "not checked: sync is live data and needs the read token",
+            );
+        }
+        (Err((Some(404), _)), _) | (_, Err((Some(404), _))) => {
+            return item(
+                Verdict::Warn,
+                name,
+                "not checked: the aggregator is older than this meshcat (no GET /sync)",
+            );
+        }
+        (Err((_, why)), _) | (_, Err((_, why))) => {
+            return item(Verdict::Fail, name, format!("cannot tell: {why}"));
+        }
+    };
+    let mut failing: Vec<Proxy> = stale
+        .proxies
+        .into_iter()
+        .chain(rejected.proxies)
+        .filter(Proxy::failing)
+        .collect();
+    if failing.is_empty() {
+        return item(Verdict::Ok, name, "");
+    }
+    failing.sort_by(|a, b| {
+        (&a.zone_name, &a.cluster_name, &a.instance).cmp(&(
+            &b.zone_name,
+            &b.cluster_name,
+            &b.instance,
+        ))
+    });
+    let refs: Vec<&Proxy> = failing.iter().collect();
+    item(Verdict::Fail, name, super::sync::summary(&refs))
 }
 
 /// The error naming every failed item.
@@ -129,12 +272,17 @@ pub fn lines(items: &[Item]) -> String {
 }
 
 fn names(list: &[String]) -> String {
+    names_with(list, ", ")
+}
+
+/// The first [`NAMED`] of `list` joined by `sep`, and how many more.
+fn names_with(list: &[String], sep: &str) -> String {
     let mut text = list
         .iter()
         .take(NAMED)
         .cloned()
         .collect::<Vec<_>>()
-        .join(", ");
+        .join(sep);
     if list.len() > NAMED {
         let _ = write!(text, " and {} more", list.len() - NAMED);
     }
@@ -494,5 +642,139 @@ mod tests {
         st["zones"][0]["peerInstances"] = json!(0);
         let items = super::items(&st, "0.1.0", Ok(json!([])), Ok(graph(false)));
         assert_eq!(items[4].detail, "agent ingest is off on this aggregator");
+    }
+
+    fn zone(state: &str, error: &str) -> Read<ZoneControl> {
+        Ok(ZoneControl {
+            state: state.into(),
+            error: error.into(),
+            ..ZoneControl::default()
+        })
+    }
+
+    #[test]
+    fn control_servers_connected_or_disabled_pass() {
+        let ok = control_item(vec![
+            ("shop".into(), zone("connected", "")),
+            ("west".into(), zone("connected", "")),
+            ("lab".into(), zone("disabled", "")),
+        ]);
+        assert_eq!(
+            ok,
+            item(
+                Verdict::Ok,
+                "every zone's control server connected",
+                "2 connected, 1 disabled"
+            )
+        );
+        let text = anstream::adapter::strip_str(&lines(&[ok])).to_string();
+        assert_eq!(
+            text,
+            "[ok]   every zone's control server connected: 2 connected, 1 disabled\n"
+        );
+        assert_eq!(control_item(vec![]).verdict, Verdict::Ok);
+    }
+
+    #[test]
+    fn a_zone_not_connected_is_named_with_its_state_and_error() {
+        let bad = control_item(vec![
+            ("shop".into(), zone("unreachable", "connection refused")),
+            (
+                "west".into(),
+                zone("tls-error", "invalid peer certificate: UnknownIssuer"),
+            ),
+            ("east".into(), zone("connecting", "")),
+            ("lab".into(), zone("connected", "")),
+            ("gone".into(), Err((Some(404), "not found".into()))),
+            (
+                "odd".into(),
+                Err((
+                    Some(500),
+                    "GET /zones/odd/control: boom (500 internal)".into(),
+                )),
+            ),
+        ]);
+        assert_eq!(bad.verdict, Verdict::Fail);
+        assert_eq!(
+            bad.detail,
+            "4 of 6 not connected: zone shop unreachable (connection refused); \
+             zone west tls-error (invalid peer certificate: UnknownIssuer); zone east connecting; \
+             zone odd: cannot tell: GET /zones/odd/control: boom (500 internal)"
+        );
+        assert_eq!(
+            failed(std::slice::from_ref(&bad)).to_string(),
+            "check failed: every zone's control server connected"
+        );
+        // A hostile error is escaped on the line.
+        let hostile = control_item(vec![("shop".into(), zone("rejected", "bad\n\u{1b}[2J"))]);
+        let text = lines(&[hostile]);
+        assert!(
+            text.ends_with("zone shop rejected (bad\\n\\u{1b}[2J)\n"),
+            "{text:?}"
+        );
+    }
+
+    #[test]
+    fn control_servers_not_checked_without_the_token_or_the_route() {
+        let forbidden = control_item(vec![
+            ("shop".into(), Err((Some(403), "forbidden".into()))),
+            ("west".into(), Err((Some(403), "forbidden".into()))),
+        ]);
+        assert_eq!(forbidden.verdict, Verdict::Warn);
+        assert!(forbidden.detail.contains("read token"), "{forbidden:?}");
+        let older = control_item(vec![("shop".into(), Err((Some(404), "no route".into())))]);
+        assert_eq!(older.verdict, Verdict::Warn);
+        assert!(
+            older.detail.contains("older than this meshcat"),
+            "{older:?}"
+        );
+    }
+
+    fn proxies(list: &[(&str, &str, &str)]) -> Read<SyncAnswer> {
+        Ok(SyncAnswer {
+            index: 3,
+            proxies: list
+                .iter()
+                .map(|(cluster, instance, state)| Proxy {
+                    zone_name: "shop".into(),
+                    cluster_name: (*cluster).into(),
+                    instance: (*instance).into(),
+                    state: (*state).into(),
+                    ..Proxy::default()
+                })
+                .collect(),
+        })
+    }
+
+    #[test]
+    fn stale_and_rejected_sidecars_are_named() {
+        let name = "no stale or rejected sidecar";
+        assert_eq!(
+            sync_item(proxies(&[]), proxies(&[])),
+            item(Verdict::Ok, name, "")
+        );
+        let failed = sync_item(
+            proxies(&[("orders", "orders-2", "stale")]),
+            proxies(&[("orders", "orders-1", "rejected")]),
+        );
+        assert_eq!(
+            failed,
+            item(
+                Verdict::Fail,
+                name,
+                "1 stale, 1 rejected: shop/orders/orders-1 (rejected), shop/orders/orders-2 (stale)"
+            )
+        );
+        let forbidden = sync_item(Err((Some(403), "forbidden".into())), proxies(&[]));
+        assert_eq!(forbidden.verdict, Verdict::Warn);
+        assert!(forbidden.detail.contains("read token"), "{forbidden:?}");
+        let older = sync_item(proxies(&[]), Err((Some(404), "no route".into())));
+        assert_eq!(older.verdict, Verdict::Warn);
+        assert!(older.detail.contains("no GET /sync"), "{older:?}");
+        let broken = sync_item(Err((None, "unreachable".into())), proxies(&[]));
+        assert_eq!(
+            broken,
+            item(Verdict::Fail, name, "cannot tell: unreachable")
+        );
     }
 }

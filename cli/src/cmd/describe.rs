@@ -1,10 +1,12 @@
 //! `meshcat describe cluster NAME --zone Z`: everything an operator asks first about
-//! one cluster, from four reads made at once: the record and its instances
-//! (`GET /clusters/{c}`), callers and callees (`GET /graph` around it, depth 1),
-//! drift (`GET /clusters/{c}/drift`) and the last 10 history entries
-//! (`GET /clusters/{c}/history`). A section whose read fails says why and the others
-//! are still shown; only the record is required.
+//! one cluster, from five reads made at once: the record, what the zone's control
+//! server declares of it and its instances (`GET /clusters/{c}`), each instance's
+//! sync with the control server (`GET /sync`), callers and callees (`GET /graph`
+//! around it, depth 1), drift (`GET /clusters/{c}/drift`) and the last 10 history
+//! entries (`GET /clusters/{c}/history`). A section whose read fails says why and the
+//! others are still shown; only the record is required.
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::io::Write;
 
@@ -14,6 +16,7 @@ use serde_json::Value;
 use super::{Ctx, emit, graph, history};
 use crate::args::DescribeWhat;
 use crate::client::{Call, CliError};
+use crate::control::{self, Proxy};
 use crate::render::{self, Cell, Table, now_ms, paint, s};
 
 /// History entries shown.
@@ -30,11 +33,16 @@ pub async fn run(ctx: &Ctx, what: DescribeWhat, out: &mut dyn Write) -> Result<(
     let history = Call::new(&["clusters", &name, "history"])
         .q("zoneName", &zone)
         .q("limit", HISTORY.to_string());
-    let (record, graph, drift, history) = tokio::join!(
+    let sync = async {
+        let answer = control::read_sync(&ctx.api, Some(&zone), Some(&name), None).await?;
+        control::sync_answer(&answer)
+    };
+    let (record, graph, drift, history, sync) = tokio::join!(
         ctx.api.get(&record),
         ctx.api.get(&graph),
         ctx.api.get(&drift),
         ctx.api.get(&history),
+        sync,
     );
     let view = record?
         .as_array()
@@ -49,6 +57,7 @@ pub async fn run(ctx: &Ctx, what: DescribeWhat, out: &mut dyn Write) -> Result<(
         history: history
             .map_err(|e| e.to_string())
             .and_then(|h| history::entries(&h)),
+        sync: sync.map(|a| a.proxies).map_err(|e| e.to_string()),
     };
     emit(out, &describe(&view, &sections, now_ms(), ctx.width))
 }
@@ -59,6 +68,8 @@ pub struct Sections {
     pub graph: Result<Value, String>,
     pub drift: Result<Value, String>,
     pub history: Result<Vec<HistoryEntry>, String>,
+    /// The cluster's sidecars' sync, from `GET /sync`.
+    pub sync: Result<Vec<Proxy>, String>,
 }
 
 /// Labels and keys of the record's fields, in the order shown; empty optional
@@ -160,6 +171,10 @@ pub fn describe(view: &Value, sections: &Sections, now: i64, width: Option<usize
         ),
     );
 
+    if let Some(cp) = view["controlPlane"].as_object() {
+        field(&mut out, "Control plane:", &control_plane(cp));
+    }
+
     let status = s(view, "status");
     field(
         &mut out,
@@ -191,16 +206,54 @@ pub fn describe(view: &Value, sections: &Sections, now: i64, width: Option<usize
         out.push_str("Instances: none live\n");
     } else {
         let _ = writeln!(out, "Instances ({}):", instances.len());
-        let mut t = Table::new(&["NAME", "STARTED", "AGE"]);
+        // Keyed by the name as the cleaned view writes it.
+        let proxies: HashMap<String, &Proxy> = sections
+            .sync
+            .as_deref()
+            .unwrap_or_default()
+            .iter()
+            .map(|p| (render::clean_lines(&p.instance), p))
+            .collect();
+        let mut t = Table::new(&["NAME", "STARTED", "AGE", "SOURCE", "SYNC"]);
+        let mut details = Vec::new();
         for i in instances {
             let start = i["startTime"].as_i64().unwrap_or(0);
+            let name = s(i, "name");
+            let source = match s(i, "source") {
+                "" => "agent",
+                other => other,
+            };
+            let proxy = proxies.get(name);
+            let state = proxy.map_or("-", |p| p.state.as_str());
             t.row(vec![
-                s(i, "name").into(),
+                name.into(),
                 render::time(start).into(),
                 render::age(start, now).into(),
+                source.into(),
+                Cell::styled(state, render::sync_style(state)),
             ]);
+            if let Some(p) = proxy.filter(|p| !matches!(p.state.as_str(), "synced" | "unknown")) {
+                details.push(format!(
+                    "{name} {} since {}: {}",
+                    p.state,
+                    render::time(p.since_ms),
+                    render::or_dash(&p.detail.text)
+                ));
+            }
         }
         out.push_str(&indent(&t.render(width.map(|w| w.saturating_sub(2)))));
+        match &sections.sync {
+            Ok(_) if details.is_empty() => {}
+            Ok(_) => {
+                out.push_str("Sync:\n");
+                for d in details {
+                    let _ = writeln!(out, "  {}", render::clean(&d));
+                }
+            }
+            Err(why) => {
+                let _ = writeln!(out, "Sync: unavailable: {}", render::clean(why));
+            }
+        }
     }
 
     out.push('\n');
@@ -267,6 +320,20 @@ pub fn describe(view: &Value, sections: &Sections, now: i64, width: Option<usize
         }
     }
     out
+}
+
+/// What the zone's control server declares of the cluster, in words.
+fn control_plane(cp: &serde_json::Map<String, Value>) -> String {
+    if cp.get("declared") != Some(&Value::Bool(true)) {
+        return "not declared by the zone's control server".into();
+    }
+    let n = |k: &str| cp.get(k).and_then(Value::as_u64).unwrap_or(0);
+    let endpoints = n("endpoints");
+    format!(
+        "declared, {endpoints} endpoint{} ({} healthy)",
+        if endpoints == 1 { "" } else { "s" },
+        n("healthyEndpoints")
+    )
 }
 
 fn on_off(v: &Value) -> &'static str {
@@ -409,15 +476,23 @@ mod tests {
              "detail": {"from": "down", "to": "stable", "reason": "1 live instance"}},
             {"id": 1, "atMs": 1_700_000_000_000i64, "kind": "cluster-registered", "zoneName": "local",
              "clusterName": "catalog", "instance": "", "detail": {}}]);
+        let sync = control::sync_answer(&json!({"index": 3, "proxies": [
+            {"zoneName": "local", "clusterName": "catalog", "instance": "catalog-0",
+             "state": "synced", "sinceMs": 1_700_000_000_000i64, "detail": {"text": ""}},
+            {"zoneName": "local", "clusterName": "catalog", "instance": "catalog-1",
+             "state": "stale", "sinceMs": 1_700_000_300_000i64,
+             "detail": {"text": "cluster ledger: 1 missing (10.0.0.7:8080), 0 extra, since 22:18:20\u{1b}[2J"}}]}))
+        .unwrap();
         let sections = Sections {
             graph: Ok(graph),
             drift: Ok(drift),
             history: history::entries(&history),
+            sync: Ok(sync.proxies),
         };
         let now = 1_700_000_600_000;
-        let text =
-            anstream::adapter::strip_str(&describe(&view("stable", 2, 1, 0), &sections, now, None))
-                .to_string();
+        let mut v = view("stable", 2, 1, 0);
+        v["controlPlane"] = json!({"declared": true, "endpoints": 3, "healthyEndpoints": 2});
+        let text = anstream::adapter::strip_str(&describe(&v, &sections, now, None)).to_string();
         for want in [
             "Cluster:          catalog\n",
             "Zone:             local\n",
@@ -427,7 +502,9 @@ mod tests {
             "Instances wanted: at least 1\n",
             "Status:           stable (2 live instances within",
             "Last change:      5m ago, down -> stable: 1 live instance\n",
-            "Instances (2):\n  NAME        STARTED                AGE\n  catalog-0   2023-11-14T22:13:20Z   10m\n",
+            "Control plane:    declared, 3 endpoints (2 healthy)\n",
+            "Instances (2):\n  NAME        STARTED                AGE   SOURCE   SYNC\n  catalog-0   2023-11-14T22:13:20Z   10m   agent    synced\n  catalog-1   2023-11-14T22:13:20Z   10m   agent    stale\n",
+            "Sync:\n  catalog-1 stale since 2023-11-14T22:18:20Z: cluster ledger: 1 missing (10.0.0.7:8080), 0 extra, since 22:18:20\\u{1b}[2J\n",
             "Callers (1):\n  FROM         TRAFFIC\n  local/edge   12 requests (0.2/s), 0 errors (0.0%), p50 1ms, p99 4ms, plaintext, observed, declared\n",
             "Callees (1):\n  TO             TRAFFIC\n  local/ledger   0 requests",
             "Drift: drifted (2 configurations; routes differ)\n  3f2a: catalog-0\n  9c1d: catalog-1\n",
@@ -447,6 +524,7 @@ mod tests {
                 json!({"drifted": false, "differs": [], "groups": [{"configHash": "3f2a", "instances": ["catalog-0"]}]}),
             ),
             history: Err("GET /clusters/catalog/history: No resource (404 not_found)".into()),
+            sync: Err("GET /sync: No resource (404 not_found)".into()),
         };
         let text =
             anstream::adapter::strip_str(&describe(&view("down", 0, 1, 0), &failed, now, None))
@@ -463,6 +541,35 @@ mod tests {
         );
         assert!(text.contains("History: unavailable: "), "{text}");
         assert!(text.contains("Instances: none live"), "{text}");
+        assert!(
+            !text.contains("Control plane:") && !text.contains("Sync"),
+            "an older aggregator's record, no instance to sync: {text}"
+        );
+    }
+
+    /// Instances from the control server, when no agent reports the cluster: no
+    /// sidecar, so no sync state; a sync read that failed is said under the table.
+    #[test]
+    fn instances_from_the_control_server_and_sync_unavailable() {
+        let mut v = view("stable", 0, 1, 0);
+        v["instances"] = json!([{"name": "10.0.0.7:8080", "startTime": 1_700_000_000_000i64,
+                                 "source": "control-server"}]);
+        v["controlPlane"] = json!({"declared": false, "endpoints": 0, "healthyEndpoints": 0});
+        let sections = Sections {
+            graph: Ok(json!({"edges": []})),
+            drift: Ok(json!({"drifted": false, "groups": []})),
+            history: Ok(Vec::new()),
+            sync: Err("GET /sync: A read token is configured (403 forbidden)".into()),
+        };
+        let text = anstream::adapter::strip_str(&describe(&v, &sections, 1_700_000_060_000, None))
+            .to_string();
+        for want in [
+            "Control plane:    not declared by the zone's control server\n",
+            "  NAME            STARTED                AGE   SOURCE           SYNC\n  10.0.0.7:8080   2023-11-14T22:13:20Z   60s   control-server   -\n",
+            "Sync: unavailable: GET /sync: A read token is configured (403 forbidden)\n",
+        ] {
+            assert!(text.contains(want), "{want:?} in:\n{text}");
+        }
     }
 
     /// Without drift the API answers one group of every live instance: an empty one

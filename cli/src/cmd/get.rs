@@ -1,6 +1,8 @@
 //! `meshcat get clusters|zones|cluster`: the API's lists as tables, or as the API
-//! answers them (`-o json|yaml`).
+//! answers them (`-o json|yaml`). The zones' table adds each zone's control state,
+//! read from `GET /zones/{z}/control` (contract section 17) a few zones at a time.
 
+use std::collections::HashMap;
 use std::io::Write;
 
 use serde_json::Value;
@@ -8,6 +10,7 @@ use serde_json::Value;
 use super::{Ctx, emit};
 use crate::args::{Format, GetWhat};
 use crate::client::{Call, CliError};
+use crate::control;
 use crate::render::{self, Cell, Table, or_dash, s};
 
 pub async fn run(ctx: &Ctx, what: GetWhat, out: &mut dyn Write) -> Result<(), CliError> {
@@ -36,10 +39,39 @@ pub async fn run(ctx: &Ctx, what: GetWhat, out: &mut dyn Write) -> Result<(), Cl
     };
     let text = match format {
         Format::Table if clusters => clusters_table(&answer).render(ctx.width),
-        Format::Table => zones_table(&answer).render(ctx.width),
+        Format::Table => zones_table(&answer, &controls(ctx, &answer).await).render(ctx.width),
         f => render::data(&answer, f)?,
     };
     emit(out, &text)
+}
+
+/// Each listed zone's control state, by zone name. A zone whose state cannot be read
+/// is left out (its cell shows `-`): an aggregator without the route answers 404,
+/// a caller without the read token gets 403 (live data) or 401 (a token it does not
+/// know), and a zone deleted since the list was read is unknown. Another failure is said on standard error.
+async fn controls(ctx: &Ctx, zones: &Value) -> HashMap<String, String> {
+    let names: Vec<String> = zones
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|z| s(z, "zoneName").to_owned())
+        .collect();
+    let answers = control::read_controls(&ctx.api, &names).await;
+    let mut states = HashMap::new();
+    for (zone, answer) in names.into_iter().zip(answers) {
+        match answer {
+            Ok(c) => {
+                states.insert(zone, c.state);
+            }
+            Err(e) if matches!(e.status(), Some(401 | 403 | 404 | 405)) => {}
+            Err(e) => eprintln!(
+                "meshcat: the control state of zone {}: {}",
+                render::clean(&zone),
+                render::clean(&e.to_string())
+            ),
+        }
+    }
+    states
 }
 
 /// `ZONE CLUSTER OWNER STATUS INSTANCES VERSION`, one row per cluster view. A
@@ -65,10 +97,18 @@ pub fn clusters_table(list: &Value) -> Table {
     t
 }
 
-/// `ZONE SERVER-ADDRESS REQUEST-CLUSTER TLS`.
-pub fn zones_table(list: &Value) -> Table {
-    let mut t = Table::new(&["ZONE", "SERVER-ADDRESS", "REQUEST-CLUSTER", "TLS"]);
+/// `ZONE SERVER-ADDRESS REQUEST-CLUSTER TLS CONTROL`: `CONTROL` is the zone's
+/// control state from `control` (zone name to state), `-` for a zone without one.
+pub fn zones_table(list: &Value, control: &HashMap<String, String>) -> Table {
+    let mut t = Table::new(&[
+        "ZONE",
+        "SERVER-ADDRESS",
+        "REQUEST-CLUSTER",
+        "TLS",
+        "CONTROL",
+    ]);
     for z in list.as_array().into_iter().flatten() {
+        let state = control.get(s(z, "zoneName")).map_or("-", String::as_str);
         t.row(vec![
             s(z, "zoneName").into(),
             s(z, "serverAddress").into(),
@@ -79,6 +119,7 @@ pub fn zones_table(list: &Value) -> Table {
                 "no"
             }
             .into(),
+            Cell::styled(or_dash(state), render::control_style(state)),
         ]);
     }
     t
@@ -113,12 +154,24 @@ mod tests {
 
     #[test]
     fn zone_rows() {
-        let list = json!([{"zoneName": "local", "serverAddress": "cp:50000",
-                           "requestCluster": "edge", "useTls": false}]);
+        let list = json!([
+            {"zoneName": "local", "serverAddress": "cp:50000", "requestCluster": "edge", "useTls": false},
+            {"zoneName": "west", "serverAddress": "istiod.west:15010", "requestCluster": "", "useTls": true},
+            {"zoneName": "old", "serverAddress": "cp.old:50000", "requestCluster": "", "useTls": false},
+        ]);
+        let states = HashMap::from([
+            ("local".to_owned(), "connected".to_owned()),
+            ("west".to_owned(), "tls-error".to_owned()),
+        ]);
         assert_eq!(
-            plain(&zones_table(&list)),
-            "ZONE    SERVER-ADDRESS   REQUEST-CLUSTER   TLS\n\
-             local   cp:50000         edge              no\n"
+            plain(&zones_table(&list, &states)),
+            "ZONE    SERVER-ADDRESS      REQUEST-CLUSTER   TLS   CONTROL\n\
+             local   cp:50000            edge              no    connected\n\
+             west    istiod.west:15010   -                 yes   tls-error\n\
+             old     cp.old:50000        -                 no    -\n"
         );
+        let coloured = zones_table(&list, &states).render(None);
+        assert!(coloured.contains("\u{1b}[31mtls-error"), "{coloured:?}");
+        assert!(coloured.contains("\u{1b}[32mconnected"), "{coloured:?}");
     }
 }

@@ -132,6 +132,18 @@ pub fn detail(kind: &str, d: &Value) -> String {
             text("by")
         )),
         "debug-window" => Some(format!("{}s", text("seconds"))),
+        "sync-changed" => Some(format!(
+            "{} -> {}{}",
+            text("from"),
+            text("to"),
+            colon(&text("detail"))
+        )),
+        "control-changed" => Some(format!(
+            "{} -> {}{}",
+            text("from"),
+            text("to"),
+            colon(&text("error"))
+        )),
         // A diagnosis without a symptom ran every check, as `diagnose` says it.
         "diagnosed" => Some(format!(
             "{}{}",
@@ -145,7 +157,8 @@ pub fn detail(kind: &str, d: &Value) -> String {
     known.unwrap_or_else(|| pairs(d))
 }
 
-fn colon(text: &str) -> String {
+/// `: text`, or nothing when `text` is empty.
+pub fn colon(text: &str) -> String {
     if text.is_empty() {
         String::new()
     } else {
@@ -259,6 +272,28 @@ mod tests {
                 &json!({"symptom": null, "conclusion": "No check failed.", "rootCause": null})
             ),
             "all checks: No check failed."
+        );
+        assert_eq!(
+            detail(
+                "sync-changed",
+                &json!({"from": "synced", "to": "stale",
+                        "detail": "cluster payments: 1 missing (10.0.0.7:8080), 0 extra, since 12:01:03"})
+            ),
+            "synced -> stale: cluster payments: 1 missing (10.0.0.7:8080), 0 extra, since 12:01:03"
+        );
+        assert_eq!(
+            detail(
+                "control-changed",
+                &json!({"from": "connected", "to": "unreachable", "error": "connection refused"})
+            ),
+            "connected -> unreachable: connection refused"
+        );
+        assert_eq!(
+            detail(
+                "control-changed",
+                &json!({"from": "connecting", "to": "connected", "error": ""})
+            ),
+            "connecting -> connected"
         );
         assert_eq!(
             detail(

@@ -263,6 +263,15 @@ pub fn line(e: &Event, now: i64) -> String {
             place(&d),
             history::detail(s(&d, "kind"), &d["detail"])
         ),
+        "sync" => {
+            let state = s(&d, "state");
+            format!(
+                "{} {}{}",
+                place(&d),
+                render::paint(render::sync_style(state), state),
+                history::colon(s(&d["detail"], "text"))
+            )
+        }
         "reset" => "events were missed; following from now on".to_owned(),
         _ => render::clean(&e.data).into_owned(),
     };
@@ -343,6 +352,24 @@ mod tests {
                 "clusterName": "catalog", "instance": "catalog-0", "detail": {"reason": "expired"}})
             )),
             "2023-11-14T22:13:20Z history instance-left local/catalog/catalog-0 reason: expired"
+        );
+        assert_eq!(
+            plain(&event(
+                "sync",
+                json!({"zoneName": "local", "clusterName": "catalog", "instance": "catalog-0",
+                "state": "rejected", "sinceMs": now,
+                "detail": {"text": "clusters rejected: Proto constraint validation failed\n(x)",
+                           "rejections": [{"kind": "clusters", "resource": "", "reason": "x", "sinceMs": now}]}})
+            )),
+            "2023-11-14T22:13:20Z sync local/catalog/catalog-0 rejected: clusters rejected: Proto constraint validation failed\\n(x)"
+        );
+        assert_eq!(
+            plain(&event(
+                "sync",
+                json!({"zoneName": "local", "clusterName": "catalog", "instance": "catalog-0",
+                "state": "synced", "sinceMs": now, "detail": {"text": ""}})
+            )),
+            "2023-11-14T22:13:20Z sync local/catalog/catalog-0 synced"
         );
         assert_eq!(
             plain(&event("reset", json!({}))),
