@@ -3,12 +3,14 @@
 // view (metadata, drift, recent changes, callers and callees, instances with their
 // metrics and a chart of recent values, the sidecar log level, the diagnosis and
 // its recent changes) and the graph view
-// (graph.js). Every element tests rely on carries the data-testid of the contract.
+// (graph.js). The zones' control states and the sidecars' sync with them come from
+// control.js. Every element tests rely on carries the data-testid of the contract.
 
 import { ApiError, Catalog, call, clusterKey, enc, setToken, sleep, token } from "./live.js";
 import { STATUS_ICON, badge, fmtInt, fmtNum, h } from "./dom.js";
 import { ClusterCalls, GraphPage, graphHash, parseGraphHash } from "./graph.js";
 import { ClusterHistory, entryItem } from "./history.js";
+import { ClusterSync, ZoneControls } from "./control.js";
 
 const $ = (id) => document.getElementById(id);
 const VERDICT_ICON = { pass: "\u2714", fail: "\u2716", skipped: "\u2013" };
@@ -257,7 +259,10 @@ function renderSummary() {
 function renderZones() {
   const zones = [...catalog.zones.values()].sort((a, b) => (a.zoneName < b.zoneName ? -1 : 1));
   let down = 0, warning = 0;
-  const rows = zones.map((z) => {
+  // While another view shows, the overview holds no zone rows: the zone's control
+  // state hook is then the open view's alone. Showing the overview draws them again.
+  const shown = !$("overview").hidden;
+  const rows = (shown ? zones : []).map((z) => {
     const c = catalog.zoneCounts.get(z.zoneName);
     if (c && c.down) down++;
     else if (c && c.warning) warning++;
@@ -269,6 +274,7 @@ function renderZones() {
       h("td", { class: "num" }, count(c && c.warning, "warning")),
       h("td", { class: "num" }, count(c && c.down, "down")),
       h("td", { class: "num z-inst" }, c ? fmtInt(c.instances) : "\u2014"),
+      h("td", { class: "z-state" }, zoneControls.element(z.zoneName)),
       h("td", { class: "z-ctl" }, z.serverAddress, z.requestCluster ? ` \u00b7 edge ${z.requestCluster}` : "", z.useTls ? " \u00b7 TLS" : ""),
       h("td", { class: "z-act" },
         h("button", { type: "button", "aria-label": `Show the clusters of zone ${z.zoneName}`, on: { click: () => {
@@ -276,8 +282,8 @@ function renderZones() {
         } } }, "Clusters"),
         " ", h("a", { href: graphHash({ zone: z.zoneName }), "aria-label": `Dependency graph of zone ${z.zoneName}` }, "Graph")));
   });
-  $("zones").replaceChildren(...(rows.length ? rows
-    : [h("tr", {}, h("td", { colspan: "8", class: "muted" }, "No zone registered yet."))]));
+  $("zones").replaceChildren(...(rows.length || !shown ? rows
+    : [h("tr", {}, h("td", { colspan: "9", class: "muted" }, "No zone registered yet."))]));
   const parts = [`${fmtInt(zones.length)} zone${zones.length === 1 ? "" : "s"}`];
   if (down) parts.push(`${fmtInt(down)} with clusters down`);
   if (warning) parts.push(`${fmtInt(warning)} with warnings`);
@@ -352,6 +358,7 @@ function route() {
   }
   if (!m) $("cluster-page").replaceChildren();
   if (!graph) $("graph-page").replaceChildren();
+  if (m || graph) $("zones").replaceChildren();
   if (m) {
     page = new ClusterPage(decodeURIComponent(m[1]), decodeURIComponent(m[2]));
     window.scrollTo(0, 0);
@@ -361,6 +368,7 @@ function route() {
     if (again) again.focus();
     else window.scrollTo(0, 0);
   } else {
+    if (catalog.loaded) renderZones();
     readRowHeight();
     refilter();
     const el = $("rows").querySelector(`[data-index="${view.focus}"]`);
@@ -378,6 +386,8 @@ class ClusterPage {
     this.root = h("section", { class: "cluster", dataset: { testid: "cluster-view", cluster, zone, status: "" } });
     this.calls = new ClusterCalls(zone, cluster, graphApp);
     this.history = new ClusterHistory(zone, cluster, catalog);
+    this.sync = new ClusterSync(zone, cluster, catalog, () => this.paintSync());
+    zoneControls.prefer(zone, true);
     $("cluster-page").replaceChildren(this.root);
     this.render();
     this.loop();
@@ -389,6 +399,8 @@ class ClusterPage {
     clearInterval(this.ticker);
     this.calls.close();
     this.history.close();
+    this.sync.close();
+    zoneControls.prefer(this.zone, false);
   }
 
   record() {
@@ -426,7 +438,8 @@ class ClusterPage {
     this.root.replaceChildren(
       h("a", { href: "#/", class: "back" }, "\u2190 All clusters"),
       this.title,
-      h("p", { class: "muted" }, `Zone ${this.zone}`),
+      h("p", { class: "muted zone-line" }, `Zone ${this.zone} \u00b7 control server `,
+        zoneControls.element(this.zone), " ", zoneControls.detail(this.zone)),
       h("section", { class: "card", "aria-labelledby": "meta-h" }, h("h2", { id: "meta-h" }, "Metadata"), this.meta),
       this.history.el,
       this.calls.el,
@@ -445,20 +458,38 @@ class ClusterPage {
       this.instNote.textContent = list.length ? `${list.length} live instance${list.length > 1 ? "s" : ""}.` : "No live instance.";
     }
     for (const i of list) {
+      const source = i.source === "control-server" ? "control-server" : "agent";
       let st = this.instances.get(i.name);
+      if (st && st.source !== source) { st.el.remove(); this.instances.delete(i.name); st = null; }
       if (!st) {
-        st = { samples: [], startTime: i.startTime };
+        st = { samples: [], startTime: i.startTime, source };
         st.age = h("span");
         st.started = h("span");
-        st.metrics = h("div", { dataset: { testid: "instance-metrics", instance: i.name } }, h("p", { class: "muted" }, "Reading metrics\u2026"));
-        st.level = this.levelControl(i.name);
-        st.el = h("article", { class: "card", dataset: { testid: "instance-row", instance: i.name } },
-          h("div", { class: "inst-head" }, h("h3", { class: "inst-name" }, i.name),
-            h("span", {}, "started ", st.started), h("span", {}, "age ", st.age)),
-          st.metrics, st.level);
+        const head = h("div", { class: "inst-head" }, h("h3", { class: "inst-name" }, i.name));
+        const from = h("p", { class: "inst-source" }, "Source: ",
+          h("span", { class: "tag", dataset: { testid: "instance-source", instance: i.name, source } },
+            source === "agent" ? "agent" : "control server"));
+        if (source === "agent") {
+          st.sync = h("span", { class: "badge off", dataset: { testid: "instance-sync", instance: i.name, state: "" } });
+          st.syncDetail = h("p", { class: "sync-detail", hidden: true });
+          head.append(h("span", {}, "sync ", st.sync));
+          this.sync.fill(i.name, st.sync, st.syncDetail);
+        }
+        head.append(h("span", {}, "started ", st.started), h("span", {}, "age ", st.age));
+        if (source === "agent") {
+          st.metrics = h("div", { dataset: { testid: "instance-metrics", instance: i.name } }, h("p", { class: "muted" }, "Reading metrics\u2026"));
+          st.level = this.levelControl(i.name);
+          st.el = h("article", { class: "card", dataset: { testid: "instance-row", instance: i.name } },
+            head, from, st.syncDetail, st.metrics, st.level);
+        } else {
+          // No agent reports it: an endpoint the control server lists, with no
+          // sidecar of meshcat's to read metrics, a sync state or a level from.
+          st.el = h("article", { class: "card", dataset: { testid: "instance-row", instance: i.name } },
+            head, from, h("p", { class: "muted" }, "An endpoint of the zone's control server: no agent reports it, so it has no metrics, sync state or log level here."));
+        }
         this.instances.set(i.name, st);
         // Shows the sidecar's level now rather than the first choice of the list.
-        if (c.authorized !== false) st.level.readLevel(false);
+        if (c.authorized !== false && st.level) st.level.readLevel(false);
       }
       st.startTime = i.startTime;
       st.started.textContent = fmtTime(i.startTime);
@@ -473,12 +504,18 @@ class ClusterPage {
     for (const st of this.instances.values()) st.age.textContent = fmtAge(Date.now() - st.startTime);
   }
 
+  /** Shows each sidecar's sync state as ClusterSync holds it. */
+  paintSync() {
+    for (const [name, st] of this.instances) if (st.sync) this.sync.fill(name, st.sync, st.syncDetail);
+  }
+
   /** Reads each instance's metrics every few seconds while the page is open. */
   async loop() {
     while (!this.closed) {
       const c = this.record();
       if (c && c.authorized !== false) {
-        await Promise.all([...this.instances.keys()].slice(0, 50).map((n) => this.readMetrics(n)));
+        const sidecars = [...this.instances].filter(([, st]) => st.metrics).map(([n]) => n);
+        await Promise.all(sidecars.slice(0, 50).map((n) => this.readMetrics(n)));
       }
       await sleep(METRICS_EVERY_MS);
     }
@@ -486,7 +523,7 @@ class ClusterPage {
 
   async readMetrics(name) {
     const st = this.instances.get(name);
-    if (!st) return;
+    if (!st || !st.metrics) return;
     try {
       const { body } = await call(`/metrics/${enc(this.cluster)}/${enc(name)}?zoneName=${enc(this.zone)}`);
       st.samples.push({ t: Date.now(), m: body });
@@ -584,6 +621,7 @@ function metaRows(c) {
     ["Protocols", (c.protocols || []).join(", ")],
     ["Instances wanted", `${c.minInstances ?? 0} to ${c.maxInstances ? c.maxInstances : "any"}`],
     ["Prometheus job", c.prometheusJob], ["Metrics port", c.metricsPort || ""],
+    ["Control server", controlPlaneView(c.controlPlane)],
   ];
   const links = (c.externalLinks || []).filter((l) => safeHref(l.link));
   if (links.length) {
@@ -591,6 +629,18 @@ function metaRows(c) {
       h("a", { href: safeHref(l.link), rel: "noopener noreferrer", target: "_blank" }, l.name || l.link)]))]);
   }
   return rows.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v === undefined || v === null || v === "" ? "\u2014" : v)]);
+}
+
+/** What the zone's control server declares of the cluster: `controlPlane`. */
+function controlPlaneView(cp) {
+  if (!cp) return null;
+  const n = cp.endpoints ?? 0;
+  const healthy = cp.healthyEndpoints ?? 0;
+  return h("span", {
+    dataset: { testid: "control-plane", declared: cp.declared ? "true" : "false", endpoints: String(n), healthyEndpoints: String(healthy) },
+  }, cp.declared
+    ? `declares it: ${fmtInt(n)} endpoint${n === 1 ? "" : "s"}, ${fmtInt(healthy)} healthy`
+    : "does not declare it");
 }
 
 /** Rates between the last two samples of a cumulative counter, per second. */
@@ -681,6 +731,9 @@ const catalog = new Catalog((what) => {
   renderLive();
   if (page && (what.has("clusters") || what.has("zones"))) page.render();
   const graphZones = catalog.takeGraphZones();
+  const syncProxies = catalog.takeSync();
+  zoneControls.changed(what, syncProxies);
+  if (page) page.sync.changed(what, syncProxies);
   if (what.has("history")) {
     const entries = catalog.takeHistory();
     if (page) page.history.add(entries);
@@ -689,6 +742,7 @@ const catalog = new Catalog((what) => {
   if (graphPage) graphPage.changed(what, graphZones);
 });
 catalog.askToken = askToken;
+const zoneControls = new ZoneControls(catalog);
 /** A token change: read again so `authorized` and instances follow it. */
 catalog.refresh = () => {
   const read = catalog.snapshot().catch(() => {});
@@ -698,6 +752,8 @@ catalog.refresh = () => {
     if (graphPage) graphPage.refresher.now();
     if (page) page.calls.refresher.now();
     if (page) page.history.load();
+    zoneControls.now();
+    if (page) page.sync.now();
   });
 };
 

@@ -49,7 +49,7 @@ function clusterHref(node) {
 }
 
 /** Reads again after changes, gathered: at most one read in flight, one queued. */
-class Refresher {
+export class Refresher {
   constructor(read) {
     this.read = read;
     this.timer = null;

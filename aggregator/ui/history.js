@@ -29,6 +29,8 @@ const LABEL = {
   "log-level-changed": "Log level changed",
   "debug-window": "Debug window",
   "diagnosed": "Diagnosed",
+  "sync-changed": "Sync changed",
+  "control-changed": "Control server",
 };
 
 function fmtClock(ms) {
@@ -57,6 +59,8 @@ function said(e) {
     case "log-level-changed": return `${d.from} \u2192 ${d.to}, by ${d.by}`;
     case "debug-window": return `${d.seconds} s`;
     case "diagnosed": return d.conclusion || "";
+    case "sync-changed": return `${d.from} \u2192 ${d.to}${d.detail ? `: ${d.detail}` : ""}`;
+    case "control-changed": return `${d.from} \u2192 ${d.to}${d.error ? `: ${d.error}` : ""}`;
     default: return "";
   }
 }

@@ -4,7 +4,9 @@
 // (Server-Sent Events read through fetch, so the token travels in a header) or, where
 // the API has no event stream, polling of the read routes. A `history` event goes
 // to the cluster view's timeline. A `graph` event (the
-// dependency graph changed shape) is passed on as "graph", with its zone.
+// dependency graph changed shape) is passed on as "graph", with its zone. A `sync`
+// event (a sidecar's sync with its zone's control server moved) is passed on as
+// "sync", with the proxy it carries.
 
 const TOKEN_KEY = "meshcat-token";
 
@@ -65,7 +67,7 @@ const MAX_ZONE_CALLS = 40;
 
 /**
  * The live catalog. `onChange(what)` is called after each change with a set of what
- * moved ("clusters", "zones", "summary", "graph", "mode").
+ * moved ("clusters", "zones", "summary", "graph", "history", "sync", "mode").
  */
 export class Catalog {
   constructor(onChange) {
@@ -88,6 +90,8 @@ export class Catalog {
     this.graphZones = new Set();
     /** History entries of `history` events since the views last looked. */
     this.historyEntries = [];
+    /** Proxies of `sync` events since the views last looked. */
+    this.syncProxies = [];
     this.stopped = false;
     /**
      * Settles once the first snapshot was read (or failed): views of live data wait
@@ -316,6 +320,14 @@ export class Catalog {
         if (this.historyEntries.length > 500) this.historyEntries.splice(0, 250);
         this.emit(["history"]);
         break;
+      case "sync":
+        // One sidecar's sync state (only for a tab holding the read token): the
+        // cluster view's instances and the zones' control states take it. Bounded
+        // while no view looks.
+        this.syncProxies.push(d);
+        if (this.syncProxies.length > 2000) this.syncProxies.splice(0, 1000);
+        this.emit(["sync"]);
+        break;
       default:
         return "ignored";
     }
@@ -337,6 +349,13 @@ export class Catalog {
     const e = this.historyEntries;
     this.historyEntries = [];
     return e;
+  }
+
+  /** The proxies of the `sync` events since the last call. */
+  takeSync() {
+    const p = this.syncProxies;
+    this.syncProxies = [];
+    return p;
   }
 
   /** The zones of the `graph` events since the last call. */
