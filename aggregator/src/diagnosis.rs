@@ -2,7 +2,10 @@
 //! cluster's sidecars and of its zone's edge through the sidecar layer
 //! ([`crate::sidecars`], this replica's agents and its peers alike), what the
 //! catalog and Prometheus know of its metrics, and runs the playbook of
-//! `meshcat-diagnose` over it. The HTTP route (`api::diagnose`) parses and
+//! `meshcat-diagnose` over it. With a view of the zone's control server
+//! ([`crate::control`]) it adds what that server declares for the cluster and the
+//! sync of the edge's and the service's sidecars with it ([`crate::sync`]), for the
+//! `control_server` step. The HTTP route (`api::diagnose`) parses and
 //! authorizes the request and serializes the report; nothing here speaks HTTP but
 //! the Prometheus query. Its configuration ([`DiagnosisConfig`]: the commands'
 //! deadline, the edge refresh, Prometheus) is here.
@@ -12,14 +15,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::join_all;
+use meshcat_common::mesh_names::service_of;
 use meshcat_common::model::ZoneRecord;
 use meshcat_common::wire::EvidenceOutput;
+use meshcat_diagnose::evidence::{
+    MAX_DECLARED_CLUSTERS, MAX_DECLARED_ENDPOINTS, MAX_SYNC_SIDECARS,
+};
 use meshcat_diagnose::{
-    DiagnosisInput, DiagnosisReport, Hop, MetricsEvidence, Reads, Role, RootCause, SidecarEvidence,
-    Symptom, Verdict, choose_edge, failing_upstreams, reports_metrics,
+    ControlEvidence, DeclaredCluster, DeclaredEndpoint, DiagnosisInput, DiagnosisReport, Hop,
+    MetricsEvidence, Reads, Role, RootCause, SidecarEvidence, SidecarSync, StaleUpstream, Symptom,
+    Verdict, XdsRejection, choose_edge, failing_upstreams, reports_metrics,
 };
 use tracing::{info, warn};
 
+use crate::control::{ControlState, Controls, ViewCluster};
 use crate::graph::snapshot::{Graphs, Snapshot};
 use crate::history::{Detail, History, Kind, Pending, Query};
 use crate::sidecars::{Answer, Ask, Sidecars, window_deadline};
@@ -140,6 +149,10 @@ pub struct Diagnosis {
     pub history: Option<Arc<History>>,
     /// The shared graph snapshot the failing calls are read from.
     pub graphs: Arc<Graphs>,
+    /// The zones' control servers: what each declares.
+    pub controls: Controls,
+    /// Each sidecar's sync with its zone's control server.
+    pub sync: Arc<crate::sync::Sync>,
     /// The commands' deadline and the Prometheus client.
     pub tools: DiagnosisTools,
 }
@@ -355,6 +368,7 @@ impl Diagnosis {
         }
         if req.symptom != Some(Symptom::MissingMetrics) {
             collect_sidecars(self, zone, cluster, req, edge, &mut input, &mut notes).await;
+            input.control = control_evidence(self, zone, cluster, edge);
         }
         input.metrics = metrics_evidence(self, &zone.zone_name, cluster, &mut notes.metrics).await;
         if input.metrics.is_none() {
@@ -403,8 +417,8 @@ fn hop_request(req: &Request) -> Request {
 }
 
 /// Whether a cluster's failure is its own: its deepest failing step on the
-/// request's way is one of the mesh's way to its service (discovery, routes, mTLS,
-/// a refused connection, no endpoint), which no failing call of its service to
+/// request's way is one of the mesh's way to its service (the control server,
+/// discovery, routes, mTLS, a refused connection, no endpoint), which no failing call of its service to
 /// another cluster explains. Such a cluster is the root cause; the diagnosis goes
 /// no further. A failure its service answered itself (an error, a timeout), or
 /// none, or one of the metrics checks only, leaves its calls to be looked at.
@@ -692,9 +706,181 @@ fn add_notes(report: &mut DiagnosisReport, notes: &Notes) {
                 &notes.services
             }
             Reads::Metrics => &notes.metrics,
+            // Read from this replica's own view and sync; the step's own evidence
+            // says what is missing.
+            Reads::ControlServer => &[],
         };
         step.evidence.extend(which.iter().cloned());
     }
+}
+
+/// Whether the control-plane cluster `raw` stands for the diagnosed `cluster`, which
+/// the edge knows as `edge_name`: by either name, or as the service a mesh-specific
+/// name stands for ([`service_of`]) when `raw` is not a registered cluster of its
+/// own (the catalog's rule, `store::declared`).
+fn stands_for(
+    raw: &str,
+    (cluster, edge_name): (&str, &str),
+    registered: impl Fn(&str) -> bool,
+) -> bool {
+    raw == cluster || raw == edge_name || (service_of(raw) == cluster && !registered(raw))
+}
+
+/// What the zone's control server declares for `cluster`, and the sync with it of
+/// the sidecars in the edge's role (cut to that cluster's upstream) and of the
+/// cluster's own sidecars. `None` when the zone has no view of a control server (the
+/// control plane is off for meshcat, or the server never answered): the step is
+/// then left out and the report is the playbook's alone.
+fn control_evidence(
+    d: &Diagnosis,
+    zone: &ZoneRecord,
+    cluster: &str,
+    edge: &EdgeSide,
+) -> Option<ControlEvidence> {
+    let z = zone.zone_name.as_str();
+    let status = d.controls.status(z)?;
+    if status.state == ControlState::Disabled {
+        return None;
+    }
+    let view = d.controls.view(z)?;
+    let (edge_zone, edge_cluster, edge_name) = match edge {
+        EdgeSide::Zone => (z, zone.request_cluster.as_str(), cluster),
+        EdgeSide::Caller {
+            zone: ez,
+            cluster: ec,
+            upstream,
+        } => (ez.as_str(), ec.as_str(), upstream.as_str()),
+    };
+    let ours = |raw: &str| {
+        stands_for(raw, (cluster, edge_name), |r| {
+            d.store.record(z, r).is_some()
+        })
+    };
+    let declared = view
+        .clusters
+        .iter()
+        .filter(|(raw, _)| ours(raw))
+        .take(MAX_DECLARED_CLUSTERS)
+        .map(|(raw, c)| declared_of(raw, c))
+        .collect();
+    let mut sidecars = Vec::new();
+    if !edge_cluster.is_empty() && (edge_zone, edge_cluster) != (z, cluster) {
+        let owner = owner_of(d, edge_zone, edge_cluster);
+        let (_, proxies) = d.sync.list(Some(edge_zone), Some(edge_cluster), None);
+        sidecars.extend(
+            first_proxies(proxies)
+                .iter()
+                .map(|p| sync_of(Role::Edge, p, &owner, Some(&ours))),
+        );
+    }
+    let owner = owner_of(d, z, cluster);
+    let (_, proxies) = d.sync.list(Some(z), Some(cluster), None);
+    sidecars.extend(
+        first_proxies(proxies)
+            .iter()
+            .map(|p| sync_of(Role::Service, p, &owner, None)),
+    );
+    Some(ControlEvidence {
+        server_address: status.server_address,
+        state: status.state.as_str().to_owned(),
+        error: status.error,
+        view_clusters: view.clusters.len(),
+        declared,
+        sidecars,
+        read_at_ms: crate::sync::now_ms(),
+    })
+}
+
+fn owner_of(d: &Diagnosis, zone: &str, cluster: &str) -> String {
+    d.store
+        .record(zone, cluster)
+        .map(|r| r.owner.clone())
+        .unwrap_or_default()
+}
+
+fn declared_of(name: &str, c: &ViewCluster) -> DeclaredCluster {
+    DeclaredCluster {
+        name: name.to_owned(),
+        endpoints: c.endpoints.len(),
+        healthy: c.healthy as usize,
+        listed: c
+            .endpoints
+            .iter()
+            .take(MAX_DECLARED_ENDPOINTS)
+            .map(|e| DeclaredEndpoint {
+                address: e.address.clone(),
+                health: e.health.clone(),
+                healthy: e.healthy,
+            })
+            .collect(),
+    }
+}
+
+/// At most [`MAX_SYNC_SIDECARS`] proxies: those out of sync first, then by name.
+fn first_proxies(mut proxies: Vec<crate::sync::Proxy>) -> Vec<crate::sync::Proxy> {
+    use crate::sync::SyncState as S;
+    proxies.sort_by_key(|p| matches!(p.state, S::Synced | S::Unknown));
+    proxies.truncate(MAX_SYNC_SIDECARS);
+    proxies
+}
+
+/// A proxy's sync for the engine. With `keep`, only the stale upstreams and the
+/// endpoint rejections of the clusters it keeps (an edge's, for the diagnosed
+/// cluster); a rejection of clusters, listeners or routes concerns every cluster.
+fn sync_of(
+    role: Role,
+    p: &crate::sync::Proxy,
+    owner: &str,
+    keep: Option<&dyn Fn(&str) -> bool>,
+) -> SidecarSync {
+    use crate::sync::SyncState as S;
+    use meshcat_diagnose::SyncState as D;
+    let kept = |name: &str| keep.is_none_or(|k| k(name));
+    let state = match p.state {
+        S::Synced => D::Synced,
+        S::Stale => D::Stale,
+        S::Rejected => D::Rejected,
+        S::Disconnected => D::Disconnected,
+        S::Unknown => D::Unknown,
+    };
+    let mut s = SidecarSync::new(
+        role,
+        (&p.cluster_name, owner),
+        &p.instance,
+        state,
+        p.since_ms,
+    );
+    s.text = p.detail.text.clone();
+    s.stale = p
+        .detail
+        .clusters
+        .iter()
+        .filter(|c| kept(&c.cluster))
+        .map(|c| StaleUpstream {
+            cluster: c.cluster.clone(),
+            since_ms: c.since_ms,
+            removed: c.removed,
+            missing: c.missing.clone(),
+            missing_count: c.missing_count,
+            extra: c.extra.clone(),
+            extra_count: c.extra_count,
+            sidecar_hosts: c.sidecar_hosts,
+            control_endpoints: c.control_endpoints,
+        })
+        .collect();
+    s.rejections = p
+        .detail
+        .rejections
+        .iter()
+        .filter(|r| r.kind != "endpoints" || r.resource.is_empty() || kept(&r.resource))
+        .map(|r| XdsRejection {
+            kind: r.kind.clone(),
+            resource: r.resource.clone(),
+            reason: r.reason.clone(),
+            since_ms: r.since_ms,
+        })
+        .collect();
+    s
 }
 
 /// The live instances of (zone, cluster) by name, this replica's and its peers'.
@@ -995,6 +1181,7 @@ mod tests {
             (None, false),
             (Some((StepName::EdgeRoutes, false)), true),
             (Some((StepName::EdgeDiscovery, false)), true),
+            (Some((StepName::ControlServer, false)), true),
             (Some((StepName::ServiceDiscovery, false)), true),
             (Some((StepName::Mtls, false)), true),
             (Some((StepName::ServiceLogs, false)), true),
@@ -1129,6 +1316,90 @@ mod tests {
         };
         assert_eq!((bounded(0, None), bounded(9, None)), (1, MAX_HOPS));
         assert_eq!(bounded(5, Some(Symptom::MissingMetrics)), 1);
+    }
+
+    #[test]
+    fn control_plane_names_stand_for_the_cluster_as_the_catalog_maps_them() {
+        let registered = |r: &str| ["reviews", "reviews.shadow"].contains(&r);
+        let ours = |raw: &str| stands_for(raw, ("reviews", "reviews-by-address"), registered);
+        assert!(ours("reviews"));
+        assert!(ours("reviews-by-address"));
+        assert!(ours("outbound|9080||reviews.default.svc.cluster.local"));
+        assert!(ours("outbound|9080|v2|reviews.default.svc.cluster.local"));
+        assert!(ours("reviews.default.dc1.internal.abc.consul"));
+        // A registered cluster stands for itself, whatever its name looks like.
+        assert!(!ours("reviews.shadow"));
+        assert!(!ours("ratings"));
+        assert!(!ours("outbound|9080||ratings.default.svc.cluster.local"));
+    }
+
+    #[test]
+    fn an_edges_sync_is_cut_to_the_diagnosed_clusters_upstream() {
+        use crate::sync::derive::{Rejection, StaleCluster};
+        use crate::sync::{Proxy, SyncDetail, SyncState};
+        let stale = |cluster: &str| StaleCluster {
+            cluster: cluster.into(),
+            since_ms: 1,
+            removed: false,
+            missing: vec!["10.0.0.1:80".into()],
+            missing_count: Some(1),
+            extra: Vec::new(),
+            extra_count: Some(0),
+            sidecar_hosts: 0,
+            control_endpoints: 1,
+        };
+        let rejection = |kind: &str, resource: &str| Rejection {
+            kind: kind.into(),
+            resource: resource.into(),
+            reason: "bad".into(),
+            since_ms: 2,
+        };
+        let proxy = Proxy {
+            zone_name: "z".into(),
+            cluster_name: "edge".into(),
+            instance: "edge-0".into(),
+            state: SyncState::Stale,
+            since_ms: 3,
+            detail: SyncDetail {
+                text: "stale".into(),
+                clusters: vec![stale("catalog"), stale("ledger")],
+                rejections: vec![
+                    rejection("endpoints", "ledger"),
+                    rejection("endpoints", "catalog"),
+                    rejection("routes", "edge-routes"),
+                ],
+            },
+        };
+        let keep = |name: &str| name == "catalog";
+        let s = sync_of(Role::Edge, &proxy, "team-edge", Some(&keep));
+        assert_eq!(
+            (s.state, s.owner.as_str(), s.cluster.as_str()),
+            (meshcat_diagnose::SyncState::Stale, "team-edge", "edge")
+        );
+        assert_eq!(s.stale.len(), 1);
+        assert_eq!(s.stale[0].cluster, "catalog");
+        let kept: Vec<&str> = s.rejections.iter().map(|r| r.resource.as_str()).collect();
+        assert_eq!(kept, ["catalog", "edge-routes"]);
+        // A service's own sidecar keeps all of it.
+        let s = sync_of(Role::Service, &proxy, "", None);
+        assert_eq!((s.stale.len(), s.rejections.len()), (2, 3));
+        // Out of sync first, then by name, at most MAX_SYNC_SIDECARS.
+        let mut many: Vec<Proxy> = (0..20)
+            .map(|i| Proxy {
+                instance: format!("i{i:02}"),
+                state: if i == 17 {
+                    SyncState::Rejected
+                } else {
+                    SyncState::Synced
+                },
+                ..proxy.clone()
+            })
+            .collect();
+        many.sort_by(|a, b| a.instance.cmp(&b.instance));
+        let first = first_proxies(many);
+        assert_eq!(first.len(), MAX_SYNC_SIDECARS);
+        assert_eq!(first[0].instance, "i17");
+        assert_eq!(first[1].instance, "i00");
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! What the engine reads: per sidecar, its `/clusters?format=json`, the routes of its
 //! `/config_dump`, its ssl and secrets stats, the tail of its log and an optional debug
-//! window; plus the cluster's metrics settings. Parsers turn the admin API's JSON into
-//! these types; every input is bounded.
+//! window; plus the cluster's metrics settings, and what the zone's control server
+//! declares for the cluster beside the sidecars' sync with it. Parsers turn the admin
+//! API's JSON into these types; every input is bounded.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -188,6 +189,11 @@ pub struct DiagnosisInput {
     /// the service sidecar's own routes name are taken.
     pub service_local_cluster: Option<String>,
     pub metrics: Option<MetricsEvidence>,
+    /// What the zone's control server declares for the cluster and how the
+    /// sidecars' configuration compares with it; `None` when the zone has no view of
+    /// its control server (none is connected to, or none answered yet): the
+    /// `control_server` step then does not run.
+    pub control: Option<ControlEvidence>,
 }
 
 impl DiagnosisInput {
@@ -208,8 +214,165 @@ impl DiagnosisInput {
             services: Vec::new(),
             service_local_cluster: None,
             metrics: None,
+            control: None,
         }
     }
+}
+
+/// Most declared clusters one diagnosis reads (the names that stand for the cluster).
+pub const MAX_DECLARED_CLUSTERS: usize = 16;
+/// Most endpoints named per declared cluster (the counts cover them all).
+pub const MAX_DECLARED_ENDPOINTS: usize = 8;
+/// Most sidecars whose sync one diagnosis reads on each side (edge, service).
+pub const MAX_SYNC_SIDECARS: usize = 16;
+
+/// The zone's control server as meshcat holds it (contract section 17): its
+/// connection, the clusters of its view that stand for the diagnosed cluster, and
+/// the sync of the edge's and the service's sidecars with that view.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ControlEvidence {
+    /// The zone's `serverAddress`.
+    pub server_address: String,
+    /// meshcat's stream to it: `connected`, `unreachable`, `tls-error`, ...
+    pub state: String,
+    /// The stream's last failure in words, "" when none.
+    pub error: String,
+    /// How many clusters the view holds.
+    pub view_clusters: usize,
+    /// The view's clusters that stand for the diagnosed cluster (its name, the
+    /// edge's name for it, or a mesh-specific name of its service), at most
+    /// [`MAX_DECLARED_CLUSTERS`].
+    pub declared: Vec<DeclaredCluster>,
+    /// The edge's sidecars (their detail cut to the diagnosed cluster's upstream)
+    /// and the service's sidecars, at most [`MAX_SYNC_SIDECARS`] each.
+    pub sidecars: Vec<SidecarSync>,
+    /// When this was read, ms since the epoch.
+    pub read_at_ms: i64,
+}
+
+/// A cluster the control server declares.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DeclaredCluster {
+    /// Its name at the control server.
+    pub name: String,
+    /// Every endpoint it lists, and those whose health is HEALTHY or UNKNOWN.
+    pub endpoints: usize,
+    pub healthy: usize,
+    /// Some of them (at most [`MAX_DECLARED_ENDPOINTS`]).
+    pub listed: Vec<DeclaredEndpoint>,
+}
+
+/// An endpoint the control server lists.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DeclaredEndpoint {
+    pub address: String,
+    /// As the control server gives it (`HEALTHY`, `UNHEALTHY`, ...).
+    pub health: String,
+    pub healthy: bool,
+}
+
+/// A sidecar's sync with the control server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SyncState {
+    Synced,
+    /// Its host set of an upstream differs from the control server's beyond the grace.
+    Stale,
+    /// It rejected an update, and none of that subscription succeeded since.
+    Rejected,
+    /// It is not connected to its control plane.
+    Disconnected,
+    /// Its configuration does not come from xDS (or is not known).
+    #[default]
+    Unknown,
+}
+
+impl SyncState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SyncState::Synced => "synced",
+            SyncState::Stale => "stale",
+            SyncState::Rejected => "rejected",
+            SyncState::Disconnected => "disconnected",
+            SyncState::Unknown => "unknown",
+        }
+    }
+}
+
+/// One sidecar's sync, as `GET /sync` derives it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SidecarSync {
+    pub role: Role,
+    /// The catalog cluster the sidecar belongs to, and that cluster's owner ("" when
+    /// none is registered): whose the sidecar is.
+    pub cluster: String,
+    pub owner: String,
+    pub instance: String,
+    pub state: SyncState,
+    /// Since when it is in that state, ms since the epoch.
+    pub since_ms: i64,
+    /// The state's detail in words.
+    pub text: String,
+    /// Upstream clusters whose host set differs from the control server's (on an
+    /// edge sidecar, only the diagnosed cluster's).
+    pub stale: Vec<StaleUpstream>,
+    /// Updates it rejected (on an edge sidecar, not those of another cluster's
+    /// endpoints).
+    pub rejections: Vec<XdsRejection>,
+}
+
+impl SidecarSync {
+    /// A sidecar's sync with no detail.
+    pub fn new(
+        role: Role,
+        (cluster, owner): (&str, &str),
+        instance: &str,
+        state: SyncState,
+        since_ms: i64,
+    ) -> Self {
+        SidecarSync {
+            role,
+            cluster: cluster.to_owned(),
+            owner: owner.to_owned(),
+            instance: instance.to_owned(),
+            state,
+            since_ms,
+            text: String::new(),
+            stale: Vec::new(),
+            rejections: Vec::new(),
+        }
+    }
+}
+
+/// An upstream cluster a sidecar holds otherwise than the control server declares.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct StaleUpstream {
+    /// Its name as the sidecar has it.
+    pub cluster: String,
+    /// Since when it differs, ms since the epoch.
+    pub since_ms: i64,
+    /// The control server no longer declares it.
+    pub removed: bool,
+    /// Endpoints the control server lists that the sidecar lacks, and the hosts the
+    /// sidecar has that it no longer lists (some of them; the counts are of all,
+    /// `None` when unknown).
+    pub missing: Vec<String>,
+    pub missing_count: Option<u64>,
+    pub extra: Vec<String>,
+    pub extra_count: Option<u64>,
+    pub sidecar_hosts: u64,
+    pub control_endpoints: u64,
+}
+
+/// An update a sidecar rejected.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct XdsRejection {
+    /// `clusters`, `listeners`, `endpoints` or `routes`.
+    pub kind: String,
+    /// The EDS cluster or route configuration, "" for clusters and listeners.
+    pub resource: String,
+    /// Envoy's reason, "" when not read.
+    pub reason: String,
+    pub since_ms: i64,
 }
 
 fn bounded_lines(text: &str) -> Vec<String> {

@@ -3,7 +3,8 @@
 //!
 //! Callers collect the evidence (the agents scrape `/clusters`, `/config_dump`, ssl
 //! stats and tail the sidecar logs), build a [`DiagnosisInput`] and call
-//! [`diagnose`]. Nothing here does I/O, so every rule is tested against captured
+//! [`diagnose`]; the zone's control server's view and the sidecars' sync with it
+//! come in as [`ControlEvidence`]. Nothing here does I/O, so every rule is tested against captured
 //! output of real Envoy failures.
 
 pub mod accesslog;
@@ -15,7 +16,9 @@ pub mod symptom;
 
 pub use collected::{EdgeChoice, choose_edge, failing_upstreams};
 pub use evidence::{
-    DiagnosisInput, EvidenceError, MetricsEvidence, Role, SidecarEvidence, reports_metrics,
+    ControlEvidence, DeclaredCluster, DeclaredEndpoint, DiagnosisInput, EvidenceError,
+    MetricsEvidence, Role, SidecarEvidence, SidecarSync, StaleUpstream, SyncState, XdsRejection,
+    reports_metrics,
 };
 pub use report::{
     DiagnosisReport, Failure, Hop, Reads, RootCause, Step, StepName, StepNameError, Verdict,

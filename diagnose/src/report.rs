@@ -16,6 +16,9 @@ use crate::symptom::Symptom;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StepName {
+    /// The zone's control server declares the cluster with healthy endpoints, and the
+    /// edge's and the service's sidecars hold what it declares.
+    ControlServer,
     /// The edge sidecar's `/clusters` lists the cluster with hosts.
     EdgeDiscovery,
     /// The service sidecars' `/clusters` list their local cluster with hosts.
@@ -42,8 +45,10 @@ pub enum StepName {
 pub struct StepNameError(pub String);
 
 impl StepName {
-    /// Every check, in the order a diagnosis without symptom runs them.
-    pub const ALL: [StepName; 9] = [
+    /// Every check: the playbook's in the order a diagnosis without symptom runs
+    /// them, then `control_server`, which runs before them when the zone has a view
+    /// of its control server.
+    pub const ALL: [StepName; 10] = [
         StepName::EdgeDiscovery,
         StepName::ServiceDiscovery,
         StepName::Mtls,
@@ -53,11 +58,13 @@ impl StepName {
         StepName::MetricsSettings,
         StepName::MetricsReporting,
         StepName::MetricsCollector,
+        StepName::ControlServer,
     ];
 
     /// The JSON name.
     pub fn as_str(self) -> &'static str {
         match self {
+            StepName::ControlServer => "control_server",
             StepName::EdgeDiscovery => "edge_discovery",
             StepName::ServiceDiscovery => "service_discovery",
             StepName::Mtls => "mtls",
@@ -74,6 +81,7 @@ impl StepName {
     /// be collected go to the checks that lacked it.
     pub fn reads(self) -> Reads {
         match self {
+            StepName::ControlServer => Reads::ControlServer,
             StepName::EdgeDiscovery | StepName::EdgeRoutes | StepName::EdgeLogs => Reads::Edge,
             StepName::ServiceDiscovery | StepName::ServiceLogs => Reads::Services,
             StepName::Mtls => Reads::EdgeAndServices,
@@ -88,7 +96,13 @@ impl StepName {
     /// the service sidecar and its local service. The conclusion names the deepest
     /// failure, since what fails further on explains what an earlier step sees (an
     /// edge `503 URX` is the service's refused connection seen from afar). The
-    /// metrics checks are another chain, ranked below every request check.
+    /// control server's configuration is what the sidecars route and connect by: a
+    /// cluster it does not declare, or an edge that did not take its update, explains
+    /// what the edge's checks see and a request that never reached the service's
+    /// sidecar or failed its handshake (sent to an address it no longer lists); it
+    /// does not explain the service sidecar's local cluster or the local service,
+    /// which rank deeper. The metrics checks are another chain, ranked below every
+    /// request check.
     pub fn depth(self) -> u8 {
         match self {
             StepName::MetricsCollector => 0,
@@ -98,8 +112,9 @@ impl StepName {
             StepName::EdgeDiscovery => 11,
             StepName::EdgeLogs => 12,
             StepName::Mtls => 13,
-            StepName::ServiceDiscovery => 14,
-            StepName::ServiceLogs => 15,
+            StepName::ControlServer => 14,
+            StepName::ServiceDiscovery => 15,
+            StepName::ServiceLogs => 16,
         }
     }
 }
@@ -111,6 +126,8 @@ pub enum Reads {
     Services,
     EdgeAndServices,
     Metrics,
+    /// The zone's control server's view and the sidecars' sync with it.
+    ControlServer,
 }
 
 impl fmt::Display for StepName {

@@ -260,6 +260,8 @@ pub async fn diagnose(
         instances: s.instances.clone(),
         history: s.history.clone(),
         graphs: s.graph.clone(),
+        controls: s.controls.clone(),
+        sync: s.sync.clone(),
         tools: s.diagnosis.clone(),
     };
     let request = Request {

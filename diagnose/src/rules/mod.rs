@@ -1,8 +1,11 @@
 //! The engine: seed section 7's checks, run in the seed's order for the symptom, each
 //! turning evidence into a verdict, the lines it rests on and the next action. One
-//! file per step of the playbook; this one runs them and holds what they share.
+//! file per step of the playbook; this one runs them and holds what they share. The
+//! zone's control server is read first among the discovery steps when the zone has a
+//! view of it.
 
 mod access;
+mod control;
 mod discovery;
 mod edge_logs;
 mod metrics;
@@ -62,6 +65,9 @@ fn skipped(name: StepName, evidence: Vec<String>, action: &str) -> Outcome {
 /// order and sums them up.
 pub fn diagnose(input: &DiagnosisInput) -> DiagnosisReport {
     type Check = fn(&DiagnosisInput) -> Vec<Outcome>;
+    // Only with a view of the zone's control server: without one the report is the
+    // playbook's alone.
+    let control_server: Check = |i| control::control_server(i).into_iter().collect();
     let discovery_edge: Check = |i| vec![discovery::edge_discovery(i)];
     let discovery_service: Check = |i| vec![discovery::service_discovery(i)];
     let mtls_check: Check = |i| vec![mtls::mtls(i)];
@@ -69,10 +75,12 @@ pub fn diagnose(input: &DiagnosisInput) -> DiagnosisReport {
     let logs_edge: Check = |i| vec![edge_logs::edge_logs(i)];
     let logs_service: Check = |i| vec![service_logs::service_logs(i)];
     let metric_checks: Check = metrics::metrics;
-    // The seed's steps first, in its order; the log rules then follow the request
+    // The seed's steps first, in its order (the control server's declaration before
+    // what the sidecars discover of it); the log rules then follow the request
     // through both sidecars, which pinpoints what discovery alone cannot see (a dead
     // service behind a discovered host).
     let sidecar_checks = vec![
+        control_server,
         discovery_edge,
         discovery_service,
         mtls_check,
@@ -83,7 +91,13 @@ pub fn diagnose(input: &DiagnosisInput) -> DiagnosisReport {
     let checks: Vec<Check> = match input.symptom {
         Some(Symptom::UpstreamConnectError) => sidecar_checks,
         Some(Symptom::NoHealthyUpstream) => {
-            vec![discovery_edge, discovery_service, logs_edge, logs_service]
+            vec![
+                control_server,
+                discovery_edge,
+                discovery_service,
+                logs_edge,
+                logs_service,
+            ]
         }
         Some(Symptom::Ingress502503) => vec![logs_edge, logs_service],
         Some(Symptom::MissingMetrics) => vec![metric_checks],

@@ -408,3 +408,342 @@ fn a_failure_the_service_answered_is_told_from_one_on_its_way() {
         assert_eq!(f.answered_by_service, by_service, "{code} {flags}: {f:?}");
     }
 }
+
+mod control_server {
+    use super::*;
+    use crate::evidence::{
+        ControlEvidence, DeclaredCluster, DeclaredEndpoint, SidecarSync, StaleUpstream, SyncState,
+        XdsRejection,
+    };
+
+    /// 2026-11-21T23:58:15Z
+    const NOW: i64 = 1_795_305_495_000;
+
+    fn declared(name: &str, health: &[&str]) -> DeclaredCluster {
+        let listed: Vec<DeclaredEndpoint> = health
+            .iter()
+            .enumerate()
+            .map(|(i, h)| DeclaredEndpoint {
+                address: format!("10.0.1.{}:8080", i + 1),
+                health: (*h).to_owned(),
+                healthy: matches!(*h, "HEALTHY" | "UNKNOWN"),
+            })
+            .collect();
+        DeclaredCluster {
+            name: name.into(),
+            endpoints: listed.len(),
+            healthy: listed.iter().filter(|e| e.healthy).count(),
+            listed,
+        }
+    }
+
+    fn edge_sync(state: SyncState) -> SidecarSync {
+        SidecarSync::new(
+            Role::Edge,
+            ("edge", "team-edge"),
+            "edge-0",
+            state,
+            NOW - 5_000,
+        )
+    }
+
+    fn service_sync(state: SyncState) -> SidecarSync {
+        SidecarSync::new(
+            Role::Service,
+            ("catalog", "team-catalog"),
+            "catalog-0",
+            state,
+            NOW - 5_000,
+        )
+    }
+
+    /// catalog declared with two healthy endpoints, both sidecars synced.
+    fn control() -> ControlEvidence {
+        ControlEvidence {
+            server_address: "istiod:15010".into(),
+            state: "connected".into(),
+            error: String::new(),
+            view_clusters: 3,
+            declared: vec![declared("catalog", &["HEALTHY", "HEALTHY"])],
+            sidecars: vec![
+                service_sync(SyncState::Synced),
+                edge_sync(SyncState::Synced),
+            ],
+            read_at_ms: NOW,
+        }
+    }
+
+    fn with(control: ControlEvidence) -> DiagnosisInput {
+        let mut input = DiagnosisInput::new("catalog", "east");
+        input.control = Some(control);
+        input
+    }
+
+    fn step(r: &DiagnosisReport) -> &Step {
+        r.step(StepName::ControlServer)
+            .expect("a control_server step")
+    }
+
+    fn stale_catalog() -> StaleUpstream {
+        StaleUpstream {
+            cluster: "catalog".into(),
+            since_ms: NOW - 12_000,
+            missing: vec!["10.0.1.4:8080".into()],
+            missing_count: Some(1),
+            extra: vec!["10.0.1.1:8080".into()],
+            extra_count: Some(1),
+            sidecar_hosts: 2,
+            control_endpoints: 2,
+            ..StaleUpstream::default()
+        }
+    }
+
+    #[test]
+    fn without_a_view_the_step_does_not_run() {
+        let r = diagnose(&DiagnosisInput::new("catalog", "east"));
+        assert!(r.step(StepName::ControlServer).is_none());
+        // With one, it runs first among the discovery steps, and only there.
+        for (symptom, first) in [
+            (None, true),
+            (Some(Symptom::UpstreamConnectError), true),
+            (Some(Symptom::NoHealthyUpstream), true),
+            (Some(Symptom::Ingress502503), false),
+            (Some(Symptom::MissingMetrics), false),
+        ] {
+            let mut input = with(control());
+            input.symptom = symptom;
+            let r = diagnose(&input);
+            assert_eq!(
+                r.steps[0].name == StepName::ControlServer,
+                first,
+                "{symptom:?}"
+            );
+            assert_eq!(r.step(StepName::ControlServer).is_some(), first);
+        }
+    }
+
+    #[test]
+    fn declared_with_healthy_endpoints_and_sidecars_synced_passes() {
+        let r = diagnose(&with(control()));
+        let s = step(&r);
+        assert_eq!(s.verdict, Verdict::Pass, "{s:#?}");
+        assert_eq!(
+            s.evidence[0],
+            "control server istiod:15010: connected; its view holds 3 clusters"
+        );
+        assert_eq!(
+            s.evidence[1],
+            "control server declares catalog: 2 endpoints, 2 healthy: 10.0.1.1:8080 HEALTHY, 10.0.1.2:8080 HEALTHY"
+        );
+        // The edge's sync first.
+        assert!(
+            s.evidence[2].starts_with(
+                "the edge sidecar edge-0 of cluster edge (owner team-edge): synced since 2026-11-21T23:58:10Z (5s before the diagnosis)"
+            ),
+            "{s:#?}"
+        );
+        assert!(s.evidence[3].starts_with("the service sidecar catalog-0"));
+        // An edge stale on another upstream holds this one as declared.
+        let mut c = control();
+        c.sidecars[1].state = SyncState::Stale;
+        let r = diagnose(&with(c));
+        assert_eq!(step(&r).verdict, Verdict::Pass);
+        assert!(
+            step(&r)
+                .evidence
+                .iter()
+                .any(|e| e.contains("on other upstreams; its view of catalog equals"))
+        );
+    }
+
+    #[test]
+    fn a_cluster_the_control_server_does_not_declare_is_its_fault() {
+        let mut c = control();
+        c.declared.clear();
+        // The edge has no such cluster either: the control server explains it.
+        let mut input = with(c);
+        let mut edge = SidecarEvidence::new(Role::Edge, "edge-0");
+        edge.clusters = Some(vec![cluster("reviews", &["127.0.0.1:3"])]);
+        input.edge = Some(edge);
+        let r = diagnose(&input);
+        assert_eq!(step(&r).verdict, Verdict::Fail);
+        assert_eq!(
+            r.step(StepName::EdgeDiscovery).unwrap().verdict,
+            Verdict::Fail
+        );
+        assert!(
+            r.conclusion.starts_with(
+                "control_server failed: the control server at istiod:15010 does not declare catalog: none of the 3 clusters of its view stands for it. The fault is in the control server (owner platform). Platform: "
+            ),
+            "{}",
+            r.conclusion
+        );
+        let f = r.failure.unwrap();
+        assert_eq!(f.step, StepName::ControlServer);
+        assert!(!f.answered_by_service);
+        // Under the edge's own name for it, both are named; an old view says so.
+        let mut c = control();
+        c.declared.clear();
+        c.state = "unreachable".into();
+        c.error = "connection refused".into();
+        let mut input = with(c);
+        input.edge_cluster = Some("catalog-by-address".into());
+        let r = diagnose(&input);
+        assert!(
+            r.conclusion
+                .contains("does not declare catalog (the edge's catalog-by-address): none of the 3 clusters of its last good view"),
+            "{}",
+            r.conclusion
+        );
+        assert_eq!(
+            step(&r).evidence[0],
+            "control server istiod:15010: unreachable (connection refused); its last good view holds 3 clusters"
+        );
+    }
+
+    #[test]
+    fn no_endpoint_or_none_healthy_is_the_control_servers_fault() {
+        let mut c = control();
+        c.declared = vec![declared("catalog", &[])];
+        let r = diagnose(&with(c));
+        assert!(
+            r.conclusion.contains(
+                "the control server at istiod:15010 declares catalog without any endpoint. The fault is in the control server (owner platform)."
+            ),
+            "{}",
+            r.conclusion
+        );
+        let mut c = control();
+        c.declared = vec![
+            declared(
+                "outbound|80||catalog.default.svc.cluster.local",
+                &["UNHEALTHY"],
+            ),
+            declared("catalog", &["DRAINING"]),
+        ];
+        let r = diagnose(&with(c));
+        assert!(
+            r.conclusion.contains(
+                "declares outbound|80||catalog.default.svc.cluster.local, catalog with 2 endpoints, none healthy (10.0.1.1:8080 UNHEALTHY, 10.0.1.1:8080 DRAINING)"
+            ),
+            "{}",
+            r.conclusion
+        );
+        assert!(r.conclusion.contains("health checks"));
+    }
+
+    #[test]
+    fn an_edge_stale_on_the_cluster_is_the_edge_sidecars_fault() {
+        let mut c = control();
+        c.sidecars[1].state = SyncState::Stale;
+        c.sidecars[1].stale = vec![stale_catalog()];
+        // The edge sends to the address the control server no longer lists: its
+        // line fails and the service sidecar never sees the request.
+        let mut input = two_services("catalog");
+        input.control = Some(c);
+        let r = diagnose(&input);
+        let s = step(&r);
+        assert_eq!(s.verdict, Verdict::Fail);
+        assert!(
+            s.evidence.iter().any(|e| e.contains(
+                "stale since 2026-11-21T23:58:10Z (5s before the diagnosis): catalog differs since 2026-11-21T23:58:03Z (12s before the diagnosis): it lacks 10.0.1.4:8080, it still has 10.0.1.1:8080"
+            )),
+            "{s:#?}"
+        );
+        // The local service refusing connections lies further on: it is named.
+        assert!(
+            r.conclusion.starts_with("service_logs failed: "),
+            "{}",
+            r.conclusion
+        );
+        // Without a trace in the service sidecar (the request went to an address
+        // the control server no longer lists), the stale edge explains it.
+        let mut no_trace = two_services("catalog");
+        no_trace.services[0].log_lines = Some(Vec::new());
+        no_trace.control = input.control.clone();
+        let r = diagnose(&no_trace);
+        assert_eq!(
+            r.step(StepName::ServiceLogs).unwrap().verdict,
+            Verdict::Fail
+        );
+        assert!(
+            r.conclusion.starts_with(
+                "control_server failed: the edge sidecar edge-0 of cluster edge is stale: its view of catalog differs from the control server's since 2026-11-21T23:58:03Z (12s before the diagnosis): it lacks 10.0.1.4:8080, it still has 10.0.1.1:8080, 2 hosts at the sidecar, 2 endpoints at the control server. The fault is in that sidecar (owner team-edge), not in the control server. The sidecar does not hold"
+            ),
+            "{}",
+            r.conclusion
+        );
+    }
+
+    #[test]
+    fn a_rejection_names_the_sidecar_its_owner_and_envoys_reason() {
+        let mut c = control();
+        c.sidecars[0].state = SyncState::Rejected;
+        c.sidecars[0].rejections = vec![XdsRejection {
+            kind: "clusters".into(),
+            resource: String::new(),
+            reason: "Error adding/updating cluster(s) broken: Proto constraint validation failed (ClusterValidationError.ConnectTimeout)".into(),
+            since_ms: NOW - 2_000,
+        }];
+        let r = diagnose(&with(c));
+        assert!(
+            r.conclusion.starts_with(
+                "control_server failed: the service sidecar catalog-0 of cluster catalog rejected the control server's clusters update since 2026-11-21T23:58:13Z (2s before the diagnosis): Error adding/updating cluster(s) broken: Proto constraint validation failed (ClusterValidationError.ConnectTimeout). The fault is in that sidecar (owner team-catalog), not in the control server."
+            ),
+            "{}",
+            r.conclusion
+        );
+        // An edge whose rejection concerns another cluster's endpoints (left out by
+        // the caller) is not at fault for this one.
+        let mut c = control();
+        c.sidecars[1].state = SyncState::Rejected;
+        let r = diagnose(&with(c));
+        assert_eq!(step(&r).verdict, Verdict::Pass, "{:#?}", step(&r));
+    }
+
+    #[test]
+    fn disconnected_sidecars_blame_the_sidecar_or_a_control_server_that_is_down() {
+        let mut c = control();
+        c.sidecars[0] = service_sync(SyncState::Disconnected);
+        let r = diagnose(&with(c.clone()));
+        assert!(
+            r.conclusion.contains(
+                "the service sidecar catalog-0 of cluster catalog is disconnected from its control plane since 2026-11-21T23:58:10Z (5s before the diagnosis), while the control server answers meshcat (connected). The fault is in that sidecar (owner team-catalog)"
+            ),
+            "{}",
+            r.conclusion
+        );
+        c.state = "unreachable".into();
+        c.error = "connection refused".into();
+        c.sidecars[1] = edge_sync(SyncState::Disconnected);
+        let r = diagnose(&with(c));
+        assert!(
+            r.conclusion.contains(
+                "the control server at istiod:15010 is unreachable (connection refused) and the sidecars edge-0, catalog-0 are disconnected from it since 2026-11-21T23:58:10Z (5s before the diagnosis). The fault is in the control server (owner platform)."
+            ),
+            "{}",
+            r.conclusion
+        );
+    }
+
+    #[test]
+    fn without_any_sidecars_sync_the_step_is_skipped() {
+        let mut c = control();
+        c.sidecars = vec![SidecarSync {
+            text: "the sidecar has no configuration from xDS".into(),
+            ..service_sync(SyncState::Unknown)
+        }];
+        let r = diagnose(&with(c.clone()));
+        let s = step(&r);
+        assert_eq!(s.verdict, Verdict::Skipped, "{s:#?}");
+        assert!(
+            s.evidence
+                .iter()
+                .any(|e| e.ends_with("unknown since 2026-11-21T23:58:10Z (5s before the diagnosis): the sidecar has no configuration from xDS")),
+            "{s:#?}"
+        );
+        assert!(r.conclusion.contains("control_server"), "{}", r.conclusion);
+        c.sidecars.clear();
+        assert_eq!(step(&diagnose(&with(c))).verdict, Verdict::Skipped);
+    }
+}
