@@ -23,8 +23,8 @@ use meshcat_diagnose::evidence::{
 };
 use meshcat_diagnose::{
     ControlEvidence, DeclaredCluster, DeclaredEndpoint, DiagnosisInput, DiagnosisReport, Hop,
-    MetricsEvidence, Reads, Role, RootCause, SidecarEvidence, SidecarSync, StaleUpstream, Symptom,
-    Verdict, XdsRejection, choose_edge, failing_upstreams, reports_metrics,
+    MetricsEvidence, Reads, Role, RootCause, SidecarEvidence, SidecarSync, Symptom, Verdict,
+    choose_edge, failing_upstreams, reports_metrics,
 };
 use tracing::{info, warn};
 
@@ -833,21 +833,12 @@ fn sync_of(
     owner: &str,
     keep: Option<&dyn Fn(&str) -> bool>,
 ) -> SidecarSync {
-    use crate::sync::SyncState as S;
-    use meshcat_diagnose::SyncState as D;
     let kept = |name: &str| keep.is_none_or(|k| k(name));
-    let state = match p.state {
-        S::Synced => D::Synced,
-        S::Stale => D::Stale,
-        S::Rejected => D::Rejected,
-        S::Disconnected => D::Disconnected,
-        S::Unknown => D::Unknown,
-    };
     let mut s = SidecarSync::new(
         role,
         (&p.cluster_name, owner),
         &p.instance,
-        state,
+        p.state,
         p.since_ms,
     );
     s.text = p.detail.text.clone();
@@ -856,29 +847,14 @@ fn sync_of(
         .clusters
         .iter()
         .filter(|c| kept(&c.cluster))
-        .map(|c| StaleUpstream {
-            cluster: c.cluster.clone(),
-            since_ms: c.since_ms,
-            removed: c.removed,
-            missing: c.missing.clone(),
-            missing_count: c.missing_count,
-            extra: c.extra.clone(),
-            extra_count: c.extra_count,
-            sidecar_hosts: c.sidecar_hosts,
-            control_endpoints: c.control_endpoints,
-        })
+        .cloned()
         .collect();
     s.rejections = p
         .detail
         .rejections
         .iter()
         .filter(|r| r.kind != "endpoints" || r.resource.is_empty() || kept(&r.resource))
-        .map(|r| XdsRejection {
-            kind: r.kind.clone(),
-            resource: r.resource.clone(),
-            reason: r.reason.clone(),
-            since_ms: r.since_ms,
-        })
+        .cloned()
         .collect();
     s
 }

@@ -13,6 +13,7 @@ pub mod limits;
 pub mod mesh_names;
 pub mod model;
 pub mod pods;
+pub mod sync;
 pub mod tls;
 pub mod transport;
 pub mod validate;

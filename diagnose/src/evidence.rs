@@ -271,33 +271,6 @@ pub struct DeclaredEndpoint {
     pub healthy: bool,
 }
 
-/// A sidecar's sync with the control server.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum SyncState {
-    Synced,
-    /// Its host set of an upstream differs from the control server's beyond the grace.
-    Stale,
-    /// It rejected an update, and none of that subscription succeeded since.
-    Rejected,
-    /// It is not connected to its control plane.
-    Disconnected,
-    /// Its configuration does not come from xDS (or is not known).
-    #[default]
-    Unknown,
-}
-
-impl SyncState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SyncState::Synced => "synced",
-            SyncState::Stale => "stale",
-            SyncState::Rejected => "rejected",
-            SyncState::Disconnected => "disconnected",
-            SyncState::Unknown => "unknown",
-        }
-    }
-}
-
 /// One sidecar's sync, as `GET /sync` derives it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SidecarSync {
@@ -343,37 +316,11 @@ impl SidecarSync {
     }
 }
 
-/// An upstream cluster a sidecar holds otherwise than the control server declares.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct StaleUpstream {
-    /// Its name as the sidecar has it.
-    pub cluster: String,
-    /// Since when it differs, ms since the epoch.
-    pub since_ms: i64,
-    /// The control server no longer declares it.
-    pub removed: bool,
-    /// Endpoints the control server lists that the sidecar lacks, and the hosts the
-    /// sidecar has that it no longer lists (some of them; the counts are of all,
-    /// `None` when unknown).
-    pub missing: Vec<String>,
-    pub missing_count: Option<u64>,
-    pub extra: Vec<String>,
-    pub extra_count: Option<u64>,
-    pub sidecar_hosts: u64,
-    pub control_endpoints: u64,
-}
-
-/// An update a sidecar rejected.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct XdsRejection {
-    /// `clusters`, `listeners`, `endpoints` or `routes`.
-    pub kind: String,
-    /// The EDS cluster or route configuration, "" for clusters and listeners.
-    pub resource: String,
-    /// Envoy's reason, "" when not read.
-    pub reason: String,
-    pub since_ms: i64,
-}
+/// An upstream cluster a sidecar holds otherwise than the control server declares,
+/// and an update a sidecar rejected: the aggregator's own detail types.
+pub use meshcat_common::sync::{
+    Rejection as XdsRejection, StaleCluster as StaleUpstream, SyncState,
+};
 
 fn bounded_lines(text: &str) -> Vec<String> {
     let lines: Vec<&str> = text.lines().collect();
