@@ -184,6 +184,25 @@ pub struct ControlStatus {
     pub routes: usize,
 }
 
+impl ControlStatus {
+    /// A zone in `state` whose view holds nothing yet.
+    pub fn empty(zone: &str, server_address: &str, state: ControlState) -> ControlStatus {
+        ControlStatus {
+            zone_name: zone.to_owned(),
+            server_address: server_address.to_owned(),
+            state,
+            error: String::new(),
+            connected_since_ms: None,
+            last_update_ms: None,
+            versions: Versions::default(),
+            clusters: 0,
+            endpoints: 0,
+            listeners: 0,
+            routes: 0,
+        }
+    }
+}
+
 /// What changed of a zone.
 #[derive(Debug, Clone)]
 pub enum ControlChange {
@@ -349,23 +368,12 @@ impl Controls {
     /// The status of a zone registered but not (yet) set: `connecting`, or
     /// `disabled` with `--control-plane=false`, nothing held.
     pub fn pending(&self, record: &ZoneRecord) -> ControlStatus {
-        ControlStatus {
-            zone_name: record.zone_name.clone(),
-            server_address: record.server_address.clone(),
-            state: if self.inner.config.enabled {
-                ControlState::Connecting
-            } else {
-                ControlState::Disabled
-            },
-            error: String::new(),
-            connected_since_ms: None,
-            last_update_ms: None,
-            versions: Versions::default(),
-            clusters: 0,
-            endpoints: 0,
-            listeners: 0,
-            routes: 0,
-        }
+        let state = if self.inner.config.enabled {
+            ControlState::Connecting
+        } else {
+            ControlState::Disabled
+        };
+        ControlStatus::empty(&record.zone_name, &record.server_address, state)
     }
 
     /// The zone's last good view; `None` before its first accepted response.

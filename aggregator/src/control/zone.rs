@@ -13,7 +13,7 @@ use super::decode::Kind;
 use super::failure::Failure;
 use super::metrics::{ControlMetrics, OTHER_TYPE};
 use super::view::ZoneView;
-use super::{ControlChange, ControlState, ControlStatus, Versions};
+use super::{ControlChange, ControlState, ControlStatus};
 
 /// The slot of [`ZoneState::refused`] for a response of no known type.
 const OTHER: usize = 4;
@@ -69,19 +69,7 @@ impl Zone {
         } else {
             ControlState::Connecting
         };
-        let mut status = ControlStatus {
-            zone_name: name.to_owned(),
-            server_address: server_address.to_owned(),
-            state,
-            error: String::new(),
-            connected_since_ms: None,
-            last_update_ms: None,
-            versions: Versions::default(),
-            clusters: 0,
-            endpoints: 0,
-            listeners: 0,
-            routes: 0,
-        };
+        let mut status = ControlStatus::empty(name, server_address, state);
         if let Some(v) = &view {
             set_counts(&mut status, v);
         }
