@@ -230,6 +230,22 @@ impl Catalog {
         .map(drop)
     }
 
+    /// Registers `zone` managed by the control server at `server` (its
+    /// serverAddress), with `request_cluster`.
+    pub async fn register_zone_at(
+        &self,
+        zone: &str,
+        server: std::net::SocketAddr,
+        request_cluster: &str,
+    ) -> anyhow::Result<()> {
+        self.create(
+            "/zones",
+            json!({"zoneName": zone, "serverAddress": server.to_string(), "requestCluster": request_cluster}),
+        )
+        .await
+        .map(drop)
+    }
+
     /// Registers a cluster of `zone`; `extra` fields are merged into the record.
     pub async fn register_cluster(
         &self,

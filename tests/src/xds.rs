@@ -157,6 +157,36 @@ impl XdsEnvoy {
     }
 
     /// Envoy's own log file.
+    /// The agent flags that scrape this sidecar (its admin API and its log) as
+    /// `instance` of (`zone`, `cluster`) every 300 ms; the flags that reach the
+    /// aggregator come first, in `reach`.
+    pub fn agent_args(
+        &self,
+        mut reach: Vec<String>,
+        (zone, cluster, instance): (&str, &str, &str),
+    ) -> Vec<String> {
+        reach.extend(
+            [
+                "--sidecar-admin",
+                &self.admin.to_string(),
+                "--sidecar-log-file",
+                &self.log_path().display().to_string(),
+                "--zone",
+                zone,
+                "--cluster",
+                cluster,
+                "--instance",
+                instance,
+                "--interval",
+                "300ms",
+                "--scrape-timeout",
+                "1s",
+            ]
+            .map(str::to_owned),
+        );
+        reach
+    }
+
     pub fn log_path(&self) -> PathBuf {
         self.dir.path().join("envoy.log")
     }

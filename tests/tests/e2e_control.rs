@@ -46,28 +46,11 @@ async fn agent(catalog: &Catalog, envoy: &XdsEnvoy, instance: &str) -> MeshAgent
     agent_with(catalog.agent_args(), envoy, instance).await
 }
 
-/// An agent for `envoy` as `instance` of orders, with `args` to reach the aggregator.
-async fn agent_with(mut args: Vec<String>, envoy: &XdsEnvoy, instance: &str) -> MeshAgent {
-    args.extend(
-        [
-            "--sidecar-admin",
-            &envoy.admin.to_string(),
-            "--sidecar-log-file",
-            &envoy.log_path().display().to_string(),
-            "--zone",
-            ZONE,
-            "--cluster",
-            "orders",
-            "--instance",
-            instance,
-            "--interval",
-            "300ms",
-            "--scrape-timeout",
-            "1s",
-        ]
-        .map(str::to_owned),
-    );
-    MeshAgent::start(&args).await.unwrap()
+/// An agent for `envoy` as `instance` of orders, with `reach` to reach the aggregator.
+async fn agent_with(reach: Vec<String>, envoy: &XdsEnvoy, instance: &str) -> MeshAgent {
+    MeshAgent::start(&envoy.agent_args(reach, (ZONE, "orders", instance)))
+        .await
+        .unwrap()
 }
 
 /// The proxy `instance` of `GET /sync`, when listed.
@@ -113,10 +96,7 @@ async fn sidecars_are_held_to_what_the_control_server_declares() {
         .await
         .unwrap();
     catalog
-        .create(
-            "/zones",
-            json!({"zoneName": ZONE, "serverAddress": server.local_addr().to_string()}),
-        )
+        .register_zone_at(ZONE, server.local_addr(), "")
         .await
         .unwrap();
     for cluster in ["orders", "ledger"] {

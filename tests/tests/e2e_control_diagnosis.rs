@@ -37,27 +37,9 @@ fn spec(addresses: &[&str]) -> MeshSpec {
 
 /// An agent for `envoy` as `instance` of `cluster`, reading its log.
 async fn agent(catalog: &Catalog, envoy: &XdsEnvoy, cluster: &str, instance: &str) -> MeshAgent {
-    let mut args = catalog.agent_args();
-    args.extend(
-        [
-            "--sidecar-admin",
-            &envoy.admin.to_string(),
-            "--sidecar-log-file",
-            &envoy.log_path().display().to_string(),
-            "--zone",
-            ZONE,
-            "--cluster",
-            cluster,
-            "--instance",
-            instance,
-            "--interval",
-            "300ms",
-            "--scrape-timeout",
-            "1s",
-        ]
-        .map(str::to_owned),
-    );
-    MeshAgent::start(&args).await.unwrap()
+    MeshAgent::start(&envoy.agent_args(catalog.agent_args(), (ZONE, cluster, instance)))
+        .await
+        .unwrap()
 }
 
 /// Waits until `instance` of `cluster` is listed in `state` by `GET /sync`.
@@ -117,11 +99,7 @@ async fn the_diagnosis_names_the_control_server_or_the_sidecar_at_fault() {
         .await
         .unwrap();
     catalog
-        .create(
-            "/zones",
-            json!({"zoneName": ZONE, "serverAddress": server.local_addr().to_string(),
-                   "requestCluster": "edge"}),
-        )
+        .register_zone_at(ZONE, server.local_addr(), "edge")
         .await
         .unwrap();
     for cluster in ["edge", "payments", "ghost", "idle"] {

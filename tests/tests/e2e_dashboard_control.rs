@@ -80,10 +80,7 @@ async fn control_and_sync_states_in_a_real_browser() {
     .await
     .unwrap();
     catalog
-        .create(
-            "/zones",
-            json!({"zoneName": ZONE, "serverAddress": server.local_addr().to_string()}),
-        )
+        .register_zone_at(ZONE, server.local_addr(), "")
         .await
         .unwrap();
     for cluster in [CLUSTER, DECLARED] {
@@ -96,26 +93,7 @@ async fn control_and_sync_states_in_a_real_browser() {
     let envoy = XdsEnvoy::start(&XdsBootstrap::new(INSTANCE, CLUSTER, server.local_addr()))
         .await
         .unwrap();
-    let mut args = catalog.agent_args();
-    args.extend(
-        [
-            "--sidecar-admin",
-            &envoy.admin.to_string(),
-            "--sidecar-log-file",
-            &envoy.log_path().display().to_string(),
-            "--zone",
-            ZONE,
-            "--cluster",
-            CLUSTER,
-            "--instance",
-            INSTANCE,
-            "--interval",
-            "300ms",
-            "--scrape-timeout",
-            "1s",
-        ]
-        .map(str::to_owned),
-    );
+    let args = envoy.agent_args(catalog.agent_args(), (ZONE, CLUSTER, INSTANCE));
     let _agent = MeshAgent::start(&args).await.unwrap();
 
     wait_for("the zone connected", DEADLINE, || async {
