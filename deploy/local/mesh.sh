@@ -3,18 +3,30 @@
 #   deploy/local/mesh.sh up [--foreground] [--envoy-only] [--ha]
 #   deploy/local/mesh.sh status
 #   deploy/local/mesh.sh stop
+#   deploy/local/mesh.sh hold <instance>
+#   deploy/local/mesh.sh release <instance>
 #
 # `up` builds the binaries (cargo build --release), installs Envoy (scripts/envoy.sh),
-# then starts on 127.0.0.1: the aggregator (--dev, data in .local-mesh/data), an edge
-# Envoy and two service Envoys (catalog, reviews) each in front of a python3
-# http.server upstream, one agent per Envoy; registers the zone `local` and its three
-# clusters (`meshcat apply -f deploy/local/catalog.yaml`), sends some traffic through
-# the edge, and prints what to try.
+# then starts on 127.0.0.1: the zone's xDS control server (meshcat-control-server,
+# serving the mesh file .local-mesh/mesh.json over ADS), the aggregator (--dev, data
+# in .local-mesh/data), an edge Envoy and two service Envoys (catalog, reviews) each
+# in front of a python3 http.server upstream, one agent per Envoy; registers the zone
+# `local` (its serverAddress is the control server) and its three clusters
+# (`meshcat apply -f deploy/local/catalog.yaml`), sends some traffic through the edge,
+# and prints what to try.
+# Every Envoy keeps its listener and routes static in its bootstrap (with the access
+# log its agent tails) and takes its clusters and their endpoints from the control
+# server (CDS and EDS over ADS; LDS too, which the mesh file leaves empty).
+# `hold <instance>` keeps one sidecar on the snapshot it has and then gives the
+# catalog a second upstream (127.0.0.1:18111): the other sidecars get it, the held one
+# does not, and after the aggregator's --sync-grace `meshcat sync` shows it stale.
+# `release <instance>` lets it catch up, then takes the second upstream away again.
 # Every process runs in its own session, so `up` returns and the mesh stays up; their
 # pids go to .local-mesh/pids and `stop` ends exactly those. With --foreground, `up`
-# stays attached and Ctrl-C stops the mesh. --envoy-only starts just the Envoys and
-# upstreams (no build, no meshcat). --ha starts three etcd members (Debian's etcd,
-# installed by scripts/deps.sh etcd when missing) and three aggregator replicas on
+# stays attached and Ctrl-C stops the mesh. --envoy-only starts just the control
+# server, the Envoys and the upstreams (building only the control server, no
+# meshcat). --ha starts three etcd members (Debian's etcd, installed by
+# scripts/deps.sh etcd when missing) and three aggregator replicas on
 # them instead of one aggregator; the agents are spread over the replicas, each
 # with the whole list so it moves on when its replica stops. etcd is never open,
 # not even here: clients and peers speak TLS and must present a certificate, made
@@ -29,10 +41,14 @@ logs="$state/logs"
 
 # Fixed ports, documented in deploy/local/README.md.
 EDGE_PORT=18000 EDGE_ADMIN=18901
-CATALOG_PORT=18010 CATALOG_ADMIN=18911 CATALOG_APP=18110
+CATALOG_PORT=18010 CATALOG_ADMIN=18911 CATALOG_APP=18110 CATALOG_APP_2=18111
 REVIEWS_PORT=18020 REVIEWS_ADMIN=18921 REVIEWS_APP=18120
 API_PORT=18080 QUIC_PORT=18443 OPS_PORT=18091
 EDGE_AGENT_OPS=18092 CATALOG_AGENT_OPS=18093 REVIEWS_AGENT_OPS=18094
+# The control server: ADS (gRPC, plaintext HTTP/2) and its HTTP admin API.
+CONTROL_PORT=18600 CONTROL_ADMIN=18601
+# How long a sidecar may differ from the control server before it is `stale`.
+SYNC_GRACE=10s
 # --ha: etcd members (client, peer), their plain-HTTP /health and /metrics, and the
 # second and third replicas (api, quic, ops).
 ETCD_PORTS=(18379 18380 18381 18382 18383 18384)
@@ -41,6 +57,11 @@ HA_API=(18080 18081 18082) HA_QUIC=(18443 18444 18445) HA_OPS=(18091 18095 18096
 HA=0
 ZONE=local
 API="http://127.0.0.1:$API_PORT"
+CONTROL="http://127.0.0.1:$CONTROL_ADMIN"
+mesh="$state/mesh.json"
+bin=${CARGO_TARGET_DIR:-$root/target}/release
+# The sidecars, as `instance:admin port`; the instance is also the Envoy's node id.
+SIDECARS=("edge-1:$EDGE_ADMIN" "catalog-1:$CATALOG_ADMIN" "reviews-1:$REVIEWS_ADMIN")
 
 say() { printf '==> %s\n' "$*"; }
 die() { printf 'mesh.sh: %s\n' "$*" >&2; exit 1; }
@@ -118,14 +139,27 @@ spawn_envoy() {
   echo "$base_id" >"$state/envoy-$name.base"
 }
 
-# Bootstrap of one Envoy: an HTTP listener whose routes map path prefixes to clusters,
-# an admin on loopback, access lines into the same log file as Envoy's own log.
+# Bootstrap of one Envoy: node id `<name>-1` (the instance its agent reports) and
+# cluster `<name>`; its clusters (CDS, EDS) and listeners (LDS) come over ADS from the
+# control server through the static HTTP/2 cluster `xds`. Its HTTP listener stays
+# static: its routes map path prefixes to those clusters (not checked at load, since
+# the clusters arrive later over CDS) and its access lines go into the same log file
+# as Envoy's own log. The admin listens on loopback.
 write_bootstrap() {
-  local file=$1 name=$2 port=$3 admin=$4 routes=$5 clusters=$6
+  local file=$1 name=$2 port=$3 admin=$4 routes=$5
   cat >"$file" <<YAML
 node: { id: $name-1, cluster: $name }
 admin:
   address: { socket_address: { address: 127.0.0.1, port_value: $admin } }
+dynamic_resources:
+  ads_config:
+    api_type: GRPC
+    transport_api_version: V3
+    grpc_services:
+      - envoy_grpc: { cluster_name: xds }
+        retry_policy: { retry_back_off: { base_interval: 0.5s, max_interval: 5s } }
+  cds_config: { ads: {}, resource_api_version: V3 }
+  lds_config: { ads: {}, resource_api_version: V3 }
 static_resources:
   listeners:
     - name: ingress
@@ -143,6 +177,7 @@ static_resources:
                       path: $logs/$name.log
                 route_config:
                   name: $name
+                  validate_clusters: false
                   virtual_hosts:
                     - name: $name
                       domains: ["*"]
@@ -153,7 +188,18 @@ $routes
                     typed_config:
                       "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
   clusters:
-$clusters
+    - name: xds
+      type: STATIC
+      connect_timeout: 1s
+      typed_extension_protocol_options:
+        envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+          "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+          explicit_http_config: { http2_protocol_options: {} }
+      load_assignment:
+        cluster_name: xds
+        endpoints:
+          - lb_endpoints:
+              - endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: $CONTROL_PORT } } }
 YAML
 }
 
@@ -167,17 +213,35 @@ route() { # prefix cluster rewrite
 YAML
 }
 
-cluster() { # name port
-  cat <<YAML
-    - name: $1
-      type: STATIC
-      connect_timeout: 1s
-      load_assignment:
-        cluster_name: $1
-        endpoints:
-          - lb_endpoints:
-              - endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: $2 } } }
-YAML
+# The mesh the control server serves (its --mesh file, re-read when it changes):
+# `catalog` and `reviews` are the service sidecars' listeners (what the edge routes
+# to), `catalog-app` and `reviews-app` the upstreams behind them. Every sidecar gets
+# every cluster. $1: how many catalog upstreams (1, or 2 while a sidecar is held).
+# Written to a temporary file first, then renamed, so it is never read half-written.
+write_mesh() {
+  local app2=""
+  if [ "$1" = 2 ]; then app2=", {\"address\": \"127.0.0.1\", \"port\": $CATALOG_APP_2}"; fi
+  cat >"$mesh.tmp" <<JSON
+{
+  "clusters": [
+    {"name": "catalog", "endpoints": [{"address": "127.0.0.1", "port": $CATALOG_PORT}]},
+    {"name": "reviews", "endpoints": [{"address": "127.0.0.1", "port": $REVIEWS_PORT}]},
+    {"name": "catalog-app", "endpoints": [{"address": "127.0.0.1", "port": $CATALOG_APP}$app2]},
+    {"name": "reviews-app", "endpoints": [{"address": "127.0.0.1", "port": $REVIEWS_APP}]}
+  ],
+  "listeners": []
+}
+JSON
+  mv -f "$mesh.tmp" "$mesh"
+}
+
+start_control_server() {
+  say "control server (ADS 127.0.0.1:$CONTROL_PORT, admin $CONTROL)"
+  write_mesh 1
+  rm -f "$state/held"
+  spawn control-server "$bin/meshcat-control-server" --listen "127.0.0.1:$CONTROL_PORT" \
+    --mesh "$mesh" --admin "127.0.0.1:$CONTROL_ADMIN"
+  wait_for "control server admin" 15 curl -fsS "$CONTROL/nodes"
 }
 
 start_data_plane() {
@@ -185,21 +249,24 @@ start_data_plane() {
   ENVOY=$("$root/scripts/envoy.sh")
   "$ENVOY" --version | grep -o 'version: [^ ]*' | head -1
 
-  mkdir -p "$state/envoy" "$state/www/catalog" "$state/www/reviews"
+  mkdir -p "$state/envoy" "$state/www/catalog" "$state/www/reviews" "$state/www/catalog-2"
   for svc in catalog reviews; do
     printf '<h1>%s</h1><p>served by python3 http.server behind its Envoy sidecar</p>\n' "$svc" \
       >"$state/www/$svc/index.html"
     printf '{"service": "%s", "ok": true}\n' "$svc" >"$state/www/$svc/health.json"
   done
+  printf '<h1>catalog</h1><p>served by the second catalog upstream (127.0.0.1:%s)</p>\n' \
+    "$CATALOG_APP_2" >"$state/www/catalog-2/index.html"
+  printf '{"service": "catalog", "upstream": 2, "ok": true}\n' >"$state/www/catalog-2/health.json"
 
   write_bootstrap "$state/envoy/edge.yaml" edge "$EDGE_PORT" "$EDGE_ADMIN" \
-    "$(route /catalog/ catalog /; route /reviews/ reviews /)" \
-    "$(cluster catalog "$CATALOG_PORT"; cluster reviews "$REVIEWS_PORT")"
+    "$(route /catalog/ catalog /; route /reviews/ reviews /)"
   write_bootstrap "$state/envoy/catalog.yaml" catalog "$CATALOG_PORT" "$CATALOG_ADMIN" \
-    "$(route / catalog /)" "$(cluster catalog "$CATALOG_APP")"
+    "$(route / catalog-app /)"
   write_bootstrap "$state/envoy/reviews.yaml" reviews "$REVIEWS_PORT" "$REVIEWS_ADMIN" \
-    "$(route / reviews /)" "$(cluster reviews "$REVIEWS_APP")"
+    "$(route / reviews-app /)"
 
+  start_control_server
   say "upstreams and Envoys"
   spawn catalog-app python3 -m http.server "$CATALOG_APP" --bind 127.0.0.1 --directory "$state/www/catalog"
   spawn reviews-app python3 -m http.server "$REVIEWS_APP" --bind 127.0.0.1 --directory "$state/www/reviews"
@@ -252,7 +319,6 @@ etcd_healthy() {
 }
 
 start_meshcat() {
-  local bin=${CARGO_TARGET_DIR:-$root/target}/release
   local dev="$state/data/dev"
   local lists=("127.0.0.1:$QUIC_PORT" "127.0.0.1:$QUIC_PORT" "127.0.0.1:$QUIC_PORT")
   if [ "$HA" = 1 ]; then
@@ -260,13 +326,13 @@ start_meshcat() {
     local store="etcd://127.0.0.1:${ETCD_PORTS[0]},127.0.0.1:${ETCD_PORTS[2]},127.0.0.1:${ETCD_PORTS[4]}/meshcat-local" i
     local tls="$state/etcd-tls"
     for i in 0 1 2; do
-      say "aggregator replica $i (--dev, --store etcd over TLS)"
+      say "aggregator replica $i (--dev, --store etcd over TLS, --sync-grace $SYNC_GRACE)"
       spawn "aggregator-$i" "$bin/meshcat-aggregator" serve --dev --data-dir "$state/data" \
         --store "$store" --etcd-ca-file "$tls/ca.crt" \
         --etcd-cert "$tls/client/aggregator.crt" --etcd-key "$tls/client/aggregator.key" \
         --api-addr "127.0.0.1:${HA_API[$i]}" --advertise-addr "127.0.0.1:${HA_API[$i]}" \
         --quic-addr "127.0.0.1:${HA_QUIC[$i]}" --ops-addr "127.0.0.1:${HA_OPS[$i]}" \
-        --cluster-metrics
+        --cluster-metrics --sync-grace "$SYNC_GRACE"
       # The first replica writes the development certificates the others read.
       wait_for "replica $i /readyz" 30 curl -fsS "http://127.0.0.1:${HA_OPS[$i]}/readyz"
     done
@@ -274,10 +340,10 @@ start_meshcat() {
     local q=("127.0.0.1:${HA_QUIC[0]}" "127.0.0.1:${HA_QUIC[1]}" "127.0.0.1:${HA_QUIC[2]}")
     lists=("${q[0]},${q[1]},${q[2]}" "${q[1]},${q[2]},${q[0]}" "${q[2]},${q[0]},${q[1]}")
   else
-    say "aggregator (--dev)"
+    say "aggregator (--dev, --sync-grace $SYNC_GRACE)"
     spawn aggregator "$bin/meshcat-aggregator" serve --dev --data-dir "$state/data" \
       --api-addr "127.0.0.1:$API_PORT" --quic-addr "127.0.0.1:$QUIC_PORT" \
-      --ops-addr "127.0.0.1:$OPS_PORT" --cluster-metrics
+      --ops-addr "127.0.0.1:$OPS_PORT" --cluster-metrics --sync-grace "$SYNC_GRACE"
     wait_for "aggregator /readyz" 30 curl -fsS "http://127.0.0.1:$OPS_PORT/readyz"
   fi
   wait_for "dev certificates in $dev" 10 test -s "$dev/agent-key.pem"
@@ -300,6 +366,12 @@ start_meshcat() {
 
   say "registrations (meshcat apply -f deploy/local/catalog.yaml)"
   "$bin/meshcat" --api "$API" apply -f "$root/deploy/local/catalog.yaml"
+  wait_for "zone $ZONE connected to its control server" 20 zone_connected
+}
+
+# True when the aggregator holds an ADS stream to the zone's control server.
+zone_connected() {
+  curl -fsS --max-time 2 "$API/zones/$ZONE/control" | grep -q '"state": *"connected"'
 }
 
 traffic() {
@@ -318,6 +390,7 @@ print_help() {
 meshcat local mesh is up (state and logs in .local-mesh/).
   edge (entry)        http://127.0.0.1:$EDGE_PORT/catalog/   http://127.0.0.1:$EDGE_PORT/reviews/
   Envoy admins        http://127.0.0.1:$EDGE_ADMIN/  :$CATALOG_ADMIN  :$REVIEWS_ADMIN
+  control server      ADS 127.0.0.1:$CONTROL_PORT, admin $CONTROL/nodes, mesh file .local-mesh/mesh.json
 TXT
   if [ "$1" = full ]; then
     cat <<TXT
@@ -328,10 +401,16 @@ TXT
 Try (docs/cli.md):
   export MESHCAT_API=$API PATH="${CARGO_TARGET_DIR:-$root/target}/release:\$PATH"
   meshcat get clusters
+  meshcat get zones
+  meshcat sync
   meshcat describe cluster catalog --zone $ZONE
   meshcat check
   meshcat diagnose catalog --zone $ZONE --symptom no_healthy_upstream
   curl -s '$API/metrics/catalog/catalog-1?zoneName=$ZONE' | python3 -m json.tool
+
+A sidecar that falls behind its control server (stale after --sync-grace $SYNC_GRACE):
+  deploy/local/mesh.sh hold catalog-1
+  deploy/local/mesh.sh release catalog-1
 TXT
   fi
   echo
@@ -367,7 +446,7 @@ cmd_stop() {
     [ -f "$f" ] || continue
     rm -f "/dev/shm/envoy_shared_memory_$(($(cat "$f") * 10))" "$f"
   done
-  rm -f "$pids" "$state"/envoy-*.pid
+  rm -f "$pids" "$state"/envoy-*.pid "$state/held" "$state/catalog-app-2.pid"
   echo "local mesh stopped"
 }
 
@@ -377,7 +456,8 @@ cmd_status() {
   while read -r pid name; do
     if is_ours "$pid" "$name"; then echo "running  $pid  $name"; else echo "stopped  $pid  $name"; fi
   done <"$pids"
-  local urls=("http://127.0.0.1:$EDGE_PORT/catalog/" "http://127.0.0.1:$OPS_PORT/readyz")
+  local urls=("http://127.0.0.1:$EDGE_PORT/catalog/" "$CONTROL/nodes")
+  if grep -q ' meshcat-aggregator$' "$pids"; then urls+=("http://127.0.0.1:$OPS_PORT/readyz"); fi
   if grep -q ' etcd$' "$pids"; then
     urls+=("http://127.0.0.1:${HA_OPS[1]}/readyz" "http://127.0.0.1:${HA_OPS[2]}/readyz")
     urls+=("http://127.0.0.1:${ETCD_METRICS[0]}/health" "http://127.0.0.1:${ETCD_METRICS[1]}/health")
@@ -386,6 +466,155 @@ cmd_status() {
   for url in "${urls[@]}"; do
     printf '%s  %s\n' "$(curl -s -o /dev/null -w '%{http_code}' "$url" || true)" "$url"
   done
+  # The control server's nodes: which sidecars (and meshcat replicas) hold a stream.
+  curl -fsS --max-time 2 "$CONTROL/nodes" 2>/dev/null | python3 -c '
+import json, sys
+for n in json.load(sys.stdin):
+    print("node     %s  (cluster %s)%s" % (n["id"], n["cluster"], "  HELD" if n["held"] else ""))
+' || true
+  if [ -s "$state/held" ]; then
+    echo "held: $(cat "$state/held") (deploy/local/mesh.sh release $(cat "$state/held"))"
+  fi
+}
+
+# The admin port of a sidecar instance; fails for an unknown one.
+admin_of() {
+  local s
+  for s in "${SIDECARS[@]}"; do
+    if [ "${s%%:*}" = "$1" ]; then echo "${s##*:}"; return 0; fi
+  done
+  return 1
+}
+
+# The instance names, for messages.
+sidecar_names() {
+  local s out=""
+  for s in "${SIDECARS[@]}"; do out+="${s%%:*}, "; done
+  echo "${out%, }"
+}
+
+# The hosts of the sidecar at admin port $1 in cluster catalog-app, comma-separated.
+app_hosts() {
+  curl -fsS --max-time 2 "http://127.0.0.1:$1/clusters" |
+    sed -n 's/^catalog-app::\([0-9.]*:[0-9]*\)::health_flags::.*/\1/p' | sort -u | paste -sd, - | sed 's/,/, /g'
+}
+
+# True when the sidecar at admin port $1 has the second catalog upstream.
+has_app_2() {
+  curl -fsS --max-time 2 "http://127.0.0.1:$1/clusters" | grep -q "^catalog-app::127.0.0.1:$CATALOG_APP_2::"
+}
+
+lacks_app_2() { ! has_app_2 "$@"; }
+
+# The nodes the control server holds, space-separated.
+held_nodes() {
+  curl -fsS --max-time 2 "$CONTROL/nodes" |
+    python3 -c 'import json, sys; print(" ".join(n["id"] for n in json.load(sys.stdin) if n["held"]))'
+}
+
+node_connected() {
+  curl -fsS --max-time 2 "$CONTROL/nodes" |
+    python3 -c 'import json, sys; sys.exit(0 if any(n["id"] == sys.argv[1] for n in json.load(sys.stdin)) else 1)' "$1"
+}
+
+# Checks the instance names a sidecar of the running mesh, connected to the control
+# server; prints its admin port.
+sidecar_arg() {
+  local instance=$1 admin
+  [ -n "$instance" ] || die "name the sidecar instance: $(sidecar_names)"
+  admin=$(admin_of "$instance") || die "no sidecar instance $instance (the sidecars are $(sidecar_names))"
+  curl -fsS --max-time 2 "$CONTROL/nodes" >/dev/null 2>&1 ||
+    die "the control server does not answer at $CONTROL (deploy/local/mesh.sh up first)"
+  node_connected "$instance" || die "$instance is not connected to the control server (see $CONTROL/nodes)"
+  echo "$admin"
+}
+
+# Holds a sidecar on its snapshot (control server POST /hold/<node>), then adds a
+# second catalog upstream to the mesh file: every other sidecar gets it over EDS,
+# the held one keeps the one it had.
+cmd_hold() {
+  local instance=${1:-} admin held s other
+  admin=$(sidecar_arg "$instance")
+  held=$(cat "$state/held" 2>/dev/null || true)
+  [ -z "$held" ] || die "$held is held already; deploy/local/mesh.sh release $held first"
+  say "holding $instance on its snapshot (POST $CONTROL/hold/$instance)"
+  curl -fsS -X POST "$CONTROL/hold/$instance" >/dev/null
+  echo "$instance" >"$state/held"
+  say "adding a second catalog upstream (http.server 127.0.0.1:$CATALOG_APP_2) to the mesh file"
+  if ! is_ours "$(cat "$state/catalog-app-2.pid" 2>/dev/null || true)" python3; then
+    spawn catalog-app-2 python3 -m http.server "$CATALOG_APP_2" --bind 127.0.0.1 \
+      --directory "$state/www/catalog-2"
+    tail -n 1 "$pids" | cut -d' ' -f1 >"$state/catalog-app-2.pid"
+    wait_for "second catalog upstream" 10 curl -fsS "http://127.0.0.1:$CATALOG_APP_2/health.json"
+  fi
+  write_mesh 2
+  for s in "${SIDECARS[@]}"; do
+    other=${s%%:*}
+    [ "$other" != "$instance" ] || continue
+    wait_for "$other to get the second catalog upstream" 15 has_app_2 "${s##*:}"
+  done
+  # The held sidecar must not have moved; give the others a moment to be reported.
+  sleep 1
+  ! has_app_2 "$admin" || die "$instance got the new upstream although it is held"
+  local cluster=${instance%-*} diagnose
+  # The diagnosis looks at a service's sidecars and at the edge's view of that service;
+  # the edge's own stale upstream (catalog-app) is no service of its routes.
+  diagnose="meshcat diagnose $cluster --zone $ZONE     # step control_server names the stale sidecar"
+  if [ "$cluster" = edge ]; then
+    diagnose="meshcat diagnose catalog --zone $ZONE    # passes: the edge's view of catalog is in sync"
+  fi
+  cat <<TXT
+
+$instance is held on its snapshot. The control server now lists two catalog upstreams:
+  catalog-app  127.0.0.1:$CATALOG_APP, 127.0.0.1:$CATALOG_APP_2
+  $instance has  $(app_hosts "$admin")   (curl -s http://127.0.0.1:$admin/clusters | grep ^catalog-app::)
+The other sidecars have both. After the aggregator's --sync-grace ($SYNC_GRACE), try:
+  export MESHCAT_API=$API PATH="$bin:\$PATH"
+  meshcat sync                               # $instance stale: cluster catalog-app: 1 missing (127.0.0.1:$CATALOG_APP_2)
+  meshcat sync --state stale -o json
+  $diagnose
+  meshcat describe cluster $cluster --zone $ZONE   # the instance's SYNC column
+  meshcat check                              # fails: a stale sidecar
+  dashboard $API/ui/#/c/$ZONE/$cluster   (the instance's sync badge and detail)
+  curl -s $CONTROL/nodes | python3 -m json.tool   # held: true
+Let it catch up with: deploy/local/mesh.sh release $instance
+TXT
+}
+
+# Releases a held sidecar: it catches up with the second catalog upstream; then the
+# mesh file goes back to one catalog upstream, as `up` wrote it, and the second
+# upstream stops, so `hold` can be tried again.
+cmd_release() {
+  local instance=${1:-} admin held s pid
+  admin=$(sidecar_arg "$instance")
+  held=$(cat "$state/held" 2>/dev/null || true)
+  say "releasing $instance (POST $CONTROL/release/$instance)"
+  curl -fsS -X POST "$CONTROL/release/$instance" >/dev/null
+  if [ "$held" != "$instance" ]; then
+    echo "$instance was not held by mesh.sh hold${held:+ ($held is)}; nothing else to do"
+    return 0
+  fi
+  if grep -q "\"port\": $CATALOG_APP_2" "$mesh"; then
+    wait_for "$instance to catch up" 15 has_app_2 "$admin"
+    echo "$instance caught up: catalog-app $(app_hosts "$admin")"
+  fi
+  say "back to one catalog upstream (the mesh as up wrote it)"
+  write_mesh 1
+  for s in "${SIDECARS[@]}"; do
+    wait_for "${s%%:*} to drop the second catalog upstream" 15 lacks_app_2 "${s##*:}"
+  done
+  pid=$(cat "$state/catalog-app-2.pid" 2>/dev/null || true)
+  if is_ours "$pid" python3; then
+    kill -TERM "$pid" 2>/dev/null || true
+    grep -v "^$pid python3\$" "$pids" >"$pids.tmp" || true
+    mv -f "$pids.tmp" "$pids"
+  fi
+  rm -f "$state/held" "$state/catalog-app-2.pid"
+  cat <<TXT
+
+$instance is released and every sidecar has catalog-app $(app_hosts "$admin") again.
+  meshcat sync                               # $instance synced again
+TXT
 }
 
 # EXIT trap of `up`: stops what was started when `up` fails.
@@ -409,7 +638,8 @@ cmd_up() {
   : >"$pids"
   check_ports "$EDGE_PORT" "$EDGE_ADMIN" "$CATALOG_PORT" "$CATALOG_ADMIN" "$CATALOG_APP" \
     "$REVIEWS_PORT" "$REVIEWS_ADMIN" "$REVIEWS_APP" "$API_PORT" "$OPS_PORT" \
-    "$EDGE_AGENT_OPS" "$CATALOG_AGENT_OPS" "$REVIEWS_AGENT_OPS"
+    "$EDGE_AGENT_OPS" "$CATALOG_AGENT_OPS" "$REVIEWS_AGENT_OPS" "$CONTROL_PORT" "$CONTROL_ADMIN" \
+    "$CATALOG_APP_2"
   if [ "$HA" = 1 ]; then
     check_ports "${ETCD_PORTS[@]}" "${ETCD_METRICS[@]}" "${HA_API[@]:1}" "${HA_OPS[@]:1}"
     "$root/scripts/deps.sh" etcd
@@ -421,10 +651,14 @@ cmd_up() {
   if [ "$foreground" = 1 ]; then
     trap 'echo; cmd_stop; trap - EXIT; exit 0' INT TERM
   fi
+  say "building meshcat (cargo build --release)"
+  "$root/scripts/deps.sh" build
   if [ "$envoy_only" = 0 ]; then
-    say "building meshcat (cargo build --release)"
-    "$root/scripts/deps.sh" build
-    (cd "$root" && cargo build --release --locked -p meshcat-aggregator -p meshcat-agent -p meshcat-cli)
+    (cd "$root" && cargo build --release --locked -p meshcat-control-server \
+      -p meshcat-aggregator -p meshcat-agent -p meshcat-cli)
+  else
+    # The Envoys take their clusters from the control server: it is built and run too.
+    (cd "$root" && cargo build --release --locked -p meshcat-control-server)
   fi
   start_data_plane
   if [ "$envoy_only" = 0 ]; then
@@ -445,5 +679,10 @@ case "${1:-}" in
   up) shift; cmd_up "$@" ;;
   stop) cmd_stop ;;
   status) cmd_status ;;
-  *) echo "usage: deploy/local/mesh.sh up [--foreground] [--envoy-only] [--ha] | status | stop" >&2; exit 2 ;;
+  hold) shift; cmd_hold "${1:-}" ;;
+  release) shift; cmd_release "${1:-}" ;;
+  *)
+    echo "usage: deploy/local/mesh.sh up [--foreground] [--envoy-only] [--ha] | status | stop | hold <instance> | release <instance>" >&2
+    exit 2
+    ;;
 esac
