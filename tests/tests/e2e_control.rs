@@ -2,8 +2,8 @@
 //! workspace's ADS server serves two real Envoy sidecars and meshcat's zone at once;
 //! agents report the sidecars to a real aggregator. The intended view reaches the
 //! catalog (`/zones/{z}/control`, `controlPlane`, a declared cluster without agents
-//! listed with the control server's endpoints, Istio's names mapped to their
-//! service); then the snapshot changes under them: a new endpoint reaches both
+//! listed with the control server's endpoints, Istio's and Consul's names mapped to
+//! their service); then the snapshot changes under them: a new endpoint reaches both
 //! (`synced`), one sidecar held on the old snapshot is `stale` with the addresses it
 //! misses, a cluster Envoy rejects makes that sidecar `rejected` with Envoy's reason,
 //! and the control server stopped makes the zone `unreachable` and the sidecars
@@ -36,6 +36,10 @@ fn spec(payments: &[&str]) -> MeshSpec {
             ClusterSpec::new(
                 "outbound|9080||reviews.default.svc.cluster.local",
                 endpoints(&["10.0.3.1"], 9080),
+            ),
+            ClusterSpec::new(
+                "ratings.default.dc1.internal.5a6a5c2b-1d4f-0c3e-9b7a-2f3e4d5c6b7a.consul",
+                endpoints(&["10.0.4.1", "10.0.4.2"], 9090),
             ),
         ],
         listeners: Vec::new(),
@@ -109,7 +113,7 @@ async fn sidecars_are_held_to_what_the_control_server_declares() {
     // The zone's view.
     let view = wait_for("the zone connected", DEADLINE, || async {
         let c = control(&catalog).await;
-        (c["state"] == "connected" && c["clusters"] == 3 && c["endpoints"] == 5).then_some(c)
+        (c["state"] == "connected" && c["clusters"] == 4 && c["endpoints"] == 7).then_some(c)
     })
     .await
     .unwrap();
@@ -154,6 +158,17 @@ async fn sidecars_are_held_to_what_the_control_server_declares() {
         .find(|s| s["clusterName"] == "reviews")
         .unwrap_or_else(|| panic!("reviews declared, not registered: {services}"));
     assert_eq!(reviews["controlPlane"]["endpoints"], 1, "{reviews}");
+    let ratings = services
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["clusterName"] == "ratings")
+        .unwrap_or_else(|| panic!("Consul's ratings declared, not registered: {services}"));
+    assert_eq!(ratings["controlPlane"]["endpoints"], 2, "{ratings}");
+    assert_eq!(
+        ratings["instances"][1]["name"], "10.0.4.2:9090",
+        "{ratings}"
+    );
 
     // Two sidecars of orders take their configuration from it.
     let a = XdsEnvoy::start(&XdsBootstrap::new(
@@ -181,7 +196,7 @@ async fn sidecars_are_held_to_what_the_control_server_declares() {
     // A new endpoint reaches both: still synced, and the view counts it.
     server.set(spec(&["10.0.1.1", "10.0.1.2", "10.0.1.3"]));
     wait_for("the new endpoint in the view", DEADLINE, || async {
-        (control(&catalog).await["endpoints"] == 6).then_some(())
+        (control(&catalog).await["endpoints"] == 8).then_some(())
     })
     .await
     .unwrap();
@@ -333,7 +348,7 @@ async fn every_replica_keeps_its_own_stream_and_answers_the_same() {
     for i in 0..3 {
         wait_for(&format!("replica {i} connected"), DEADLINE, || async {
             let c = on(&set, i, &format!("/zones/{ZONE}/control")).await;
-            (c["state"] == "connected" && c["clusters"] == 3 && c["endpoints"] == 5).then_some(())
+            (c["state"] == "connected" && c["clusters"] == 4 && c["endpoints"] == 7).then_some(())
         })
         .await
         .unwrap();
