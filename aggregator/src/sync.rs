@@ -273,6 +273,7 @@ impl Sync {
         }
         let view = controls.view(&input.key.zone);
         let grace = self.config.grace.as_millis() as i64;
+        let existed = self.states.contains_key(&input.key);
         let (proxy, previous) = {
             let mut tracked = self
                 .states
@@ -288,9 +289,7 @@ impl Sync {
                     },
                     mismatches: BTreeMap::new(),
                 });
-            let fresh =
-                tracked.proxy.detail.text.is_empty() && tracked.proxy.state == SyncState::Unknown;
-            let previous = (!fresh).then(|| tracked.proxy.clone());
+            let previous = existed.then(|| tracked.proxy.clone());
             let (state, detail) =
                 derive::derive(view.as_deref(), input, &mut tracked.mismatches, now, grace);
             let since_ms = match &previous {
@@ -412,7 +411,8 @@ fn sort(proxies: &mut [Proxy]) {
 /// Derives the sync of this replica's instances for as long as `stop` is false:
 /// each reported instance as its report arrives, every instance of a zone whose view
 /// changed, and every half second the instances whose host sets differ (the grace
-/// may have ended) and those that are gone.
+/// may have ended) and those that are gone. An instance that is only `unknown` waits
+/// for its next report or view change: nothing else can move it.
 pub async fn run(
     sync: Arc<Sync>,
     instances: Arc<Instances>,
@@ -461,7 +461,7 @@ pub async fn run(
                 let pending: Vec<InstanceKey> = sync
                     .states
                     .iter()
-                    .filter(|t| !t.mismatches.is_empty() || t.proxy.state == SyncState::Unknown)
+                    .filter(|t| !t.mismatches.is_empty())
                     .map(|t| t.key().clone())
                     .collect();
                 for key in pending {

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use dashmap::DashMap;
 use meshcat_common::model::InstanceMetrics;
 use meshcat_common::validate::is_valid_name;
-use meshcat_common::wire::{InstanceReport, STALE_BASE};
+use meshcat_common::wire::{InstanceReport, STALE_BASE, XdsState};
 use tracing::{debug, warn};
 
 use super::clusterset::ClusterSet;
@@ -69,6 +69,8 @@ pub struct LiveInstance {
     seq: u64,
     /// The sidecar's upstream clusters and their host sets.
     clusters: Arc<ClusterSet>,
+    /// The sidecar's xDS state, read on every report by the sync without unpacking.
+    xds: Option<XdsState>,
     /// The last report without its upstream clusters and graph fields, packed.
     packed: Box<[u8]>,
 }
@@ -111,8 +113,14 @@ impl LiveInstance {
             errors_5xx_total: report.errors_5xx_total,
             seq: report.seq,
             clusters,
+            xds: report.xds.clone(),
             packed,
         }
+    }
+
+    /// The sidecar's xDS state as last reported.
+    pub fn xds(&self) -> Option<&XdsState> {
+        self.xds.as_ref()
     }
 
     /// The sidecar's upstream clusters as last reported.

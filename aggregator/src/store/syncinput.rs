@@ -22,7 +22,7 @@ pub struct SyncInput {
 
 fn input(key: InstanceKey, i: &LiveInstance) -> SyncInput {
     SyncInput {
-        xds: i.report().xds,
+        xds: i.xds().cloned(),
         clusters: i.clusters().clone(),
         owner: i.owner().map(str::to_owned),
         key,
