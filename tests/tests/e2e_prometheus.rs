@@ -156,7 +156,31 @@ fn documented_families() -> BTreeSet<String> {
 async fn every_exposed_family_is_documented() {
     let m = mesh().await;
     let documented = documented_families();
-    let mut exposed = families(&m.catalog.ops_metrics().await.unwrap());
+    // The control-plane families that have series only once a control server
+    // answered: a zone whose control server does.
+    let control =
+        meshcat_control_server::ControlServer::start("127.0.0.1:0".parse().unwrap(), None)
+            .await
+            .unwrap();
+    control.set(meshcat_control_server::MeshSpec {
+        clusters: vec![meshcat_control_server::ClusterSpec::new(
+            "payments",
+            vec![meshcat_control_server::EndpointSpec::new("10.0.0.1", 8080)],
+        )],
+        listeners: Vec::new(),
+    });
+    m.catalog
+        .register_zone_at("answered", control.local_addr(), "")
+        .await
+        .unwrap();
+    let ops = wait_for("a control server's response counted", DEADLINE, || async {
+        let text = m.catalog.ops_metrics().await.ok()?;
+        text.contains("meshcat_control_plane_responses_total{")
+            .then_some(text)
+    })
+    .await
+    .unwrap();
+    let mut exposed = families(&ops);
     exposed.extend(families(&m.agent.metrics().await.unwrap()));
     // A family that has series only once a sidecar's network namespace fails: an
     // agent whose one target names a namespace that is gone.
