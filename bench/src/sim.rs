@@ -1,7 +1,9 @@
 //! Simulated agents: real quinn clients with the dev agent certificate, each sending
 //! a report of real-shaped instances every interval, and the instances they report.
 //! Shared by the ingest benchmark (`meshcat-bench-agents`) and the graph benchmark
-//! (`meshcat-bench-graph`).
+//! (`meshcat-bench-graph`). Also the mesh a control server declares for sidecars
+//! that take their configuration over xDS ([`mesh_spec`], [`xds_sidecar`]): one
+//! definition of every cluster's hosts for both sides.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -13,8 +15,9 @@ use meshcat_common::model::InstanceMetrics;
 use meshcat_common::transport::{read_frame, write_frame};
 use meshcat_common::wire::{
     AgentMessage, DEFAULT_MAX_MESSAGE, Hello, InstanceReport, ListenerRoutes, Report,
-    ReportedCluster, ServerMessage, UpstreamTraffic,
+    ReportedCluster, ServerMessage, UpstreamTraffic, XdsState,
 };
+use meshcat_control_server::{ClusterSpec, EndpointSpec, MeshSpec};
 use rand::Rng;
 
 /// Shared counters of all simulated agents.
@@ -176,6 +179,7 @@ impl SimAgent {
                     d.errors_5xx_total = i.errors_5xx_total;
                     d.metrics = i.metrics.clone();
                     d.local_cluster.clone_from(&i.local_cluster);
+                    d.xds.clone_from(&i.xds);
                     if traffic {
                         for u in &mut d.upstreams {
                             u.requests_total += sent * REQUESTS_PER_REPORT;
@@ -374,5 +378,73 @@ pub fn large(mut i: InstanceReport, clusters: usize) -> InstanceReport {
                 .collect(),
         )
     }));
+    i
+}
+
+/// The port of every endpoint of [`mesh_spec`].
+const MESH_PORT: u16 = 8080;
+
+/// The name of cluster `c` of [`mesh_spec`]: `service-<c>`, the names the simulated
+/// agents give their services and upstreams.
+pub fn mesh_cluster_name(c: usize) -> String {
+    format!("service-{c}")
+}
+
+/// The number of a [`mesh_cluster_name`].
+pub fn mesh_cluster_index(name: &str) -> Option<usize> {
+    name.strip_prefix("service-")?.parse().ok()
+}
+
+/// Endpoint `h` of mesh cluster `c` of clusters of `per` endpoints: an IP address
+/// no other endpoint has (up to 2^24 endpoints in all).
+fn mesh_ip(c: usize, h: usize, per: usize) -> String {
+    let n = c * per + h;
+    format!("10.{}.{}.{}", n >> 16 & 255, n >> 8 & 255, n & 255)
+}
+
+/// The endpoints (`ip:port`) of mesh cluster `c` with `per` endpoints a cluster,
+/// as a sidecar in sync with [`mesh_spec`] holds them.
+pub fn mesh_hosts(c: usize, per: usize) -> Vec<String> {
+    (0..per)
+        .map(|h| format!("{}:{MESH_PORT}", mesh_ip(c, h, per)))
+        .collect()
+}
+
+/// The mesh a control server declares: `clusters` EDS clusters ([`mesh_cluster_name`])
+/// of `per` healthy endpoints each ([`mesh_hosts`]), no listeners. The JSON of it is
+/// `meshcat-control-server --mesh`'s file.
+pub fn mesh_spec(clusters: usize, per: usize) -> MeshSpec {
+    MeshSpec {
+        clusters: (0..clusters)
+            .map(|c| {
+                ClusterSpec::new(
+                    &mesh_cluster_name(c),
+                    (0..per)
+                        .map(|h| EndpointSpec::new(&mesh_ip(c, h, per), MESH_PORT))
+                        .collect(),
+                )
+            })
+            .collect(),
+        listeners: Vec::new(),
+    }
+}
+
+/// `i` as a sidecar connected to its control server over xDS and in sync with
+/// [`mesh_spec`] (`per` endpoints a cluster): its agent reports the xDS state
+/// (connected, nothing rejected), and each upstream cluster named as a mesh cluster
+/// holds that cluster's hosts, the same in every sidecar.
+pub fn xds_sidecar(mut i: InstanceReport, per: usize) -> InstanceReport {
+    for c in &mut i.clusters {
+        if let Some(n) = mesh_cluster_index(&c.name) {
+            *c = ReportedCluster {
+                added_via_api: c.added_via_api,
+                ..ReportedCluster::healthy(c.name.clone(), mesh_hosts(n, per))
+            };
+        }
+    }
+    i.xds = Some(XdsState {
+        connected: Some(true),
+        rejected: Vec::new(),
+    });
     i
 }

@@ -5,7 +5,9 @@
 //! reports accepted and rejected, report-to-acknowledgement latency (the ingest server
 //! acknowledges after the sink applied the report, so this is report-to-visible) and
 //! the ingest process's CPU from /proc/<pid>/stat and its resident memory (now and
-//! peak) from /proc/<pid>/status.
+//! peak) from /proc/<pid>/status. With `--xds` the sidecars are connected to their
+//! control server and in sync with the mesh `--write-mesh` writes (the control
+//! server's `--mesh` file), so the aggregator compares every report with the view.
 
 // The figures on standard output are this program's whole purpose.
 #![allow(clippy::print_stdout)]
@@ -73,10 +75,44 @@ struct Args {
     /// deltas against the acknowledged one.
     #[arg(long)]
     whole: bool,
+    /// Zones the agents' services are spread over (`zone-<agent % zones>`).
+    #[arg(long, default_value_t = 4)]
+    zones: usize,
+    /// Sidecars connected to their control server over xDS and in sync with the mesh
+    /// of --write-mesh: the reports carry the xDS state, and each upstream cluster
+    /// holds that mesh cluster's --mesh-endpoints hosts, the same in every sidecar.
+    #[arg(long)]
+    xds: bool,
+    /// Endpoints of each cluster of the mesh (--xds, --write-mesh).
+    #[arg(long, default_value_t = 10)]
+    mesh_endpoints: usize,
+    /// Clusters of the mesh --write-mesh writes (service-0 to service-<N-1>; the
+    /// agents' services and upstreams are among the first 200).
+    #[arg(long, default_value_t = 10_000)]
+    mesh_clusters: usize,
+    /// Write the mesh (a meshcat-control-server --mesh file, JSON) to this file and
+    /// exit.
+    #[arg(long)]
+    write_mesh: Option<PathBuf>,
 }
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if args.zones == 0 {
+        bail!("--zones must be at least 1");
+    }
+    if let Some(path) = &args.write_mesh {
+        let mesh = sim::mesh_spec(args.mesh_clusters, args.mesh_endpoints);
+        std::fs::write(path, serde_json::to_vec(&mesh)?)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        println!(
+            "mesh of {} clusters, {} endpoints each, written to {}",
+            args.mesh_clusters,
+            args.mesh_endpoints,
+            path.display()
+        );
+        return Ok(());
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -119,7 +155,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
 
     let sample = AgentMessage::Report(Report {
         sent_at_ms: 0,
-        instances: reports_for(0, args.instances, args.upstreams),
+        instances: reports_for(0, &args),
     });
     println!(
         "report of {} instances with {} upstreams each: {} bytes framed",
@@ -145,7 +181,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         let agent = SimAgent {
             id: format!("bench-agent-{i}"),
             instances: {
-                let mut instances = reports_for(i, args.instances, args.upstreams);
+                let mut instances = reports_for(i, &args);
                 // The large sidecars are spread over the agents.
                 if args.large > 0
                     && i % (args.agents / args.large).max(1) == 0
@@ -244,7 +280,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     );
     if args.large > 0 {
         let whole = meshcat_common::wire::encoded_len(&sim::large(
-            reports_for(0, 1, args.upstreams).remove(0),
+            reports_for(0, &args).remove(0),
             args.large_clusters,
         ));
         println!("a large sidecar's whole state (sent once per connection): {whole} bytes");
@@ -280,24 +316,30 @@ async fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Real-shaped snapshots of agent `agent`'s `count` instances, one cluster per
-/// agent (`service-<agent % 200>` in `zone-<agent % 4>`), each calling `upstreams`
-/// other services of its zone.
-fn reports_for(agent: usize, count: usize, upstreams: usize) -> Vec<InstanceReport> {
+/// Real-shaped snapshots of agent `agent`'s `--instances` instances, one cluster
+/// per agent (`service-<agent % 200>` in `zone-<agent % zones>`), each calling
+/// `--upstreams` other services of its zone; with `--xds`, sidecars in sync with
+/// the mesh.
+fn reports_for(agent: usize, args: &Args) -> Vec<InstanceReport> {
     let service = agent % 200;
-    let calls: Vec<String> = (1..=upstreams)
-        .map(|k| format!("service-{}", (service + 4 * k) % 200))
+    let calls: Vec<String> = (1..=args.upstreams)
+        .map(|k| sim::mesh_cluster_name((service + 4 * k) % 200))
         .collect();
-    (0..count)
+    (0..args.instances)
         .map(|i| {
-            sim::instance(
-                format!("zone-{}", agent % 4),
-                format!("service-{service}"),
+            let report = sim::instance(
+                format!("zone-{}", agent % args.zones),
+                sim::mesh_cluster_name(service),
                 format!("pod-{agent}-{i}"),
                 agent,
                 i,
                 &calls,
-            )
+            );
+            if args.xds {
+                sim::xds_sidecar(report, args.mesh_endpoints)
+            } else {
+                report
+            }
         })
         .collect()
 }
