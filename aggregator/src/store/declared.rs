@@ -1,7 +1,9 @@
 //! What each zone's control server declares, shown in the catalog (contract section
 //! 17): the clusters of a zone's view mapped to catalog clusters (the registered one
-//! of the same name, else the service a mesh-specific name stands for,
-//! [`meshcat_common::mesh_names`]), each entry's `controlPlane` figures, and the
+//! of the same name; else the cluster whose live instances' sidecars listen at one
+//! of its endpoints' addresses, section 14's rule; else the service a mesh-specific
+//! name stands for, [`meshcat_common::mesh_names`]; else itself), each entry's
+//! `controlPlane` figures, and the
 //! control server's live endpoints as the instances of a cluster no agent reports.
 //! Declared clusters nobody registered are entries of their own, so `GET /services`
 //! lists them. The view itself is shared, never copied: an entry holds the zone's
@@ -15,6 +17,7 @@ use meshcat_common::model::ControlPlane;
 use meshcat_common::wire::address_hash;
 
 use super::publish::Touch;
+use super::traffic::{AddressMap, address_key};
 use super::{Entry, Instances, shared};
 use crate::control::ZoneView;
 
@@ -117,11 +120,17 @@ impl Instances {
             .unwrap_or_default();
         let mut groups: BTreeMap<String, Vec<String>> = BTreeMap::new();
         if let Some(v) = &view {
-            for raw in v.clusters.keys() {
+            let listening = self.listening(zone);
+            for (raw, cluster) in &v.clusters {
                 let name = if registered.contains(raw) {
                     raw.as_str()
                 } else {
-                    service_of(raw)
+                    cluster
+                        .endpoints
+                        .iter()
+                        .find_map(|ep| listening.get(&address_key(&ep.address)))
+                        .and_then(|c| c.as_deref())
+                        .unwrap_or_else(|| service_of(raw))
                 };
                 if meshcat_common::validate::is_valid_name(name) {
                     groups.entry(name.to_owned()).or_default().push(raw.clone());
@@ -156,6 +165,28 @@ impl Instances {
         if visible {
             self.memory.publish(&touched);
         }
+    }
+
+    /// Which cluster's live instances' sidecars listen at each address of `zone`
+    /// (by [`address_key`]); `None` for an address two clusters' sidecars claim,
+    /// which names neither.
+    fn listening(&self, zone: &str) -> AddressMap<Option<String>> {
+        let mut at: AddressMap<Option<String>> = AddressMap::default();
+        self.traffic().view().each(|z, cluster, calls| {
+            if z != zone {
+                return;
+            }
+            for (key, _) in calls.listeners() {
+                at.entry(key)
+                    .and_modify(|owner| {
+                        if owner.as_deref() != Some(cluster) {
+                            *owner = None;
+                        }
+                    })
+                    .or_insert_with(|| Some(cluster.to_owned()));
+            }
+        });
+        at
     }
 
     /// Sets one entry's declared part. `None` when a reader sees no difference;

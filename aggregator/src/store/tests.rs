@@ -969,3 +969,59 @@ fn declared_clusters_show_their_endpoints_until_an_agent_reports() {
             .any(|c| c.record.cluster_name == "orders")
     );
 }
+
+#[test]
+fn a_declared_cluster_maps_to_the_cluster_whose_sidecars_listen_at_its_endpoints() {
+    use meshcat_common::wire::ListenerRoutes;
+    let (_d, s, live) = open();
+    s.create_zone(zone("z")).unwrap();
+    s.create_cluster(ClusterRecord::new("z", "payments", "Payments"))
+        .unwrap();
+    s.create_cluster(ClusterRecord::new("z", "ledger", "Ledger"))
+        .unwrap();
+    let listening = |cluster: &str, instance: &str, host: &str, port: u16| {
+        let mut r = report("z", cluster, instance, 0, 0);
+        r.admin_address = format!("{host}:15000");
+        r.listeners = vec![ListenerRoutes {
+            address: format!("{host}:{port}"),
+            clusters: vec![format!("inbound-{cluster}")],
+        }];
+        r
+    };
+    let now = Instant::now();
+    live.apply_report(
+        "agent-1",
+        listening("payments", "pay-1", "10.0.0.5", 8080),
+        now,
+    );
+    // Two clusters' sidecars claim 10.0.0.9:80: it names neither.
+    live.apply_report(
+        "agent-1",
+        listening("payments", "pay-2", "10.0.0.9", 80),
+        now,
+    );
+    live.apply_report("agent-2", listening("ledger", "led-1", "10.0.0.9", 80), now);
+    live.apply_declared(
+        "z",
+        Some(declared_view(&[
+            // Under another name, at a payments sidecar's listener.
+            ("payments-v2", &[("10.0.0.5:8080", true)]),
+            ("shared", &[("10.0.0.9:80", true)]),
+        ])),
+    );
+    let v = &s.get_cluster("payments", Some("z"), true)[0];
+    assert!(v.control_plane.declared, "{:?}", v.control_plane);
+    assert_eq!(v.control_plane.endpoints, 1);
+    assert!(
+        !s.get_cluster("ledger", Some("z"), true)[0]
+            .control_plane
+            .declared
+    );
+    let names: Vec<String> = s
+        .services(Some("z"), true)
+        .into_iter()
+        .map(|c| c.record.cluster_name)
+        .collect();
+    assert!(names.contains(&"shared".to_owned()), "{names:?}");
+    assert!(!names.contains(&"payments-v2".to_owned()), "{names:?}");
+}
