@@ -1,10 +1,13 @@
-//! The ADS service (state of the world): one task per stream that answers
+//! The ADS service: state of the world here (one task per stream that answers
 //! subscriptions from the node's snapshot, follows ACKs and NACKs by nonce, and
-//! pushes each subscribed type whose content changed; and the state shared by every
-//! stream (snapshots, held and overridden nodes, what each node was sent and ACKed).
+//! pushes each subscribed type whose content changed), Delta xDS in
+//! [`crate::delta`] (unless turned off, when it answers UNIMPLEMENTED); and the
+//! state shared by every stream (snapshots, held and overridden nodes, what each
+//! node was sent and ACKed).
 
 use std::collections::{BTreeMap, HashMap};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryService;
@@ -45,6 +48,8 @@ pub struct NodeState {
     pub held: bool,
     /// Served a spec of its own ([`crate::ControlServer::override_for`]).
     pub overridden: bool,
+    /// Its (last opened) stream is incremental: `DeltaAggregatedResources`.
+    pub delta: bool,
     /// By type URL.
     pub types: BTreeMap<String, TypeState>,
 }
@@ -73,12 +78,12 @@ impl NodeState {
 
 /// A node as the server tracks it, connected or not.
 #[derive(Debug, Default)]
-struct NodeEntry {
+pub(crate) struct NodeEntry {
     /// Open streams with this node id.
     streams: usize,
-    state: NodeState,
+    pub(crate) state: NodeState,
     /// The snapshot its stream last answered from.
-    served: Option<Arc<Snapshot>>,
+    pub(crate) served: Option<Arc<Snapshot>>,
 }
 
 /// Snapshots and nodes, under one lock.
@@ -133,13 +138,15 @@ impl State {
 pub(crate) struct Shared {
     state: Mutex<State>,
     /// Moves when any node's effective snapshot may have changed.
-    snapshots: watch::Sender<u64>,
+    pub(crate) snapshots: watch::Sender<u64>,
     /// Moves on every connect, disconnect, response, ACK and NACK.
     pub(crate) events: watch::Sender<u64>,
+    /// Whether `DeltaAggregatedResources` is served (else UNIMPLEMENTED).
+    delta: AtomicBool,
 }
 
 impl Shared {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(delta: bool) -> Self {
         Self {
             state: Mutex::new(State {
                 set_count: 0,
@@ -151,7 +158,17 @@ impl Shared {
             }),
             snapshots: watch::channel(0).0,
             events: watch::channel(0).0,
+            delta: AtomicBool::new(delta),
         }
+    }
+
+    /// Whether new Delta xDS streams are served.
+    pub(crate) fn delta(&self) -> bool {
+        self.delta.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_delta(&self, on: bool) {
+        self.delta.store(on, Ordering::Relaxed);
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
@@ -168,7 +185,7 @@ impl Shared {
         self.events.send_modify(|v| *v += 1);
     }
 
-    fn with_node(&self, id: &str, f: impl FnOnce(&mut NodeEntry)) {
+    pub(crate) fn with_node(&self, id: &str, f: impl FnOnce(&mut NodeEntry)) {
         let mut state = self.lock();
         if let Some(n) = state.nodes.get_mut(id) {
             f(n);
@@ -177,7 +194,8 @@ impl Shared {
         self.event();
     }
 
-    fn connect(&self, id: &str, cluster: &str) {
+    /// A stream of node `id` opened (`delta`: an incremental one).
+    pub(crate) fn connect(&self, id: &str, cluster: &str, delta: bool) {
         let mut state = self.lock();
         let n = state.nodes.entry(id.to_owned()).or_default();
         if n.streams == 0 {
@@ -188,13 +206,14 @@ impl Shared {
             };
             n.served = None;
         }
+        n.state.delta = delta;
         n.streams += 1;
         drop(state);
-        tracing::info!(node = %id, cluster = %cluster, "node connected");
+        tracing::info!(node = %id, cluster = %cluster, delta, "node connected");
         self.event();
     }
 
-    fn disconnect(&self, id: &str) {
+    pub(crate) fn disconnect(&self, id: &str) {
         self.with_node(id, |n| n.streams = n.streams.saturating_sub(1));
         tracing::info!(node = %id, "node stream closed");
     }
@@ -237,11 +256,20 @@ impl AggregatedDiscoveryService for Ads {
 
     async fn delta_aggregated_resources(
         &self,
-        _request: Request<Streaming<DeltaDiscoveryRequest>>,
+        request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<DeltaStream>, Status> {
-        Err(Status::unimplemented(
-            "this control server speaks state-of-the-world ADS only",
-        ))
+        if !self.shared.delta() {
+            return Err(Status::unimplemented(
+                "Delta xDS is turned off on this control server",
+            ));
+        }
+        let (tx, rx) = mpsc::channel(16);
+        let stream = crate::delta::DeltaStream::new(self.shared.clone(), tx);
+        tokio::spawn(stream.run(request.into_inner(), self.cancel.clone()));
+        let out = futures::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|item| (item, rx))
+        });
+        Ok(Response::new(Box::pin(out)))
     }
 }
 
@@ -305,7 +333,7 @@ impl AdsStream {
             Some(id) => id.clone(),
             None => {
                 let node = req.node.clone().unwrap_or_default();
-                self.shared.connect(&node.id, &node.cluster);
+                self.shared.connect(&node.id, &node.cluster, false);
                 self.node = Some(node.id.clone());
                 node.id
             }

@@ -1,8 +1,9 @@
-//! A small xDS control server (ADS, state of the world) for meshcat's tests and its
-//! one-machine demo mesh: it serves real Envoy sidecars and meshcat's own xDS client
-//! one shared [`MeshSpec`] snapshot, lets a test hold a node on its old snapshot,
-//! serve one node a spec of its own, stop and restart the server, and see per node
-//! what was sent, ACKed and NACKed.
+//! A small xDS control server (ADS: state of the world, and Delta xDS unless turned
+//! off) for meshcat's tests and its one-machine demo mesh: it serves real Envoy
+//! sidecars and meshcat's own xDS client one shared [`MeshSpec`] snapshot, lets a
+//! test hold a node on its old snapshot, serve one node a spec of its own, stop and
+//! restart the server, and see per node what was sent, ACKed and NACKed, over
+//! either protocol alike.
 //!
 //! ```no_run
 //! # async fn demo() -> anyhow::Result<()> {
@@ -17,6 +18,7 @@
 //! ```
 
 mod ads;
+mod delta;
 mod snapshot;
 mod spec;
 
@@ -32,7 +34,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
 pub use ads::{NodeState, TypeState};
-pub use snapshot::{Resources, Snapshot, Subscription, type_url};
+pub use snapshot::{Resources, Snapshot, Subscription, resource_version, type_url};
 pub use spec::{
     ClusterSpec, DEFAULT_CONNECT_TIMEOUT_MS, EndpointSpec, Health, ListenerSpec, MeshSpec,
     RouteSpec,
@@ -63,6 +65,21 @@ impl std::fmt::Debug for ServerTls {
             .field("key_pem", &"<redacted>")
             .field("client_ca", &self.client_ca_pem.is_some())
             .finish()
+    }
+}
+
+/// How a control server serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerOptions {
+    /// Serve `DeltaAggregatedResources` (incremental ADS) beside
+    /// `StreamAggregatedResources`; false: it answers UNIMPLEMENTED, as a server
+    /// that speaks state of the world only does.
+    pub delta: bool,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        Self { delta: true }
     }
 }
 
@@ -98,16 +115,25 @@ impl Drop for Inner {
 
 impl ControlServer {
     /// Binds `listen` (port 0 picks one) and serves ADS on it in a task, with TLS
-    /// when `tls` is given. Until [`ControlServer::set`] the snapshot is empty
-    /// (version "0").
+    /// when `tls` is given, Delta xDS included. Until [`ControlServer::set`] the
+    /// snapshot is empty (version "0").
     pub async fn start(listen: SocketAddr, tls: Option<ServerTls>) -> anyhow::Result<Self> {
+        Self::start_with(listen, tls, ServerOptions::default()).await
+    }
+
+    /// [`ControlServer::start`] with `options`.
+    pub async fn start_with(
+        listen: SocketAddr,
+        tls: Option<ServerTls>,
+        options: ServerOptions,
+    ) -> anyhow::Result<Self> {
         let listener = TcpListener::bind(listen)
             .await
             .with_context(|| format!("cannot listen on {listen}"))?;
         let addr = listener.local_addr()?;
-        let shared = Arc::new(Shared::new());
+        let shared = Arc::new(Shared::new(options.delta));
         let run = serve(listener, tls.as_ref(), &shared)?;
-        tracing::info!(%addr, tls = tls.is_some(), "control server listening");
+        tracing::info!(%addr, tls = tls.is_some(), delta = options.delta, "control server listening");
         Ok(Self {
             inner: Arc::new(Inner {
                 shared,
@@ -121,6 +147,18 @@ impl ControlServer {
     /// The address it serves on.
     pub fn local_addr(&self) -> SocketAddr {
         self.inner.addr
+    }
+
+    /// Turns Delta xDS on or off for the streams opened from now on (open ones
+    /// go on); off, `DeltaAggregatedResources` answers UNIMPLEMENTED.
+    pub fn set_delta(&self, on: bool) {
+        self.inner.shared.set_delta(on);
+        tracing::info!(delta = on, "delta xDS switched");
+    }
+
+    /// Whether new Delta xDS streams are served.
+    pub fn delta(&self) -> bool {
+        self.inner.shared.delta()
     }
 
     /// Publishes `spec` as the shared snapshot and returns its version ("1", "2",
@@ -229,7 +267,8 @@ impl ControlServer {
     }
 
     /// Every connected node: per type URL the last version sent, the last version
-    /// ACKed and the last NACK's error detail.
+    /// ACKed and the last NACK's error detail (over state of the world and Delta
+    /// xDS alike; for Delta, a version is the snapshot's `system_version_info`).
     pub fn nodes(&self) -> Vec<NodeState> {
         self.inner.shared.lock().connected_nodes()
     }

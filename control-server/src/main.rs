@@ -1,6 +1,7 @@
-//! The `meshcat-control-server` program: serves a JSON [`MeshSpec`] file over ADS,
-//! re-reading it on SIGHUP or when its modification time changes, with a small HTTP
-//! admin API (`GET /nodes`, `POST /hold/{node}`, `POST /release/{node}`).
+//! The `meshcat-control-server` program: serves a JSON [`MeshSpec`] file over ADS
+//! (state of the world, and Delta xDS unless `--no-delta`), re-reading it on SIGHUP
+//! or when its modification time changes, with a small HTTP admin API (`GET
+//! /nodes`, `POST /hold/{node}`, `POST /release/{node}`).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -12,11 +13,11 @@ use axum::Router;
 use axum::extract::{Path as UrlPath, State};
 use axum::routing::{get, post};
 use clap::Parser;
-use meshcat_control_server::{ControlServer, MeshSpec, NodeState, ServerTls};
+use meshcat_control_server::{ControlServer, MeshSpec, NodeState, ServerOptions, ServerTls};
 use tokio::signal::unix::{SignalKind, signal};
 
-/// A small xDS control server (ADS, state of the world) for meshcat's demo mesh and
-/// tests.
+/// A small xDS control server (ADS: state of the world and Delta xDS) for meshcat's
+/// demo mesh and tests.
 #[derive(Debug, Parser)]
 #[command(name = "meshcat-control-server", version)]
 struct Args {
@@ -42,6 +43,10 @@ struct Args {
     /// --tls-cert and --tls-key.
     #[arg(long, requires = "tls_cert")]
     client_ca: Option<PathBuf>,
+    /// Serve state-of-the-world ADS only: DeltaAggregatedResources answers
+    /// UNIMPLEMENTED (clients that try Delta xDS first fall back).
+    #[arg(long)]
+    no_delta: bool,
 }
 
 #[tokio::main]
@@ -63,7 +68,10 @@ async fn main() -> anyhow::Result<()> {
         }),
         _ => None,
     };
-    let server = ControlServer::start(args.listen, tls).await?;
+    let options = ServerOptions {
+        delta: !args.no_delta,
+    };
+    let server = ControlServer::start_with(args.listen, tls, options).await?;
     if let Some(path) = &args.mesh {
         let spec = load(path)?;
         let version = server.set(spec);

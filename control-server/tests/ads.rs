@@ -1,8 +1,10 @@
 //! The ADS protocol of the control server seen from a gRPC client on the same
 //! types: wildcard CDS and named EDS, ACKs that bring nothing again, pushes of only
 //! what changed, a NACK with its error detail, hold and release, a per-node spec,
-//! Delta answered Unimplemented, stop and restart on the same address, and mTLS
-//! that refuses a client without a certificate.
+//! stop and restart on the same address, and mTLS that refuses a client without a
+//! certificate; over Delta xDS, initial resource versions, only the resources that
+//! changed, removals, a NACK that puts back what the client has, and Delta turned
+//! off answered Unimplemented.
 
 use std::time::Duration;
 
@@ -10,7 +12,7 @@ use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use envoy_types::pb::envoy::service::discovery::v3::{
-    DeltaDiscoveryRequest, DiscoveryRequest, DiscoveryResponse,
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
 };
 use envoy_types::pb::google::rpc::Status as RpcStatus;
 use meshcat_control_server::{ClusterSpec, ControlServer, EndpointSpec, MeshSpec, type_url};
@@ -213,18 +215,264 @@ async fn state_of_the_world_over_one_stream() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// One Delta xDS stream as a client drives it.
+struct DeltaClient {
+    tx: mpsc::UnboundedSender<DeltaDiscoveryRequest>,
+    rx: tonic::Streaming<DeltaDiscoveryResponse>,
+}
+
+impl DeltaClient {
+    async fn connect(server: &ControlServer) -> Result<Self, tonic::Status> {
+        let channel = Channel::from_shared(format!("http://{}", server.local_addr()))
+            .expect("a URL")
+            .connect()
+            .await
+            .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+        let (tx, rx) = mpsc::unbounded_channel::<DeltaDiscoveryRequest>();
+        let requests =
+            futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|r| (r, rx)) });
+        let rx = AggregatedDiscoveryServiceClient::new(channel)
+            .delta_aggregated_resources(requests)
+            .await?
+            .into_inner();
+        Ok(Self { tx, rx })
+    }
+
+    fn send(&self, req: DeltaDiscoveryRequest) {
+        self.tx
+            .send(DeltaDiscoveryRequest {
+                node: Some(Node {
+                    id: "d1".to_owned(),
+                    cluster: "test".to_owned(),
+                    ..Default::default()
+                }),
+                ..req
+            })
+            .expect("stream open");
+    }
+
+    fn subscribe(&self, type_url: &str, names: &[&str], initial: &[(&str, &str)]) {
+        self.send(DeltaDiscoveryRequest {
+            type_url: type_url.to_owned(),
+            resource_names_subscribe: names.iter().map(|n| (*n).to_owned()).collect(),
+            initial_resource_versions: initial
+                .iter()
+                .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
+                .collect(),
+            ..Default::default()
+        });
+    }
+
+    fn ack(&self, r: &DeltaDiscoveryResponse) {
+        self.send(DeltaDiscoveryRequest {
+            type_url: r.type_url.clone(),
+            response_nonce: r.nonce.clone(),
+            ..Default::default()
+        });
+    }
+
+    fn nack(&self, r: &DeltaDiscoveryResponse, message: &str) {
+        self.send(DeltaDiscoveryRequest {
+            type_url: r.type_url.clone(),
+            response_nonce: r.nonce.clone(),
+            error_detail: Some(RpcStatus {
+                code: 3,
+                message: message.to_owned(),
+                details: vec![],
+            }),
+            ..Default::default()
+        });
+    }
+
+    async fn recv(&mut self) -> anyhow::Result<DeltaDiscoveryResponse> {
+        tokio::time::timeout(WAIT, self.rx.message())
+            .await??
+            .ok_or_else(|| anyhow::anyhow!("stream ended"))
+    }
+}
+
+/// A response's type, version, resource names and removed names.
+fn delta_of(r: &DeltaDiscoveryResponse) -> (&str, &str, Vec<&str>, Vec<&str>) {
+    (
+        r.type_url.as_str(),
+        r.system_version_info.as_str(),
+        r.resources.iter().map(|x| x.name.as_str()).collect(),
+        r.removed_resources.iter().map(String::as_str).collect(),
+    )
+}
+
+fn two_clusters(ports: &[u16]) -> MeshSpec {
+    let mut spec = mesh(ports);
+    spec.clusters.push(ClusterSpec::new("users", vec![]));
+    spec
+}
+
 #[tokio::test]
-async fn delta_is_unimplemented() -> anyhow::Result<()> {
+async fn delta_sends_only_what_changed() -> anyhow::Result<()> {
     let server = ControlServer::start("127.0.0.1:0".parse()?, None).await?;
-    let channel = Channel::from_shared(format!("http://{}", server.local_addr()))?
-        .connect()
+    assert!(server.delta());
+    assert_eq!(server.set(mesh(&[9001])), "1");
+    let mut c = DeltaClient::connect(&server).await?;
+
+    // Wildcard CDS; a resource the client says it has that is gone is removed.
+    c.subscribe(type_url::CLUSTER, &[], &[("stale", "x")]);
+    let cds = c.recv().await?;
+    assert_eq!(
+        delta_of(&cds),
+        (type_url::CLUSTER, "1", vec!["orders"], vec!["stale"])
+    );
+    let orders_version = cds.resources[0].version.clone();
+    assert_eq!(
+        orders_version,
+        meshcat_control_server::resource_version(cds.resources[0].resource.as_ref().unwrap())
+    );
+    c.ack(&cds);
+    c.subscribe(type_url::ENDPOINT, &["orders", "absent"], &[]);
+    let eds = c.recv().await?;
+    assert_eq!(
+        delta_of(&eds),
+        (type_url::ENDPOINT, "1", vec!["orders"], vec![])
+    );
+    c.ack(&eds);
+    server
+        .wait_until(
+            |n| {
+                n.iter().any(|n| {
+                    n.id == "d1"
+                        && n.delta
+                        && n.acked(type_url::CLUSTER) == "1"
+                        && n.acked(type_url::ENDPOINT) == "1"
+                })
+            },
+            WAIT,
+        )
         .await?;
-    let requests = futures::stream::iter(vec![DeltaDiscoveryRequest::default()]);
-    let status = AggregatedDiscoveryServiceClient::new(channel)
-        .delta_aggregated_resources(requests)
+    let d1 = server.node("d1").expect("connected");
+    assert_eq!(
+        d1.get(type_url::ENDPOINT).unwrap().resource_names,
+        ["absent", "orders"]
+    );
+
+    // Only an endpoint changed: only that load assignment comes.
+    assert_eq!(server.set(mesh(&[9001, 9002])), "2");
+    let eds2 = c.recv().await?;
+    assert_eq!(
+        delta_of(&eds2),
+        (type_url::ENDPOINT, "2", vec!["orders"], vec![])
+    );
+    c.ack(&eds2);
+    // A cluster added: only it comes, then its endpoints once subscribed.
+    assert_eq!(server.set(two_clusters(&[9001, 9002])), "3");
+    let cds3 = c.recv().await?;
+    assert_eq!(
+        delta_of(&cds3),
+        (type_url::CLUSTER, "3", vec!["users"], vec![])
+    );
+    c.ack(&cds3);
+    c.subscribe(type_url::ENDPOINT, &["users"], &[]);
+    let eds3 = c.recv().await?;
+    assert_eq!(
+        delta_of(&eds3),
+        (type_url::ENDPOINT, "3", vec!["users"], vec![])
+    );
+    c.ack(&eds3);
+
+    // A NACK is recorded, nothing is sent again, and what the client has goes back
+    // to before the refused response.
+    let mut bad = two_clusters(&[9001, 9002]);
+    bad.clusters[0].connect_timeout_ms = 0;
+    server.override_for("d1", Some(bad));
+    let refused = c.recv().await?;
+    assert_eq!(
+        delta_of(&refused),
+        (type_url::CLUSTER, "override-1", vec!["orders"], vec![])
+    );
+    assert_ne!(refused.resources[0].version, orders_version);
+    c.nack(&refused, "connect timeout must be > 0");
+    server
+        .wait_until(
+            |n| {
+                n.iter().any(|n| {
+                    n.last_nack(type_url::CLUSTER) == Some("connect timeout must be > 0")
+                        && n.get(type_url::CLUSTER).is_some_and(|t| t.nacked)
+                })
+            },
+            WAIT,
+        )
+        .await?;
+    let d1 = server.node("d1").expect("connected");
+    assert_eq!(d1.acked(type_url::CLUSTER), "3");
+    assert_eq!(d1.sent(type_url::CLUSTER), "override-1");
+    server.override_for("d1", None);
+    // Removed: the cluster and its load assignment, and nothing of orders, which
+    // the client still has as it was.
+    assert_eq!(server.set(mesh(&[9001, 9002])), "4");
+    let cds4 = c.recv().await?;
+    assert_eq!(
+        delta_of(&cds4),
+        (type_url::CLUSTER, "4", vec![], vec!["users"])
+    );
+    c.ack(&cds4);
+    let eds4 = c.recv().await?;
+    assert_eq!(
+        delta_of(&eds4),
+        (type_url::ENDPOINT, "4", vec![], vec!["users"])
+    );
+    c.ack(&eds4);
+
+    // Held: nothing newer comes; released: it catches up.
+    server.hold("d1");
+    assert_eq!(server.set(mesh(&[9003])), "5");
+    assert!(server.node("d1").expect("connected").held);
+    server.release("d1");
+    let eds5 = c.recv().await?;
+    assert_eq!(
+        delta_of(&eds5),
+        (type_url::ENDPOINT, "5", vec!["orders"], vec![])
+    );
+    c.ack(&eds5);
+
+    // A new stream that has everything at its version is answered with nothing.
+    drop(c);
+    server
+        .wait_until(|n| n.iter().all(|n| n.id != "d1"), WAIT)
+        .await?;
+    let mut c = DeltaClient::connect(&server).await?;
+    c.subscribe(type_url::CLUSTER, &["*"], &[("orders", &orders_version)]);
+    assert_eq!(
+        delta_of(&c.recv().await?),
+        (type_url::CLUSTER, "5", vec![], vec![])
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn delta_turned_off_is_unimplemented() -> anyhow::Result<()> {
+    let server = ControlServer::start_with(
+        "127.0.0.1:0".parse()?,
+        None,
+        meshcat_control_server::ServerOptions { delta: false },
+    )
+    .await?;
+    assert!(!server.delta());
+    let status = DeltaClient::connect(&server)
         .await
-        .expect_err("Unimplemented");
+        .err()
+        .expect("Unimplemented");
     assert_eq!(status.code(), tonic::Code::Unimplemented);
+    // State of the world is served still.
+    server.set(mesh(&[9001]));
+    let mut c = Client::connect(&server, "n1").await?;
+    c.send(type_url::CLUSTER, &[], None, None);
+    assert_eq!(c.recv().await?.version_info, "1");
+    // Turned on, new streams are served.
+    server.set_delta(true);
+    let mut d = DeltaClient::connect(&server).await?;
+    d.subscribe(type_url::CLUSTER, &[], &[]);
+    assert_eq!(
+        delta_of(&d.recv().await?),
+        (type_url::CLUSTER, "1", vec!["orders"], vec![])
+    );
     Ok(())
 }
 
