@@ -1,19 +1,25 @@
 //! The zones' control servers (contract section 17): for every zone one ADS stream
-//! (`envoy.service.discovery.v3.AggregatedDiscoveryService`, state of the world;
-//! Delta xDS is not spoken) to its `serverAddress`, the zone's last good view of what
-//! the server declares ([`ZoneView`]), and the stream's state ([`ControlStatus`]),
-//! with its config ([`ControlConfig`]) and defaults, its metrics, and a feed of its
-//! changes ([`ControlChange`]). It is given the zones as values and names no other
-//! component.
+//! (`envoy.service.discovery.v3.AggregatedDiscoveryService`) to its `serverAddress`,
+//! Delta xDS (`DeltaAggregatedResources`) where the server offers it and state of
+//! the world (`StreamAggregatedResources`) where it answers Delta with
+//! UNIMPLEMENTED; the zone's last good view of what the server declares
+//! ([`ZoneView`]), and the stream's state ([`ControlStatus`], with the protocol it
+//! speaks), with its config ([`ControlConfig`]) and defaults, its metrics, and a
+//! feed of its changes ([`ControlChange`]). It is given the zones as values and
+//! names no other component.
 //!
 //! - `decode`: the resources of a response read into the facts the view keeps;
-//! - `view`: the view, and what a stream holds to build the next one;
-//! - `stream`: one zone's stream: connect, subscribe, ACK / NACK, reconnect;
+//! - `view`: the view, and what a stream holds to build the next one (a whole type
+//!   from a state-of-the-world response, the resources named from a delta one);
+//! - `stream`: one zone's stream: connect, choose the protocol, subscribe, ACK /
+//!   NACK, reconnect; the state-of-the-world session;
+//! - `delta`: the Delta xDS session;
 //! - `zone`: one zone's shared status and view, and the state it derives;
 //! - `failure`: why a stream failed, in words;
 //! - `metrics`: `meshcat_control_plane_*`.
 
 mod decode;
+mod delta;
 mod failure;
 mod metrics;
 mod stream;
@@ -169,6 +175,10 @@ pub struct ControlStatus {
     pub zone_name: String,
     pub server_address: String,
     pub state: ControlState,
+    /// The xDS protocol of the stream: `delta` (Delta xDS) or `sotw` (state of the
+    /// world, when the server answers Delta with UNIMPLEMENTED); "" while the
+    /// stream is not up, or the zone is `disabled`.
+    pub protocol: String,
     /// The last failure in words; "" when none.
     pub error: String,
     /// When the stream had its first response (ms since the epoch); `None` while
@@ -191,6 +201,7 @@ impl ControlStatus {
             zone_name: zone.to_owned(),
             server_address: server_address.to_owned(),
             state,
+            protocol: String::new(),
             error: String::new(),
             connected_since_ms: None,
             last_update_ms: None,

@@ -1,8 +1,10 @@
 //! The aggregator's xDS client (`control`) against a real ADS server on port 0
-//! (`meshcat-control-server`): the view fills and follows the server, the state
-//! follows the connection (stop, restart, mTLS, a wrong CA), a view over a bound is
-//! NACKed with its reason while the last good view is kept, and removing a zone
-//! closes its stream.
+//! (`meshcat-control-server`): the view fills and follows the server over Delta xDS
+//! and over state of the world (a server with Delta turned off, which the client
+//! falls back to), the state follows the connection (stop, restart, mTLS, a wrong
+//! CA), a view over a bound is NACKed with its reason while the last good view is
+//! kept, a zone moved to another server takes that server's view, and removing a
+//! zone closes its stream.
 
 use std::alloc::System;
 use std::net::SocketAddr;
@@ -15,8 +17,8 @@ use meshcat_aggregator::control::{
 use meshcat_common::model::ZoneRecord;
 use meshcat_common::wire::hosts_digest;
 use meshcat_control_server::{
-    ClusterSpec, ControlServer, EndpointSpec, Health, ListenerSpec, MeshSpec, RouteSpec, ServerTls,
-    type_url,
+    ClusterSpec, ControlServer, EndpointSpec, Health, ListenerSpec, MeshSpec, RouteSpec,
+    ServerOptions, ServerTls, type_url,
 };
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, SanType};
 use tokio::sync::broadcast;
@@ -36,6 +38,18 @@ fn controls(config: ControlConfig) -> (Controls, prometheus::Registry) {
     let registry = prometheus::Registry::new();
     let controls = Controls::new(config, &registry).unwrap();
     (controls, registry)
+}
+
+/// A control server on port 0, with Delta xDS or without.
+async fn server(delta: bool) -> ControlServer {
+    ControlServer::start_with(local(), None, ServerOptions { delta })
+        .await
+        .unwrap()
+}
+
+/// The protocol the client speaks to a server with Delta xDS or without.
+fn protocol(delta: bool) -> &'static str {
+    if delta { "delta" } else { "sotw" }
 }
 
 fn config() -> ControlConfig {
@@ -136,8 +150,17 @@ fn metric(registry: &prometheus::Registry, name: &str, labels: &[(&str, &str)]) 
 }
 
 #[tokio::test]
-async fn the_view_fills_and_follows_the_servers_snapshot() {
-    let server = ControlServer::start(local(), None).await.unwrap();
+async fn the_view_fills_and_follows_the_servers_snapshot_over_delta() {
+    view_fills_and_follows(true).await;
+}
+
+#[tokio::test]
+async fn the_view_fills_and_follows_the_servers_snapshot_over_sotw() {
+    view_fills_and_follows(false).await;
+}
+
+async fn view_fills_and_follows(delta: bool) {
+    let server = server(delta).await;
     let mut spec = mesh(&[
         (
             "orders",
@@ -169,6 +192,7 @@ async fn the_view_fills_and_follows_the_servers_snapshot() {
     })
     .await;
     assert_eq!(status.server_address, server.local_addr().to_string());
+    assert_eq!(status.protocol, protocol(delta));
     assert_eq!(status.error, "");
     assert!(status.connected_since_ms.is_some());
     assert!(status.last_update_ms.is_some());
@@ -204,6 +228,7 @@ async fn the_view_fills_and_follows_the_servers_snapshot() {
                 nodes.iter().any(|n| {
                     n.id == "meshcat~z1~r1"
                         && n.cluster == "meshcat"
+                        && n.delta == delta
                         && type_url::ALL.iter().all(|t| n.acked(t) == version)
                 })
             },
@@ -229,7 +254,8 @@ async fn the_view_fills_and_follows_the_servers_snapshot() {
     );
 
     // A new endpoint shows; the old ones keep their first-seen time, and the old
-    // set is remembered.
+    // set is remembered; the other cluster is as it was.
+    let payments = view.clusters["payments"].clone();
     let first_seen = orders.endpoints[0].first_seen_ms;
     let old_digest = orders.digest;
     spec.clusters[0]
@@ -248,6 +274,7 @@ async fn the_view_fills_and_follows_the_servers_snapshot() {
     assert_eq!(orders.endpoints[2].address, "10.0.0.3:8080");
     assert_eq!(orders.endpoints[0].first_seen_ms, first_seen);
     assert_eq!(orders.previous.first().map(|p| p.0), Some(old_digest));
+    assert_eq!(view.clusters["payments"], payments);
     let status = wait_status(&controls, "z1", "at the new endpoints version", |s| {
         s.versions.endpoints == version
     })
@@ -261,10 +288,26 @@ async fn the_view_fills_and_follows_the_servers_snapshot() {
     })
     .await;
     assert!(view.removed.contains_key("payments"));
-    wait_status(&controls, "z1", "at the last version", |s| {
-        s.versions.clusters == version && s.listeners == 0
+    let status = wait_status(&controls, "z1", "at the last version", |s| {
+        s.versions.clusters == version && s.listeners == 0 && s.routes == 0
     })
     .await;
+    assert_eq!((status.clusters, status.endpoints), (1, 1));
+    assert_eq!(status.protocol, protocol(delta));
+    // The endpoints of the cluster removed are no longer asked for.
+    server
+        .wait_until(
+            |nodes| {
+                nodes.iter().any(|n| {
+                    n.id == "meshcat~z1~r1"
+                        && n.get(type_url::ENDPOINT)
+                            .is_some_and(|t| t.resource_names == ["orders"])
+                })
+            },
+            WAIT,
+        )
+        .await
+        .unwrap();
     controls.remove_zone("z1");
     server.stop().await;
 }
@@ -272,13 +315,16 @@ async fn the_view_fills_and_follows_the_servers_snapshot() {
 #[tokio::test]
 async fn a_stopped_server_is_unreachable_then_connected_again() {
     let server = ControlServer::start(local(), None).await.unwrap();
-    server.set(mesh(&[("orders", &[("10.0.0.1", 8080, Health::Healthy)])]));
+    let orders: Endpoints<'_> = &[("10.0.0.1", 8080, Health::Healthy)];
+    let payments: Endpoints<'_> = &[("10.0.1.1", 9090, Health::Healthy)];
+    server.set(mesh(&[("orders", orders), ("payments", payments)]));
     let (controls, registry) = controls(config());
     controls.set_zone(&zone("z1", &server));
-    wait_status(&controls, "z1", "connected with a cluster", |s| {
-        connected(s) && s.endpoints == 1
+    let status = wait_status(&controls, "z1", "connected with two clusters", |s| {
+        connected(s) && s.endpoints == 2
     })
     .await;
+    assert_eq!(status.protocol, "delta");
 
     server.stop().await;
     let status = wait_status(&controls, "z1", "unreachable, connection refused", |s| {
@@ -286,9 +332,10 @@ async fn a_stopped_server_is_unreachable_then_connected_again() {
     })
     .await;
     assert_eq!(status.connected_since_ms, None);
+    assert_eq!(status.protocol, "");
     // The last good view is still served.
-    assert_eq!(status.endpoints, 1);
-    assert_eq!(controls.view("z1").unwrap().clusters.len(), 1);
+    assert_eq!(status.endpoints, 2);
+    assert_eq!(controls.view("z1").unwrap().clusters.len(), 2);
     assert_eq!(
         metric(
             &registry,
@@ -298,12 +345,136 @@ async fn a_stopped_server_is_unreachable_then_connected_again() {
         Some(0.0)
     );
 
+    // Meanwhile a cluster goes and an endpoint changes: the stream, telling the
+    // server what it holds, gets both once it is back.
+    let version = server.set(mesh(&[("orders", &[("10.0.0.2", 8080, Health::Healthy)])]));
     server.restart().await.unwrap();
-    let status = wait_status(&controls, "z1", "connected again", connected).await;
+    let status = wait_status(&controls, "z1", "connected again, up to date", |s| {
+        connected(s) && s.versions.clusters == version && s.versions.endpoints == version
+    })
+    .await;
     assert_eq!(status.error, "");
+    assert_eq!(status.protocol, "delta");
     assert!(status.connected_since_ms.is_some());
+    let view = controls.view("z1").unwrap();
+    assert_eq!(view.clusters.keys().collect::<Vec<_>>(), ["orders"]);
+    assert_eq!(
+        view.clusters["orders"].endpoints[0].address,
+        "10.0.0.2:8080"
+    );
+    assert!(view.removed.contains_key("payments"));
     controls.remove_zone("z1");
     server.stop().await;
+}
+
+#[tokio::test]
+async fn a_server_without_delta_is_spoken_to_in_state_of_the_world() {
+    let server = server(false).await;
+    server.set(mesh(&[("orders", &[("10.0.0.1", 8080, Health::Healthy)])]));
+    let (controls, _registry) = controls(config());
+    let mut changes = controls.subscribe();
+    controls.set_zone(&zone("z1", &server));
+    let status = wait_status(&controls, "z1", "connected with a cluster", |s| {
+        connected(s) && s.endpoints == 1
+    })
+    .await;
+    assert_eq!(status.protocol, "sotw");
+    assert_eq!(status.error, "");
+    server
+        .wait_until(
+            |nodes| {
+                nodes.iter().any(|n| {
+                    n.id == "meshcat~z1~r1" && !n.delta && n.acked(type_url::CLUSTER) == "1"
+                })
+            },
+            WAIT,
+        )
+        .await
+        .unwrap();
+    let version = server.set(mesh(&[(
+        "orders",
+        &[
+            ("10.0.0.1", 8080, Health::Healthy),
+            ("10.0.0.2", 8080, Health::Healthy),
+        ],
+    )]));
+    wait_view(&controls, &mut changes, "z1", "a second endpoint", |v| {
+        v.endpoint_count() == 2
+    })
+    .await;
+    wait_status(&controls, "z1", "at the new version", |s| {
+        s.versions.endpoints == version
+    })
+    .await;
+
+    // The choice holds over a reconnect, even once the server offers Delta.
+    server.set_delta(true);
+    server.stop().await;
+    wait_status(&controls, "z1", "unreachable", |s| {
+        s.state == ControlState::Unreachable
+    })
+    .await;
+    server.restart().await.unwrap();
+    let status = wait_status(&controls, "z1", "connected again", connected).await;
+    assert_eq!(status.protocol, "sotw");
+
+    // A replaced zone record tries Delta again.
+    let record = ZoneRecord {
+        request_cluster: "edge".into(),
+        ..zone("z1", &server)
+    };
+    controls.set_zone(&record);
+    let status = wait_status(&controls, "z1", "connected over Delta", |s| {
+        connected(s) && s.protocol == "delta" && s.endpoints == 2
+    })
+    .await;
+    assert_eq!(status.error, "");
+    controls.remove_zone("z1");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_zone_moved_to_another_server_takes_that_servers_view() {
+    let first = server(true).await;
+    first.set(mesh(&[
+        ("orders", &[("10.0.0.1", 8080, Health::Healthy)]),
+        ("payments", &[("10.0.1.1", 9090, Health::Healthy)]),
+    ]));
+    let second = server(true).await;
+    second.set(mesh(&[
+        (
+            "orders",
+            &[
+                ("10.0.0.1", 8080, Health::Healthy),
+                ("10.0.0.3", 8080, Health::Healthy),
+            ],
+        ),
+        ("ledger", &[("10.0.2.1", 7070, Health::Healthy)]),
+    ]));
+    let (controls, _registry) = controls(config());
+    let mut changes = controls.subscribe();
+    controls.set_zone(&zone("z1", &first));
+    wait_status(&controls, "z1", "connected to the first server", |s| {
+        connected(s) && s.clusters == 2 && s.endpoints == 2
+    })
+    .await;
+
+    controls.set_zone(&zone("z1", &second));
+    let view = wait_view(
+        &controls,
+        &mut changes,
+        "z1",
+        "the second server's view",
+        |v| v.clusters.keys().eq(["ledger", "orders"]) && v.endpoint_count() == 3,
+    )
+    .await;
+    assert!(view.removed.contains_key("payments"));
+    assert_eq!(view.clusters["orders"].endpoints.len(), 2);
+    let status = wait_status(&controls, "z1", "connected to the second server", connected).await;
+    assert_eq!(status.protocol, "delta");
+    controls.remove_zone("z1");
+    first.stop().await;
+    second.stop().await;
 }
 
 /// A CA with its PEM file, to sign server and client certificates.
@@ -420,8 +591,17 @@ async fn mtls_with_the_zones_files_connects_and_a_wrong_ca_is_a_tls_error() {
 }
 
 #[tokio::test]
-async fn a_view_over_the_bound_is_nacked_and_the_last_good_view_kept() {
-    let server = ControlServer::start(local(), None).await.unwrap();
+async fn a_view_over_the_bound_is_nacked_and_the_last_good_view_kept_over_delta() {
+    view_over_the_bound(true).await;
+}
+
+#[tokio::test]
+async fn a_view_over_the_bound_is_nacked_and_the_last_good_view_kept_over_sotw() {
+    view_over_the_bound(false).await;
+}
+
+async fn view_over_the_bound(delta: bool) {
+    let server = server(delta).await;
     let good = server.set(mesh(&[("a", &[("10.0.0.1", 80, Health::Healthy)])]));
     let (controls, registry) = controls(ControlConfig {
         max_clusters: 2,
@@ -466,6 +646,7 @@ async fn a_view_over_the_bound_is_nacked_and_the_last_good_view_kept() {
         status.error
     );
     assert_eq!(status.versions.clusters, good);
+    assert_eq!(status.protocol, protocol(delta));
     let view = controls.view("z1").unwrap();
     assert_eq!(view.clusters.len(), 1);
     assert_eq!(view.clusters["a"].endpoints.len(), 1);
@@ -481,10 +662,13 @@ async fn a_view_over_the_bound_is_nacked_and_the_last_good_view_kept() {
     // A later response within the bound is accepted again.
     let fixed = server.set(mesh(&[("a", empty), ("b", empty)]));
     let status = wait_status(&controls, "z1", "connected at the fixed version", |s| {
-        connected(s) && s.versions.clusters == fixed
+        connected(s) && s.versions.clusters == fixed && s.versions.endpoints == fixed
     })
     .await;
-    assert_eq!(status.clusters, 2);
+    assert_eq!((status.clusters, status.endpoints), (2, 0));
+    let view = controls.view("z1").unwrap();
+    assert!(view.clusters.keys().eq(["a", "b"]), "{view:?}");
+    assert!(view.removed.is_empty(), "{view:?}");
     controls.remove_zone("z1");
     server.stop().await;
 }
@@ -614,6 +798,7 @@ async fn a_view_holds_at_most_200_bytes_per_endpoint() {
     drop(view);
     let freed = before - ALLOC.allocated();
     let per_endpoint = freed / (CLUSTERS * PER_CLUSTER);
+    eprintln!("the view holds {per_endpoint} bytes per endpoint ({freed} bytes in all)");
     assert!(
         per_endpoint <= 200,
         "{per_endpoint} bytes per endpoint ({freed} bytes in all)"

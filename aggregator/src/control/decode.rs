@@ -1,6 +1,7 @@
 //! Reading the resources of one xDS response into the few facts the view keeps: per
-//! cluster where its endpoints come from (EDS and its service name, or the inline
-//! `load_assignment` of STATIC / STRICT_DNS / LOGICAL_DNS clusters), per load
+//! cluster where its endpoints come from (EDS and its service name, the inline
+//! `load_assignment` of STATIC clusters, or that of STRICT_DNS / LOGICAL_DNS
+//! clusters, host names rather than the addresses a sidecar resolves), per load
 //! assignment its endpoints (address and health), per listener the route
 //! configurations its HTTP connection managers name, per route configuration its
 //! name. The protobufs are dropped as soon as they are read.
@@ -90,8 +91,11 @@ pub struct RawEndpoint {
 pub enum Source {
     /// EDS, under this service name (the cluster's name when it sets none).
     Eds(String),
-    /// Its own `load_assignment` (STATIC, STRICT_DNS, LOGICAL_DNS).
+    /// Its own `load_assignment` (STATIC).
     Inline(Vec<RawEndpoint>),
+    /// Its own `load_assignment` of host names a sidecar resolves (STRICT_DNS,
+    /// LOGICAL_DNS): not the host set the sidecar ends up with.
+    Dns(Vec<RawEndpoint>),
     /// No endpoints the control server lists (ORIGINAL_DST, a custom cluster type).
     None,
 }
@@ -187,14 +191,20 @@ pub fn clusters(
                     .unwrap_or(&cluster.name);
                 Source::Eds(service.to_owned())
             }
-            Some(DiscoveryType::Static | DiscoveryType::StrictDns | DiscoveryType::LogicalDns) => {
+            Some(
+                t @ (DiscoveryType::Static | DiscoveryType::StrictDns | DiscoveryType::LogicalDns),
+            ) => {
                 let eps = match &cluster.load_assignment {
                     Some(cla) => endpoints_of(cla, max_endpoints.saturating_sub(inline))
                         .map_err(|e| format!("cluster {}: {e}", cluster.name))?,
                     None => Vec::new(),
                 };
                 inline += eps.len();
-                Source::Inline(eps)
+                if t == DiscoveryType::Static {
+                    Source::Inline(eps)
+                } else {
+                    Source::Dns(eps)
+                }
             }
             Some(DiscoveryType::OriginalDst) | None => Source::None,
         };
@@ -434,8 +444,15 @@ mod tests {
             }),
             ..Default::default()
         };
+        let dns = Cluster {
+            name: "c".into(),
+            cluster_discovery_type: Some(ClusterDiscoveryType::Type(
+                DiscoveryType::StrictDns as i32,
+            )),
+            ..stat.clone()
+        };
         let url = Kind::Clusters.type_url();
-        let got = clusters(&[any(url, &eds), any(url, &stat)], 10, 10).unwrap();
+        let got = clusters(&[any(url, &eds), any(url, &stat), any(url, &dns)], 10, 10).unwrap();
         assert_eq!(got[0].source, Source::Eds("svc-a".into()));
         assert_eq!(
             got[1].source,
@@ -444,6 +461,7 @@ mod tests {
                 health: HealthStatus::Unknown
             }])
         );
+        assert!(matches!(&got[2].source, Source::Dns(eps) if eps.len() == 1));
         assert!(clusters(&[any(url, &eds), any(url, &eds)], 10, 10).is_err());
         assert!(clusters(&[any(url, &eds), any(url, &stat)], 1, 10).is_err());
         assert!(clusters(&[any(url, &stat)], 10, 0).is_err());

@@ -1,9 +1,16 @@
-//! One zone's ADS stream (state of the world): connecting (plaintext HTTP/2, or TLS
-//! with the zone's CA as the only root and its client certificate), subscribing
+//! One zone's ADS stream: connecting (plaintext HTTP/2, or TLS with the zone's CA
+//! as the only root and its client certificate), choosing the protocol, subscribing
 //! (CDS and LDS wildcard, EDS for the EDS clusters' service names, RDS for the
 //! route configurations the listeners name), ACKing each response that builds a
 //! view and NACKing, with the reason, one that cannot be read or is over a bound,
 //! and reconnecting with backoff. It runs until its task is aborted.
+//!
+//! Each connection tries Delta xDS first (`DeltaAggregatedResources`, the session
+//! in `super::delta`). A server that answers it with UNIMPLEMENTED is spoken to in
+//! state of the world (`StreamAggregatedResources`, the session here) on the same
+//! connection at once, and on every later connection of this stream: the choice
+//! holds until the zone's record is replaced or the aggregator restarts. Both
+//! sessions keep the same [`Held`] view, bounds, states and failures.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -37,6 +44,25 @@ const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 /// `google.rpc.Code.INVALID_ARGUMENT`, the code of a NACK's `error_detail`.
 const INVALID_ARGUMENT: i32 = 3;
 
+/// The xDS protocol a stream speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// Incremental: `DeltaAggregatedResources`.
+    Delta,
+    /// State of the world: `StreamAggregatedResources`.
+    Sotw,
+}
+
+impl Protocol {
+    /// The word for it in `GET /zones/{z}/control`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Delta => "delta",
+            Protocol::Sotw => "sotw",
+        }
+    }
+}
+
 /// What one zone's stream connects to and is held to.
 #[derive(Debug, Clone)]
 pub struct Target {
@@ -68,12 +94,14 @@ pub fn node(record: &ZoneRecord, id: String) -> Node {
     }
 }
 
-/// The zone's stream, reconnecting for ever.
+/// The zone's stream, reconnecting for ever: Delta xDS until the server answers it
+/// UNIMPLEMENTED, state of the world from then on.
 pub async fn run(zone: Arc<Zone>, target: Target) {
     let mut held = Held::new(zone.view());
+    let mut protocol = Protocol::Delta;
     let mut backoff = BACKOFF_MIN;
     loop {
-        let (connected, failure) = session(&zone, &target, &mut held).await;
+        let (connected, failure) = session(&zone, &target, &mut held, &mut protocol).await;
         if connected {
             backoff = BACKOFF_MIN;
             info!(zone = %zone.name, error = %failure.error, "control server stream ended");
@@ -108,13 +136,41 @@ struct Subscription {
     sent: bool,
 }
 
-/// One stream, from connecting until it ends: whether it had a response, and why it
-/// ended.
-async fn session(zone: &Zone, target: &Target, held: &mut Held) -> (bool, Failure) {
+/// One connection, from connecting until its stream ends: whether it had a
+/// response, and why it ended. Delta xDS first while `protocol` says so; on
+/// UNIMPLEMENTED, state of the world on the same connection, remembered in
+/// `protocol`.
+async fn session(
+    zone: &Zone,
+    target: &Target,
+    held: &mut Held,
+    protocol: &mut Protocol,
+) -> (bool, Failure) {
     let channel = match connect(&target.record).await {
         Ok(c) => c,
         Err(f) => return (false, f),
     };
+    if *protocol == Protocol::Delta {
+        match super::delta::session(zone, target, held, channel.clone()).await {
+            super::delta::Outcome::Ended(connected, failure) => return (connected, failure),
+            super::delta::Outcome::Unimplemented(status) => {
+                info!(
+                    zone = %zone.name,
+                    server = %target.record.server_address,
+                    status = %status.message(),
+                    "the control server does not offer Delta xDS; speaking state of the world"
+                );
+                *protocol = Protocol::Sotw;
+                held.clear_versions();
+            }
+        }
+    }
+    sotw(zone, target, held, channel).await
+}
+
+/// One state-of-the-world stream on `channel`, until it ends: whether it had a
+/// response, and why it ended.
+async fn sotw(zone: &Zone, target: &Target, held: &mut Held, channel: Channel) -> (bool, Failure) {
     let (tx, rx) = mpsc::unbounded_channel::<DiscoveryRequest>();
     let requests =
         futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|r| (r, rx)) });
@@ -131,10 +187,10 @@ async fn session(zone: &Zone, target: &Target, held: &mut Held) -> (bool, Failur
             out.request(kind, sub, None);
         }
     }
-    let mut client = AggregatedDiscoveryServiceClient::new(channel)
-        .max_decoding_message_size(target.max_message)
-        .max_encoding_message_size(usize::MAX);
-    let mut inbound = match client.stream_aggregated_resources(requests).await {
+    let mut inbound = match client(channel, target)
+        .stream_aggregated_resources(requests)
+        .await
+    {
         Ok(r) => r.into_inner(),
         Err(status) => return (false, Failure::of_status(&status)),
     };
@@ -152,15 +208,15 @@ async fn session(zone: &Zone, target: &Target, held: &mut Held) -> (bool, Failur
         };
         if !connected {
             connected = true;
-            zone.up(now_ms());
-            info!(zone = %zone.name, server = %target.record.server_address, "control server stream up");
+            zone.up(now_ms(), Protocol::Sotw.as_str());
+            info!(zone = %zone.name, server = %target.record.server_address, protocol = "sotw", "control server stream up");
         }
         handle(zone, target, held, &mut subs, &out, response);
     }
 }
 
 /// CDS and LDS ask for every resource; EDS and RDS for names.
-fn wildcard(kind: Kind) -> bool {
+pub(super) fn wildcard(kind: Kind) -> bool {
     matches!(kind, Kind::Clusters | Kind::Listeners)
 }
 
@@ -238,7 +294,7 @@ fn handle(
 }
 
 /// The `error_detail` of a NACK.
-fn nack_detail(reason: &str) -> RpcStatus {
+pub(super) fn nack_detail(reason: &str) -> RpcStatus {
     RpcStatus {
         code: INVALID_ARGUMENT,
         message: reason.to_owned(),
@@ -272,6 +328,16 @@ impl Sender<'_> {
         // A closed stream shows as the inbound side's end.
         let _ = self.tx.send(request);
     }
+}
+
+/// What an ADS client on `channel` reads and writes at most.
+pub(super) fn client(
+    channel: Channel,
+    target: &Target,
+) -> AggregatedDiscoveryServiceClient<Channel> {
+    AggregatedDiscoveryServiceClient::new(channel)
+        .max_decoding_message_size(target.max_message)
+        .max_encoding_message_size(usize::MAX)
 }
 
 /// An HTTP/2 channel to the zone's control server.

@@ -1,16 +1,20 @@
 //! A zone's intended view as its control server declares it ([`ZoneView`]: the
-//! clusters with their endpoints, the clusters it stopped declaring, the counts of
-//! listeners and routes) and [`Held`], what one zone's stream keeps to build the next
-//! view from an accepted response: the current view, each EDS cluster's service
-//! name, each listener's route configuration names, the route configurations held.
-//! A view is immutable once built; each accepted response builds a new one.
+//! clusters with their endpoints, the clusters it stopped declaring, which clusters'
+//! endpoints can be compared with a sidecar's hosts, the counts of listeners and
+//! routes) and [`Held`], what one zone's stream keeps to build the next view from an
+//! accepted response: the current view, each EDS cluster's service name, each
+//! listener's route configuration names, the route configurations held, and for
+//! Delta xDS the version of each resource held. A state-of-the-world response
+//! replaces a type's resources; a delta response changes the ones it names
+//! (`change_*`: upserts and removals) and leaves the others as they are. A view is
+//! immutable once built; each accepted response builds a new one.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use meshcat_common::wire::hosts_digest;
 
-use super::decode::{self, ClusterDecl, ListenerDecl, RawEndpoint, Source};
+use super::decode::{self, ClusterDecl, Kind, ListenerDecl, RawEndpoint, Source};
 
 /// How long a cluster the control server stopped declaring stays in
 /// [`ZoneView::removed`].
@@ -30,6 +34,12 @@ pub struct ZoneView {
     /// Clusters the server stopped declaring, and when (ms since the epoch); each
     /// kept for [`REMOVED_KEPT_MS`], at most [`MAX_REMOVED`].
     pub removed: BTreeMap<String, i64>,
+    /// The declared clusters whose endpoint set cannot be compared with a sidecar's
+    /// host set ([`ZoneView::comparable`]): STRICT_DNS and LOGICAL_DNS clusters (the
+    /// view lists the host names, the sidecar the addresses it resolved them to),
+    /// ORIGINAL_DST and custom clusters (no endpoints declared; the sidecar makes its
+    /// hosts as connections come). EDS and STATIC clusters are comparable.
+    pub incomparable: BTreeSet<String>,
     /// Listeners declared (LDS).
     pub listeners: usize,
     /// Route configurations held: those received over RDS that a listener names, and
@@ -41,6 +51,12 @@ impl ZoneView {
     /// Endpoints over all clusters.
     pub fn endpoint_count(&self) -> usize {
         self.clusters.values().map(|c| c.endpoints.len()).sum()
+    }
+
+    /// Whether a sidecar's host set of `cluster` can be compared with the view's
+    /// endpoints of it: an EDS or STATIC cluster, or one the view does not declare.
+    pub fn comparable(&self, cluster: &str) -> bool {
+        !self.incomparable.contains(cluster)
     }
 }
 
@@ -166,6 +182,10 @@ pub struct Held {
     listeners: BTreeMap<String, ListenerDecl>,
     /// The route configurations received over RDS that a listener names.
     routes: BTreeSet<String>,
+    /// Per type (by [`Kind::index`]), the version a Delta xDS server gave each
+    /// resource held, by name; what the stream tells the server it has when it
+    /// subscribes again.
+    versions: [BTreeMap<String, String>; 4],
 }
 
 impl Held {
@@ -176,6 +196,7 @@ impl Held {
             eds: None,
             listeners: BTreeMap::new(),
             routes: BTreeSet::new(),
+            versions: Default::default(),
         }
     }
 
@@ -191,8 +212,9 @@ impl Held {
         names.into_iter().cloned().collect()
     }
 
-    /// The view after a CDS response: every declared cluster, each EDS cluster with
-    /// the endpoints held for its service, each inline cluster with its own.
+    /// The view after a state-of-the-world CDS response: every declared cluster,
+    /// each EDS cluster with the endpoints held for its service, each inline
+    /// cluster with its own; the clusters it does not list are removed.
     pub fn apply_clusters(
         &mut self,
         decls: Vec<ClusterDecl>,
@@ -202,6 +224,27 @@ impl Held {
         if decls.len() > bounds.max_clusters {
             return Err(decode::over_clusters(decls.len(), bounds.max_clusters));
         }
+        let listed: HashSet<&str> = decls.iter().map(|d| d.name.as_str()).collect();
+        let gone: Vec<String> = self
+            .view
+            .clusters
+            .keys()
+            .filter(|n| !listed.contains(n.as_str()))
+            .cloned()
+            .collect();
+        self.change_clusters(decls, &gone, bounds, now_ms)
+    }
+
+    /// The view after clusters changed: `upserts` are declared (new, or changed),
+    /// `removals` no longer are, every other cluster stays as it is. An EDS cluster
+    /// keeps the endpoints held for its service; an inline cluster takes its own.
+    pub fn change_clusters(
+        &mut self,
+        upserts: Vec<ClusterDecl>,
+        removals: &[String],
+        bounds: Bounds,
+        now_ms: i64,
+    ) -> Result<Arc<ZoneView>, String> {
         let old = &self.view;
         let old_eds = self.eds.as_ref();
         // For each service, a cluster of the old view that holds its endpoints.
@@ -213,11 +256,17 @@ impl Held {
                     .or_insert(cluster.as_str());
             }
         }
-        let mut eds = BTreeMap::new();
-        let mut clusters = BTreeMap::new();
-        let mut total = 0usize;
-        for decl in decls {
+        let mut eds = old_eds.cloned().unwrap_or_default();
+        let mut clusters = old.clusters.clone();
+        let mut incomparable = old.incomparable.clone();
+        for name in removals {
+            clusters.remove(name);
+            eds.remove(name);
+            incomparable.remove(name);
+        }
+        for decl in upserts {
             let old_cluster = old.clusters.get(&decl.name);
+            let comparable = matches!(decl.source, Source::Eds(_) | Source::Inline(_));
             let cluster = match decl.source {
                 Source::Eds(service) => {
                     // The same cluster with the same service keeps its endpoints;
@@ -235,14 +284,28 @@ impl Held {
                         None => ViewCluster::build(Vec::new(), old_cluster, now_ms),
                     }
                 }
-                Source::Inline(raw) => ViewCluster::build(raw, old_cluster, now_ms),
-                Source::None => ViewCluster::build(Vec::new(), old_cluster, now_ms),
+                Source::Inline(raw) | Source::Dns(raw) => {
+                    eds.remove(&decl.name);
+                    ViewCluster::build(raw, old_cluster, now_ms)
+                }
+                Source::None => {
+                    eds.remove(&decl.name);
+                    ViewCluster::build(Vec::new(), old_cluster, now_ms)
+                }
             };
-            total += cluster.endpoints.len();
-            if total > bounds.max_endpoints {
-                return Err(decode::over_endpoints(total, bounds.max_endpoints));
+            if comparable {
+                incomparable.remove(&decl.name);
+            } else {
+                incomparable.insert(decl.name.clone());
             }
             clusters.insert(decl.name, cluster);
+        }
+        if clusters.len() > bounds.max_clusters {
+            return Err(decode::over_clusters(clusters.len(), bounds.max_clusters));
+        }
+        let total: usize = clusters.values().map(|c| c.endpoints.len()).sum();
+        if total > bounds.max_endpoints {
+            return Err(decode::over_endpoints(total, bounds.max_endpoints));
         }
         let mut removed = old.removed.clone();
         for name in old.clusters.keys() {
@@ -255,6 +318,7 @@ impl Held {
         let view = Arc::new(ZoneView {
             clusters,
             removed,
+            incomparable,
             listeners: old.listeners,
             routes: old.routes,
         });
@@ -263,11 +327,24 @@ impl Held {
         Ok(view)
     }
 
-    /// The view after an EDS response: the clusters of each service it carries take
-    /// its endpoints; the others keep theirs.
+    /// The view after a state-of-the-world EDS response: the clusters of each
+    /// service it carries take its endpoints; the others keep theirs.
     pub fn apply_endpoints(
         &mut self,
         assignments: Vec<(String, Vec<RawEndpoint>)>,
+        bounds: Bounds,
+        now_ms: i64,
+    ) -> Result<Arc<ZoneView>, String> {
+        self.change_endpoints(assignments, &[], bounds, now_ms)
+    }
+
+    /// The view after endpoints changed: the clusters of each service of
+    /// `assignments` take its endpoints, those of each service of `removals` (gone
+    /// from the server) are left with none; the others keep theirs.
+    pub fn change_endpoints(
+        &mut self,
+        assignments: Vec<(String, Vec<RawEndpoint>)>,
+        removals: &[String],
         bounds: Bounds,
         now_ms: i64,
     ) -> Result<Arc<ZoneView>, String> {
@@ -276,6 +353,9 @@ impl Held {
             return Ok(self.view.clone());
         };
         let mut by_service: HashMap<String, Vec<RawEndpoint>> = assignments.into_iter().collect();
+        for service in removals {
+            by_service.entry(service.clone()).or_default();
+        }
         let mut clusters_of: HashMap<&str, Vec<&str>> = HashMap::new();
         for (cluster, service) in eds {
             clusters_of
@@ -301,6 +381,7 @@ impl Held {
         let view = Arc::new(ZoneView {
             clusters,
             removed: old.removed.clone(),
+            incomparable: old.incomparable.clone(),
             listeners: old.listeners,
             routes: old.routes,
         });
@@ -308,18 +389,58 @@ impl Held {
         Ok(view)
     }
 
-    /// The view after an LDS response: its listeners; the route configurations no
-    /// listener names any more are let go.
+    /// The view after a state-of-the-world LDS response: its listeners; the route
+    /// configurations no listener names any more are let go.
     pub fn apply_listeners(&mut self, decls: Vec<ListenerDecl>) -> Arc<ZoneView> {
         self.listeners = decls.into_iter().map(|l| (l.name.clone(), l)).collect();
+        self.after_listeners()
+    }
+
+    /// The view after listeners changed: `upserts` declared, `removals` gone, at
+    /// most `max_listeners` in all; the route configurations no listener names any
+    /// more are let go.
+    pub fn change_listeners(
+        &mut self,
+        upserts: Vec<ListenerDecl>,
+        removals: &[String],
+        max_listeners: usize,
+    ) -> Result<Arc<ZoneView>, String> {
+        let mut listeners = self.listeners.clone();
+        for name in removals {
+            listeners.remove(name);
+        }
+        for l in upserts {
+            listeners.insert(l.name.clone(), l);
+        }
+        if listeners.len() > max_listeners {
+            return Err(format!(
+                "{} listeners, over the bound of {max_listeners}",
+                listeners.len()
+            ));
+        }
+        self.listeners = listeners;
+        Ok(self.after_listeners())
+    }
+
+    /// Lets go of the route configurations no listener names; the recounted view.
+    fn after_listeners(&mut self) -> Arc<ZoneView> {
         let wanted: BTreeSet<String> = self.rds_names().into_iter().collect();
         self.routes.retain(|r| wanted.contains(r));
         self.recount()
     }
 
-    /// The view after an RDS response: the named route configurations it carries are
-    /// held.
+    /// The view after a state-of-the-world RDS response: the named route
+    /// configurations it carries are held.
     pub fn apply_routes(&mut self, names: Vec<String>) -> Arc<ZoneView> {
+        self.change_routes(names, &[])
+    }
+
+    /// The view after route configurations changed: those of `names` a listener
+    /// names are held, those of `removals` no longer are.
+    pub fn change_routes(&mut self, names: Vec<String>, removals: &[String]) -> Arc<ZoneView> {
+        for name in removals {
+            self.routes.remove(name);
+        }
         let wanted: BTreeSet<String> = self.rds_names().into_iter().collect();
         self.routes
             .extend(names.into_iter().filter(|n| wanted.contains(n)));
@@ -337,6 +458,52 @@ impl Held {
             self.view = Arc::new(view);
         }
         self.view.clone()
+    }
+
+    /// What the stream tells a Delta xDS server it has of `kind` when it subscribes
+    /// anew (`initial_resource_versions`): each cluster and listener held, each
+    /// service and route configuration of `subscribed`, with the version the server
+    /// gave it, or "" when none is known (a view taken over from an earlier server,
+    /// a name not received yet), so that the server sends it again or says it is
+    /// gone.
+    pub fn initial_versions(&self, kind: Kind, subscribed: &[String]) -> HashMap<String, String> {
+        let versions = &self.versions[kind.index()];
+        let held: Vec<&String> = match kind {
+            Kind::Clusters => self.view.clusters.keys().collect(),
+            Kind::Listeners => self.listeners.keys().collect(),
+            Kind::Endpoints | Kind::Routes => subscribed.iter().collect(),
+        };
+        held.into_iter()
+            .map(|n| (n.clone(), versions.get(n).cloned().unwrap_or_default()))
+            .collect()
+    }
+
+    /// Records the versions of the resources of an accepted delta response of
+    /// `kind` and forgets those of the resources it removed.
+    pub fn set_versions(
+        &mut self,
+        kind: Kind,
+        received: Vec<(String, String)>,
+        removed: &[String],
+    ) {
+        let versions = &mut self.versions[kind.index()];
+        for name in removed {
+            versions.remove(name);
+        }
+        versions.extend(received);
+    }
+
+    /// Forgets the versions of `names` (no longer subscribed to).
+    pub fn forget_versions(&mut self, kind: Kind, names: &[String]) {
+        let versions = &mut self.versions[kind.index()];
+        for name in names {
+            versions.remove(name);
+        }
+    }
+
+    /// Forgets every version (the stream speaks state of the world).
+    pub fn clear_versions(&mut self) {
+        self.versions = Default::default();
     }
 }
 
@@ -478,6 +645,167 @@ mod tests {
         // The cluster back: no longer removed.
         let v = held.apply_clusters(decls, BOUNDS, 5).unwrap();
         assert!(v.removed.is_empty());
+    }
+
+    #[test]
+    fn a_delta_changes_only_what_it_names() {
+        use HealthStatus::*;
+        let mut held = Held::new(None);
+        let eds = |name: &str, service: &str| ClusterDecl {
+            name: name.into(),
+            source: Source::Eds(service.into()),
+        };
+        held.change_clusters(vec![eds("a", "svc-a"), eds("b", "svc-b")], &[], BOUNDS, 1)
+            .unwrap();
+        held.change_endpoints(
+            vec![
+                ("svc-a".into(), raw(&[("10.0.0.1:80", Healthy)])),
+                ("svc-b".into(), raw(&[("10.0.1.1:80", Healthy)])),
+            ],
+            &[],
+            BOUNDS,
+            2,
+        )
+        .unwrap();
+        // One endpoint set changes: the other cluster is untouched.
+        let before = held.view.clone();
+        let v = held
+            .change_endpoints(
+                vec![(
+                    "svc-a".into(),
+                    raw(&[("10.0.0.1:80", Healthy), ("10.0.0.2:80", Healthy)]),
+                )],
+                &[],
+                BOUNDS,
+                3,
+            )
+            .unwrap();
+        assert_eq!(v.clusters["a"].endpoints.len(), 2);
+        assert_eq!(v.clusters["a"].endpoints[0].first_seen_ms, 2);
+        assert_eq!(v.clusters["b"], before.clusters["b"]);
+        // A cluster changed (same service) keeps its endpoints; one removed is
+        // remembered; a DNS cluster is declared but not comparable.
+        let dns = ClusterDecl {
+            name: "d".into(),
+            source: Source::Dns(raw(&[("ledger.example.com:443", Unknown)])),
+        };
+        let v = held
+            .change_clusters(vec![eds("a", "svc-a"), dns], &["b".into()], BOUNDS, 4)
+            .unwrap();
+        assert_eq!(v.clusters.keys().collect::<Vec<_>>(), ["a", "d"]);
+        assert_eq!(v.clusters["a"].endpoints.len(), 2);
+        assert_eq!(v.removed.get("b"), Some(&4));
+        assert!(v.comparable("a") && !v.comparable("d"));
+        assert_eq!(held.eds_names(), ["svc-a"]);
+        // A service gone from the server leaves its clusters without endpoints.
+        let v = held
+            .change_endpoints(Vec::new(), &["svc-a".into()], BOUNDS, 5)
+            .unwrap();
+        assert!(v.clusters["a"].endpoints.is_empty());
+        // Over a bound: refused, the view kept.
+        let many: Vec<ClusterDecl> = (0..10).map(|i| eds(&format!("m{i}"), "svc")).collect();
+        let err = held.change_clusters(many, &[], BOUNDS, 6).unwrap_err();
+        assert!(err.contains("12 clusters"), "{err}");
+        assert_eq!(held.view.clusters.len(), 2);
+        // The DNS cluster declared as STATIC again is comparable again; removed, it
+        // leaves no trace among the incomparable.
+        let v = held
+            .change_clusters(
+                vec![ClusterDecl {
+                    name: "d".into(),
+                    source: Source::Inline(Vec::new()),
+                }],
+                &[],
+                BOUNDS,
+                7,
+            )
+            .unwrap();
+        assert!(v.comparable("d"));
+        let v = held
+            .change_clusters(
+                vec![ClusterDecl {
+                    name: "d".into(),
+                    source: Source::None,
+                }],
+                &[],
+                BOUNDS,
+                8,
+            )
+            .unwrap();
+        assert!(!v.comparable("d"));
+        let v = held
+            .change_clusters(Vec::new(), &["d".into()], BOUNDS, 9)
+            .unwrap();
+        assert!(v.incomparable.is_empty());
+    }
+
+    #[test]
+    fn versions_say_what_a_new_stream_holds() {
+        let mut held = Held::new(None);
+        held.change_clusters(
+            vec![
+                ClusterDecl {
+                    name: "a".into(),
+                    source: Source::Eds("svc".into()),
+                },
+                ClusterDecl {
+                    name: "b".into(),
+                    source: Source::None,
+                },
+            ],
+            &[],
+            BOUNDS,
+            1,
+        )
+        .unwrap();
+        held.set_versions(
+            Kind::Clusters,
+            vec![("a".into(), "v1".into()), ("b".into(), "v2".into())],
+            &[],
+        );
+        held.set_versions(Kind::Clusters, Vec::new(), &["b".into()]);
+        let initial = held.initial_versions(Kind::Clusters, &[]);
+        assert_eq!(initial.get("a").map(String::as_str), Some("v1"));
+        assert_eq!(initial.get("b").map(String::as_str), Some(""));
+        held.set_versions(Kind::Endpoints, vec![("svc".into(), "e1".into())], &[]);
+        let eds = held.initial_versions(Kind::Endpoints, &["svc".into(), "new".into()]);
+        assert_eq!(eds.len(), 2);
+        assert_eq!(eds["svc"], "e1");
+        assert_eq!(eds["new"], "");
+        held.forget_versions(Kind::Endpoints, &["svc".into()]);
+        assert_eq!(
+            held.initial_versions(Kind::Endpoints, &["svc".into()])["svc"],
+            ""
+        );
+        held.clear_versions();
+        assert_eq!(held.initial_versions(Kind::Clusters, &[])["a"], "");
+    }
+
+    #[test]
+    fn listeners_and_routes_change_by_name() {
+        let mut held = Held::new(None);
+        let l = |name: &str, rds: &[&str]| ListenerDecl {
+            name: name.into(),
+            rds: rds.iter().map(|r| (*r).to_owned()).collect(),
+            inline_routes: 0,
+        };
+        let v = held
+            .change_listeners(vec![l("l1", &["r1"]), l("l2", &["r2"])], &[], 10)
+            .unwrap();
+        assert_eq!((v.listeners, v.routes), (2, 0));
+        let v = held.change_routes(vec!["r1".into(), "r2".into()], &[]);
+        assert_eq!(v.routes, 2);
+        let v = held.change_routes(Vec::new(), &["r2".into()]);
+        assert_eq!(v.routes, 1);
+        let v = held
+            .change_listeners(Vec::new(), &["l1".into()], 10)
+            .unwrap();
+        assert_eq!((v.listeners, v.routes), (1, 0));
+        let err = held
+            .change_listeners(vec![l("l3", &[]), l("l4", &[])], &[], 2)
+            .unwrap_err();
+        assert!(err.contains("3 listeners"), "{err}");
+        assert_eq!(held.view.listeners, 1);
     }
 
     #[test]

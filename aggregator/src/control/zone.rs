@@ -120,11 +120,12 @@ impl Zone {
         st.status.state
     }
 
-    /// The stream had its first response.
-    pub fn up(&self, now_ms: i64) {
+    /// The stream had its first response; it speaks `protocol` (`delta`, `sotw`).
+    pub fn up(&self, now_ms: i64, protocol: &str) {
         self.write(|st, m, zone| {
             st.link = Link::Up;
             st.status.connected_since_ms = Some(now_ms);
+            protocol.clone_into(&mut st.status.protocol);
             m.connected.with_label_values(&[zone]).set(1);
         });
     }
@@ -133,6 +134,7 @@ impl Zone {
     pub fn down(&self, failure: Failure) {
         self.write(|st, m, zone| {
             st.status.connected_since_ms = None;
+            st.status.protocol.clear();
             m.connected.with_label_values(&[zone]).set(0);
             if failure.state == ControlState::Rejected {
                 m.response(zone, OTHER_TYPE, false);

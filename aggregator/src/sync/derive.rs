@@ -12,6 +12,13 @@
 //!   sidecar still has that the control server stopped declaring longer ago;
 //! - `synced`: none of these.
 //!
+//! Only clusters whose declared endpoints can be compared with a sidecar's hosts
+//! are compared ([`ZoneView::comparable`]: EDS and STATIC ones). A STRICT_DNS or
+//! LOGICAL_DNS cluster's view lists host names, never the addresses the sidecar
+//! resolved them to, and an ORIGINAL_DST one lists none: their host sets are not
+//! compared. A cluster the control server stopped declaring counts whatever its
+//! type was.
+//!
 //! Host sets are compared by digest (`wire::hosts_digest`, the same sum on both
 //! sides). The addresses missing and extra are named when the sidecar's digest is
 //! that of one of the view's previous endpoint sets of the cluster (a sidecar held
@@ -159,12 +166,13 @@ pub fn derive(
 }
 
 /// Brings `mismatches` up to date: a cluster whose digest differs from the view's
-/// (or that the view dropped) keeps its first time, one that agrees is dropped.
+/// (or that the view dropped) keeps its first time, one that agrees, or whose
+/// endpoints are not comparable (DNS), is dropped.
 fn track(view: &ZoneView, input: &SyncInput, mismatches: &mut BTreeMap<Arc<str>, i64>, now: i64) {
     let mut differ: BTreeSet<&str> = BTreeSet::new();
     for held in input.clusters.iter() {
         let since = if let Some(v) = view.clusters.get(&*held.name) {
-            if v.digest == held.hosts_digest {
+            if v.digest == held.hosts_digest || !view.comparable(&held.name) {
                 continue;
             }
             now
@@ -290,6 +298,7 @@ mod tests {
                 .map(|(n, c)| (n.to_owned(), c))
                 .collect(),
             removed: removed.iter().map(|(n, t)| ((*n).to_owned(), *t)).collect(),
+            incomparable: Default::default(),
             listeners: 0,
             routes: 0,
         }
@@ -422,6 +431,52 @@ mod tests {
             1,
             "a cluster the view never had is not compared"
         );
+    }
+
+    #[test]
+    fn a_dns_clusters_host_names_are_not_compared_but_its_removal_counts() {
+        // The view lists the names a STRICT_DNS cluster declares; the sidecar holds
+        // the addresses it resolved them to.
+        let mut v = view(
+            vec![
+                ("dns", cluster(&["ledger.example.com:443"], &[])),
+                ("eds", cluster(&["10.0.0.1:80"], &[])),
+            ],
+            &[("gone-dns", 5_000)],
+        );
+        v.incomparable.insert("dns".into());
+        assert!(!v.comparable("dns") && v.comparable("eds") && v.comparable("other"));
+        let mut m = BTreeMap::new();
+        let i = input(
+            &[
+                ("dns", &["93.184.216.34:443", "93.184.216.35:443"]),
+                ("eds", &["10.0.0.1:80"]),
+            ],
+            connected(),
+        );
+        assert_eq!(derive(Some(&v), &i, &mut m, 0, GRACE).0, SyncState::Synced);
+        let (state, _) = derive(Some(&v), &i, &mut m, 10 * GRACE, GRACE);
+        assert_eq!(state, SyncState::Synced);
+        assert!(m.is_empty(), "{m:?}");
+
+        // A comparable cluster that differs is still stale beside it.
+        let differs = input(
+            &[("dns", &["93.184.216.34:443"]), ("eds", &["10.0.0.9:80"])],
+            connected(),
+        );
+        derive(Some(&v), &differs, &mut m, 0, GRACE);
+        let (state, detail) = derive(Some(&v), &differs, &mut m, GRACE, GRACE);
+        assert_eq!(state, SyncState::Stale);
+        assert_eq!(detail.clusters.len(), 1);
+        assert_eq!(detail.clusters[0].cluster, "eds");
+
+        // A DNS cluster the control server stopped declaring counts as before.
+        let mut m = BTreeMap::new();
+        let kept = input(&[("gone-dns", &["93.184.216.34:443"])], connected());
+        let (state, detail) = derive(Some(&v), &kept, &mut m, 40_000, GRACE);
+        assert_eq!(state, SyncState::Stale);
+        assert!(detail.clusters[0].removed);
+        assert_eq!(detail.clusters[0].since_ms, 5_000);
     }
 
     #[test]
