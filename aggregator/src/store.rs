@@ -157,6 +157,16 @@ struct ZoneState {
     clusters: BTreeSet<String>,
 }
 
+/// One clusterName's entries by zoneName, sorted: a vector, as most clusters are in
+/// one zone (a `BTreeMap` would allocate a whole node of eleven entries, about
+/// 2 KiB, for each cluster's first).
+type ByZone = litemap::LiteMap<String, Entry>;
+
+/// A clusterName's entries before its first: room for one, and no more.
+fn new_by_zone() -> ByZone {
+    ByZone::with_capacity(1)
+}
+
 /// The in-memory index: what the catalog shows, shared by the catalog ([`Store`])
 /// and the live instances ([`Instances`]), each writing its part of an entry.
 #[derive(Debug)]
@@ -165,7 +175,7 @@ struct Memory {
     zones: DashMap<String, ZoneState>,
     /// Every known (zone, cluster), registered or only reported: by clusterName, then
     /// zoneName, so `GET /clusters/{name}` is one lookup.
-    clusters: DashMap<String, BTreeMap<String, Entry>>,
+    clusters: DashMap<String, ByZone>,
     /// Per zone, the clusters its edge sidecar has in its configuration.
     edge: DashMap<String, Vec<String>>,
     /// Per zone, the catalog clusters its control server's view declares.

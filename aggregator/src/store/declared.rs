@@ -192,7 +192,11 @@ impl Instances {
     /// Sets one entry's declared part. `None` when a reader sees no difference;
     /// `Some(touch)` when one does, with the cluster to publish when registered.
     fn declare(&self, zone: &str, name: &str, declared: Option<Declared>) -> Option<Option<Touch>> {
-        let mut by_zone = self.memory.clusters.entry(name.to_owned()).or_default();
+        let mut by_zone = self
+            .memory
+            .clusters
+            .entry(name.to_owned())
+            .or_insert_with(super::new_by_zone);
         let e = by_zone.entry(zone.to_owned()).or_insert_with(Entry::new);
         let before = (e.status, e.live());
         let moved = match (&e.declared, &declared) {

@@ -416,7 +416,11 @@ impl Instances {
         while let Some(first) = reports.next() {
             let zone = first.zone_name.clone();
             let cluster = first.cluster_name.clone();
-            let mut by_zone = self.memory.clusters.entry(cluster.clone()).or_default();
+            let mut by_zone = self
+                .memory
+                .clusters
+                .entry(cluster.clone())
+                .or_insert_with(super::new_by_zone);
             let e = by_zone.entry(zone.clone()).or_insert_with(Entry::new);
             let before = (e.status, e.live());
             let mut shown_here = false;
@@ -695,7 +699,11 @@ impl Instances {
         super::drift::sanitise_hashes(&mut r.config_hash, &mut r.config_hashes);
         let _st = shared(&self.memory.state);
         let touched = {
-            let mut by_zone = self.memory.clusters.entry(r.cluster.clone()).or_default();
+            let mut by_zone = self
+                .memory
+                .clusters
+                .entry(r.cluster.clone())
+                .or_insert_with(super::new_by_zone);
             let e = by_zone.entry(r.zone.clone()).or_insert_with(Entry::new);
             if !e.instances.contains_key(&r.instance) && !self.admit() {
                 warn!(zone = %r.zone, cluster = %r.cluster, instance = %r.instance, limit = MAX_INSTANCES, "Published instance dropped: too many instances.");

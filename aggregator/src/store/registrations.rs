@@ -540,7 +540,11 @@ impl Store {
         let zone = c.zone_name.clone();
         let name = c.cluster_name.clone();
         let (old, new) = {
-            let mut by_zone = self.memory.clusters.entry(name.clone()).or_default();
+            let mut by_zone = self
+                .memory
+                .clusters
+                .entry(name.clone())
+                .or_insert_with(super::new_by_zone);
             let e = by_zone.entry(zone.clone()).or_insert_with(Entry::new);
             let old = e.record.take().map(|r| (r, e.status, e.live()));
             e.record_json = render::record_json(&c);
