@@ -808,8 +808,8 @@ fn declared_of(name: &str, c: &ViewCluster) -> DeclaredCluster {
             .iter()
             .take(MAX_DECLARED_ENDPOINTS)
             .map(|e| DeclaredEndpoint {
-                address: e.address.clone(),
-                health: e.health.clone(),
+                address: e.address.to_string(),
+                health: e.health.to_owned(),
                 healthy: e.healthy,
             })
             .collect(),

@@ -207,11 +207,7 @@ async fn view_fills_and_follows(delta: bool) {
     );
     let view = controls.view("z1").unwrap();
     let orders = &view.clusters["orders"];
-    let addresses: Vec<&str> = orders
-        .endpoints
-        .iter()
-        .map(|e| e.address.as_str())
-        .collect();
+    let addresses: Vec<&str> = orders.endpoints.iter().map(|e| &*e.address).collect();
     assert_eq!(addresses, ["10.0.0.1:8080", "10.0.0.2:8080"]);
     assert_eq!(orders.endpoints[0].health, "HEALTHY");
     assert_eq!(orders.endpoints[1].health, "UNHEALTHY");
@@ -271,7 +267,7 @@ async fn view_fills_and_follows(delta: bool) {
     )
     .await;
     let orders = &view.clusters["orders"];
-    assert_eq!(orders.endpoints[2].address, "10.0.0.3:8080");
+    assert_eq!(&*orders.endpoints[2].address, "10.0.0.3:8080");
     assert_eq!(orders.endpoints[0].first_seen_ms, first_seen);
     assert_eq!(orders.previous.first().map(|p| p.0), Some(old_digest));
     assert_eq!(view.clusters["payments"], payments);
@@ -359,7 +355,7 @@ async fn a_stopped_server_is_unreachable_then_connected_again() {
     let view = controls.view("z1").unwrap();
     assert_eq!(view.clusters.keys().collect::<Vec<_>>(), ["orders"]);
     assert_eq!(
-        view.clusters["orders"].endpoints[0].address,
+        &*view.clusters["orders"].endpoints[0].address,
         "10.0.0.2:8080"
     );
     assert!(view.removed.contains_key("payments"));

@@ -72,7 +72,7 @@ pub struct ViewCluster {
     pub healthy: u32,
     /// The digests and address sets of this cluster's last [`PREVIOUS_SETS`]
     /// distinct non-empty endpoint sets before the current one, newest first.
-    pub previous: Vec<(u64, Arc<[String]>)>,
+    pub previous: Vec<(u64, Arc<[Box<str>]>)>,
 }
 
 impl ViewCluster {
@@ -99,14 +99,14 @@ impl ViewCluster {
                     .and_then(|o| o.find(&r.address))
                     .map_or(now_ms, |e| e.first_seen_ms);
                 ViewEndpoint {
-                    address: r.address,
+                    address: r.address.into_boxed_str(),
                     healthy: ok,
-                    health: decode::health_text(r.health).to_owned(),
+                    health: decode::health_text(r.health),
                     first_seen_ms,
                 }
             })
             .collect();
-        let digest = hosts_digest(endpoints.iter().map(|e| e.address.as_str()));
+        let digest = hosts_digest(endpoints.iter().map(|e| &*e.address));
         let previous = match old {
             None => Vec::new(),
             Some(o) if o.digest == digest && o.endpoints.len() == endpoints.len() => {
@@ -115,7 +115,7 @@ impl ViewCluster {
             Some(o) => {
                 let mut previous = Vec::with_capacity(PREVIOUS_SETS);
                 if !o.endpoints.is_empty() {
-                    let set: Arc<[String]> =
+                    let set: Arc<[Box<str>]> =
                         o.endpoints.iter().map(|e| e.address.clone()).collect();
                     previous.push((o.digest, set));
                 }
@@ -142,7 +142,7 @@ impl ViewCluster {
     /// The endpoint at `address`.
     pub fn find(&self, address: &str) -> Option<&ViewEndpoint> {
         self.endpoints
-            .binary_search_by(|e| e.address.as_str().cmp(address))
+            .binary_search_by(|e| (*e.address).cmp(address))
             .ok()
             .map(|i| &self.endpoints[i])
     }
@@ -153,12 +153,12 @@ impl ViewCluster {
 pub struct ViewEndpoint {
     /// `ip:port`, IPv6 as `[::1]:80`, a pipe as `unix://path` (as Envoy's
     /// `/clusters` writes them).
-    pub address: String,
+    pub address: Box<str>,
     /// HEALTHY or UNKNOWN.
     pub healthy: bool,
     /// The EDS health status: `HEALTHY`, `UNHEALTHY`, `UNKNOWN`, `DRAINING`,
     /// `TIMEOUT`, `DEGRADED`.
-    pub health: String,
+    pub health: &'static str,
     /// When the endpoint first appeared in this cluster's view (ms since the epoch).
     pub first_seen_ms: i64,
 }
@@ -514,8 +514,8 @@ fn raw_of(cluster: &ViewCluster) -> Vec<RawEndpoint> {
         .endpoints
         .iter()
         .map(|e| RawEndpoint {
-            address: e.address.clone(),
-            health: HealthStatus::from_str_name(&e.health).unwrap_or(HealthStatus::Unknown),
+            address: e.address.to_string(),
+            health: HealthStatus::from_str_name(e.health).unwrap_or(HealthStatus::Unknown),
         })
         .collect()
 }
@@ -574,7 +574,7 @@ mod tests {
             None,
             5,
         );
-        let addresses: Vec<&str> = a.endpoints.iter().map(|e| e.address.as_str()).collect();
+        let addresses: Vec<&str> = a.endpoints.iter().map(|e| &*e.address).collect();
         assert_eq!(addresses, ["10.0.0.1:80", "10.0.0.2:80"]);
         assert_eq!(a.healthy, 2);
         assert_eq!(a.endpoints[1].health, "UNKNOWN");
@@ -584,7 +584,10 @@ mod tests {
         assert!(!b.endpoints[0].healthy);
         assert_eq!(b.previous.len(), 1);
         assert_eq!(b.previous[0].0, a.digest);
-        assert_eq!(&*b.previous[0].1, ["10.0.0.1:80", "10.0.0.2:80"]);
+        assert_eq!(
+            &*b.previous[0].1,
+            ["10.0.0.1:80".into(), "10.0.0.2:80".into()] as [Box<str>; 2]
+        );
         // Back to the first set: it is current, not previous.
         let c = ViewCluster::build(
             raw(&[("10.0.0.1:80", Healthy), ("10.0.0.2:80", Healthy)]),

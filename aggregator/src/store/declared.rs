@@ -90,7 +90,7 @@ fn live_endpoints<'a>(view: &'a ZoneView, names: &[String]) -> BTreeMap<&'a str,
             continue;
         };
         for ep in c.endpoints.iter().filter(|ep| ep.healthy) {
-            out.entry(ep.address.as_str())
+            out.entry(&*ep.address)
                 .and_modify(|t| *t = (*t).min(ep.first_seen_ms))
                 .or_insert(ep.first_seen_ms);
         }

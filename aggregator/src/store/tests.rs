@@ -867,7 +867,7 @@ fn declared_view(clusters: &[(&str, &[(&str, bool)])]) -> Arc<crate::control::Zo
         let endpoints: Vec<ViewEndpoint> = endpoints
             .iter()
             .map(|(a, healthy)| ViewEndpoint {
-                address: (*a).to_owned(),
+                address: (*a).into(),
                 healthy: *healthy,
                 health: if *healthy { "HEALTHY" } else { "UNHEALTHY" }.into(),
                 first_seen_ms: 42,
@@ -876,9 +876,7 @@ fn declared_view(clusters: &[(&str, &[(&str, bool)])]) -> Arc<crate::control::Zo
         v.clusters.insert(
             (*name).to_owned(),
             ViewCluster {
-                digest: meshcat_common::wire::hosts_digest(
-                    endpoints.iter().map(|e| e.address.as_str()),
-                ),
+                digest: meshcat_common::wire::hosts_digest(endpoints.iter().map(|e| &*e.address)),
                 healthy: endpoints.iter().filter(|e| e.healthy).count() as u32,
                 endpoints,
                 previous: Vec::new(),

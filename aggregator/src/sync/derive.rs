@@ -209,8 +209,8 @@ fn stale_cluster(view: &ZoneView, input: &SyncInput, name: &str, since: i64) -> 
     let (missing, missing_count, extra, extra_count) =
         match held.and_then(|h| older_set(v, h.hosts_digest)) {
             Some(old) => {
-                let now: BTreeSet<&str> = v.endpoints.iter().map(|e| e.address.as_str()).collect();
-                let then: BTreeSet<&str> = old.iter().map(String::as_str).collect();
+                let now: BTreeSet<&str> = v.endpoints.iter().map(|e| &*e.address).collect();
+                let then: BTreeSet<&str> = old.iter().map(|a| &**a).collect();
                 let missing: Vec<&str> = now.difference(&then).copied().collect();
                 let extra: Vec<&str> = then.difference(&now).copied().collect();
                 (
@@ -244,7 +244,7 @@ fn stale_cluster(view: &ZoneView, input: &SyncInput, name: &str, since: i64) -> 
 }
 
 /// The view's earlier endpoint set of `v` whose digest is `digest`.
-fn older_set(v: &ViewCluster, digest: u64) -> Option<&Arc<[String]>> {
+fn older_set(v: &ViewCluster, digest: u64) -> Option<&Arc<[Box<str>]>> {
     v.previous
         .iter()
         .find(|(d, _)| *d == digest)
@@ -269,7 +269,7 @@ mod tests {
         let endpoints: Vec<ViewEndpoint> = addresses
             .iter()
             .map(|a| ViewEndpoint {
-                address: (*a).to_owned(),
+                address: (*a).into(),
                 healthy: true,
                 health: "HEALTHY".into(),
                 first_seen_ms: 0,
@@ -284,7 +284,7 @@ mod tests {
                 .map(|set| {
                     (
                         hosts_digest(set.iter().copied()),
-                        set.iter().map(|s| (*s).to_owned()).collect(),
+                        set.iter().map(|s| (*s).into()).collect(),
                     )
                 })
                 .collect(),
