@@ -751,10 +751,14 @@ fn control_evidence(
             upstream,
         } => (ez.as_str(), ec.as_str(), upstream.as_str()),
     };
+    // The catalog's own mapping first (it also maps by listener address), then the
+    // names the edge may use.
+    let mapped = d.store.declared_names(z, cluster);
     let ours = |raw: &str| {
-        stands_for(raw, (cluster, edge_name), |r| {
-            d.store.record(z, r).is_some()
-        })
+        mapped.iter().any(|m| m == raw)
+            || stands_for(raw, (cluster, edge_name), |r| {
+                d.store.record(z, r).is_some()
+            })
     };
     let declared = view
         .clusters

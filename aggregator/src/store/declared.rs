@@ -56,6 +56,11 @@ impl Declared {
         }
     }
 
+    /// The view's clusters that stand for this entry.
+    pub(super) fn names(&self) -> &[String] {
+        &self.names
+    }
+
     /// Live endpoints, counted once per address.
     pub(super) fn live(&self) -> u64 {
         self.healthy

@@ -75,6 +75,20 @@ impl Store {
         self.memory.record(zone, cluster)
     }
 
+    /// The clusters of `zone`'s control server view that stand for `cluster` in the
+    /// catalog (its name, a sidecar's listener address, a mesh-specific name: the
+    /// mapping of [`super::declared`]); empty when none does.
+    pub fn declared_names(&self, zone: &str, cluster: &str) -> Vec<String> {
+        self.memory
+            .clusters
+            .get(cluster)
+            .and_then(|m| {
+                m.get(zone)
+                    .and_then(|e| e.declared.as_ref().map(|d| d.names().to_vec()))
+            })
+            .unwrap_or_default()
+    }
+
     /// Whether (zone, cluster) is registered.
     pub fn is_registered(&self, zone: &str, cluster: &str) -> bool {
         self.record(zone, cluster).is_some()

@@ -1010,6 +1010,8 @@ fn a_declared_cluster_maps_to_the_cluster_whose_sidecars_listen_at_its_endpoints
     let v = &s.get_cluster("payments", Some("z"), true)[0];
     assert!(v.control_plane.declared, "{:?}", v.control_plane);
     assert_eq!(v.control_plane.endpoints, 1);
+    assert_eq!(s.declared_names("z", "payments"), ["payments-v2"]);
+    assert!(s.declared_names("z", "ledger").is_empty());
     assert!(
         !s.get_cluster("ledger", Some("z"), true)[0]
             .control_plane
