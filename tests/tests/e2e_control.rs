@@ -5,7 +5,7 @@
 //! listed with the control server's endpoints, Istio's and Consul's names mapped to
 //! their service); then the snapshot changes under them: a new endpoint reaches both
 //! (`synced`), one sidecar held on the old snapshot is `stale` with the addresses it
-//! misses, a cluster Envoy rejects makes that sidecar `rejected` with Envoy's reason,
+//! misses, and with a cluster the control server removed, a cluster Envoy rejects makes that sidecar `rejected` with Envoy's reason,
 //! and the control server stopped makes the zone `unreachable` and the sidecars
 //! `disconnected`, both back when it returns. Three replicas on real etcd, each with
 //! its own stream, answer the same `/sync`, view counts and `controlPlane`.
@@ -242,6 +242,33 @@ async fn sidecars_are_held_to_what_the_control_server_declares() {
         .await
         .unwrap();
     server.release("orders-b");
+    wait_state(&catalog, "orders-b", "synced").await;
+
+    // A removed cluster: orders-a drops ledger with the control server, orders-b,
+    // held, still has it: stale, the cluster named as no longer declared.
+    server.hold("orders-b");
+    let mut without_ledger = spec(&["10.0.1.2", "10.0.1.3", "10.0.1.4"]);
+    without_ledger.clusters.retain(|c| c.name != "ledger");
+    server.set(without_ledger);
+    let stale = wait_state(&catalog, "orders-b", "stale").await;
+    let detail = &stale["detail"]["clusters"][0];
+    assert_eq!(detail["cluster"], "ledger", "{stale}");
+    assert_eq!(detail["removed"], true, "{stale}");
+    assert!(
+        stale["detail"]["text"]
+            .as_str()
+            .unwrap()
+            .contains("no longer declared"),
+        "{stale}"
+    );
+    assert_eq!(
+        proxy(&catalog, "orders-a").await.unwrap()["state"],
+        "synced"
+    );
+    let ledger = catalog.cluster(ZONE, "ledger").await.unwrap();
+    assert_eq!(ledger["controlPlane"]["declared"], false, "{ledger}");
+    server.release("orders-b");
+    server.set(spec(&["10.0.1.2", "10.0.1.3", "10.0.1.4"]));
     wait_state(&catalog, "orders-b", "synced").await;
 
     // A cluster orders-a rejects: rejected, with Envoy's reason from its log.
