@@ -6,6 +6,7 @@
 //! node was sent and ACKed).
 
 use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -247,7 +248,7 @@ impl AggregatedDiscoveryService for Ads {
             subs: BTreeMap::new(),
             nonces: 0,
         };
-        tokio::spawn(stream.run(request.into_inner(), self.cancel.clone()));
+        tokio::spawn(run(stream, request.into_inner(), self.cancel.clone()));
         let out = futures::stream::unfold(rx, |mut rx| async move {
             rx.recv().await.map(|item| (item, rx))
         });
@@ -265,7 +266,7 @@ impl AggregatedDiscoveryService for Ads {
         }
         let (tx, rx) = mpsc::channel(16);
         let stream = crate::delta::DeltaStream::new(self.shared.clone(), tx);
-        tokio::spawn(stream.run(request.into_inner(), self.cancel.clone()));
+        tokio::spawn(run(stream, request.into_inner(), self.cancel.clone()));
         let out = futures::stream::unfold(rx, |mut rx| async move {
             rx.recv().await.map(|item| (item, rx))
         });
@@ -293,40 +294,81 @@ struct AdsStream {
     nonces: u64,
 }
 
-impl AdsStream {
-    async fn run(mut self, mut inbound: Streaming<DiscoveryRequest>, cancel: CancellationToken) {
-        let mut snapshots = self.shared.snapshots.subscribe();
-        loop {
-            tokio::select! {
-                () = cancel.cancelled() => {
-                    let _ = self.tx.send(Err(Status::unavailable("control server stopped"))).await;
+/// One stream's protocol (state of the world, or Delta): what a request does, and a
+/// new snapshot; [`run`] drives it until the stream ends.
+pub(crate) trait Session: Send {
+    type Request: prost::Message + Default + Send + 'static;
+    type Response: Send;
+    fn shared(&self) -> &Arc<Shared>;
+    fn tx(&self) -> &mpsc::Sender<Result<Self::Response, Status>>;
+    /// The node id, from the first request.
+    fn node(&self) -> Option<&str>;
+    /// Handles one request; false when the stream is gone.
+    fn on_request(&mut self, req: Self::Request) -> impl Future<Output = bool> + Send;
+    /// Sends what a new snapshot changed; false when the stream is gone.
+    fn push_all(&mut self) -> impl Future<Output = bool> + Send;
+}
+
+/// Serves one stream: its requests and the snapshots published meanwhile, until the
+/// client goes, the server stops (UNAVAILABLE) or the stream breaks.
+pub(crate) async fn run<S: Session>(
+    mut session: S,
+    mut inbound: Streaming<S::Request>,
+    cancel: CancellationToken,
+) {
+    let mut snapshots = session.shared().snapshots.subscribe();
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => {
+                let _ = session.tx().send(Err(Status::unavailable("control server stopped"))).await;
+                break;
+            }
+            () = session.tx().closed() => break,
+            msg = inbound.message() => match msg {
+                Ok(Some(req)) => {
+                    if !session.on_request(req).await {
+                        break;
+                    }
+                }
+                Ok(None) => break,
+                Err(status) => {
+                    tracing::debug!(node = ?session.node(), %status, "stream ended");
                     break;
                 }
-                () = self.tx.closed() => break,
-                msg = inbound.message() => match msg {
-                    Ok(Some(req)) => {
-                        if !self.on_request(req).await {
-                            break;
-                        }
-                    }
-                    Ok(None) => break,
-                    Err(status) => {
-                        tracing::debug!(node = ?self.node, %status, "stream ended");
-                        break;
-                    }
-                },
-                changed = snapshots.changed() => {
-                    if changed.is_err() || !self.push_all().await {
-                        break;
-                    }
+            },
+            changed = snapshots.changed() => {
+                if changed.is_err() || !session.push_all().await {
+                    break;
                 }
             }
         }
-        if let Some(id) = &self.node {
-            self.shared.disconnect(id);
-        }
     }
+    if let Some(id) = session.node() {
+        session.shared().disconnect(id);
+    }
+}
 
+impl Session for AdsStream {
+    type Request = DiscoveryRequest;
+    type Response = DiscoveryResponse;
+    fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+    fn tx(&self) -> &mpsc::Sender<Result<DiscoveryResponse, Status>> {
+        &self.tx
+    }
+    fn node(&self) -> Option<&str> {
+        self.node.as_deref()
+    }
+    fn on_request(&mut self, req: DiscoveryRequest) -> impl Future<Output = bool> + Send {
+        AdsStream::on_request(self, req)
+    }
+    fn push_all(&mut self) -> impl Future<Output = bool> + Send {
+        AdsStream::push_all(self)
+    }
+}
+
+impl AdsStream {
     /// Handles one request; false when the stream is gone.
     async fn on_request(&mut self, req: DiscoveryRequest) -> bool {
         let id = match &self.node {

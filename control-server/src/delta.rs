@@ -18,6 +18,7 @@
 //!   sent again until the node's snapshot or its subscription changes.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::service::discovery::v3::{
@@ -25,10 +26,9 @@ use envoy_types::pb::envoy::service::discovery::v3::{
 };
 use envoy_types::pb::google::protobuf::Any;
 use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
-use tonic::{Status, Streaming};
+use tonic::Status;
 
-use crate::ads::Shared;
+use crate::ads::{Session, Shared};
 use crate::snapshot::{Snapshot, resource_version, type_url};
 
 /// One type URL's subscription on one stream.
@@ -75,6 +75,26 @@ pub(crate) struct DeltaStream {
     nonces: u64,
 }
 
+impl Session for DeltaStream {
+    type Request = DeltaDiscoveryRequest;
+    type Response = DeltaDiscoveryResponse;
+    fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+    fn tx(&self) -> &mpsc::Sender<Result<DeltaDiscoveryResponse, Status>> {
+        &self.tx
+    }
+    fn node(&self) -> Option<&str> {
+        self.node.as_deref()
+    }
+    fn on_request(&mut self, req: DeltaDiscoveryRequest) -> impl Future<Output = bool> + Send {
+        DeltaStream::on_request(self, req)
+    }
+    fn push_all(&mut self) -> impl Future<Output = bool> + Send {
+        DeltaStream::push_all(self)
+    }
+}
+
 impl DeltaStream {
     pub(crate) fn new(
         shared: Arc<Shared>,
@@ -86,43 +106,6 @@ impl DeltaStream {
             node: None,
             subs: BTreeMap::new(),
             nonces: 0,
-        }
-    }
-
-    pub(crate) async fn run(
-        mut self,
-        mut inbound: Streaming<DeltaDiscoveryRequest>,
-        cancel: CancellationToken,
-    ) {
-        let mut snapshots = self.shared.snapshots.subscribe();
-        loop {
-            tokio::select! {
-                () = cancel.cancelled() => {
-                    let _ = self.tx.send(Err(Status::unavailable("control server stopped"))).await;
-                    break;
-                }
-                () = self.tx.closed() => break,
-                msg = inbound.message() => match msg {
-                    Ok(Some(req)) => {
-                        if !self.on_request(req).await {
-                            break;
-                        }
-                    }
-                    Ok(None) => break,
-                    Err(status) => {
-                        tracing::debug!(node = ?self.node, %status, "delta stream ended");
-                        break;
-                    }
-                },
-                changed = snapshots.changed() => {
-                    if changed.is_err() || !self.push_all().await {
-                        break;
-                    }
-                }
-            }
-        }
-        if let Some(id) = &self.node {
-            self.shared.disconnect(id);
         }
     }
 
