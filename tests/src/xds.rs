@@ -29,6 +29,8 @@ pub struct XdsBootstrap {
     pub tls: Option<Tls>,
     /// The longest wait between reconnections to the control server.
     pub max_retry: Duration,
+    /// Delta xDS (`DELTA_GRPC`) instead of state of the world.
+    pub delta: bool,
 }
 
 impl XdsBootstrap {
@@ -40,6 +42,7 @@ impl XdsBootstrap {
             server,
             tls: None,
             max_retry: Duration::from_secs(1),
+            delta: false,
         }
     }
 
@@ -73,7 +76,7 @@ impl XdsBootstrap {
             "stats_flush_interval": "0.2s",
             "dynamic_resources": {
                 "ads_config": {
-                    "api_type": "GRPC",
+                    "api_type": if self.delta { "DELTA_GRPC" } else { "GRPC" },
                     "transport_api_version": "V3",
                     "grpc_services": [{
                         "envoy_grpc": {"cluster_name": "xds"},

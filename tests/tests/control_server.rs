@@ -2,7 +2,8 @@
 //! over ADS: both get the clusters and endpoints, a new snapshot reaches both, a held
 //! node keeps its old hosts until released, a spec of its own with a zero connect
 //! timeout makes one Envoy NACK, and stopping the server disconnects both until it
-//! is restarted.
+//! is restarted. An Envoy over Delta xDS gets the same: only what changed, a removed
+//! cluster, hold and release, a NACK with its reason.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -220,5 +221,76 @@ async fn two_envoys_follow_the_control_server() -> anyhow::Result<()> {
         )
         .await?;
     assert!(a.is_running() && b.is_running());
+    Ok(())
+}
+
+/// Whether `envoy` has a cluster named `name` (`/clusters` lists its settings even
+/// without hosts).
+async fn has_cluster(envoy: &XdsEnvoy, name: &str) -> bool {
+    envoy
+        .admin_get("/clusters")
+        .await
+        .is_ok_and(|t| t.lines().any(|l| l.split("::").next() == Some(name)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_envoy_over_delta_xds_follows_the_control_server() -> anyhow::Result<()> {
+    let server = ControlServer::start(addr(0), None).await?;
+    server.set(mesh(&[9001]));
+    let boot = XdsBootstrap {
+        delta: true,
+        ..XdsBootstrap::new("sidecar-d", "edge", server.local_addr())
+    };
+    let envoy = XdsEnvoy::start(&boot).await?;
+    wait_hosts(&envoy, &[9001]).await?;
+    assert_eq!(envoy.hosts("users").await?, set_of(&[9101]));
+    let node = server.node("sidecar-d").expect("sidecar-d connected");
+    assert!(node.delta, "{node:?}");
+
+    // A new endpoint, then a cluster removed: only what changed is sent, and the
+    // removal reaches the sidecar.
+    server.set(mesh(&[9001, 9002]));
+    wait_hosts(&envoy, &[9001, 9002]).await?;
+    let mut without_users = mesh(&[9001, 9002]);
+    without_users.clusters.retain(|c| c.name != "users");
+    server.set(without_users);
+    wait_for("users removed from sidecar-d", WAIT, || async {
+        (!has_cluster(&envoy, "users").await).then_some(())
+    })
+    .await?;
+    assert!(has_cluster(&envoy, "orders").await);
+
+    // Held, it keeps its hosts; released, it catches up.
+    server.hold("sidecar-d");
+    server.set(mesh(&[9001, 9002, 9003]));
+    server
+        .wait_until(|n| n.iter().any(|n| n.id == "sidecar-d" && n.held), WAIT)
+        .await?;
+    assert_eq!(envoy.hosts("orders").await?, set_of(&[9001, 9002]));
+    server.release("sidecar-d");
+    wait_hosts(&envoy, &[9001, 9002, 9003]).await?;
+    assert!(has_cluster(&envoy, "users").await, "users declared again");
+
+    // A cluster it cannot take: NACKed over Delta with Envoy's reason.
+    let mut bad = mesh(&[9001, 9002, 9003]);
+    bad.clusters[0].connect_timeout_ms = 0;
+    server.override_for("sidecar-d", Some(bad));
+    server
+        .wait_until(
+            |n| {
+                n.iter()
+                    .any(|n| n.id == "sidecar-d" && n.last_nack(type_url::CLUSTER).is_some())
+            },
+            WAIT,
+        )
+        .await?;
+    let nacked = server.node("sidecar-d").expect("sidecar-d connected");
+    let detail = nacked.last_nack(type_url::CLUSTER).unwrap_or_default();
+    assert!(detail.contains("ConnectTimeout"), "{detail}");
+    assert_eq!(
+        envoy.hosts("orders").await?,
+        set_of(&[9001, 9002, 9003]),
+        "the last good view stays"
+    );
     Ok(())
 }
