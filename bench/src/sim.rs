@@ -3,12 +3,15 @@
 //! Shared by the ingest benchmark (`meshcat-bench-agents`) and the graph benchmark
 //! (`meshcat-bench-graph`). Also the mesh a control server declares for sidecars
 //! that take their configuration over xDS ([`mesh_spec`], [`xds_sidecar`]): one
-//! definition of every cluster's hosts for both sides.
+//! definition of every cluster's hosts for both sides, and sidecars whose host set
+//! alternates between the mesh's and another one report by report ([`Flips`]), for
+//! the time from a report to `GET /sync`.
 
+use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::bail;
 use meshcat_common::model::InstanceMetrics;
@@ -64,6 +67,128 @@ pub struct SimAgent {
     pub deltas: bool,
 }
 
+/// Sidecars whose host set of one upstream cluster alternates, report by report,
+/// between the mesh's and one that lacks one of its endpoints: the first `instances`
+/// instances of an agent run with [`SimAgent::run_with`]. Their first report
+/// matches the mesh (`synced`), the second differs (`stale` once the aggregator's
+/// `--sync-grace` is over), and so on; or the other way round with
+/// `differing_first`, which spreads the stale ones over time when half the agents
+/// take it (each agent's reports come at their own phase within the interval, and a
+/// sidecar's states repeat every two reports). The flipped cluster is the first of the
+/// instance's clusters named as a mesh cluster ([`mesh_cluster_name`]), so the
+/// instances are [`xds_sidecar`]s. Each such report sent while the agents measure
+/// writes one line per flipping instance,
+/// `flip <instance> <synced|stale> <epoch_ms>`: the state the report should cause
+/// and the wall clock just before the report is written to its QUIC stream, in ms
+/// since the epoch with three decimals.
+#[derive(Clone)]
+pub struct Flips {
+    /// Flipping instances of each agent run with these flips (its first ones).
+    pub instances: usize,
+    /// The first report differs from the mesh, the second matches, and so on.
+    pub differing_first: bool,
+    out: Arc<Mutex<Box<dyn Write + Send>>>,
+}
+
+impl std::fmt::Debug for Flips {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Flips")
+            .field("instances", &self.instances)
+            .field("differing_first", &self.differing_first)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Flips {
+    /// The first `instances` instances flip, the first report matching; their lines
+    /// go to `out`.
+    pub fn new(instances: usize, out: Box<dyn Write + Send>) -> Flips {
+        Flips {
+            instances,
+            differing_first: false,
+            out: Arc::new(Mutex::new(out)),
+        }
+    }
+
+    /// Writes the line of one flip report of `instance`, sent at `at`.
+    fn note(&self, instance: &str, state: &str, at: SystemTime) {
+        let ms = at
+            .duration_since(UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64() * 1000.0);
+        let line = format!("flip {instance} {state} {ms:.3}\n");
+        let mut out = self.out.lock().expect("flip log");
+        if let Err(e) = out.write_all(line.as_bytes()).and_then(|()| out.flush()) {
+            eprintln!("cannot write a flip line: {e}");
+        }
+    }
+
+    /// These flips, the first report differing when `yes`.
+    pub fn with_differing_first(self, yes: bool) -> Flips {
+        Flips {
+            differing_first: yes,
+            ..self
+        }
+    }
+
+    /// Flushes what was written.
+    pub fn flush(&self) -> std::io::Result<()> {
+        self.out.lock().expect("flip log").flush()
+    }
+}
+
+/// One flipping instance: where its flipped cluster is, and its two host sets.
+#[derive(Debug)]
+struct Flip {
+    /// The cluster's position among the instance's clusters.
+    at: usize,
+    matching: ReportedCluster,
+    differing: ReportedCluster,
+}
+
+impl Flip {
+    /// The flip of `i`, when it has a cluster named as a mesh cluster.
+    fn of(i: &InstanceReport) -> Option<Flip> {
+        let at = i
+            .clusters
+            .iter()
+            .position(|c| mesh_cluster_index(&c.name).is_some())?;
+        let matching = i.clusters[at].clone();
+        // One endpoint of the mesh's missing (one unknown to it when it has none).
+        let hosts = match matching.hosts.split_last() {
+            Some((_, rest)) => rest.to_vec(),
+            None => vec!["192.0.2.1:8080".to_owned()],
+        };
+        let differing = ReportedCluster {
+            added_via_api: matching.added_via_api,
+            ..ReportedCluster::healthy(matching.name.clone(), hosts)
+        };
+        Some(Flip {
+            at,
+            matching,
+            differing,
+        })
+    }
+
+    /// Puts the cluster's host set of the report of phase `phase` (the report's
+    /// number from 0, plus one when the first differs: the odd ones differ) into `r`,
+    /// whole or a delta. The state it should cause.
+    fn apply(&self, r: &mut InstanceReport, phase: u64) -> &'static str {
+        let (cluster, state) = if phase % 2 == 1 {
+            (&self.differing, "stale")
+        } else {
+            (&self.matching, "synced")
+        };
+        if r.delta.is_some() {
+            // Listed in every delta: its host set changed since the base (the report
+            // before), or the base was refused and it is sent again.
+            r.clusters.push(cluster.clone());
+        } else if let Some(c) = r.clusters.get_mut(self.at) {
+            c.clone_from(cluster);
+        }
+        state
+    }
+}
+
 impl SimAgent {
     pub async fn run(
         self,
@@ -72,6 +197,26 @@ impl SimAgent {
         stats: Arc<Stats>,
         stop: Arc<tokio::sync::Notify>,
     ) {
+        self.run_with(endpoint, addr, stats, stop, None).await;
+    }
+
+    /// [`Self::run`], the agent's first instances flipping as `flips` says.
+    pub async fn run_with(
+        self,
+        endpoint: quinn::Endpoint,
+        addr: SocketAddr,
+        stats: Arc<Stats>,
+        stop: Arc<tokio::sync::Notify>,
+        flips: Option<Flips>,
+    ) {
+        let first = flips.as_ref().map_or(0, |f| u64::from(f.differing_first));
+        let flipping: Vec<Flip> = flips.as_ref().map_or_else(Vec::new, |f| {
+            self.instances
+                .iter()
+                .take(f.instances)
+                .map_while(Flip::of)
+                .collect()
+        });
         // The control stream stays open for the connection's life.
         let (conn, _control) = match self.hello(&endpoint, addr).await {
             Ok(opened) => opened,
@@ -94,7 +239,13 @@ impl SimAgent {
                 () = stop.notified() => return,
             }
             let started = Instant::now();
-            let report = self.report(sent, &acked);
+            let mut report = self.report(sent, &acked);
+            let states: Vec<&str> = report
+                .iter_mut()
+                .zip(&flipping)
+                .map(|(r, f)| f.apply(r, sent + first))
+                .collect();
+            let noted = stats.measuring.load(Ordering::Relaxed);
             if stats.measuring.load(Ordering::Relaxed) {
                 for r in &report {
                     let bytes = meshcat_common::wire::encoded_len(r) as u64;
@@ -109,7 +260,14 @@ impl SimAgent {
                 }
             }
             let seqs: Vec<u64> = report.iter().map(|r| r.seq).collect();
-            match send_report(&conn, report).await {
+            let mut written = None;
+            let answer = send_report(&conn, report, &mut written).await;
+            if let (Some(flips), Some(at), true) = (&flips, written, noted) {
+                for (i, state) in states.iter().enumerate() {
+                    flips.note(&self.instances[i].instance, state, at);
+                }
+            }
+            match answer {
                 Ok(Some(refused)) => {
                     stats
                         .refused_instances
@@ -226,16 +384,19 @@ impl SimAgent {
 }
 
 /// Sends one report; the instances refused (an empty list when all applied), or
-/// `None` when the whole report was refused.
+/// `None` when the whole report was refused. `written` is set to the wall clock
+/// just before the report is written to its stream.
 async fn send_report(
     conn: &quinn::Connection,
     instances: Vec<InstanceReport>,
+    written: &mut Option<SystemTime>,
 ) -> anyhow::Result<Option<Vec<meshcat_common::wire::RefusedInstance>>> {
     let (mut send, mut recv) = conn.open_bi().await?;
     let report = AgentMessage::Report(Report {
         sent_at_ms: 0,
         instances,
     });
+    *written = Some(SystemTime::now());
     write_frame(&mut send, &report, DEFAULT_MAX_MESSAGE).await?;
     send.finish()?;
     match read_frame::<ServerMessage>(&mut recv, DEFAULT_MAX_MESSAGE).await? {

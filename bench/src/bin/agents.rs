@@ -8,6 +8,16 @@
 //! peak) from /proc/<pid>/status. With `--xds` the sidecars are connected to their
 //! control server and in sync with the mesh `--write-mesh` writes (the control
 //! server's `--mesh` file), so the aggregator compares every report with the view.
+//! With `--flip-instances K` (and `--xds`), the first K instances of each of the
+//! first `--flip-agents` agents alternate, report by report, between the mesh's host
+//! set of their first upstream cluster (`synced`) and one lacking one of its
+//! endpoints (`stale` once the aggregator's `--sync-grace` is over), the first report
+//! matching in even-numbered agents and differing in odd-numbered ones (so that about
+//! half of them are stale at any time); each such report sent in the measured time
+//! writes `flip <instance> <synced|stale> <epoch_ms>` per flipping instance (the state
+//! it should cause, and the wall clock just before the report is written to its QUIC
+//! stream, ms since the epoch) to `--flip-log` or standard output, for
+//! `meshcat-bench-control sync-latency`.
 
 // The figures on standard output are this program's whole purpose.
 #![allow(clippy::print_stdout)]
@@ -94,12 +104,32 @@ struct Args {
     /// exit.
     #[arg(long)]
     write_mesh: Option<PathBuf>,
+    /// Sidecars that flip (needs --xds): the first K instances of each of the first
+    /// --flip-agents agents report, report by report, the mesh's host set of their
+    /// first upstream cluster (synced) and one lacking one of its endpoints (stale once
+    /// the aggregator's --sync-grace is over), the first report matching in
+    /// even-numbered agents and differing in odd-numbered ones. Each such report sent
+    /// in the measured time writes a line `flip <instance> <synced|stale> <epoch_ms>`
+    /// per flipping instance: the state it should cause and the wall clock just before
+    /// the report is written to its QUIC stream (ms since the epoch).
+    #[arg(long, default_value_t = 0, value_name = "K")]
+    flip_instances: usize,
+    /// Agents with flipping sidecars (--flip-instances): the first N.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    flip_agents: usize,
+    /// File the flip lines are written to (created or emptied); standard output when
+    /// absent.
+    #[arg(long)]
+    flip_log: Option<PathBuf>,
 }
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     if args.zones == 0 {
         bail!("--zones must be at least 1");
+    }
+    if args.flip_instances > 0 && !args.xds {
+        bail!("--flip-instances needs --xds (the sidecars' host sets are the mesh's)");
     }
     if let Some(path) = &args.write_mesh {
         let mesh = sim::mesh_spec(args.mesh_clusters, args.mesh_endpoints);
@@ -163,6 +193,23 @@ async fn run(args: Args) -> anyhow::Result<()> {
         args.upstreams,
         meshcat_common::wire::encode(&sample, usize::MAX)?.len()
     );
+    let flips = if args.flip_instances > 0 {
+        let out: Box<dyn Write + Send> = match &args.flip_log {
+            Some(path) => Box::new(std::io::LineWriter::new(
+                std::fs::File::create(path)
+                    .with_context(|| format!("cannot create {}", path.display()))?,
+            )),
+            None => Box::new(std::io::stdout()),
+        };
+        println!(
+            "flipping sidecars: the first {} instance(s) of each of the first {} agents",
+            args.flip_instances.min(args.instances),
+            args.flip_agents.min(args.agents)
+        );
+        Some(sim::Flips::new(args.flip_instances, out))
+    } else {
+        None
+    };
     let client = tls::client_config(&files.ca, Some((&files.agent_cert, &files.agent_key)))?;
     let stats = Arc::new(Stats::default());
     let stop = Arc::new(tokio::sync::Notify::new());
@@ -195,11 +242,16 @@ async fn run(args: Args) -> anyhow::Result<()> {
             traffic: traffic.clone(),
             deltas: !args.whole,
         };
-        tasks.push(tokio::spawn(agent.run(
+        let flipping = flips
+            .clone()
+            .filter(|_| i < args.flip_agents)
+            .map(|f| f.with_differing_first(i % 2 == 1));
+        tasks.push(tokio::spawn(agent.run_with(
             endpoint,
             addr,
             stats.clone(),
             stop.clone(),
+            flipping,
         )));
         tokio::time::sleep(gap).await;
     }
@@ -293,6 +345,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
     );
 
     stop.notify_waiters();
+    if let Some(flips) = &flips {
+        flips.flush().context("flip log")?;
+    }
     for endpoint in &endpoints {
         endpoint.close(0u32.into(), b"bench over");
     }

@@ -10,11 +10,21 @@
 //!   control server's log line of each reload splits the time in two.
 //! - `wait-view`: waits until a registered zone's whole view is in the catalog.
 //! - `sync`: counts the zone's sidecars per sync state (`GET /sync`).
+//! - `sync-latency`: follows the zone's sidecars' sync states with blocking queries
+//!   on `GET /sync` (`?index=N&wait=D`, answered as soon as the sync index moves) and
+//!   records when each state change was first seen, until SIGTERM; then pairs each
+//!   flip report of `meshcat-bench-agents --flip-instances` (its `--flip-log`) with
+//!   the first answer showing the state it should cause: the time from an agent's
+//!   report to `/sync`. An answer that comes back at once on a change adds one HTTP
+//!   round trip to what it observes, which is part of the figure; plain reads of the
+//!   same list, timed meanwhile, show that round trip.
 
 // The figures on standard output are this program's whole purpose.
 #![allow(clippy::print_stdout)]
 
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
@@ -101,6 +111,30 @@ enum Command {
         #[arg(long, default_value = "0s", value_parser = meshcat_common::config::parse_duration)]
         after: Duration,
     },
+    /// Follow the zone's sync states with blocking queries until SIGTERM, then time
+    /// each flip report to the first answer of GET /sync showing its state.
+    SyncLatency {
+        /// The flip lines of meshcat-bench-agents --flip-log (`flip <instance>
+        /// <state> <epoch_ms>`), read once the watch ends.
+        #[arg(long)]
+        flips: PathBuf,
+        /// Follow every sidecar of the zone (`GET /sync?zoneName=`: each answer lists
+        /// them all) instead of the stale ones only (`&state=stale`: a sidecar that
+        /// leaves that list is counted `synced`, the only other state the flipping
+        /// sidecars take).
+        #[arg(long)]
+        whole_zone: bool,
+        /// Longest wait of one blocking query.
+        #[arg(long, default_value = "5s", value_parser = meshcat_common::config::parse_positive_duration)]
+        wait: Duration,
+        /// Time between two plain reads of the same list, timed (the round trip a
+        /// blocking query that answers at once adds).
+        #[arg(long, default_value = "1s", value_parser = meshcat_common::config::parse_positive_duration)]
+        probe: Duration,
+        /// Longest watch, when no SIGTERM comes.
+        #[arg(long, default_value = "30m", value_parser = meshcat_common::config::parse_positive_duration)]
+        timeout: Duration,
+    },
 }
 
 #[tokio::main]
@@ -176,6 +210,22 @@ async fn main() -> anyhow::Result<()> {
         Command::Sync { after } => {
             tokio::time::sleep(*after).await;
             sync(&client, &args).await
+        }
+        Command::SyncLatency {
+            flips,
+            whole_zone,
+            wait,
+            probe,
+            timeout,
+        } => {
+            let watch = Watch {
+                flips,
+                whole_zone: *whole_zone,
+                wait: *wait,
+                probe: *probe,
+                timeout: *timeout,
+            };
+            sync_latency(&client, &args, &watch).await
         }
     }
 }
@@ -496,9 +546,278 @@ async fn sync(client: &reqwest::Client, args: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+struct Watch<'a> {
+    flips: &'a PathBuf,
+    whole_zone: bool,
+    wait: Duration,
+    probe: Duration,
+    timeout: Duration,
+}
+
+/// Milliseconds since the epoch, with the sub-millisecond part.
+fn epoch_ms(t: SystemTime) -> f64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+}
+
+/// The state changes seen, per instance, in the order seen: (state, when, ms since
+/// the epoch).
+type Seen = HashMap<String, Vec<(String, f64)>>;
+
+async fn sync_latency(client: &reqwest::Client, args: &Args, w: &Watch<'_>) -> anyhow::Result<()> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let list = if w.whole_zone {
+        format!("{}/sync?zoneName={}", args.api, args.zone)
+    } else {
+        format!("{}/sync?zoneName={}&state=stale", args.api, args.zone)
+    };
+    // Plain reads of the same list, timed, beside the watch.
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let round_trips = Arc::new(Mutex::new(Vec::new()));
+    let prober = tokio::spawn(probe(
+        client.clone(),
+        list.clone(),
+        w.probe,
+        stopped,
+        round_trips.clone(),
+    ));
+
+    let mut states: HashMap<String, String> = HashMap::new();
+    let mut seen: Seen = HashMap::new();
+    let (mut answers, mut changes, mut failures) = (0u64, 0u64, 0u64);
+    let mut index: Option<u64> = None;
+    let deadline = tokio::time::sleep(w.timeout);
+    tokio::pin!(deadline);
+    let started = Instant::now();
+    loop {
+        let url = match index {
+            Some(i) => format!("{list}&index={i}&wait={}ms", w.wait.as_millis()),
+            None => list.clone(),
+        };
+        let answer = tokio::select! {
+            _ = term.recv() => break,
+            () = &mut deadline => {
+                println!("the watch ended after {:?} without SIGTERM", w.timeout);
+                break;
+            }
+            a = get(client, &url) => a,
+        };
+        let at = epoch_ms(SystemTime::now());
+        let answer = match answer {
+            Ok(a) => a,
+            Err(e) => {
+                failures += 1;
+                eprintln!("{e:#}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        answers += 1;
+        index = answer["index"].as_u64();
+        let now: HashMap<String, String> = answer["proxies"]
+            .as_array()
+            .context("proxies")?
+            .iter()
+            .filter_map(|p| {
+                Some((
+                    p["instance"].as_str()?.to_owned(),
+                    p["state"].as_str()?.to_owned(),
+                ))
+            })
+            .collect();
+        if !w.whole_zone {
+            // Gone from the stale list: synced.
+            for (instance, state) in &mut states {
+                if state != "synced" && !now.contains_key(instance) {
+                    "synced".clone_into(state);
+                    seen.entry(instance.clone())
+                        .or_default()
+                        .push((state.clone(), at));
+                    changes += 1;
+                }
+            }
+        }
+        for (instance, state) in now {
+            if states.get(&instance) != Some(&state) {
+                seen.entry(instance.clone())
+                    .or_default()
+                    .push((state.clone(), at));
+                states.insert(instance, state);
+                changes += 1;
+            }
+        }
+    }
+    let watched = started.elapsed();
+    let _ = stop.send(true);
+    prober.await?;
+
+    let text = std::fs::read_to_string(w.flips)
+        .with_context(|| format!("cannot read {}", w.flips.display()))?;
+    let flips = parse_flips(&text);
+    let paired = pair(&flips, &seen);
+    println!(
+        "watched {} for {:.1} s: {answers} answers, {changes} state changes seen, {failures} failed reads",
+        list.strip_prefix(&args.api).unwrap_or(&list),
+        watched.as_secs_f64()
+    );
+    let summary = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        format!(
+            "p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms ({})",
+            quantile(v, 0.5),
+            quantile(v, 0.99),
+            quantile(v, 1.0),
+            v.len()
+        )
+    };
+    let mut all: Vec<f64> = paired.latencies.values().flatten().copied().collect();
+    println!(
+        "flip report sent -> GET /sync shows its state: {}; {} of {} flip reports not seen before the sidecar's next report",
+        summary(&mut all),
+        paired.missed,
+        paired.flips
+    );
+    for (state, v) in &paired.latencies {
+        let mut v = v.clone();
+        println!("  to {state}: {}", summary(&mut v));
+    }
+    let mut rtt = std::mem::take(&mut *round_trips.lock().expect("round trips"));
+    println!(
+        "plain GET of the same list every {:?} meanwhile: {}",
+        w.probe,
+        summary(&mut rtt)
+    );
+    println!(
+        "figure sync_report_p50_ms {:.1}\nfigure sync_report_p99_ms {:.1}\nfigure sync_report_max_ms {:.1}\nfigure sync_report_count {}\nfigure sync_report_missed {}\nfigure sync_rtt_p50_ms {:.1}\nfigure sync_rtt_p99_ms {:.1}",
+        quantile(&all, 0.5),
+        quantile(&all, 0.99),
+        quantile(&all, 1.0),
+        all.len(),
+        paired.missed,
+        quantile(&rtt, 0.5),
+        quantile(&rtt, 0.99),
+    );
+    Ok(())
+}
+
+/// Times a plain read of `url` every `every` until `stop`, into `out` (ms).
+async fn probe(
+    client: reqwest::Client,
+    url: String,
+    every: Duration,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+    out: Arc<Mutex<Vec<f64>>>,
+) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.changed() => return,
+            _ = tick.tick() => {}
+        }
+        let started = Instant::now();
+        if get(&client, &url).await.is_ok() {
+            let ms = started.elapsed().as_secs_f64() * 1000.0;
+            out.lock().expect("round trips").push(ms);
+        }
+    }
+}
+
+/// One flip report of one instance.
+#[derive(Debug, Clone, PartialEq)]
+struct FlipLine {
+    instance: String,
+    state: String,
+    at_ms: f64,
+}
+
+/// The `flip <instance> <state> <epoch_ms>` lines of `text`; others are skipped.
+fn parse_flips(text: &str) -> Vec<FlipLine> {
+    text.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            match f.as_slice() {
+                ["flip", instance, state, at] => Some(FlipLine {
+                    instance: (*instance).to_owned(),
+                    state: (*state).to_owned(),
+                    at_ms: at.parse().ok()?,
+                }),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+#[derive(Debug, Default)]
+struct Paired {
+    /// The latencies (ms) per state caused.
+    latencies: BTreeMap<String, Vec<f64>>,
+    flips: usize,
+    /// Flip reports whose state was not seen before the instance's next flip report
+    /// (or the watch's end).
+    missed: usize,
+}
+
+/// Pairs each flip report with the first change of its instance to its state seen
+/// at or after its send time and before the instance's next flip report.
+fn pair(flips: &[FlipLine], seen: &Seen) -> Paired {
+    let mut by_instance: BTreeMap<&str, Vec<&FlipLine>> = BTreeMap::new();
+    for f in flips {
+        by_instance.entry(&f.instance).or_default().push(f);
+    }
+    let none = Vec::new();
+    let mut out = Paired::default();
+    for (instance, mut fl) in by_instance {
+        fl.sort_by(|a, b| a.at_ms.total_cmp(&b.at_ms));
+        let changes = seen.get(instance).unwrap_or(&none);
+        for (j, f) in fl.iter().enumerate() {
+            let next = fl.get(j + 1).map_or(f64::INFINITY, |n| n.at_ms);
+            out.flips += 1;
+            match changes
+                .iter()
+                .find(|(s, at)| *s == f.state && *at >= f.at_ms && *at < next)
+            {
+                Some((_, at)) => out
+                    .latencies
+                    .entry(f.state.clone())
+                    .or_default()
+                    .push(at - f.at_ms),
+                None => out.missed += 1,
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn flips_pair_with_the_first_change_to_their_state_before_the_next_flip() {
+        let flips = parse_flips(
+            "flipping sidecars\nflip pod-0-0 stale 1000.5\nflip pod-0-0 synced 6000\nflip pod-0-0 stale 11000\nflip pod-1-0 stale 2000\nflip pod-0-0 synced 16000\n",
+        );
+        assert_eq!(flips.len(), 5);
+        let seen: Seen = HashMap::from([
+            (
+                "pod-0-0".to_owned(),
+                vec![
+                    ("synced".to_owned(), 500.0),
+                    ("stale".to_owned(), 1010.5),
+                    ("synced".to_owned(), 6020.0),
+                    // The third flip's state seen only after the fourth was sent.
+                    ("stale".to_owned(), 16_100.0),
+                ],
+            ),
+            ("pod-1-0".to_owned(), vec![("stale".to_owned(), 2003.0)]),
+        ]);
+        let p = pair(&flips, &seen);
+        assert_eq!(p.flips, 5);
+        assert_eq!(p.missed, 2);
+        assert_eq!(p.latencies["stale"], vec![10.0, 3.0]);
+        assert_eq!(p.latencies["synced"], vec![20.0]);
+    }
 
     #[test]
     fn time_stamps_parse() {
