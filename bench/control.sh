@@ -10,7 +10,10 @@
 #    server) to its whole view in the catalog (GET /zones/{z}/control polled every
 #    POLL);
 # 2. the aggregator's resident memory before the registration and with the view,
-#    once settled: bytes per endpoint;
+#    once settled: bytes per endpoint; and, with meshcat-bench-control-heap (the
+#    control component, the catalog and a graph build in one process under a
+#    counting allocator), the heap that stays allocated for the view, exactly, over
+#    Delta xDS and over state of the world;
 # 3. the aggregator's CPU with AGENTS simulated agents of INSTANCES instances, each
 #    with UPSTREAMS upstream clusters, reporting every INTERVAL for DURATION: sidecars
 #    connected over xDS and in sync with the mesh (--xds), so every report is
@@ -19,12 +22,20 @@
 #    difference is the sync derivation's cost;
 # 4. CHANGES times, one endpoint added to one cluster in the mesh file and the
 #    control server told to re-read it at once (SIGHUP): the time to the cluster's
-#    controlPlane.endpoints in the catalog.
+#    controlPlane.endpoints in the catalog;
+# 5. under the load of 3 (with the view), the aggregator restarted with the
+#    smallest sync grace (--sync-grace 1ns: it rejects 0, and the derivation counts
+#    the grace in whole milliseconds, so 1ns is none): the first FLIP_INSTANCES
+#    sidecars of each of the first FLIP_AGENTS agents alternate, report by report,
+#    between the mesh's host set of one upstream cluster and one lacking an
+#    endpoint, so each report makes them stale or synced again; a watcher follows
+#    GET /sync (the stale ones) with blocking queries. The time from each such
+#    report's send to the first answer showing its state.
 #
 # Environment: CLUSTERS (10000), ENDPOINTS (10), POLL (10ms), CHANGES (20), AGENTS
 # (1000), INSTANCES (10), UPSTREAMS (10), INTERVAL (5s), DURATION (30s),
 # CONNECT_RATE (300), ROUNDS (2: the runs of 3, with and without the view, one after
-# the other), CARGO_TARGET_DIR (./target).
+# the other), FLIP_AGENTS (50), FLIP_INSTANCES (1), CARGO_TARGET_DIR (./target).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -42,6 +53,8 @@ INTERVAL=${INTERVAL:-5s}
 DURATION=${DURATION:-30s}
 CONNECT_RATE=${CONNECT_RATE:-300}
 ROUNDS=${ROUNDS:-2}
+FLIP_AGENTS=${FLIP_AGENTS:-50}
+FLIP_INSTANCES=${FLIP_INSTANCES:-1}
 ZONE=zone-0
 # The cluster the endpoint changes go to: the mesh's last, which no simulated
 # sidecar holds (their upstreams are among the first 200).
@@ -55,10 +68,11 @@ control="$target/release/meshcat-bench-control"
 new_work
 cpid=""
 counter=""
+watcher=""
 # Stops every process the script started, whatever their exit status.
 cleanup() {
     set +e
-    for p in $counter $cpid $pid; do
+    for p in $watcher $counter $cpid $pid; do
         kill "$p" 2>/dev/null
         wait "$p" 2>/dev/null
     done
@@ -104,6 +118,13 @@ taskset -c 0 "$control" --api "http://$api" --zone "$ZONE" connect --server "$se
     --pid "$pid" --clusters "$CLUSTERS" --endpoints "$((CLUSTERS * ENDPOINTS))" --poll "$POLL" |
     tee "$work/connect"
 note_load "after the view:"
+for protocol in delta sotw; do
+    flag=""
+    [ "$protocol" = sotw ] && flag=--sotw
+    # shellcheck disable=SC2086
+    taskset -c 1 "$target/release/meshcat-bench-control-heap" --clusters "$CLUSTERS" \
+        --endpoints "$ENDPOINTS" $flag | tee "$work/heap-$protocol"
+done
 
 echo "==> 4: $CHANGES endpoint changes of $CHANGED"
 taskset -c 0 "$control" --api "http://$api" --zone "$ZONE" change --mesh "$work/mesh.json" \
@@ -120,23 +141,25 @@ seconds() {
     esac
 }
 
-# run_agents NAME: the simulated sidecars against the aggregator, connected over
-# xDS and in sync with the mesh, all in $ZONE; the output in $work/NAME. The
-# sidecars' sync states (and the load average) are read halfway through the
-# measured time.
+# run_agents NAME [MORE FLAGS...]: the simulated sidecars against the aggregator,
+# connected over xDS and in sync with the mesh, all in $ZONE, with MORE FLAGS added;
+# the output in $work/NAME. The sidecars' sync states (and the load average) are
+# read halfway through the measured time.
 run_agents() {
+    local name=$1
+    shift
     local halfway=$((AGENTS / CONNECT_RATE + 2 + $(seconds "$INTERVAL") + $(seconds "$DURATION") / 2))
     taskset -c 0 "$control" --api "http://$api" --zone "$ZONE" sync --after "${halfway}s" \
-        >"$work/$1.sync" 2>&1 &
+        >"$work/$name.sync" 2>&1 &
     counter=$!
     taskset -c 0 "$agents" --agents "$AGENTS" --instances "$INSTANCES" --upstreams "$UPSTREAMS" \
         --interval "$INTERVAL" --duration "$DURATION" --connect-rate "$CONNECT_RATE" \
         --addr "$quic" --pid "$pid" --data-dir "$work/data" --zones 1 --xds \
-        --mesh-endpoints "$ENDPOINTS" | tee "$work/$1"
+        --mesh-endpoints "$ENDPOINTS" "$@" | tee "$work/$name"
     wait "$counter" || true
     counter=""
-    tee -a "$work/$1" <"$work/$1.sync"
-    loads+=("$1, halfway: $(grep -o 'load average [0-9. ]*' "$work/$1.sync" | cut -d' ' -f3-)")
+    tee -a "$work/$name" <"$work/$name.sync"
+    loads+=("$name, halfway: $(grep -o 'load average [0-9. ]*' "$work/$name.sync" | cut -d' ' -f3-)")
 }
 
 # restart [FLAGS...]: the aggregator again on the same data directory (the zone
@@ -165,6 +188,25 @@ for round in $(seq 1 "$ROUNDS"); do
     note_load "round $round without a view, before:"
     run_agents "sync-off-$round"
 done
+
+echo "==> 5: agent report -> /sync, $FLIP_INSTANCES flipping sidecars of each of $FLIP_AGENTS agents, under the load of 3"
+# --sync-grace does not take 0: 1ns is its smallest value, and none in whole
+# milliseconds, the derivation's unit.
+restart --sync-grace 1ns
+taskset -c 0 "$control" --api "http://$api" --zone "$ZONE" wait-view \
+    --clusters "$CLUSTERS" --endpoints "$((CLUSTERS * ENDPOINTS + CHANGES))"
+note_load "5, before:"
+taskset -c 0 "$control" --api "http://$api" --zone "$ZONE" sync-latency --flips "$work/flips" \
+    >"$work/report-sync" 2>&1 &
+watcher=$!
+run_agents "sync-flip" --flip-agents "$FLIP_AGENTS" --flip-instances "$FLIP_INSTANCES" \
+    --flip-log "$work/flips"
+# The last reports' states reach /sync before the watch ends.
+sleep 2
+kill -TERM "$watcher"
+wait "$watcher" || echo "meshcat-bench-control sync-latency failed"
+watcher=""
+cat "$work/report-sync"
 note_load "end:"
 
 figure() { grep "^figure $1 " "$2" | cut -d' ' -f3-; }
@@ -182,6 +224,9 @@ echo "memory: $(awk '/MemTotal/ {printf "%.1f GiB", $2 / 1048576}' /proc/meminfo
 printf '  %s\n' "${loads[@]/#/load average }"
 echo "1. whole view ($CLUSTERS clusters, $endpoints endpoints) in the catalog after POST /zones: $(figure view_ms "$work/connect") ms (target: within 2000 ms)"
 echo "2. aggregator resident $(figure rss_before_mib "$work/connect") MiB before, $(figure rss_after_mib "$work/connect") MiB with the view (settled): $(figure bytes_per_endpoint "$work/connect") bytes per endpoint (target: at most 200)"
+for protocol in delta sotw; do
+    echo "   heap held (exact, counted in one process) over $protocol: $(figure heap_bytes_per_endpoint "$work/heap-$protocol") bytes per endpoint: the view and its stream $(figure heap_view_bytes_per_endpoint "$work/heap-$protocol"), the catalog's entries $(figure heap_catalog_bytes_per_endpoint "$work/heap-$protocol"), the graph's nodes $(figure heap_graph_bytes_per_endpoint "$work/heap-$protocol")"
+done
 echo "3. aggregator CPU, $((AGENTS * INSTANCES)) instances x $UPSTREAMS upstreams every $INTERVAL ($(accepted_of "$work/sync-on-1") reports/s), $ROUNDS rounds:"
 echo "   with the view: $(cpus on)% of one core, mean $on% (sidecars halfway: $(figure sync_states "$work/sync-on-1")),"
 echo "   without (--control-plane=false): $(cpus off)%, mean $off% (sidecars halfway: $(figure sync_states "$work/sync-off-1")):"
@@ -191,3 +236,7 @@ echo "   p50 $(figure change_p50_ms "$work/change") ms, p99 $(figure change_p99_
 echo "   of which file written + SIGHUP -> the control server's 'mesh reloaded' line p50 $(figure reload_p50_ms "$work/change") ms, p99 $(figure reload_p99_ms "$work/change") ms,"
 echo "   and that line -> the catalog p50 $(figure after_reload_p50_ms "$work/change") ms, p99 $(figure after_reload_p99_ms "$work/change") ms"
 echo "   (target: within 100 ms p99 of the agents' next report)"
+echo "5. agent report -> GET /sync ($((FLIP_AGENTS * FLIP_INSTANCES)) sidecars alternating stale and synced, --sync-grace 1ns, under the load of 3; sidecars halfway: $(figure sync_states "$work/sync-flip")):"
+echo "   report written to its QUIC stream -> first answer of a blocking GET /sync showing the state it causes:"
+echo "   p50 $(figure sync_report_p50_ms "$work/report-sync") ms, p99 $(figure sync_report_p99_ms "$work/report-sync") ms, max $(figure sync_report_max_ms "$work/report-sync") ms ($(figure sync_report_count "$work/report-sync") reports; $(figure sync_report_missed "$work/report-sync") not seen before the next);"
+echo "   one plain GET of the same list meanwhile p50 $(figure sync_rtt_p50_ms "$work/report-sync") ms, p99 $(figure sync_rtt_p99_ms "$work/report-sync") ms (target: within 100 ms p99)"

@@ -15,6 +15,9 @@
 //! per-stream state is not counted. Prints bytes per endpoint in all and per part:
 //! the view, the catalog's entries, the graph.
 
+// A benchmark reports on standard output.
+#![allow(clippy::print_stdout)]
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
