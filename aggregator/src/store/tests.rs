@@ -869,7 +869,7 @@ fn declared_view(clusters: &[(&str, &[(&str, bool)])]) -> Arc<crate::control::Zo
             .map(|(a, healthy)| ViewEndpoint {
                 address: (*a).into(),
                 healthy: *healthy,
-                health: if *healthy { "HEALTHY" } else { "UNHEALTHY" }.into(),
+                health: if *healthy { "HEALTHY" } else { "UNHEALTHY" },
                 first_seen_ms: 42,
             })
             .collect();

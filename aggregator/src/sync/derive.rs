@@ -271,7 +271,7 @@ mod tests {
             .map(|a| ViewEndpoint {
                 address: (*a).into(),
                 healthy: true,
-                health: "HEALTHY".into(),
+                health: "HEALTHY",
                 first_seen_ms: 0,
             })
             .collect();
