@@ -305,8 +305,26 @@ pub(crate) trait Session: Send {
     fn node(&self) -> Option<&str>;
     /// Handles one request; false when the stream is gone.
     fn on_request(&mut self, req: Self::Request) -> impl Future<Output = bool> + Send;
-    /// Sends what a new snapshot changed; false when the stream is gone.
-    fn push_all(&mut self) -> impl Future<Output = bool> + Send;
+    /// The type URLs the client subscribed to.
+    fn types(&self) -> Vec<String>;
+    /// Sends what the client lacks of `type_url`, when anything; false when the
+    /// stream is gone.
+    fn push(&mut self, id: &str, type_url: &str) -> impl Future<Output = bool> + Send;
+    /// Pushes every subscribed type after a new snapshot; false when the stream is
+    /// gone.
+    fn push_all(&mut self) -> impl Future<Output = bool> + Send {
+        async move {
+            let Some(id) = self.node().map(str::to_owned) else {
+                return true;
+            };
+            for t in self.types() {
+                if !self.push(&id, &t).await {
+                    return false;
+                }
+            }
+            true
+        }
+    }
 }
 
 /// Serves one stream: its requests and the snapshots published meanwhile, until the
@@ -363,8 +381,11 @@ impl Session for AdsStream {
     fn on_request(&mut self, req: DiscoveryRequest) -> impl Future<Output = bool> + Send {
         AdsStream::on_request(self, req)
     }
-    fn push_all(&mut self) -> impl Future<Output = bool> + Send {
-        AdsStream::push_all(self)
+    fn types(&self) -> Vec<String> {
+        self.subs.keys().cloned().collect()
+    }
+    fn push(&mut self, id: &str, type_url: &str) -> impl Future<Output = bool> + Send {
+        AdsStream::push(self, id, type_url)
     }
 }
 
@@ -418,20 +439,6 @@ impl AdsStream {
             }
         });
         self.push(&id, &type_url).await
-    }
-
-    /// Pushes every subscribed type whose content changed; false when the stream is gone.
-    async fn push_all(&mut self) -> bool {
-        let Some(id) = self.node.clone() else {
-            return true;
-        };
-        let types: Vec<String> = self.subs.keys().cloned().collect();
-        for t in types {
-            if !self.push(&id, &t).await {
-                return false;
-            }
-        }
-        true
     }
 
     /// Sends `type_url` when nothing was sent yet or its content differs from the

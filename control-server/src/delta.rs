@@ -90,8 +90,11 @@ impl Session for DeltaStream {
     fn on_request(&mut self, req: DeltaDiscoveryRequest) -> impl Future<Output = bool> + Send {
         DeltaStream::on_request(self, req)
     }
-    fn push_all(&mut self) -> impl Future<Output = bool> + Send {
-        DeltaStream::push_all(self)
+    fn types(&self) -> Vec<String> {
+        self.subs.keys().cloned().collect()
+    }
+    fn push(&mut self, id: &str, type_url: &str) -> impl Future<Output = bool> + Send {
+        DeltaStream::push(self, id, type_url)
     }
 }
 
@@ -210,21 +213,6 @@ impl DeltaStream {
             }
         });
         self.push(&id, &type_url).await
-    }
-
-    /// Pushes every subscribed type the client is behind on; false when the stream
-    /// is gone.
-    async fn push_all(&mut self) -> bool {
-        let Some(id) = self.node.clone() else {
-            return true;
-        };
-        let types: Vec<String> = self.subs.keys().cloned().collect();
-        for t in types {
-            if !self.push(&id, &t).await {
-                return false;
-            }
-        }
-        true
     }
 
     /// Sends what the client lacks of `type_url` and what it has that is gone, when
