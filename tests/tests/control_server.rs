@@ -269,7 +269,11 @@ async fn an_envoy_over_delta_xds_follows_the_control_server() -> anyhow::Result<
     assert_eq!(envoy.hosts("orders").await?, set_of(&[9001, 9002]));
     server.release("sidecar-d");
     wait_hosts(&envoy, &[9001, 9002, 9003]).await?;
-    assert!(has_cluster(&envoy, "users").await, "users declared again");
+    // CDS and EDS are separate responses: users may come after orders' hosts.
+    wait_for("users declared again on sidecar-d", WAIT, || async {
+        has_cluster(&envoy, "users").await.then_some(())
+    })
+    .await?;
 
     // A cluster it cannot take: NACKed over Delta with Envoy's reason.
     let mut bad = mesh(&[9001, 9002, 9003]);
