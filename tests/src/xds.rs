@@ -159,7 +159,6 @@ impl XdsEnvoy {
         })
     }
 
-    /// Envoy's own log file.
     /// The agent flags that scrape this sidecar (its admin API and its log) as
     /// `instance` of (`zone`, `cluster`) every 300 ms; the flags that reach the
     /// aggregator come first, in `reach`.
@@ -190,6 +189,7 @@ impl XdsEnvoy {
         reach
     }
 
+    /// Envoy's own log file.
     pub fn log_path(&self) -> PathBuf {
         self.dir.path().join("envoy.log")
     }
