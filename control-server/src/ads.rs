@@ -195,6 +195,32 @@ impl Shared {
         self.event();
     }
 
+    /// Notes a request of node `id` for `type_url`: the names it subscribes to and,
+    /// when it answers a response, its ACK or NACK.
+    pub(crate) fn note_request(
+        &self,
+        id: &str,
+        type_url: &str,
+        names: Vec<String>,
+        answer: Option<Answer>,
+    ) {
+        self.with_node(id, |n| {
+            let t = n.state.types.entry(type_url.to_owned()).or_default();
+            t.resource_names = names;
+            match answer {
+                Some(Answer::Ack(version)) => {
+                    t.acked_version = version;
+                    t.nacked = false;
+                }
+                Some(Answer::Nack(message)) => {
+                    t.last_nack = Some(message);
+                    t.nacked = true;
+                }
+                None => {}
+            }
+        });
+    }
+
     /// A stream of node `id` opened (`delta`: an incremental one).
     pub(crate) fn connect(&self, id: &str, cluster: &str, delta: bool) {
         let mut state = self.lock();
@@ -292,6 +318,13 @@ struct AdsStream {
     node: Option<String>,
     subs: BTreeMap<String, Sub>,
     nonces: u64,
+}
+
+/// A client's answer to a response, as the node's state records it: an ACK of a
+/// version, or a NACK with its message.
+pub(crate) enum Answer {
+    Ack(String),
+    Nack(String),
 }
 
 /// One stream's protocol (state of the world, or Delta): what a request does, and a
@@ -423,21 +456,11 @@ impl AdsStream {
                 "xDS update rejected (NACK)"
             );
         }
-        self.shared.with_node(&id, |n| {
-            let t = n.state.types.entry(type_url.clone()).or_default();
-            t.resource_names = names;
-            match answer {
-                Some(Some(error)) => {
-                    t.last_nack = Some(error.message.clone());
-                    t.nacked = true;
-                }
-                Some(None) => {
-                    t.acked_version.clone_from(&req.version_info);
-                    t.nacked = false;
-                }
-                None => {}
-            }
+        let answer = answer.map(|error| match error {
+            Some(error) => Answer::Nack(error.message.clone()),
+            None => Answer::Ack(req.version_info.clone()),
         });
+        self.shared.note_request(&id, &type_url, names, answer);
         self.push(&id, &type_url).await
     }
 

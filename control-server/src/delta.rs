@@ -28,7 +28,7 @@ use envoy_types::pb::google::protobuf::Any;
 use tokio::sync::mpsc;
 use tonic::Status;
 
-use crate::ads::{Session, Shared};
+use crate::ads::{Answer, Session, Shared};
 use crate::snapshot::{Snapshot, resource_version, type_url};
 
 /// One type URL's subscription on one stream.
@@ -57,12 +57,6 @@ struct Pending {
     /// How to put `known` back as it was before the response: per name its earlier
     /// version (`None`: it was not known), in the order they were changed.
     undo: Vec<(String, Option<String>)>,
-}
-
-/// The client's answer to a response, as the node's state records it.
-enum Answer {
-    Ack(String),
-    Nack(String),
 }
 
 /// One Delta xDS stream.
@@ -197,21 +191,7 @@ impl DeltaStream {
         }
 
         let names: Vec<String> = sub.names.iter().cloned().collect();
-        self.shared.with_node(&id, |n| {
-            let t = n.state.types.entry(type_url.clone()).or_default();
-            t.resource_names = names;
-            match answer {
-                Some(Answer::Ack(version)) => {
-                    t.acked_version = version;
-                    t.nacked = false;
-                }
-                Some(Answer::Nack(message)) => {
-                    t.last_nack = Some(message);
-                    t.nacked = true;
-                }
-                None => {}
-            }
-        });
+        self.shared.note_request(&id, &type_url, names, answer);
         self.push(&id, &type_url).await
     }
 
