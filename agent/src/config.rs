@@ -94,6 +94,11 @@ pub struct AgentConfig {
     /// Time between scrapes (and reports).
     #[arg(long, env = "MESHCAT_INTERVAL", default_value = "5s", value_parser = parse_positive_duration)]
     pub interval: Duration,
+    /// Time between reads of each sidecar's certificates (/certs and its SDS secrets)
+    /// when its configuration did not move; a configuration change (an SDS rotation
+    /// included) or a restart reads them at the next scrape.
+    #[arg(long, env = "MESHCAT_CERTS_INTERVAL", default_value = "60s", value_parser = parse_positive_duration)]
+    pub certs_interval: Duration,
     /// Timeout of each admin API call.
     #[arg(long, env = "MESHCAT_SCRAPE_TIMEOUT", default_value = "2s", value_parser = parse_positive_duration)]
     pub scrape_timeout: Duration,

@@ -3,6 +3,7 @@
 //! connections are opened in the agent's network namespace or, for a sidecar whose
 //! admin stays on its pod's loopback, inside the sidecar's ([`netns`]).
 
+pub mod certs;
 pub mod clusters;
 pub mod model;
 pub mod netns;
@@ -37,12 +38,12 @@ pub const MAX_CONFIG_DUMP: usize = 32 << 20;
 
 /// The stats the agent needs: inbound HTTP connection managers' request, error,
 /// byte, TLS and latency stats, the server's memory and worker count, gRPC request
-/// totals, each upstream cluster's requests, 5xx, connect failures, request time
-/// and TLS handshakes (the graph), and the counters that move when the sidecar's
+/// totals, each upstream cluster's requests, 5xx, connect failures, requests failed
+/// waiting for a connection, request time and TLS handshakes (the graph), and the counters that move when the sidecar's
 /// listeners, clusters, routes (RDS and scoped RDS), filters from extension config
 /// discovery (ECDS) or secrets from SDS change (when to read `/config_dump` again,
 /// [`crate::topology::config_version`]). Envoy applies it as an RE2 regex.
-pub const STATS_FILTER: &str = r"^(http\.(.+)\.(downstream_rq_(total|5xx|time)|downstream_cx_(rx|tx)_bytes_total|downstream_cx_(ssl_)?total|(scoped_)?rds\..+\.config_reload)|extension_config_discovery\..+\.config_reload|server\.(concurrency|memory_allocated)|cluster\.(.+)\.(grpc\.(.+\.)?total|upstream_rq_(total|5xx|time)|upstream_cx_connect_fail|ssl\.handshake|client_ssl_socket_factory\.ssl_context_update_by_sds)|listener\.(.+)\.server_ssl_socket_factory\.ssl_context_update_by_sds|listener_manager\.listener_(added|modified|removed|in_place_updated)|cluster_manager\.cluster_(added|modified|removed))$";
+pub const STATS_FILTER: &str = r"^(http\.(.+)\.(downstream_rq_(total|5xx|time)|downstream_cx_(rx|tx)_bytes_total|downstream_cx_(ssl_)?total|(scoped_)?rds\..+\.config_reload)|extension_config_discovery\..+\.config_reload|server\.(concurrency|memory_allocated)|cluster\.(.+)\.(grpc\.(.+\.)?total|upstream_rq_(total|5xx|time|pending_failure_eject)|upstream_cx_connect_fail|ssl\.handshake|client_ssl_socket_factory\.ssl_context_update_by_sds)|listener\.(.+)\.server_ssl_socket_factory\.ssl_context_update_by_sds|listener_manager\.listener_(added|modified|removed|in_place_updated)|cluster_manager\.cluster_(added|modified|removed))$";
 
 /// Why an admin call failed.
 #[derive(Debug, thiserror::Error)]
@@ -78,6 +79,8 @@ pub enum EnvoyError {
     Parse(String),
     #[error("log level {0:?} is not one of error, warn, info, debug")]
     Level(String),
+    #[error(transparent)]
+    Certs(certs::CertsError),
 }
 
 /// Where a sidecar's admin API listens: `host:port`, inside the network namespace
@@ -181,6 +184,14 @@ impl BodySink for ClustersReader {
 
     fn take(&mut self, chunk: &[u8]) -> Result<(), EnvoyError> {
         self.feed(chunk)
+    }
+}
+
+impl BodySink for certs::CertsReader {
+    fn expect(&mut self, _: usize) {}
+
+    fn take(&mut self, chunk: &[u8]) -> Result<(), EnvoyError> {
+        self.feed(chunk).map_err(EnvoyError::Certs)
     }
 }
 
@@ -406,6 +417,30 @@ impl EnvoyAdmin {
         )
         .await?;
         reader.finish()
+    }
+
+    /// `GET /certs`: the sidecar's distinct certificates, read as the answer arrives
+    /// (up to [`certs::MAX_CERTS_ANSWER`]) without holding it.
+    pub async fn certs(&self) -> Result<certs::CertsRead, EnvoyError> {
+        let mut reader = certs::CertsReader::new();
+        self.call_into(false, "/certs", certs::MAX_CERTS_ANSWER, &mut reader)
+            .await?;
+        reader.finish().map_err(EnvoyError::Certs)
+    }
+
+    /// The SDS secret of each certificate the sidecar took over SDS, by serial, from
+    /// `GET /config_dump?resource=dynamic_active_secrets`.
+    pub async fn sds_secrets(
+        &self,
+    ) -> Result<BTreeMap<String, meshcat_common::identity::SdsSecret>, EnvoyError> {
+        let body = self
+            .call_bytes(
+                false,
+                "/config_dump?resource=dynamic_active_secrets",
+                MAX_ANSWER,
+            )
+            .await?;
+        certs::sds_secrets(&body).map_err(EnvoyError::Certs)
     }
 
     /// `GET /stats?format=json&usedonly` with [`STATS_FILTER`] and detailed

@@ -11,6 +11,7 @@ pub mod debugwindow;
 pub mod discovery;
 pub mod drift;
 pub mod envoy;
+pub mod identity;
 pub mod logtail;
 pub mod metrics_object;
 pub mod ops;
@@ -62,7 +63,7 @@ pub async fn run(
             "PUT /logging is refused with 403: the ops listener is not on loopback and no --ops-token-file is given."
         );
     }
-    let agent = Agent::new(config.scrape_timeout);
+    let agent = Agent::with_certs_interval(config.scrape_timeout, config.certs_interval);
     let source = match (&config.targets_file, &config.pods_file) {
         (Some(path), _) => TargetSource::File(path.clone()),
         (None, Some(path)) => TargetSource::Pods(scrape::PodSource {

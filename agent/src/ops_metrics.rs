@@ -25,6 +25,9 @@ pub struct OpsMetrics {
     /// Connections to a sidecar's admin that failed because its network namespace
     /// could not be entered, by target and reason ([`crate::envoy::netns::REASONS`]).
     netns_errors: IntCounterVec,
+    /// Reads of a sidecar's certificates refused (over a bound, or not what Envoy
+    /// writes), by target and reason ([`meshcat_common::identity::refusal`]).
+    certs_refused: IntCounterVec,
 }
 
 impl Default for OpsMetrics {
@@ -65,8 +68,17 @@ impl OpsMetrics {
             &["zone", "cluster", "target", "reason"],
         )
         .unwrap_or_else(|e| unreachable_metric(e));
+        let certs_refused = IntCounterVec::new(
+            Opts::new(
+                "meshcat_agent_certs_refused_total",
+                "Reads of a sidecar's certificates that were refused, by target and reason (too_many_certificates, too_many_sans, certificate_text_too_long, certs_answer_too_large, certs_answer_invalid); the instance is reported with identity none and the reason.",
+            ),
+            &["zone", "cluster", "target", "reason"],
+        )
+        .unwrap_or_else(|e| unreachable_metric(e));
         for c in [
-            Box::new(scrapes.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(certs_refused.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(scrapes.clone()),
             Box::new(scrape_duration.clone()),
             Box::new(targets.clone()),
             Box::new(netns_errors.clone()),
@@ -81,7 +93,15 @@ impl OpsMetrics {
             scrape_duration,
             targets,
             netns_errors,
+            certs_refused,
         }
+    }
+
+    /// Counts a refused read of the sidecar's (zone, cluster, instance) certificates.
+    pub fn certs_refused(&self, (zone, cluster, instance): (&str, &str, &str), reason: &str) {
+        self.certs_refused
+            .with_label_values(&[zone, cluster, instance, reason])
+            .inc();
     }
 
     /// A hook counting the namespace failures of the sidecar (zone, cluster,
@@ -133,6 +153,11 @@ impl OpsMetrics {
         for reason in REASONS {
             let _ = self
                 .netns_errors
+                .remove_label_values(&[zone, cluster, instance, reason]);
+        }
+        for reason in meshcat_common::identity::refusal::ALL {
+            let _ = self
+                .certs_refused
                 .remove_label_values(&[zone, cluster, instance, reason]);
         }
     }

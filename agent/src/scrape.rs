@@ -15,6 +15,7 @@ use crate::board::{Board, Lease};
 use crate::drift::{self, ConfigHashes};
 use crate::envoy::xds::XdsTracker;
 use crate::envoy::{EnvoyAdmin, EnvoyError, Netns, seed_level};
+use crate::identity::IdentityReader;
 use crate::logtail::LogTail;
 use crate::metrics_object::{self, HostSampler};
 use crate::state::Agent;
@@ -66,7 +67,7 @@ pub async fn scrape_once(
     previous: Option<&InstanceReport>,
     topology: &mut TopologyCache,
 ) -> InstanceReport {
-    scrape(admin, target, host, previous, topology, None).await
+    scrape(admin, target, host, previous, topology, None, None).await
 }
 
 /// The xDS side of a scrape: what was read of the sidecar's xDS state so far, and
@@ -87,7 +88,39 @@ pub async fn scrape_with_xds(
     topology: &mut TopologyCache,
     xds: XdsScrape<'_>,
 ) -> InstanceReport {
-    scrape(admin, target, host, previous, topology, Some(xds)).await
+    scrape(admin, target, host, previous, topology, Some(xds), None).await
+}
+
+/// The identity side of a scrape: what was read of the sidecar's certificates so
+/// far, and how often to read them again.
+#[derive(Debug)]
+pub struct IdentityScrape<'a> {
+    pub reader: &'a mut IdentityReader,
+    /// `--certs-interval`.
+    pub interval: Duration,
+}
+
+/// [`scrape_with_xds`] that reads the sidecar's certificates as well when they are
+/// due (docs/agent.md, "Certificates"), following them in `identity`.
+pub async fn scrape_following(
+    admin: &EnvoyAdmin,
+    target: &Target,
+    host: &HostSampler,
+    previous: Option<&InstanceReport>,
+    topology: &mut TopologyCache,
+    xds: XdsScrape<'_>,
+    identity: IdentityScrape<'_>,
+) -> InstanceReport {
+    scrape(
+        admin,
+        target,
+        host,
+        previous,
+        topology,
+        Some(xds),
+        Some(identity),
+    )
+    .await
 }
 
 async fn scrape(
@@ -97,8 +130,9 @@ async fn scrape(
     previous: Option<&InstanceReport>,
     topology: &mut TopologyCache,
     xds: Option<XdsScrape<'_>>,
+    identity: Option<IdentityScrape<'_>>,
 ) -> InstanceReport {
-    match scrape_fallible(admin, target, host, previous, topology, xds).await {
+    match scrape_fallible(admin, target, host, previous, topology, xds, identity).await {
         Ok(report) => report,
         Err(e) => {
             let mut report = previous.cloned().unwrap_or_else(|| {
@@ -122,6 +156,7 @@ async fn scrape_fallible(
     previous: Option<&InstanceReport>,
     topology: &mut TopologyCache,
     xds: Option<XdsScrape<'_>>,
+    identity: Option<IdentityScrape<'_>>,
 ) -> Result<InstanceReport, EnvoyError> {
     // `/clusters` first, alone: Envoy answers admin calls one at a time on its main
     // thread, and a sidecar that knows 20,000 clusters takes over a second to write
@@ -159,6 +194,21 @@ async fn scrape_fallible(
         Some(x) => read_xds(admin, target, start_time_ms, x).await,
         None => None,
     };
+    let identity = match identity {
+        Some(IdentityScrape { reader, interval }) => {
+            reader
+                .refresh(
+                    admin,
+                    target,
+                    Instant::now(),
+                    (version, start_time_ms),
+                    interval,
+                )
+                .await;
+            reader.report(&topology.topology().expectations)
+        }
+        None => None,
+    };
     Ok(InstanceReport {
         zone_name: target.zone_name.clone(),
         cluster_name: target.cluster_name.clone(),
@@ -185,6 +235,7 @@ async fn scrape_fallible(
         seq: 0,
         delta: None,
         xds,
+        identity,
     })
 }
 
@@ -374,12 +425,13 @@ async fn scrape_loop(agent: Agent, target: Target, interval: Duration, lease: Le
     let mut failure_logged: Option<(String, Instant)> = None;
     let mut topology = TopologyCache::default();
     let mut xds = XdsTracker::default();
+    let mut identity = IdentityReader::default();
     loop {
         ticker.tick().await;
         let started = Instant::now();
         let previous = agent.board().get(&target.key());
         let tail = agent.diagnostics().get(&target.key()).and_then(|d| d.tail);
-        let report = scrape_with_xds(
+        let report = scrape_following(
             &admin,
             &target,
             agent.host(),
@@ -389,10 +441,20 @@ async fn scrape_loop(agent: Agent, target: Target, interval: Duration, lease: Le
                 tracker: &mut xds,
                 log: tail.as_ref(),
             },
+            IdentityScrape {
+                reader: &mut identity,
+                interval: agent.certs_interval(),
+            },
         )
         .await;
         let ok = report.reachable;
         let error = report.error.clone().unwrap_or_default();
+        if let Some(crate::identity::ReadOutcome::Refused(reason)) = identity.take_outcome() {
+            agent.ops_metrics().certs_refused(
+                (&target.zone_name, &target.cluster_name, &target.instance),
+                reason,
+            );
+        }
         // Recorded only while the target is current: a removal between the scrape
         // and here would otherwise see the report and its series come back.
         let taken = agent.board().put(lease, report, || {

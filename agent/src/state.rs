@@ -71,13 +71,21 @@ struct Inner {
     host: HostSampler,
     /// Timeout of each admin call.
     scrape_timeout: Duration,
+    /// How often a sidecar's certificates are read when nothing moved
+    /// (`--certs-interval`).
+    certs_interval: Duration,
     /// Each target's log tail and debug windows, for the diagnosis commands.
     diagnostics: Diagnostics,
 }
 
 impl Agent {
-    /// An agent with no targets yet.
+    /// An agent with no targets yet, reading certificates at the default interval.
     pub fn new(scrape_timeout: Duration) -> Self {
+        Self::with_certs_interval(scrape_timeout, crate::identity::DEFAULT_CERTS_INTERVAL)
+    }
+
+    /// An agent with no targets yet.
+    pub fn with_certs_interval(scrape_timeout: Duration, certs_interval: Duration) -> Self {
         let ops_metrics = OpsMetrics::new();
         Self {
             inner: Arc::new(Inner {
@@ -86,6 +94,7 @@ impl Agent {
                 ops_metrics: ops_metrics.clone(),
                 host: HostSampler::new(),
                 scrape_timeout,
+                certs_interval,
                 diagnostics: Diagnostics::new(scrape_timeout, ops_metrics.clone()),
             }),
         }
@@ -113,6 +122,11 @@ impl Agent {
     /// Timeout of each admin call.
     pub fn scrape_timeout(&self) -> Duration {
         self.inner.scrape_timeout
+    }
+
+    /// `--certs-interval`.
+    pub fn certs_interval(&self) -> Duration {
+        self.inner.certs_interval
     }
 
     /// A client of `target`'s admin API with the agent's timeout, its namespace

@@ -7,6 +7,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{Hash, Hasher};
 
+use meshcat_common::identity::{
+    MAX_MATCHERS, MAX_SAN_BYTES, MatchKind, SanExpectation, SanKind, SanMatcher,
+};
 use meshcat_common::wire::{ListenerRoutes, UpstreamTraffic};
 use serde_json::Value;
 
@@ -27,6 +30,9 @@ pub struct Topology {
     pub listeners: Vec<ListenerRoutes>,
     /// Clusters whose transport socket is TLS.
     pub tls_clusters: BTreeSet<String>,
+    /// The SAN matchers of each upstream cluster whose TLS context checks SANs, by
+    /// cluster name (at most as many as upstream clusters are reported).
+    pub expectations: Vec<SanExpectation>,
 }
 
 /// The topology and drift hashes of the last `/config_dump` read and the
@@ -133,6 +139,15 @@ pub fn config_version(stats: &StatsSnapshot, start_time_ms: i64) -> u64 {
 /// The traffic of each upstream cluster that carried requests or failed to connect,
 /// from one scrape's stats. A cluster is named by what lies between `cluster.` and a
 /// known suffix, so names with dots (`outbound|80||a.b.svc`) stay whole.
+///
+/// Every attempt counts as a request and every failed one as one error (contract
+/// section 19): a request that never reached a host (its connection failed, a TLS
+/// handshake refused the host's certificate) is in neither `upstream_rq_total` nor,
+/// once, in the 5xx and connect-failure counters, but in
+/// `upstream_rq_pending_failure_eject` and, with its local 503, in `upstream_rq_5xx`.
+/// So requests are `upstream_rq_total` plus the ejected ones, and errors the larger of
+/// the 5xx answers and the 5xx answers from hosts plus the connect failures (a connect
+/// failure retried on another host is an error with no 503 of its own).
 pub fn upstream_traffic(
     stats: &StatsSnapshot,
     tls_clusters: &BTreeSet<String>,
@@ -142,6 +157,7 @@ pub fn upstream_traffic(
         requests: u64,
         errors: u64,
         connect_fail: u64,
+        ejected: u64,
         handshakes: u64,
     }
     let mut by_name: BTreeMap<&str, Counters> = BTreeMap::new();
@@ -156,6 +172,8 @@ pub fn upstream_traffic(
                 (c, |c| &mut c.errors)
             } else if let Some(c) = rest.strip_suffix(".upstream_cx_connect_fail") {
                 (c, |c| &mut c.connect_fail)
+            } else if let Some(c) = rest.strip_suffix(".upstream_rq_pending_failure_eject") {
+                (c, |c| &mut c.ejected)
             } else if let Some(c) = rest.strip_suffix(".ssl.handshake") {
                 (c, |c| &mut c.handshakes)
             } else {
@@ -174,8 +192,12 @@ pub fn upstream_traffic(
                 .unwrap_or((None, None));
             UpstreamTraffic {
                 name: name.to_owned(),
-                requests_total: c.requests,
-                errors_5xx_total: c.errors,
+                requests_total: c.requests.saturating_add(c.ejected),
+                errors_total: c.errors.max(
+                    c.errors
+                        .saturating_sub(c.ejected)
+                        .saturating_add(c.connect_fail),
+                ),
                 connect_fail_total: c.connect_fail,
                 p50_ms,
                 p99_ms,
@@ -210,6 +232,7 @@ pub struct TopologyReader<'a> {
     /// configurations it names.
     listeners: Vec<(String, BTreeSet<String>, BTreeSet<String>)>,
     tls_clusters: BTreeSet<String>,
+    expectations: Vec<SanExpectation>,
 }
 
 impl<'a> TopologyReader<'a> {
@@ -220,6 +243,7 @@ impl<'a> TopologyReader<'a> {
             route_clusters: BTreeMap::new(),
             listeners: Vec::new(),
             tls_clusters: BTreeSet::new(),
+            expectations: Vec::new(),
         }
     }
 
@@ -261,6 +285,11 @@ impl<'a> TopologyReader<'a> {
                 if tls && let Some(name) = c.get("name").and_then(Value::as_str) {
                     self.tls_clusters.insert(name.to_owned());
                 }
+                if self.expectations.len() < MAX_UPSTREAMS
+                    && let Some(e) = san_expectation(c)
+                {
+                    self.expectations.push(e);
+                }
             }
             _ => {}
         }
@@ -286,9 +315,13 @@ impl<'a> TopologyReader<'a> {
             .collect();
         listeners.sort_by(|a, b| a.address.cmp(&b.address));
         listeners.dedup_by(|a, b| a.address == b.address);
+        let mut expectations = self.expectations;
+        expectations.sort_by(|a, b| a.cluster.cmp(&b.cluster));
+        expectations.dedup_by(|a, b| a.cluster == b.cluster);
         Topology {
             listeners,
             tls_clusters: self.tls_clusters,
+            expectations,
         }
     }
 }
@@ -390,9 +423,179 @@ fn collect_clusters(v: &Value, out: &mut Names, depth: usize) {
     }
 }
 
+/// The SAN matchers an upstream cluster's TLS context requires, from the cluster as
+/// its sidecar's `/config_dump` holds it: under `transport_socket` or any TLS entry of
+/// `transport_socket_matches` (Istio's shape), in the context's `validation_context`
+/// or `combined_validation_context.default_validation_context`. `None` for a cluster
+/// without TLS or whose context checks no SAN, and for one over [`MAX_MATCHERS`]
+/// (left out rather than cut, which would predict failures that do not happen).
+pub fn san_expectation(cluster: &Value) -> Option<SanExpectation> {
+    let name = cluster.get("name")?.as_str()?;
+    let sockets = std::iter::once(cluster.get("transport_socket"))
+        .chain(
+            cluster
+                .get("transport_socket_matches")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .map(|m| m.get("transport_socket")),
+        )
+        .flatten();
+    let mut matchers = Vec::new();
+    for socket in sockets {
+        let Some(tls) = socket.get("typed_config").filter(|c| {
+            c.get("@type")
+                .and_then(Value::as_str)
+                .is_some_and(|t| t.ends_with(".UpstreamTlsContext"))
+        }) else {
+            continue;
+        };
+        let Some(common) = tls.get("common_tls_context") else {
+            continue;
+        };
+        let contexts = [
+            common.get("validation_context"),
+            common
+                .get("combined_validation_context")
+                .and_then(|c| c.get("default_validation_context")),
+        ];
+        for vc in contexts.into_iter().flatten() {
+            for m in vc
+                .get("match_typed_subject_alt_names")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                let san_type = match m.get("san_type").and_then(Value::as_str) {
+                    Some("DNS") => Some(SanKind::Dns),
+                    Some("URI") => Some(SanKind::Uri),
+                    Some("IP_ADDRESS") => Some(SanKind::Ip),
+                    Some("EMAIL") => Some(SanKind::Email),
+                    // OTHER_NAME and unknown types are not in /certs: never matched.
+                    _ => continue,
+                };
+                if let Some(matcher) = m.get("matcher").and_then(|s| string_matcher(s, san_type)) {
+                    matchers.push(matcher);
+                }
+            }
+            for m in vc
+                .get("match_subject_alt_names")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                if let Some(matcher) = string_matcher(m, None) {
+                    matchers.push(matcher);
+                }
+            }
+        }
+    }
+    matchers.sort();
+    matchers.dedup();
+    if matchers.is_empty()
+        || matchers.len() > MAX_MATCHERS
+        || matchers.iter().any(|m| m.value.len() > MAX_SAN_BYTES)
+    {
+        return None;
+    }
+    Some(SanExpectation {
+        cluster: name.to_owned(),
+        matchers,
+    })
+}
+
+/// Envoy's `StringMatcher` as a [`SanMatcher`] of SANs of `san_type` (any: `None`).
+fn string_matcher(m: &Value, san_type: Option<SanKind>) -> Option<SanMatcher> {
+    let ignore_case = m.get("ignore_case").and_then(Value::as_bool) == Some(true);
+    let (kind, value) = [
+        ("exact", MatchKind::Exact),
+        ("prefix", MatchKind::Prefix),
+        ("suffix", MatchKind::Suffix),
+        ("contains", MatchKind::Contains),
+    ]
+    .into_iter()
+    .find_map(|(key, kind)| Some((kind, m.get(key)?.as_str()?.to_owned())))
+    .or_else(|| {
+        let re = m.get("safe_regex")?.get("regex")?.as_str()?;
+        Some((MatchKind::Regex, re.to_owned()))
+    })?;
+    Some(SanMatcher {
+        san_type,
+        kind,
+        value,
+        ignore_case,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn matchers_are_read_from_every_shape_of_an_upstream_tls_context() {
+        let tls = |validation: Value| {
+            serde_json::json!({
+                "name": "typed_config",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+                    "common_tls_context": validation,
+                }
+            })
+        };
+        let plain = serde_json::json!({
+            "name": "payments",
+            "transport_socket": tls(serde_json::json!({"validation_context": {
+                "trusted_ca": {"filename": "/ca.pem"},
+                "match_typed_subject_alt_names": [
+                    {"san_type": "URI", "matcher": {"exact": "spiffe://shop/sa/payments"}},
+                    {"san_type": "DNS", "matcher": {"safe_regex": {"regex": "pay-.*"}, "ignore_case": true}},
+                    {"san_type": "OTHER_NAME", "matcher": {"exact": "x"}}
+                ]
+            }})),
+        });
+        let e = san_expectation(&plain).unwrap();
+        assert_eq!(e.cluster, "payments");
+        assert_eq!(
+            e.matchers,
+            vec![
+                SanMatcher {
+                    san_type: Some(SanKind::Dns),
+                    kind: MatchKind::Regex,
+                    value: "pay-.*".into(),
+                    ignore_case: true,
+                },
+                SanMatcher::exact(SanKind::Uri, "spiffe://shop/sa/payments"),
+            ]
+        );
+        // Istio: the CA over SDS, matchers in the combined context, the TLS socket
+        // in a transport socket match beside a plaintext one.
+        let istio = serde_json::json!({
+            "name": "outbound|8080||reviews.shop.svc.cluster.local",
+            "transport_socket_matches": [
+                {"name": "tlsMode-istio", "match": {"tlsMode": "istio"},
+                 "transport_socket": tls(serde_json::json!({"combined_validation_context": {
+                    "default_validation_context": {"match_subject_alt_names": [
+                        {"exact": "spiffe://cluster.local/ns/shop/sa/reviews"}]},
+                    "validation_context_sds_secret_config": {"name": "ROOTCA"}}}))},
+                {"name": "tlsMode-disabled", "transport_socket": {"name": "envoy.transport_sockets.raw_buffer"}}
+            ]
+        });
+        let e = san_expectation(&istio).unwrap();
+        assert_eq!(e.matchers.len(), 1);
+        assert_eq!(e.matchers[0].san_type, None, "the older field has no type");
+        // No TLS, or TLS that checks no SAN: no expectation.
+        assert!(san_expectation(&serde_json::json!({"name": "plain"})).is_none());
+        let ca_only = serde_json::json!({"name": "c", "transport_socket": tls(
+            serde_json::json!({"validation_context": {"trusted_ca": {"filename": "/ca.pem"}}}))});
+        assert!(san_expectation(&ca_only).is_none());
+        // Too many matchers: left out, not cut.
+        let many: Vec<Value> = (0..=MAX_MATCHERS)
+            .map(|i| serde_json::json!({"san_type": "DNS", "matcher": {"exact": format!("h{i}")}}))
+            .collect();
+        let over = serde_json::json!({"name": "c", "transport_socket": tls(
+            serde_json::json!({"validation_context": {"match_typed_subject_alt_names": many}}))});
+        assert!(san_expectation(&over).is_none());
+    }
 
     fn stats(values: &[(&str, u64)]) -> StatsSnapshot {
         StatsSnapshot {
@@ -409,6 +612,7 @@ mod tests {
                 clusters: vec!["payments".into()],
             }],
             tls_clusters: BTreeSet::new(),
+            expectations: Vec::new(),
         };
         let hashes = ConfigHashes {
             config: hash.into(),

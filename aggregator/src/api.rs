@@ -4,6 +4,7 @@
 
 mod auth;
 pub mod blocking;
+mod certificates;
 mod control;
 mod diagnose;
 mod error;
@@ -81,6 +82,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/diagnose/{clusterName}"),
     ("GET", "/graph"),
     ("GET", "/history"),
+    ("GET", "/certificates"),
     ("GET", "/status"),
     ("GET", "/openapi.json"),
     ("GET", "/events"),
@@ -218,6 +220,7 @@ pub fn app_with_limits(
         .route("/status", get(status::status))
         .route("/clusters/{clusterName}/drift", get(graph::drift))
         .route("/history", get(history::history))
+        .route("/certificates", get(certificates::certificates))
         .route(
             "/clusters/{clusterName}/history",
             get(history::cluster_history),

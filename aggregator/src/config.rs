@@ -98,6 +98,15 @@ pub struct ServeArgs {
     /// requests within it, and its figures are summed over it.
     #[arg(long, env = "MESHCAT_GRAPH_WINDOW", default_value = store::DEFAULT_GRAPH_WINDOW, value_parser = parse_positive_duration, value_name = "DURATION")]
     pub graph_window: Duration,
+    /// A certificate with less than this left is expiring (when also less than half
+    /// its lifetime is left, so that short-lived certificates are not always
+    /// expiring).
+    #[arg(long, env = "MESHCAT_CERT_WARNING", default_value = duration_text(meshcat_common::identity::DEFAULT_CERT_WARNING), value_parser = parse_positive_duration, value_name = "DURATION")]
+    pub cert_warning: Duration,
+    /// Fraction of its lifetime past which a certificate delivered over SDS and not
+    /// replaced is rotation-overdue (the identity system stopped rotating).
+    #[arg(long, env = "MESHCAT_CERT_ROTATION_OVERDUE", default_value_t = meshcat_common::identity::DEFAULT_ROTATION_OVERDUE, value_parser = parse_ratio, value_name = "RATIO")]
+    pub cert_rotation_overdue: f64,
     /// Most callees one cluster keeps in the dependency graph (at most 10000): calls
     /// to further upstream clusters are summed into one edge to external:other.
     #[arg(long, env = "MESHCAT_MAX_EDGES_PER_NODE", default_value_t = crate::store::traffic::DEFAULT_MAX_EDGES_PER_NODE as u32, value_parser = clap::value_parser!(u32).range(1..=10_000), value_name = "N")]
@@ -558,6 +567,10 @@ impl Config {
                     instance_ttl: a.instance_ttl,
                     error_ratio_warning: a.error_ratio_warning,
                     graph_window: a.graph_window,
+                    identity: meshcat_common::identity::IdentityRules {
+                        warning_ms: a.cert_warning.as_millis().min(i64::MAX as u128) as i64,
+                        overdue_fraction: a.cert_rotation_overdue,
+                    },
                 },
             },
             replicas: ReplicaConfig {

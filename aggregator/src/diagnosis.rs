@@ -369,6 +369,7 @@ impl Diagnosis {
         if req.symptom != Some(Symptom::MissingMetrics) {
             collect_sidecars(self, zone, cluster, req, edge, &mut input, &mut notes).await;
             input.control = control_evidence(self, zone, cluster, edge);
+            input.identity = self.identity_evidence(zone, cluster, edge).await;
         }
         input.metrics = metrics_evidence(self, &zone.zone_name, cluster, &mut notes.metrics).await;
         if input.metrics.is_none() {
@@ -389,6 +390,61 @@ impl Diagnosis {
         Ok(Diagnosed {
             report,
             failing_calls,
+        })
+    }
+}
+
+impl Diagnosis {
+    /// The workload identity on the hop from the edge side to `cluster`, from the
+    /// catalog (contract section 19): the caller's SAN expectations against what the
+    /// cluster's instances present (the graph's `tlsIdentity` of the edge), each
+    /// side's certificates, both owners. `None` when neither side holds any identity.
+    async fn identity_evidence(
+        &self,
+        zone: &ZoneRecord,
+        cluster: &str,
+        edge: &EdgeSide,
+    ) -> Option<meshcat_diagnose::IdentityEvidence> {
+        let (caller_zone, caller) = match edge {
+            EdgeSide::Zone if !zone.request_cluster.is_empty() => {
+                (zone.zone_name.clone(), zone.request_cluster.clone())
+            }
+            EdgeSide::Zone => return None,
+            EdgeSide::Caller { zone, cluster, .. } => (zone.clone(), cluster.clone()),
+        };
+        let identities = self.instances.identities();
+        let max = meshcat_diagnose::evidence::MAX_IDENTITY_INSTANCES;
+        let callers = identities.instances_of(&caller_zone, &caller, max);
+        let targets = identities.instances_of(&zone.zone_name, cluster, max);
+        let none = |v: &[(String, meshcat_common::identity::InstanceIdentity)]| {
+            v.iter()
+                .all(|(_, i)| i.state == meshcat_common::identity::CertState::None)
+        };
+        if none(&callers) && none(&targets) {
+            return None;
+        }
+        let tls = match self.graphs.fresh(&self.store).await {
+            Ok(snapshot) => snapshot
+                .calls_from(&caller_zone, &caller)
+                .into_iter()
+                .find(|(_, n)| n.zone_name == zone.zone_name && n.cluster_name == cluster)
+                .and_then(|(l, _)| snapshot.graph().tls_identity(l).cloned()),
+            Err(_) => None,
+        };
+        let owner = |z: &str, c: &str| {
+            self.store
+                .record(z, c)
+                .map(|r| r.owner.clone())
+                .unwrap_or_default()
+        };
+        Some(meshcat_diagnose::IdentityEvidence {
+            caller_owner: owner(&caller_zone, &caller),
+            target_owner: owner(&zone.zone_name, cluster),
+            caller,
+            tls,
+            callers,
+            targets,
+            read_at_ms: crate::history::entry::now_ms(),
         })
     }
 }
@@ -1038,6 +1094,7 @@ mod tests {
             owner: String::new(),
             instances: 1,
             drifted: false,
+            cert_expires_ms: None,
         }
     }
 
@@ -1076,6 +1133,7 @@ mod tests {
             error_ratio_warning: 0.05,
             nodes,
             links,
+            tls: Vec::new(),
         };
         graph.links.sort_by_key(|l| (l.source, l.target));
         Snapshot::new(1, graph)

@@ -15,10 +15,12 @@ use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use meshcat_common::identity::TlsIdentity;
 use meshcat_common::model::Status;
 use serde::Serialize;
 
 use crate::store::Store;
+use crate::store::identity::{ClusterTls, compare};
 use crate::store::traffic::{AddressMap, Micros, OTHER, Traffic};
 
 /// The graph's bounds, from the command line.
@@ -70,6 +72,10 @@ pub struct Node {
     pub instances: u64,
     /// Whether the cluster's instances run different configurations.
     pub drifted: bool,
+    /// The soonest expiry of its live instances' identity certificates (ms since
+    /// the epoch), for `meshcat_certificate_expiry_timestamp_seconds`; not shown.
+    #[serde(skip)]
+    pub cert_expires_ms: Option<i64>,
 }
 
 /// Calls from one node to another.
@@ -98,6 +104,12 @@ pub struct Edge {
     /// When traffic was last seen (ms since the epoch); null when never within the
     /// window.
     pub last_seen_ms: Option<i64>,
+    /// What the source's sidecars require of the target's certificates and what the
+    /// target's instances present (contract section 19); absent when the source
+    /// checks no SAN of the target or the target presents no certificate. An edge
+    /// with `match: false` and no traffic is a predicted mTLS failure.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_identity: Option<TlsIdentity>,
 }
 
 /// What `GET /graph` asks for.
@@ -129,6 +141,9 @@ fn external_id(zone: &str, upstream: &str) -> String {
 /// [`Link::last_seen_ms`] of a link without traffic in the window.
 pub const NEVER: i64 = i64::MIN;
 
+/// [`Link::tls_at`] of an edge without a `tlsIdentity`.
+pub const NO_TLS: u32 = u32::MAX;
+
 /// A node position that more than one cluster claims (a listener address two
 /// clusters' sidecars both report): it resolves no edge.
 const AMBIGUOUS: u32 = u32::MAX;
@@ -158,6 +173,8 @@ pub struct Link {
     pub tls: bool,
     pub observed: bool,
     pub declared: bool,
+    /// Its `tlsIdentity`, at this position of [`Built::tls`]; [`NO_TLS`] for none.
+    pub tls_at: u32,
     /// The source's upstream cluster the edge was drawn from: the name the source's
     /// sidecars know the target by (its Envoy cluster), which is the target's
     /// clusterName when the edge was found by name and another when it was found
@@ -186,8 +203,14 @@ impl Link {
             tls: false,
             observed: false,
             declared: false,
+            tls_at: NO_TLS,
             via: None,
         }
+    }
+
+    /// Whether its `tlsIdentity` predicts a failed handshake.
+    pub fn tls_mismatch(&self, graph: &Built) -> bool {
+        graph.tls_identity(self).is_some_and(|t| !t.matches)
     }
 
     /// Adds another instance's share of the same edge, or its declaration (the
@@ -215,6 +238,9 @@ pub struct Built {
     pub error_ratio_warning: f64,
     pub nodes: Vec<Node>,
     pub links: Vec<Link>,
+    /// The links' `tlsIdentity`, by [`Link::tls_at`]: only edges whose caller
+    /// checks SANs have one.
+    pub tls: Vec<TlsIdentity>,
 }
 
 /// One edge as `GET /graph` shows it, borrowed from a [`Built`] graph: the JSON of
@@ -234,9 +260,16 @@ pub struct EdgeJson<'a> {
     observed: bool,
     declared: bool,
     last_seen_ms: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tls_identity: Option<&'a TlsIdentity>,
 }
 
 impl Built {
+    /// A link's `tlsIdentity`, when it has one.
+    pub fn tls_identity(&self, l: &Link) -> Option<&TlsIdentity> {
+        self.tls.get(l.tls_at as usize)
+    }
+
     /// The ids of a link's source and target.
     pub fn ends(&self, l: &Link) -> (&str, &str) {
         (
@@ -265,6 +298,7 @@ impl Built {
             observed: l.observed,
             declared: l.declared,
             last_seen_ms: (l.last_seen_ms != NEVER).then_some(l.last_seen_ms),
+            tls_identity: self.tls_identity(l),
         }
     }
 
@@ -284,6 +318,7 @@ impl Built {
             observed: e.observed,
             declared: e.declared,
             last_seen_ms: e.last_seen_ms,
+            tls_identity: e.tls_identity.cloned(),
         }
     }
 }
@@ -408,6 +443,7 @@ fn external_node(zone: &str, upstream: &str) -> Node {
         owner: String::new(),
         instances: 0,
         drifted: false,
+        cert_expires_ms: None,
     }
 }
 
@@ -423,6 +459,7 @@ fn declared_node(zone: &str, cluster: &str) -> Node {
         owner: String::new(),
         instances: 0,
         drifted: false,
+        cert_expires_ms: None,
     }
 }
 
@@ -435,7 +472,11 @@ pub fn build(store: &Store, traffic: &Traffic, now: Instant, counters: Counters)
     let mut all: Vec<Node> = Vec::with_capacity(facts.len());
     let mut clusters = ByZone::default();
     let mut externals = ByZone::default();
+    // What each cluster node presents and expects of TLS peers, by position (the
+    // facts' nodes come first, in their order).
+    let mut tls_of: Vec<Option<Arc<ClusterTls>>> = Vec::with_capacity(facts.len());
     for f in &facts {
+        tls_of.push(f.tls.clone());
         clusters.get_or_push(&mut all, &f.zone, &f.cluster, || Node {
             id: node_id(&f.zone, &f.cluster),
             kind: "cluster",
@@ -446,6 +487,7 @@ pub fn build(store: &Store, traffic: &Traffic, now: Instant, counters: Counters)
             owner: f.owner.clone(),
             instances: f.instances,
             drifted: f.drifted,
+            cert_expires_ms: f.cert_expires_ms,
         });
     }
     // One view for every walk: a peer's summary replaced meanwhile shows in the
@@ -587,6 +629,7 @@ pub fn build(store: &Store, traffic: &Traffic, now: Instant, counters: Counters)
             links.add(link(source, target, false));
         }
     }
+    let tls = compare_identities(&mut links, &mut all, &clusters, &tls_of);
     // The lookups go before the sorting, which allocates again.
     let Links {
         mut links,
@@ -618,7 +661,100 @@ pub fn build(store: &Store, traffic: &Traffic, now: Instant, counters: Counters)
         error_ratio_warning: store.rules().error_ratio_warning,
         nodes,
         links,
+        tls,
     }
+}
+
+/// Gives each link whose source checks SANs of its target a `tlsIdentity`, and adds
+/// an edge (neither observed nor declared) for each upstream cluster whose SAN
+/// matchers the cluster it names does not satisfy: a predicted mTLS failure before
+/// any request was sent (contract section 19). An upstream names a cluster of the
+/// source's zone by its name, or by the service a mesh-specific name stands for
+/// (Istio's `outbound|port||host`, Consul's `.consul` names). Sources with the same
+/// expectations (every sidecar of a mesh without configuration scoping) are
+/// compared once.
+fn compare_identities(
+    links: &mut Links,
+    all: &mut [Node],
+    clusters: &ByZone,
+    tls_of: &[Option<Arc<ClusterTls>>],
+) -> Vec<TlsIdentity> {
+    let mut found: Vec<TlsIdentity> = Vec::new();
+    let tls_at = |p: u32| tls_of.get(p as usize).and_then(Option::as_ref);
+    for i in 0..links.links.len() {
+        let l = &links.links[i];
+        let (Some(source), Some(target)) = (tls_at(l.source), tls_at(l.target)) else {
+            continue;
+        };
+        let upstream = l
+            .via
+            .as_deref()
+            .unwrap_or(all[l.target as usize].cluster_name.as_str());
+        let expected = source.expected_of(upstream);
+        if let Some(t) = compare(&expected, target) {
+            links.links[i].tls_at = found.len() as u32;
+            found.push(t);
+        }
+    }
+    // Sources grouped by zone and expectations: each group's upstreams resolved once.
+    let mut groups: HashMap<(&str, Vec<usize>), Vec<u32>> = HashMap::new();
+    for (at, tls) in tls_of.iter().enumerate() {
+        let Some(tls) = tls.as_ref().filter(|t| !t.expectations.is_empty()) else {
+            continue;
+        };
+        let key: Vec<usize> = tls
+            .expectations
+            .iter()
+            .map(|e| Arc::as_ptr(e) as usize)
+            .collect();
+        groups
+            .entry((all[at].zone_name.as_str(), key))
+            .or_default()
+            .push(at as u32);
+    }
+    let mut predicted: Vec<(u32, u32, TlsIdentity)> = Vec::new();
+    for ((zone, _), sources) in &groups {
+        let Some(tls) = tls_at(sources[0]) else {
+            continue;
+        };
+        let mut seen: std::collections::HashSet<&str> = std::collections::HashSet::new();
+        for set in &tls.expectations {
+            for (upstream, _) in set.iter() {
+                if !seen.insert(upstream) {
+                    continue;
+                }
+                let service = meshcat_common::mesh_names::service_of(upstream);
+                let Some(target) = clusters
+                    .get(zone, upstream)
+                    .or_else(|| clusters.get(zone, service))
+                else {
+                    continue;
+                };
+                let Some(target_tls) = tls_at(target) else {
+                    continue;
+                };
+                if let Some(t) = compare(&tls.expected_of(upstream), target_tls)
+                    && !t.matches
+                {
+                    for &source in sources {
+                        if source != target && !links.has(source, target) {
+                            predicted.push((source, target, t.clone()));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    predicted.sort_by_key(|(s, t, _)| (*s, *t));
+    predicted.dedup_by_key(|(s, t, _)| (*s, *t));
+    for (source, target, t) in predicted {
+        let mut l = Link::new(source, target);
+        l.tls = true;
+        l.tls_at = found.len() as u32;
+        found.push(t);
+        links.add(l);
+    }
+    found
 }
 
 /// The graph as `scope` asks for it, built afresh: the oracle the snapshot's views
@@ -685,10 +821,14 @@ fn zone_of(id: &str) -> &str {
 }
 
 /// Watches the graph's shape per zone: the edges with their `observed` and
-/// `declared` flags.
+/// `declared` flags and whether their `tlsIdentity` predicts a failure; and the
+/// edges that do.
 #[derive(Debug, Default)]
 pub struct Watcher {
     shapes: HashMap<String, u64>,
+    /// The edges (source id, target id) whose `tlsIdentity` did not match at the
+    /// last look.
+    mismatched: std::collections::BTreeSet<(String, String)>,
 }
 
 impl Watcher {
@@ -704,7 +844,7 @@ impl Watcher {
             );
             for zone in [zone_of(&s.id), zone_of(&t.id)] {
                 let h = by_zone.entry(zone).or_default();
-                (&s.id, &t.id, l.observed, l.declared).hash(h);
+                (&s.id, &t.id, l.observed, l.declared, l.tls_mismatch(graph)).hash(h);
             }
         }
         let shapes: HashMap<String, u64> = by_zone
@@ -726,6 +866,51 @@ impl Watcher {
         changed.dedup();
         self.shapes = shapes;
         changed
+    }
+}
+
+impl Watcher {
+    /// The history entries of the edges whose `tlsIdentity` started predicting a
+    /// failed handshake since the last call (`tls-mismatch`), or matches again
+    /// (`tls-match`). An edge that left the graph is forgotten without an entry.
+    pub fn tls_changes(&mut self, graph: &Built) -> Vec<crate::history::Pending> {
+        use crate::history::{Detail, Kind, Pending};
+        let mut now = std::collections::BTreeSet::new();
+        let mut out = Vec::new();
+        for l in &graph.links {
+            let Some(t) = graph.tls_identity(l) else {
+                continue;
+            };
+            let (s, target) = (
+                &graph.nodes[l.source as usize],
+                &graph.nodes[l.target as usize],
+            );
+            let key = (s.id.clone(), target.id.clone());
+            let was = self.mismatched.contains(&key);
+            let kind = match (was, t.matches) {
+                (false, false) => Some(Kind::TlsMismatch),
+                (true, true) => Some(Kind::TlsMatch),
+                _ => None,
+            };
+            if let Some(kind) = kind {
+                out.push(Pending::new(
+                    kind,
+                    &s.zone_name,
+                    &s.cluster_name,
+                    "",
+                    Detail::Tls {
+                        target: target.id.clone(),
+                        expected_sans: t.expected_sans.clone(),
+                        presented_sans: t.presented_sans.clone(),
+                    },
+                ));
+            }
+            if !t.matches {
+                now.insert(key);
+            }
+        }
+        self.mismatched = now;
+        out
     }
 }
 

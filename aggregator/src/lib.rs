@@ -330,9 +330,10 @@ async fn serve_with(
     };
     let diagnosis =
         DiagnosisTools::new(&c.diagnosis).map_err(|e| RunError::Serve(std::io::Error::other(e)))?;
-    let graphs = Arc::new(graph::snapshot::Graphs::new(
-        agg.instances.traffic().clone(),
-    ));
+    let graphs = Arc::new(
+        graph::snapshot::Graphs::new(agg.instances.traffic().clone())
+            .noting_in(agg.history.clone()),
+    );
     let app_state = Arc::new(AppState {
         store: agg.store.clone(),
         instances: agg.instances.clone(),
@@ -349,6 +350,7 @@ async fn serve_with(
     });
     let ops_state = Arc::new(OpsState {
         store: agg.store.clone(),
+        instances: agg.instances.clone(),
         telemetry: agg.telemetry.clone(),
         ready: AtomicBool::new(false),
         cluster_series: c.ops.cluster_metrics.then(|| graphs.clone()),
@@ -620,7 +622,13 @@ async fn expire_loop(instances: Arc<Instances>, mut stop: watch::Receiver<bool>)
     names.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            _ = tick.tick() => instances.expire(Instant::now()),
+            _ = tick.tick() => {
+                let now = Instant::now();
+                instances.expire(now);
+                // Certificate states that changed with time alone (one became
+                // expiring, overdue, expired): their records and history follow.
+                instances.identities().tick(now);
+            }
             // Upstream cluster names no instance holds any more (their sidecars
             // left, or dropped the cluster) are forgotten.
             _ = names.tick() => store::clusterset::NAMES.sweep(),

@@ -101,6 +101,8 @@ impl Renderings {
 #[derive(Debug)]
 pub struct OpsState {
     pub store: Arc<Store>,
+    /// The live instances, whose certificates `meshcat_certificates` counts.
+    pub instances: Arc<crate::store::Instances>,
     pub telemetry: Telemetry,
     /// Set once every listener serves; ready also needs the registrations loaded
     /// (at once with redb, after the first etcd listing with etcd).
@@ -167,6 +169,14 @@ impl OpsState {
         // Counted first, so that the rendering carries its own count.
         self.telemetry.ops.renders.inc();
         self.telemetry.catalog.set(&self.store.totals());
+        let identities = self.instances.clone();
+        let counts = tokio::task::spawn_blocking(move || identities.identities().counts())
+            .await
+            .map_err(|e| {
+                error!(error = %e, "Certificates cannot be counted.");
+                StatusCode::INTERNAL_SERVER_ERROR
+            })?;
+        self.telemetry.catalog.set_certificates(&counts);
         self.telemetry.readiness.set(self.is_ready());
         let families = self.telemetry.registry.gather();
         let mut buf = Vec::with_capacity(16 * 1024);
@@ -303,8 +313,10 @@ mod tests {
             store.changes().clone(),
             None,
         ));
+        let instances = Arc::new(instances);
         Arc::new(OpsState {
             sync,
+            instances: instances.clone(),
             store: Arc::new(store),
             telemetry: Telemetry::new().unwrap(),
             ready: AtomicBool::new(true),

@@ -25,6 +25,7 @@ mod config;
 mod declared;
 pub mod drift;
 pub mod etcd;
+pub mod identity;
 mod instances;
 pub mod peers;
 pub mod persist;
@@ -194,6 +195,8 @@ struct Memory {
     changes: Arc<Changes>,
     /// Where what changes is recorded, when the history is on (set once).
     history: OnceLock<Arc<History>>,
+    /// When a live instance's certificate state next changes with time alone.
+    identity_clock: identity::IdentityClock,
 }
 
 /// The catalog: the registrations and the answers read from them.
@@ -279,6 +282,7 @@ impl Store {
             rules,
             changes: Arc::new(Changes::new(changes::start_index())),
             history: OnceLock::new(),
+            identity_clock: identity::IdentityClock::default(),
         });
         let store = Store {
             memory: memory.clone(),

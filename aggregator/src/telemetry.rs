@@ -98,6 +98,7 @@ pub struct CatalogMetrics {
     clusters: IntGauge,
     live_instances: IntGauge,
     clusters_by_status: IntGaugeVec,
+    certificates: IntGaugeVec,
 }
 
 impl CatalogMetrics {
@@ -119,12 +120,33 @@ impl CatalogMetrics {
         registry.register(Box::new(clusters.clone()))?;
         registry.register(Box::new(live_instances.clone()))?;
         registry.register(Box::new(clusters_by_status.clone()))?;
+        let certificates = IntGaugeVec::new(
+            Opts::new(
+                "meshcat_certificates",
+                "Certificates of the live instances by state (ok, expiring, rotation-overdue, expired; none counts no certificate and stays 0), read at the scrape.",
+            ),
+            &["state"],
+        )?;
+        for s in meshcat_common::identity::CertState::ALL {
+            certificates.with_label_values(&[s.as_str()]);
+        }
+        registry.register(Box::new(certificates.clone()))?;
         Ok(CatalogMetrics {
             zones,
             clusters,
             live_instances,
             clusters_by_status,
+            certificates,
         })
+    }
+
+    /// Sets `meshcat_certificates` from the counts by state.
+    pub fn set_certificates(&self, counts: &[(meshcat_common::identity::CertState, u64)]) {
+        for (state, n) in counts {
+            self.certificates
+                .with_label_values(&[state.as_str()])
+                .set(i64::try_from(*n).unwrap_or(i64::MAX));
+        }
     }
 
     /// Sets the gauges from the store's totals.

@@ -551,6 +551,7 @@ async fn another_credential_can_neither_shut_out_an_agent_nor_take_its_instances
         instance_ttl: Duration::from_secs(60),
         error_ratio_warning: 0.05,
         graph_window: std::time::Duration::from_secs(60),
+        identity: Default::default(),
     };
     let (_store, instances) =
         meshcat_aggregator::store::Store::open(&dir.path().join("data"), rules).unwrap();
@@ -729,7 +730,7 @@ async fn an_instance_over_a_bound_is_refused_alone_and_the_rest_of_its_report_ap
         .map(|c| wire::UpstreamTraffic {
             name: format!("up-{c}"),
             requests_total: 1,
-            errors_5xx_total: 0,
+            errors_total: 0,
             connect_fail_total: 0,
             p50_ms: None,
             p99_ms: None,

@@ -341,7 +341,7 @@ impl SimAgent {
                     if traffic {
                         for u in &mut d.upstreams {
                             u.requests_total += sent * REQUESTS_PER_REPORT;
-                            u.errors_5xx_total += sent * ERRORS_PER_REPORT;
+                            u.errors_total += sent * ERRORS_PER_REPORT;
                         }
                     } else {
                         d.upstreams.clear();
@@ -353,7 +353,7 @@ impl SimAgent {
                 if traffic {
                     for u in &mut i.upstreams {
                         u.requests_total += sent * REQUESTS_PER_REPORT;
-                        u.errors_5xx_total += sent * ERRORS_PER_REPORT;
+                        u.errors_total += sent * ERRORS_PER_REPORT;
                     }
                 } else {
                     i.upstreams.clear();
@@ -478,7 +478,7 @@ pub fn instance(
         .map(|name| UpstreamTraffic {
             name: name.clone(),
             requests_total: 40_000,
-            errors_5xx_total: 120,
+            errors_total: 120,
             connect_fail_total: 0,
             p50_ms: Some(3.5),
             p99_ms: Some(41.0),

@@ -8,6 +8,7 @@ pub mod config;
 pub mod config_dump;
 pub mod envoy_log;
 pub mod http;
+pub mod identity;
 pub mod level;
 pub mod limits;
 pub mod mesh_names;

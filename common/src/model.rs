@@ -149,6 +149,10 @@ pub struct Instance {
     /// for a cluster no agent reports (contract section 17).
     #[serde(default)]
     pub source: InstanceSource,
+    /// Its workload identity (contract section 19); null for a control server's
+    /// endpoint.
+    #[serde(default)]
+    pub identity: Option<crate::identity::InstanceIdentity>,
 }
 
 /// Where a listed instance comes from.
@@ -237,6 +241,10 @@ pub struct ClusterView {
     /// What the zone's control server declares of this cluster.
     #[serde(default)]
     pub control_plane: ControlPlane,
+    /// Its live instances' workload identity (contract section 19); null when
+    /// `authorized` is false.
+    #[serde(default)]
+    pub identity: Option<crate::identity::ClusterIdentity>,
 }
 
 /// A zone (mesh), registered by the address of the control server that manages it.
@@ -475,6 +483,7 @@ mod tests {
                 name: "i".into(),
                 start_time: 5,
                 source: InstanceSource::ControlServer,
+                identity: None,
             }],
             status: Status::Warning,
             control_plane: ControlPlane {
@@ -482,6 +491,7 @@ mod tests {
                 endpoints: 2,
                 healthy_endpoints: 1,
             },
+            identity: None,
         };
         let v = serde_json::to_value(&view).unwrap();
         assert_eq!(v["clusterName"], "c");

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
+use crate::identity::IdentityReport;
 use crate::model::InstanceMetrics;
 
 /// The protocol version this build speaks.
@@ -127,6 +128,12 @@ pub struct InstanceReport {
     /// that a report without it (an older agent's) still decodes, as `None`.
     #[serde(default)]
     pub xds: Option<XdsState>,
+    /// The sidecar's certificates and the SANs its upstreams expect (contract section
+    /// 19). In a whole report, `None` when the agent has not read them; in a
+    /// [`Delta`], `None` when they are as in the base. Added last, with a default, as
+    /// `xds`.
+    #[serde(default)]
+    pub identity: Option<IdentityReport>,
 }
 
 /// Most rejected subscriptions an [`XdsState`] lists.
@@ -269,10 +276,13 @@ pub fn address_hash(address: &str) -> u64 {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct UpstreamTraffic {
     pub name: String,
-    /// `cluster.<name>.upstream_rq_total`.
+    /// Attempts: `cluster.<name>.upstream_rq_total` plus the requests that failed
+    /// waiting for a connection (`upstream_rq_pending_failure_eject`), which never
+    /// reach `upstream_rq_total` (a failed TLS handshake among them).
     pub requests_total: u64,
-    /// `cluster.<name>.upstream_rq_5xx`.
-    pub errors_5xx_total: u64,
+    /// Failed attempts, each once: the larger of `upstream_rq_5xx` and the 5xx
+    /// answers of hosts plus the connect failures (docs/wire.md, "Upstream traffic").
+    pub errors_total: u64,
     /// `cluster.<name>.upstream_cx_connect_fail`.
     pub connect_fail_total: u64,
     /// `cluster.<name>.upstream_rq_time` over the last interval, ms; `None` when no
@@ -317,6 +327,7 @@ impl InstanceReport {
             seq: 0,
             delta: None,
             xds: None,
+            identity: None,
         }
     }
 }
@@ -667,21 +678,49 @@ mod tests {
         assert_eq!((instances, refused[0].reason.as_str()), (1, STALE_BASE));
     }
 
-    /// `xds` came last, with a default: a report of an agent without it (one element
-    /// fewer in the compact array) decodes with `None`; one with it round-trips.
+    /// `xds` and then `identity` came last, with defaults: a report of an agent
+    /// without them (elements fewer in the compact array) decodes with `None`; one
+    /// with them round-trips.
     #[test]
-    fn a_report_without_xds_still_decodes() {
+    fn a_report_without_xds_or_identity_still_decodes() {
         let mut report = InstanceReport::unread("z".into(), "c".into(), "i".into());
         report.seq = 3;
         let new = rmp_serde::to_vec(&report).unwrap();
-        // array 16 of 22 fields, the last one nil.
-        assert_eq!(&new[..3], &[0xdc, 0x00, 22]);
-        assert_eq!(new.last(), Some(&0xc0));
-        let mut old = new.clone();
-        old[2] = 21;
-        old.pop();
-        let back: InstanceReport = rmp_serde::from_slice(&old).unwrap();
-        assert_eq!(back, report);
+        // array 16 of 23 fields, the last two nil.
+        assert_eq!(&new[..3], &[0xdc, 0x00, 23]);
+        assert_eq!(&new[new.len() - 2..], &[0xc0, 0xc0]);
+        for fields in [21, 22] {
+            let mut old = new.clone();
+            old[2] = fields;
+            old.truncate(new.len() - (23 - usize::from(fields)));
+            let back: InstanceReport = rmp_serde::from_slice(&old).unwrap();
+            assert_eq!(back, report, "{fields} fields");
+        }
+        report.identity = Some(IdentityReport::new(
+            vec![crate::identity::ReportedCertificate {
+                serial: "44bb3d710dac5769b9b1470a0fa782bf81d8bfe0".into(),
+                role: crate::identity::CertRole::Chain,
+                sans: vec![crate::identity::San::new(
+                    crate::identity::SanKind::Uri,
+                    "spiffe://shop.local/ns/shop/sa/svc-a",
+                )],
+                valid_from_ms: 1_795_850_000_000,
+                expires_at_ms: 1_796_110_222_000,
+                secret: Some(crate::identity::SdsSecret {
+                    name: "svc-a".into(),
+                    version: "3".into(),
+                    last_updated_ms: 1_795_850_000_500,
+                }),
+            }],
+            vec![crate::identity::SanExpectation {
+                cluster: "payments".into(),
+                matchers: vec![crate::identity::SanMatcher::exact(
+                    crate::identity::SanKind::Uri,
+                    "spiffe://shop.local/ns/shop/sa/payments",
+                )],
+            }],
+            None,
+        ));
 
         report.xds = Some(XdsState {
             connected: Some(false),

@@ -194,6 +194,9 @@ pub struct DiagnosisInput {
     /// its control server (none is connected to, or none answered yet): the
     /// `control_server` step then does not run.
     pub control: Option<ControlEvidence>,
+    /// What the catalog holds of the workload identity on the request's hop
+    /// (contract section 19); `None` when neither side holds any.
+    pub identity: Option<IdentityEvidence>,
 }
 
 impl DiagnosisInput {
@@ -215,8 +218,33 @@ impl DiagnosisInput {
             service_local_cluster: None,
             metrics: None,
             control: None,
+            identity: None,
         }
     }
+}
+
+/// Most instances of each side whose identity one diagnosis reads.
+pub const MAX_IDENTITY_INSTANCES: usize = 16;
+
+/// The workload identity on the request's hop, as the catalog holds it: the
+/// caller's SAN expectations against what the diagnosed cluster's instances present,
+/// and each side's certificates, with both owners.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct IdentityEvidence {
+    /// The calling cluster (the zone's request cluster, or the caller followed).
+    pub caller: String,
+    pub caller_owner: String,
+    pub target_owner: String,
+    /// The caller's matchers against the target's SANs; `None` when the caller
+    /// checks no SAN of the target or the target presents no certificate.
+    pub tls: Option<meshcat_common::identity::TlsIdentity>,
+    /// Live instances of the caller and of the target with their identity (at most
+    /// [`MAX_IDENTITY_INSTANCES`] each).
+    pub callers: Vec<(String, meshcat_common::identity::InstanceIdentity)>,
+    pub targets: Vec<(String, meshcat_common::identity::InstanceIdentity)>,
+    /// When the identities were read, ms since the epoch (a certificate not valid
+    /// yet then is named).
+    pub read_at_ms: i64,
 }
 
 /// Most declared clusters one diagnosis reads (the names that stand for the cluster).

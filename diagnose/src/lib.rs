@@ -17,8 +17,8 @@ pub mod symptom;
 pub use collected::{EdgeChoice, choose_edge, failing_upstreams};
 pub use evidence::{
     ControlEvidence, DeclaredCluster, DeclaredEndpoint, DiagnosisInput, EvidenceError,
-    MetricsEvidence, Role, SidecarEvidence, SidecarSync, StaleUpstream, SyncState, XdsRejection,
-    reports_metrics,
+    IdentityEvidence, MetricsEvidence, Role, SidecarEvidence, SidecarSync, StaleUpstream,
+    SyncState, XdsRejection, reports_metrics,
 };
 pub use report::{
     DiagnosisReport, Failure, Hop, Reads, RootCause, Step, StepName, StepNameError, Verdict,

@@ -113,7 +113,7 @@ async fn scrape_counts_exact_requests_and_5xx() {
         .iter()
         .find(|u| u.name == "local_service")
         .expect("local_service carried traffic");
-    assert_eq!((up.requests_total, up.errors_5xx_total), (20, 3));
+    assert_eq!((up.requests_total, up.errors_total), (20, 3));
     assert_eq!(up.connect_fail_total, 0);
     assert!(!up.tls);
     assert!(

@@ -1,9 +1,10 @@
 //! Reports by what changed. The first report of an instance on a connection holds
 //! its whole state; each later one holds only what changed since the report the
 //! aggregator last acknowledged for it (docs/wire.md, "Deltas"): clusters whose
-//! host set or health moved, upstreams whose figures moved, the listeners when
-//! they moved, and the names of what went. A steady sidecar with 20,000 upstream
-//! clusters thus costs a few hundred bytes a report instead of megabytes.
+//! host set or health moved, upstreams whose figures moved, the listeners and the
+//! identity (certificates and SAN expectations) when they moved, and the names of
+//! what went. A steady sidecar with 20,000 upstream clusters thus costs a few hundred
+//! bytes a report instead of megabytes.
 //!
 //! The aggregator refuses a delta whose base it does not hold (`stale_base`: it
 //! restarted, or another replica took the connection); the agent then sends that
@@ -35,6 +36,8 @@ pub struct Acked {
     clusters: HashMap<String, (u64, u32, u32, bool)>,
     upstreams: HashMap<String, UpstreamTraffic>,
     listeners: u64,
+    /// The digest of the identity it holds, if any.
+    identity: Option<u64>,
 }
 
 impl Acked {
@@ -62,6 +65,7 @@ impl Acked {
                 .map(|u| (u.name.clone(), u.clone()))
                 .collect(),
             listeners,
+            identity: r.identity.as_ref().map(|i| i.digest),
         }
     }
 }
@@ -220,6 +224,10 @@ fn thin(r: &mut InstanceReport, base: &Acked, listeners: u64) {
         r.listeners = Vec::new();
         delta.listeners_unchanged = true;
     }
+    // The identity goes only when it moved: certificates cost nothing steady.
+    if r.identity.as_ref().map(|i| i.digest) == base.identity {
+        r.identity = None;
+    }
     r.delta = Some(delta);
 }
 
@@ -255,7 +263,7 @@ mod tests {
         UpstreamTraffic {
             name: name.into(),
             requests_total: requests,
-            errors_5xx_total: 0,
+            errors_total: 0,
             connect_fail_total: 0,
             p50_ms: None,
             p99_ms: None,

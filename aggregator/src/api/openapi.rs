@@ -11,7 +11,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{RefOr, Response, ResponseBuilder, content::ContentBuilder};
 use utoipa::{Modify, OpenApi};
 
-use super::{control, diagnose, events, graph, handlers, history, logging, status};
+use super::{certificates, control, diagnose, events, graph, handlers, history, logging, status};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -47,6 +47,7 @@ use super::{control, diagnose, events, graph, handlers, history, logging, status
         graph::drift,
         history::history,
         history::cluster_history,
+        certificates::certificates,
         status::status,
         events::events,
     ),

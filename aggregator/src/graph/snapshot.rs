@@ -433,6 +433,9 @@ pub struct Graphs {
     watcher: Mutex<Watcher>,
     /// Whether a request read the graph since the watcher last looked.
     read: AtomicBool,
+    /// Where an edge's predicted mTLS failure and its end are noted (`tls-mismatch`,
+    /// `tls-match`), when the history is on.
+    history: Option<Arc<crate::history::History>>,
 }
 
 impl Graphs {
@@ -444,7 +447,15 @@ impl Graphs {
             building: tokio::sync::Mutex::default(),
             watcher: Mutex::default(),
             read: AtomicBool::default(),
+            history: None,
         }
+    }
+
+    /// These graphs, noting in `history` each edge whose `tlsIdentity` starts or
+    /// stops predicting a failed handshake.
+    pub fn noting_in(mut self, history: Option<Arc<crate::history::History>>) -> Self {
+        self.history = history;
+        self
     }
 
     /// The latest snapshot when it shows `index` and is at most [`MAX_AGE`] old.
@@ -544,11 +555,15 @@ impl Graphs {
             ms = started.elapsed().as_secs_f64() * 1e3,
             "Graph built."
         );
-        let changed = self
-            .watcher
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .changed(&graph);
+        let (changed, tls) = {
+            let mut watcher = self.watcher.lock().unwrap_or_else(PoisonError::into_inner);
+            (watcher.changed(&graph), watcher.tls_changes(&graph))
+        };
+        if let Some(history) = &self.history {
+            for note in tls {
+                history.record(note);
+            }
+        }
         // The snapshot shows the index of its own change only when nothing else
         // changed in between; otherwise it is older than the catalog and the next
         // request builds again.
@@ -642,7 +657,7 @@ mod tests {
                 .map(|(name, _)| UpstreamTraffic {
                     name: (*name).into(),
                     requests_total: requests,
-                    errors_5xx_total: requests / 10,
+                    errors_total: requests / 10,
                     connect_fail_total: 0,
                     p50_ms: Some(2.0),
                     p99_ms: Some(9.0),

@@ -38,10 +38,19 @@ pub enum Kind {
     SyncChanged = 18,
     /// A zone's control server connection changed state.
     ControlChanged = 19,
+    /// An instance's certificate was replaced by one with another serial (contract
+    /// section 19).
+    CertificateRotated = 20,
+    /// An instance's identity state changed.
+    CertificateState = 21,
+    /// A graph edge's caller requires SANs its target's instances do not present.
+    TlsMismatch = 22,
+    /// An edge that was a mismatch matches again.
+    TlsMatch = 23,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 19] = [
+    pub const ALL: [Kind; 23] = [
         Kind::ClusterRegistered,
         Kind::ClusterUpdated,
         Kind::ClusterDeleted,
@@ -61,6 +70,10 @@ impl Kind {
         Kind::Diagnosed,
         Kind::SyncChanged,
         Kind::ControlChanged,
+        Kind::CertificateRotated,
+        Kind::CertificateState,
+        Kind::TlsMismatch,
+        Kind::TlsMatch,
     ];
 
     /// The name the API uses.
@@ -85,6 +98,10 @@ impl Kind {
             Kind::Diagnosed => "diagnosed",
             Kind::SyncChanged => "sync-changed",
             Kind::ControlChanged => "control-changed",
+            Kind::CertificateRotated => "certificate-rotated",
+            Kind::CertificateState => "certificate-state",
+            Kind::TlsMismatch => "tls-mismatch",
+            Kind::TlsMatch => "tls-match",
         }
     }
 
@@ -218,6 +235,30 @@ pub enum Detail {
         to: &'static str,
         error: String,
     },
+    /// `certificate-rotated`: the new serial and expiry, the old ones, and the SDS
+    /// secret when it came in one.
+    Rotated {
+        serial: String,
+        previous_serial: String,
+        expires_at_ms: i64,
+        previous_expires_at_ms: i64,
+        secret: Option<String>,
+    },
+    /// `certificate-state`: the instance's identity states, and its identity
+    /// certificate now.
+    CertificateState {
+        from: &'static str,
+        to: &'static str,
+        serial: Option<String>,
+        expires_at_ms: Option<i64>,
+    },
+    /// `tls-mismatch`, `tls-match`: the edge's target, what the caller requires and
+    /// what the target's instances present.
+    Tls {
+        target: String,
+        expected_sans: Vec<String>,
+        presented_sans: Vec<String>,
+    },
     /// Kinds without detail (registrations, deletions): `{}`.
     Nothing {},
 }
@@ -295,6 +336,32 @@ impl Detail {
                 cap(to);
             }
             Detail::Sync { detail, .. } => cap(detail),
+            Detail::Rotated {
+                serial,
+                previous_serial,
+                secret,
+                ..
+            } => {
+                cap(serial);
+                cap(previous_serial);
+                if let Some(s) = secret {
+                    cap(s);
+                }
+            }
+            Detail::CertificateState { serial, .. } => {
+                if let Some(s) = serial {
+                    cap(s);
+                }
+            }
+            Detail::Tls {
+                target,
+                expected_sans,
+                presented_sans,
+            } => {
+                cap(target);
+                expected_sans.iter_mut().for_each(cap);
+                presented_sans.iter_mut().for_each(cap);
+            }
             Detail::Control { error, .. } => cap(error),
             Detail::Diagnosed {
                 conclusion,

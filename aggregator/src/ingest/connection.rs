@@ -487,9 +487,12 @@ fn accept(
     }
     let mut refused = Vec::new();
     let mut valid = Vec::with_capacity(report.instances.len());
-    for inst in report.instances {
+    for mut inst in report.instances {
         match check_instance(&inst, shared, grant) {
-            Ok(()) => valid.push(inst),
+            Ok(()) => {
+                bound_identity(&mut inst, shared);
+                valid.push(inst);
+            }
             Err((reason, why)) => {
                 refuse_instance(shared, reason, &why);
                 refused.push(RefusedInstance {
@@ -512,6 +515,25 @@ fn refuse_instance(shared: &Shared, reason: &'static str, why: &str) {
     shared.metrics.rejected(reason);
     shared.refusals.warn(|suppressed| {
         warn!(reason, error = %why, suppressed, "Instance refused; the rest of its report applies.");
+    });
+}
+
+/// Holds an instance's identity to its bounds (contract section 19): certificates
+/// over a bound are refused alone, counted and logged, and the instance is kept
+/// with identity `none` and the reason; the instance itself applies.
+fn bound_identity(inst: &mut InstanceReport, shared: &Shared) {
+    let Some(identity) = inst.identity.take() else {
+        return;
+    };
+    inst.identity = Some(match identity.over_bound(shared.max_upstream_clusters) {
+        None => identity,
+        Some(reason) => {
+            shared.metrics.rejected(reason);
+            shared.refusals.warn(|suppressed| {
+                warn!(reason, zone = %inst.zone_name, cluster = %inst.cluster_name, instance = %inst.instance, suppressed, "Instance certificates refused; the instance is kept with identity none.");
+            });
+            identity.refusing(reason, shared.max_upstream_clusters)
+        }
     });
 }
 

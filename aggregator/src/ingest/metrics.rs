@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 
 /// Every `reason` label of `meshcat_reports_rejected_total` (see `docs/wire.md`).
-pub const REJECT_REASONS: [&str; 19] = [
+pub const REJECT_REASONS: [&str; 23] = [
     "too_large",
     "version",
     "decode",
@@ -30,6 +30,11 @@ pub const REJECT_REASONS: [&str; 19] = [
     "too_many_upstream_hosts",
     "too_many_credential_instances",
     "closed",
+    // An instance's certificates refused alone (contract section 19).
+    "too_many_certificates",
+    "too_many_sans",
+    "certificate_text_too_long",
+    "too_many_san_matchers",
 ];
 
 /// Handles to the ingest metrics families; cheap to clone.

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use meshcat_common::config::{parse_positive_duration, parse_ratio};
+use meshcat_common::identity::IdentityRules;
 
 use super::etcd::EtcdTlsFiles;
 
@@ -52,6 +53,9 @@ pub struct Rules {
     pub error_ratio_warning: f64,
     /// The dependency graph's window (`--graph-window`).
     pub graph_window: Duration,
+    /// When a certificate is expiring or its rotation overdue (`--cert-warning`,
+    /// `--cert-rotation-overdue`).
+    pub identity: IdentityRules,
 }
 
 impl Rules {
@@ -65,6 +69,7 @@ impl Rules {
             error_ratio_warning: parse_ratio(DEFAULT_ERROR_RATIO_WARNING)
                 .expect("the default ratio parses"),
             graph_window: duration(DEFAULT_GRAPH_WINDOW),
+            identity: IdentityRules::default(),
         }
     }
 }

@@ -20,11 +20,13 @@ use meshcat_common::wire::{InstanceReport, STALE_BASE, XdsState};
 use tracing::{debug, warn};
 
 use super::clusterset::ClusterSet;
+use super::identity::{HeldIdentity, Identities};
 use super::publish::Touch;
 use super::traffic::Traffic;
 use super::{Entry, MAX_EDGE_CLUSTERS, Memory, shared};
 use crate::history::{Detail, Kind, LeftReason, Pending};
 pub use crate::ingest::{InstanceKey, InstanceRefusal};
+use meshcat_common::identity::{CertState, IdentityReport};
 
 /// What a metrics lookup found.
 #[derive(Debug)]
@@ -71,6 +73,13 @@ pub struct LiveInstance {
     clusters: Arc<ClusterSet>,
     /// The sidecar's xDS state, read on every report by the sync without unpacking.
     xds: Option<XdsState>,
+    /// Its certificates and SAN expectations (contract section 19), kept apart from
+    /// the packed report: read by every record rendered, shared with the cluster's
+    /// other instances where equal.
+    pub identity: Option<Arc<HeldIdentity>>,
+    /// Its identity state when last looked at, for the history's
+    /// `certificate-state` (the state shown is read at the time of reading).
+    pub identity_state: CertState,
     /// The last report without its upstream clusters and graph fields, packed.
     packed: Box<[u8]>,
 }
@@ -114,6 +123,8 @@ impl LiveInstance {
             seq: report.seq,
             clusters,
             xds: report.xds.clone(),
+            identity: None,
+            identity_state: CertState::None,
             packed,
         }
     }
@@ -201,6 +212,8 @@ pub struct RemoteInstance {
     /// The drift hash and its per-kind hashes, when the owner's agent sends them.
     pub config_hash: Option<String>,
     pub config_hashes: std::collections::BTreeMap<String, String>,
+    /// Its certificates, when its agent read them (no SAN expectations).
+    pub identity: Option<IdentityReport>,
 }
 
 /// An instance this replica owns, as published to its peers.
@@ -215,6 +228,8 @@ pub struct Member<'a> {
     pub window_errors: u64,
     pub config_hash: Option<&'a str>,
     pub config_hashes: &'a std::collections::BTreeMap<String, String>,
+    /// Its certificates, when its agent read them.
+    pub identity: Option<&'a HeldIdentity>,
 }
 
 /// Where a replica publishes instance membership so that replicas sharing a backend
@@ -527,6 +542,16 @@ impl Instances {
             },
         };
         report.clusters = Vec::new();
+        // A delta without an identity keeps the one held; a whole report without one
+        // has none read yet.
+        let identity: Option<Arc<HeldIdentity>> = match report.identity.take() {
+            Some(r) => Some(Arc::new(HeldIdentity::hold(
+                r,
+                e.instances.values().filter_map(|i| i.identity.as_deref()),
+            ))),
+            None if report.delta.is_some() => prev.and_then(|p| p.identity.clone()),
+            None => None,
+        };
         if prev.is_none() && !self.admit() {
             warn!(agent_id = %agent, zone = %report.zone_name, cluster = %report.cluster_name, instance = %report.instance, limit = MAX_INSTANCES, "Instance report dropped: too many instances.");
             return Put::Refused(InstanceKey::of(&report), "catalog_full");
@@ -540,9 +565,18 @@ impl Instances {
             Some(_) => (report.requests_total, report.errors_5xx_total),
             None => (0, 0),
         };
+        let identity_state = self.note_identity_of(prev, &report, identity.as_deref(), now);
+        let identity_moved = match (prev.and_then(|p| p.identity.as_ref()), &identity) {
+            (Some(a), Some(b)) => !Arc::ptr_eq(a, b),
+            (a, b) => a.is_some() != b.is_some(),
+        };
         let shown = match prev {
             None => report.reachable,
-            Some(p) => p.reachable != report.reachable || p.start_time_ms != report.start_time_ms,
+            Some(p) => {
+                p.reachable != report.reachable
+                    || p.start_time_ms != report.start_time_ms
+                    || (report.reachable && (identity_moved || p.identity_state != identity_state))
+            }
         };
         let drift = self.note_instance(
             prev,
@@ -578,27 +612,64 @@ impl Instances {
                 window_errors,
                 config_hash: report.config_hash.as_deref(),
                 config_hashes: &report.config_hashes,
+                identity: identity.as_deref(),
             });
         }
         // The graph's fields move to the traffic: the packed report goes without them.
         self.traffic.record_with(&mut report, &clusters, now);
         report.delta = None;
-        let fresh = LiveInstance::new(
+        let mut fresh = LiveInstance::new(
             Reporter::Agent(agent.clone()),
             now,
             (window_requests, window_errors),
             &report,
             clusters,
         );
+        fresh.identity = identity;
+        fresh.identity_state = identity_state;
         let name = report.instance;
         e.count(&fresh, true);
         if let Some(old) = e.instances.insert(name, fresh) {
             e.count(&old, false);
         }
+        if identity_moved {
+            super::identity::schedule(&self.memory, &report.zone_name, &report.cluster_name, e);
+            self.traffic.reshaped();
+        }
         Put::Done {
             shown,
             joined,
             drift,
+        }
+    }
+
+    /// Notes in the history what an instance's identity changes (rotations, its state)
+    /// when its sidecar answers; answers the state to keep with it.
+    fn note_identity_of(
+        &self,
+        prev: Option<&LiveInstance>,
+        report: &InstanceReport,
+        identity: Option<&HeldIdentity>,
+        now: Instant,
+    ) -> CertState {
+        if !report.reachable {
+            return prev.map_or(CertState::None, |p| p.identity_state);
+        }
+        super::identity::note_identity(
+            &self.memory,
+            (&report.zone_name, &report.cluster_name, &report.instance),
+            prev.filter(|p| p.is_live())
+                .map(|p| (p.identity.as_deref(), p.identity_state)),
+            identity,
+            now,
+        )
+    }
+
+    /// The identity inventory of the live instances (`GET /certificates`, its
+    /// metrics and the clock of certificate states).
+    pub fn identities(&self) -> Identities<'_> {
+        Identities {
+            memory: &self.memory,
         }
     }
 
@@ -712,6 +783,41 @@ impl Instances {
             let before = (e.status, e.live());
             // The first listing of a replica is a load: nothing in it is news.
             let note = self.memory.is_loaded();
+            let prev = e.instances.get(&r.instance);
+            let identity: Option<Arc<HeldIdentity>> = match r.identity.take() {
+                // The same certificates as before: kept as they are.
+                Some(rep) => match prev.and_then(|p| p.identity.clone()) {
+                    Some(held) if held.digest == rep.digest && held.published() == rep => {
+                        Some(held)
+                    }
+                    _ => Some(Arc::new(HeldIdentity::hold(
+                        rep,
+                        e.instances.values().filter_map(|i| i.identity.as_deref()),
+                    ))),
+                },
+                None => None,
+            };
+            let identity_moved = match (prev.and_then(|p| p.identity.as_ref()), &identity) {
+                (Some(a), Some(b)) => !Arc::ptr_eq(a, b),
+                (a, b) => a.is_some() != b.is_some(),
+            };
+            let identity_state = if r.reachable && note {
+                super::identity::note_identity(
+                    &self.memory,
+                    (&r.zone, &r.cluster, &r.instance),
+                    prev.filter(|p| p.is_live())
+                        .map(|p| (p.identity.as_deref(), p.identity_state)),
+                    identity.as_deref(),
+                    Instant::now(),
+                )
+            } else {
+                let rules = self.memory.rules.identity;
+                let now_ms = super::identity::now_ms();
+                identity
+                    .as_deref()
+                    .and_then(|h| h.identity_cert(&rules, now_ms))
+                    .map_or(CertState::None, |c| c.state(&rules, now_ms))
+            };
             let drift = if note {
                 self.note_instance(
                     e.instances.get(&r.instance),
@@ -742,16 +848,25 @@ impl Instances {
                 },
                 Arc::default(),
             );
+            let mut fresh = fresh;
+            fresh.identity = identity;
+            fresh.identity_state = identity_state;
             e.count(&fresh, true);
-            // What a reader sees of an instance: that it is live, and its start
-            // time; its window counts show only through the status.
+            // What a reader sees of an instance: that it is live, its start time and
+            // its identity; its window counts show only through the status.
             let shown = match e.instances.insert(r.instance.clone(), fresh) {
                 Some(old) => {
                     e.count(&old, false);
-                    old.reachable != r.reachable || old.start_time_ms != r.start_time_ms
+                    old.reachable != r.reachable
+                        || old.start_time_ms != r.start_time_ms
+                        || (r.reachable && (identity_moved || old.identity_state != identity_state))
                 }
                 None => r.reachable,
             };
+            if identity_moved {
+                super::identity::schedule(&self.memory, &r.zone, &r.cluster, e);
+                self.traffic.reshaped();
+            }
             self.memory.refresh_noting(e, before, note);
             if drift {
                 self.note_drift(&r.zone, &r.cluster, e);

@@ -20,7 +20,7 @@ pub const PERIOD: Duration = Duration::from_secs(10);
 /// Characters of a dropped name shown in the log.
 const SHOWN: usize = 64;
 /// Every (summary, reason) a part can be dropped for: their series start at 0.
-const REASONS: [(&str, &str); 9] = [
+const REASONS: [(&str, &str); 10] = [
     ("traffic", "invalid_name"),
     ("traffic", "invalid_item"),
     ("traffic", "too_many_upstream_clusters"),
@@ -29,6 +29,7 @@ const REASONS: [(&str, &str); 9] = [
     ("traffic", "duplicate"),
     ("instance", "invalid_name"),
     ("instance", "invalid_owner"),
+    ("instance", "invalid_identity"),
     ("sync", "invalid_item"),
 ];
 
@@ -42,7 +43,8 @@ pub struct Dropped {
     /// `too_many_upstream_hosts` (a cluster over the per-instance bounds; it is
     /// dropped), `too_many_clusters` (past the number of instances a replica can
     /// hold; the rest is dropped), `duplicate` (a cluster listed twice; the second
-    /// is dropped), `invalid_owner` (an instance publication's owner).
+    /// is dropped), `invalid_owner` (an instance publication's owner),
+    /// `invalid_identity` (an instance publication's certificates over their bounds).
     pub reason: &'static str,
     /// What was dropped, for the log (names through [`shown`]).
     pub what: String,

@@ -109,12 +109,13 @@ impl Memory {
                 ),
             },
             Touch::Cluster(zone, cluster) => {
+                let at = super::identity::IdentityAt::now(self.rules.identity);
                 let rendered = self.clusters.get(cluster).and_then(|m| {
                     m.get(zone).filter(|e| e.record.is_some()).map(|e| {
                         let mut auth = Vec::with_capacity(e.record_json.len() + 96);
-                        render::write_view(&mut auth, &e.record_json, e, true);
+                        render::write_view(&mut auth, &e.record_json, e, true, &at);
                         let mut unauth = Vec::with_capacity(e.record_json.len() + 64);
-                        render::write_view(&mut unauth, &e.record_json, e, false);
+                        render::write_view(&mut unauth, &e.record_json, e, false, &at);
                         (auth, unauth)
                     })
                 });

@@ -58,6 +58,12 @@ pub struct ClusterFacts {
     pub dependencies: Vec<(String, String)>,
     /// Whether its live instances run different configurations.
     pub drifted: bool,
+    /// What its live instances present and expect of TLS peers, when any holds an
+    /// identity.
+    pub tls: Option<Arc<super::identity::ClusterTls>>,
+    /// The soonest expiry of its live instances' identity certificates, ms since
+    /// the epoch.
+    pub cert_expires_ms: Option<i64>,
 }
 
 /// Serialized bodies with their generation, by [`Cached::slot`].
@@ -206,6 +212,7 @@ impl Store {
         authorized: bool,
         keep: impl Fn(&ClusterRecord, Status) -> bool,
     ) -> Vec<u8> {
+        let at = super::identity::IdentityAt::now(self.memory.rules.identity);
         let mut items: Vec<(String, String, Vec<u8>)> = Vec::new();
         for by_zone in self.memory.clusters.iter() {
             for (zone, e) in by_zone.iter() {
@@ -213,7 +220,7 @@ impl Store {
                     && keep(r, e.status)
                 {
                     let mut v = Vec::with_capacity(e.record_json.len() + 96);
-                    render::write_view(&mut v, &e.record_json, e, authorized);
+                    render::write_view(&mut v, &e.record_json, e, authorized, &at);
                     items.push((zone.clone(), by_zone.key().clone(), v));
                 }
             }
@@ -230,6 +237,7 @@ impl Store {
         zone: Option<&str>,
         authorized: bool,
     ) -> Option<Vec<u8>> {
+        let at = super::identity::IdentityAt::now(self.memory.rules.identity);
         let by_zone = self.memory.clusters.get(name)?;
         let mut out = Vec::with_capacity(1024);
         out.push(b'[');
@@ -242,7 +250,7 @@ impl Store {
                 out.push(b',');
             }
             any = true;
-            render::write_view(&mut out, &e.record_json, e, authorized);
+            render::write_view(&mut out, &e.record_json, e, authorized, &at);
         }
         out.push(b']');
         any.then_some(out)
@@ -266,6 +274,7 @@ impl Store {
 
     /// Renders the seed 2.5 summary from the counters and pre-serialized records.
     fn render_summary(&self, authorized: bool) -> Vec<u8> {
+        let at = super::identity::IdentityAt::now(self.memory.rules.identity);
         let mut zones = self.zone_snapshots();
         zones.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         let mut totals = super::aggregate::OverallTotals::default();
@@ -290,7 +299,7 @@ impl Store {
                     first = false;
                     serde_json::to_writer(&mut body, name).expect("strings serialise");
                     body.push(b':');
-                    render::write_view(&mut body, &e.record_json, e, authorized);
+                    render::write_view(&mut body, &e.record_json, e, authorized, &at);
                 }
             }
             body.extend_from_slice(b"},\"metadata\":");
@@ -312,6 +321,8 @@ impl Store {
 
     /// Every known (zone, cluster): registered, or with reported instances.
     pub fn cluster_facts(&self) -> Vec<ClusterFacts> {
+        let rules = self.memory.rules.identity;
+        let now_ms = super::identity::now_ms();
         let mut out = Vec::new();
         for by_zone in self.memory.clusters.iter() {
             for (zone, e) in by_zone.iter() {
@@ -328,6 +339,8 @@ impl Store {
                     owner: record.map(|r| r.owner.clone()).unwrap_or_default(),
                     instances: e.live(),
                     drifted: super::drift::drifted(e.instances.values()),
+                    tls: super::identity::ClusterTls::of(e),
+                    cert_expires_ms: super::identity::soonest_expiry(e, &rules, now_ms),
                     dependencies: record
                         .map(|r| {
                             r.dependencies
@@ -346,6 +359,7 @@ impl Store {
     /// `GET /services`: registered clusters plus clusters agents report or edge
     /// sidecars know that nobody registered, sorted by (zoneName, clusterName).
     pub fn services(&self, zone: Option<&str>, authorized: bool) -> Vec<ClusterView> {
+        let at = super::identity::IdentityAt::now(self.memory.rules.identity);
         let mut out: BTreeMap<(String, String), ClusterView> = BTreeMap::new();
         for by_zone in self.memory.clusters.iter() {
             for (z, e) in by_zone.iter() {
@@ -356,7 +370,7 @@ impl Store {
                     Some(r) => (**r).clone(),
                     None => ClusterRecord::new(z, by_zone.key(), by_zone.key()),
                 };
-                let view = render::view(&record, e, authorized);
+                let view = render::view(&record, e, authorized, &at);
                 out.insert((z.clone(), by_zone.key().clone()), view);
             }
         }
@@ -376,6 +390,11 @@ impl Store {
                         instances: Vec::new(),
                         status: Status::Down,
                         control_plane: Default::default(),
+                        identity: authorized.then(|| meshcat_common::identity::ClusterIdentity {
+                            spiffe_ids: Vec::new(),
+                            state: meshcat_common::identity::CertState::None,
+                            expires_at_ms: None,
+                        }),
                     });
             }
         }
@@ -402,13 +421,14 @@ impl Store {
         authorized: bool,
         keep: impl Fn(&ClusterRecord, Status) -> bool,
     ) -> Vec<ClusterView> {
+        let at = super::identity::IdentityAt::now(self.memory.rules.identity);
         let mut out: Vec<ClusterView> = Vec::new();
         for by_zone in self.memory.clusters.iter() {
             for e in by_zone.values() {
                 if let Some(r) = &e.record
                     && keep(r, e.status)
                 {
-                    out.push(render::view(r, e, authorized));
+                    out.push(render::view(r, e, authorized, &at));
                 }
             }
         }
@@ -426,18 +446,24 @@ impl Store {
         zone: Option<&str>,
         authorized: bool,
     ) -> Vec<ClusterView> {
+        let at = super::identity::IdentityAt::now(self.memory.rules.identity);
         let Some(by_zone) = self.memory.clusters.get(name) else {
             return Vec::new();
         };
         by_zone
             .iter()
             .filter(|(z, _)| zone.is_none_or(|want| want == z.as_str()))
-            .filter_map(|(_, e)| e.record.as_ref().map(|r| render::view(r, e, authorized)))
+            .filter_map(|(_, e)| {
+                e.record
+                    .as_ref()
+                    .map(|r| render::view(r, e, authorized, &at))
+            })
             .collect()
     }
 
     /// The seed 2.5 summary.
     pub fn summary(&self, authorized: bool) -> meshcat_common::model::Summary {
+        let at = super::identity::IdentityAt::now(self.memory.rules.identity);
         use meshcat_common::model::{Summary, ZoneEntry};
         let zones = self.zone_snapshots();
         let mut totals = super::aggregate::OverallTotals::default();
@@ -450,7 +476,7 @@ impl Store {
                     && let Some(e) = by_zone.get(&zone)
                     && let Some(r) = &e.record
                 {
-                    clusters.insert(name, render::view(r, e, authorized));
+                    clusters.insert(name, render::view(r, e, authorized, &at));
                 }
             }
             let metadata = agg.summary(&zone);

@@ -8,24 +8,36 @@ use std::io::Write;
 use bytes::Bytes;
 use meshcat_common::model::{ClusterRecord, ClusterView, Instance, InstanceSource};
 
-use super::Entry;
 use super::declared::control_plane;
+use super::identity::{IdentityAt, cluster_identity, instance_identity};
+use super::{Entry, LiveInstance};
+
+/// One instance a view lists: its name, start time, source, and the reported
+/// instance (none for a control server's endpoint).
+type Listed<'a> = (&'a str, i64, InstanceSource, Option<&'a LiveInstance>);
 
 /// The live instances a view lists, by name: the reported ones, or, when no agent
 /// reports any, the control server's live endpoints (contract section 17).
-fn instances(e: &Entry) -> Vec<(&str, i64, InstanceSource)> {
+fn instances(e: &Entry) -> Vec<Listed<'_>> {
     if e.reported > 0 || e.declared.is_none() {
         return e
             .instances
             .iter()
             .filter(|(_, i)| i.is_live())
-            .map(|(name, i)| (name.as_str(), i.start_time_ms, InstanceSource::Agent))
+            .map(|(name, i)| {
+                (
+                    name.as_str(),
+                    i.start_time_ms,
+                    InstanceSource::Agent,
+                    Some(i),
+                )
+            })
             .collect();
     }
     e.declared.as_ref().map_or_else(Vec::new, |d| {
         d.instances()
             .into_iter()
-            .map(|(address, first_seen)| (address, first_seen, InstanceSource::ControlServer))
+            .map(|(address, first_seen)| (address, first_seen, InstanceSource::ControlServer, None))
             .collect()
     })
 }
@@ -36,9 +48,16 @@ pub fn record_json(r: &ClusterRecord) -> Bytes {
 }
 
 /// Appends the view of a registered entry: its record's fields, then `authorized`,
-/// `instances` (live ones, by name; none when not authorized), `status` and
-/// `controlPlane`.
-pub fn write_view(out: &mut Vec<u8>, record_json: &[u8], e: &Entry, authorized: bool) {
+/// `instances` (live ones, by name, each with its identity; none when not
+/// authorized), `status`, `controlPlane` and `identity` (null when not authorized),
+/// identity states as they are `at`.
+pub fn write_view(
+    out: &mut Vec<u8>,
+    record_json: &[u8],
+    e: &Entry,
+    authorized: bool,
+    at: &IdentityAt,
+) {
     // The record is a JSON object: reopen it by dropping its closing brace.
     let body = record_json.strip_suffix(b"}").unwrap_or(record_json);
     out.extend_from_slice(body);
@@ -48,7 +67,7 @@ pub fn write_view(out: &mut Vec<u8>, record_json: &[u8], e: &Entry, authorized: 
         b",\"authorized\":false,\"instances\":["
     });
     if authorized {
-        for (n, (name, start, source)) in instances(e).into_iter().enumerate() {
+        for (n, (name, start, source, live)) in instances(e).into_iter().enumerate() {
             if n > 0 {
                 out.push(b',');
             }
@@ -56,9 +75,17 @@ pub fn write_view(out: &mut Vec<u8>, record_json: &[u8], e: &Entry, authorized: 
             serde_json::to_writer(&mut *out, name).expect("strings serialise");
             let _ = write!(
                 out,
-                ",\"startTime\":{start},\"source\":\"{}\"}}",
+                ",\"startTime\":{start},\"source\":\"{}\",\"identity\":",
                 source.as_str()
             );
+            match live {
+                Some(i) => {
+                    serde_json::to_writer(&mut *out, &instance_identity(i, &at.rules, at.now_ms))
+                        .expect("identities serialise");
+                }
+                None => out.extend_from_slice(b"null"),
+            }
+            out.push(b'}');
         }
     }
     out.extend_from_slice(b"],\"status\":\"");
@@ -66,21 +93,35 @@ pub fn write_view(out: &mut Vec<u8>, record_json: &[u8], e: &Entry, authorized: 
     let cp = control_plane(e);
     let _ = write!(
         out,
-        "\",\"controlPlane\":{{\"declared\":{},\"endpoints\":{},\"healthyEndpoints\":{}}}}}",
+        "\",\"controlPlane\":{{\"declared\":{},\"endpoints\":{},\"healthyEndpoints\":{}}},\"identity\":",
         cp.declared, cp.endpoints, cp.healthy_endpoints
     );
+    if authorized {
+        serde_json::to_writer(&mut *out, &cluster_identity(e, &at.rules, at.now_ms))
+            .expect("identities serialise");
+    } else {
+        out.extend_from_slice(b"null");
+    }
+    out.push(b'}');
 }
 
 /// The typed view of an entry under `record` (for `GET /services`, whose unregistered
 /// entries have no stored JSON, and for the tests' serde oracle).
-pub fn view(record: &ClusterRecord, e: &Entry, authorized: bool) -> ClusterView {
+pub fn view(record: &ClusterRecord, e: &Entry, authorized: bool, at: &IdentityAt) -> ClusterView {
     let instances = if authorized {
         instances(e)
             .into_iter()
-            .map(|(name, start_time, source)| Instance {
+            .map(|(name, start_time, source, live)| Instance {
                 name: name.to_owned(),
                 start_time,
                 source,
+                identity: live.map(|i| {
+                    serde_json::from_value(
+                        serde_json::to_value(instance_identity(i, &at.rules, at.now_ms))
+                            .expect("identities serialise"),
+                    )
+                    .expect("an identity reads back")
+                }),
             })
             .collect()
     } else {
@@ -92,6 +133,7 @@ pub fn view(record: &ClusterRecord, e: &Entry, authorized: bool) -> ClusterView 
         instances,
         status: e.status,
         control_plane: control_plane(e),
+        identity: authorized.then(|| cluster_identity(e, &at.rules, at.now_ms)),
     }
 }
 

@@ -437,6 +437,7 @@ fn remote(instance: &str, reachable: bool, requests: u64) -> RemoteInstance {
         window_errors: 0,
         config_hash: None,
         config_hashes: Default::default(),
+        identity: None,
     }
 }
 

@@ -691,10 +691,9 @@ impl Traffic {
                 reshaped = true;
             }
             let hosts = hosts_of(&u.name);
-            let totals = (
-                u.requests_total,
-                u.errors_5xx_total.saturating_add(u.connect_fail_total),
-            );
+            // Each failed attempt once: the agent counts connect failures into
+            // the errors (docs/wire.md, "Upstream traffic").
+            let totals = (u.requests_total, u.errors_total);
             match previous.next_if(|p| *p.name == *u.name) {
                 // New to the instance: counted from zero, unless this report is
                 // where differences start.
@@ -758,8 +757,9 @@ impl Traffic {
         }
     }
 
-    /// Notes a change that could change the graph's shape.
-    fn reshaped(&self) {
+    /// Notes a change that could change the graph's shape (an instance's identity,
+    /// which its edges' `tlsIdentity` reads, among them).
+    pub(super) fn reshaped(&self) {
         self.shape.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -1103,7 +1103,7 @@ mod tests {
             upstreams: vec![UpstreamTraffic {
                 name: "b".into(),
                 requests_total: requests,
-                errors_5xx_total: errors,
+                errors_total: errors,
                 connect_fail_total: 0,
                 p50_ms: Some(1.5),
                 p99_ms: None,

@@ -55,6 +55,20 @@ pub const EDGE_ERRORS: Family = Family {
     help: "5xx answers and connect failures on each edge of the dependency graph, from the reports of the agents connected to this aggregator.",
 };
 
+/// `meshcat_certificate_expiry_timestamp_seconds{zone,cluster,owner}`.
+pub const CERTIFICATE_EXPIRY: Family = Family {
+    name: "meshcat_certificate_expiry_timestamp_seconds",
+    kind: "gauge",
+    help: "When the soonest-expiring identity certificate of each registered cluster's live instances expires, in seconds since the epoch (no series without one).",
+};
+
+/// `meshcat_edge_tls_san_mismatch{source_zone,source,target_zone,target,owner}`.
+pub const EDGE_TLS_MISMATCH: Family = Family {
+    name: "meshcat_edge_tls_san_mismatch",
+    kind: "gauge",
+    help: "1 when the source's sidecars require SANs that the target's live instances do not present (a predicted mTLS failure), 0 when they match; one series per edge whose source checks SANs, owner the source's.",
+};
+
 /// `meshcat_sidecar_sync{zone,cluster,owner,state}`.
 pub const SIDECAR_SYNC: Family = Family {
     name: "meshcat_sidecar_sync",
@@ -98,11 +112,13 @@ pub fn render_sync(
 }
 
 /// Every family, in the order they are rendered.
-pub const FAMILIES: [Family; 4] = [
+pub const FAMILIES: [Family; 6] = [
     CLUSTER_STATUS,
     CLUSTER_INSTANCES,
+    CERTIFICATE_EXPIRY,
     EDGE_REQUESTS,
     EDGE_ERRORS,
+    EDGE_TLS_MISMATCH,
 ];
 
 /// Bytes one series takes in the text format, about: to size the buffer once.
@@ -139,6 +155,13 @@ pub fn render(graph: &Built, out: &mut Vec<u8>) {
         sample(out, CLUSTER_INSTANCES.name, l, None);
         value(out, n.instances);
     }
+    header(out, &CERTIFICATE_EXPIRY);
+    for (n, l) in clusters.iter().zip(&labels) {
+        if let Some(ms) = n.cert_expires_ms {
+            sample(out, CERTIFICATE_EXPIRY.name, l, None);
+            value(out, u64::try_from(ms / 1000).unwrap_or(0));
+        }
+    }
     let edge_labels: Vec<Vec<u8>> = graph
         .links
         .iter()
@@ -164,6 +187,20 @@ pub fn render(graph: &Built, out: &mut Vec<u8>) {
     };
     edges(&EDGE_REQUESTS, |l| l.requests_total);
     edges(&EDGE_ERRORS, |l| l.errors_total);
+    header(out, &EDGE_TLS_MISMATCH);
+    for (link, l) in graph.links.iter().zip(&edge_labels) {
+        let Some(tls) = graph.tls_identity(link) else {
+            continue;
+        };
+        let source = &graph.nodes[link.source as usize];
+        sample(
+            out,
+            EDGE_TLS_MISMATCH.name,
+            l,
+            Some(("owner", source.owner.as_str())),
+        );
+        value(out, u64::from(!tls.matches));
+    }
 }
 
 /// A node's name within its zone: its id without `<zone>/`, so the cluster name,
@@ -237,6 +274,7 @@ mod tests {
             owner: owner.into(),
             instances: 2,
             drifted: false,
+            cert_expires_ms: None,
         }
     }
 
@@ -253,15 +291,24 @@ mod tests {
     fn clusters_and_edges_render_with_owners_and_escaped_labels() {
         // Sorted by id, as a build leaves them: a registered cluster whose owner
         // needs escaping, an external service and a cluster nobody registered.
+        let mut a = node("z", "a", "cluster", "team \"a\"\\ops");
+        a.cert_expires_ms = Some(1_796_110_222_500);
+        let mut to_b = link(0, 2, 7, 0);
+        to_b.tls_at = 0;
         let graph = Built {
             window_seconds: 60,
             error_ratio_warning: 0.05,
             nodes: vec![
-                node("z", "a", "cluster", "team \"a\"\\ops"),
+                a,
                 node("z", "api.example", "external", ""),
                 node("z", "b", "cluster", "-"),
             ],
-            links: vec![link(0, 1, 30, 3), link(0, 2, 7, 0)],
+            links: vec![link(0, 1, 30, 3), to_b],
+            tls: vec![meshcat_common::identity::TlsIdentity {
+                expected_sans: vec!["spiffe://shop/sa/b".into()],
+                presented_sans: vec!["spiffe://shop/sa/WRONG".into()],
+                matches: false,
+            }],
         };
         let mut out = Vec::new();
         render(&graph, &mut out);
@@ -272,6 +319,12 @@ mod tests {
             format!(r#"meshcat_cluster_status{{zone="z",cluster="a",{owner},status="warning"}} 1"#),
             format!(r#"meshcat_cluster_status{{zone="z",cluster="a",{owner},status="down"}} 0"#),
             format!(r#"meshcat_cluster_instances{{zone="z",cluster="a",{owner}}} 2"#),
+            format!(
+                r#"meshcat_certificate_expiry_timestamp_seconds{{zone="z",cluster="a",{owner}}} 1796110222"#
+            ),
+            format!(
+                r#"meshcat_edge_tls_san_mismatch{{source_zone="z",source="a",target_zone="z",target="b",{owner}}} 1"#
+            ),
             r#"meshcat_edge_requests_total{source_zone="z",source="a",target_zone="z",target="external:api.example"} 30"#.into(),
             r#"meshcat_edge_errors_total{source_zone="z",source="a",target_zone="z",target="external:api.example"} 3"#.into(),
             r#"meshcat_edge_requests_total{source_zone="z",source="a",target_zone="z",target="b"} 7"#.into(),
@@ -287,7 +340,8 @@ mod tests {
         assert_eq!(text.matches("# TYPE ").count(), FAMILIES.len());
         assert_eq!(
             text.lines().filter(|l| !l.starts_with('#')).count(),
-            3 + 1 + 2 * 2
+            3 + 1 + 1 + 2 * 2 + 1,
+            "status, instances, expiry; two edges' requests and errors; one mismatch"
         );
     }
 

@@ -46,8 +46,85 @@ fn tls_lines(side: &SidecarEvidence) -> Vec<String> {
         .collect()
 }
 
+/// What the catalog's identity inventory says of the hop before any stats or log
+/// is read: a SAN the caller requires and the target does not present, or a
+/// certificate on either side that is expired or not valid yet. `None` when it
+/// predicts no failure.
+fn predicted(input: &DiagnosisInput) -> Option<Outcome> {
+    const NAME: StepName = StepName::Mtls;
+    let id = input.identity.as_ref()?;
+    let (caller, target) = (id.caller.as_str(), input.cluster.as_str());
+    let owned = |owner: &str| {
+        if owner.is_empty() {
+            "no owner registered".to_owned()
+        } else {
+            format!("owner {owner}")
+        }
+    };
+    let owners = format!(
+        "caller {caller} ({}), target {target} ({})",
+        owned(&id.caller_owner),
+        owned(&id.target_owner)
+    );
+    if let Some(tls) = id.tls.as_ref().filter(|t| !t.matches) {
+        let expected = tls.expected_sans.join(", ");
+        let presented = tls.presented_sans.join(", ");
+        return Some(outcome(
+            NAME,
+            Verdict::Fail,
+            vec![
+                format!("{caller} requires of {target} a SAN matching: {expected}"),
+                format!("{target}'s live instances present: {presented}"),
+                owners.clone(),
+            ],
+            SAN_ACTION,
+            format!(
+                "{caller}'s sidecars require a SAN matching {expected} but {target}'s certificates present {presented}: the handshake fails ({owners})."
+            ),
+        ));
+    }
+    let bad = |side: &str, (instance, i): &(String, meshcat_common::identity::InstanceIdentity)| {
+        let not_yet = i.valid_from_ms.is_some_and(|t| t > id.read_at_ms);
+        let expired = i.state == meshcat_common::identity::CertState::Expired;
+        (expired || not_yet).then(|| {
+            let serial = i.serial.as_deref().unwrap_or("?");
+            let at = meshcat_common::identity::rfc3339;
+            let when = if expired {
+                format!("expired at {}", at(i.expires_at_ms.unwrap_or(0)))
+            } else {
+                format!("not valid until {}", at(i.valid_from_ms.unwrap_or(0)))
+            };
+            format!("{side} {instance}: certificate {serial} {when}")
+        })
+    };
+    let found: Vec<String> = id
+        .callers
+        .iter()
+        .filter_map(|i| bad(caller, i))
+        .chain(id.targets.iter().filter_map(|i| bad(target, i)))
+        .collect();
+    if found.is_empty() {
+        return None;
+    }
+    let named = found.first().cloned().unwrap_or_default();
+    let mut evidence = found;
+    evidence.push(owners.clone());
+    Some(outcome(
+        NAME,
+        Verdict::Fail,
+        evidence,
+        EXPIRED_ACTION,
+        format!("{named}: its peers refuse it in the handshake ({owners})."),
+    ))
+}
+
+const EXPIRED_ACTION: &str = "Replace the certificate: with the workload identity system, check that it still rotates (meshcat certs lists rotation-overdue certificates); for a certificate from a file, issue a new one and reload the sidecar.";
+
 pub(super) fn mtls(input: &DiagnosisInput) -> Outcome {
     const NAME: StepName = StepName::Mtls;
+    if let Some(o) = predicted(input) {
+        return o;
+    }
     let mut evidence = Vec::new();
     let mut failures = Vec::new();
     let mut secrets_missing = false;

@@ -19,6 +19,8 @@ use tracing::{debug, warn};
 
 use crate::history::LeftReason;
 use crate::store::peers::{Dropped, shown};
+use meshcat_common::identity::IdentityReport;
+
 use crate::store::{Member, Membership, RemoteInstance, Rules};
 use meshcat_common::validate::{is_valid_instance, is_valid_name};
 
@@ -40,6 +42,11 @@ pub struct Published {
     /// withdrawn: peers record why (a withdrawal alone says nothing).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub left: Option<LeftReason>,
+    /// The instance's certificates (without its SAN expectations, which stay with
+    /// the replica whose agent reports them), so every replica answers the same
+    /// identity inventory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<IdentityReport>,
 }
 
 impl Published {
@@ -52,6 +59,7 @@ impl Published {
             || self.start_time_ms != before.start_time_ms
             || self.reachable != before.reachable
             || self.config_hash != before.config_hash
+            || self.identity != before.identity
             || erroring(self) != erroring(before)
     }
 
@@ -67,6 +75,7 @@ impl Published {
             window_errors: self.window_errors,
             config_hash: self.config_hash,
             config_hashes: self.config_hashes,
+            identity: self.identity,
         }
     }
 }
@@ -84,6 +93,15 @@ pub fn check(zone: &str, cluster: &str, instance: &str, p: &Published) -> Result
                 shown(cluster),
                 shown(instance)
             ),
+        ));
+    }
+    if p.identity
+        .as_ref()
+        .is_some_and(|i| i.over_bound(0).is_some() || !i.expectations.is_empty())
+    {
+        return Err(Dropped::new(
+            "invalid_identity",
+            format!("identity of instance {zone}/{cluster}/{instance}"),
         ));
     }
     if !is_valid_name(&p.owner) {
@@ -151,6 +169,7 @@ impl Membership for EtcdMembership {
                 config_hash: m.config_hash.map(str::to_owned),
                 config_hashes: m.config_hashes.clone(),
                 left: None,
+                identity: m.identity.map(|h| h.published()),
             },
         ));
     }
@@ -437,6 +456,7 @@ mod tests {
             config_hash: None,
             config_hashes: BTreeMap::new(),
             left: None,
+            identity: None,
         }
     }
 
