@@ -18,6 +18,9 @@ pub struct Tls {
     pub identity: Identity,
     /// Client side: the SAN the server must present (none: any trusted certificate).
     pub expect_san: Option<String>,
+    /// Client side: a URI SAN (a SPIFFE ID) the server must present, beside or
+    /// instead of `expect_san`.
+    pub expect_uri: Option<String>,
 }
 
 impl Tls {
@@ -26,14 +29,27 @@ impl Tls {
             ca_file: certs.ca_file.clone(),
             identity,
             expect_san: expect_san.map(str::to_owned),
+            expect_uri: None,
         }
+    }
+
+    /// The same, the client side requiring the URI SAN `uri` of the server.
+    pub fn expecting_uri(mut self, uri: &str) -> Self {
+        self.expect_uri = Some(uri.to_owned());
+        self
     }
 
     fn common(&self) -> Value {
         let mut validation = json!({"trusted_ca": {"filename": self.ca_file}});
+        let mut matchers = Vec::new();
         if let Some(san) = &self.expect_san {
-            validation["match_typed_subject_alt_names"] =
-                json!([{"san_type": "DNS", "matcher": {"exact": san}}]);
+            matchers.push(json!({"san_type": "DNS", "matcher": {"exact": san}}));
+        }
+        if let Some(uri) = &self.expect_uri {
+            matchers.push(json!({"san_type": "URI", "matcher": {"exact": uri}}));
+        }
+        if !matchers.is_empty() {
+            validation["match_typed_subject_alt_names"] = json!(matchers);
         }
         json!({
             "tls_certificates": [{
