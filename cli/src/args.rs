@@ -71,6 +71,10 @@ pub enum Command {
     /// Show each sidecar's sync with its zone's control server, in the manner of
     /// `istioctl proxy-status`. Exits 1 when a sidecar listed is stale or rejected.
     Sync(SyncArgs),
+    /// List the mesh's workload certificates, soonest expiry first. Exits 1 when a
+    /// listed certificate is expired, rotation-overdue, or expiring (by the
+    /// aggregator's --cert-warning, or within --expiring).
+    Certs(CertsArgs),
     /// Check the mesh in the manner of `linkerd check`: API reachable and ready,
     /// versions, token, agents per zone, clusters down or drifted, agent rejections,
     /// control servers connected, sidecars in sync. Exits 1 when an item fails.
@@ -359,6 +363,32 @@ impl SyncStateArg {
             SyncStateArg::Unknown => "unknown",
         }
     }
+}
+
+#[derive(Debug, Args)]
+pub struct CertsArgs {
+    /// Only this zone's instances.
+    #[arg(long)]
+    pub zone: Option<String>,
+    /// Only this cluster's instances.
+    #[arg(long)]
+    pub cluster: Option<String>,
+    /// Only certificates that expire within this time (`7d`, `36h`), the expired
+    /// ones included; each listed one then fails the command.
+    #[arg(long, value_parser = parse_positive_duration)]
+    pub expiring: Option<Duration>,
+    /// table: one row per certificate; wide: with serial, secret, start and owner;
+    /// json, yaml: the API's answer.
+    #[arg(short, long, value_enum, default_value = "table")]
+    pub output: CertsFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CertsFormat {
+    Table,
+    Wide,
+    Json,
+    Yaml,
 }
 
 #[derive(Debug, Args)]

@@ -4,6 +4,7 @@
 //! functions tested beside them.
 
 pub mod apply;
+pub mod certs;
 pub mod check;
 pub mod delete;
 pub mod describe;

@@ -72,6 +72,7 @@ async fn execute(cli: Cli, out: &mut dyn Write) -> Result<(), CliError> {
         Command::History(a) => cmd::history::run(&ctx, a, out).await,
         Command::Watch(a) => cmd::watch::run(&ctx, a, out).await,
         Command::Sync(a) => cmd::sync::run(&ctx, a, out).await,
+        Command::Certs(a) => cmd::certs::run(&ctx, a, out).await,
         Command::Check => cmd::check::run(&ctx, out).await,
         Command::Diagnose(a) => cmd::diagnose::run(&ctx, a, out).await,
         Command::Completion { .. } | Command::Inject(_) => unreachable!("answered above"),

@@ -653,8 +653,8 @@ async fn describe(api: &str) {
     );
     assert_eq!(
         cells[3..],
-        ["agent", "unknown"],
-        "source and sync: {instance}"
+        ["agent", "unknown", "none"],
+        "source, sync and identity (a sidecar without TLS): {instance}"
     );
     let r = run(&[
         "--api", api, "describe", "cluster", "nope", "--zone", "shop",
@@ -1386,4 +1386,123 @@ async fn inject_refuses_bad_input_and_prints_nothing() {
         let r = run(args).await;
         assert_eq!(r.code, 2, "{args:?}: {r:?}");
     }
+}
+
+/// `meshcat certs` and the identity item of `check` against real Envoys whose
+/// certificates the test issues: one expires within the warning, the other is good
+/// for months. The listing passes on what is fine and fails (exit 1), naming it, on
+/// what needs action, whatever the format.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn certs_names_the_certificates_that_need_action() {
+    use meshcat_tests::certs::CertSpec;
+    use meshcat_tests::{Bootstrap, Envoy, MeshCerts, Upstream};
+    const DAY: Duration = Duration::from_secs(86_400);
+    let dir = tempfile::tempdir().unwrap();
+    let certs = MeshCerts::new(dir.path(), "cli").unwrap();
+    let catalog = Catalog::start(|c| c.control.enabled = false).await.unwrap();
+    let api = catalog.api_url();
+    catalog.register_zone("shop", "").await.unwrap();
+    let upstream = Upstream::start().await.unwrap();
+    let mut envoys = Vec::new();
+    let mut agents = Vec::new();
+    for (cluster, left) in [("orders", 3 * DAY), ("payments", 90 * DAY)] {
+        catalog
+            .register_cluster("shop", cluster, json!({"owner": format!("{cluster}-team")}))
+            .await
+            .unwrap();
+        let id = certs
+            .issue(&CertSpec::valid_for(
+                cluster,
+                &format!("{cluster}.shop"),
+                &format!("spiffe://shop.local/ns/shop/sa/{cluster}"),
+                left,
+            ))
+            .unwrap();
+        let envoy = Envoy::start(Bootstrap::service_sidecar(
+            upstream.addr,
+            Some(meshcat_tests::bootstrap::Tls::new(&certs, id, None)),
+        ))
+        .await
+        .unwrap();
+        let args =
+            catalog.sidecar_agent_args(&envoy, "shop", cluster, &format!("{cluster}-1"), "300ms");
+        agents.push(MeshAgent::start(&args).await.unwrap());
+        envoys.push(envoy);
+    }
+    wait_for("both chains listed", DEADLINE, || async {
+        let (_, rows) = catalog.get("/certificates").await.ok()?;
+        (rows
+            .as_array()?
+            .iter()
+            .filter(|r| r["role"] == "chain")
+            .count()
+            == 2)
+            .then_some(())
+    })
+    .await
+    .unwrap();
+
+    let r = run(&["--api", &api, "certs", "--zone", "shop"]).await;
+    assert_eq!(r.code, 1, "{r:?}");
+    let lines = r.lines();
+    assert!(lines[0].starts_with("ZONE "), "{r:?}");
+    let orders = lines
+        .iter()
+        .position(|l| l.contains("orders-1") && l.contains("chain"))
+        .unwrap();
+    let payments = lines
+        .iter()
+        .position(|l| l.contains("payments-1") && l.contains("chain"))
+        .unwrap();
+    assert!(orders < payments, "soonest expiry first: {r:?}");
+    assert!(lines[orders].contains("expiring"), "{r:?}");
+    assert!(
+        r.err.contains("1 of 4 certificates needs action (0 expired, 0 rotation-overdue, 1 expiring): shop/orders/orders-1 chain (expiring, "),
+        "{r:?}"
+    );
+    // What is fine passes; a window that reaches it fails, in JSON too.
+    let r = run(&["--api", &api, "certs", "--cluster", "payments"]).await;
+    assert_eq!(r.code, 0, "{r:?}");
+    let r = run(&[
+        "--api",
+        &api,
+        "certs",
+        "--cluster",
+        "payments",
+        "--expiring",
+        "120d",
+        "-o",
+        "json",
+    ])
+    .await;
+    assert_eq!(r.code, 1, "{r:?}");
+    let rows: Value = serde_json::from_str(&r.out).unwrap();
+    assert_eq!(rows[0]["clusterName"], "payments", "{rows}");
+    let wide = run(&["--api", &api, "certs", "-o", "wide", "--cluster", "orders"]).await;
+    assert!(
+        wide.out.contains("orders-team") && wide.out.contains("SERIAL"),
+        "{wide:?}"
+    );
+    let bad = run(&["--api", &api, "certs", "--expiring", "soon"]).await;
+    assert_eq!(bad.code, 2, "{bad:?}");
+
+    let check = run(&["--api", &api, "check"]).await;
+    assert_eq!(check.code, 1, "{check:?}");
+    assert!(
+        check.out.contains(
+            "[FAIL] no certificate expired, rotation-overdue or expiring: 1 certificate: shop/orders/orders-1 chain (expiring)"
+        ),
+        "{check:?}"
+    );
+    let describe = run(&[
+        "--api", &api, "describe", "cluster", "orders", "--zone", "shop",
+    ])
+    .await;
+    assert!(
+        describe
+            .out
+            .contains("Identity:         expiring, expires "),
+        "{describe:?}"
+    );
+    drop((agents, envoys));
 }

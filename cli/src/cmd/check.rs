@@ -82,12 +82,17 @@ pub async fn run(ctx: &Ctx, out: &mut dyn Write) -> Result<(), CliError> {
         let answer = control::read_sync(&ctx.api, None, None, Some(state)).await?;
         control::sync_answer(&answer)
     };
-    let (down, graph, controls, stale, rejected) = tokio::join!(
+    let certificates = Call::new(&["certificates"])
+        .q("state", "expired")
+        .q("state", "rotation-overdue")
+        .q("state", "expiring");
+    let (down, graph, controls, stale, rejected, certificates) = tokio::join!(
         ctx.api.get(&down),
         ctx.api.get(&graph),
         control::read_controls(&ctx.api, &zones),
         sync("stale"),
         sync("rejected"),
+        ctx.api.get(&certificates),
     );
     let mut items = items(
         &status,
@@ -102,6 +107,7 @@ pub async fn run(ctx: &Ctx, out: &mut dyn Write) -> Result<(), CliError> {
             .collect(),
     ));
     items.push(sync_item(refusal(stale), refusal(rejected)));
+    items.push(identity_item(refusal(certificates)));
     emit(out, &lines(&items))?;
     let fails = items.iter().filter(|i| i.verdict == Verdict::Fail).count();
     emit(
@@ -239,6 +245,61 @@ pub fn sync_item(stale: Read<SyncAnswer>, rejected: Read<SyncAnswer>) -> Item {
     });
     let refs: Vec<&Proxy> = failing.iter().collect();
     item(Verdict::Fail, name, super::sync::summary(&refs))
+}
+
+/// "no certificate expired, rotation-overdue or expiring", from `GET /certificates`
+/// with those states: the certificates named, the first few, with their state.
+/// Without the read token, or against an aggregator without `/certificates`, not
+/// checked (a warning).
+pub fn identity_item(answer: Read<Value>) -> Item {
+    let name = "no certificate expired, rotation-overdue or expiring";
+    let rows = match answer {
+        Ok(rows) => rows,
+        Err((Some(403), _)) => {
+            return item(
+                Verdict::Warn,
+                name,
+                "not checked: certificates are live data and need the read token",
+            );
+        }
+        Err((Some(404), _)) => {
+            return item(
+                Verdict::Warn,
+                name,
+                "not checked: the aggregator is older than this meshcat (no GET /certificates)",
+            );
+        }
+        Err((_, why)) => return item(Verdict::Fail, name, format!("cannot tell: {why}")),
+    };
+    let listed: Vec<String> = rows
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            format!(
+                "{}/{}/{} {} ({})",
+                s(r, "zoneName"),
+                s(r, "clusterName"),
+                s(r, "instance"),
+                s(r, "role"),
+                s(r, "state")
+            )
+        })
+        .collect();
+    if listed.is_empty() {
+        item(Verdict::Ok, name, "")
+    } else {
+        item(
+            Verdict::Fail,
+            name,
+            format!(
+                "{} certificate{}: {}",
+                listed.len(),
+                plural(listed.len() as u64),
+                names(&listed)
+            ),
+        )
+    }
 }
 
 /// The error naming every failed item.
@@ -523,6 +584,35 @@ fn token(status: &Value) -> Item {
             name,
             "none needed to read (writes need the write token)",
         ),
+    }
+}
+
+#[cfg(test)]
+mod identity_tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn certificates_that_need_action_fail_the_item() {
+        assert_eq!(identity_item(Ok(json!([]))).verdict, Verdict::Ok);
+        let failing = identity_item(Ok(json!([
+            {"zoneName": "shop", "clusterName": "orders", "instance": "orders-1",
+             "role": "chain", "state": "expired"}
+        ])));
+        assert_eq!(failing.verdict, Verdict::Fail);
+        assert_eq!(
+            failing.detail,
+            "1 certificate: shop/orders/orders-1 chain (expired)"
+        );
+        assert_eq!(
+            identity_item(Err((Some(403), "forbidden".into()))).verdict,
+            Verdict::Warn
+        );
+        assert_eq!(
+            identity_item(Err((Some(500), "boom".into()))).verdict,
+            Verdict::Fail
+        );
     }
 }
 

@@ -185,6 +185,9 @@ pub fn describe(view: &Value, sections: &Sections, now: i64, width: Option<usize
             status_reason(view)
         ),
     );
+    if let Some(id) = view["identity"].as_object() {
+        field(&mut out, "Identity:", &identity(id, now));
+    }
     let entries: &[HistoryEntry] = sections.history.as_deref().unwrap_or_default();
     if let Some(change) = entries.iter().find(|e| e.kind == "status-changed") {
         field(
@@ -214,7 +217,7 @@ pub fn describe(view: &Value, sections: &Sections, now: i64, width: Option<usize
             .iter()
             .map(|p| (render::clean_lines(&p.instance), p))
             .collect();
-        let mut t = Table::new(&["NAME", "STARTED", "AGE", "SOURCE", "SYNC"]);
+        let mut t = Table::new(&["NAME", "STARTED", "AGE", "SOURCE", "SYNC", "IDENTITY"]);
         let mut details = Vec::new();
         for i in instances {
             let start = i["startTime"].as_i64().unwrap_or(0);
@@ -225,12 +228,19 @@ pub fn describe(view: &Value, sections: &Sections, now: i64, width: Option<usize
             };
             let proxy = proxies.get(name);
             let state = proxy.map_or("-", |p| p.state.as_str());
+            let id_state = match s(&i["identity"], "state") {
+                "" => "-",
+                other => other,
+            };
+            let id_style = meshcat_common::identity::CertState::parse(id_state)
+                .map_or(render::PLAIN, super::certs::state_style);
             t.row(vec![
                 name.into(),
                 render::time(start).into(),
                 render::age(start, now).into(),
                 source.into(),
                 Cell::styled(state, render::sync_style(state)),
+                Cell::styled(id_state, id_style),
             ]);
             if let Some(p) = proxy.filter(|p| !matches!(p.state.as_str(), "synced" | "unknown")) {
                 details.push(format!(
@@ -320,6 +330,36 @@ pub fn describe(view: &Value, sections: &Sections, now: i64, width: Option<usize
         }
     }
     out
+}
+
+/// The cluster's identity in words: its state, its soonest expiry and its SPIFFE
+/// IDs.
+fn identity(id: &serde_json::Map<String, Value>, now: i64) -> String {
+    let state = id.get("state").and_then(Value::as_str).unwrap_or("none");
+    let mut words = paint(
+        meshcat_common::identity::CertState::parse(state)
+            .map_or(render::PLAIN, super::certs::state_style),
+        state,
+    );
+    if let Some(at) = id.get("expiresAtMs").and_then(Value::as_i64) {
+        let when = if at <= now {
+            format!("expired {} ago", render::age(at, now))
+        } else {
+            format!("in {}", render::age(now, at))
+        };
+        let _ = write!(words, ", expires {} ({when})", render::time(at));
+    }
+    let ids: Vec<&str> = id
+        .get("spiffeIds")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    if !ids.is_empty() {
+        let _ = write!(words, ", {}", ids.join(" "));
+    }
+    words
 }
 
 /// What the zone's control server declares of the cluster, in words.
@@ -492,6 +532,9 @@ mod tests {
         let now = 1_700_000_600_000;
         let mut v = view("stable", 2, 1, 0);
         v["controlPlane"] = json!({"declared": true, "endpoints": 3, "healthyEndpoints": 2});
+        v["identity"] = json!({"state": "expiring", "expiresAtMs": now + 2 * 86_400_000,
+            "spiffeIds": ["spiffe://local/sa/catalog"]});
+        v["instances"][0]["identity"] = json!({"state": "expiring"});
         let text = anstream::adapter::strip_str(&describe(&v, &sections, now, None)).to_string();
         for want in [
             "Cluster:          catalog\n",
@@ -503,7 +546,8 @@ mod tests {
             "Status:           stable (2 live instances within",
             "Last change:      5m ago, down -> stable: 1 live instance\n",
             "Control plane:    declared, 3 endpoints (2 healthy)\n",
-            "Instances (2):\n  NAME        STARTED                AGE   SOURCE   SYNC\n  catalog-0   2023-11-14T22:13:20Z   10m   agent    synced\n  catalog-1   2023-11-14T22:13:20Z   10m   agent    stale\n",
+            "Instances (2):\n  NAME        STARTED                AGE   SOURCE   SYNC     IDENTITY\n  catalog-0   2023-11-14T22:13:20Z   10m   agent    synced   expiring\n  catalog-1   2023-11-14T22:13:20Z   10m   agent    stale    -\n",
+            "Identity:         expiring, expires 2023-11-16T22:23:20Z (in 2d), spiffe://local/sa/catalog\n",
             "Sync:\n  catalog-1 stale since 2023-11-14T22:18:20Z: cluster ledger: 1 missing (10.0.0.7:8080), 0 extra, since 22:18:20\\u{1b}[2J\n",
             "Callers (1):\n  FROM         TRAFFIC\n  local/edge   12 requests (0.2/s), 0 errors (0.0%), p50 1ms, p99 4ms, plaintext, observed, declared\n",
             "Callees (1):\n  TO             TRAFFIC\n  local/ledger   0 requests",
@@ -565,7 +609,7 @@ mod tests {
             .to_string();
         for want in [
             "Control plane:    not declared by the zone's control server\n",
-            "  NAME            STARTED                AGE   SOURCE           SYNC\n  10.0.0.7:8080   2023-11-14T22:13:20Z   60s   control-server   -\n",
+            "  NAME            STARTED                AGE   SOURCE           SYNC   IDENTITY\n  10.0.0.7:8080   2023-11-14T22:13:20Z   60s   control-server   -      -\n",
             "Sync: unavailable: GET /sync: A read token is configured (403 forbidden)\n",
         ] {
             assert!(text.contains(want), "{want:?} in:\n{text}");

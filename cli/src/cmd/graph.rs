@@ -18,9 +18,16 @@ use crate::render::{self, Cell, Table, or_dash, s};
 /// marks no edge.
 pub fn failing(graph: &Value, edge: &Value) -> bool {
     let ratio = edge["errorRatio"].as_f64().unwrap_or(0.0);
-    graph["errorRatioWarning"]
-        .as_f64()
-        .is_some_and(|warning| ratio > warning)
+    tls_mismatch(edge)
+        || graph["errorRatioWarning"]
+            .as_f64()
+            .is_some_and(|warning| ratio > warning)
+}
+
+/// Whether the edge's caller requires SANs its target does not present: a
+/// predicted mTLS failure (contract section 19).
+pub fn tls_mismatch(edge: &Value) -> bool {
+    edge["tlsIdentity"]["match"] == Value::Bool(false)
 }
 
 pub async fn run(ctx: &Ctx, args: GraphArgs, out: &mut dyn Write) -> Result<(), CliError> {
@@ -123,6 +130,25 @@ pub fn edge_words(e: &Value, window_seconds: u64) -> String {
     } else {
         ", plaintext"
     });
+    if tls_mismatch(e) {
+        let sans = |key: &str| {
+            e["tlsIdentity"][key]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(Value::as_str)
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                })
+                .unwrap_or_default()
+        };
+        let _ = write!(
+            w,
+            ", SAN mismatch (expects {}, presented {})",
+            sans("expectedSans"),
+            sans("presentedSans")
+        );
+    }
     if e["observed"] == Value::Bool(true) {
         w.push_str(", observed");
     } else {
