@@ -137,6 +137,10 @@ team-payments alertname=MeshcatClusterWarning severity=warning owner=team-paymen
 owner-channel alertname=MeshcatEdgeErrorRatioHigh severity=warning owner=team-orders owner_of=source
 platform alertname=MeshcatReplicaNotReady severity=critical owner=platform
 platform alertname=MeshcatEdgeErrorRatioHigh severity=warning
+team-payments-pager alertname=MeshcatCertificateExpired severity=critical owner=team-payments
+owner-channel alertname=MeshcatCertificateExpiringSoon severity=warning owner=team-orders
+platform alertname=MeshcatCertificateRotationOverdue severity=critical owner=platform
+owner-channel alertname=MeshcatTlsSanMismatch severity=warning owner=team-edge
 ROUTES
 
 echo "check-monitoring: OK: rules checked and unit-tested, dashboard queries valid, generated copies current, routing example valid"

@@ -1095,6 +1095,7 @@ mod tests {
             instances: 1,
             drifted: false,
             cert_expires_ms: None,
+            identity_state: meshcat_common::identity::CertState::None,
         }
     }
 

@@ -76,6 +76,10 @@ pub struct Node {
     /// the epoch), for `meshcat_certificate_expiry_timestamp_seconds`; not shown.
     #[serde(skip)]
     pub cert_expires_ms: Option<i64>,
+    /// The worst identity state of its live instances, for `meshcat_cluster_identity`;
+    /// not shown.
+    #[serde(skip)]
+    pub identity_state: meshcat_common::identity::CertState,
 }
 
 /// Calls from one node to another.
@@ -444,6 +448,7 @@ fn external_node(zone: &str, upstream: &str) -> Node {
         instances: 0,
         drifted: false,
         cert_expires_ms: None,
+        identity_state: meshcat_common::identity::CertState::None,
     }
 }
 
@@ -460,6 +465,7 @@ fn declared_node(zone: &str, cluster: &str) -> Node {
         instances: 0,
         drifted: false,
         cert_expires_ms: None,
+        identity_state: meshcat_common::identity::CertState::None,
     }
 }
 
@@ -488,6 +494,7 @@ pub fn build(store: &Store, traffic: &Traffic, now: Instant, counters: Counters)
             instances: f.instances,
             drifted: f.drifted,
             cert_expires_ms: f.cert_expires_ms,
+            identity_state: f.identity_state,
         });
     }
     // One view for every walk: a peer's summary replaced meanwhile shows in the

@@ -350,12 +350,7 @@ pub const MAX_SPIFFE_IDS: usize = 32;
 /// A cluster's identity at `now_ms`, over its live reported instances.
 pub fn cluster_identity(e: &Entry, rules: &IdentityRules, now_ms: i64) -> ClusterIdentity {
     let mut spiffe_ids = BTreeSet::new();
-    let mut state: Option<CertState> = None;
     for i in e.instances.values().filter(|i| i.is_live()) {
-        let s = state_of(i, rules, now_ms);
-        if state.is_none_or(|w| s.severity() > w.severity()) {
-            state = Some(s);
-        }
         let Some(h) = i.identity.as_deref() else {
             continue;
         };
@@ -367,7 +362,7 @@ pub fn cluster_identity(e: &Entry, rules: &IdentityRules, now_ms: i64) -> Cluste
     }
     ClusterIdentity {
         spiffe_ids: spiffe_ids.into_iter().map(str::to_owned).collect(),
-        state: state.unwrap_or(CertState::None),
+        state: worst_state(e, rules, now_ms),
         expires_at_ms: soonest_expiry(e, rules, now_ms),
     }
 }
@@ -380,6 +375,16 @@ pub fn soonest_expiry(e: &Entry, rules: &IdentityRules, now_ms: i64) -> Option<i
         .filter_map(|i| i.identity.as_deref()?.identity_cert(rules, now_ms))
         .map(|c| c.expires_at_ms)
         .min()
+}
+
+/// The worst identity state of `e`'s live instances (`none` without any).
+pub fn worst_state(e: &Entry, rules: &IdentityRules, now_ms: i64) -> CertState {
+    e.instances
+        .values()
+        .filter(|i| i.is_live())
+        .map(|i| state_of(i, rules, now_ms))
+        .max_by_key(|s| s.severity())
+        .unwrap_or(CertState::None)
 }
 
 /// What the graph needs of a cluster's identity: the SANs each live instance

@@ -64,6 +64,8 @@ pub struct ClusterFacts {
     /// The soonest expiry of its live instances' identity certificates, ms since
     /// the epoch.
     pub cert_expires_ms: Option<i64>,
+    /// The worst identity state of its live instances.
+    pub identity_state: meshcat_common::identity::CertState,
 }
 
 /// Serialized bodies with their generation, by [`Cached::slot`].
@@ -341,6 +343,7 @@ impl Store {
                     drifted: super::drift::drifted(e.instances.values()),
                     tls: super::identity::ClusterTls::of(e),
                     cert_expires_ms: super::identity::soonest_expiry(e, &rules, now_ms),
+                    identity_state: super::identity::worst_state(e, &rules, now_ms),
                     dependencies: record
                         .map(|r| {
                             r.dependencies

@@ -62,6 +62,13 @@ pub const CERTIFICATE_EXPIRY: Family = Family {
     help: "When the soonest-expiring identity certificate of each registered cluster's live instances expires, in seconds since the epoch (no series without one).",
 };
 
+/// `meshcat_cluster_identity{zone,cluster,owner,state}`.
+pub const CLUSTER_IDENTITY: Family = Family {
+    name: "meshcat_cluster_identity",
+    kind: "gauge",
+    help: "Identity state of each registered cluster whose live instances hold certificates: 1 for the worst state of its instances (ok, expiring, rotation-overdue, expired, none), 0 for the others.",
+};
+
 /// `meshcat_edge_tls_san_mismatch{source_zone,source,target_zone,target,owner}`.
 pub const EDGE_TLS_MISMATCH: Family = Family {
     name: "meshcat_edge_tls_san_mismatch",
@@ -112,10 +119,11 @@ pub fn render_sync(
 }
 
 /// Every family, in the order they are rendered.
-pub const FAMILIES: [Family; 6] = [
+pub const FAMILIES: [Family; 7] = [
     CLUSTER_STATUS,
     CLUSTER_INSTANCES,
     CERTIFICATE_EXPIRY,
+    CLUSTER_IDENTITY,
     EDGE_REQUESTS,
     EDGE_ERRORS,
     EDGE_TLS_MISMATCH,
@@ -160,6 +168,16 @@ pub fn render(graph: &Built, out: &mut Vec<u8>) {
         if let Some(ms) = n.cert_expires_ms {
             sample(out, CERTIFICATE_EXPIRY.name, l, None);
             value(out, u64::try_from(ms / 1000).unwrap_or(0));
+        }
+    }
+    header(out, &CLUSTER_IDENTITY);
+    for (n, l) in clusters.iter().zip(&labels) {
+        if n.cert_expires_ms.is_none() {
+            continue;
+        }
+        for s in meshcat_common::identity::CertState::ALL {
+            sample(out, CLUSTER_IDENTITY.name, l, Some(("state", s.as_str())));
+            value(out, u64::from(n.identity_state == s));
         }
     }
     let edge_labels: Vec<Vec<u8>> = graph
@@ -275,6 +293,7 @@ mod tests {
             instances: 2,
             drifted: false,
             cert_expires_ms: None,
+            identity_state: meshcat_common::identity::CertState::None,
         }
     }
 
@@ -293,6 +312,7 @@ mod tests {
         // needs escaping, an external service and a cluster nobody registered.
         let mut a = node("z", "a", "cluster", "team \"a\"\\ops");
         a.cert_expires_ms = Some(1_796_110_222_500);
+        a.identity_state = meshcat_common::identity::CertState::Expiring;
         let mut to_b = link(0, 2, 7, 0);
         to_b.tls_at = 0;
         let graph = Built {
@@ -325,6 +345,8 @@ mod tests {
             format!(
                 r#"meshcat_edge_tls_san_mismatch{{source_zone="z",source="a",target_zone="z",target="b",{owner}}} 1"#
             ),
+            format!(r#"meshcat_cluster_identity{{zone="z",cluster="a",{owner},state="expiring"}} 1"#),
+            format!(r#"meshcat_cluster_identity{{zone="z",cluster="a",{owner},state="ok"}} 0"#),
             r#"meshcat_edge_requests_total{source_zone="z",source="a",target_zone="z",target="external:api.example"} 30"#.into(),
             r#"meshcat_edge_errors_total{source_zone="z",source="a",target_zone="z",target="external:api.example"} 3"#.into(),
             r#"meshcat_edge_requests_total{source_zone="z",source="a",target_zone="z",target="b"} 7"#.into(),
@@ -340,8 +362,8 @@ mod tests {
         assert_eq!(text.matches("# TYPE ").count(), FAMILIES.len());
         assert_eq!(
             text.lines().filter(|l| !l.starts_with('#')).count(),
-            3 + 1 + 1 + 2 * 2 + 1,
-            "status, instances, expiry; two edges' requests and errors; one mismatch"
+            3 + 1 + 1 + 5 + 2 * 2 + 1,
+            "status, instances, expiry, identity; two edges' requests and errors; one mismatch"
         );
     }
 
