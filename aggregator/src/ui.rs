@@ -50,6 +50,7 @@ const ASSETS: &[Asset] = &[
     asset!("graph-draw.js", JAVASCRIPT),
     asset!("history.js", JAVASCRIPT),
     asset!("control.js", JAVASCRIPT),
+    asset!("identity.js", JAVASCRIPT),
     asset!("style.css", "text/css; charset=utf-8"),
     asset!("favicon.svg", "image/svg+xml"),
 ];

@@ -7,10 +7,11 @@
 // control.js. Every element tests rely on carries the data-testid of the contract.
 
 import { ApiError, Catalog, call, clusterKey, enc, setToken, sleep, token } from "./live.js";
-import { STATUS_ICON, badge, fmtInt, fmtNum, h } from "./dom.js";
+import { STATUS_ICON, badge, fmtInt, fmtLeft, fmtNum, h, identityBadge } from "./dom.js";
 import { ClusterCalls, GraphPage, graphHash, parseGraphHash } from "./graph.js";
 import { ClusterHistory, entryItem } from "./history.js";
 import { ClusterSync, ZoneControls } from "./control.js";
+import { ExpiringList, identityLine } from "./identity.js";
 
 const $ = (id) => document.getElementById(id);
 const VERDICT_ICON = { pass: "\u2714", fail: "\u2716", skipped: "\u2013" };
@@ -175,12 +176,21 @@ function renderRows() {
   }
 }
 
+/** A cluster's identity cell: its state and how long its soonest certificate has. */
+function identityCell(c) {
+  const id = c.identity;
+  if (!id) return "\u2014";
+  if (!Number.isFinite(id.expiresAtMs)) return identityBadge(id.state);
+  return h("span", { title: `soonest expiry ${new Date(id.expiresAtMs).toISOString()}` },
+    identityBadge(id.state), " ", fmtLeft(id.expiresAtMs));
+}
+
 function row(c, i) {
   const n = (c.instances || []).length;
   return h("div", {
     role: "row", class: "row", tabindex: i === view.focus ? "0" : "-1",
     "aria-rowindex": String(i + 2),
-    dataset: { testid: "cluster-row", cluster: c.clusterName, zone: c.zoneName, status: c.status, index: String(i) },
+    dataset: { testid: "cluster-row", cluster: c.clusterName, zone: c.zoneName, status: c.status, identity: c.identity ? c.identity.state : "", index: String(i) },
     on: { click: () => { view.focus = i; openCluster(c); } },
   },
   h("span", { role: "gridcell", class: "c-name" }, c.clusterName,
@@ -190,6 +200,7 @@ function row(c, i) {
   h("span", { role: "gridcell", class: "c-cap" }, c.capability || ""),
   h("span", { role: "gridcell", class: "c-ver" }, c.version || ""),
   h("span", { role: "gridcell", class: "c-status" }, badge(c.status)),
+  h("span", { role: "gridcell", class: "c-identity" }, identityCell(c)),
   h("span", { role: "gridcell", class: "c-inst" }, c.authorized === false ? "\u2014" : String(n)),
   h("span", { role: "gridcell", class: "c-impact" }, c.businessImpact || ""));
 }
@@ -359,6 +370,7 @@ function route() {
   if (!m) $("cluster-page").replaceChildren();
   if (!graph) $("graph-page").replaceChildren();
   if (m || graph) $("zones").replaceChildren();
+  else expiring.changed();
   if (m) {
     page = new ClusterPage(decodeURIComponent(m[1]), decodeURIComponent(m[2]));
     window.scrollTo(0, 0);
@@ -476,11 +488,12 @@ class ClusterPage {
           this.sync.fill(i.name, st.sync, st.syncDetail);
         }
         head.append(h("span", {}, "started ", st.started), h("span", {}, "age ", st.age));
+        st.identity = h("div", { class: "inst-id" });
         if (source === "agent") {
           st.metrics = h("div", { dataset: { testid: "instance-metrics", instance: i.name } }, h("p", { class: "muted" }, "Reading metrics\u2026"));
           st.level = this.levelControl(i.name);
           st.el = h("article", { class: "card", dataset: { testid: "instance-row", instance: i.name } },
-            head, from, st.syncDetail, st.metrics, st.level);
+            head, from, st.identity, st.syncDetail, st.metrics, st.level);
         } else {
           // No agent reports it: an endpoint the control server lists, with no
           // sidecar of meshcat's to read metrics, a sync state or a level from.
@@ -492,6 +505,7 @@ class ClusterPage {
         if (c.authorized !== false && st.level) st.level.readLevel(false);
       }
       st.startTime = i.startTime;
+      if (st.identity) st.identity.replaceChildren(...[identityLine(i.name, i.identity)].filter(Boolean));
       st.started.textContent = fmtTime(i.startTime);
       st.age.textContent = fmtAge(Date.now() - i.startTime);
     }
@@ -725,6 +739,7 @@ function diagnosisView(r) {
 
 const catalog = new Catalog((what) => {
   if (what.has("clusters")) view.sortedDirty = true;
+  if (what.has("clusters") && !$("overview").hidden) expiring.changed();
   if (what.has("summary") || what.has("clusters") || what.has("zones")) renderSummary();
   if (what.has("zones")) renderZones();
   if (what.has("clusters") || what.has("zones")) refilter();
@@ -742,6 +757,8 @@ const catalog = new Catalog((what) => {
   if (graphPage) graphPage.changed(what, graphZones);
 });
 catalog.askToken = askToken;
+const expiring = new ExpiringList(catalog);
+$("clusters-h").parentElement.before(expiring.el);
 const zoneControls = new ZoneControls(catalog);
 /** A token change: read again so `authorized` and instances follow it. */
 catalog.refresh = () => {
@@ -749,6 +766,7 @@ catalog.refresh = () => {
   if (catalog.abort) catalog.abort.abort();
   // The views of live data read again once the records say what the token allows.
   read.then(() => {
+    expiring.load();
     if (graphPage) graphPage.refresher.now();
     if (page) page.calls.refresher.now();
     if (page) page.history.load();

@@ -453,13 +453,18 @@ function edgeRow(e, warning) {
     dataset: {
       testid: "graph-edge", source: e.source, target: e.target, errorRatio: String(e.errorRatio),
       observed: yesNo(e.observed), declared: yesNo(e.declared),
+      tlsMatch: e.tlsIdentity ? yesNo(e.tlsIdentity.match) : "",
     },
   },
   h("td", {}, e.source), h("td", {}, e.target),
   h("td", { class: `num ratio-${sev}` }, e.observed ? `${percent(e.errorRatio)} (${fmtInt(e.errors)} of ${fmtInt(e.requests)})` : "\u2014"),
   h("td", { class: "num" }, e.observed ? fmtNum(e.rps, 2) : "\u2014"),
   h("td", { class: "num" }, latency(e)),
-  h("td", {}, e.observed ? "observed" : h("span", { class: "tag idle" }, "no traffic")),
+  h("td", {}, e.observed ? "observed" : h("span", { class: "tag idle" }, "no traffic"),
+    e.tlsIdentity && !e.tlsIdentity.match ? h("span", {
+      class: "tag mismatch",
+      title: `expects ${e.tlsIdentity.expectedSans.join(", ")}; presented ${e.tlsIdentity.presentedSans.join(", ")}`,
+    }, "SAN mismatch") : null),
   h("td", {}, e.declared ? "declared" : h("span", { class: "tag undeclared" }, "undeclared")));
 }
 

@@ -31,6 +31,10 @@ const LABEL = {
   "diagnosed": "Diagnosed",
   "sync-changed": "Sync changed",
   "control-changed": "Control server",
+  "certificate-rotated": "Certificate rotated",
+  "certificate-state": "Certificate state",
+  "tls-mismatch": "SAN mismatch",
+  "tls-match": "SAN match again",
 };
 
 function fmtClock(ms) {
@@ -61,6 +65,10 @@ function said(e) {
     case "diagnosed": return d.conclusion || "";
     case "sync-changed": return `${d.from} \u2192 ${d.to}${d.detail ? `: ${d.detail}` : ""}`;
     case "control-changed": return `${d.from} \u2192 ${d.to}${d.error ? `: ${d.error}` : ""}`;
+    case "certificate-rotated": return `${short(d.previousSerial)} \u2192 ${short(d.serial)}, expires ${fmtClock(d.expiresAtMs)}${d.secret ? ` (${d.secret})` : ""}`;
+    case "certificate-state": return `${d.from} \u2192 ${d.to}${d.expiresAtMs ? `, expires ${fmtClock(d.expiresAtMs)}` : ""}`;
+    case "tls-mismatch":
+    case "tls-match": return `to ${d.target}: expects ${list(d.expectedSans)}; presented ${list(d.presentedSans)}`;
     default: return "";
   }
 }

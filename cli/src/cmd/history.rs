@@ -144,6 +144,29 @@ pub fn detail(kind: &str, d: &Value) -> String {
             text("to"),
             colon(&text("error"))
         )),
+        "certificate-rotated" => Some(format!(
+            "{} -> {}, expires {}{}",
+            text("previousSerial"),
+            text("serial"),
+            d["expiresAtMs"]
+                .as_i64()
+                .map_or_else(String::new, render::time),
+            colon(&text("secret"))
+        )),
+        "certificate-state" => Some(format!(
+            "{} -> {}{}",
+            text("from"),
+            text("to"),
+            d["expiresAtMs"]
+                .as_i64()
+                .map_or_else(String::new, |t| format!(", expires {}", render::time(t)))
+        )),
+        "tls-mismatch" | "tls-match" => Some(format!(
+            "to {}: expects {}; presented {}",
+            text("target"),
+            list("expectedSans").unwrap_or_default(),
+            list("presentedSans").unwrap_or_default()
+        )),
         // A diagnosis without a symptom ran every check, as `diagnose` says it.
         "diagnosed" => Some(format!(
             "{}{}",
