@@ -1382,3 +1382,90 @@ async fn each_replica_tells_its_own_agents_and_the_instances_its_peers_report() 
     agent.stop().await?;
     Ok(())
 }
+
+/// Contract section 19: the same identity inventory on every replica. The agent of a
+/// sidecar with a certificate reports to replica 0; every replica lists the same
+/// certificates, shows the same identity on the record, and counts them alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_replica_lists_the_same_certificates() -> anyhow::Result<()> {
+    use meshcat_tests::bootstrap::Tls;
+    use meshcat_tests::certs::CertSpec;
+    use meshcat_tests::{Bootstrap, Envoy, MeshCerts, Upstream};
+
+    let etcd = EtcdCluster::start().await?;
+    let mut set =
+        Replicas::start(BIN, 3, &etcd.store_url("/certs"), &["--cluster-metrics"]).await?;
+    set.token = None;
+    assert_eq!(
+        set.post(0, "/zones", &zone("z")).await?.0,
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        set.post(1, "/clusters", &cluster("z", "svc")).await?.0,
+        StatusCode::CREATED
+    );
+    let dir = tempfile::tempdir()?;
+    let certs = MeshCerts::new(dir.path(), "replicas")?;
+    let id = certs.issue(&CertSpec::valid_for(
+        "svc",
+        "svc.z",
+        "spiffe://z.local/ns/z/sa/svc",
+        Duration::from_secs(3 * 86_400),
+    ))?;
+    let upstream = Upstream::start().await?;
+    let envoy = Envoy::start(Bootstrap::service_sidecar(
+        upstream.addr,
+        Some(Tls::new(&certs, id, None)),
+    ))
+    .await?;
+    let agent = graph_agent(&set, 0, &envoy, "svc").await?;
+    let mut answers = Vec::new();
+    for i in 0..3 {
+        let rows = wait_for(
+            &format!("replica {i}'s certificates"),
+            Duration::from_secs(30),
+            || async {
+                let (s, rows) = set.get(i, "/certificates").await.ok()?;
+                (s == StatusCode::OK && rows.as_array()?.len() == 2).then_some(rows)
+            },
+        )
+        .await?;
+        let (_, record) = set.get(i, "/clusters/svc?zoneName=z").await?;
+        assert_eq!(
+            record[0]["identity"]["state"], "expiring",
+            "replica {i}: {record}"
+        );
+        assert_eq!(
+            record[0]["instances"][0]["identity"]["serial"],
+            rows.as_array()
+                .unwrap()
+                .iter()
+                .find(|r| r["role"] == "chain")
+                .unwrap()["serial"],
+            "replica {i}"
+        );
+        answers.push(rows);
+    }
+    assert!(answers.iter().all(|a| *a == answers[0]), "{answers:#?}");
+    assert_eq!(answers[0][0]["state"], "expiring", "{}", answers[0]);
+    for i in 0..3 {
+        let url = format!("{}/metrics", set.replicas[i].ops_url());
+        let text = reqwest::get(url).await?.text().await?;
+        assert_eq!(
+            metric_sum(&text, "meshcat_certificates", &[("state", "expiring")]),
+            Some(1.0),
+            "replica {i}"
+        );
+        assert_eq!(
+            metric_sum(
+                &text,
+                "meshcat_cluster_identity",
+                &[("cluster", "svc"), ("state", "expiring")]
+            ),
+            Some(1.0),
+            "replica {i}"
+        );
+    }
+    agent.stop().await?;
+    Ok(())
+}
