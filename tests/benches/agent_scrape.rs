@@ -26,6 +26,7 @@ use meshcat_agent::scrape::scrape_once;
 use meshcat_agent::target::Target;
 use meshcat_agent::topology::TopologyCache;
 use meshcat_tests::bootstrap::{Cluster, HttpListener};
+use meshcat_tests::cpu::{process_cpu, status_kib, thread_cpu_time as cpu_time};
 use meshcat_tests::large_sidecar;
 use meshcat_tests::{Bootstrap, Envoy, Upstream};
 
@@ -33,44 +34,6 @@ const CLUSTERS: usize = 1_000;
 const SCRAPES: u32 = 30;
 /// Scrapes that read and parse `/config_dump` again.
 const CONFIG_SCRAPES: u32 = 10;
-
-/// CPU time this process's threads have run, in nanoseconds, from each thread's
-/// `/proc/self/task/<tid>/schedstat` (the scheduler's own count: `/proc/self/stat`
-/// counts in 10 ms clock ticks, coarser than a scrape).
-fn cpu_time() -> Duration {
-    let ns: u64 = std::fs::read_dir("/proc/self/task")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
-        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
-        .sum();
-    Duration::from_nanos(ns)
-}
-
-fn status_kib(pid: u32, key: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find(|l| l.starts_with(key))
-        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        .unwrap_or(0)
-}
-
-/// CPU time (user and system) of process `pid` so far, from `/proc/<pid>/stat`, in
-/// clock ticks of 10 ms.
-fn process_cpu(pid: u32) -> Duration {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command name (in parentheses, which may hold spaces).
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<u64> = rest
-        .split_whitespace()
-        .map(|x| x.parse().unwrap_or(0))
-        .collect();
-    // utime and stime are fields 14 and 15 of the whole line: 12 and 13 here.
-    let ticks = f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0);
-    Duration::from_millis(ticks * 10)
-}
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {

@@ -18,6 +18,7 @@ pub mod bootstrap;
 pub mod browser;
 pub mod certs;
 pub mod chain;
+pub mod cpu;
 pub mod diagnose_stack;
 pub mod envoy;
 pub mod etcd;

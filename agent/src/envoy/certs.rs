@@ -394,7 +394,9 @@ impl CertsReader {
                 self.certificates_key = key == "certificates";
             }
             Token::Other => {
-                serde_json::from_slice::<serde::de::IgnoredAny>(&self.buf).map_err(json)?;
+                // Read as a value, as the reference reads it: skipping it would take
+                // strings that are no UTF-8 or hold lone surrogates.
+                serde_json::from_slice::<Value>(&self.buf).map_err(json)?;
                 if self.certificates_key {
                     self.distinct.clear();
                     self.broken = Some(invalid("certificates is not an array"));
@@ -645,6 +647,10 @@ mod tests {
             br#"{"certificates":[],}"#,
             br#"{"a":tru}"#,
             br#"{"a" 1}"#,
+            // Found by the differential test: a lone surrogate, and bytes that are no
+            // UTF-8, in a value of another key (skipping the value took them).
+            br#"{"certificates":[],"cf":{"a":["\ud800"]}}"#,
+            b"{\"x\":\"\xff\",\"certificates\":[]}",
         ] {
             assert!(read_whole(bad).is_err(), "{}", String::from_utf8_lossy(bad));
             assert!(
@@ -664,6 +670,180 @@ mod tests {
                 Ok(&whole),
                 "chunks of {chunk}"
             );
+        }
+    }
+
+    mod differential {
+        //! The streaming reader against serde on generated answers: the same
+        //! certificates on every answer serde reads, an error wherever serde's is one,
+        //! whatever the chunks the answer arrives in.
+
+        use proptest::prelude::*;
+        use serde_json::{Value, json};
+
+        use super::*;
+
+        /// Text with escapes, quotes, unicode (astral included) and control bytes.
+        fn text() -> impl Strategy<Value = String> {
+            prop_oneof![
+                "[a-z0-9.:/-]{0,16}",
+                "\\PC{0,6}",
+                Just("spiffe://shop/sa/\"q\"\\\u{1F600}\u{7}".to_owned()),
+            ]
+        }
+
+        fn time() -> impl Strategy<Value = Value> {
+            prop_oneof![
+                4 => (0u64..4_000_000_000).prop_map(|s| {
+                    json!(humantime::format_rfc3339_seconds(
+                        std::time::UNIX_EPOCH + std::time::Duration::from_secs(s)
+                    )
+                    .to_string())
+                }),
+                1 => Just(Value::Null),
+                1 => text().prop_map(Value::String),
+                1 => Just(json!(12.5e3)),
+            ]
+        }
+
+        fn any_json() -> impl Strategy<Value = Value> {
+            let leaf = prop_oneof![
+                Just(Value::Null),
+                any::<bool>().prop_map(Value::Bool),
+                any::<i64>().prop_map(|n| json!(n)),
+                any::<f64>()
+                    .prop_filter("finite", |f| f.is_finite())
+                    .prop_map(|f| json!(f)),
+                text().prop_map(Value::String),
+            ];
+            leaf.prop_recursive(4, 16, 4, |inner| {
+                prop_oneof![
+                    prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                    prop::collection::btree_map(text(), inner, 0..4)
+                        .prop_map(|m| Value::Object(m.into_iter().collect())),
+                ]
+            })
+        }
+
+        fn san() -> impl Strategy<Value = Value> {
+            prop_oneof![
+                text().prop_map(|v| json!({"dns": v})),
+                text().prop_map(|v| json!({"uri": v})),
+                text().prop_map(|v| json!({"ip_address": v})),
+                any_json(),
+            ]
+        }
+
+        fn cert() -> impl Strategy<Value = Value> {
+            (
+                prop_oneof![4 => "[0-9a-fA-F]{1,6}".prop_map(|s| json!(s)), 1 => any_json()],
+                prop::collection::vec(san(), 0..4),
+                time(),
+                time(),
+                prop::option::of(any_json()),
+                any::<bool>(),
+            )
+                .prop_map(|(serial, sans, from, to, extra, inline)| {
+                    let mut c = json!({
+                        "path": if inline { "<inline>" } else { "/etc/certs/x.pem" },
+                        "serial_number": serial,
+                        "subject_alt_names": sans,
+                        "days_until_expiration": "3",
+                        "valid_from": from,
+                        "expiration_time": to,
+                    });
+                    if let Some(e) = extra {
+                        c["extra"] = e;
+                    }
+                    c
+                })
+        }
+
+        fn context() -> impl Strategy<Value = Value> {
+            prop_oneof![
+                8 => (prop::collection::vec(cert(), 0..3), prop::collection::vec(cert(), 0..3))
+                    .prop_map(|(ca, chain)| json!({"ca_cert": ca, "cert_chain": chain})),
+                1 => any_json(),
+            ]
+        }
+
+        fn answer() -> impl Strategy<Value = Vec<u8>> {
+            (
+                prop::collection::vec(context(), 0..6),
+                prop::collection::btree_map("[a-z]{1,8}", any_json(), 0..3),
+                any::<bool>(),
+                prop_oneof![Just(""), Just(" "), Just("\n\t \r")],
+            )
+                .prop_map(|(contexts, extra, pretty, pad)| {
+                    let mut root = serde_json::Map::new();
+                    for (k, v) in extra {
+                        root.insert(k, v);
+                    }
+                    root.insert("certificates".into(), Value::Array(contexts));
+                    let root = Value::Object(root);
+                    let text = if pretty {
+                        serde_json::to_string_pretty(&root)
+                    } else {
+                        serde_json::to_string(&root)
+                    }
+                    .expect("values serialise");
+                    format!("{pad}{text}{pad}").into_bytes()
+                })
+        }
+
+        /// An answer, or one broken somewhere: cut, a byte changed, a byte added.
+        fn input() -> impl Strategy<Value = Vec<u8>> {
+            (
+                answer(),
+                0usize..4,
+                any::<prop::sample::Index>(),
+                any::<u8>(),
+            )
+                .prop_map(|(mut a, how, at, byte)| {
+                    let i = at.index(a.len().max(1)).min(a.len());
+                    match how {
+                        1 => a.truncate(i),
+                        2 if i < a.len() => a[i] = byte,
+                        3 => a.insert(i, byte),
+                        _ => {}
+                    }
+                    a
+                })
+        }
+
+        /// Cases of a run: 512 in the test command; `MESHCAT_PARSER_CASES` for a long
+        /// run (docs/reliability.md).
+        fn cases() -> u32 {
+            std::env::var("MESHCAT_PARSER_CASES")
+                .ok()
+                .and_then(|c| c.parse().ok())
+                .unwrap_or(512)
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig {
+                cases: cases(),
+                failure_persistence: None,
+                rng_seed: proptest::test_runner::RngSeed::Fixed(0x6365_7274),
+                ..ProptestConfig::default()
+            })]
+
+            #[test]
+            fn the_reader_agrees_with_serde(text in input(), chunk in 1usize..64) {
+                let whole = read_whole(&text);
+                let streamed = streamed(&text, chunk);
+                match (&whole, &streamed) {
+                    (Ok(a), Ok(b)) => prop_assert_eq!(a, b),
+                    (Err(_), Err(_)) => {}
+                    _ => prop_assert!(
+                        false,
+                        "serde says {:?}, the reader says {:?} of {:?}",
+                        whole,
+                        streamed,
+                        String::from_utf8_lossy(&text)
+                    ),
+                }
+            }
         }
     }
 }
