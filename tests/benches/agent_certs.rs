@@ -135,47 +135,19 @@ async fn many_sidecars(certs: &MeshCerts) -> anyhow::Result<()> {
         .enumerate()
         .map(|(i, e)| target(e, i))
         .collect();
-    let mut topologies: Vec<TopologyCache> =
-        (0..SIDECARS).map(|_| TopologyCache::default()).collect();
-    let mut trackers: Vec<XdsTracker> = (0..SIDECARS).map(|_| XdsTracker::default()).collect();
-    let mut readers: Vec<IdentityReader> =
-        (0..SIDECARS).map(|_| IdentityReader::default()).collect();
-    let round = |with_certs: bool| {
-        let (admins, targets, host) = (&admins, &targets, &host);
-        let (topologies, trackers, readers) = (&mut topologies, &mut trackers, &mut readers);
-        async move {
-            for i in 0..SIDECARS {
-                let r = if with_certs {
-                    scrape_following(
-                        &admins[i],
-                        &targets[i],
-                        host,
-                        None,
-                        &mut topologies[i],
-                        XdsScrape {
-                            tracker: &mut trackers[i],
-                            log: None,
-                        },
-                        IdentityScrape {
-                            reader: &mut readers[i],
-                            // Due at every scrape.
-                            interval: Duration::ZERO,
-                        },
-                    )
-                    .await
-                } else {
-                    scrape_once(&admins[i], &targets[i], host, None, &mut topologies[i]).await
-                };
-                assert!(r.reachable, "{:?}", r.error);
-            }
-        }
+    let mut fleet = Fleet {
+        admins: &admins,
+        targets: &targets,
+        topologies: (0..SIDECARS).map(|_| TopologyCache::default()).collect(),
+        trackers: (0..SIDECARS).map(|_| XdsTracker::default()).collect(),
+        readers: (0..SIDECARS).map(|_| IdentityReader::default()).collect(),
     };
-    round(true).await;
+    fleet.round(&host, true).await;
     let mut cpu = [Duration::ZERO; 2];
     for _ in 0..ROUNDS {
         for (k, with_certs) in [false, true].into_iter().enumerate() {
             let cpu0 = thread_cpu_time();
-            round(with_certs).await;
+            fleet.round(&host, with_certs).await;
             cpu[k] += thread_cpu_time() - cpu0;
         }
     }
@@ -231,6 +203,46 @@ async fn many_sidecars(certs: &MeshCerts) -> anyhow::Result<()> {
     );
     agent.stop().await?;
     Ok(())
+}
+
+/// The sidecars of one scrape round and what the scrapes follow from one to the next.
+struct Fleet<'a> {
+    admins: &'a [EnvoyAdmin],
+    targets: &'a [Target],
+    topologies: Vec<TopologyCache>,
+    trackers: Vec<XdsTracker>,
+    readers: Vec<IdentityReader>,
+}
+
+impl Fleet<'_> {
+    /// Scrapes every sidecar once, with its certificates read (due at every scrape)
+    /// or without.
+    async fn round(&mut self, host: &HostSampler, with_certs: bool) {
+        for i in 0..self.admins.len() {
+            let (admin, target) = (&self.admins[i], &self.targets[i]);
+            let r = if with_certs {
+                scrape_following(
+                    admin,
+                    target,
+                    host,
+                    None,
+                    &mut self.topologies[i],
+                    XdsScrape {
+                        tracker: &mut self.trackers[i],
+                        log: None,
+                    },
+                    IdentityScrape {
+                        reader: &mut self.readers[i],
+                        interval: Duration::ZERO,
+                    },
+                )
+                .await
+            } else {
+                scrape_once(admin, target, host, None, &mut self.topologies[i]).await
+            };
+            assert!(r.reachable, "{:?}", r.error);
+        }
+    }
 }
 
 async fn large_sidecar(certs: &MeshCerts) -> anyhow::Result<()> {
