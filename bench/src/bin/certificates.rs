@@ -21,7 +21,8 @@
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use meshcat_aggregator::{Aggregator, Config};
+use meshcat_aggregator::Aggregator;
+use meshcat_aggregator::config::Config;
 use meshcat_common::identity::{
     CertRole, IdentityReport, ReportedCertificate, San, SanExpectation, SanKind, SanMatcher,
     SdsSecret,
