@@ -3,7 +3,8 @@
 //! runs, forced rotations (all, or one secret), a certificate issued once with a
 //! lifetime of its own, rotation stopped and started, 404 for an unknown secret or
 //! a server without an issuer, 400 for a bad lifetime, and no key material in any
-//! answer. The program itself refuses bad identity flags with exit code 64.
+//! answer. The program itself refuses bad identity flags with exit code 64, and
+//! docs/configuration.md documents every flag it offers.
 
 use std::time::Duration;
 
@@ -192,4 +193,33 @@ fn bad_identity_flags_exit_64() {
         );
         assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
     }
+}
+
+#[test]
+fn every_flag_is_documented() {
+    let help = std::process::Command::new(env!("CARGO_BIN_EXE_meshcat-control-server"))
+        .arg("--help")
+        .output()
+        .expect("the program runs");
+    let help = String::from_utf8_lossy(&help.stdout);
+    let offered: std::collections::BTreeSet<&str> = help
+        .lines()
+        .filter_map(|l| l.trim_start().strip_prefix("--"))
+        .filter_map(|l| l.split([' ', ',']).next())
+        .filter(|f| !matches!(*f, "help" | "version"))
+        .collect();
+    assert!(offered.len() >= 13, "{offered:?}");
+    let docs = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/configuration.md"),
+    )
+    .expect("docs/configuration.md");
+    let section = docs
+        .split("\n## ")
+        .find(|s| s.starts_with("meshcat-control-server"))
+        .expect("a meshcat-control-server section");
+    let documented: std::collections::BTreeSet<&str> = section
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `--")?.split('`').next())
+        .collect();
+    assert_eq!(offered, documented);
 }

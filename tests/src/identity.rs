@@ -1,15 +1,69 @@
 //! Workload identity over SDS: the bootstrap pieces of Envoys whose certificates
 //! and CA come from the test control server's identity issuer (a static inbound
 //! listener demanding client certificates, with its certificate and CA over SDS;
-//! a static cluster), and readers of what an Envoy shows of them (`/certs`, and the
-//! SDS secrets of `/config_dump?resource=dynamic_active_secrets`).
+//! a static cluster), a service sidecar built of them, and readers of what an
+//! Envoy shows of them (`/certs`, and the SDS secrets of
+//! `/config_dump?resource=dynamic_active_secrets`).
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::Path;
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::xds::XdsEnvoy;
+use crate::xds::{XdsBootstrap, XdsEnvoy};
+
+/// Starts a service sidecar from `bootstrap` (its node, control server and
+/// protocol) with listener `ingress` demanding mTLS, presenting the certificate of
+/// secret `secret` and trusting the CA of secret `ca`, both over SDS, routing to
+/// `upstream` (static cluster `app`), its access lines in `access_log`; waits until
+/// the listener is bound (once its secrets arrived) and returns its address.
+pub async fn start_mtls_sidecar(
+    mut bootstrap: XdsBootstrap,
+    (secret, ca): (&str, &str),
+    upstream: SocketAddr,
+    access_log: &Path,
+) -> anyhow::Result<(XdsEnvoy, SocketAddr)> {
+    bootstrap.static_listeners.push(http_listener(
+        "ingress",
+        "app",
+        Some(downstream_tls_sds(secret, ca)),
+        access_log,
+    ));
+    bootstrap
+        .static_clusters
+        .push(static_cluster("app", upstream));
+    let envoy = XdsEnvoy::start(&bootstrap).await?;
+    let what = format!(
+        "{}'s listener ingress to bind (its secrets arrived)",
+        envoy.node_id
+    );
+    let addr = crate::wait_for(&what, crate::envoy::START_DEADLINE, || async {
+        envoy.listener("ingress").await.ok().flatten()
+    })
+    .await?;
+    Ok((envoy, addr))
+}
+
+/// Waits until `envoy`'s `/certs` shows `serial` as its only chain certificate;
+/// the error shows what it does show.
+pub async fn wait_chain_serial(
+    envoy: &XdsEnvoy,
+    serial: &str,
+    deadline: Duration,
+) -> anyhow::Result<()> {
+    let want = BTreeSet::from([serial.to_owned()]);
+    let what = format!("{} to show serial {serial}", envoy.node_id);
+    let waited = crate::wait_for(&what, deadline, || async {
+        (certs(envoy).await.ok()?.chain_serials() == want).then_some(())
+    })
+    .await;
+    if let Err(e) = waited {
+        anyhow::bail!("{e}; /certs shows {:?}", certs(envoy).await);
+    }
+    Ok(())
+}
 
 /// `{"name": secret, "sds_config": ADS}`: a secret asked for over the bootstrap's ADS
 /// stream.
@@ -119,7 +173,7 @@ pub struct ShownCerts {
 
 impl ShownCerts {
     /// The distinct serials of the chain certificates.
-    pub fn chain_serials(&self) -> std::collections::BTreeSet<String> {
+    pub fn chain_serials(&self) -> BTreeSet<String> {
         self.chain.iter().map(|c| c.serial.clone()).collect()
     }
 }

@@ -17,7 +17,7 @@ use meshcat_control_server::{
     IssuerOptions, MeshSpec, SanMatcherSpec, SanType, StringMatch, UpstreamTlsSpec, type_url,
 };
 use meshcat_tests::identity::{
-    active_secrets, certs, downstream_tls_sds, http_listener, static_cluster,
+    active_secrets, certs, http_listener, start_mtls_sidecar, wait_chain_serial,
 };
 use meshcat_tests::xds::{XdsBootstrap, XdsEnvoy};
 use meshcat_tests::{Upstream, wait_for};
@@ -40,8 +40,7 @@ fn options(lifetime: Duration) -> IssuerOptions {
     }
 }
 
-/// A service sidecar: listener `ingress` demanding mTLS with certificate `svc` and
-/// CA `ca` over SDS, routing to `upstream`; returns it and its listener's address.
+/// The service sidecar `svc-1`: mTLS with certificate `svc` and CA `ca` over SDS.
 async fn service_sidecar(
     server: &ControlServer,
     upstream: SocketAddr,
@@ -50,23 +49,9 @@ async fn service_sidecar(
 ) -> anyhow::Result<(XdsEnvoy, SocketAddr)> {
     let boot = XdsBootstrap {
         delta,
-        static_listeners: vec![http_listener(
-            "ingress",
-            "app",
-            Some(downstream_tls_sds("svc", "ca")),
-            &dir.join("svc-access.log"),
-        )],
-        static_clusters: vec![static_cluster("app", upstream)],
         ..XdsBootstrap::new("svc-1", "svc", server.local_addr())
     };
-    let envoy = XdsEnvoy::start(&boot).await?;
-    let addr = wait_for(
-        "the svc listener to bind (its secrets arrived)",
-        WAIT,
-        || async { envoy.listener("ingress").await.ok().flatten() },
-    )
-    .await?;
-    Ok((envoy, addr))
+    start_mtls_sidecar(boot, ("svc", "ca"), upstream, &dir.join("svc-access.log")).await
 }
 
 /// The mesh: cluster `svc` at `addr`, over TLS with `tls`.
@@ -98,23 +83,8 @@ async fn wait_status(url: &str, want: u16) -> anyhow::Result<String> {
     .await
 }
 
-/// Waits until `envoy`'s `/certs` shows `serial` as its only chain certificate.
 async fn wait_serial(envoy: &XdsEnvoy, serial: &str) -> anyhow::Result<()> {
-    let what = format!("{} to show serial {serial}", envoy.node_id);
-    let waited = wait_for(&what, WAIT, || async {
-        let shown = certs(envoy).await.ok()?;
-        (shown.chain_serials() == BTreeSet::from([serial.to_owned()])).then_some(())
-    })
-    .await;
-    if waited.is_err() {
-        eprintln!(
-            "{:?}\n{:?}\n{}",
-            certs(envoy).await,
-            active_secrets(envoy).await,
-            envoy.log()
-        );
-    }
-    waited
+    wait_chain_serial(envoy, serial, WAIT).await
 }
 
 fn current(issuer: &IdentityIssuer, secret: &str) -> meshcat_control_server::IdentityState {
