@@ -24,6 +24,14 @@ use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
     HttpConnectionManager, HttpFilter, Rds, http_connection_manager, http_filter,
 };
+use envoy_types::pb::envoy::config::core::v3::{
+    Http1ProtocolOptions, HttpProtocolOptions as CommonHttpProtocolOptions,
+};
+use envoy_types::pb::envoy::extensions::upstreams::http::v3::HttpProtocolOptions;
+use envoy_types::pb::envoy::extensions::upstreams::http::v3::http_protocol_options::explicit_http_config::ProtocolConfig;
+use envoy_types::pb::envoy::extensions::upstreams::http::v3::http_protocol_options::{
+    ExplicitHttpConfig, UpstreamProtocolOptions,
+};
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::common_tls_context::{
     CombinedCertificateValidationContext, ValidationContextType,
 };
@@ -65,6 +73,9 @@ pub mod type_url {
     }
 }
 
+const HTTP_PROTOCOL_OPTIONS_KEY: &str = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions";
+const HTTP_PROTOCOL_OPTIONS_TYPE: &str =
+    "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions";
 const UPSTREAM_TLS_TYPE: &str =
     "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext";
 const HCM_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
@@ -235,8 +246,35 @@ fn socket(address: &str, port: u16) -> Address {
     }
 }
 
+fn duration(ms: u64) -> Duration {
+    Duration {
+        seconds: i64::try_from(ms / 1000).unwrap_or(i64::MAX),
+        nanos: ((ms % 1000) * 1_000_000) as i32,
+    }
+}
+
+/// HTTP/1.1 upstream with connections closed after `idle_ms` idle.
+fn idle_timeout(idle_ms: u64) -> Any {
+    any(
+        HTTP_PROTOCOL_OPTIONS_TYPE,
+        &HttpProtocolOptions {
+            common_http_protocol_options: Some(CommonHttpProtocolOptions {
+                idle_timeout: Some(duration(idle_ms)),
+                ..Default::default()
+            }),
+            upstream_protocol_options: Some(UpstreamProtocolOptions::ExplicitHttpConfig(
+                ExplicitHttpConfig {
+                    protocol_config: Some(ProtocolConfig::HttpProtocolOptions(
+                        Http1ProtocolOptions::default(),
+                    )),
+                },
+            )),
+            ..Default::default()
+        },
+    )
+}
+
 fn cluster(c: &ClusterSpec) -> Cluster {
-    let ms = c.connect_timeout_ms;
     Cluster {
         name: c.name.clone(),
         cluster_discovery_type: Some(cluster::ClusterDiscoveryType::Type(
@@ -246,10 +284,12 @@ fn cluster(c: &ClusterSpec) -> Cluster {
             eds_config: Some(ads()),
             service_name: String::new(),
         }),
-        connect_timeout: Some(Duration {
-            seconds: i64::try_from(ms / 1000).unwrap_or(i64::MAX),
-            nanos: ((ms % 1000) * 1_000_000) as i32,
-        }),
+        connect_timeout: Some(duration(c.connect_timeout_ms)),
+        typed_extension_protocol_options: c
+            .idle_timeout_ms
+            .map(|ms| (HTTP_PROTOCOL_OPTIONS_KEY.to_owned(), idle_timeout(ms)))
+            .into_iter()
+            .collect(),
         transport_socket: c.tls.as_ref().map(|tls| TransportSocket {
             name: "envoy.transport_sockets.tls".to_owned(),
             config_type: Some(transport_socket::ConfigType::TypedConfig(any(
@@ -588,6 +628,30 @@ mod tests {
         };
         assert_eq!(any.type_url, UPSTREAM_TLS_TYPE);
         UpstreamTlsContext::decode(&*any.value).unwrap()
+    }
+
+    #[test]
+    fn an_idle_timeout_closes_idle_upstream_connections() {
+        let mut spec = mesh(8080, 1000, "/");
+        spec.clusters[0].idle_timeout_ms = Some(2500);
+        let s = Snapshot::build(&spec, "1".into());
+        let c = Cluster::decode(&*s.resources[type_url::CLUSTER]["orders"].value).unwrap();
+        let any = &c.typed_extension_protocol_options[HTTP_PROTOCOL_OPTIONS_KEY];
+        assert_eq!(any.type_url, HTTP_PROTOCOL_OPTIONS_TYPE);
+        let options = HttpProtocolOptions::decode(&*any.value).unwrap();
+        assert_eq!(
+            options.common_http_protocol_options.unwrap().idle_timeout,
+            Some(Duration {
+                seconds: 2,
+                nanos: 500_000_000
+            })
+        );
+        assert!(
+            options.upstream_protocol_options.is_some(),
+            "required by Envoy"
+        );
+        let users = Cluster::decode(&*s.resources[type_url::CLUSTER]["users"].value).unwrap();
+        assert!(users.typed_extension_protocol_options.is_empty());
     }
 
     #[test]

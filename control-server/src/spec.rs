@@ -30,6 +30,11 @@ pub struct ClusterSpec {
     /// TLS to its endpoints (an `UpstreamTlsContext`); none: plaintext.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<UpstreamTlsSpec>,
+    /// How long an upstream connection may stay idle before Envoy closes it (the
+    /// next request then opens one, with a new TLS handshake: a certificate that
+    /// expired or no longer matches fails it); none: Envoy's default (1 h).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout_ms: Option<u64>,
     /// Served (CDS and EDS) only to the nodes whose `node.cluster` is one of these,
     /// say only the edge for a cluster that presents the edge's certificate; empty:
     /// to every node.
@@ -52,6 +57,7 @@ impl ClusterSpec {
             endpoints,
             connect_timeout_ms: DEFAULT_CONNECT_TIMEOUT_MS,
             tls: None,
+            idle_timeout_ms: None,
             node_clusters: Vec::new(),
         }
     }

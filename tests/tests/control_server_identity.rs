@@ -5,7 +5,8 @@
 //! `<inline>`, the config dump names each secret with its version, a forced
 //! rotation reaches the sidecar, a SAN matcher that does not match fails the hop
 //! with 503 `UF`; with a short lifetime, rotation replaces certificates on
-//! schedule, a stopped rotation lets one expire, and a started one replaces it.
+//! schedule, a stopped rotation lets one expire (Envoy serves it, a new handshake
+//! through the edge fails), and a started one replaces it.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -244,7 +245,28 @@ async fn stopped_rotation_lets_a_certificate_expire_and_started_rotation_replace
     // A 4 s lifetime, replaced after 2 s.
     let issuer = server.start_issuer(ca, options(Duration::from_secs(4)), identities())?;
     let upstream = Upstream::start().await?;
-    let (svc, _) = service_sidecar(&server, upstream.addr, dir.path(), true).await?;
+    let (svc, svc_addr) = service_sidecar(&server, upstream.addr, dir.path(), true).await?;
+    // An edge whose idle connections close after 300 ms: each request after a pause
+    // makes a new handshake with the certificates of the moment.
+    let mut cluster = mesh(svc_addr, UpstreamTlsSpec::sds("edge", "ca", SVC_URI));
+    cluster.clusters[0].idle_timeout_ms = Some(300);
+    server.set(cluster);
+    let edge = XdsEnvoy::start(&XdsBootstrap {
+        static_listeners: vec![http_listener(
+            "edge",
+            "svc",
+            None,
+            &dir.path().join("edge-access.log"),
+        )],
+        ..XdsBootstrap::new("edge-1", "edge", server.local_addr())
+    })
+    .await?;
+    let edge_addr = wait_for("the edge listener", WAIT, || async {
+        edge.listener("edge").await.ok().flatten()
+    })
+    .await?;
+    let url = format!("http://{edge_addr}/");
+    wait_status(&url, 200).await?;
 
     // Rotation on schedule: the sidecar is given a serial it did not have.
     let first = wait_for("svc to show the current serial", WAIT, || async {
@@ -284,6 +306,22 @@ async fn stopped_rotation_lets_a_certificate_expire_and_started_rotation_replace
     let shown = certs(&svc).await?;
     assert_eq!(shown.chain_serials(), BTreeSet::from([kept.serial.clone()]));
     assert_eq!(shown.chain[0].days_until_expiration, "0", "{shown:?}");
+    // Envoy serves it still, and a new handshake refuses it.
+    let body = wait_status(&url, 503).await?;
+    assert!(body.contains("upstream connect error"), "{body}");
+    wait_for(
+        "cluster.svc.ssl.fail_verify_error to count",
+        WAIT,
+        || async {
+            (edge
+                .stat("cluster.svc.ssl.fail_verify_error")
+                .await
+                .ok()??
+                > 0)
+            .then_some(())
+        },
+    )
+    .await?;
 
     // Started: the overdue certificate is replaced at once and pushed.
     let caught_up = issuer.start_rotation()?;
@@ -297,5 +335,6 @@ async fn stopped_rotation_lets_a_certificate_expire_and_started_rotation_replace
     );
     assert_eq!(caught_up.len(), 2, "edge was overdue too: {caught_up:?}");
     wait_serial(&svc, &svc_rotation.serial).await?;
+    assert_eq!(wait_status(&url, 200).await?, "ok\n");
     Ok(())
 }
