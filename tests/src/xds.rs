@@ -1,8 +1,9 @@
 //! Real Envoys configured over ADS by a control server: their bootstrap (ADS over
 //! gRPC to a static HTTP/2 cluster `xds`, CDS and LDS from ADS, a node of their
-//! own, admin on 127.0.0.1 port 0) and the process, spawned like [`crate::Envoy`]'s
-//! and killed when dropped, with readers for what tests look at (hosts of a cluster,
-//! stats, the log).
+//! own, admin on 127.0.0.1 port 0, static listeners and clusters when given) and
+//! the process, spawned like [`crate::Envoy`]'s and killed when dropped, with
+//! readers for what tests look at (hosts of a cluster, a listener's address, stats,
+//! the log).
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
