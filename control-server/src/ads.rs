@@ -1,6 +1,8 @@
 //! The ADS service: state of the world here (one task per stream that answers
-//! subscriptions from the node's snapshot, follows ACKs and NACKs by nonce, and
-//! pushes each subscribed type whose content changed), Delta xDS in
+//! subscriptions from the node's snapshot, follows ACKs and NACKs by nonce, pushes
+//! each subscribed type whose content changed, and answers again a request that
+//! repeats an answered nonce: Envoy's way of asking anew for what it holds, as
+//! when an updated cluster takes the same endpoints), Delta xDS in
 //! [`crate::delta`] (unless turned off, when it answers UNIMPLEMENTED); and the
 //! state shared by every stream (snapshots, held and overridden nodes, what each
 //! node was sent and ACKed).
@@ -22,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::snapshot::{Resources, Snapshot, Subscription};
+use crate::spec::{MeshSpec, SecretSpec};
 
 /// What one node was sent and answered for one type URL.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -90,11 +93,13 @@ pub(crate) struct NodeEntry {
 /// Snapshots and nodes, under one lock.
 #[derive(Debug)]
 pub(crate) struct State {
-    /// Versions handed out by `set`.
+    /// Versions handed out to the shared snapshot (by a new mesh or new secrets).
     pub(crate) set_count: u64,
     /// Versions handed out to overrides.
     pub(crate) override_count: u64,
     pub(crate) shared: Arc<Snapshot>,
+    /// The secrets every snapshot serves (the shared one and the overrides).
+    pub(crate) secrets: Vec<SecretSpec>,
     pub(crate) overrides: HashMap<String, Arc<Snapshot>>,
     /// Held nodes and the snapshot each is held on.
     pub(crate) pinned: HashMap<String, Arc<Snapshot>>,
@@ -102,6 +107,57 @@ pub(crate) struct State {
 }
 
 impl State {
+    /// Publishes `spec` as the shared snapshot, with the secrets served now; returns
+    /// its version.
+    pub(crate) fn publish_mesh(&mut self, spec: &MeshSpec) -> String {
+        self.set_count += 1;
+        let version = self.set_count.to_string();
+        self.shared = Arc::new(Snapshot::build(spec, version.clone()).with_secrets(&self.secrets));
+        version
+    }
+
+    /// Serves `spec` to `node` instead of the shared snapshot (`None`: the shared one
+    /// again).
+    pub(crate) fn publish_override(&mut self, node: &str, spec: Option<&MeshSpec>) {
+        match spec {
+            Some(spec) => {
+                self.override_count += 1;
+                let version = format!("override-{}", self.override_count);
+                let snapshot = Snapshot::build(spec, version).with_secrets(&self.secrets);
+                self.overrides.insert(node.to_owned(), Arc::new(snapshot));
+            }
+            None => {
+                self.overrides.remove(node);
+            }
+        }
+    }
+
+    /// Serves `secrets` (and no others) from the shared snapshot and every override,
+    /// each under a new version; returns the shared snapshot's.
+    pub(crate) fn publish_secrets(&mut self, secrets: Vec<SecretSpec>) -> String {
+        self.secrets = secrets;
+        self.set_count += 1;
+        let version = self.set_count.to_string();
+        self.shared = Arc::new(self.renewed(&self.shared, version.clone()));
+        let nodes: Vec<String> = self.overrides.keys().cloned().collect();
+        for node in nodes {
+            self.override_count += 1;
+            let version = format!("override-{}", self.override_count);
+            let renewed = self.renewed(&self.overrides[&node], version);
+            self.overrides.insert(node, Arc::new(renewed));
+        }
+        version
+    }
+
+    /// `snapshot` with the secrets served now, under `version`.
+    fn renewed(&self, snapshot: &Snapshot, version: String) -> Snapshot {
+        Snapshot {
+            version,
+            ..snapshot.clone()
+        }
+        .with_secrets(&self.secrets)
+    }
+
     /// The snapshot `node` is served now.
     pub(crate) fn effective(&self, node: &str) -> Arc<Snapshot> {
         self.pinned
@@ -153,6 +209,7 @@ impl Shared {
                 set_count: 0,
                 override_count: 0,
                 shared: Arc::new(Snapshot::empty("0".to_owned())),
+                secrets: Vec::new(),
                 overrides: HashMap::new(),
                 pinned: HashMap::new(),
                 nodes: BTreeMap::new(),
@@ -174,6 +231,16 @@ impl Shared {
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Serves `secrets` (and no others) from every snapshot; returns the shared
+    /// snapshot's new version.
+    pub(crate) fn publish_secrets(&self, secrets: Vec<SecretSpec>) -> String {
+        let count = secrets.len();
+        let version = self.lock().publish_secrets(secrets);
+        tracing::info!(%version, secrets = count, "secrets published");
+        self.snapshots_changed();
+        version
     }
 
     /// Tells every stream to look at its node's snapshot again.
@@ -271,6 +338,7 @@ impl AggregatedDiscoveryService for Ads {
             shared: self.shared.clone(),
             tx,
             node: None,
+            node_cluster: String::new(),
             subs: BTreeMap::new(),
             nonces: 0,
         };
@@ -308,6 +376,8 @@ struct Sub {
     nonce: String,
     /// What the last response carried.
     sent: Option<Resources>,
+    /// The client answered the last response (ACK or NACK).
+    answered: bool,
 }
 
 /// One ADS stream.
@@ -316,6 +386,8 @@ struct AdsStream {
     tx: mpsc::Sender<Result<DiscoveryResponse, Status>>,
     /// The node id, from the first request.
     node: Option<String>,
+    /// Its `node.cluster`: which clusters it is served.
+    node_cluster: String,
     subs: BTreeMap<String, Sub>,
     nonces: u64,
 }
@@ -431,6 +503,7 @@ impl AdsStream {
                 let node = req.node.clone().unwrap_or_default();
                 self.shared.connect(&node.id, &node.cluster, false);
                 self.node = Some(node.id.clone());
+                self.node_cluster = node.cluster;
                 node.id
             }
         };
@@ -445,21 +518,32 @@ impl AdsStream {
         }
         sub.names = Subscription::from_request(&type_url, &req.resource_names);
         let names = req.resource_names.clone();
-        let answer = (!req.response_nonce.is_empty()).then_some(req.error_detail.as_ref());
-        if let Some(Some(error)) = answer {
-            tracing::warn!(
-                node = %id,
-                type_url = %type_url,
-                version = %req.version_info,
-                nonce = %req.response_nonce,
-                error = %error.message,
-                "xDS update rejected (NACK)"
-            );
+        let mut answer = None;
+        if !req.response_nonce.is_empty() {
+            if sub.answered {
+                // The last response's nonce again, already answered: not an ACK but a
+                // new request for what the client has (Envoy sends one when a new
+                // watch takes a resource it holds, say the endpoints of an updated
+                // cluster, and waits for an answer): send it again.
+                sub.sent = None;
+            } else {
+                sub.answered = true;
+                answer = Some(match &req.error_detail {
+                    Some(error) => {
+                        tracing::warn!(
+                            node = %id,
+                            type_url = %type_url,
+                            version = %req.version_info,
+                            nonce = %req.response_nonce,
+                            error = %error.message,
+                            "xDS update rejected (NACK)"
+                        );
+                        Answer::Nack(error.message.clone())
+                    }
+                    None => Answer::Ack(req.version_info.clone()),
+                });
+            }
         }
-        let answer = answer.map(|error| match error {
-            Some(error) => Answer::Nack(error.message.clone()),
-            None => Answer::Ack(req.version_info.clone()),
-        });
         self.shared.note_request(&id, &type_url, names, answer);
         self.push(&id, &type_url).await
     }
@@ -471,7 +555,7 @@ impl AdsStream {
         let Some(sub) = self.subs.get_mut(type_url) else {
             return true;
         };
-        let Some(selected) = snapshot.select(type_url, &sub.names) else {
+        let Some(selected) = snapshot.select(type_url, &sub.names, &self.node_cluster) else {
             tracing::debug!(node = %id, type_url = %type_url, "unknown type not answered");
             return true;
         };
@@ -489,6 +573,7 @@ impl AdsStream {
         };
         sub.nonce = nonce;
         sub.sent = Some(selected);
+        sub.answered = false;
         self.shared.with_node(id, |n| {
             n.state
                 .types

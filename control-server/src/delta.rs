@@ -15,7 +15,10 @@
 //! - One response per type is outstanding at a time: the next is built once the
 //!   client answered. An ACK moves what the client has on; a NACK (`error_detail`)
 //!   puts it back to what it was before that response, and the same snapshot is not
-//!   sent again until the node's snapshot or its subscription changes.
+//!   sent again until the node's snapshot or its subscription changes. A name
+//!   subscribed again is sent again, and so are the endpoints of a cluster a
+//!   response updates (Envoy warms the updated cluster until they come, and does
+//!   not ask for them again).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
@@ -65,6 +68,8 @@ pub(crate) struct DeltaStream {
     tx: mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>,
     /// The node id, from the first request.
     node: Option<String>,
+    /// Its `node.cluster`: which clusters it is served.
+    node_cluster: String,
     subs: BTreeMap<String, Sub>,
     nonces: u64,
 }
@@ -101,6 +106,7 @@ impl DeltaStream {
             shared,
             tx,
             node: None,
+            node_cluster: String::new(),
             subs: BTreeMap::new(),
             nonces: 0,
         }
@@ -114,6 +120,7 @@ impl DeltaStream {
                 let node = req.node.clone().unwrap_or_default();
                 self.shared.connect(&node.id, &node.cluster, true);
                 self.node = Some(node.id.clone());
+                self.node_cluster = node.cluster;
                 node.id
             }
         };
@@ -170,7 +177,13 @@ impl DeltaStream {
             if name == "*" {
                 changed |= wildcard_type && !sub.wildcard;
                 sub.wildcard |= wildcard_type;
-            } else if sub.names.insert(name) {
+            } else if sub.names.insert(name.clone()) {
+                changed = true;
+            } else if !first {
+                // Subscribed again: the client wants it sent again (Envoy does so
+                // when a new watch takes a resource it holds, say the endpoints of
+                // an updated cluster, and waits for it).
+                sub.known.remove(&name);
                 changed = true;
             }
         }
@@ -215,6 +228,7 @@ impl DeltaStream {
             tracing::debug!(node = %id, type_url = %type_url, "unknown type not answered");
             return true;
         };
+        let node_cluster = &self.node_cluster;
         let selected: Vec<(&String, &Any)> = if sub.wildcard {
             all.iter().collect()
         } else {
@@ -223,9 +237,15 @@ impl DeltaStream {
                 .filter_map(|n| all.get_key_value(n))
                 .collect()
         };
+        let selected: Vec<(&String, &Any)> = selected
+            .into_iter()
+            .filter(|(n, _)| snapshot.serves(type_url, n, node_cluster))
+            .collect();
         let mut resources = Vec::new();
         let mut undo = Vec::new();
         let mut present = BTreeSet::new();
+        // Clusters the client has that this response changes.
+        let mut updated = Vec::new();
         for (name, any) in selected {
             present.insert(name.as_str());
             let version = resource_version(any);
@@ -238,7 +258,11 @@ impl DeltaStream {
                 resource: Some(any.clone()),
                 ..Default::default()
             });
-            undo.push((name.clone(), sub.known.insert(name.clone(), version)));
+            let earlier = sub.known.insert(name.clone(), version);
+            if type_url == type_url::CLUSTER && earlier.is_some() {
+                updated.push(name.clone());
+            }
+            undo.push((name.clone(), earlier));
         }
         let removed: Vec<String> = sub
             .known
@@ -277,6 +301,13 @@ impl DeltaStream {
                 .sent_version = snapshot.version.clone();
             n.served = Some(snapshot.clone());
         });
+        // An updated cluster waits for its endpoints anew (Envoy does not ask for
+        // them again over Delta xDS): send them again, after this response.
+        if let Some(eds) = self.subs.get_mut(type_url::ENDPOINT) {
+            for name in &updated {
+                eds.known.remove(name);
+            }
+        }
         tracing::debug!(
             node = %id,
             type_url = %type_url,

@@ -3,7 +3,10 @@
 //! sidecars and meshcat's own xDS client one shared [`MeshSpec`] snapshot, lets a
 //! test hold a node on its old snapshot, serve one node a spec of its own, stop and
 //! restart the server, and see per node what was sent, ACKed and NACKed, over
-//! either protocol alike.
+//! either protocol alike. Its identity issuer ([`ControlServer::start_issuer`])
+//! serves workload certificates and their CA over SDS from the same snapshots and
+//! rotates them; clusters name them in their TLS ([`UpstreamTlsSpec`]). The HTTP
+//! admin API is [`admin::router`].
 //!
 //! ```no_run
 //! # async fn demo() -> anyhow::Result<()> {
@@ -17,8 +20,10 @@
 //! # Ok(()) }
 //! ```
 
+pub mod admin;
 mod ads;
 mod delta;
+mod identity;
 mod snapshot;
 mod spec;
 
@@ -34,10 +39,15 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
 pub use ads::{NodeState, TypeState};
+pub use identity::{
+    Ca, CaInfo, CaState, DEFAULT_CA_SECRET, DEFAULT_LIFETIME, DEFAULT_ROTATE_AT,
+    GENERATED_CA_LIFETIME, IdentityError, IdentityIssuer, IdentitySpec, IdentityState,
+    IssuedCertificate, IssuerOptions, IssuerState, Rotation, San,
+};
 pub use snapshot::{Resources, Snapshot, Subscription, resource_version, type_url};
 pub use spec::{
-    ClusterSpec, DEFAULT_CONNECT_TIMEOUT_MS, EndpointSpec, Health, ListenerSpec, MeshSpec,
-    RouteSpec,
+    CaSpec, ClusterSpec, DEFAULT_CONNECT_TIMEOUT_MS, EndpointSpec, Health, ListenerSpec, MeshSpec,
+    RouteSpec, SanMatcherSpec, SanType, SecretKind, SecretSpec, StringMatch, UpstreamTlsSpec,
 };
 
 use ads::{Ads, Shared};
@@ -96,6 +106,8 @@ struct Inner {
     addr: SocketAddr,
     tls: Option<ServerTls>,
     run: tokio::sync::Mutex<Option<Run>>,
+    /// The identity issuer whose secrets it serves, once started (one at most).
+    issuer: std::sync::Mutex<Option<IdentityIssuer>>,
 }
 
 /// One run of the gRPC server, from `start` or `restart` to `stop`.
@@ -140,6 +152,7 @@ impl ControlServer {
                 addr,
                 tls,
                 run: tokio::sync::Mutex::new(Some(run)),
+                issuer: std::sync::Mutex::new(None),
             }),
         })
     }
@@ -165,14 +178,50 @@ impl ControlServer {
     /// ...). Every connected node that is neither held nor overridden gets each type
     /// whose content changed.
     pub fn set(&self, spec: MeshSpec) -> String {
-        let mut state = self.inner.shared.lock();
-        state.set_count += 1;
-        let version = state.set_count.to_string();
-        state.shared = Arc::new(Snapshot::build(&spec, version.clone()));
-        drop(state);
+        let version = self.inner.shared.lock().publish_mesh(&spec);
         tracing::info!(%version, "snapshot published");
         self.inner.shared.snapshots_changed();
         version
+    }
+
+    /// Serves `secrets` (and no others) over SDS from now on, from the shared
+    /// snapshot and every node's own spec, and returns the shared snapshot's new
+    /// version. Nodes ask for secrets by name; a subscribed node gets the secrets it
+    /// asked for whose content changed. A held node keeps the secrets it had.
+    pub fn set_secrets(&self, secrets: Vec<SecretSpec>) -> String {
+        self.inner.shared.publish_secrets(secrets)
+    }
+
+    /// Starts the server's identity issuer: `ca` issues a certificate for each of
+    /// `identities`, served over SDS under its secret name beside the CA (a
+    /// validation context secret named `options.ca_secret`), and rotates them. The
+    /// issuer owns the server's secrets from then on ([`ControlServer::set_secrets`]
+    /// would be overwritten at the next rotation). One issuer per server: a second
+    /// call is an error. Needs a Tokio runtime.
+    pub fn start_issuer(
+        &self,
+        ca: Ca,
+        options: IssuerOptions,
+        identities: Vec<IdentitySpec>,
+    ) -> Result<IdentityIssuer, IdentityError> {
+        let mut slot = self.inner.issuer.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.is_some() {
+            return Err(IdentityError::BadOptions(
+                "this control server has an identity issuer already".into(),
+            ));
+        }
+        let issuer = IdentityIssuer::start(self.inner.shared.clone(), ca, options, identities)?;
+        *slot = Some(issuer.clone());
+        Ok(issuer)
+    }
+
+    /// The identity issuer, once started.
+    pub fn issuer(&self) -> Option<IdentityIssuer> {
+        self.inner
+            .issuer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// The version of the shared snapshot ("0" before any `set`).
@@ -203,19 +252,10 @@ impl ControlServer {
     /// `Some`: `node_id` is served `spec` instead of the shared snapshot (under a
     /// version `override-N`); `None`: back to the shared one. A held node stays held.
     pub fn override_for(&self, node_id: &str, spec: Option<MeshSpec>) {
-        let mut state = self.inner.shared.lock();
-        match spec {
-            Some(spec) => {
-                state.override_count += 1;
-                let version = format!("override-{}", state.override_count);
-                let snapshot = Arc::new(Snapshot::build(&spec, version));
-                state.overrides.insert(node_id.to_owned(), snapshot);
-            }
-            None => {
-                state.overrides.remove(node_id);
-            }
-        }
-        drop(state);
+        self.inner
+            .shared
+            .lock()
+            .publish_override(node_id, spec.as_ref());
         self.inner.shared.snapshots_changed();
     }
 

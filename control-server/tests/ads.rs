@@ -4,18 +4,25 @@
 //! stop and restart on the same address, and mTLS that refuses a client without a
 //! certificate; over Delta xDS, initial resource versions, only the resources that
 //! changed, removals, a NACK that puts back what the client has, and Delta turned
-//! off answered Unimplemented.
+//! off answered Unimplemented; a request for what the client has answered again
+//! over both; secrets (SDS) by name over both, pushed again when the identity
+//! issuer rotates them.
 
 use std::time::Duration;
 
 use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::config::core::v3::{DataSource, data_source};
 use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{Secret, secret};
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
 };
+use envoy_types::pb::google::protobuf::Any;
 use envoy_types::pb::google::rpc::Status as RpcStatus;
-use meshcat_control_server::{ClusterSpec, ControlServer, EndpointSpec, MeshSpec, type_url};
+use meshcat_control_server::{
+    Ca, ClusterSpec, ControlServer, EndpointSpec, IdentitySpec, IssuerOptions, MeshSpec, type_url,
+};
 use prost::Message;
 use tokio::sync::mpsc;
 use tonic::transport::Channel;
@@ -388,6 +395,14 @@ async fn delta_sends_only_what_changed() -> anyhow::Result<()> {
         (type_url::CLUSTER, "override-1", vec!["orders"], vec![])
     );
     assert_ne!(refused.resources[0].version, orders_version);
+    // The endpoints of the cluster it updates come again: Envoy warms an updated
+    // cluster until they do, and does not ask for them.
+    let endpoints_again = c.recv().await?;
+    assert_eq!(
+        delta_of(&endpoints_again),
+        (type_url::ENDPOINT, "override-1", vec!["orders"], vec![])
+    );
+    c.ack(&endpoints_again);
     c.nack(&refused, "connect timeout must be > 0");
     server
         .wait_until(
@@ -447,6 +462,45 @@ async fn delta_sends_only_what_changed() -> anyhow::Result<()> {
 }
 
 #[tokio::test]
+async fn a_request_for_what_the_client_has_is_answered_again() -> anyhow::Result<()> {
+    let server = ControlServer::start("127.0.0.1:0".parse()?, None).await?;
+    server.set(mesh(&[9001]));
+
+    // State of the world: the answered nonce again is a new request, not an ACK.
+    let mut c = Client::connect(&server, "n1").await?;
+    c.send(type_url::ENDPOINT, &["orders"], None, None);
+    let eds = c.recv().await?;
+    c.send(type_url::ENDPOINT, &["orders"], Some(&eds), None);
+    c.send(type_url::ENDPOINT, &["orders"], Some(&eds), None);
+    let again = c.recv().await?;
+    assert_eq!(
+        (again.type_url.as_str(), again.version_info.as_str()),
+        (type_url::ENDPOINT, "1")
+    );
+    assert_ne!(again.nonce, eds.nonce);
+    assert_eq!(endpoints(&again), 1);
+    // Its ACK is an ACK: nothing comes, until the snapshot changes.
+    c.send(type_url::ENDPOINT, &["orders"], Some(&again), None);
+    server.set(mesh(&[9001, 9002]));
+    let next = c.recv().await?;
+    assert_eq!(next.version_info, "2");
+
+    // Delta: a name subscribed again is sent again.
+    let mut d = DeltaClient::connect(&server).await?;
+    d.subscribe(type_url::ENDPOINT, &["orders"], &[]);
+    let first = d.recv().await?;
+    d.ack(&first);
+    d.subscribe(type_url::ENDPOINT, &["orders"], &[]);
+    let resent = d.recv().await?;
+    assert_eq!(
+        delta_of(&resent),
+        (type_url::ENDPOINT, "2", vec!["orders"], vec![])
+    );
+    assert_eq!(resent.resources[0].version, first.resources[0].version);
+    Ok(())
+}
+
+#[tokio::test]
 async fn delta_turned_off_is_unimplemented() -> anyhow::Result<()> {
     let server = ControlServer::start_with(
         "127.0.0.1:0".parse()?,
@@ -472,6 +526,114 @@ async fn delta_turned_off_is_unimplemented() -> anyhow::Result<()> {
     assert_eq!(
         delta_of(&d.recv().await?),
         (type_url::CLUSTER, "1", vec!["orders"], vec![])
+    );
+    Ok(())
+}
+
+/// The names of the secrets in `resources`, and each certificate's PEM (the CA's
+/// for a validation context).
+fn secrets(resources: &[Any]) -> Vec<(String, String)> {
+    resources
+        .iter()
+        .map(|a| {
+            assert_eq!(a.type_url, type_url::SECRET);
+            let s = Secret::decode(&*a.value).expect("a Secret");
+            let inline = |d: Option<DataSource>| match d.and_then(|d| d.specifier) {
+                Some(data_source::Specifier::InlineString(text)) => text,
+                other => panic!("not inline: {other:?}"),
+            };
+            let pem = match s.r#type {
+                Some(secret::Type::TlsCertificate(c)) => {
+                    assert!(inline(c.private_key).contains("PRIVATE KEY"));
+                    inline(c.certificate_chain)
+                }
+                Some(secret::Type::ValidationContext(v)) => inline(v.trusted_ca),
+                other => panic!("unexpected secret {other:?}"),
+            };
+            (s.name, pem)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn secrets_are_served_by_name_and_pushed_when_rotated() -> anyhow::Result<()> {
+    let server = ControlServer::start("127.0.0.1:0".parse()?, None).await?;
+    let ca = Ca::generate("test CA", Duration::from_secs(3600))?;
+    let issuer = server.start_issuer(
+        ca,
+        IssuerOptions::default(),
+        vec![
+            IdentitySpec::new("svc", ["spiffe://test/ns/test/sa/svc"])?,
+            IdentitySpec::new("edge", ["spiffe://test/ns/test/sa/edge"])?,
+        ],
+    )?;
+    let issued = issuer.identity("svc").expect("svc");
+
+    // State of the world: no name, no secret (not a wildcard type); by name, those.
+    let mut c = Client::connect(&server, "n1").await?;
+    c.send(type_url::SECRET, &[], None, None);
+    let none = c.recv().await?;
+    assert!(none.resources.is_empty(), "{none:?}");
+    c.send(type_url::SECRET, &["svc", "ca"], Some(&none), None);
+    let sds = c.recv().await?;
+    assert_eq!(sds.version_info, issued.version);
+    let got = secrets(&sds.resources);
+    assert_eq!(
+        got.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
+        ["ca", "svc"]
+    );
+    assert_eq!(got[0].1, issuer.ca_pem());
+    c.send(type_url::SECRET, &["svc", "ca"], Some(&sds), None);
+
+    // Delta: by name too.
+    let mut d = DeltaClient::connect(&server).await?;
+    d.subscribe(type_url::SECRET, &["svc"], &[]);
+    let first = d.recv().await?;
+    assert_eq!(
+        delta_of(&first),
+        (
+            type_url::SECRET,
+            issued.version.as_str(),
+            vec!["svc"],
+            vec![]
+        )
+    );
+    d.ack(&first);
+
+    // A rotation reaches both, with the new certificate under a new version.
+    let rotated = issuer.rotate("svc")?;
+    let sds2 = c.recv().await?;
+    assert_eq!(sds2.version_info, rotated.version);
+    let got2 = secrets(&sds2.resources);
+    assert_ne!(got2[1].1, got[1].1, "a new certificate");
+    assert_eq!(got2[0].1, got[0].1, "the same CA");
+    c.send(type_url::SECRET, &["svc", "ca"], Some(&sds2), None);
+    let second = d.recv().await?;
+    assert_eq!(
+        delta_of(&second),
+        (
+            type_url::SECRET,
+            rotated.version.as_str(),
+            vec!["svc"],
+            vec![]
+        )
+    );
+    assert_ne!(second.resources[0].version, first.resources[0].version);
+    d.ack(&second);
+
+    // Another identity's rotation is not sent to the delta client, which asked only
+    // for svc: the next response it gets is svc's next rotation.
+    issuer.rotate("edge")?;
+    let again = issuer.rotate("svc")?;
+    let third = d.recv().await?;
+    assert_eq!(
+        delta_of(&third),
+        (
+            type_url::SECRET,
+            again.version.as_str(),
+            vec!["svc"],
+            vec![]
+        )
     );
     Ok(())
 }

@@ -5,6 +5,11 @@
 #   deploy/local/mesh.sh stop
 #   deploy/local/mesh.sh hold <instance>
 #   deploy/local/mesh.sh release <instance>
+#   deploy/local/mesh.sh identities
+#   deploy/local/mesh.sh rotate [secret]
+#   deploy/local/mesh.sh stop-rotation | start-rotation
+#   deploy/local/mesh.sh expire <secret> [lifetime]
+#   deploy/local/mesh.sh wrong-san | right-san
 #
 # `up` builds the binaries (cargo build --release), installs Envoy (scripts/envoy.sh),
 # then starts on 127.0.0.1: the zone's xDS control server (meshcat-control-server,
@@ -17,6 +22,18 @@
 # Every Envoy keeps its listener and routes static in its bootstrap (with the access
 # log its agent tails) and takes its clusters and their endpoints from the control
 # server (CDS and EDS over ADS; LDS too, which the mesh file leaves empty).
+# The edge calls catalog and reviews over mTLS: the control server's identity issuer
+# gives each Envoy its certificate (secrets edge, catalog, reviews, SPIFFE ids
+# spiffe://local/ns/local/sa/<name>) and the CA (secret ca) over SDS; the services'
+# listeners demand a client certificate, the edge's clusters catalog and reviews
+# present the edge's and check the service's SPIFFE id.
+# `identities` lists the certificates the control server issued; `rotate [secret]`
+# replaces one (or all) at once; `stop-rotation` lets them age (past half their
+# lifetime, then expired), `start-rotation` replaces the overdue ones; `expire
+# <secret> [lifetime]` issues one that lives only that long (default 10m);
+# `wrong-san` makes the edge expect a SPIFFE id catalog does not present (every
+# request to /catalog/ fails 503 UF), `right-san` puts it back. Each prints what
+# changed and what the Envoys' own /certs show.
 # `hold <instance>` keeps one sidecar on the snapshot it has and then gives the
 # catalog a second upstream (127.0.0.1:18111): the other sidecars get it, the held one
 # does not, and after the aggregator's --sync-grace `meshcat sync` shows it stale.
@@ -49,6 +66,17 @@ EDGE_AGENT_OPS=18092 CATALOG_AGENT_OPS=18093 REVIEWS_AGENT_OPS=18094
 CONTROL_PORT=18600 CONTROL_ADMIN=18601
 # How long a sidecar may differ from the control server before it is `stale`.
 SYNC_GRACE=10s
+# Workload identity: the SPIFFE id of each secret the control server issues, the
+# CA's secret, each certificate's lifetime (replaced at half of it), the id the edge
+# expects of catalog after `wrong-san`, and how long `expire` makes one live.
+EDGE_ID=spiffe://local/ns/local/sa/edge
+CATALOG_ID=spiffe://local/ns/local/sa/catalog
+REVIEWS_ID=spiffe://local/ns/local/sa/reviews
+CA_SECRET=ca
+IDENTITY_LIFETIME=24h
+WRONG_SAN=spiffe://local/ns/shop/sa/catalog
+EXPIRE_LIFETIME=10m
+EDGE_IDLE_MS=2000
 # --ha: etcd members (client, peer), their plain-HTTP /health and /metrics, and the
 # second and third replicas (api, quic, ops).
 ETCD_PORTS=(18379 18380 18381 18382 18383 18384)
@@ -62,6 +90,8 @@ mesh="$state/mesh.json"
 bin=${CARGO_TARGET_DIR:-$root/target}/release
 # The sidecars, as `instance:admin port`; the instance is also the Envoy's node id.
 SIDECARS=("edge-1:$EDGE_ADMIN" "catalog-1:$CATALOG_ADMIN" "reviews-1:$REVIEWS_ADMIN")
+# The identities, as `secret:SPIFFE id`; secret <name> is the certificate of Envoy <name>-1.
+IDENTITIES=("edge:$EDGE_ID" "catalog:$CATALOG_ID" "reviews:$REVIEWS_ID")
 
 say() { printf '==> %s\n' "$*"; }
 die() { printf 'mesh.sh: %s\n' "$*" >&2; exit 1; }
@@ -144,9 +174,28 @@ spawn_envoy() {
 # control server through the static HTTP/2 cluster `xds`. Its HTTP listener stays
 # static: its routes map path prefixes to those clusters (not checked at load, since
 # the clusters arrive later over CDS) and its access lines go into the same log file
-# as Envoy's own log. The admin listens on loopback.
+# as Envoy's own log. With $6 = mtls the listener demands mTLS: it presents the
+# certificate of secret <name> and accepts clients whose certificate the CA (secret
+# ca) signed, both over SDS from the control server (ADS). The admin listens on
+# loopback.
 write_bootstrap() {
-  local file=$1 name=$2 port=$3 admin=$4 routes=$5
+  local file=$1 name=$2 port=$3 admin=$4 routes=$5 tls=${6:-}
+  local chain="- filters:"
+  if [ "$tls" = mtls ]; then
+    chain="- transport_socket:
+            name: envoy.transport_sockets.tls
+            typed_config:
+              \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext
+              require_client_certificate: true
+              common_tls_context:
+                tls_certificate_sds_secret_configs:
+                  - name: $name
+                    sds_config: { ads: {}, resource_api_version: V3 }
+                validation_context_sds_secret_config:
+                  name: $CA_SECRET
+                  sds_config: { ads: {}, resource_api_version: V3 }
+          filters:"
+  fi
   cat >"$file" <<YAML
 node: { id: $name-1, cluster: $name }
 admin:
@@ -165,7 +214,7 @@ static_resources:
     - name: ingress
       address: { socket_address: { address: 127.0.0.1, port_value: $port } }
       filter_chains:
-        - filters:
+        $chain
             - name: envoy.filters.network.http_connection_manager
               typed_config:
                 "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
@@ -213,10 +262,31 @@ route() { # prefix cluster rewrite
 YAML
 }
 
+# The UpstreamTlsContext of an edge cluster: the edge's certificate and the CA over
+# SDS, the service's certificate required to carry URI SAN $1.
+edge_tls() {
+  printf '{"certificate_sds": "edge", "ca": {"sds": "%s"}, "match_sans": [{"san_type": "URI", "matcher": {"exact": "%s"}}]}' \
+    "$CA_SECRET" "$1"
+}
+
+# The SPIFFE id the edge expects of catalog: its own, or after `wrong-san` one it
+# does not present.
+catalog_expected() {
+  if [ -f "$state/wrong-san" ]; then echo "$WRONG_SAN"; else echo "$CATALOG_ID"; fi
+}
+
+# How many catalog upstreams the mesh file lists now (2 while a sidecar is held).
+app_count() {
+  if [ -f "$mesh" ] && grep -q "\"port\": $CATALOG_APP_2" "$mesh"; then echo 2; else echo 1; fi
+}
+
 # The mesh the control server serves (its --mesh file, re-read when it changes):
 # `catalog` and `reviews` are the service sidecars' listeners (what the edge routes
-# to), `catalog-app` and `reviews-app` the upstreams behind them. Every sidecar gets
-# every cluster. $1: how many catalog upstreams (1, or 2 while a sidecar is held).
+# to, over mTLS: only the edge gets them, as they carry its certificate; their idle
+# connections close after $EDGE_IDLE_MS ms, so that a request after a pause makes a
+# new handshake with the certificates of the moment),
+# `catalog-app` and `reviews-app` the upstreams behind them (every sidecar gets
+# them). $1: how many catalog upstreams (1, or 2 while a sidecar is held).
 # Written to a temporary file first, then renamed, so it is never read half-written.
 write_mesh() {
   local app2=""
@@ -224,8 +294,10 @@ write_mesh() {
   cat >"$mesh.tmp" <<JSON
 {
   "clusters": [
-    {"name": "catalog", "endpoints": [{"address": "127.0.0.1", "port": $CATALOG_PORT}]},
-    {"name": "reviews", "endpoints": [{"address": "127.0.0.1", "port": $REVIEWS_PORT}]},
+    {"name": "catalog", "node_clusters": ["edge"], "endpoints": [{"address": "127.0.0.1", "port": $CATALOG_PORT}],
+     "idle_timeout_ms": $EDGE_IDLE_MS, "tls": $(edge_tls "$(catalog_expected)")},
+    {"name": "reviews", "node_clusters": ["edge"], "endpoints": [{"address": "127.0.0.1", "port": $REVIEWS_PORT}],
+     "idle_timeout_ms": $EDGE_IDLE_MS, "tls": $(edge_tls "$REVIEWS_ID")},
     {"name": "catalog-app", "endpoints": [{"address": "127.0.0.1", "port": $CATALOG_APP}$app2]},
     {"name": "reviews-app", "endpoints": [{"address": "127.0.0.1", "port": $REVIEWS_APP}]}
   ],
@@ -236,11 +308,14 @@ JSON
 }
 
 start_control_server() {
-  say "control server (ADS 127.0.0.1:$CONTROL_PORT, admin $CONTROL)"
+  say "control server (ADS 127.0.0.1:$CONTROL_PORT, admin $CONTROL, identities edge, catalog, reviews)"
+  rm -f "$state/held" "$state/wrong-san"
   write_mesh 1
-  rm -f "$state/held"
+  local ids=() id
+  for id in "${IDENTITIES[@]}"; do ids+=(--identity "${id%%:*}=${id#*:},${id%%:*}.local"); done
   spawn control-server "$bin/meshcat-control-server" --listen "127.0.0.1:$CONTROL_PORT" \
-    --mesh "$mesh" --admin "127.0.0.1:$CONTROL_ADMIN"
+    --mesh "$mesh" --admin "127.0.0.1:$CONTROL_ADMIN" "${ids[@]}" \
+    --identity-lifetime "$IDENTITY_LIFETIME" --ca-secret "$CA_SECRET"
   wait_for "control server admin" 15 curl -fsS "$CONTROL/nodes"
 }
 
@@ -262,9 +337,9 @@ start_data_plane() {
   write_bootstrap "$state/envoy/edge.yaml" edge "$EDGE_PORT" "$EDGE_ADMIN" \
     "$(route /catalog/ catalog /; route /reviews/ reviews /)"
   write_bootstrap "$state/envoy/catalog.yaml" catalog "$CATALOG_PORT" "$CATALOG_ADMIN" \
-    "$(route / catalog-app /)"
+    "$(route / catalog-app /)" mtls
   write_bootstrap "$state/envoy/reviews.yaml" reviews "$REVIEWS_PORT" "$REVIEWS_ADMIN" \
-    "$(route / reviews-app /)"
+    "$(route / reviews-app /)" mtls
 
   start_control_server
   say "upstreams and Envoys"
@@ -391,6 +466,7 @@ meshcat local mesh is up (state and logs in .local-mesh/).
   edge (entry)        http://127.0.0.1:$EDGE_PORT/catalog/   http://127.0.0.1:$EDGE_PORT/reviews/
   Envoy admins        http://127.0.0.1:$EDGE_ADMIN/  :$CATALOG_ADMIN  :$REVIEWS_ADMIN
   control server      ADS 127.0.0.1:$CONTROL_PORT, admin $CONTROL/nodes, mesh file .local-mesh/mesh.json
+  identities          edge -> catalog, reviews over mTLS; certificates over SDS: $CONTROL/identities
 TXT
   if [ "$1" = full ]; then
     cat <<TXT
@@ -413,6 +489,18 @@ A sidecar that falls behind its control server (stale after --sync-grace $SYNC_G
   deploy/local/mesh.sh release catalog-1
 TXT
   fi
+  cat <<TXT
+
+Workload identity (each Envoy's own /certs shows its certificate, "path": "<inline>"):
+  curl -s http://127.0.0.1:$CATALOG_ADMIN/certs | python3 -m json.tool
+  deploy/local/mesh.sh identities
+  deploy/local/mesh.sh rotate catalog            # a new serial, pushed to catalog-1
+  deploy/local/mesh.sh expire catalog 2m         # a certificate that expires in 2 minutes
+  deploy/local/mesh.sh stop-rotation             # certificates age, then expire
+  deploy/local/mesh.sh start-rotation
+  deploy/local/mesh.sh wrong-san                 # the edge expects a SAN catalog lacks: 503 UF
+  deploy/local/mesh.sh right-san
+TXT
   echo
   echo "Stop it with: deploy/local/mesh.sh stop"
 }
@@ -446,7 +534,7 @@ cmd_stop() {
     [ -f "$f" ] || continue
     rm -f "/dev/shm/envoy_shared_memory_$(($(cat "$f") * 10))" "$f"
   done
-  rm -f "$pids" "$state"/envoy-*.pid "$state/held" "$state/catalog-app-2.pid"
+  rm -f "$pids" "$state"/envoy-*.pid "$state/held" "$state/catalog-app-2.pid" "$state/wrong-san"
   echo "local mesh stopped"
 }
 
@@ -474,6 +562,17 @@ for n in json.load(sys.stdin):
 ' || true
   if [ -s "$state/held" ]; then
     echo "held: $(cat "$state/held") (deploy/local/mesh.sh release $(cat "$state/held"))"
+  fi
+  # The certificates the control server issued (no key is ever shown).
+  curl -fsS --max-time 2 "$CONTROL/identities" 2>/dev/null | python3 -c '
+import json, sys
+v = json.load(sys.stdin)
+print("rotation %s" % ("running" if v["rotation"] else "STOPPED (deploy/local/mesh.sh start-rotation)"))
+for i in v["identities"]:
+    print("identity %-8s serial %s  expires %s" % (i["secret"], i["serial"], i["expiresAt"]))
+' || true
+  if [ -f "$state/wrong-san" ]; then
+    echo "the edge expects $WRONG_SAN of catalog (deploy/local/mesh.sh right-san)"
   fi
 }
 
@@ -617,6 +716,244 @@ $instance is released and every sidecar has catalog-app $(app_hosts "$admin") ag
 TXT
 }
 
+# Calls the control server's admin API ($1 method, $2 path) and prints its JSON
+# answer; dies with the error it gives.
+control() {
+  local out code
+  out=$(curl -sS --max-time 10 -X "$1" -w '\n%{http_code}' "$CONTROL$2" 2>/dev/null) ||
+    die "the control server does not answer at $CONTROL (deploy/local/mesh.sh up first)"
+  code=${out##*$'\n'}
+  out=${out%$'\n'*}
+  if [ "$code" != 200 ]; then
+    die "$1 $CONTROL$2 answered $code: $(printf '%s' "$out" |
+      python3 -c 'import json, sys; print(json.load(sys.stdin)["error"])' 2>/dev/null || printf '%s' "$out")"
+  fi
+  printf '%s\n' "$out"
+}
+
+# The secret names, for messages.
+identity_names() {
+  local id out=""
+  for id in "${IDENTITIES[@]}"; do out+="${id%%:*}, "; done
+  echo "${out%, }"
+}
+
+# Checks $1 names an identity; prints the admin port of the Envoy that holds it.
+identity_admin() {
+  [ -n "$1" ] || die "name the secret: $(identity_names)"
+  admin_of "$1-1" || die "no identity $1 (the identities are $(identity_names))"
+}
+
+# The chain certificates Envoy (admin port $1) lists in /certs, each once (a TLS
+# context used twice lists its certificate twice): `serial expiration_time path days`.
+shown_certs() {
+  curl -fsS --max-time 2 "http://127.0.0.1:$1/certs" | python3 -c '
+import json, sys
+seen = set()
+for ctx in json.load(sys.stdin).get("certificates", []):
+    for c in ctx.get("cert_chain", []):
+        if c["serial_number"] not in seen:
+            seen.add(c["serial_number"])
+            print(c["serial_number"], c["expiration_time"], c["path"], c["days_until_expiration"])
+'
+}
+
+shows_serial() { shown_certs "$1" | grep -q "^$2 "; }
+
+# Prints the certificates issued (a JSON rotation, or a list of them, on stdin).
+print_rotations() {
+  python3 -c '
+import json, sys
+v = json.load(sys.stdin)
+for r in v if isinstance(v, list) else [v]:
+    print("  %-8s serial %s -> %s" % (r["secret"], r.get("previousSerial") or "(none)", r["serial"]))
+    print("  %-8s valid %s .. %s (the old one until %s)" % ("", r["validFrom"], r["expiresAt"], r.get("previousExpiresAt") or "-"))
+'
+}
+
+# Waits until each Envoy shows the certificate issued for it (JSON rotations on
+# stdin), and prints what its /certs says.
+wait_certs() {
+  local secret serial admin
+  while read -r secret serial; do
+    admin=$(admin_of "$secret-1") || continue
+    wait_for "$secret-1 to show serial $serial" 15 shows_serial "$admin" "$serial"
+    printf '  %-8s %s-1 /certs: %s\n' "$secret" "$secret" "$(shown_certs "$admin" | grep "^$serial " |
+      awk '{printf "serial %s, path %s, expiration_time %s, days_until_expiration \"%s\"", $1, $3, $2, $4}')"
+  done < <(python3 -c '
+import json, sys
+v = json.load(sys.stdin)
+for r in v if isinstance(v, list) else [v]:
+    print(r["secret"], r["serial"])
+')
+}
+
+# One field of GET /identities: `rotation`, or `<secret>.<field>` of an identity.
+identity_field() {
+  control GET /identities | python3 -c '
+import json, sys
+v, key = json.load(sys.stdin), sys.argv[1]
+if "." in key:
+    secret, field = key.split(".", 1)
+    v = next(i for i in v["identities"] if i["secret"] == secret)[field]
+else:
+    v = v[key]
+print(str(v).lower() if isinstance(v, bool) else v)
+' "$1"
+}
+
+# `identities`: the CA and each certificate the control server issued, and whether
+# each Envoy shows it.
+cmd_identities() {
+  local json s
+  json=$(control GET /identities)
+  printf '%s' "$json" | python3 -c '
+import json, sys
+v = json.load(sys.stdin)
+ca = v["ca"]
+print("rotation %s: each certificate lives %ss and is replaced after %s of it" % (
+    "running" if v["rotation"] else "STOPPED", v["lifetimeSeconds"], v["rotateAt"]))
+print("CA (secret %s) %s  serial %s  expires %s" % (ca["secret"], ca["subject"], ca["serial"], ca["expiresAt"]))
+print("%-8s %-32s %-20s %-20s %-20s %s" % ("SECRET", "SERIAL", "VALID FROM", "EXPIRES", "ROTATES AFTER", "SANS"))
+for i in v["identities"]:
+    print("%-8s %-32s %-20s %-20s %-20s %s" % (i["secret"], i["serial"], i["validFrom"], i["expiresAt"],
+          i["rotateAfter"], ",".join(i["sans"])))
+'
+  for s in "${SIDECARS[@]}"; do
+    printf '%-10s /certs: %s\n' "${s%%:*}" "$(shown_certs "${s##*:}" 2>/dev/null |
+      awk '{printf "%s (%s, expires %s) ", $1, $3, $2}')"
+  done
+}
+
+# `rotate [secret]`: replaces one certificate, or every one, at once.
+cmd_rotate() {
+  local path=/rotate json
+  if [ -n "${1:-}" ]; then identity_admin "$1" >/dev/null; path="/rotate/$1"; fi
+  say "rotating ${1:-every certificate} (POST $CONTROL$path)"
+  json=$(control POST "$path")
+  printf '%s' "$json" | print_rotations
+  say "pushed over SDS; what the Envoys show"
+  printf '%s' "$json" | wait_certs
+  cat <<TXT
+Envoy serves a new certificate at once: new handshakes use it, open connections keep
+the old one. See it in Envoy's own admin (curl -s http://127.0.0.1:$CATALOG_ADMIN/certs) and
+its SDS secret with its version in
+curl -s 'http://127.0.0.1:$CATALOG_ADMIN/config_dump?resource=dynamic_active_secrets'.
+TXT
+}
+
+# `stop-rotation`: certificates are no longer replaced; they age and expire.
+cmd_stop_rotation() {
+  say "stopping rotation (POST $CONTROL/rotation/stop)"
+  control POST /rotation/stop >/dev/null
+  control GET /identities | python3 -c '
+import json, sys
+for i in json.load(sys.stdin)["identities"]:
+    print("  %-8s serial %s: was due for rotation at %s, expires at %s" % (
+        i["secret"], i["serial"], i["rotateAfter"], i["expiresAt"]))
+'
+  cat <<TXT
+No certificate is replaced from now on: each passes its rotation point and then expires,
+and Envoy goes on serving an expired one (days_until_expiration "0"); once catalog's has
+expired, the edge refuses it at its next handshake and /catalog/ answers 503. With $IDENTITY_LIFETIME
+certificates that takes hours: deploy/local/mesh.sh expire catalog 2m issues one that
+expires in two minutes. deploy/local/mesh.sh start-rotation replaces the overdue ones.
+TXT
+}
+
+# `start-rotation`: rotation runs again; overdue certificates are replaced at once.
+cmd_start_rotation() {
+  local json
+  say "starting rotation (POST $CONTROL/rotation/start)"
+  json=$(control POST /rotation/start)
+  if [ "$(printf '%s' "$json" | python3 -c 'import json, sys; print(len(json.load(sys.stdin)["rotated"]))')" = 0 ]; then
+    echo "  nothing was overdue; each certificate is replaced at its rotation point:"
+    control GET /identities | python3 -c '
+import json, sys
+for i in json.load(sys.stdin)["identities"]:
+    print("  %-8s serial %s rotates after %s" % (i["secret"], i["serial"], i["rotateAfter"]))
+'
+    return 0
+  fi
+  echo "  replaced at once, as their rotation was overdue:"
+  printf '%s' "$json" | python3 -c 'import json, sys; print(json.dumps(json.load(sys.stdin)["rotated"]))' | print_rotations
+  printf '%s' "$json" | python3 -c 'import json, sys; print(json.dumps(json.load(sys.stdin)["rotated"]))' | wait_certs
+}
+
+# `expire <secret> [lifetime]`: issues a certificate that lives only that long.
+cmd_expire() {
+  local secret=${1:-} lifetime=${2:-$EXPIRE_LIFETIME} json
+  identity_admin "$secret" >/dev/null
+  say "issuing $secret a certificate that lives $lifetime (POST $CONTROL/issue/$secret?lifetime=$lifetime)"
+  json=$(control POST "/issue/$secret?lifetime=$lifetime")
+  printf '%s' "$json" | print_rotations
+  printf '%s' "$json" | wait_certs
+  if [ "$(identity_field rotation)" = true ]; then
+    cat <<TXT
+Rotation is running: it replaces this certificate at $(identity_field "$secret.rotateAfter"),
+half its life, with a $IDENTITY_LIFETIME one. To watch it expire instead, stop rotation
+before then: deploy/local/mesh.sh stop-rotation
+TXT
+  else
+    cat <<TXT
+Rotation is stopped: this certificate expires at $(identity_field "$secret.expiresAt") and Envoy goes on
+serving it (days_until_expiration "0"); deploy/local/mesh.sh start-rotation replaces it.
+TXT
+  fi
+}
+
+# True when the edge's cluster catalog (its /config_dump) names SAN $1.
+edge_expects() {
+  curl -fsS --max-time 2 "http://127.0.0.1:$EDGE_ADMIN/config_dump?resource=dynamic_active_clusters" |
+    grep -q -- "$1"
+}
+
+edge_forgot() { ! edge_expects "$@"; }
+
+# The last access line of the edge after line $1 that answered 503 on an upstream
+# connection failure (UF); fails when there is none.
+uf_line_after() {
+  tail -n +"$(($1 + 1))" "$logs/edge.log" | grep -E '" 503 [A-Z,]*UF' | tail -n 1 | grep .
+}
+
+catalog_answers() {
+  [ "$(curl -s -o /dev/null --max-time 5 -w '%{http_code}' "http://127.0.0.1:$EDGE_PORT/catalog/")" = "$1" ]
+}
+
+# `wrong-san`: the edge expects of catalog a SPIFFE id catalog does not present.
+cmd_wrong_san() {
+  local seen
+  control GET /nodes >/dev/null
+  seen=$(wc -l <"$logs/edge.log")
+  touch "$state/wrong-san"
+  write_mesh "$(app_count)"
+  say "the edge's cluster catalog now expects $WRONG_SAN; catalog presents $CATALOG_ID"
+  wait_for "the edge to take the new SAN matcher" 15 edge_expects "$WRONG_SAN"
+  wait_for "requests to /catalog/ to fail" 15 catalog_answers 503
+  wait_for "the edge's access line" 5 uf_line_after "$seen"
+  cat <<TXT
+  curl -s localhost:$EDGE_PORT/catalog/ -> $(curl -s --max-time 5 "http://127.0.0.1:$EDGE_PORT/catalog/")
+  the edge's access line: $(uf_line_after "$seen")
+  cluster.catalog.ssl.fail_verify_san: $(curl -fsS "http://127.0.0.1:$EDGE_ADMIN/stats?filter=^cluster\.catalog\.ssl\.fail_verify_san$" | sed 's/.*: //')
+Every handshake of the edge with catalog fails on the SAN check: both Envoys'
+certificates are valid, but the edge's cluster catalog requires URI SAN
+$WRONG_SAN (curl -s 'http://127.0.0.1:$EDGE_ADMIN/config_dump?resource=dynamic_active_clusters'
+shows match_typed_subject_alt_names) and catalog-1's certificate carries $CATALOG_ID
+(curl -s http://127.0.0.1:$CATALOG_ADMIN/certs). Put it back with: deploy/local/mesh.sh right-san
+TXT
+}
+
+# `right-san`: the edge expects catalog's own SPIFFE id again.
+cmd_right_san() {
+  control GET /nodes >/dev/null
+  rm -f "$state/wrong-san"
+  write_mesh "$(app_count)"
+  say "the edge's cluster catalog expects $CATALOG_ID again"
+  wait_for "the edge to drop the wrong SAN matcher" 15 edge_forgot "$WRONG_SAN"
+  wait_for "requests to /catalog/ to succeed" 15 catalog_answers 200
+  echo "  curl -s localhost:$EDGE_PORT/catalog/health.json -> $(curl -s --max-time 5 "http://127.0.0.1:$EDGE_PORT/catalog/health.json")"
+}
+
 # EXIT trap of `up`: stops what was started when `up` fails.
 stop_on_failure() {
   local rc=$?
@@ -681,8 +1018,15 @@ case "${1:-}" in
   status) cmd_status ;;
   hold) shift; cmd_hold "${1:-}" ;;
   release) shift; cmd_release "${1:-}" ;;
+  identities) cmd_identities ;;
+  rotate) shift; cmd_rotate "${1:-}" ;;
+  stop-rotation) cmd_stop_rotation ;;
+  start-rotation) cmd_start_rotation ;;
+  expire) shift; cmd_expire "$@" ;;
+  wrong-san) cmd_wrong_san ;;
+  right-san) cmd_right_san ;;
   *)
-    echo "usage: deploy/local/mesh.sh up [--foreground] [--envoy-only] [--ha] | status | stop | hold <instance> | release <instance>" >&2
+    echo "usage: deploy/local/mesh.sh up [--foreground] [--envoy-only] [--ha] | status | stop | hold <instance> | release <instance> | identities | rotate [secret] | stop-rotation | start-rotation | expire <secret> [lifetime] | wrong-san | right-san" >&2
     exit 2
     ;;
 esac

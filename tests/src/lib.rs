@@ -12,7 +12,9 @@
 //! take them from [`ports`]; promtool and a real Prometheus server are in
 //! [`monitoring`]. Envoys in network namespaces of their own, and the pod cgroups
 //! that name them, are in [`netns`]; a sidecar that knows 20,000 upstream clusters
-//! is in [`large_sidecar`].
+//! is in [`large_sidecar`]. Envoys whose certificates come over SDS from the test
+//! control server's identity issuer, and what they show of them, are in
+//! [`identity`].
 
 pub mod bootstrap;
 pub mod browser;
@@ -22,6 +24,7 @@ pub mod cpu;
 pub mod diagnose_stack;
 pub mod envoy;
 pub mod etcd;
+pub mod identity;
 pub mod large_sidecar;
 pub mod mesh;
 pub mod monitoring;

@@ -1,8 +1,9 @@
 //! Real Envoys configured over ADS by a control server: their bootstrap (ADS over
 //! gRPC to a static HTTP/2 cluster `xds`, CDS and LDS from ADS, a node of their
-//! own, admin on 127.0.0.1 port 0) and the process, spawned like [`crate::Envoy`]'s
-//! and killed when dropped, with readers for what tests look at (hosts of a cluster,
-//! stats, the log).
+//! own, admin on 127.0.0.1 port 0, static listeners and clusters when given) and
+//! the process, spawned like [`crate::Envoy`]'s and killed when dropped, with
+//! readers for what tests look at (hosts of a cluster, a listener's address, stats,
+//! the log).
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -31,6 +32,11 @@ pub struct XdsBootstrap {
     pub max_retry: Duration,
     /// Delta xDS (`DELTA_GRPC`) instead of state of the world.
     pub delta: bool,
+    /// Listeners of the bootstrap itself (raw JSON), beside what LDS brings: a
+    /// sidecar's static inbound listener, say, with its certificates over SDS.
+    pub static_listeners: Vec<Value>,
+    /// Clusters of the bootstrap itself (raw JSON) beside `xds`.
+    pub static_clusters: Vec<Value>,
 }
 
 impl XdsBootstrap {
@@ -43,6 +49,8 @@ impl XdsBootstrap {
             tls: None,
             max_retry: Duration::from_secs(1),
             delta: false,
+            static_listeners: Vec::new(),
+            static_clusters: Vec::new(),
         }
     }
 
@@ -70,6 +78,8 @@ impl XdsBootstrap {
             socket["typed_config"]["common_tls_context"]["alpn_protocols"] = json!(["h2"]);
             xds["transport_socket"] = socket;
         }
+        let mut clusters = vec![xds];
+        clusters.extend(self.static_clusters.iter().cloned());
         json!({
             "node": {"id": self.node_id, "cluster": self.node_cluster},
             "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}}},
@@ -89,7 +99,7 @@ impl XdsBootstrap {
                 "cds_config": ads,
                 "lds_config": ads,
             },
-            "static_resources": {"clusters": [xds]},
+            "static_resources": {"clusters": clusters, "listeners": self.static_listeners},
         })
     }
 }
@@ -235,6 +245,22 @@ impl XdsEnvoy {
                 parts.next()?.parse::<SocketAddr>().ok()
             })
             .collect())
+    }
+
+    /// The address listener `name` is bound to (`/listeners`), once it is (a
+    /// listener whose certificates come over SDS binds when they arrive).
+    pub async fn listener(&self, name: &str) -> anyhow::Result<Option<SocketAddr>> {
+        let v: Value = serde_json::from_str(&self.admin_get("/listeners?format=json").await?)?;
+        Ok(v["listener_statuses"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|l| l["name"] == name)
+            .find_map(|l| {
+                let sa = &l["local_address"]["socket_address"];
+                let port = sa["port_value"].as_u64().filter(|p| *p != 0)?;
+                format!("{}:{port}", sa["address"].as_str()?).parse().ok()
+            }))
     }
 
     /// `control_plane.connected_state` (1 while the ADS stream is up).
