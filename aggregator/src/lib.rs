@@ -18,6 +18,7 @@ pub mod ops;
 pub mod peer_signature;
 pub mod process;
 mod redb_errors;
+pub mod redb_file;
 pub mod replica_status;
 pub mod replicas;
 pub mod sidecars;

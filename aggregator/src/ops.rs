@@ -168,6 +168,7 @@ impl OpsState {
         self.telemetry.ops.renders.inc();
         self.telemetry.catalog.set(&self.store.totals());
         self.telemetry.readiness.set(self.is_ready());
+        self.telemetry.store.set(self.store.writable());
         let families = self.telemetry.registry.gather();
         let mut buf = Vec::with_capacity(16 * 1024);
         if let Err(e) = TextEncoder::new().encode(&families, &mut buf) {

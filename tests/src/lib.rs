@@ -12,7 +12,8 @@
 //! take them from [`ports`]; promtool and a real Prometheus server are in
 //! [`monitoring`]. Envoys in network namespaces of their own, and the pod cgroups
 //! that name them, are in [`netns`]; a sidecar that knows 20,000 upstream clusters
-//! is in [`large_sidecar`].
+//! is in [`large_sidecar`]; a small filesystem the full-disk tests fill and grow is
+//! in [`tmpfs`].
 
 pub mod bootstrap;
 pub mod browser;
@@ -29,6 +30,7 @@ pub mod ports;
 pub mod replicas;
 pub mod scenario;
 pub mod sse;
+pub mod tmpfs;
 pub mod upstream;
 pub mod xds;
 
