@@ -86,8 +86,11 @@ pub struct RedbFile {
 
 #[derive(Debug)]
 struct Failing {
+    /// What refused writes answer until the file heals.
     cause: Unwritable,
+    /// When writes began to fail, for the log line that says they heal.
     since: Instant,
+    /// When the file was last written or healed: the next try is due [`RETRY`] later.
     tried: Instant,
 }
 
@@ -236,7 +239,7 @@ impl RedbFile {
         let path = PathBuf::from(name);
         let written = (|| {
             let mut f = std::fs::File::create(&path)?;
-            f.write_all(&[0u8; 64 << 10].repeat(PROBE_BYTES / (64 << 10)))?;
+            f.write_all(&vec![0u8; PROBE_BYTES])?;
             f.sync_all()
         })();
         let _ = std::fs::remove_file(&path);

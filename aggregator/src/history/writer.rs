@@ -103,6 +103,10 @@ pub(super) fn run(
                 }
                 batch.extend(rates.sweep(Instant::now()));
                 if batch.is_empty() {
+                    // Retention waits for the storage to take writes again.
+                    if !log.writable() {
+                        continue;
+                    }
                     match log.expire(now_ms()) {
                         Ok(0) => {}
                         Ok(_) => {
