@@ -11,7 +11,8 @@
 #   scripts/deps.sh shells  zsh and fish: the CLI's tests parse the completion scripts
 #                           `meshcat completion` prints for them (bash is always there)
 #   scripts/deps.sh netns   unshare (util-linux) and ip (iproute2): the tests start
-#                           Envoys in network namespaces of their own, as pods' sidecars
+#                           Envoys in network namespaces of their own, as pods' sidecars;
+#                           mount (util-linux): the full-disk tests mount a tmpfs
 # Needs root (or sudo) only when something is missing. Package services are kept from
 # starting: a policy-rc.d answering 101 denies them while the packages install.
 set -euo pipefail
@@ -35,7 +36,7 @@ for what in "$@"; do
       command -v fish >/dev/null 2>&1 || need+=(fish)
       ;;
     netns)
-      command -v unshare >/dev/null 2>&1 || need+=(util-linux)
+      { command -v unshare && command -v mount; } >/dev/null 2>&1 || need+=(util-linux)
       command -v ip >/dev/null 2>&1 || [ -x /usr/sbin/ip ] || need+=(iproute2)
       ;;
     *) echo "deps.sh: unknown group $what (build, etcd, browser, shells, netns)" >&2; exit 64 ;;

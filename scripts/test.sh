@@ -68,6 +68,8 @@ scripts/deps.sh shells
 
 # unshare and ip (Debian util-linux, iproute2): Envoys in network namespaces of their
 # own, the sidecars whose admin stays on their pod's loopback (tests/tests/e2e_netns.rs).
+# mount (util-linux too): the full-disk tests mount, fill and grow a tmpfs, as root
+# (tests/tests/e2e_full_disk.rs).
 scripts/deps.sh netns
 
 # Chromium (Debian) and Playwright (PyPI, into .venv) for the dashboard's browser test.

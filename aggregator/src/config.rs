@@ -189,14 +189,15 @@ pub struct ServeArgs {
     /// (or keep a cluster the control server dropped) before it is `stale`.
     #[arg(long, env = "MESHCAT_SYNC_GRACE", default_value = duration_text(crate::sync::DEFAULT_SYNC_GRACE), value_parser = parse_positive_duration, value_name = "DURATION")]
     pub sync_grace: Duration,
-    /// Most upstream clusters one instance may report (its upstreams with traffic and
-    /// its listeners counted apart, the same way); an instance with more is refused
-    /// alone (too_many_upstream_clusters), the rest of its report applies.
+    /// Most upstream clusters one instance may report or have kept once a delta is
+    /// applied (its upstreams with traffic and its listeners counted apart, the same
+    /// way); an instance with more is refused alone (too_many_upstream_clusters), the
+    /// rest of its report applies.
     #[arg(long, env = "MESHCAT_MAX_UPSTREAM_CLUSTERS", default_value_t = meshcat_common::limits::MAX_UPSTREAM_CLUSTERS as u32, value_parser = clap::value_parser!(u32).range(1..), value_name = "N")]
     pub max_upstream_clusters: u32,
-    /// Most upstream hosts one instance may report over all its clusters, with the
-    /// clusters its listeners name; an instance with more is refused alone
-    /// (too_many_upstream_hosts).
+    /// Most upstream hosts one instance may report or have kept over all its
+    /// clusters, with the clusters its listeners name; an instance with more is
+    /// refused alone (too_many_upstream_hosts).
     #[arg(long, env = "MESHCAT_MAX_UPSTREAM_HOSTS", default_value_t = crate::ingest::DEFAULT_MAX_UPSTREAM_HOSTS as u32, value_parser = clap::value_parser!(u32).range(1..), value_name = "N")]
     pub max_upstream_hosts: u32,
     /// Most instances the live connections of one agent credential (certificate or

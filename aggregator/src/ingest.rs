@@ -7,6 +7,7 @@
 
 mod agents;
 mod auth;
+mod bounds;
 mod budget;
 mod connection;
 mod metrics;
@@ -28,6 +29,7 @@ use tracing::{info, warn};
 
 pub use agents::{Agents, CommandError, MAX_PENDING_COMMANDS};
 pub use auth::{AgentAuth, AuthError, SecurityOptions, ZoneGrant, cert_grant};
+pub use bounds::{Bounded, InstanceBounds, InstanceSize, OverBound};
 pub use budget::{
     DEFAULT_MAX_CREDENTIAL_CONNECTIONS, DEFAULT_MAX_CREDENTIAL_STREAMS,
     DEFAULT_MAX_NEW_INSTANCES_PER_MINUTE,
@@ -89,6 +91,14 @@ impl InstanceKey {
 pub struct InstanceRefusal {
     pub key: InstanceKey,
     pub reason: &'static str,
+    /// Whether the instance stays this session's: the catalog keeps what it held of
+    /// it (until the TTL), or the agent sends it whole next ([`STALE_BASE`]), so it
+    /// stays counted against the session's credential.
+    ///
+    /// [`STALE_BASE`]: meshcat_common::wire::STALE_BASE
+    pub kept: bool,
+    /// The bound the instance would have passed, when that is why.
+    pub over: Option<OverBound>,
 }
 
 /// Where accepted reports go (the live instances implement it). The sink owns which
@@ -97,14 +107,16 @@ pub struct InstanceRefusal {
 pub trait ReportSink: Send + Sync + 'static {
     /// Applies the instance snapshots of one accepted report of session `key`, taking
     /// them over. An instance whose current reporter is another session is taken over
-    /// only when `may_take(reporter)` says so (the check and the take are one step);
-    /// the others are left as they are and answered.
+    /// only when `may_take(reporter)` says so (the check and the take are one step),
+    /// and one whose kept state would pass one of the `bounds` once the snapshot is
+    /// applied is refused; the others are left as they are and answered.
     fn apply_report(
         &self,
         key: &str,
         instances: Vec<InstanceReport>,
         now: Instant,
         may_take: &dyn Fn(&str) -> bool,
+        bounds: &InstanceBounds,
     ) -> Vec<InstanceRefusal>;
     /// The session's connection ended: its instances go.
     fn agent_gone(&self, key: &str);
@@ -176,6 +188,16 @@ pub struct IngestLimits {
     pub hello_timeout: Duration,
 }
 
+impl IngestLimits {
+    /// The per-instance bounds among these limits.
+    pub fn instance_bounds(&self) -> InstanceBounds {
+        InstanceBounds {
+            max_upstream_clusters: self.max_upstream_clusters as u64,
+            max_upstream_hosts: self.max_upstream_hosts as u64,
+        }
+    }
+}
+
 impl Default for IngestLimits {
     fn default() -> Self {
         IngestLimits {
@@ -241,8 +263,8 @@ struct Shared {
     auth: AgentAuth,
     max_message: usize,
     max_instances: usize,
-    max_upstream_clusters: usize,
-    max_upstream_hosts: usize,
+    /// How large one instance may be, in a message and as kept.
+    bounds: InstanceBounds,
     /// What each credential holds: connections, streams, instances.
     budgets: budget::Budgets,
     instance_ttl: Duration,
@@ -294,8 +316,7 @@ impl Ingest {
             auth,
             max_message: limits.max_message,
             max_instances: limits.max_instances,
-            max_upstream_clusters: limits.max_upstream_clusters,
-            max_upstream_hosts: limits.max_upstream_hosts,
+            bounds: limits.instance_bounds(),
             budgets: budget::Budgets::new(budget::CredentialLimits {
                 instances: limits.max_credential_instances,
                 connections: limits.max_credential_connections,

@@ -18,6 +18,7 @@ pub mod ops;
 pub mod peer_signature;
 pub mod process;
 mod redb_errors;
+pub mod redb_file;
 pub mod replica_status;
 pub mod replicas;
 pub mod sidecars;
@@ -175,8 +176,9 @@ impl ingest::ReportSink for Instances {
         instances: Vec<InstanceReport>,
         now: Instant,
         may_take: &dyn Fn(&str) -> bool,
+        bounds: &ingest::InstanceBounds,
     ) -> Vec<ingest::InstanceRefusal> {
-        Instances::apply_reports_guarded(self, key, instances, now, may_take)
+        Instances::apply_reports_guarded(self, key, instances, now, may_take, bounds)
     }
 
     fn agent_gone(&self, key: &str) {
@@ -203,6 +205,7 @@ impl ingest::ReportSink for Reports {
         instances: Vec<InstanceReport>,
         now: Instant,
         may_take: &dyn Fn(&str) -> bool,
+        bounds: &ingest::InstanceBounds,
     ) -> Vec<ingest::InstanceRefusal> {
         let keys: Vec<ingest::InstanceKey> = instances
             .iter()
@@ -210,7 +213,7 @@ impl ingest::ReportSink for Reports {
             .collect();
         let refused = self
             .instances
-            .apply_reports_guarded(key, instances, now, may_take);
+            .apply_reports_guarded(key, instances, now, may_take, bounds);
         for k in keys {
             if !refused.iter().any(|r| r.key == k) {
                 self.sync.reported(k);

@@ -178,6 +178,7 @@ impl OpsState {
             })?;
         self.telemetry.catalog.set_certificates(&counts);
         self.telemetry.readiness.set(self.is_ready());
+        self.telemetry.store.set(self.store.writable());
         let families = self.telemetry.registry.gather();
         let mut buf = Vec::with_capacity(16 * 1024);
         if let Err(e) = TextEncoder::new().encode(&families, &mut buf) {

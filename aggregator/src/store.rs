@@ -83,6 +83,9 @@ pub enum StoreError {
     /// The shared store did not confirm the write in time: its outcome is unknown.
     #[error("{0}")]
     Unavailable(String),
+    /// The store's storage is full: nothing was written. The cause, as a phrase.
+    #[error("{0}")]
+    Full(String),
 }
 
 /// Everything known about one (zone, cluster).
@@ -297,6 +300,12 @@ impl Store {
     /// from now on (set once).
     pub fn set_history(&self, history: Arc<History>) -> Result<(), Arc<History>> {
         self.memory.history.set(history)
+    }
+
+    /// Whether registration writes are taken: `false` from a write refused for the
+    /// store's storage (a full disk, etcd's space quota) until it heals.
+    pub fn writable(&self) -> bool {
+        self.registrations.writable()
     }
 
     /// The etcd backend, when registrations live in etcd.

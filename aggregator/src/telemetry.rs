@@ -185,6 +185,28 @@ impl ReadinessMetrics {
     }
 }
 
+/// Whether the registrations store takes writes, as its backend says at each
+/// scrape: an alert on a full disk needs a series.
+#[derive(Debug, Clone)]
+pub struct StoreMetrics {
+    writable: IntGauge,
+}
+
+impl StoreMetrics {
+    pub fn register(registry: &Registry) -> prometheus::Result<StoreMetrics> {
+        let writable = IntGauge::new(
+            "meshcat_store_writable",
+            "1 while the registrations store takes writes; 0 from a write refused for its storage (a full disk, etcd's space quota: answered 507 insufficient_storage) until it takes writes again.",
+        )?;
+        registry.register(Box::new(writable.clone()))?;
+        Ok(StoreMetrics { writable })
+    }
+
+    pub fn set(&self, writable: bool) {
+        self.writable.set(i64::from(writable));
+    }
+}
+
 /// How the ops port's `/metrics` is served: renderings, each served to every scrape
 /// until it is too old, and scrapes turned away past the bound.
 #[derive(Debug, Clone)]
@@ -217,6 +239,7 @@ pub struct Telemetry {
     pub api: ApiMetrics,
     pub catalog: CatalogMetrics,
     pub readiness: ReadinessMetrics,
+    pub store: StoreMetrics,
     pub ops: OpsMetrics,
     pub peers: crate::store::peers::PeerSummaryChecks,
 }
@@ -227,6 +250,7 @@ impl Telemetry {
         let api = ApiMetrics::register(&registry)?;
         let catalog = CatalogMetrics::register(&registry)?;
         let readiness = ReadinessMetrics::register(&registry)?;
+        let store = StoreMetrics::register(&registry)?;
         let ops = OpsMetrics::register(&registry)?;
         let peers = crate::store::peers::PeerSummaryChecks::register(&registry)?;
         Ok(Telemetry {
@@ -234,6 +258,7 @@ impl Telemetry {
             api,
             catalog,
             readiness,
+            store,
             ops,
             peers,
         })

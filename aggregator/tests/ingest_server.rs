@@ -788,6 +788,247 @@ async fn an_instance_over_a_bound_is_refused_alone_and_the_rest_of_its_report_ap
     server.stop().await;
 }
 
+/// An instance that deltas grow, one per bounded set, and the report numbers it
+/// and its neighbour have reached.
+struct Grower {
+    name: &'static str,
+    seq: u64,
+    /// The last report the aggregator applied: the base of the next delta.
+    acked: u64,
+}
+
+impl Grower {
+    fn whole(&mut self, f: impl FnOnce(&mut InstanceReport)) -> InstanceReport {
+        self.seq += 1;
+        let mut r = instance("zone-a", "web", self.name);
+        r.seq = self.seq;
+        f(&mut r);
+        r
+    }
+
+    fn delta(&mut self, f: impl FnOnce(&mut InstanceReport, &mut wire::Delta)) -> InstanceReport {
+        let mut d = wire::Delta {
+            base: self.acked,
+            listeners_unchanged: true,
+            ..wire::Delta::default()
+        };
+        let mut r = self.whole(|_| {});
+        f(&mut r, &mut d);
+        r.delta = Some(d);
+        r
+    }
+}
+
+fn listeners(n: usize) -> Vec<wire::ListenerRoutes> {
+    (0..n)
+        .map(|i| wire::ListenerRoutes {
+            address: format!("127.0.0.1:{}", 10_000 + i),
+            clusters: vec![format!("route-{i}")],
+        })
+        .collect()
+}
+
+fn upstreams(names: std::ops::Range<usize>) -> Vec<wire::UpstreamTraffic> {
+    names
+        .map(|i| wire::UpstreamTraffic {
+            name: format!("up-{i}"),
+            requests_total: 1,
+            errors_total: 0,
+            connect_fail_total: 0,
+            p50_ms: None,
+            p99_ms: None,
+            tls: false,
+        })
+        .collect()
+}
+
+/// Every per-instance bound holds on what the catalog keeps, not only on each
+/// message: an instance that deltas grow past a bound (each delta under the bound
+/// itself) is refused alone with the bound's reason, counted, the agent told in the
+/// answer; what is kept of it stays as it was however many deltas follow, while its
+/// neighbour on the same agent goes on being applied. Reports go over real QUIC into
+/// the real live instances.
+#[tokio::test]
+async fn deltas_never_grow_an_instance_past_a_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let (files, config) = token_config(dir.path(), "tok-a zone-a\n");
+    let mut config = config;
+    config.limits.max_upstream_clusters = 6;
+    config.limits.max_upstream_hosts = 12;
+    let rules = meshcat_aggregator::store::Rules {
+        instance_ttl: Duration::from_secs(60),
+        error_ratio_warning: 0.05,
+        graph_window: std::time::Duration::from_secs(60),
+        identity: Default::default(),
+    };
+    let (_store, instances) =
+        meshcat_aggregator::store::Store::open(&dir.path().join("data"), rules).unwrap();
+    let instances = Arc::new(instances);
+    let server = Server::start_with(
+        config,
+        Arc::new(RecordingSink::default()),
+        instances.clone(),
+    )
+    .await;
+    let rejected =
+        |reason| server.metric("meshcat_reports_rejected_total", Some(("reason", reason)));
+    let mut agent = connect(server.addr, &files.ca, None).await.unwrap();
+    agent.hello("a-1", Some("tok-a")).await.unwrap();
+    let held = |name: &str| instances.held_size("zone-a", "web", name).unwrap();
+
+    // The neighbour: whole once, then a steady delta in every report.
+    let mut neighbour = Grower {
+        name: "neighbour",
+        seq: 0,
+        acked: 0,
+    };
+    let first = neighbour.whole(|r| r.clusters = upstream(2, 1));
+    assert!(accepted(&agent.report(vec![first]).await));
+    neighbour.acked = neighbour.seq;
+    // Sends `grower` beside the neighbour's steady delta; answers the grower's
+    // refusal reason, if any. The neighbour is applied every time.
+    let mut send = async |grower: InstanceReport| -> Option<String> {
+        let steady = neighbour.delta(|_, _| {});
+        let name = grower.instance.clone();
+        let answer = agent.report(vec![grower, steady]).await;
+        let refused = refusals(&answer);
+        assert!(
+            refused.iter().all(|(i, _)| *i == name),
+            "the neighbour is refused: {refused:?}"
+        );
+        neighbour.acked = neighbour.seq;
+        refused.into_iter().next().map(|(_, reason)| reason)
+    };
+
+    // Upstream clusters: 4, then 6 (the bound), then deltas of 1 and of 5 more.
+    let mut g = Grower {
+        name: "clusters",
+        seq: 0,
+        acked: 0,
+    };
+    assert_eq!(send(g.whole(|r| r.clusters = upstream(4, 1))).await, None);
+    g.acked = g.seq;
+    let grown = |from: usize, n: usize| -> Vec<wire::ReportedCluster> {
+        (from..from + n)
+            .map(|c| {
+                wire::ReportedCluster::healthy(format!("up-{c}"), vec![format!("10.1.{c}.1:80")])
+            })
+            .collect()
+    };
+    assert_eq!(send(g.delta(|r, _| r.clusters = grown(4, 2))).await, None);
+    g.acked = g.seq;
+    assert_eq!(held("clusters").clusters, 6);
+    for (from, n) in [(6, 1), (7, 5), (12, 6)] {
+        let reason = send(g.delta(|r, _| r.clusters = grown(from, n))).await;
+        assert_eq!(reason.as_deref(), Some("too_many_upstream_clusters"));
+        assert_eq!(held("clusters").clusters, 6);
+    }
+
+    // Hosts: 4 clusters of 2 and a listener's route (9), then a cluster of 3 (12,
+    // the bound), then one more host in a new cluster, and more hosts in a held one.
+    let mut g = Grower {
+        name: "hosts",
+        seq: 0,
+        acked: 0,
+    };
+    let whole = g.whole(|r| {
+        r.clusters = upstream(4, 2);
+        r.listeners = listeners(1);
+    });
+    assert_eq!(send(whole).await, None);
+    g.acked = g.seq;
+    let wide = |name: &str, hosts: usize| {
+        wire::ReportedCluster::healthy(
+            name.to_owned(),
+            (0..hosts).map(|h| format!("10.2.0.{h}:80")).collect(),
+        )
+    };
+    assert_eq!(
+        send(g.delta(|r, _| r.clusters = vec![wide("big", 3)])).await,
+        None
+    );
+    g.acked = g.seq;
+    assert_eq!((held("hosts").cluster_hosts, held("hosts").routes), (11, 1));
+    for cluster in [wide("more", 1), wide("up-0", 5)] {
+        let reason = send(g.delta(|r, _| r.clusters = vec![cluster])).await;
+        assert_eq!(reason.as_deref(), Some("too_many_upstream_hosts"));
+        assert_eq!(held("hosts").cluster_hosts, 11);
+    }
+    // The listeners a delta leaves unchanged still count their routes.
+    let reason = send(g.delta(|r, d| {
+        r.clusters = vec![wide("up-1", 3)];
+        d.listeners_unchanged = true;
+    }))
+    .await;
+    assert_eq!(reason.as_deref(), Some("too_many_upstream_hosts"));
+
+    // Listeners: 3, then 6 (the bound), then 7 and 20.
+    let mut g = Grower {
+        name: "listeners",
+        seq: 0,
+        acked: 0,
+    };
+    assert_eq!(send(g.whole(|r| r.listeners = listeners(3))).await, None);
+    g.acked = g.seq;
+    let relisted = |n| {
+        move |r: &mut InstanceReport, d: &mut wire::Delta| {
+            r.listeners = listeners(n);
+            d.listeners_unchanged = false;
+        }
+    };
+    assert_eq!(send(g.delta(relisted(6))).await, None);
+    g.acked = g.seq;
+    for n in [7, 20] {
+        let reason = send(g.delta(relisted(n))).await;
+        assert_eq!(reason.as_deref(), Some("too_many_upstream_clusters"));
+        assert_eq!(held("listeners").listeners, 6);
+    }
+
+    // Upstreams with traffic: 4, then 6 (the bound), then 1 and 5 more.
+    let mut g = Grower {
+        name: "upstreams",
+        seq: 0,
+        acked: 0,
+    };
+    assert_eq!(send(g.whole(|r| r.upstreams = upstreams(0..4))).await, None);
+    g.acked = g.seq;
+    assert_eq!(
+        send(g.delta(|r, _| r.upstreams = upstreams(4..6))).await,
+        None
+    );
+    g.acked = g.seq;
+    for range in [6..7, 7..12] {
+        let reason = send(g.delta(|r, _| r.upstreams = upstreams(range))).await;
+        assert_eq!(reason.as_deref(), Some("too_many_upstream_clusters"));
+        assert_eq!(held("upstreams").upstreams, 6);
+    }
+    // Removing as many as it adds keeps it within the bound.
+    let swap = g.delta(|r, d| {
+        r.upstreams = upstreams(6..8);
+        d.removed_upstreams = vec!["up-0".into(), "up-1".into()];
+    });
+    assert_eq!(send(swap).await, None);
+    assert_eq!(held("upstreams").upstreams, 6);
+
+    // A refused instance is sent whole next (the agent's side of a refusal): a
+    // sidecar back within the bounds is applied again.
+    let mut g = Grower {
+        name: "clusters",
+        seq: 100,
+        acked: 0,
+    };
+    assert_eq!(send(g.whole(|r| r.clusters = upstream(3, 1))).await, None);
+    assert_eq!(held("clusters").clusters, 3);
+
+    assert_eq!(rejected("too_many_upstream_clusters"), 7.0);
+    assert_eq!(rejected("too_many_upstream_hosts"), 3.0);
+    let steady = instances
+        .live_instance("zone-a", "web", "neighbour")
+        .expect("the neighbour stays listed");
+    assert_eq!(steady.seq, neighbour.acked);
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn a_credential_is_bounded_in_instances_creation_rate_connections_and_streams() {
     let dir = tempfile::tempdir().unwrap();

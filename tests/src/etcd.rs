@@ -73,6 +73,8 @@ pub struct EtcdCluster {
     members: Vec<Member>,
     tls: Option<EtcdTlsFiles>,
     initial_cluster: String,
+    /// `--quota-backend-bytes`, when not etcd's default.
+    quota: Option<u64>,
     /// Holds every member's data and log; removed on drop.
     _dir: tempfile::TempDir,
     http: reqwest::Client,
@@ -86,16 +88,22 @@ impl EtcdCluster {
 
     /// Starts `n` members and waits until every one answers `/health`.
     pub async fn start_n(n: usize) -> anyhow::Result<EtcdCluster> {
-        Self::start_with(n, false).await
+        Self::start_with(n, false, None).await
     }
 
     /// Starts `n` members whose clients must speak TLS and present a certificate
     /// signed by the cluster's CA ([`Self::tls`]).
     pub async fn start_tls(n: usize) -> anyhow::Result<EtcdCluster> {
-        Self::start_with(n, true).await
+        Self::start_with(n, true, None).await
     }
 
-    async fn start_with(n: usize, tls: bool) -> anyhow::Result<EtcdCluster> {
+    /// Starts one member whose space quota (`--quota-backend-bytes`) is `bytes`: past
+    /// it etcd raises its `NOSPACE` alarm and refuses every write.
+    pub async fn start_quota(bytes: u64) -> anyhow::Result<EtcdCluster> {
+        Self::start_with(1, false, Some(bytes)).await
+    }
+
+    async fn start_with(n: usize, tls: bool, quota: Option<u64>) -> anyhow::Result<EtcdCluster> {
         let binary = etcd_binary()?;
         let dir = tempfile::Builder::new().prefix("meshcat-etcd-").tempdir()?;
         let tls = if tls {
@@ -129,6 +137,7 @@ impl EtcdCluster {
             members,
             tls,
             initial_cluster,
+            quota,
             _dir: dir,
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(3))
@@ -173,6 +182,9 @@ impl EtcdCluster {
             .args(["--max-txn-ops", "4096"])
             .args(["--logger", "zap", "--log-outputs", "stderr"])
             .env("ETCD_UNSUPPORTED_ARCH", std::env::consts::ARCH);
+        if let Some(bytes) = self.quota {
+            cmd.arg("--quota-backend-bytes").arg(bytes.to_string());
+        }
         if let Some(t) = &self.tls {
             cmd.arg("--cert-file")
                 .arg(&t.server.cert_file)

@@ -12,9 +12,9 @@
 //! take them from [`ports`]; promtool and a real Prometheus server are in
 //! [`monitoring`]. Envoys in network namespaces of their own, and the pod cgroups
 //! that name them, are in [`netns`]; a sidecar that knows 20,000 upstream clusters
-//! is in [`large_sidecar`]. Envoys whose certificates come over SDS from the test
-//! control server's identity issuer, and what they show of them, are in
-//! [`identity`].
+//! is in [`large_sidecar`]; a small filesystem the full-disk tests fill and grow is
+//! in [`tmpfs`]. Envoys whose certificates come over SDS from the test control
+//! server's identity issuer, and what they show of them, are in [`identity`].
 
 pub mod bootstrap;
 pub mod browser;
@@ -33,6 +33,7 @@ pub mod ports;
 pub mod replicas;
 pub mod scenario;
 pub mod sse;
+pub mod tmpfs;
 pub mod upstream;
 pub mod xds;
 

@@ -128,6 +128,17 @@ impl ApiError {
         )
     }
 
+    /// A write the store cannot keep: its storage is full (`cause`, a phrase).
+    pub fn insufficient_storage(cause: &str) -> ApiError {
+        ApiError::new(
+            StatusCode::INSUFFICIENT_STORAGE,
+            "insufficient_storage",
+            format!(
+                "The write was not stored: {cause}. Reads go on; writes are taken again once space returns."
+            ),
+        )
+    }
+
     pub fn method_not_allowed() -> ApiError {
         ApiError::new(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -168,6 +179,7 @@ impl From<StoreError> for ApiError {
             StoreError::Unavailable(m) => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", m)
             }
+            StoreError::Full(cause) => ApiError::insufficient_storage(&cause),
         }
     }
 }

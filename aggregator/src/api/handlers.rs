@@ -25,7 +25,7 @@ use super::blocking::BlockingQuery;
 use super::error::{ApiError, ErrorBody};
 use super::paths::{ClusterPath, MetricsByVersionPath, MetricsPath, Valid, ZonePath};
 use super::query::{self, ClusterFilter, RequiredZoneQuery, ZoneQuery};
-use super::responses::{BodyRefused, NotFound, ReadTokenMissing, WriteTokenMissing};
+use super::responses::{BodyRefused, NotFound, ReadTokenMissing, StorageFull, WriteTokenMissing};
 use crate::store::{Cached, CachedKind, Committed, MetricsLookup, Store, StoreError, Write};
 
 mod clusters;

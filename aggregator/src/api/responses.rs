@@ -27,6 +27,14 @@ pub struct ReadTokenMissing(pub ErrorBody);
 #[response(status = 404, description = "Unknown resource.")]
 pub struct NotFound(pub ErrorBody);
 
+/// A registration write the store could not keep.
+#[derive(Debug, IntoResponses)]
+#[response(
+    status = 507,
+    description = "The store's storage is full (a full disk, etcd's space quota): nothing was stored, and writes are taken again once space returns."
+)]
+pub struct StorageFull(pub ErrorBody);
+
 /// A JSON body refused.
 #[derive(Debug, IntoResponses)]
 pub enum BodyRefused {

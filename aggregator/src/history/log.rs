@@ -30,6 +30,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, Tab
 use tokio::sync::Semaphore;
 
 use super::entry::{Kind, Pending, Stored, cluster_key};
+use crate::redb_file::{RedbFile, Refused, Unwritable};
 
 const ENTRIES: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("entries");
 const RUNS: TableDefinition<'_, u64, ()> = TableDefinition::new("runs");
@@ -96,6 +97,21 @@ pub enum HistoryError {
     Writer(std::io::Error),
     #[error("the history query did not run")]
     Query,
+    /// Its storage takes no writes until it heals (full, or failed a write).
+    #[error("the history cannot be stored: {0}")]
+    Unwritable(Unwritable),
+    /// The database is being reopened after a storage failure.
+    #[error("the history's database is closed; it is reopened shortly")]
+    Closed,
+}
+
+impl From<Refused<HistoryError>> for HistoryError {
+    fn from(r: Refused<HistoryError>) -> Self {
+        match r {
+            Refused::Unwritable(u) => HistoryError::Unwritable(u),
+            Refused::Failed(e) => e,
+        }
+    }
 }
 
 crate::redb_errors::from_redb_errors!(HistoryError);
@@ -164,7 +180,7 @@ pub struct Found {
 /// The history's database, shared by the writer and the readers.
 #[derive(Debug, Clone)]
 pub struct HistoryDb {
-    db: Arc<Database>,
+    file: Arc<RedbFile>,
     /// Places for queries on the blocking pool.
     queries: Arc<Semaphore>,
 }
@@ -176,26 +192,40 @@ impl HistoryDb {
             path: dir.display().to_string(),
             error,
         })?;
-        let db = Database::builder()
-            .set_cache_size(CACHE_BYTES)
-            .create(dir.join(file))?;
+        let file = RedbFile::open(dir.join(file), Some(CACHE_BYTES))?;
         // Tables exist from the first start on, so reads never meet a missing table.
-        let tx = db.begin_write()?;
-        tx.open_table(ENTRIES)?;
-        tx.open_table(RUNS)?;
-        tx.open_table(BY_CLUSTER)?;
-        tx.open_table(BY_KIND)?;
-        tx.open_table(META)?;
-        tx.commit()?;
+        file.write(|db| -> Result<(), HistoryError> {
+            let tx = db.begin_write()?;
+            tx.open_table(ENTRIES)?;
+            tx.open_table(RUNS)?;
+            tx.open_table(BY_CLUSTER)?;
+            tx.open_table(BY_KIND)?;
+            tx.open_table(META)?;
+            tx.commit()?;
+            Ok(())
+        })?;
         Ok(HistoryDb {
-            db: Arc::new(db),
+            file: Arc::new(file),
             queries: Arc::new(Semaphore::new(QUERIES_AT_ONCE)),
         })
     }
 
+    /// Runs `read` on the database ([`HistoryError::Closed`] while it is being
+    /// reopened).
+    fn read_db<T>(
+        &self,
+        read: impl FnOnce(&Database) -> Result<T, HistoryError>,
+    ) -> Result<T, HistoryError> {
+        self.file.read(read).unwrap_or(Err(HistoryError::Closed))
+    }
+
     /// The one writer of this database.
     pub fn appender(&self, retention: Retention) -> Result<Appender, HistoryError> {
-        let tx = self.db.begin_read()?;
+        self.read_db(|db| self.appender_in(db, retention))
+    }
+
+    fn appender_in(&self, db: &Database, retention: Retention) -> Result<Appender, HistoryError> {
+        let tx = db.begin_read()?;
         let entries = tx.open_table(ENTRIES)?;
         let meta = tx.open_table(META)?;
         let (first, next) = bounds(&entries, &meta)?;
@@ -216,7 +246,7 @@ impl HistoryDb {
             }
         };
         Ok(Appender {
-            db: self.db.clone(),
+            file: self.file.clone(),
             first,
             next,
             last_at,
@@ -229,8 +259,10 @@ impl HistoryDb {
 
     /// Entries held.
     pub fn len(&self) -> Result<u64, HistoryError> {
-        let tx = self.db.begin_read()?;
-        Ok(tx.open_table(ENTRIES)?.len()?)
+        self.read_db(|db| {
+            let tx = db.begin_read()?;
+            Ok(tx.open_table(ENTRIES)?.len()?)
+        })
     }
 
     pub fn is_empty(&self) -> Result<bool, HistoryError> {
@@ -269,6 +301,10 @@ impl HistoryDb {
 
     /// [`HistoryDb::query`], examining at most `budget` entries.
     pub fn query_within(&self, q: &Query, budget: usize) -> Result<Found, HistoryError> {
+        self.read_db(|db| Self::query_in(db, q, budget))
+    }
+
+    fn query_in(db: &Database, q: &Query, budget: usize) -> Result<Found, HistoryError> {
         let mut found = Found {
             rows: Vec::with_capacity(q.limit.min(1024)),
             incomplete: None,
@@ -276,7 +312,7 @@ impl HistoryDb {
         if q.limit == 0 {
             return Ok(found);
         }
-        let tx = self.db.begin_read()?;
+        let tx = db.begin_read()?;
         let entries = tx.open_table(ENTRIES)?;
         let meta = tx.open_table(META)?;
         let runs = tx.open_table(RUNS)?;
@@ -487,7 +523,7 @@ fn first_at_or_after(
 /// applies retention, all in one durable transaction per batch.
 #[derive(Debug)]
 pub struct Appender {
-    db: Arc<Database>,
+    file: Arc<RedbFile>,
     /// The oldest id held.
     first: u64,
     /// The id the next entry takes.
@@ -519,6 +555,17 @@ impl Appender {
         self.bytes
     }
 
+    /// Whether the database takes writes (no storage failure known).
+    pub fn writable(&self) -> bool {
+        self.file.writable()
+    }
+
+    /// While the database refuses writes, tries to heal it (at most every
+    /// [`crate::redb_file::RETRY`]); answers why it still refuses them.
+    pub fn heal(&self) -> Result<(), Unwritable> {
+        self.file.heal()
+    }
+
     /// Whether retention may have more to drop than the last commit dropped: the
     /// writer then runs [`Appender::expire`] again as soon as nothing is queued.
     pub fn behind(&self) -> bool {
@@ -534,9 +581,20 @@ impl Appender {
         &mut self,
         batch: &[Pending],
         now_ms: i64,
+        stored: impl FnMut(u64, Stored<'_>),
+    ) -> Result<(), HistoryError> {
+        let file = self.file.clone();
+        Ok(file.write(|db| self.append_in(db, batch, now_ms, stored))?)
+    }
+
+    fn append_in(
+        &mut self,
+        db: &Database,
+        batch: &[Pending],
+        now_ms: i64,
         mut stored: impl FnMut(u64, Stored<'_>),
     ) -> Result<(), HistoryError> {
-        let tx = self.db.begin_write()?;
+        let tx = db.begin_write()?;
         let mut encoded: Vec<(u64, usize, usize)> = Vec::with_capacity(batch.len());
         let mut arena: Vec<u8> = Vec::with_capacity(batch.len() * 96);
         let (mut next, mut last_at, mut bytes) = (self.next, self.last_at, self.bytes);
@@ -601,7 +659,12 @@ impl Appender {
     pub fn expire(&mut self, now_ms: i64) -> Result<u64, HistoryError> {
         // A failure is tried again at the next round, not at once.
         self.behind = false;
-        let tx = self.db.begin_write()?;
+        let file = self.file.clone();
+        Ok(file.write(|db| self.expire_in(db, now_ms))?)
+    }
+
+    fn expire_in(&mut self, db: &Database, now_ms: i64) -> Result<u64, HistoryError> {
+        let tx = db.begin_write()?;
         let (first, behind, gone_bytes) =
             self.evict_in(&tx, self.first, self.next, self.bytes, now_ms)?;
         if first == self.first {

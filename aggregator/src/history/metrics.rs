@@ -16,6 +16,9 @@ pub struct HistoryMetrics {
     pub events_dropped: IntCounter,
     /// Bytes the entries held take, as the byte bound counts them.
     pub bytes: IntGauge,
+    /// Whether the history's storage takes writes: 0 from a commit refused for
+    /// its storage (a full disk) until it heals.
+    pub writable: IntGauge,
     /// Entries not recorded one by one, by reason: `flapping` (an instance past its
     /// allowance a minute, summed into `instance-flapping`) or `diagnoses` (past
     /// `--history-max-diagnoses`).
@@ -30,7 +33,7 @@ impl HistoryMetrics {
         )?;
         let dropped = IntCounter::new(
             "meshcat_history_dropped_total",
-            "History entries lost: the writer's queue was full or their commit failed.",
+            "History entries lost: the writer's queue was full, or their commit failed or was refused (a full disk, see meshcat_history_writable).",
         )?;
         let entries = IntGauge::new(
             "meshcat_history_entries",
@@ -44,6 +47,10 @@ impl HistoryMetrics {
             "meshcat_history_bytes",
             "Bytes the history's entries take as --history-max-bytes counts them.",
         )?;
+        let writable = IntGauge::new(
+            "meshcat_history_writable",
+            "1 while the history's storage takes writes; 0 from a commit it refused (a full disk: entries are dropped and counted) until it takes writes again.",
+        )?;
         let unrecorded = IntCounterVec::new(
             Opts::new(
                 "meshcat_history_unrecorded_total",
@@ -56,6 +63,7 @@ impl HistoryMetrics {
             unrecorded.with_label_values(&[reason]);
         }
         registry.register(Box::new(bytes.clone()))?;
+        registry.register(Box::new(writable.clone()))?;
         registry.register(Box::new(unrecorded.clone()))?;
         registry.register(Box::new(appended.clone()))?;
         registry.register(Box::new(events_dropped.clone()))?;
@@ -67,6 +75,7 @@ impl HistoryMetrics {
             entries,
             events_dropped,
             bytes,
+            writable,
             unrecorded,
         })
     }

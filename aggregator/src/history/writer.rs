@@ -8,7 +8,10 @@
 //! logged, and makes the event streams that show history `reset`. Every detail is
 //! cut to [`super::entry::MAX_DETAIL_STRING`] here, off the paths that record, and
 //! the `instance-flapping` summaries of instances that went quiet are added here
-//! ([`super::limit::Rates::sweep`]).
+//! ([`super::limit::Rates::sweep`]). While the storage refuses writes (a full disk),
+//! batches are dropped and counted (`meshcat_history_dropped_total`,
+//! `meshcat_history_writable` 0) and the database is healed every
+//! [`crate::redb_file::RETRY`], so appending resumes once space returns.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,8 +24,9 @@ use tracing::{error, warn};
 
 use super::entry::{Pending, Stored, now_ms};
 use super::limit::Rates;
-use super::log::Appender;
+use super::log::{Appender, HistoryError};
 use super::metrics::HistoryMetrics;
+use crate::redb_file::RETRY;
 
 /// How long the writer gathers entries after the first of a batch: an entry is
 /// durable within this plus one commit (a few ms), far inside the second the
@@ -73,14 +77,18 @@ pub(super) fn run(
 ) {
     metrics.entries.set(log.len() as i64);
     metrics.bytes.set(log.bytes() as i64);
+    metrics.writable.set(1);
     let mut batch: Vec<Pending> = Vec::with_capacity(256);
-    let mut warned: Option<Instant> = None;
+    let mut warned = Warned::default();
     loop {
         let mut stopping = false;
         let mut flushed = None;
-        // Retention that is behind goes on as soon as nothing is queued.
+        // Retention that is behind goes on as soon as nothing is queued; storage
+        // that refuses writes is healed while nothing is.
         let wait = if log.behind() {
             Duration::ZERO
+        } else if !log.writable() {
+            RETRY
         } else {
             EXPIRE_EVERY
         };
@@ -89,8 +97,16 @@ pub(super) fn run(
             Ok(Msg::Flush(done)) => flushed = Some(done),
             Ok(Msg::Stop) | Err(RecvTimeoutError::Disconnected) => stopping = true,
             Err(RecvTimeoutError::Timeout) => {
+                if !log.writable() {
+                    let _ = log.heal();
+                    metrics.writable.set(i64::from(log.writable()));
+                }
                 batch.extend(rates.sweep(Instant::now()));
                 if batch.is_empty() {
+                    // Retention waits for the storage to take writes again.
+                    if !log.writable() {
+                        continue;
+                    }
                     match log.expire(now_ms()) {
                         Ok(0) => {}
                         Ok(_) => {
@@ -133,12 +149,28 @@ pub(super) fn run(
     }
 }
 
+/// When the writer last warned, per cause: at most one line a minute each.
+#[derive(Debug, Default)]
+struct Warned {
+    events: Option<Instant>,
+    unstored: Option<Instant>,
+}
+
+/// Whether a warning last given at `at` may be given again now (and notes it).
+fn due(at: &mut Option<Instant>) -> bool {
+    let due = at.is_none_or(|t| t.elapsed() >= WARN_EVERY);
+    if due {
+        *at = Some(Instant::now());
+    }
+    due
+}
+
 fn commit(
     log: &mut Appender,
     batch: &mut Vec<Pending>,
     events: &Events,
     metrics: &HistoryMetrics,
-    warned: &mut Option<Instant>,
+    warned: &mut Warned,
 ) {
     for p in batch.iter_mut() {
         p.detail.cap();
@@ -160,13 +192,24 @@ fn commit(
                 if let Err(TrySendError::Full(lost)) = events.tx.try_send(out) {
                     events.missed.store(true, Ordering::Release);
                     metrics.events_dropped.inc_by(lost.len() as u64);
-                    if warned.is_none_or(|at| at.elapsed() >= WARN_EVERY) {
-                        *warned = Some(Instant::now());
+                    if due(&mut warned.events) {
                         warn!(
                             dropped_total = metrics.events_dropped.get(),
                             "History events dropped: the change feed is behind. The entries are stored; event streams that show history get reset."
                         );
                     }
+                }
+            }
+            // The storage refuses writes (its failure and its healing are logged
+            // where they happen): the entries are counted, and a line a minute says so.
+            Err(HistoryError::Unwritable(cause)) => {
+                metrics.dropped.inc_by(chunk.len() as u64);
+                if due(&mut warned.unstored) {
+                    warn!(
+                        dropped_total = metrics.dropped.get(),
+                        cause = %cause,
+                        "History entries dropped: its storage refuses writes. Appending resumes once it takes them again."
+                    );
                 }
             }
             Err(e) => {
@@ -177,6 +220,7 @@ fn commit(
     }
     metrics.entries.set(log.len() as i64);
     metrics.bytes.set(log.bytes() as i64);
+    metrics.writable.set(i64::from(log.writable()));
     batch.clear();
 }
 

@@ -19,7 +19,7 @@ use tracing::{Instrument, Span, debug, info, info_span, warn};
 
 use super::agents::{Session, lock};
 use super::auth::{ZoneGrant, cert_grant, digest};
-use super::{MAX_HELLO, Shared};
+use super::{InstanceSize, MAX_HELLO, Shared};
 
 /// Which credential authenticated a connection: the SHA-256 of the agent certificate
 /// or of the hello token. A session is keyed by its credential and agent id.
@@ -525,21 +525,22 @@ fn bound_identity(inst: &mut InstanceReport, shared: &Shared) {
     let Some(identity) = inst.identity.take() else {
         return;
     };
-    inst.identity = Some(match identity.over_bound(shared.max_upstream_clusters) {
+    let max_expectations =
+        usize::try_from(shared.bounds.max_upstream_clusters).unwrap_or(usize::MAX);
+    inst.identity = Some(match identity.over_bound(max_expectations) {
         None => identity,
         Some(reason) => {
             shared.metrics.rejected(reason);
             shared.refusals.warn(|suppressed| {
                 warn!(reason, zone = %inst.zone_name, cluster = %inst.cluster_name, instance = %inst.instance, suppressed, "Instance certificates refused; the instance is kept with identity none.");
             });
-            identity.refusing(reason, shared.max_upstream_clusters)
+            identity.refusing(reason, max_expectations)
         }
     });
 }
 
 /// Whether one instance of a report may be applied: its names, its zone, and its
-/// size against the per-instance bounds (a delta's parts are counted as sent; the
-/// set they change is bounded where it is kept).
+/// size against the per-instance bounds.
 fn check_instance(
     inst: &InstanceReport,
     shared: &Shared,
@@ -571,42 +572,17 @@ fn check_instance(
             format!("this agent may not report for zone {:?}", inst.zone_name),
         ));
     }
-    // The graph's fields count against the same bounds: its upstreams and
-    // listeners as upstream clusters, the clusters its listeners name as hosts.
-    let hosts: u64 = inst
-        .clusters
-        .iter()
-        .map(|c| u64::from(c.host_count).max(c.hosts.len() as u64))
-        .sum::<u64>()
-        + inst
-            .listeners
-            .iter()
-            .map(|l| l.clusters.len() as u64)
-            .sum::<u64>();
-    let clusters = inst
-        .clusters
-        .len()
-        .max(inst.upstreams.len())
-        .max(inst.listeners.len());
-    if clusters > shared.max_upstream_clusters {
-        return Err((
-            "too_many_upstream_clusters",
-            format!(
-                "instance {:?} reports {clusters} upstream clusters, over the limit of {}",
-                inst.instance, shared.max_upstream_clusters
-            ),
-        ));
-    }
-    if hosts > shared.max_upstream_hosts as u64 {
-        return Err((
-            "too_many_upstream_hosts",
-            format!(
-                "instance {:?} reports {hosts} upstream hosts, over the limit of {}",
-                inst.instance, shared.max_upstream_hosts
-            ),
-        ));
-    }
-    Ok(())
+    // A delta's parts are counted as sent here; what the instance keeps once the
+    // delta is applied is held to the same bounds where it is kept.
+    shared
+        .bounds
+        .check(&InstanceSize::sent(inst))
+        .map_err(|over| {
+            (
+                over.reason(),
+                format!("instance {:?} reports {over}", inst.instance),
+            )
+        })
 }
 
 /// Counts the report's instances that are new to this connection against its
@@ -676,13 +652,16 @@ fn admit_and_apply(
     }
     let n = kept.len();
     let may_take = |holder: &str| shared.agents.may_take(session, holder);
-    let sunk = shared.sink.apply_report(&session.key, kept, now, &may_take);
+    let sunk = shared
+        .sink
+        .apply_report(&session.key, kept, now, &may_take, &shared.bounds);
     let mut given_back = 0;
     for r in &sunk {
         // An instance that is not this connection's does not count against its
-        // credential; the next report may claim it again once it is free. A delta
-        // on a stale base stays counted: the agent sends the whole state next.
-        if r.reason != STALE_BASE
+        // credential; the next report may claim it again once it is free. One the
+        // catalog still holds for it, or whose delta had a stale base (the agent
+        // sends the whole state next), stays counted.
+        if !r.kept
             && reported
                 .keys
                 .remove(&key_of(&r.key.zone, &r.key.cluster, &r.key.instance))
@@ -695,12 +674,14 @@ fn admit_and_apply(
     shared.budgets.release(session.credential, given_back);
     if let Some(first) = sunk.iter().find(|r| r.reason != STALE_BASE) {
         shared.refusals.warn(|suppressed| {
+            let held = first.over.map(|o| o.to_string());
             warn!(
                 reason = first.reason,
                 refused = sunk.len(),
                 zone = %first.key.zone,
                 cluster = %first.key.cluster,
                 instance = %first.key.instance,
+                held,
                 suppressed,
                 "Instances refused by the catalog."
             );

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use meshcat_common::wire::InstanceReport;
 
-use super::{InstanceRefusal, ReportSink};
+use super::{InstanceBounds, InstanceRefusal, ReportSink};
 
 /// Records reports and ended sessions.
 #[derive(Debug, Default)]
@@ -58,6 +58,7 @@ impl ReportSink for RecordingSink {
         instances: Vec<InstanceReport>,
         _now: Instant,
         _may_take: &dyn Fn(&str) -> bool,
+        _bounds: &InstanceBounds,
     ) -> Vec<InstanceRefusal> {
         lock(&self.reports).extend(instances.into_iter().map(|r| (key.to_owned(), r)));
         Vec::new()

@@ -42,6 +42,8 @@ pub struct HeldCluster {
 pub struct ClusterSet {
     clusters: Box<[HeldCluster]>,
     keys: Box<[u64]>,
+    /// The clusters' `host_count`s summed, for the per-instance bound on hosts.
+    hosts: u64,
 }
 
 impl ClusterSet {
@@ -106,6 +108,11 @@ impl ClusterSet {
         self.clusters.is_empty()
     }
 
+    /// The hosts of every cluster (their `host_count`s summed).
+    pub fn hosts(&self) -> u64 {
+        self.hosts
+    }
+
     pub fn iter(&self) -> impl Iterator<Item = &HeldCluster> {
         self.clusters.iter()
     }
@@ -151,6 +158,7 @@ impl From<&HeldCluster> for ReportedCluster {
 struct Builder {
     clusters: Vec<HeldCluster>,
     keys: Vec<u64>,
+    hosts: u64,
 }
 
 impl Builder {
@@ -158,6 +166,7 @@ impl Builder {
         Builder {
             clusters: Vec::with_capacity(n),
             keys: Vec::new(),
+            hosts: 0,
         }
     }
 
@@ -180,12 +189,14 @@ impl Builder {
         self.keys.extend_from_slice(keys);
         let mut c = self.entry(now, start);
         c.name = old.name.clone();
+        self.hosts += u64::from(c.host_count);
         self.clusters.push(c);
     }
 
     fn keep(&mut self, old: &HeldCluster, keys: &[u64]) {
         let start = self.keys.len();
         self.keys.extend_from_slice(keys);
+        self.hosts += u64::from(old.host_count);
         self.clusters.push(HeldCluster {
             start: u32::try_from(start).unwrap_or(u32::MAX),
             ..old.clone()
@@ -195,6 +206,7 @@ impl Builder {
     fn push(&mut self, c: &ReportedCluster, start: usize) {
         let mut entry = self.entry(c, start);
         entry.name = NAMES.intern(&c.name);
+        self.hosts += u64::from(entry.host_count);
         self.clusters.push(entry);
     }
 
@@ -214,6 +226,7 @@ impl Builder {
         ClusterSet {
             clusters: self.clusters.into_boxed_slice(),
             keys: self.keys.into_boxed_slice(),
+            hosts: self.hosts,
         }
     }
 }
@@ -297,6 +310,7 @@ mod tests {
         );
         let names: Vec<&str> = next.iter().map(|c| &*c.name).collect();
         assert_eq!(names, ["a", "b", "d"]);
+        assert_eq!((base.hosts(), next.hosts()), (4, 3));
         assert_eq!(next.hosts_of("b"), [address_key("10.0.0.4:80")]);
         assert_eq!(next.hosts_of("a"), base.hosts_of("a"));
         assert_eq!(next.get("a"), base.get("a"));

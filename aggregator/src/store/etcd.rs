@@ -18,17 +18,18 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use etcd_client::{
-    Certificate, Client, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType, GetOptions,
-    Identity, TlsOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
+    AlarmAction, AlarmType, Certificate, Client, Compare, CompareOp, ConnectOptions, DeleteOptions,
+    EventType, GetOptions, Identity, TlsOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
 };
 use meshcat_common::config::TlsFiles;
 use meshcat_common::model::{ClusterRecord, ZoneRecord};
 use tokio::sync::watch;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use super::registrations::Outcome;
 use super::{Committed, Instances, Loaded, PersistError, Refusal, Registrations, Store, Write};
 use crate::history::LeftReason;
+use crate::redb_file::Unwritable;
 use crate::store::peers::PeerSummaryChecks;
 
 /// Longest wait for etcd to commit a write. etcd without quorum holds a request
@@ -42,6 +43,13 @@ const APPLY_WAIT: Duration = Duration::from_secs(2);
 const RETRY: Duration = Duration::from_millis(300);
 /// Connection establishment deadline for one member.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// etcd's answer to a write once its space quota (`--quota-backend-bytes`) is spent:
+/// its `NOSPACE` alarm is raised, and every write is refused until an operator frees
+/// space (compaction, defragmentation) and disarms the alarm.
+const NO_SPACE: &str = "etcdserver: mvcc: database space exceeded";
+/// How often a replica whose writes met [`NO_SPACE`] asks etcd whether the alarm is
+/// still raised.
+const SPACE_RETRY: Duration = Duration::from_secs(1);
 
 /// TLS to etcd: the members' CA and this replica's client certificate.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,6 +83,9 @@ pub struct EtcdRegistrations {
     /// The secret that authenticates requests forwarded between replicas, from
     /// `<prefix>/secret` (created by the first replica).
     secret: std::sync::OnceLock<crate::peer_signature::Signer>,
+    /// Whether writes are taken: `false` from a write etcd refused for its space
+    /// quota until a write succeeds or the `NOSPACE` alarm is gone.
+    writable: AtomicBool,
 }
 
 impl std::fmt::Debug for EtcdRegistrations {
@@ -128,11 +139,68 @@ impl EtcdRegistrations {
             owner: membership::replica_id(),
             peers: Default::default(),
             secret: std::sync::OnceLock::new(),
+            writable: AtomicBool::new(true),
         })
     }
 
     pub fn is_loaded(&self) -> bool {
         self.loaded.load(Ordering::Acquire)
+    }
+
+    /// Whether writes are taken (etcd's space quota was not found spent since the
+    /// last write that succeeded).
+    pub fn writable(&self) -> bool {
+        self.writable.load(Ordering::Acquire)
+    }
+
+    /// What a failed write answers: etcd's space quota spent is the storage full
+    /// (507, `meshcat_store_writable` 0); anything else leaves the outcome unknown.
+    fn failed_write(&self, err: etcd_client::Error) -> PersistError {
+        if let etcd_client::Error::GRpcStatus(status) = &err
+            && status.message().contains(NO_SPACE)
+        {
+            if self.writable.swap(false, Ordering::AcqRel) {
+                error!(
+                    error = status.message(),
+                    "etcd refuses writes: its space quota is spent (NOSPACE alarm). Registrations answer 507 until space is freed and the alarm disarmed; reads go on."
+                );
+            }
+            return PersistError::Unwritable(Unwritable::Full(status.message().to_owned()));
+        }
+        unavailable(err)
+    }
+
+    /// Notes that etcd took a write (or no longer raises `NOSPACE`).
+    fn took_writes(&self) {
+        if !self.writable.swap(true, Ordering::AcqRel) {
+            info!("etcd takes writes again.");
+        }
+    }
+
+    /// While writes are refused for etcd's space quota, asks etcd every
+    /// [`SPACE_RETRY`] whether its `NOSPACE` alarm is still raised, so that
+    /// `meshcat_store_writable` comes back without waiting for a write.
+    async fn watch_space(&self, mut stop: watch::Receiver<bool>) {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(SPACE_RETRY) => {}
+                _ = stop.wait_for(|s| *s) => return,
+            }
+            if self.writable() {
+                continue;
+            }
+            let mut client = self.client.clone();
+            let alarms = tokio::time::timeout(
+                WRITE_TIMEOUT,
+                client.alarm(AlarmAction::Get, AlarmType::None, None),
+            )
+            .await;
+            if let Ok(Ok(r)) = alarms
+                && !r.alarms().iter().any(|a| a.alarm() == AlarmType::Nospace)
+            {
+                self.took_writes();
+            }
+        }
     }
 
     /// The etcd client, for the other keys replicas share.
@@ -339,7 +407,8 @@ impl EtcdRegistrations {
         let resp = tokio::time::timeout(WRITE_TIMEOUT, kv.txn(txn))
             .await
             .map_err(|_| unavailable("timed out"))?
-            .map_err(unavailable)?;
+            .map_err(|e| self.failed_write(e))?;
+        self.took_writes();
         let answers = resp.op_responses();
         if !resp.succeeded() {
             let exists: std::collections::HashSet<&str> = answers
@@ -451,6 +520,10 @@ impl Registrations for EtcdBackend {
 
     fn followed(&self) -> bool {
         true
+    }
+
+    fn writable(&self) -> bool {
+        self.0.writable()
     }
 }
 
@@ -713,6 +786,15 @@ pub async fn sync(
     mut stop: watch::Receiver<bool>,
 ) {
     let Some(e) = store.etcd() else { return };
+    let space = {
+        let (store, stop) = (store.clone(), stop.clone());
+        tokio::spawn(async move {
+            if let Some(e) = store.etcd() {
+                e.watch_space(stop).await;
+            }
+        })
+    };
+    let _space = AbortOnDrop(space);
     loop {
         let listed = tokio::select! {
             r = relist(&store, &instances, e, &checks) => r,
@@ -745,6 +827,15 @@ pub async fn sync(
             _ = tokio::time::sleep(RETRY) => {}
             _ = stop.wait_for(|s| *s) => return,
         }
+    }
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

@@ -25,6 +25,7 @@ use super::publish::Touch;
 use super::traffic::Traffic;
 use super::{Entry, MAX_EDGE_CLUSTERS, Memory, shared};
 use crate::history::{Detail, Kind, LeftReason, Pending};
+use crate::ingest::{InstanceBounds, InstanceSize};
 pub use crate::ingest::{InstanceKey, InstanceRefusal};
 use meshcat_common::identity::{CertState, IdentityReport};
 
@@ -71,6 +72,9 @@ pub struct LiveInstance {
     seq: u64,
     /// The sidecar's upstream clusters and their host sets.
     clusters: Arc<ClusterSet>,
+    /// How many of each bounded set the catalog keeps of it: the next delta's
+    /// result is checked against the bounds from these.
+    held: InstanceSize,
     /// The sidecar's xDS state, read on every report by the sync without unpacking.
     xds: Option<XdsState>,
     /// Its certificates and SAN expectations (contract section 19), kept apart from
@@ -94,6 +98,7 @@ impl LiveInstance {
         window: (u64, u64),
         report: &InstanceReport,
         clusters: Arc<ClusterSet>,
+        held: InstanceSize,
     ) -> Self {
         thread_local! {
             static SCRATCH: RefCell<Vec<u8>> = RefCell::new(Vec::with_capacity(PACK_SCRATCH));
@@ -122,6 +127,7 @@ impl LiveInstance {
             errors_5xx_total: report.errors_5xx_total,
             seq: report.seq,
             clusters,
+            held,
             xds: report.xds.clone(),
             identity: None,
             identity_state: CertState::None,
@@ -137,6 +143,11 @@ impl LiveInstance {
     /// The sidecar's upstream clusters as last reported.
     pub fn clusters(&self) -> &Arc<ClusterSet> {
         &self.clusters
+    }
+
+    /// How many of each bounded set the catalog keeps of it.
+    pub fn held(&self) -> InstanceSize {
+        self.held
     }
 
     /// The last report, unpacked (its upstream clusters in [`Self::clusters`], its
@@ -287,9 +298,10 @@ const BUCKET_SPAN: Duration = Duration::from_millis(250);
 /// What became of one snapshot.
 enum Put {
     /// Not applied, with the reason: held by another reporter that may not be
-    /// displaced (`instance_in_use`), or a delta whose base is not the held report
-    /// ([`STALE_BASE`]).
-    Refused(InstanceKey, &'static str),
+    /// displaced (`instance_in_use`), a delta whose base is not the held report
+    /// ([`STALE_BASE`]), what would be kept of it past a per-instance bound, or no
+    /// room for another instance (`catalog_full`).
+    Refused(InstanceRefusal),
     /// Stored; `shown` when a reader sees the change; `drift` when the cluster's
     /// drift may have moved (a configuration or a live instance with one changed).
     Done {
@@ -297,6 +309,22 @@ enum Put {
         joined: Option<Joined>,
         drift: bool,
     },
+}
+
+impl Put {
+    fn refused(
+        report: &InstanceReport,
+        reason: &'static str,
+        kept: bool,
+        over: Option<crate::ingest::OverBound>,
+    ) -> Put {
+        Put::Refused(InstanceRefusal {
+            key: InstanceKey::of(report),
+            reason,
+            kept,
+            over,
+        })
+    }
 }
 
 /// An instance the reporting agent did not report before: its name, and the agent
@@ -394,9 +422,15 @@ impl Instances {
     }
 
     /// Records the instance snapshots of one report from an agent, taking over every
-    /// instance another reporter had.
+    /// instance another reporter had, within the default bounds.
     pub fn apply_reports(&self, agent_id: &str, reports: Vec<InstanceReport>, now: Instant) {
-        self.apply_reports_guarded(agent_id, reports, now, &|_| true);
+        self.apply_reports_guarded(
+            agent_id,
+            reports,
+            now,
+            &|_| true,
+            &InstanceBounds::default(),
+        );
     }
 
     /// Records the instance snapshots of one report from an agent; their names were
@@ -408,13 +442,16 @@ impl Instances {
     /// `may_take(that agent)` allows it, decided under the entry's lock; the
     /// instances refused are answered with their reason, and the rest of the report
     /// applies. Another replica's instance is always taken over (its
-    /// agent moved here).
+    /// agent moved here). An instance whose kept state would pass one of the `bounds`
+    /// once its snapshot (a delta adds to what is kept) is applied is refused too,
+    /// and keeps what it had.
     pub fn apply_reports_guarded(
         &self,
         agent_id: &str,
         reports: Vec<InstanceReport>,
         now: Instant,
         may_take: &dyn Fn(&str) -> bool,
+        bounds: &InstanceBounds,
     ) -> Vec<InstanceRefusal> {
         let _st = shared(&self.memory.state);
         let mut refused = Vec::new();
@@ -442,8 +479,8 @@ impl Instances {
             let mut drift_here = false;
             let mut report = Some(first);
             while let Some(r) = report.take() {
-                match self.put_instance(e, &agent, r, now, may_take) {
-                    Put::Refused(key, reason) => refused.push(InstanceRefusal { key, reason }),
+                match self.put_instance(e, &agent, r, now, may_take, bounds) {
+                    Put::Refused(r) => refused.push(r),
                     Put::Done {
                         shown,
                         joined: j,
@@ -512,6 +549,7 @@ impl Instances {
         mut report: InstanceReport,
         now: Instant,
         may_take: &dyn Fn(&str) -> bool,
+        bounds: &InstanceBounds,
     ) -> Put {
         super::drift::sanitise_hashes(&mut report.config_hash, &mut report.config_hashes);
         let prev = e.instances.get(&report.instance);
@@ -519,7 +557,7 @@ impl Instances {
             && other != agent
             && !may_take(other)
         {
-            return Put::Refused(InstanceKey::of(&report), "instance_in_use");
+            return Put::refused(&report, "instance_in_use", false, None);
         }
         // Host keys are kept for the clusters whose upstreams carry traffic: the
         // graph matches only those against listener addresses.
@@ -538,9 +576,14 @@ impl Instances {
                         Arc::new(p.clusters.apply(&report.clusters, d, |n| used.contains(n)))
                     }
                 }
-                _ => return Put::Refused(InstanceKey::of(&report), STALE_BASE),
+                _ => return Put::refused(&report, STALE_BASE, true, None),
             },
         };
+        let mut held = self.held_after(prev, &report, &clusters, bounds);
+        if let Err(over) = bounds.check(&held) {
+            let kept = prev.is_some_and(|p| p.reported_by(agent));
+            return Put::refused(&report, over.reason(), kept, Some(over));
+        }
         report.clusters = Vec::new();
         // A delta without an identity keeps the one held; a whole report without one
         // has none read yet.
@@ -554,7 +597,7 @@ impl Instances {
         };
         if prev.is_none() && !self.admit() {
             warn!(agent_id = %agent, zone = %report.zone_name, cluster = %report.cluster_name, instance = %report.instance, limit = MAX_INSTANCES, "Instance report dropped: too many instances.");
-            return Put::Refused(InstanceKey::of(&report), "catalog_full");
+            return Put::refused(&report, "catalog_full", false, None);
         }
         let (window_requests, window_errors) = match prev {
             Some(p) if report.requests_total >= p.requests_total => (
@@ -616,7 +659,7 @@ impl Instances {
             });
         }
         // The graph's fields move to the traffic: the packed report goes without them.
-        self.traffic.record_with(&mut report, &clusters, now);
+        held.upstreams = self.traffic.record_with(&mut report, &clusters, now);
         report.delta = None;
         let mut fresh = LiveInstance::new(
             Reporter::Agent(agent.clone()),
@@ -624,6 +667,7 @@ impl Instances {
             (window_requests, window_errors),
             &report,
             clusters,
+            held,
         );
         fresh.identity = identity;
         fresh.identity_state = identity_state;
@@ -671,6 +715,44 @@ impl Instances {
         Identities {
             memory: &self.memory,
         }
+    }
+
+    /// How many of each bounded set the catalog would keep of the instance once
+    /// `report` is applied on top of `prev` (its upstream clusters `clusters`, merged
+    /// already). A whole report keeps what it carries; a delta keeps what it sends
+    /// and what it leaves of the held state. The upstreams with traffic are counted
+    /// from the held ones and the delta's at most, and exactly (a walk of the held
+    /// names) only when that is over the bound.
+    fn held_after(
+        &self,
+        prev: Option<&LiveInstance>,
+        report: &InstanceReport,
+        clusters: &ClusterSet,
+        bounds: &InstanceBounds,
+    ) -> InstanceSize {
+        let sent = InstanceSize::sent(report);
+        let mut held = InstanceSize {
+            clusters: u32::try_from(clusters.len()).unwrap_or(u32::MAX),
+            cluster_hosts: u32::try_from(clusters.hosts()).unwrap_or(u32::MAX),
+            ..sent
+        };
+        let (Some(d), Some(p)) = (&report.delta, prev) else {
+            return held;
+        };
+        if d.listeners_unchanged {
+            (held.listeners, held.routes) = (p.held.listeners, p.held.routes);
+        }
+        let most = u64::from(p.held.upstreams) + u64::from(sent.upstreams);
+        held.upstreams = if most > bounds.limit(crate::ingest::Bounded::Upstreams) {
+            let key = InstanceKey::of(report);
+            let n = self
+                .traffic
+                .upstreams_after(&key, &report.upstreams, &d.removed_upstreams);
+            u32::try_from(n).unwrap_or(u32::MAX)
+        } else {
+            u32::try_from(most).unwrap_or(u32::MAX)
+        };
+        held
     }
 
     /// Notes in the history what `next` changes of an instance last seen as `prev`
@@ -847,6 +929,7 @@ impl Instances {
                     ..InstanceReport::unread(r.zone.clone(), r.cluster.clone(), r.instance.clone())
                 },
                 Arc::default(),
+                InstanceSize::default(),
             );
             let mut fresh = fresh;
             fresh.identity = identity;
@@ -1334,6 +1417,14 @@ impl Instances {
         self.live_of(zone, cluster, |_, i| {
             (!i.is_remote()).then(|| Arc::new(i.report()))
         })
+    }
+
+    /// How many of each bounded set the catalog keeps of an instance, when it holds
+    /// it: what the per-instance bounds are checked against.
+    pub fn held_size(&self, zone: &str, cluster: &str, instance: &str) -> Option<InstanceSize> {
+        let by_zone = self.memory.clusters.get(cluster)?;
+        let held = by_zone.get(zone)?.instances.get(instance)?.held();
+        Some(held)
     }
 
     /// The drift of (zone, cluster); `None` when the cluster is neither registered

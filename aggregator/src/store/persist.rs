@@ -1,12 +1,16 @@
 //! The redb backend of registrations: zones and clusters in one database file under
 //! `--data-dir`. Every batch commits with immediate durability before its writers are
-//! answered, so a `kill -9` after a 2xx loses nothing.
+//! answered, so a `kill -9` after a 2xx loses nothing. On a full disk the file refuses
+//! writes, reopens itself and heals once space returns ([`RedbFile`]).
 
 use std::path::Path;
+use std::sync::mpsc::RecvTimeoutError;
 use std::sync::{Arc, Mutex, mpsc};
 
 use meshcat_common::model::{ClusterRecord, ZoneRecord};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+
+use crate::redb_file::{RETRY, RedbFile, Refused, Unwritable};
 
 use super::registrations::{Committed, Done, Loaded, Outcome, Refusal, Registrations, Write};
 
@@ -35,12 +39,25 @@ pub enum PersistError {
     /// A shared store (etcd) did not answer in time: the write's outcome is unknown.
     #[error("{0}")]
     Unavailable(String),
+    /// The store takes no writes (its storage is full, or failed a write) until it
+    /// heals; nothing of the batch was written.
+    #[error("the registrations cannot be stored: {0}")]
+    Unwritable(Unwritable),
 }
 
 impl PersistError {
     /// The committer is gone (the store is closing): the batch was not committed.
     pub fn committer_stopped() -> Self {
         PersistError::Group("the committer has stopped".into())
+    }
+}
+
+impl From<Refused<PersistError>> for PersistError {
+    fn from(r: Refused<PersistError>) -> Self {
+        match r {
+            Refused::Unwritable(u) => PersistError::Unwritable(u),
+            Refused::Failed(e) => e,
+        }
     }
 }
 
@@ -52,7 +69,7 @@ crate::redb_errors::from_redb_errors!(PersistError);
 /// each writer only after that commit.
 #[derive(Debug)]
 pub struct RedbRegistrations {
-    db: Arc<Database>,
+    file: Arc<RedbFile>,
     /// Feeds the committer; the thread ends when this is dropped.
     queue: Mutex<Option<mpsc::Sender<Job>>>,
     /// Joined on drop, so the database is closed when this is gone (a reopening in
@@ -93,15 +110,18 @@ impl RedbRegistrations {
             path: dir.display().to_string(),
             error,
         })?;
-        let db = Database::create(dir.join(DB_FILE))?;
+        let file = RedbFile::open(dir.join(DB_FILE), None)?;
         // Tables exist from the first start on, so reads never meet a missing table.
-        let tx = db.begin_write()?;
-        tx.open_table(ZONES)?;
-        tx.open_table(CLUSTERS)?;
-        tx.commit()?;
-        let db = Arc::new(db);
+        file.write(|db| -> Result<(), PersistError> {
+            let tx = db.begin_write()?;
+            tx.open_table(ZONES)?;
+            tx.open_table(CLUSTERS)?;
+            tx.commit()?;
+            Ok(())
+        })?;
+        let file = Arc::new(file);
         let (queue, jobs) = mpsc::channel::<Job>();
-        let shared = db.clone();
+        let shared = file.clone();
         let committer = std::thread::Builder::new()
             .name("meshcat-commit".into())
             .spawn(move || commit_loop(&shared, &jobs))
@@ -110,17 +130,33 @@ impl RedbRegistrations {
                 error,
             })?;
         Ok(RedbRegistrations {
-            db,
+            file,
             queue: Mutex::new(Some(queue)),
             committer: Some(committer),
         })
     }
 }
 
-/// Takes every waiting batch, commits them together, answers each writer.
-fn commit_loop(db: &Database, jobs: &mpsc::Receiver<Job>) {
+/// Takes every waiting batch, commits them together, answers each writer. While
+/// the file refuses writes, it is also healed every [`RETRY`] with nothing to write.
+fn commit_loop(file: &RedbFile, jobs: &mpsc::Receiver<Job>) {
     let mut commits = 0u64;
-    while let Ok(first) = jobs.recv() {
+    loop {
+        let first = if file.writable() {
+            match jobs.recv() {
+                Ok(job) => job,
+                Err(_) => return,
+            }
+        } else {
+            match jobs.recv_timeout(RETRY) {
+                Ok(job) => job,
+                Err(RecvTimeoutError::Timeout) => {
+                    let _ = file.heal();
+                    continue;
+                }
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+        };
         let mut group = vec![first];
         while group.len() < MAX_GROUP {
             match jobs.try_recv() {
@@ -128,7 +164,7 @@ fn commit_loop(db: &Database, jobs: &mpsc::Receiver<Job>) {
                 Err(_) => break,
             }
         }
-        match commit_group(db, &group) {
+        match file.write(|db| commit_group(db, &group)) {
             Ok(results) => {
                 for ((_, reply), result) in group.into_iter().zip(results) {
                     let outcome = match result {
@@ -144,7 +180,12 @@ fn commit_loop(db: &Database, jobs: &mpsc::Receiver<Job>) {
                     reply(Ok(outcome));
                 }
             }
-            Err(e) => {
+            Err(Refused::Unwritable(cause)) => {
+                for (_, reply) in group {
+                    reply(Err(PersistError::Unwritable(cause.clone())));
+                }
+            }
+            Err(Refused::Failed(e)) => {
                 let why = e.to_string();
                 for (_, reply) in group {
                     reply(Err(PersistError::Group(why.clone())));
@@ -266,19 +307,32 @@ fn apply_batch(
     Ok(Ok(changes))
 }
 
+/// Every stored registration.
+fn load_from(db: &Database) -> Result<Loaded, PersistError> {
+    let tx = db.begin_read().map_err(redb::Error::from)?;
+    let mut out = Loaded::default();
+    for row in tx.open_table(ZONES)?.iter()? {
+        let (k, v) = row?;
+        out.zones.push(decode(k.value(), v.value())?);
+    }
+    for row in tx.open_table(CLUSTERS)?.iter()? {
+        let (k, v) = row?;
+        out.clusters.push(decode(k.value(), v.value())?);
+    }
+    Ok(out)
+}
+
 impl Registrations for RedbRegistrations {
     fn load(&self) -> Result<Loaded, PersistError> {
-        let tx = self.db.begin_read().map_err(redb::Error::from)?;
-        let mut out = Loaded::default();
-        for row in tx.open_table(ZONES)?.iter()? {
-            let (k, v) = row?;
-            out.zones.push(decode(k.value(), v.value())?);
-        }
-        for row in tx.open_table(CLUSTERS)?.iter()? {
-            let (k, v) = row?;
-            out.clusters.push(decode(k.value(), v.value())?);
-        }
-        Ok(out)
+        self.file.read(load_from).unwrap_or_else(|| {
+            Err(PersistError::Unwritable(Unwritable::Failed(
+                "the database is closed".into(),
+            )))
+        })
+    }
+
+    fn writable(&self) -> bool {
+        self.file.writable()
     }
 
     fn commit(&self, batch: Vec<Write>) -> Result<Outcome, PersistError> {

@@ -16,6 +16,7 @@ use super::persist::PersistError;
 use super::publish::Touch;
 use super::{Entry, Store, StoreError, ZoneAggregate, ZoneState, exclusive, render};
 use crate::history::{Detail, Kind, Pending};
+use crate::redb_file::Unwritable;
 
 /// One conditional write; a batch of them is committed all or nothing.
 #[derive(Debug, Clone)]
@@ -123,6 +124,12 @@ pub trait Registrations: Send + Sync + fmt::Debug {
     /// gives both back, and the caller commits on a thread that may block.
     fn submit(&self, batch: Vec<Write>, done: Done) -> Result<(), (Vec<Write>, Done)> {
         Err((batch, done))
+    }
+
+    /// Whether the backend takes writes: `false` from a write refused for its
+    /// storage (full, or failed) until the backend heals.
+    fn writable(&self) -> bool {
+        true
     }
 
     /// Whether committed changes reach memory through the backend's own follower (a
@@ -367,6 +374,9 @@ impl Store {
     ) -> Result<Settled, (usize, StoreError)> {
         match outcome {
             Err(PersistError::Unavailable(m)) => Err((0, StoreError::Unavailable(m))),
+            Err(PersistError::Unwritable(cause @ Unwritable::Full(_))) => {
+                Err((0, StoreError::Full(cause.to_string())))
+            }
             Err(e) => Err((0, StoreError::Storage(e))),
             Ok(Outcome::Refused { index, error }) => Err((index, error.into())),
             Ok(Outcome::Committed { changes, .. }) if self.registrations.followed() => {

@@ -795,6 +795,7 @@ mod history;
 fn a_delta_applies_on_its_base_and_a_stale_one_is_refused() {
     use meshcat_common::wire::{Delta, ReportedCluster, STALE_BASE};
     let (_d, s, live) = open();
+    let bounds = crate::ingest::InstanceBounds::default();
     let held = |s: &Store| {
         let by_zone = s.memory.clusters.get("a").unwrap();
         let set = by_zone.get("z").unwrap().instances["i1"].clusters().clone();
@@ -809,7 +810,7 @@ fn a_delta_applies_on_its_base_and_a_stale_one_is_refused() {
         .map(|i| ReportedCluster::healthy(format!("up-{i}"), vec![format!("10.0.0.{i}:80")]))
         .collect();
     assert!(
-        live.apply_reports_guarded("agent", vec![whole], now, &|_| true)
+        live.apply_reports_guarded("agent", vec![whole], now, &|_| true, &bounds)
             .is_empty()
     );
     let delta = |seq, base, clusters: Vec<ReportedCluster>, removed: &[&str]| InstanceReport {
@@ -828,6 +829,7 @@ fn a_delta_applies_on_its_base_and_a_stale_one_is_refused() {
         vec![delta(2, 1, vec![grown], &["up-2"])],
         now,
         &|_| true,
+        &bounds,
     );
     assert!(refused.is_empty(), "{refused:?}");
     assert_eq!(held(&s), [("up-0".to_owned(), 1), ("up-1".to_owned(), 2)]);
@@ -839,6 +841,7 @@ fn a_delta_applies_on_its_base_and_a_stale_one_is_refused() {
             vec![delta(3, base, vec![], &["up-0"])],
             now,
             &|_| true,
+            &bounds,
         );
         assert_eq!(refused.len(), 1);
         assert_eq!(refused[0].reason, STALE_BASE);
@@ -850,14 +853,88 @@ fn a_delta_applies_on_its_base_and_a_stale_one_is_refused() {
         by_zone.get("z").unwrap().instances["i1"].clusters().clone()
     };
     assert!(
-        live.apply_reports_guarded("agent", vec![delta(3, 2, vec![], &[])], now, &|_| true)
-            .is_empty()
+        live.apply_reports_guarded(
+            "agent",
+            vec![delta(3, 2, vec![], &[])],
+            now,
+            &|_| true,
+            &bounds
+        )
+        .is_empty()
     );
     let after = {
         let by_zone = s.memory.clusters.get("a").unwrap();
         by_zone.get("z").unwrap().instances["i1"].clusters().clone()
     };
     assert!(std::sync::Arc::ptr_eq(&before, &after));
+}
+
+/// The upstreams with traffic a delta leaves are counted from the held ones and the
+/// delta's; near the bound, exactly: a delta that sends two new upstreams and removes
+/// two held ones keeps the count, and one that only adds passes the bound and is
+/// refused, keeping what was held.
+#[test]
+fn upstreams_a_delta_leaves_are_counted_exactly_near_the_bound() {
+    use meshcat_common::wire::{Delta, UpstreamTraffic};
+    let (_d, _s, live) = open();
+    let bounds = crate::ingest::InstanceBounds {
+        max_upstream_clusters: 4,
+        max_upstream_hosts: 100,
+    };
+    let upstream = |name: &str| UpstreamTraffic {
+        name: name.into(),
+        requests_total: 1,
+        errors_total: 0,
+        connect_fail_total: 0,
+        p50_ms: None,
+        p99_ms: None,
+        tls: false,
+    };
+    let now = Instant::now();
+    let mut whole = report("z", "a", "i1", 10, 0);
+    whole.seq = 1;
+    whole.upstreams = ["u0", "u1", "u2", "u3"].map(upstream).to_vec();
+    let apply =
+        |r: InstanceReport| live.apply_reports_guarded("agent", vec![r], now, &|_| true, &bounds);
+    assert!(apply(whole).is_empty());
+    let delta = |seq, base, sent: &[&str], removed: &[&str]| InstanceReport {
+        seq,
+        upstreams: sent.iter().map(|n| upstream(n)).collect(),
+        delta: Some(Delta {
+            base,
+            removed_upstreams: removed.iter().map(|r| (*r).to_owned()).collect(),
+            listeners_unchanged: true,
+            ..Delta::default()
+        }),
+        ..report("z", "a", "i1", 20, 0)
+    };
+    let held = || {
+        live.memory
+            .clusters
+            .get("a")
+            .unwrap()
+            .get("z")
+            .unwrap()
+            .instances["i1"]
+            .held()
+            .upstreams
+    };
+    assert!(apply(delta(2, 1, &["u4", "u5", "u0"], &["u1", "u2"])).is_empty());
+    assert_eq!(held(), 4);
+    let refused = apply(delta(3, 2, &["u6"], &[]));
+    assert_eq!(refused.len(), 1);
+    assert_eq!(refused[0].reason, "too_many_upstream_clusters");
+    assert!(refused[0].kept, "the instance keeps what it held");
+    let over = refused[0].over.unwrap();
+    assert_eq!(
+        (over.set, over.count, over.limit),
+        (crate::ingest::Bounded::Upstreams, 5, 4)
+    );
+    assert_eq!(held(), 4);
+    // Another delta on the same held base is checked the same way.
+    assert_eq!(apply(delta(4, 2, &["u7"], &[])).len(), 1);
+    assert!(apply(delta(5, 2, &["u7"], &["u3"])).is_empty());
+    assert_eq!(held(), 4);
 }
 
 /// A zone's view with `clusters`, each a list of (address, healthy).

@@ -569,8 +569,8 @@ impl Traffic {
     /// [`Self::record`] with the instance's upstream clusters (their hosts) given.
     /// A delta report (`r.delta`) lists only the upstreams whose figures changed:
     /// the others keep theirs, those it removes go, and its listeners stay when
-    /// it says they are unchanged.
-    pub fn record_with(&self, r: &mut InstanceReport, clusters: &ClusterSet, now: Instant) {
+    /// it says they are unchanged. Answers how many upstreams the instance keeps.
+    pub fn record_with(&self, r: &mut InstanceReport, clusters: &ClusterSet, now: Instant) -> u32 {
         let window = self.window;
         let key = InstanceKey::of(r);
         let delta = r.delta.as_ref();
@@ -582,7 +582,7 @@ impl Traffic {
         let nothing = r.upstreams.is_empty() && r.listeners.is_empty() && r.local_cluster.is_none();
         if nothing && (delta.is_none() || !held) {
             self.forget(&key);
-            return;
+            return 0;
         }
         let mut incoming = std::mem::take(&mut r.upstreams);
         // The agent cuts a longer list to the busiest: an upstream of a list at the
@@ -750,11 +750,34 @@ impl Traffic {
             c.upstreams.shrink_to_fit();
         }
         t.upstreams = upstreams;
+        let kept = u32::try_from(t.upstreams.len()).unwrap_or(u32::MAX);
         drop(c);
         drop(t);
         if reshaped {
             self.reshaped();
         }
+        kept
+    }
+
+    /// How many upstreams instance `key` would keep once a delta that sends `sent`
+    /// and removes `removed` is applied: the held ones it neither sends nor removes,
+    /// and the distinct ones it sends (before their names are checked, so never
+    /// fewer than [`Self::record_with`] keeps).
+    pub fn upstreams_after(
+        &self,
+        key: &InstanceKey,
+        sent: &[UpstreamTraffic],
+        removed: &[String],
+    ) -> usize {
+        let sent: std::collections::HashSet<&str> = sent.iter().map(|u| u.name.as_str()).collect();
+        let removed: std::collections::HashSet<&str> = removed.iter().map(String::as_str).collect();
+        let left = self.instances.get(key).map_or(0, |t| {
+            t.upstreams
+                .iter()
+                .filter(|u| !sent.contains(&*u.name) && !removed.contains(&*u.name))
+                .count()
+        });
+        left + sent.len()
     }
 
     /// Notes a change that could change the graph's shape (an instance's identity,

@@ -46,6 +46,7 @@ impl ReportSink for CountingSink {
         instances: Vec<InstanceReport>,
         _now: Instant,
         _may_take: &dyn Fn(&str) -> bool,
+        _bounds: &meshcat_aggregator::ingest::InstanceBounds,
     ) -> Vec<meshcat_aggregator::ingest::InstanceRefusal> {
         for report in &instances {
             // Touch the data as a store would, so the work is not optimised away.

@@ -78,6 +78,7 @@ impl ToSchema for Registration {
     responses(
         (status = 201, description = "The stored record, or the stored records in the order sent.", body = Registration),
         WriteTokenMissing,
+        StorageFull,
         (status = 409, description = "The cluster exists in that zone (or twice in the array).", body = ErrorBody),
         BodyRefused,
     ),
@@ -173,6 +174,7 @@ pub async fn get_cluster(
     responses(
         (status = 200, description = "The stored record.", body = ClusterRecord),
         WriteTokenMissing,
+        StorageFull,
         NotFound,
         BodyRefused,
     ),
@@ -213,6 +215,7 @@ pub async fn replace_cluster(
     responses(
         (status = 200, description = "The deleted record.", body = ClusterRecord),
         WriteTokenMissing,
+        StorageFull,
         NotFound,
         BodyRefused,
     ),

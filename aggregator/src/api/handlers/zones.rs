@@ -26,6 +26,7 @@ pub async fn list_zones(
     responses(
         (status = 201, description = "The stored zone.", body = ZoneRecord),
         WriteTokenMissing,
+        StorageFull,
         (status = 409, description = "The zone exists.", body = ErrorBody),
         BodyRefused,
     ),
@@ -75,6 +76,7 @@ pub async fn get_zone(
     responses(
         (status = 200, description = "The stored zone.", body = ZoneRecord),
         WriteTokenMissing,
+        StorageFull,
         NotFound,
         BodyRefused,
     ),
@@ -111,6 +113,7 @@ pub async fn replace_zone(
     responses(
         (status = 200, description = "The deleted zone.", body = ZoneRecord),
         WriteTokenMissing,
+        StorageFull,
         NotFound,
         BodyRefused,
     ),
