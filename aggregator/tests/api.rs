@@ -709,10 +709,13 @@ async fn status_instances_metrics_and_summaries() {
 
     let (_, v) = api.get("/clusters/web").await;
     assert_eq!(v[0]["status"], "stable");
+    // An instance whose sidecar reported no certificates has identity `none`.
+    let none = json!({"state": "none", "sans": [], "expiresAtMs": null, "validFromMs": null,
+        "source": null, "secret": null, "serial": null, "reason": null});
     assert_eq!(
         v[0]["instances"],
-        json!([{"name": "web-1", "startTime": 1_700_000_000_000i64, "source": "agent"},
-        {"name": "web-2", "startTime": 1_700_000_000_000i64, "source": "agent"}])
+        json!([{"name": "web-1", "startTime": 1_700_000_000_000i64, "source": "agent", "identity": none},
+        {"name": "web-2", "startTime": 1_700_000_000_000i64, "source": "agent", "identity": none}])
     );
     assert_eq!(api.get("/clusters/db").await.1[0]["status"], "warning");
 

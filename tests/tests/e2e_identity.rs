@@ -4,7 +4,10 @@
 //! not present, and a sidecar with more certificates than an instance may report.
 //! What the catalog shows of them: `GET /certificates`, identity on the records, the
 //! predicted mTLS failure on the graph and in the diagnosis, the history, the
-//! metrics, and the attempts of a failing handshake counted on the edge.
+//! metrics, and the attempts of a failing handshake counted on the edge. And a
+//! sidecar that takes its certificate over SDS from the test control server's
+//! issuer: a rotation followed without waiting for `--certs-interval`, a stalled
+//! rotation seen as rotation-overdue, and its recovery.
 
 use std::time::Duration;
 
@@ -453,4 +456,160 @@ async fn a_sidecar_over_the_certificate_bound_fails_alone() {
         .is_some_and(|n| n >= 1.0),
         "{metrics}"
     );
+}
+
+/// One row of `rows` for `cluster`'s chain certificate with `serial`.
+fn chain_with<'a>(rows: &'a [Value], cluster: &str, serial: &str) -> Option<&'a Value> {
+    chains(rows, cluster)
+        .into_iter()
+        .find(|r| r["serial"] == serial)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rotations_over_sds_are_followed_and_a_stalled_rotation_is_overdue() {
+    use meshcat_control_server::{Ca, ControlServer, IdentitySpec, IssuerOptions};
+    use meshcat_tests::identity::start_mtls_sidecar;
+    use meshcat_tests::xds::XdsBootstrap;
+
+    let dir = tempfile::tempdir().unwrap();
+    // Overdue past a quarter of a lifetime, so that a certificate issued for 40 s is
+    // overdue from its 10th second and expires 30 s later.
+    let catalog = Catalog::start(|c| {
+        c.store.rules.identity.overdue_fraction = 0.25;
+        c.store.rules.identity.warning_ms = 1_000;
+    })
+    .await
+    .unwrap();
+    catalog.register_zone(ZONE, "edge").await.unwrap();
+    catalog
+        .register_cluster(ZONE, "svc", json!({"owner": "svc-team"}))
+        .await
+        .unwrap();
+    let server = ControlServer::start("127.0.0.1:0".parse().unwrap(), None)
+        .await
+        .unwrap();
+    let ca = Ca::generate("shop mesh CA", DAY).unwrap();
+    let issuer = server
+        .start_issuer(
+            ca,
+            IssuerOptions {
+                lifetime: Duration::from_secs(3_600),
+                rotate_at: 0.2,
+                ..IssuerOptions::default()
+            },
+            vec![IdentitySpec::new("svc", [spiffe("svc").as_str(), "svc.shop"]).unwrap()],
+        )
+        .unwrap();
+    let upstream = Upstream::start().await.unwrap();
+    let (svc, _) = start_mtls_sidecar(
+        XdsBootstrap::new("svc-1", "svc", server.local_addr()),
+        ("svc", "ca"),
+        upstream.addr,
+        &dir.path().join("svc-access.log"),
+    )
+    .await
+    .unwrap();
+    // Certificates are read again when the configuration moves, not on the hour.
+    let mut args = svc.agent_args(catalog.agent_args(), (ZONE, "svc", "svc-1"));
+    args.extend(["--certs-interval".to_owned(), "1h".to_owned()]);
+    let _agent = MeshAgent::start(&args).await.unwrap();
+
+    // The issued certificate, from its SDS secret.
+    let first = issuer.identity("svc").unwrap();
+    let row = wait_for("svc's first certificate", WAIT, || async {
+        chain_with(
+            &rows(&catalog, "clusterName=svc").await,
+            "svc",
+            &first.serial,
+        )
+        .cloned()
+    })
+    .await
+    .unwrap();
+    assert_eq!(row["source"], "sds", "{row}");
+    assert_eq!(row["secret"], "svc", "{row}");
+    assert_eq!(row["state"], "ok", "{row}");
+    assert_eq!(row["expiresAtMs"], first.expires_at_ms, "{row}");
+
+    // A rotation: the new certificate replaces the old one, and the history says so.
+    let rotated = issuer.rotate("svc").unwrap();
+    let entry = catalog
+        .wait_history_entry(
+            "the rotation noted",
+            "/history?kind=certificate-rotated&clusterName=svc",
+            WAIT,
+            |e| e["detail"]["serial"] == rotated.serial.as_str(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(entry["instance"], "svc-1");
+    assert_eq!(entry["detail"]["previousSerial"], first.serial.as_str());
+    assert_eq!(entry["detail"]["secret"], "svc");
+    let now = rows(&catalog, "clusterName=svc").await;
+    assert_eq!(
+        chains(&now, "svc").len(),
+        1,
+        "the old certificate left: {now:#?}"
+    );
+
+    // Rotation stops with a certificate of 40 s in place: once past a quarter of its
+    // lifetime, it is rotation-overdue without any new report.
+    assert!(issuer.stop_rotation());
+    let short = issuer.issue("svc", Duration::from_secs(40)).unwrap();
+    wait_for("the short-lived certificate", WAIT, || async {
+        chain_with(
+            &rows(&catalog, "clusterName=svc").await,
+            "svc",
+            &short.serial,
+        )
+        .cloned()
+    })
+    .await
+    .unwrap();
+    let entry = catalog
+        .wait_history_entry(
+            "the overdue rotation noted",
+            "/history?kind=certificate-state&clusterName=svc",
+            WAIT,
+            |e| e["detail"]["to"] == "rotation-overdue",
+        )
+        .await
+        .unwrap();
+    assert_eq!(entry["detail"]["serial"], short.serial.as_str());
+    let overdue = rows(&catalog, "state=rotation-overdue").await;
+    assert!(
+        chain_with(&overdue, "svc", &short.serial).is_some(),
+        "{overdue:#?}"
+    );
+    let (_, records) = catalog.get("/clusters/svc").await.unwrap();
+    assert_eq!(
+        records[0]["instances"][0]["identity"]["state"], "rotation-overdue",
+        "{records:#}"
+    );
+    assert_eq!(
+        records[0]["identity"]["state"], "rotation-overdue",
+        "{records:#}"
+    );
+
+    // Rotation starts again: the overdue certificate is replaced at once.
+    let replaced = issuer.start_rotation().unwrap();
+    let new = replaced
+        .iter()
+        .find(|r| r.secret == "svc")
+        .expect("the overdue certificate is replaced");
+    let row = wait_for("the replacement", WAIT, || async {
+        chain_with(&rows(&catalog, "clusterName=svc").await, "svc", &new.serial).cloned()
+    })
+    .await
+    .unwrap();
+    assert_eq!(row["state"], "ok", "{row}");
+    catalog
+        .wait_history_entry(
+            "the state back to ok",
+            "/history?kind=certificate-state&clusterName=svc",
+            WAIT,
+            |e| e["detail"]["from"] == "rotation-overdue" && e["detail"]["to"] == "ok",
+        )
+        .await
+        .unwrap();
 }

@@ -579,6 +579,43 @@ mod tests {
         }
     }
 
+    /// Captured from Envoy 1.40 fed over SDS by the test control server's issuer,
+    /// after one rotation: `/certs` shows both certificates as `<inline>`, and the
+    /// config dump's secrets (`svc` at version 2, `ca` at version 1) carry the PEMs
+    /// whose serials name them.
+    #[test]
+    fn certificates_over_sds_are_named_by_their_secrets() {
+        let read = read_whole(&fixture("sds_certs.json")).unwrap();
+        assert!(read.inline);
+        let serials: Vec<(CertRole, &str)> = read
+            .certificates
+            .iter()
+            .map(|c| (c.role, c.serial.as_str()))
+            .collect();
+        assert_eq!(
+            serials,
+            [
+                (CertRole::Ca, "017853aec603e3d32e829e14a4319c63"),
+                (CertRole::Chain, "6beecfa65b79a38250b56cb4c2d3cdd0"),
+            ]
+        );
+        let secrets = sds_secrets(&fixture("sds_secrets.json")).unwrap();
+        assert_eq!(secrets.len(), 2, "{secrets:?}");
+        for (c, (name, version)) in read.certificates.iter().zip([("ca", "1"), ("svc", "2")]) {
+            let secret = &secrets[&c.serial];
+            assert_eq!(
+                (secret.name.as_str(), secret.version.as_str()),
+                (name, version)
+            );
+            assert!(secret.last_updated_ms > 1_795_000_000_000, "{secret:?}");
+        }
+        // 2026-11-29T10:32:51.761Z
+        assert_eq!(
+            secrets["6beecfa65b79a38250b56cb4c2d3cdd0"].last_updated_ms,
+            1_795_948_371_761
+        );
+    }
+
     #[test]
     fn a_bound_broken_ends_the_read_at_once() {
         let context = |i: usize| {
