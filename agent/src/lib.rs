@@ -62,7 +62,7 @@ pub async fn run(
             "PUT /logging is refused with 403: the ops listener is not on loopback and no --ops-token-file is given."
         );
     }
-    let agent = Agent::new(config.scrape_timeout);
+    let agent = Agent::with_tail_bounds(config.scrape_timeout, config.tail_bounds());
     let source = match (&config.targets_file, &config.pods_file) {
         (Some(path), _) => TargetSource::File(path.clone()),
         (None, Some(path)) => TargetSource::Pods(scrape::PodSource {

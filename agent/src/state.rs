@@ -9,6 +9,7 @@ use axum::http::StatusCode;
 
 use crate::board::Board;
 use crate::envoy::{self, EnvoyAdmin, EnvoyError};
+use crate::logtail::TailBounds;
 use crate::metrics_object::HostSampler;
 use crate::ops_metrics::OpsMetrics;
 use crate::sidecars::Diagnostics;
@@ -76,8 +77,14 @@ struct Inner {
 }
 
 impl Agent {
-    /// An agent with no targets yet.
+    /// An agent with no targets yet, holding each sidecar's log within the default
+    /// bounds.
     pub fn new(scrape_timeout: Duration) -> Self {
+        Self::with_tail_bounds(scrape_timeout, TailBounds::default())
+    }
+
+    /// An agent with no targets yet, holding each sidecar's log within `tail_bounds`.
+    pub fn with_tail_bounds(scrape_timeout: Duration, tail_bounds: TailBounds) -> Self {
         let ops_metrics = OpsMetrics::new();
         Self {
             inner: Arc::new(Inner {
@@ -86,7 +93,7 @@ impl Agent {
                 ops_metrics: ops_metrics.clone(),
                 host: HostSampler::new(),
                 scrape_timeout,
-                diagnostics: Diagnostics::new(scrape_timeout, ops_metrics.clone()),
+                diagnostics: Diagnostics::new(scrape_timeout, ops_metrics.clone(), tail_bounds),
             }),
         }
     }

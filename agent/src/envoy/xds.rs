@@ -9,6 +9,7 @@
 
 use std::collections::HashMap;
 
+use meshcat_common::envoy_log::{envoy_time_ms, strip_cri_prefix};
 use meshcat_common::wire::{MAX_XDS_REJECTIONS, XdsRejection, XdsState};
 
 use super::model::StatsSnapshot;
@@ -593,81 +594,6 @@ fn starts_entry(line: &str) -> bool {
     b.first() == Some(&b'[') && b.get(1).is_some_and(u8::is_ascii_digit)
 }
 
-/// `line` without the prefix a container runtime writes in a pod's log file
-/// (`<RFC 3339 time> stdout|stderr F|P `), with that time; `line` as is otherwise.
-fn strip_cri_prefix(line: &str) -> (Option<i64>, &str) {
-    let mut parts = line.splitn(4, ' ');
-    if let (Some(time), Some(stream), Some(tag), Some(rest)) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
-        && matches!(stream, "stdout" | "stderr")
-        && matches!(tag, "F" | "P")
-        && let Some(ms) = rfc3339_ms(time)
-    {
-        return (Some(ms), rest);
-    }
-    (None, line)
-}
-
-/// `[YYYY-MM-DD HH:MM:SS.mmm]` at the start of an entry, read as UTC (Envoy writes
-/// its local time, UTC in containers unless `TZ` says otherwise).
-fn envoy_time_ms(line: &str) -> Option<i64> {
-    let stamp = line.get(1..24)?;
-    if line.as_bytes().get(24) != Some(&b']') || stamp.as_bytes()[10] != b' ' {
-        return None;
-    }
-    let (date, time) = stamp.split_at(10);
-    civil_ms(date, &time[1..], 0)
-}
-
-/// An RFC 3339 time (`2026-11-27T17:37:02.269123456Z`, or with `+hh:mm`), in ms.
-fn rfc3339_ms(s: &str) -> Option<i64> {
-    let (date, rest) = s.split_once('T')?;
-    let (time, offset_s) = if let Some(t) = rest.strip_suffix('Z') {
-        (t, 0)
-    } else {
-        let at = rest.rfind(['+', '-'])?;
-        let (t, off) = rest.split_at(at);
-        let sign = if off.starts_with('-') { -1 } else { 1 };
-        let (h, m) = off[1..].split_once(':')?;
-        (
-            t,
-            sign * (h.parse::<i64>().ok()? * 3600 + m.parse::<i64>().ok()? * 60),
-        )
-    };
-    civil_ms(date, time, offset_s)
-}
-
-/// `YYYY-MM-DD` and `HH:MM:SS[.fraction]` at `offset_s` east of UTC, in ms since the
-/// epoch.
-fn civil_ms(date: &str, time: &str, offset_s: i64) -> Option<i64> {
-    let mut d = date.splitn(3, '-').map(|p| p.parse::<i64>().ok());
-    let (y, m, day) = (d.next()??, d.next()??, d.next()??);
-    let (hms, fraction) = time.split_once('.').unwrap_or((time, ""));
-    let mut t = hms.splitn(3, ':').map(|p| p.parse::<i64>().ok());
-    let (h, min, sec) = (t.next()??, t.next()??, t.next()??);
-    if !(1..=12).contains(&m) || !(1..=31).contains(&day) || h > 23 || min > 59 || sec > 60 {
-        return None;
-    }
-    let ms: i64 = if fraction.is_empty() {
-        0
-    } else {
-        let digits: String = fraction.chars().take(3).collect();
-        if !digits.bytes().all(|b| b.is_ascii_digit()) {
-            return None;
-        }
-        format!("{digits:0<3}").parse().ok()?
-    };
-    // Days from the civil date (Howard Hinnant's algorithm).
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    Some(((days * 86_400 + h * 3600 + min * 60 + sec - offset_s) * 1000) + ms)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -779,11 +705,6 @@ mod tests {
         a.sort_by_key(|r| r.at_ms);
         b.sort_by_key(|r| r.at_ms);
         assert_eq!(a, b);
-        assert_eq!(
-            strip_cri_prefix("2026-11-27T17:37:20.5+01:00 stdout P x y"),
-            (Some(1_795_801_040_500 - 3_600_000), "x y")
-        );
-        assert_eq!(strip_cri_prefix("[2026] x y z"), (None, "[2026] x y z"));
     }
 
     #[test]
@@ -1006,20 +927,5 @@ mod tests {
         let s = t.update(Some(true), counts(&again), &StatsSnapshot::default(), 2);
         assert_eq!(s.rejected.len(), MAX_XDS_REJECTIONS);
         assert_eq!(s.rejected[0].resource, "c000");
-    }
-
-    #[test]
-    fn times_are_read_as_utc() {
-        assert_eq!(ms("1970-01-01 00:00:00.000"), 0);
-        assert_eq!(ms("2000-03-01 00:00:01.500"), 951_868_801_500);
-        assert_eq!(
-            envoy_time_ms("[2026-11-27 17:37:02.269][16510][warning]"),
-            Some(1_795_801_022_269)
-        );
-        assert_eq!(envoy_time_ms("[info] x"), None);
-        assert_eq!(
-            rfc3339_ms("2026-11-27T17:37:02.269123456Z"),
-            Some(1_795_801_022_269)
-        );
     }
 }
