@@ -4,6 +4,8 @@
 //! admin stays on its pod's loopback, inside the sidecar's ([`netns`]).
 
 pub mod clusters;
+#[cfg(test)]
+mod differential;
 pub mod model;
 pub mod netns;
 pub mod xds;

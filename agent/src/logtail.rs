@@ -704,6 +704,9 @@ pub(crate) fn now_ms() -> i64 {
 }
 
 #[cfg(test)]
+mod differential;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

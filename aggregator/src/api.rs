@@ -6,6 +6,8 @@ mod auth;
 pub mod blocking;
 mod control;
 mod diagnose;
+#[cfg(test)]
+mod differential;
 mod error;
 pub mod events;
 pub mod forward;

@@ -150,6 +150,9 @@ fn days_in_month(y: i64, m: i64) -> i64 {
 }
 
 #[cfg(test)]
+mod differential;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

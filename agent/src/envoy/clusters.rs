@@ -10,6 +10,12 @@
 //! over everything else (counters, circuit breakers, localities) counting brackets
 //! and quotes. What it holds is the reported clusters and at most one JSON token cut
 //! by a chunk's end.
+//!
+//! Every token it reads (keys, and the values of the objects and arrays it follows)
+//! is checked as JSON: a fault there is an error. A value passed over is checked only
+//! for balanced brackets of its own kind and balanced strings: a fault inside it is
+//! an error or goes unseen, and never changes what is read (the differential tests,
+//! `clusters/differential.rs`, hold it to both).
 
 use std::borrow::Cow;
 
@@ -728,6 +734,7 @@ impl ClustersReader {
                 "a string or number is over {MAX_TOKEN} bytes"
             )));
         }
+        check_string(token)?;
         match self.expect {
             Expect::Key | Expect::KeyOrEnd => {
                 let ctx = *self
@@ -777,7 +784,7 @@ impl ClustersReader {
             b"true" => Some(true),
             b"false" => Some(false),
             b"null" => None,
-            [b'-' | b'0'..=b'9', ..] => None,
+            _ if is_number(token) => None,
             _ => return Err(parse_error("a value that is not JSON")),
         };
         match (self.stack.last(), self.field, literal) {
@@ -794,6 +801,58 @@ impl ClustersReader {
         self.value_done();
         Ok(())
     }
+}
+
+/// Whether `token` is a JSON number: `-`? then `0` or a digit 1 to 9 and digits,
+/// then `.` and digits, then `e` or `E`, a sign and digits, the last two optional.
+fn is_number(token: &[u8]) -> bool {
+    let digits = |t: &[u8], at: usize| t[at..].iter().take_while(|b| b.is_ascii_digit()).count();
+    let mut i = usize::from(token.first() == Some(&b'-'));
+    match token.get(i) {
+        Some(b'0') => i += 1,
+        Some(b'1'..=b'9') => i += digits(token, i),
+        _ => return false,
+    }
+    if token.get(i) == Some(&b'.') {
+        let n = digits(token, i + 1);
+        if n == 0 {
+            return false;
+        }
+        i += 1 + n;
+    }
+    if matches!(token.get(i), Some(b'e' | b'E')) {
+        i += 1;
+        if matches!(token.get(i), Some(b'+' | b'-')) {
+            i += 1;
+        }
+        let n = digits(token, i);
+        if n == 0 {
+            return false;
+        }
+        i += n;
+    }
+    i == token.len()
+}
+
+/// Checks a string token the reader reads (a key, or a value of an object or array
+/// it follows): UTF-8 without raw control characters, its escapes valid. Every
+/// one the reader reads is checked, kept or not, so a fault where it reads is an
+/// error; the values it passes over are not.
+fn check_string(token: &[u8]) -> Result<(), EnvoyError> {
+    let raw = &token[1..token.len() - 1];
+    if raw.contains(&b'\\') {
+        // Decoded, not passed over: passing over leaves a lone surrogate half unseen.
+        return serde_json::from_slice::<String>(token)
+            .map(drop)
+            .map_err(parse_error);
+    }
+    if raw.iter().any(|&b| b < 0x20) {
+        return Err(parse_error("a string holds a control character"));
+    }
+    if !raw.is_ascii() && std::str::from_utf8(raw).is_err() {
+        return Err(parse_error("a string is not UTF-8"));
+    }
+    Ok(())
 }
 
 /// What the value of `key` (its text, unescaped) in an object of `ctx` is.
@@ -854,6 +913,9 @@ pub fn read_clusters(answer: &[u8]) -> Result<Vec<ReportedCluster>, EnvoyError> 
     reader.feed(answer)?;
     reader.finish()
 }
+
+#[cfg(test)]
+mod differential;
 
 #[cfg(test)]
 mod tests {
@@ -1030,6 +1092,15 @@ mod tests {
             b"{\"cluster_statuses\": [{\"name\": \"a\",}]}",
             b"{\"cluster_statuses\": [{\"name\": tru}]}",
             b"{} {}",
+            // Found by the differential tests: a number JSON does not have, and a
+            // string with an invalid escape, a lone surrogate half or a raw control
+            // character, where the reader reads, were taken.
+            b"{\"a\": 01}",
+            b"{\"cluster_statuses\": [{\"name\": \"a\", \"weight\": 1.}]}",
+            b"{\"cluster_statuses\": [{\"name\": \"a\", \"priority\": -}]}",
+            b"{\"a\": \"\\x\"}",
+            b"{\"cluster_statuses\": [{\"name\": \"\\ud800\"}]}",
+            b"{\"cluster_statuses\": [{\"name\": \"a\x01\"}]}",
         ] {
             assert!(
                 read_clusters(bad).is_err(),

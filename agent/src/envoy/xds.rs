@@ -89,7 +89,7 @@ pub struct Subscription {
 
 /// The subscription a stat belongs to, with the stat's prefix (the name without its
 /// last part), when the stat is one of a subscription's `update_*`.
-fn subscription_of(stat: &str) -> Option<(Subscription, &str)> {
+pub(crate) fn subscription_of(stat: &str) -> Option<(Subscription, &str)> {
     let (prefix, counter) = stat.rsplit_once('.')?;
     if !counter.starts_with("update_") {
         return None;
@@ -562,16 +562,56 @@ impl OpenRecord {
 }
 
 /// The value of a top-level string field of a message in protobuf text form
-/// (`name: "payments"`, no indentation).
+/// (`name: "payments"`, no indentation), its C escapes decoded: `\"`, `\\`, `\n` and
+/// the others, and the octal (`\303\251`) and hex escapes `DebugString` writes the
+/// bytes of a name past ASCII with.
 fn text_field(line: &str, field: &str) -> Option<String> {
-    let value = line.strip_prefix(field)?.strip_prefix(": \"")?;
-    let mut out = String::new();
-    let mut chars = value.chars();
-    while let Some(c) = chars.next() {
-        match c {
-            '"' => return Some(out),
-            '\\' => out.push(chars.next()?),
-            c => out.push(c),
+    let value = line.strip_prefix(field)?.strip_prefix(": \"")?.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < value.len() {
+        let b = value[i];
+        i += 1;
+        match b {
+            b'"' => return Some(String::from_utf8_lossy(&out).into_owned()),
+            b'\\' => {
+                let e = *value.get(i)?;
+                i += 1;
+                match e {
+                    b'0'..=b'7' => {
+                        let mut n = u32::from(e - b'0');
+                        for _ in 0..2 {
+                            match value.get(i) {
+                                Some(d @ b'0'..=b'7') => {
+                                    n = n * 8 + u32::from(d - b'0');
+                                    i += 1;
+                                }
+                                _ => break,
+                            }
+                        }
+                        out.push(u8::try_from(n).ok()?);
+                    }
+                    b'x' => {
+                        let hex = |b: u8| char::from(b).to_digit(16);
+                        let mut n = hex(*value.get(i)?)?;
+                        i += 1;
+                        if let Some(d) = value.get(i).and_then(|&b| hex(b)) {
+                            n = n * 16 + d;
+                            i += 1;
+                        }
+                        out.push(n as u8);
+                    }
+                    b'n' => out.push(b'\n'),
+                    b'r' => out.push(b'\r'),
+                    b't' => out.push(b'\t'),
+                    b'a' => out.push(0x07),
+                    b'b' => out.push(0x08),
+                    b'f' => out.push(0x0c),
+                    b'v' => out.push(0x0b),
+                    other => out.push(other),
+                }
+            }
+            other => out.push(other),
         }
     }
     None
@@ -705,6 +745,18 @@ mod tests {
         a.sort_by_key(|r| r.at_ms);
         b.sort_by_key(|r| r.at_ms);
         assert_eq!(a, b);
+    }
+
+    /// Found by the differential tests: a name past ASCII, which `DebugString`
+    /// prints in octal escapes, was read as the escapes' digits.
+    #[test]
+    fn escaped_names_are_decoded() {
+        assert_eq!(
+            text_field("name: \"caf\\303\\251 \\\"x\\\" \\x41\\n\"", "name").as_deref(),
+            Some("café \"x\" A\n")
+        );
+        assert_eq!(text_field("name: \"unended", "name"), None);
+        assert_eq!(text_field("name: \"\\777\"", "name"), None);
     }
 
     #[test]
