@@ -22,7 +22,7 @@ use serde_json::Value;
 use super::{ClustersReader, MAX_TOKEN};
 
 /// Answers of at most this many bytes are also fed cut at every position.
-const EVERY_CUT: usize = 512;
+const EVERY_CUT: usize = 256;
 
 /// The reader fed `chunks`, its carried token checked against its bound after each.
 fn read(chunks: &[&[u8]]) -> Result<Vec<ReportedCluster>, String> {
