@@ -261,9 +261,9 @@ pub mod json {
         proptest::collection::vec(
             (
                 "[a-z_]{1,12}",
-                prop_oneof![8 => any_value(2, 3), 1 => (20usize..100).prop_map(deep)],
+                prop_oneof![12 => any_value(2, 3), 1 => (20usize..100).prop_map(deep)],
             ),
-            0..3,
+            0..2,
         )
         .prop_map(move |unknown| {
             let mut fields = known.clone();

@@ -151,10 +151,10 @@ fn reference(text: &[u8], declared: bool) -> Result<Vec<(String, Value)>, String
 /// A resource: mostly an object with a name, sometimes any value.
 fn resource() -> impl Strategy<Value = Json> {
     prop_oneof![
-        4 => (text(), any_value(2, 3)).prop_flat_map(|(name, body)| {
+        4 => (text(), any_value(1, 3)).prop_flat_map(|(name, body)| {
             object_with(vec![("name", Some(Json::String(name))), ("body", Some(body))])
         }),
-        1 => any_value(2, 3),
+        1 => any_value(1, 3),
     ]
 }
 
@@ -176,9 +176,9 @@ fn element(outer: Option<&'static str>, key: &'static str) -> impl Strategy<Valu
 
 fn list(outer: Option<&'static str>, key: &'static str) -> impl Strategy<Value = Option<Json>> {
     proptest::option::weighted(
-        0.8,
+        0.4,
         prop_oneof![
-            12 => proptest::collection::vec(element(outer, key), 0..4).prop_map(Json::Array),
+            12 => proptest::collection::vec(element(outer, key), 0..3).prop_map(Json::Array),
             1 => any_value(1, 2),
         ],
     )
@@ -210,7 +210,7 @@ fn section() -> impl Strategy<Value = Json> {
     (
         type_url(),
         proptest::option::of(prop_oneof![
-            6 => any_value(2, 4).prop_map(|v| match v {
+            6 => any_value(2, 3).prop_map(|v| match v {
                 Json::Object(f) => Json::Object(f),
                 other => Json::object([("node", other)]),
             }),
@@ -251,7 +251,7 @@ fn section() -> impl Strategy<Value = Json> {
 
 fn dump() -> impl Strategy<Value = Json> {
     prop_oneof![
-        12 => proptest::option::weighted(0.95, proptest::collection::vec(section(), 0..4).prop_map(Json::Array))
+        12 => proptest::option::weighted(0.95, proptest::collection::vec(section(), 0..3).prop_map(Json::Array))
             .prop_flat_map(|configs| object_with(vec![("configs", configs)])),
         1 => any_value(2, 3),
     ]
