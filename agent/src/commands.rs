@@ -9,12 +9,14 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use std::time::Duration;
 
-use meshcat_common::wire::{Command, CommandOutput, EvidenceOutput, InstanceReport};
+use meshcat_common::wire::{
+    Command, CommandOutput, EvidenceOutput, InstanceReport, LineQuery, LogWindow,
+};
 use serde_json::Value;
 
 use crate::debugwindow::is_tls_line;
 use crate::envoy::{EnvoyAdmin, seed_level};
-use crate::logtail::LogTail;
+use crate::logtail::{Coverage, LogTail, TailedLine};
 use crate::report::{CommandHandler, SnapshotSource};
 use crate::state::{Agent, TargetChoice};
 use crate::target::TargetKey;
@@ -76,13 +78,17 @@ async fn run(agent: &Agent, named: &TargetKey, cmd: Command) -> Result<CommandOu
             path,
             max_lines,
             debug_seconds,
+            lines,
         } => Ok(CommandOutput::Evidence(
             evidence(
                 agent,
                 &admin,
                 &key,
-                path.as_deref(),
-                max_lines,
+                Wanted {
+                    path: path.as_deref(),
+                    max_lines,
+                    query: lines.as_ref(),
+                },
                 debug_seconds,
             )
             .await,
@@ -98,18 +104,32 @@ pub const MAX_EVIDENCE_LOG_BYTES: usize = 1 << 20;
 /// Longest log line carried; longer ones are cut.
 pub const MAX_EVIDENCE_LINE_LEN: usize = 8 << 10;
 
+/// The log lines an evidence command asks for.
+#[derive(Debug, Clone, Copy)]
+struct Wanted<'a> {
+    path: Option<&'a str>,
+    max_lines: u32,
+    /// Present from an aggregator that reads the log window.
+    query: Option<&'a LineQuery>,
+}
+
 /// Collects one sidecar's evidence; what cannot be read is named in `errors`
 /// instead of failing the whole answer, so the diagnosis skips only what it lacks.
 async fn evidence(
     agent: &Agent,
     admin: &EnvoyAdmin,
     target: &TargetKey,
-    path: Option<&str>,
-    max_lines: u32,
+    wanted: Wanted<'_>,
     debug_seconds: Option<u32>,
 ) -> EvidenceOutput {
     let mut out = EvidenceOutput::default();
     let diag = agent.diagnostics().get(target);
+    let tail = diag.as_ref().and_then(|d| d.tail.clone());
+    if wanted.query.is_some_and(|q| q.log_only) {
+        out.errors.extend(freshen(admin, tail.as_ref()).await);
+        log_evidence(&mut out, tail.as_ref(), wanted);
+        return out;
+    }
     if let Some(seconds) = debug_seconds {
         match &diag {
             Some(d) => match d.windows.run(Duration::from_secs(u64::from(seconds))).await {
@@ -131,7 +151,6 @@ async fn evidence(
                 .push("debug window: the sidecar has no debug windows".into()),
         }
     }
-    let tail = diag.as_ref().and_then(|d| d.tail.clone());
     let (clusters, dump, stats, fresh) = tokio::join!(
         admin.clusters_text(),
         admin.config_dump(),
@@ -151,13 +170,29 @@ async fn evidence(
         Ok(t) => out.stats_json = Some(t),
         Err(e) => out.errors.push(format!("/stats: {e}")),
     }
-    match &tail {
-        Some(tail) => out.log_lines = Some(log_lines(tail, path, max_lines)),
+    log_evidence(&mut out, tail.as_ref(), wanted);
+    out
+}
+
+/// Adds the log lines `wanted` names, and what they cover when the asker reads it.
+fn log_evidence(out: &mut EvidenceOutput, tail: Option<&LogTail>, wanted: Wanted<'_>) {
+    match tail {
+        Some(tail) => {
+            let (lines, coverage) = log_lines(tail, wanted);
+            out.log_lines = Some(lines);
+            if wanted.query.is_some() {
+                out.log_window = Some(LogWindow {
+                    from_ms: coverage.from_ms,
+                    start: coverage.start,
+                    held_max_lines: tail.max_lines() as u64,
+                    to_ms: crate::logtail::now_ms(),
+                });
+            }
+        }
         None => out
             .errors
             .push("log: no --sidecar-log-file (or logFile) is set for this sidecar".into()),
     }
-    out
 }
 
 /// Makes the tail hold the requests made until now: Envoy buffers file access logs
@@ -228,24 +263,39 @@ fn is_debug_evidence(text: &str) -> bool {
         || text.contains("initial fetch timed out")
 }
 
-/// The newest lines of the tail: with a path, the access lines naming it and every
-/// line of Envoy's own (other requests' access lines are left out).
-fn log_lines(tail: &LogTail, path: Option<&str>, max_lines: u32) -> Vec<String> {
-    let max = usize::try_from(max_lines)
+/// The lines of the tail the diagnosis reads, oldest first: the newest access lines
+/// (those naming the path when one is given; with a request id, every line naming
+/// it instead), and apart from them the newest lines of Envoy's own, so that a
+/// flood of either kind (a debug window's lines, a busy sidecar's requests) cannot
+/// push the other out. Each kind is bounded by `max_lines` and half the answer's
+/// bytes. Answers what the first kind covers.
+fn log_lines(tail: &LogTail, wanted: Wanted<'_>) -> (Vec<String>, Coverage) {
+    let max = usize::try_from(wanted.max_lines)
         .unwrap_or(usize::MAX)
-        .min(MAX_EVIDENCE_LINES);
-    let lines = tail.lines_since(0);
-    let wanted = lines
-        .iter()
-        .rev()
-        .map(|l| l.text.as_str())
-        .filter(|t| match path {
-            Some(p) => t.contains(p) || !is_access_line(t),
-            None => true,
-        });
-    let mut out = bounded(wanted, max);
-    out.reverse();
-    out
+        .min(MAX_EVIDENCE_LINES / 2);
+    let half = MAX_EVIDENCE_LOG_BYTES / 2;
+    let request_id = wanted.query.and_then(|q| q.request_id.as_deref());
+    let is_request_line = |t: &str| match (request_id, wanted.path) {
+        (Some(id), _) => t.contains(id),
+        (None, Some(p)) => is_access_line(t) && t.contains(p),
+        (None, None) => is_access_line(t),
+    };
+    let (requests, coverage) = tail.newest(is_request_line, max, half, MAX_EVIDENCE_LINE_LEN);
+    let own = if wanted.query.is_some_and(|q| q.log_only) {
+        Vec::new()
+    } else {
+        tail.newest(
+            |t| !is_access_line(t) && !is_request_line(t),
+            max,
+            half,
+            MAX_EVIDENCE_LINE_LEN,
+        )
+        .0
+    };
+    let mut lines: Vec<TailedLine> = requests.into_iter().chain(own).collect();
+    lines.sort_by_key(|l| l.seq);
+    let out = lines.iter().map(|l| cut(&l.text).to_owned()).collect();
+    (out, coverage)
 }
 
 /// Whether a line is an access line of Envoy's default format (`... "GET /x HTTP/1.1" ...`).
@@ -259,17 +309,23 @@ fn bounded<'a>(lines: impl Iterator<Item = &'a str>, max: usize) -> Vec<String> 
     let mut out = Vec::new();
     let mut bytes = 0;
     for l in lines.take(max) {
-        let mut end = l.len().min(MAX_EVIDENCE_LINE_LEN);
-        while !l.is_char_boundary(end) {
-            end -= 1;
-        }
-        bytes += end;
+        let l = cut(l);
+        bytes += l.len();
         if bytes > MAX_EVIDENCE_LOG_BYTES {
             break;
         }
-        out.push(l[..end].to_owned());
+        out.push(l.to_owned());
     }
     out
+}
+
+/// `line` cut to [`MAX_EVIDENCE_LINE_LEN`] at a character boundary.
+fn cut(line: &str) -> &str {
+    let mut end = line.len().min(MAX_EVIDENCE_LINE_LEN);
+    while !line.is_char_boundary(end) {
+        end -= 1;
+    }
+    &line[..end]
 }
 
 /// Keeps the listeners, routes and clusters of a config dump (what the routes check
@@ -296,8 +352,10 @@ fn trim_config_dump(text: String) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::logtail::TailConfig;
     use crate::state::TargetError;
     use crate::target::Target;
+    use meshcat_common::wire::WindowStart;
 
     fn target(zone: &str, instance: &str, port: u16) -> Target {
         Target {
@@ -415,5 +473,74 @@ mod tests {
         assert!(!is_access_line(
             "[2026-01-01 00:00:00.000][7][info][main] starting"
         ));
+    }
+
+    /// A request's access line, then a flood: Envoy's own lines (a debug window) and
+    /// other requests' access lines (a busy sidecar). Each kind is picked apart, so
+    /// neither pushes the other out, and the request's lines are found by its id
+    /// however many other access lines came after them.
+    #[tokio::test]
+    async fn a_flood_of_other_lines_does_not_push_the_requests_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sidecar.log");
+        let access = |p: &str, id: &str| {
+            format!(
+                "[2026-01-01T00:00:00.000Z] \"GET {p} HTTP/1.1\" 200 - 0 2 1 1 \"-\" \"ua\" \"{id}\" \"a\" \"127.0.0.1:8\"\n"
+            )
+        };
+        let mut text = access("/catalog/a", "req-1");
+        for i in 0..50 {
+            text.push_str(&format!(
+                "[2026-01-01 00:00:01.000][7][debug][admin] [admin.cc:1] request {i}\n"
+            ));
+        }
+        std::fs::write(&path, &text).unwrap();
+        let tail = LogTail::new(TailConfig::new(&path));
+        assert!(tail.catch_up(Duration::from_secs(5)).await);
+        let query = LineQuery::default();
+        let wanted = |max_lines, query| Wanted {
+            path: None,
+            max_lines,
+            query,
+        };
+        let (lines, coverage) = log_lines(&tail, wanted(10, Some(&query)));
+        assert!(lines.iter().any(|l| l.contains("req-1")), "{lines:?}");
+        assert_eq!(lines.len(), 11);
+        assert_eq!(coverage.start, WindowStart::Began);
+        // Busy: more access lines of other requests than the answer carries.
+        let mut busy = String::new();
+        for i in 0..20 {
+            busy.push_str(&access("/other", &format!("o-{i}")));
+        }
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        std::io::Write::write_all(&mut f, busy.as_bytes()).unwrap();
+        assert!(tail.catch_up(Duration::from_secs(5)).await);
+        let (lines, coverage) = log_lines(&tail, wanted(10, Some(&query)));
+        assert!(!lines.iter().any(|l| l.contains("req-1")));
+        assert_eq!(coverage.start, WindowStart::Answer);
+        // By its id, the request's line alone (and no Envoy line in a second look).
+        let by_id = LineQuery {
+            request_id: Some("req-1".into()),
+            log_only: true,
+        };
+        let (lines, coverage) = log_lines(&tail, wanted(10, Some(&by_id)));
+        assert_eq!(lines, [access("/catalog/a", "req-1").trim_end()]);
+        assert_eq!(coverage.start, WindowStart::Began);
+        // By its path, as the agent is asked with one.
+        let by_path = Wanted {
+            path: Some("/catalog/a"),
+            max_lines: 10,
+            query: Some(&query),
+        };
+        let (lines, _) = log_lines(&tail, by_path);
+        assert_eq!(
+            lines.iter().filter(|l| l.contains("/catalog/a")).count(),
+            1,
+            "{lines:?}"
+        );
+        assert!(!lines.iter().any(|l| l.contains("/other")));
     }
 }

@@ -7,10 +7,11 @@ use std::time::Duration;
 
 use clap::Parser;
 use meshcat_common::config::{
-    LogFormat, parse_aggregators, parse_host_port, parse_positive_duration,
+    LogFormat, parse_aggregators, parse_bytes, parse_host_port, parse_positive_duration, size_text,
 };
 
 use crate::envoy::Netns;
+use crate::logtail::{DEFAULT_MAX_BYTES, DEFAULT_MAX_LINES, MAX_HELD_BYTES, TailBounds};
 use crate::target::{Target, host_name};
 
 /// meshcat-agent: scrapes local Envoy sidecar admin APIs and reports them to the
@@ -54,6 +55,15 @@ pub struct AgentConfig {
     /// The sidecar's log file (Envoy --log-path or access log), tailed for diagnosis.
     #[arg(long, env = "MESHCAT_SIDECAR_LOG_FILE")]
     pub sidecar_log_file: Option<PathBuf>,
+    /// Most lines of each sidecar's log the agent holds for the diagnosis (the oldest
+    /// go first). A request older than the oldest line held cannot be traced: the
+    /// diagnosis then skips its log checks and names this flag.
+    #[arg(long, env = "MESHCAT_LOG_MAX_LINES", default_value_t = DEFAULT_MAX_LINES as u32, value_parser = clap::value_parser!(u32).range(1..=1_000_000), value_name = "N")]
+    pub log_max_lines: u32,
+    /// Most bytes of log text held per sidecar (at most 256MiB); the oldest lines go
+    /// first.
+    #[arg(long, env = "MESHCAT_LOG_MAX_BYTES", default_value = size_text(DEFAULT_MAX_BYTES as u64), value_parser = parse_held_bytes, value_name = "SIZE")]
+    pub log_max_bytes: u64,
     /// The sidecar's own upstream cluster (the one that reaches the local service),
     /// left out of the dependency graph [default: found from the sidecar's inbound
     /// listener].
@@ -117,7 +127,27 @@ pub struct AgentConfig {
     pub log_format: LogFormat,
 }
 
+/// A size of held log text: at least one byte, at most [`MAX_HELD_BYTES`].
+fn parse_held_bytes(s: &str) -> Result<u64, String> {
+    let n = parse_bytes(s)?;
+    if n > MAX_HELD_BYTES as u64 {
+        return Err(format!(
+            "{s:?} is over {}",
+            size_text(MAX_HELD_BYTES as u64)
+        ));
+    }
+    Ok(n)
+}
+
 impl AgentConfig {
+    /// How much of each sidecar's log is held.
+    pub fn tail_bounds(&self) -> TailBounds {
+        TailBounds {
+            max_lines: self.log_max_lines as usize,
+            max_bytes: usize::try_from(self.log_max_bytes).unwrap_or(MAX_HELD_BYTES),
+        }
+    }
+
     /// Parses the command line; on a bad value prints one line and exits 64, on
     /// `--help`/`--version` prints and exits 0.
     pub fn from_args() -> Self {

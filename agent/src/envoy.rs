@@ -5,6 +5,8 @@
 
 pub mod certs;
 pub mod clusters;
+#[cfg(test)]
+mod differential;
 pub mod model;
 pub mod netns;
 pub mod xds;

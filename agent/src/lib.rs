@@ -63,7 +63,11 @@ pub async fn run(
             "PUT /logging is refused with 403: the ops listener is not on loopback and no --ops-token-file is given."
         );
     }
-    let agent = Agent::with_certs_interval(config.scrape_timeout, config.certs_interval);
+    let agent = Agent::configured(
+        config.scrape_timeout,
+        config.certs_interval,
+        config.tail_bounds(),
+    );
     let source = match (&config.targets_file, &config.pods_file) {
         (Some(path), _) => TargetSource::File(path.clone()),
         (None, Some(path)) => TargetSource::Pods(scrape::PodSource {

@@ -23,6 +23,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use meshcat_common::envoy_log::line_time_ms;
+use meshcat_common::wire::WindowStart;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -44,6 +46,25 @@ const MAX_READ_PER_POLL: usize = 4 << 20;
 /// Size of one read from the file.
 const READ_CHUNK: usize = 64 << 10;
 
+/// Most bytes of log text `--log-max-bytes` may ask to hold per sidecar (256 MiB).
+pub const MAX_HELD_BYTES: usize = 256 << 20;
+
+/// How much of each sidecar's log is held (`--log-max-lines`, `--log-max-bytes`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TailBounds {
+    pub max_lines: usize,
+    pub max_bytes: usize,
+}
+
+impl Default for TailBounds {
+    fn default() -> Self {
+        TailBounds {
+            max_lines: DEFAULT_MAX_LINES,
+            max_bytes: DEFAULT_MAX_BYTES,
+        }
+    }
+}
+
 /// Where and how much to tail.
 #[derive(Debug, Clone)]
 pub struct TailConfig {
@@ -63,6 +84,15 @@ pub struct TailConfig {
 }
 
 impl TailConfig {
+    /// `path` held within `bounds`, the other settings their defaults.
+    pub fn bounded(path: impl Into<PathBuf>, bounds: TailBounds) -> Self {
+        TailConfig {
+            max_lines: bounds.max_lines,
+            max_bytes: bounds.max_bytes,
+            ..TailConfig::new(path)
+        }
+    }
+
     /// The default bounds for `path`.
     pub fn new(path: impl Into<PathBuf>) -> Self {
         TailConfig {
@@ -111,6 +141,14 @@ impl LineFilter {
     }
 }
 
+/// From when a tail holds every line it read, and why not before.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Coverage {
+    /// Ms since the epoch.
+    pub from_ms: i64,
+    pub start: WindowStart,
+}
+
 /// A handle on one followed log file; clones share the same ring.
 #[derive(Debug, Clone)]
 pub struct LogTail {
@@ -129,13 +167,7 @@ struct Inner {
 impl LogTail {
     /// A tail that reads nothing until [`LogTail::run`] or [`LogTail::refresh`].
     pub fn new(config: TailConfig) -> Self {
-        let ring = Ring {
-            lines: VecDeque::new(),
-            bytes: 0,
-            next_seq: 1,
-            max_lines: config.max_lines.max(1),
-            max_bytes: config.max_bytes.max(1),
-        };
+        let ring = Ring::new(config.max_lines, config.max_bytes, now_ms());
         LogTail {
             inner: Arc::new(Inner {
                 config,
@@ -217,6 +249,11 @@ impl LogTail {
         &self.inner.config.path
     }
 
+    /// The most lines the tail holds.
+    pub fn max_lines(&self) -> usize {
+        self.inner.config.max_lines
+    }
+
     /// The lines read after line `seq`, oldest first (all kept lines for 0). Lines
     /// already dropped from the ring are missing: compare the first `seq` with yours.
     pub fn lines_since(&self, seq: u64) -> Vec<TailedLine> {
@@ -252,6 +289,42 @@ impl LogTail {
             .collect();
         out.reverse();
         out
+    }
+
+    /// The newest lines that `wanted` selects, oldest first: at most `max` lines and
+    /// `max_bytes` bytes of text (each line counted as `line_len` at most), with what
+    /// they cover: from when every selected line the tail read is among them.
+    pub fn newest(
+        &self,
+        mut wanted: impl FnMut(&str) -> bool,
+        max: usize,
+        max_bytes: usize,
+        line_len: usize,
+    ) -> (Vec<TailedLine>, Coverage) {
+        let ring = self.ring();
+        let mut out = Vec::new();
+        let mut bytes = 0;
+        let mut left_out = None;
+        for l in ring.lines.iter().rev().filter(|l| wanted(&l.text)) {
+            let len = l.text.len().min(line_len);
+            if out.len() == max || bytes + len > max_bytes {
+                left_out = Some(l.read_at_ms);
+                break;
+            }
+            bytes += len;
+            out.push(l.clone());
+        }
+        out.reverse();
+        let coverage = match left_out {
+            // A line read in the same millisecond as the one left out may be left
+            // out too: the window starts just after.
+            Some(at) => Coverage {
+                from_ms: at + 1,
+                start: WindowStart::Answer,
+            },
+            None => ring.coverage(),
+        };
+        (out, coverage)
     }
 
     /// The sequence number of the newest line read, 0 before the first.
@@ -319,9 +392,31 @@ struct Ring {
     next_seq: u64,
     max_lines: usize,
     max_bytes: usize,
+    /// When the tail began looking at its path: a file that appears later is read
+    /// from its start, so nothing written after this is missed.
+    began_ms: i64,
+    /// When the newest line the bounds dropped was read (`None` while none was): the
+    /// ring holds every line read after it.
+    dropped_read_at: Option<i64>,
 }
 
+/// How many of the oldest held lines are looked at for the time the first one was
+/// written (a multi-line entry's continuation lines carry none).
+const FIRST_STAMP_LOOKAHEAD: usize = 16;
+
 impl Ring {
+    fn new(max_lines: usize, max_bytes: usize, began_ms: i64) -> Self {
+        Ring {
+            lines: VecDeque::new(),
+            bytes: 0,
+            next_seq: 1,
+            max_lines: max_lines.max(1),
+            max_bytes: max_bytes.max(1),
+            began_ms,
+            dropped_read_at: None,
+        }
+    }
+
     fn push(&mut self, text: String, truncated: bool, read_at_ms: i64) {
         self.bytes += text.len();
         self.lines.push_back(TailedLine {
@@ -333,9 +428,35 @@ impl Ring {
         self.next_seq += 1;
         while self.lines.len() > self.max_lines || self.bytes > self.max_bytes {
             match self.lines.pop_front() {
-                Some(old) => self.bytes -= old.text.len(),
+                Some(old) => {
+                    self.bytes -= old.text.len();
+                    self.dropped_read_at = Some(old.read_at_ms);
+                }
                 None => break,
             }
+        }
+    }
+
+    /// From when the ring holds every line read. Once the bounds dropped a line:
+    /// just after that line was read. Before: since the tail began looking at its
+    /// path, or since the first line it read was written when that is earlier (a
+    /// file found at start is read from its start, or from its last MiB).
+    fn coverage(&self) -> Coverage {
+        if let Some(at) = self.dropped_read_at {
+            return Coverage {
+                from_ms: at + 1,
+                start: WindowStart::Held,
+            };
+        }
+        let first_written = self
+            .lines
+            .iter()
+            .take(FIRST_STAMP_LOOKAHEAD)
+            .find_map(|l| line_time_ms(&l.text).map(|t| t.min(l.read_at_ms)))
+            .or_else(|| self.lines.front().map(|l| l.read_at_ms));
+        Coverage {
+            from_ms: first_written.map_or(self.began_ms, |t| t.min(self.began_ms)),
+            start: WindowStart::Began,
         }
     }
 }
@@ -583,6 +704,9 @@ pub(crate) fn now_ms() -> i64 {
 }
 
 #[cfg(test)]
+mod differential;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -618,13 +742,7 @@ mod tests {
 
     #[test]
     fn ring_keeps_bounds_and_sequence() {
-        let mut ring = Ring {
-            lines: VecDeque::new(),
-            bytes: 0,
-            next_seq: 1,
-            max_lines: 3,
-            max_bytes: 10,
-        };
+        let mut ring = Ring::new(3, 10, 0);
         for t in ["aa", "bb", "cc", "dd"] {
             ring.push(t.into(), false, 0);
         }
@@ -633,6 +751,72 @@ mod tests {
         ring.push("0123456789".into(), false, 0);
         assert_eq!(ring.lines.len(), 1);
         assert_eq!(ring.bytes, 10);
+    }
+
+    /// What the newest lines cover: since the tail began (or since its first line
+    /// was written, when earlier), once lines were dropped since just after the
+    /// last dropped one was read, and when the answer's bound left selected lines out,
+    /// since just after the newest of those was read.
+    #[test]
+    fn the_newest_lines_say_what_they_cover() {
+        let tail = LogTail::new(TailConfig {
+            max_lines: 3,
+            ..TailConfig::new("/nonexistent")
+        });
+        tail.ring().began_ms = 1_000;
+        let all = |t: &LogTail| t.newest(|_| true, 10, 1 << 20, 1 << 10);
+        assert_eq!(
+            all(&tail).1,
+            Coverage {
+                from_ms: 1_000,
+                start: WindowStart::Began
+            }
+        );
+        tail.ring().push("not stamped".into(), false, 5_000);
+        assert_eq!(all(&tail).1.from_ms, 1_000);
+        // A file found at start: its first line was written before the tail began.
+        let found = LogTail::new(TailConfig::new("/nonexistent"));
+        found.ring().began_ms = 1_000;
+        found.ring().push(
+            "[1970-01-01 00:00:00.500][1][info][main] [main.cc:1] starting".into(),
+            false,
+            1_000,
+        );
+        assert_eq!(all(&found).1.from_ms, 500);
+
+        for (text, at) in [("b", 6_000), ("c", 7_000), ("d", 8_000)] {
+            tail.ring().push(text.into(), false, at);
+        }
+        let (lines, coverage) = all(&tail);
+        assert_eq!(lines.len(), 3);
+        assert_eq!(
+            coverage,
+            Coverage {
+                from_ms: 5_001,
+                start: WindowStart::Held
+            }
+        );
+        // The newest line only: the one before it was read at 7,000.
+        let (lines, coverage) = tail.newest(|_| true, 1, 1 << 20, 1 << 10);
+        assert_eq!(
+            lines.iter().map(|l| l.text.as_str()).collect::<Vec<_>>(),
+            ["d"]
+        );
+        assert_eq!(
+            coverage,
+            Coverage {
+                from_ms: 7_001,
+                start: WindowStart::Answer
+            }
+        );
+        // A selection that holds every selected line covers what the ring does.
+        let (lines, coverage) = tail.newest(|t| t == "c", 1, 1 << 20, 1 << 10);
+        assert_eq!(lines.len(), 1);
+        assert_eq!(coverage.start, WindowStart::Held);
+        // The bytes bound leaves lines out too.
+        let (lines, coverage) = tail.newest(|_| true, 10, 1, 1 << 10);
+        assert_eq!(lines.len(), 1);
+        assert_eq!(coverage.from_ms, 7_001);
     }
 
     #[test]

@@ -16,7 +16,7 @@ use tracing::{info, warn};
 
 use crate::debugwindow::{DebugWindows, LevelControl};
 use crate::envoy::{AdminEndpoint, EnvoyAdmin};
-use crate::logtail::{LogTail, TailConfig};
+use crate::logtail::{LogTail, TailBounds, TailConfig};
 use crate::ops_metrics::OpsMetrics;
 use crate::target::{Target, TargetKey};
 
@@ -69,17 +69,21 @@ pub struct Diagnostics {
     admin_timeout: Duration,
     /// Where the windows' namespace failures are counted.
     metrics: OpsMetrics,
+    /// How much of each sidecar's log is held.
+    tail_bounds: TailBounds,
 }
 
 impl Diagnostics {
     /// No targets yet; admin calls of the windows time out after `admin_timeout` and
-    /// count their namespace failures in `metrics`.
-    pub fn new(admin_timeout: Duration, metrics: OpsMetrics) -> Self {
+    /// count their namespace failures in `metrics`; each log is held within
+    /// `tail_bounds`.
+    pub fn new(admin_timeout: Duration, metrics: OpsMetrics, tail_bounds: TailBounds) -> Self {
         Diagnostics {
             root: CancellationToken::new(),
             by_target: Mutex::new(BTreeMap::new()),
             admin_timeout,
             metrics,
+            tail_bounds,
         }
     }
 
@@ -119,7 +123,8 @@ impl Diagnostics {
             };
             let cancel = self.root.child_token();
             let tail = t.log_file.as_ref().map(|path| {
-                let (tail, _task) = LogTail::spawn(TailConfig::new(path), cancel.clone());
+                let (tail, _task) =
+                    LogTail::spawn(TailConfig::bounded(path, self.tail_bounds), cancel.clone());
                 tail
             });
             if tail.is_none() {
@@ -178,7 +183,11 @@ mod tests {
 
     #[tokio::test]
     async fn follows_target_changes() {
-        let d = Diagnostics::new(Duration::from_secs(1), OpsMetrics::new());
+        let d = Diagnostics::new(
+            Duration::from_secs(1),
+            OpsMetrics::new(),
+            TailBounds::default(),
+        );
         d.reconcile(&[
             target("a", "127.0.0.1:9901", Some("/tmp/a.log")),
             target("b", "127.0.0.1:9902", None),

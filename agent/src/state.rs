@@ -9,6 +9,7 @@ use axum::http::StatusCode;
 
 use crate::board::Board;
 use crate::envoy::{self, EnvoyAdmin, EnvoyError};
+use crate::logtail::TailBounds;
 use crate::metrics_object::HostSampler;
 use crate::ops_metrics::OpsMetrics;
 use crate::sidecars::Diagnostics;
@@ -79,13 +80,23 @@ struct Inner {
 }
 
 impl Agent {
-    /// An agent with no targets yet, reading certificates at the default interval.
+    /// An agent with no targets yet, reading certificates at the default interval and
+    /// holding each sidecar's log within the default bounds.
     pub fn new(scrape_timeout: Duration) -> Self {
-        Self::with_certs_interval(scrape_timeout, crate::identity::DEFAULT_CERTS_INTERVAL)
+        Self::configured(
+            scrape_timeout,
+            crate::identity::DEFAULT_CERTS_INTERVAL,
+            TailBounds::default(),
+        )
     }
 
-    /// An agent with no targets yet.
-    pub fn with_certs_interval(scrape_timeout: Duration, certs_interval: Duration) -> Self {
+    /// An agent with no targets yet, reading certificates every `certs_interval` and
+    /// holding each sidecar's log within `tail_bounds`.
+    pub fn configured(
+        scrape_timeout: Duration,
+        certs_interval: Duration,
+        tail_bounds: TailBounds,
+    ) -> Self {
         let ops_metrics = OpsMetrics::new();
         Self {
             inner: Arc::new(Inner {
@@ -95,7 +106,7 @@ impl Agent {
                 host: HostSampler::new(),
                 scrape_timeout,
                 certs_interval,
-                diagnostics: Diagnostics::new(scrape_timeout, ops_metrics.clone()),
+                diagnostics: Diagnostics::new(scrape_timeout, ops_metrics.clone(), tail_bounds),
             }),
         }
     }

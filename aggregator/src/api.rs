@@ -7,6 +7,8 @@ pub mod blocking;
 mod certificates;
 mod control;
 mod diagnose;
+#[cfg(test)]
+mod differential;
 mod error;
 pub mod events;
 pub mod forward;

@@ -17,14 +17,14 @@ use std::time::Duration;
 use futures::future::join_all;
 use meshcat_common::mesh_names::service_of;
 use meshcat_common::model::ZoneRecord;
-use meshcat_common::wire::EvidenceOutput;
+use meshcat_common::wire::{EvidenceOutput, LineQuery};
 use meshcat_diagnose::evidence::{
     MAX_DECLARED_CLUSTERS, MAX_DECLARED_ENDPOINTS, MAX_SYNC_SIDECARS,
 };
 use meshcat_diagnose::{
     ControlEvidence, DeclaredCluster, DeclaredEndpoint, DiagnosisInput, DiagnosisReport, Hop,
     MetricsEvidence, Reads, Role, RootCause, SidecarEvidence, SidecarSync, Symptom, Verdict,
-    choose_edge, failing_upstreams, reports_metrics,
+    choose_edge, failing_upstreams, reports_metrics, request_to_ask,
 };
 use tracing::{info, warn};
 
@@ -943,6 +943,7 @@ async fn collect_sidecars(
         path: q.path.clone(),
         max_lines: EVIDENCE_LOG_LINES,
         debug_seconds: q.debug_seconds,
+        lines: LineQuery::default(),
     };
     let deadline = window_deadline(d.tools.command_timeout, q.debug_seconds.unwrap_or(0));
     let (edge_zone, edge_cluster) = match edge {
@@ -1033,6 +1034,62 @@ async fn collect_sidecars(
                 &mut notes.services,
             )),
             Err(e) => notes.services.push(e),
+        }
+    }
+    ask_request_lines(d, &zone.zone_name, cluster, input, notes).await;
+}
+
+/// Asks again, by its request id, each service sidecar whose log answer lacks the
+/// lines of the request the edge's line names and does not reach back to its time
+/// ([`request_to_ask`]): a flood of other lines (a debug window, a busy sidecar)
+/// fills the newest lines, not the request's, which the agent picks from every line
+/// it holds. Only the log is read again, within the command deadline.
+async fn ask_request_lines(
+    d: &Diagnosis,
+    zone: &str,
+    cluster: &str,
+    input: &mut DiagnosisInput,
+    notes: &mut Notes,
+) {
+    let asks: Vec<(usize, String)> = input
+        .services
+        .iter()
+        .enumerate()
+        .filter_map(|(n, side)| request_to_ask(input, side).map(|id| (n, id)))
+        .collect();
+    if asks.is_empty() {
+        return;
+    }
+    let answers = join_all(asks.iter().map(|(n, id)| {
+        let ask = Ask::Evidence {
+            path: None,
+            max_lines: EVIDENCE_LOG_LINES,
+            debug_seconds: None,
+            lines: LineQuery {
+                request_id: Some(id.clone()),
+                log_only: true,
+            },
+        };
+        let instance = input.services[*n].instance.clone();
+        async move {
+            collect(
+                &d.sidecars,
+                zone,
+                cluster,
+                &instance,
+                ask,
+                d.tools.command_timeout,
+            )
+            .await
+        }
+    }))
+    .await;
+    for ((n, id), answer) in asks.iter().zip(answers) {
+        match answer {
+            Ok(out) => input.services[*n].add_request_lines(id, &out),
+            Err(e) => notes
+                .services
+                .push(format!("the lines of request {id} were not read: {e}")),
         }
     }
 }

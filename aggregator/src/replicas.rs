@@ -17,7 +17,7 @@ use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper_util::rt::TokioIo;
 use meshcat_common::model::InstanceMetrics;
 use meshcat_common::tls::TlsError;
-use meshcat_common::wire::{DebugWindowOutput, EvidenceOutput};
+use meshcat_common::wire::{DebugWindowOutput, EvidenceOutput, LineQuery};
 use serde::Deserialize;
 use tracing::warn;
 
@@ -345,7 +345,7 @@ fn evidence_path(
     zone: &str,
     cluster: &str,
     instance: &str,
-    path: Option<&str>,
+    (path, lines): (Option<&str>, &LineQuery),
     debug_seconds: Option<u32>,
 ) -> String {
     let mut q = form_urlencoded::Serializer::new(String::new());
@@ -357,6 +357,12 @@ fn evidence_path(
     }
     if let Some(n) = debug_seconds {
         q.append_pair("debugSeconds", &n.to_string());
+    }
+    if let Some(id) = &lines.request_id {
+        q.append_pair("requestId", id);
+    }
+    if lines.log_only {
+        q.append_pair("logOnly", "true");
     }
     format!("{PEER_EVIDENCE}?{}", q.finish())
 }
@@ -550,7 +556,7 @@ impl Replicas {
         &self,
         owner: &str,
         (zone, cluster, instance): (&str, &str, &str),
-        path: Option<&str>,
+        (path, lines): (Option<&str>, &LineQuery),
         debug_seconds: Option<u32>,
         timeout: Duration,
     ) -> Result<EvidenceOutput, PeerCallError> {
@@ -560,7 +566,7 @@ impl Replicas {
         } else {
             Access::Read
         };
-        let uri = evidence_path(zone, cluster, instance, path, debug_seconds);
+        let uri = evidence_path(zone, cluster, instance, (path, lines), debug_seconds);
         self.call(owner, Method::GET, &uri, access, timeout, json)
             .await
     }

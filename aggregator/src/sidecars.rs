@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use meshcat_common::level;
-use meshcat_common::wire::{Command, CommandOutput, DebugWindowOutput, EvidenceOutput};
+use meshcat_common::wire::{Command, CommandOutput, DebugWindowOutput, EvidenceOutput, LineQuery};
 
 use crate::history::{ChangedBy, Detail, History, Kind, Pending};
 use crate::ingest::{Agents, CommandError};
@@ -86,11 +86,13 @@ pub enum Ask {
     SetLevel(&'static str),
     /// A timed debug window.
     DebugWindow { seconds: u32 },
-    /// The diagnosis's evidence, after a debug window of `debug_seconds` when given.
+    /// The diagnosis's evidence, after a debug window of `debug_seconds` when given;
+    /// `lines` names the lines of one request and asks what the lines cover.
     Evidence {
         path: Option<String>,
         max_lines: u32,
         debug_seconds: Option<u32>,
+        lines: LineQuery,
     },
 }
 
@@ -262,9 +264,16 @@ impl Sidecars {
                     Ask::Evidence {
                         path,
                         debug_seconds,
+                        lines,
                         ..
                     } => r
-                        .evidence(owner, at, path.as_deref(), debug_seconds, deadline)
+                        .evidence(
+                            owner,
+                            at,
+                            (path.as_deref(), &lines),
+                            debug_seconds,
+                            deadline,
+                        )
                         .await
                         .map(|e| Answer::Evidence(Box::new(e))),
                 };
@@ -347,10 +356,12 @@ impl Sidecars {
                 path,
                 max_lines,
                 debug_seconds,
+                lines,
             } => Command::Evidence {
                 path,
                 max_lines,
                 debug_seconds,
+                lines: Some(lines),
             },
         };
         let out = agents

@@ -1,6 +1,7 @@
-//! Server-Sent Events, as `GET /events` writes them: bytes in, whole events out. No
-//! I/O, so chunk boundaries anywhere (inside a line, inside a UTF-8 character) are
-//! tested without a server.
+//! Server-Sent Events, as `GET /events` writes them and the HTML standard reads
+//! them: bytes in, whole events out. No I/O, so chunk boundaries anywhere (inside a
+//! line, inside a UTF-8 character, between a CR and its LF) are tested without a
+//! server; `sse/differential.rs` holds it to the standard.
 
 /// Largest event: the bytes of its `data:` lines. A cluster record is a few KiB and
 /// a bulk change sends one event per record, so an event past this is a broken or
@@ -13,9 +14,10 @@ pub const MAX_LINE: usize = MAX_EVENT + 64;
 /// One event.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Event {
-    /// `id:`, when the event has one.
+    /// The stream's last event id when the event was dispatched (the standard's
+    /// `lastEventId`: the last `id:` seen, kept across events), `None` while empty.
     pub id: Option<String>,
-    /// `event:` (`message` when absent, as the standard says).
+    /// `event:` (`message` when absent or empty, as the standard says).
     pub event: String,
     /// The `data:` lines joined with newlines.
     pub data: String,
@@ -36,14 +38,23 @@ pub enum SseError {
     EventTooLarge,
 }
 
-/// Reads events from chunks of a stream, holding at most [`MAX_LINE`] bytes of an
-/// unfinished line and [`MAX_EVENT`] bytes of an unfinished event.
+/// Reads events from chunks of a stream as the HTML standard's event stream
+/// interpretation says (lines ended by CR, LF or CRLF; a leading byte order mark
+/// ignored), holding at most [`MAX_LINE`] bytes of an unfinished line and
+/// [`MAX_EVENT`] bytes of an unfinished event.
 #[derive(Debug, Default)]
 pub struct Parser {
     /// Bytes after the last complete line.
     pending: Vec<u8>,
-    id: Option<String>,
-    event: Option<String>,
+    /// The last line ended with CR: a LF right after it ends nothing more.
+    after_cr: bool,
+    /// The first line was read: a byte order mark can only lead it.
+    past_first_line: bool,
+    /// The last event id buffer ("" when none), kept across events.
+    last_id: String,
+    /// The event type buffer.
+    event: String,
+    /// The data buffer, `None` while empty.
     data: Option<String>,
 }
 
@@ -53,15 +64,28 @@ impl Parser {
     pub fn push(&mut self, chunk: &[u8]) -> Result<Vec<Event>, SseError> {
         let mut out = Vec::new();
         let mut rest = chunk;
-        while let Some(n) = rest.iter().position(|b| *b == b'\n') {
+        if self.after_cr && rest.first() == Some(&b'\n') {
+            rest = &rest[1..];
+        }
+        self.after_cr = false;
+        while let Some(n) = rest.iter().position(|b| *b == b'\n' || *b == b'\r') {
             if self.pending.len() + n > MAX_LINE {
                 return Err(SseError::LineTooLong);
             }
             self.pending.extend_from_slice(&rest[..n]);
+            let cr = rest[n] == b'\r';
             rest = &rest[n + 1..];
+            if cr {
+                match rest.first() {
+                    Some(b'\n') => rest = &rest[1..],
+                    Some(_) => {}
+                    None => self.after_cr = true,
+                }
+            }
             let mut line = &self.pending[..];
-            if let Some(l) = line.strip_suffix(b"\r") {
-                line = l;
+            if !self.past_first_line {
+                self.past_first_line = true;
+                line = line.strip_prefix("\u{feff}".as_bytes()).unwrap_or(line);
             }
             let line = String::from_utf8_lossy(line).into_owned();
             self.pending.clear();
@@ -78,12 +102,17 @@ impl Parser {
 
     fn line(&mut self, line: &str) -> Result<Option<Event>, SseError> {
         if line.is_empty() {
+            let event = std::mem::take(&mut self.event);
             let Some(data) = self.data.take() else {
                 return Ok(None);
             };
             return Ok(Some(Event {
-                id: self.id.take(),
-                event: self.event.take().unwrap_or_else(|| "message".into()),
+                id: (!self.last_id.is_empty()).then(|| self.last_id.clone()),
+                event: if event.is_empty() {
+                    "message".into()
+                } else {
+                    event
+                },
                 data,
             }));
         }
@@ -93,8 +122,8 @@ impl Parser {
         let (field, value) = line.split_once(':').unwrap_or((line, ""));
         let value = value.strip_prefix(' ').unwrap_or(value);
         match field {
-            "event" => self.event = Some(value.to_owned()),
-            "id" => self.id = Some(value.to_owned()),
+            "event" => value.clone_into(&mut self.event),
+            "id" if !value.contains('\0') => value.clone_into(&mut self.last_id),
             "data" => match &mut self.data {
                 Some(d) if d.len() + 1 + value.len() > MAX_EVENT => {
                     return Err(SseError::EventTooLarge);
@@ -111,6 +140,9 @@ impl Parser {
         Ok(None)
     }
 }
+
+#[cfg(test)]
+mod differential;
 
 #[cfg(test)]
 mod tests {
@@ -131,7 +163,8 @@ mod tests {
                 data: "{}".into(),
             },
             Event {
-                id: None,
+                // The standard's last event id: kept from the event before.
+                id: Some("8".into()),
                 event: "multi".into(),
                 data: "a\nb".into(),
             },
@@ -145,6 +178,48 @@ mod tests {
             }
             assert_eq!(got, want, "chunks of {size}");
         }
+    }
+
+    /// Where the differential tests found the reader reading otherwise than the
+    /// standard: lines ended by a lone CR (here split from its LF by a chunk's end),
+    /// a leading byte order mark, an empty event name, an event name with no data
+    /// left for the next event, an id kept across events, and an id holding NUL.
+    #[test]
+    fn reads_what_the_standard_reads() {
+        let read = |chunks: &[&[u8]]| {
+            let mut p = Parser::default();
+            let mut out = Vec::new();
+            for c in chunks {
+                out.extend(p.push(c).unwrap());
+            }
+            out
+        };
+        let ev = |id: Option<&str>, event: &str, data: &str| Event {
+            id: id.map(str::to_owned),
+            event: event.into(),
+            data: data.into(),
+        };
+        assert_eq!(
+            read(&[b"data: a\r\r", b"\ndata: b\r", b"\n\r\n"]),
+            [ev(None, "message", "a"), ev(None, "message", "b")]
+        );
+        assert_eq!(
+            read(&["\u{feff}data: x\n\n".as_bytes()]),
+            [ev(None, "message", "x")]
+        );
+        assert_eq!(
+            read(&[b"event:\ndata: x\n\nevent: gone\n\ndata: y\n\n"]),
+            [ev(None, "message", "x"), ev(None, "message", "y")]
+        );
+        assert_eq!(
+            read(&[b"id: 4\ndata: x\n\ndata: y\n\nid: a\0b\ndata: z\n\nid\ndata: w\n\n"]),
+            [
+                ev(Some("4"), "message", "x"),
+                ev(Some("4"), "message", "y"),
+                ev(Some("4"), "message", "z"),
+                ev(None, "message", "w"),
+            ]
+        );
     }
 
     #[test]

@@ -14,7 +14,6 @@
 
 use std::collections::BTreeMap;
 
-use serde::Deserialize;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
@@ -40,12 +39,6 @@ pub type Error = serde_json::Error;
 /// A JSON object's fields, their values unparsed.
 type Fields<'a> = BTreeMap<String, &'a RawValue>;
 
-#[derive(Deserialize)]
-struct Dump<'a> {
-    #[serde(borrow, default)]
-    configs: Vec<&'a RawValue>,
-}
-
 /// Reads `text` (the body of `/config_dump`) and calls `f` with each resource in
 /// effect: sections in the dump's order; within a section, its lists in a fixed order
 /// (static before dynamic) and each list's resources in the dump's order; the
@@ -61,8 +54,14 @@ pub fn read_declared(text: &[u8], f: impl FnMut(Item)) -> Result<(), Error> {
 }
 
 fn read_dump(text: &[u8], warming: bool, mut f: impl FnMut(Item)) -> Result<(), Error> {
-    let dump: Dump<'_> = serde_json::from_slice(text)?;
-    for raw in dump.configs {
+    // An object's fields, not a struct: serde's derive also takes a struct from a
+    // list of its fields' values, which would read a list as a dump.
+    let dump: Fields<'_> = serde_json::from_slice(text)?;
+    let configs: Vec<&RawValue> = match dump.get("configs") {
+        Some(c) => serde_json::from_str(c.get())?,
+        None => Vec::new(),
+    };
+    for raw in configs {
         let section: Fields<'_> = serde_json::from_str(raw.get())?;
         let ty: String = match section.get("@type") {
             Some(t) => serde_json::from_str(t.get())?,
@@ -173,6 +172,9 @@ fn each(
 }
 
 #[cfg(test)]
+mod differential;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -252,5 +254,9 @@ mod tests {
     fn a_dump_that_is_not_json_is_an_error() {
         assert!(read(b"{\"configs\": [", |_| {}).is_err());
         assert!(read(b"\"text\"", |_| {}).is_err());
+        // Found by the differential tests: a list was read as the dump whose
+        // fields' values it lists.
+        assert!(read(b"[]", |_| {}).is_err());
+        assert!(read(b"[[{\"@type\": \"x\"}]]", |_| {}).is_err());
     }
 }

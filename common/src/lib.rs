@@ -6,6 +6,8 @@
 
 pub mod config;
 pub mod config_dump;
+#[cfg(any(test, feature = "differential"))]
+pub mod differential;
 pub mod envoy_log;
 pub mod http;
 pub mod identity;

@@ -404,14 +404,61 @@ pub enum Command {
     /// restore the previous level) and answer its TLS lines.
     DebugWindow { seconds: u32 },
     /// Collect what the diagnosis reads from the sidecar: `/clusters`, the routes of
-    /// `/config_dump`, the ssl and secrets stats and the newest `max_lines` log lines
-    /// (those naming `path` and Envoy's own lines), after a debug window of
-    /// `debug_seconds` when asked.
+    /// `/config_dump`, the ssl and secrets stats and log lines (the newest `max_lines`
+    /// access lines, those naming `path` when given, and the newest `max_lines` of
+    /// Envoy's own lines), after a debug window of `debug_seconds` when asked.
     Evidence {
         path: Option<String>,
         max_lines: u32,
         debug_seconds: Option<u32>,
+        /// Added after `debug_seconds` and left out of the frame when `None`: an
+        /// older agent decodes the frame of a command without it. With it, the
+        /// agent picks the lines it names (a request's) from every line it holds and
+        /// answers what its lines cover ([`EvidenceOutput::log_window`]).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        lines: Option<LineQuery>,
     },
+}
+
+/// Which log lines an evidence command asks for beyond the newest ones. Its presence
+/// also tells the agent that the asker reads [`EvidenceOutput::log_window`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LineQuery {
+    /// The lines naming this request id (the `x-request-id` of the edge's access
+    /// line), taken from every line the agent holds however many came after them.
+    pub request_id: Option<String>,
+    /// Only the log lines: no admin documents and no debug window (a second look at
+    /// a sidecar whose evidence was read already).
+    pub log_only: bool,
+}
+
+/// What the access lines of an evidence answer cover: every access line the command
+/// selects (those of its request id, else of its path, else all) that the agent read
+/// at or after `from_ms` is in the answer. Before it, lines may be missing, for the
+/// reason `start` gives.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogWindow {
+    /// Ms since the epoch.
+    pub from_ms: i64,
+    /// Why the lines begin there.
+    pub start: WindowStart,
+    /// The most lines the agent holds of this sidecar's log (`--log-max-lines`).
+    pub held_max_lines: u64,
+    /// When the agent had read the whole file, ms since the epoch: the window's end.
+    pub to_ms: i64,
+}
+
+/// Why the lines of an answer begin where they do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WindowStart {
+    /// The agent began reading the file there (its first line then, at the file's
+    /// start or within its last MiB when the agent started): nothing read was lost.
+    Began,
+    /// The agent holds no older line: its bound on lines or bytes (`--log-max-lines`,
+    /// `--log-max-bytes`) dropped the older ones.
+    Held,
+    /// The answer's own bound on lines or bytes left older selected lines out.
+    Answer,
 }
 
 impl Command {
@@ -482,6 +529,11 @@ pub struct EvidenceOutput {
     pub debug_window: Option<DebugWindowOutput>,
     /// Why some evidence is missing, one sentence each.
     pub errors: Vec<String>,
+    /// What the access lines cover. Answered only to a command with a
+    /// [`LineQuery`], and left out of the frame when `None`, so that an aggregator
+    /// that does not know it still decodes the answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_window: Option<LogWindow>,
 }
 
 /// Why a frame was refused.
@@ -853,6 +905,111 @@ mod tests {
             decode::<OldServerMessage>(&frame[4..]),
             Err(WireError::Decode(_))
         ));
+    }
+
+    /// `Command` and `EvidenceOutput` as they were before the line query and the
+    /// log window: the variants in the same order, the older fields only.
+    #[derive(Debug, PartialEq, Serialize, Deserialize)]
+    enum OldCommand {
+        ConfigDump,
+        GetLogLevel,
+        SetLogLevel {
+            level: String,
+        },
+        DebugWindow {
+            seconds: u32,
+        },
+        Evidence {
+            path: Option<String>,
+            max_lines: u32,
+            debug_seconds: Option<u32>,
+        },
+    }
+
+    #[derive(Debug, PartialEq, Default, Serialize, Deserialize)]
+    struct OldEvidenceOutput {
+        clusters_json: Option<String>,
+        config_dump_json: Option<String>,
+        stats_json: Option<String>,
+        log_lines: Option<Vec<String>>,
+        debug_lines: Option<Vec<String>>,
+        debug_window: Option<DebugWindowOutput>,
+        errors: Vec<String>,
+    }
+
+    /// Without a line query the evidence command and its answer are the frames they
+    /// were, both ways; with one, an older agent refuses the command (it skips it as
+    /// one it does not understand), and an older aggregator never sees a log window
+    /// since it never asks with a query.
+    #[test]
+    fn the_evidence_command_and_answer_keep_their_older_frames() {
+        let plain = Command::Evidence {
+            path: Some("/x".into()),
+            max_lines: 2_000,
+            debug_seconds: Some(3),
+            lines: None,
+        };
+        let old = OldCommand::Evidence {
+            path: Some("/x".into()),
+            max_lines: 2_000,
+            debug_seconds: Some(3),
+        };
+        assert_eq!(
+            rmp_serde::to_vec(&plain).unwrap(),
+            rmp_serde::to_vec(&old).unwrap()
+        );
+        let decoded: Command = rmp_serde::from_slice(&rmp_serde::to_vec(&old).unwrap()).unwrap();
+        assert_eq!(decoded, plain);
+        let asked = Command::Evidence {
+            path: None,
+            max_lines: 2_000,
+            debug_seconds: None,
+            lines: Some(LineQuery {
+                request_id: Some("2bc35450".into()),
+                log_only: true,
+            }),
+        };
+        let body = rmp_serde::to_vec(&asked).unwrap();
+        assert_eq!(rmp_serde::from_slice::<Command>(&body).unwrap(), asked);
+        assert!(rmp_serde::from_slice::<OldCommand>(&body).is_err());
+
+        let answer = EvidenceOutput {
+            log_lines: Some(vec!["a line".into()]),
+            errors: vec!["stats: timed out".into()],
+            ..EvidenceOutput::default()
+        };
+        let old_answer = OldEvidenceOutput {
+            log_lines: Some(vec!["a line".into()]),
+            errors: vec!["stats: timed out".into()],
+            ..OldEvidenceOutput::default()
+        };
+        assert_eq!(
+            rmp_serde::to_vec(&answer).unwrap(),
+            rmp_serde::to_vec(&old_answer).unwrap()
+        );
+        let windowed = EvidenceOutput {
+            log_window: Some(LogWindow {
+                from_ms: 1_700_000_000_000,
+                start: WindowStart::Held,
+                held_max_lines: 20_000,
+                to_ms: 1_700_000_001_000,
+            }),
+            ..answer
+        };
+        let body = rmp_serde::to_vec(&windowed).unwrap();
+        assert_eq!(
+            rmp_serde::from_slice::<EvidenceOutput>(&body).unwrap(),
+            windowed
+        );
+        // Read by an older agent's peer or aggregator: the frame of an older agent
+        // decodes with no window.
+        let old_body = rmp_serde::to_vec(&old_answer).unwrap();
+        assert_eq!(
+            rmp_serde::from_slice::<EvidenceOutput>(&old_body)
+                .unwrap()
+                .log_window,
+            None
+        );
     }
 
     #[test]

@@ -172,6 +172,9 @@ pub fn is_loopback_host(host: &str) -> bool {
 }
 
 #[cfg(test)]
+mod differential;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use meshcat_common::wire::EvidenceOutput;
 
 use crate::accesslog;
-use crate::evidence::{DiagnosisInput, Role, SidecarEvidence};
+use crate::evidence::{DiagnosisInput, Role, SidecarEvidence, bounded_lines};
 use crate::rules::edge_weight;
 
 impl SidecarEvidence {
@@ -46,7 +46,28 @@ impl SidecarEvidence {
         if let Some(lines) = &out.debug_lines {
             s = s.with_debug_log(&lines.join("\n"));
         }
+        s.log_window = out.log_window.clone();
         s
+    }
+
+    /// Adds the lines of request `request_id` that a second ask of the agent
+    /// answered (`out`, asked with that request id), with what that ask covered:
+    /// the lines this evidence lacks go before its own, being older.
+    pub fn add_request_lines(&mut self, request_id: &str, out: &EvidenceOutput) {
+        let Some(found) = &out.log_lines else {
+            return;
+        };
+        let lines = self.log_lines.get_or_insert_with(Vec::new);
+        let mut added: Vec<String> = found
+            .iter()
+            .filter(|l| !lines.contains(l))
+            .cloned()
+            .collect();
+        added.append(lines);
+        *lines = bounded_lines(&added.join("\n"));
+        if let Some(w) = &out.log_window {
+            self.asked_request = Some((request_id.to_owned(), w.clone()));
+        }
     }
 }
 

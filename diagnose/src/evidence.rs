@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use meshcat_common::wire::{UpstreamCluster, UpstreamHost};
+use meshcat_common::wire::{LogWindow, UpstreamCluster, UpstreamHost};
 use serde_json::Value;
 
 use crate::symptom::Symptom;
@@ -73,6 +73,13 @@ pub struct SidecarEvidence {
     pub log_lines: Option<Vec<String>>,
     /// Log lines written while the sidecar ran at debug level around a replayed request.
     pub debug_lines: Option<Vec<String>>,
+    /// What the access lines of `log_lines` cover, as the agent says; `None` from an
+    /// agent that does not say (the lines' own times are read instead).
+    pub log_window: Option<LogWindow>,
+    /// The lines of one request asked for by its id after the first read of the log
+    /// missed it ([`SidecarEvidence::add_request_lines`]): the request id, and what
+    /// that ask covered.
+    pub asked_request: Option<(String, LogWindow)>,
 }
 
 impl SidecarEvidence {
@@ -87,6 +94,8 @@ impl SidecarEvidence {
             ssl_stats: None,
             log_lines: None,
             debug_lines: None,
+            log_window: None,
+            asked_request: None,
         }
     }
 
@@ -350,7 +359,7 @@ pub use meshcat_common::sync::{
     Rejection as XdsRejection, StaleCluster as StaleUpstream, SyncState,
 };
 
-fn bounded_lines(text: &str) -> Vec<String> {
+pub(crate) fn bounded_lines(text: &str) -> Vec<String> {
     let lines: Vec<&str> = text.lines().collect();
     let skip = lines.len().saturating_sub(MAX_LOG_LINES);
     lines[skip..]

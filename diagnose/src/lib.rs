@@ -23,5 +23,5 @@ pub use evidence::{
 pub use report::{
     DiagnosisReport, Failure, Hop, Reads, RootCause, Step, StepName, StepNameError, Verdict,
 };
-pub use rules::{diagnose, edge_weight};
+pub use rules::{diagnose, edge_weight, request_to_ask};
 pub use symptom::{Symptom, SymptomError, classify_body, classify_response};

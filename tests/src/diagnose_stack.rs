@@ -45,6 +45,17 @@ impl Agent {
         cluster: &str,
         instance: &str,
     ) -> Agent {
+        Self::start_with(agg, data, sidecar, (cluster, instance), &[]).await
+    }
+
+    /// As [`Agent::start`], with more flags.
+    pub async fn start_with(
+        agg: &RunningAggregator,
+        data: &Path,
+        sidecar: &Sidecar,
+        (cluster, instance): (&str, &str),
+        flags: &[&str],
+    ) -> Agent {
         let dev = data.join("dev");
         let quic = agg.quic_addr.expect("ingest is on").to_string();
         let admin = sidecar.admin_addr();
@@ -74,6 +85,10 @@ impl Agent {
             "--scrape-timeout".into(),
             "2s".into(),
         ];
+        let args: Vec<String> = args
+            .into_iter()
+            .chain(flags.iter().map(|f| (*f).to_owned()))
+            .collect();
         let config = AgentConfig::try_from_args(args).expect("agent flags");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let (tx, rx) = oneshot::channel::<()>();
@@ -119,6 +134,19 @@ impl Stack {
 
     /// As [`Stack::start`], with a chance to change the aggregator's configuration.
     pub async fn start_with(sc: &Scenario, tune: impl FnOnce(&mut Config)) -> Stack {
+        Self::start_tuned(sc, tune, &[]).await
+    }
+
+    /// As [`Stack::start`], the service's agent run with more `flags`.
+    pub async fn start_with_service_flags(sc: &Scenario, flags: &[&str]) -> Stack {
+        Self::start_tuned(sc, |_| {}, flags).await
+    }
+
+    async fn start_tuned(
+        sc: &Scenario,
+        tune: impl FnOnce(&mut Config),
+        service_flags: &[&str],
+    ) -> Stack {
         let data = tempfile::tempdir().unwrap();
         let mut config = Config::for_tests(data.path());
         config.dev = true;
@@ -151,8 +179,14 @@ impl Stack {
             .unwrap();
         assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
         let edge_agent = Agent::start(&agg, data.path(), &sc.edge, EDGE, "edge-0").await;
-        let service_agent =
-            Agent::start(&agg, data.path(), &sc.service, SERVICE, "catalog-0").await;
+        let service_agent = Agent::start_with(
+            &agg,
+            data.path(),
+            &sc.service,
+            (SERVICE, "catalog-0"),
+            service_flags,
+        )
+        .await;
         let instances = agg.instances.clone();
         wait_for(
             "the edge and service instances to be live",

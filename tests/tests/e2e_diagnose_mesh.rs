@@ -238,3 +238,181 @@ async fn a_healthy_mesh_fails_no_step_for_any_symptom() {
     }
     stack.stop().await;
 }
+
+/// No check of the request's way failed (the metrics checks are another chain: a
+/// sidecar's inbound stats reach the catalog with its agent's next report), and
+/// nothing blames mTLS.
+#[track_caller]
+fn assert_no_failed_request_step(r: &Value, what: &str) {
+    for (name, verdict) in verdicts(r) {
+        if !name.starts_with("metrics_") {
+            assert_ne!(verdict, "fail", "{what}: step {name} failed: {r:#}");
+        }
+    }
+    assert!(!conclusion(r).contains("mTLS"), "{what}: {r:#}");
+}
+
+/// How many lines the service sidecar wrote after its newest access line naming
+/// `needle` (a request id or path); `None` before that line is in the file.
+fn lines_after(sc: &Scenario, needle: &str) -> Option<usize> {
+    let log = sc.service.log();
+    let lines: Vec<&str> = log.lines().collect();
+    let at = lines
+        .iter()
+        .rposition(|l| l.contains(needle) && l.contains(" HTTP/1.1\" "))?;
+    Some(lines.len() - at - 1)
+}
+
+/// The request id of the edge's newest access line naming `path`.
+fn edge_request_id(sc: &Scenario, path: &str) -> String {
+    let log = sc.edge.log();
+    let line = log
+        .lines()
+        .rev()
+        .find(|l| l.contains(path) && l.contains(" HTTP/1.1\" "))
+        .unwrap_or_else(|| panic!("no edge line for {path}: {log}"));
+    let quoted: Vec<&str> = line.split('"').collect();
+    // `... "<forwarded for>" "<user agent>" "<request id>" "<authority>" "<host>"`.
+    quoted[quoted.len() - 6].to_owned()
+}
+
+/// Sets the service sidecar's level through its admin API.
+async fn set_service_level(sc: &Scenario, level: &str) {
+    let r = reqwest::Client::new()
+        .post(format!(
+            "http://{}/logging?level={level}",
+            sc.service.admin_addr()
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+}
+
+/// Floods the service sidecar's log with Envoy's own lines, as its admin traffic at
+/// debug level does, until it wrote `at_least` lines after the access line naming
+/// `needle`; then puts it back at info.
+async fn flood_own_lines(sc: &Scenario, needle: &str, at_least: usize) {
+    meshcat_tests::wait_for(
+        "the request's access line in the service sidecar's log",
+        std::time::Duration::from_secs(20),
+        || async { lines_after(sc, needle) },
+    )
+    .await
+    .unwrap();
+    set_service_level(sc, "debug").await;
+    meshcat_tests::wait_for(
+        &format!("{at_least} lines of Envoy's own after the request"),
+        std::time::Duration::from_secs(60),
+        || async {
+            for _ in 0..20 {
+                sc.service
+                    .admin_get("/stats?filter=^server\\.")
+                    .await
+                    .unwrap();
+            }
+            lines_after(sc, needle).filter(|n| *n >= at_least)
+        },
+    )
+    .await
+    .unwrap();
+    set_service_level(sc, "info").await;
+}
+
+/// A request through the edge, then the service sidecar's log flooded after it:
+/// first with Envoy's own lines (its admin traffic at debug level, more than an
+/// evidence answer carries), then with other requests' access lines from another
+/// edge (more than an answer carries, none of them followed by the diagnosis). The
+/// request's lines are still found: picked apart from Envoy's own lines, then asked
+/// for by request id; and by path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_after_the_request_leaves_its_lines_found() {
+    let _turn = SERIAL.lock().await;
+    let mut sc = Scenario::start("healthy").await.unwrap();
+    sc.add_edge().await.unwrap();
+    let stack = Stack::start(&sc).await;
+    let (code, _) = sc.request("/catalog/items").await.unwrap();
+    assert_eq!(code, 200);
+    let id = edge_request_id(&sc, "/catalog/items");
+    flood_own_lines(&sc, &id, 3_000).await;
+    let r = stack.diagnose("").await.1;
+    assert_eq!(verdict(&r, "service_logs"), "pass", "{r:#}");
+    assert_evidence(&r, "service_logs", &format!("request id {id}"));
+    assert_no_failed_request_step(&r, "after Envoy's own lines");
+
+    // 2,100 other requests through the other edge: more access lines than one
+    // answer carries (2,000), all after the request the edge-0 line names.
+    let port = sc.extra_edges[0].1;
+    let sc_ref = &sc;
+    for _ in 0..(2_100 / 20) {
+        let batch = (0..20).map(|i| async move {
+            sc_ref
+                .request_via(port, &format!("/catalog/other-{i}"))
+                .await
+                .unwrap()
+        });
+        for (code, body) in futures::future::join_all(batch).await {
+            assert_eq!(code, 200, "{body}");
+        }
+    }
+    meshcat_tests::wait_for(
+        "the other requests' access lines in the service sidecar's log",
+        std::time::Duration::from_secs(20),
+        || async { lines_after(&sc, &id).filter(|n| *n >= 2_100) },
+    )
+    .await
+    .unwrap();
+    let r = stack.diagnose("").await.1;
+    assert_eq!(verdict(&r, "service_logs"), "pass", "{r:#}");
+    assert!(
+        step(&r, "service_logs")["evidence"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e.as_str().unwrap().contains(&id)
+                && e.as_str().unwrap().contains("catalog-0 log:")),
+        "the request's own line: {r:#}"
+    );
+    assert_no_failed_request_step(&r, "after other requests");
+    let r = stack.diagnose("&path=/catalog/items").await.1;
+    assert_eq!(verdict(&r, "service_logs"), "pass", "{r:#}");
+    assert_no_failed_request_step(&r, "by path");
+    stack.stop().await;
+}
+
+/// The service's agent holds only 300 lines of its sidecar's log: a flood after the
+/// request pushes the request's lines out of what the agent holds. The diagnosis
+/// cannot see the request either way, and says so: `service_logs` is skipped with
+/// the window it had and the fixes, never failed, and nothing blames mTLS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_that_does_not_reach_back_to_the_request_is_skipped_not_blamed() {
+    let _turn = SERIAL.lock().await;
+    let sc = Scenario::start("healthy").await.unwrap();
+    let stack = Stack::start_with_service_flags(&sc, &["--log-max-lines", "300"]).await;
+    let (code, _) = sc.request("/catalog/items").await.unwrap();
+    assert_eq!(code, 200);
+    let id = edge_request_id(&sc, "/catalog/items");
+    flood_own_lines(&sc, &id, 1_000).await;
+    for q in ["", "&symptom=upstream_connect_error"] {
+        let r = stack.diagnose(q).await.1;
+        assert_eq!(verdict(&r, "service_logs"), "skipped", "{q}: {r:#}");
+        assert_evidence(&r, "service_logs", "the request was made at ");
+        assert_evidence(
+            &r,
+            "service_logs",
+            "service catalog-0: the log read reaches back to ",
+        );
+        assert_evidence(
+            &r,
+            "service_logs",
+            "the agent holds at most 300 lines of it (--log-max-lines)",
+        );
+        let action = step(&r, "service_logs")["action"].as_str().unwrap();
+        assert!(
+            action.contains("--log-max-lines (now 300)") && action.contains("path="),
+            "{action}"
+        );
+        assert_no_failed_request_step(&r, q);
+    }
+    stack.stop().await;
+}

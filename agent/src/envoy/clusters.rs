@@ -10,6 +10,12 @@
 //! over everything else (counters, circuit breakers, localities) counting brackets
 //! and quotes. What it holds is the reported clusters and at most one JSON token cut
 //! by a chunk's end.
+//!
+//! Every token it reads (keys, and the values of the objects and arrays it follows)
+//! is checked as JSON: a fault there is an error. A value passed over is checked only
+//! for balanced brackets of its own kind and balanced strings: a fault inside it is
+//! an error or goes unseen, and never changes what is read (the differential tests,
+//! `clusters/differential.rs`, hold it to both).
 
 use std::borrow::Cow;
 
@@ -340,6 +346,14 @@ fn string_end(buf: &[u8], escaped: bool) -> Result<usize, bool> {
             None => return Err(false),
         }
     }
+}
+
+/// The high bit of each byte of `w` below 0x20 or past ASCII: adding 0x60 to a
+/// byte's low 7 bits sets its high bit exactly from 0x20 on, with no carry out of
+/// the byte.
+fn control_or_high(w: u64) -> u64 {
+    let from_space = (w & LOW7).wrapping_add(0x6060_6060_6060_6060);
+    (!from_space | w) & !LOW7
 }
 
 /// The text of a whole string token (quotes included).
@@ -728,6 +742,7 @@ impl ClustersReader {
                 "a string or number is over {MAX_TOKEN} bytes"
             )));
         }
+        check_string(token)?;
         match self.expect {
             Expect::Key | Expect::KeyOrEnd => {
                 let ctx = *self
@@ -777,7 +792,7 @@ impl ClustersReader {
             b"true" => Some(true),
             b"false" => Some(false),
             b"null" => None,
-            [b'-' | b'0'..=b'9', ..] => None,
+            _ if is_number(token) => None,
             _ => return Err(parse_error("a value that is not JSON")),
         };
         match (self.stack.last(), self.field, literal) {
@@ -794,6 +809,86 @@ impl ClustersReader {
         self.value_done();
         Ok(())
     }
+}
+
+/// Whether `token` is a JSON number: `-`? then `0` or a digit 1 to 9 and digits,
+/// then `.` and digits, then `e` or `E`, a sign and digits, the last two optional.
+fn is_number(token: &[u8]) -> bool {
+    let digits = |t: &[u8], at: usize| t[at..].iter().take_while(|b| b.is_ascii_digit()).count();
+    let mut i = usize::from(token.first() == Some(&b'-'));
+    match token.get(i) {
+        Some(b'0') => i += 1,
+        Some(b'1'..=b'9') => i += digits(token, i),
+        _ => return false,
+    }
+    if token.get(i) == Some(&b'.') {
+        let n = digits(token, i + 1);
+        if n == 0 {
+            return false;
+        }
+        i += 1 + n;
+    }
+    if matches!(token.get(i), Some(b'e' | b'E')) {
+        i += 1;
+        if matches!(token.get(i), Some(b'+' | b'-')) {
+            i += 1;
+        }
+        let n = digits(token, i);
+        if n == 0 {
+            return false;
+        }
+        i += n;
+    }
+    i == token.len()
+}
+
+/// Checks a string token the reader reads (a key, or a value of an object or array
+/// it follows): UTF-8 without raw control characters, its escapes valid. Every
+/// one the reader reads is checked, kept or not, so a fault where it reads is an
+/// error; the values it passes over are not.
+fn check_string(token: &[u8]) -> Result<(), EnvoyError> {
+    let raw = &token[1..token.len() - 1];
+    if plain_ascii(raw) {
+        return Ok(());
+    }
+    if raw.contains(&b'\\') {
+        // Decoded, not passed over: passing over leaves a lone surrogate half unseen.
+        return serde_json::from_slice::<String>(token)
+            .map(drop)
+            .map_err(parse_error);
+    }
+    if raw.iter().any(|&b| b < 0x20) {
+        return Err(parse_error("a string holds a control character"));
+    }
+    if !raw.is_ascii() && std::str::from_utf8(raw).is_err() {
+        return Err(parse_error("a string is not UTF-8"));
+    }
+    Ok(())
+}
+
+/// Whether `raw` is printable ASCII without a backslash: the string is valid as it
+/// stands. Read 8 bytes at a time, the last word overlapping the one before (or
+/// padded, for a string under 8 bytes).
+fn plain_ascii(raw: &[u8]) -> bool {
+    let special = |w: u64| eq_bytes(w, b'\\') | control_or_high(w);
+    let mut found = 0;
+    let mut i = 0;
+    while let Some(w) = word(raw, i) {
+        found |= special(w);
+        i += 8;
+    }
+    if i < raw.len() {
+        let last = match raw.len().checked_sub(8).and_then(|at| word(raw, at)) {
+            Some(w) => w,
+            None => {
+                let mut padded = [b'a'; 8];
+                padded[..raw.len()].copy_from_slice(raw);
+                u64::from_le_bytes(padded)
+            }
+        };
+        found |= special(last);
+    }
+    found == 0
 }
 
 /// What the value of `key` (its text, unescaped) in an object of `ctx` is.
@@ -854,6 +949,9 @@ pub fn read_clusters(answer: &[u8]) -> Result<Vec<ReportedCluster>, EnvoyError> 
     reader.feed(answer)?;
     reader.finish()
 }
+
+#[cfg(test)]
+mod differential;
 
 #[cfg(test)]
 mod tests {
@@ -1030,6 +1128,15 @@ mod tests {
             b"{\"cluster_statuses\": [{\"name\": \"a\",}]}",
             b"{\"cluster_statuses\": [{\"name\": tru}]}",
             b"{} {}",
+            // Found by the differential tests: a number JSON does not have, and a
+            // string with an invalid escape, a lone surrogate half or a raw control
+            // character, where the reader reads, were taken.
+            b"{\"a\": 01}",
+            b"{\"cluster_statuses\": [{\"name\": \"a\", \"weight\": 1.}]}",
+            b"{\"cluster_statuses\": [{\"name\": \"a\", \"priority\": -}]}",
+            b"{\"a\": \"\\x\"}",
+            b"{\"cluster_statuses\": [{\"name\": \"\\ud800\"}]}",
+            b"{\"cluster_statuses\": [{\"name\": \"a\x01\"}]}",
         ] {
             assert!(
                 read_clusters(bad).is_err(),
@@ -1039,6 +1146,23 @@ mod tests {
         }
         // No clusters at all is an empty list.
         assert!(read_clusters(b"{}").unwrap().is_empty());
+    }
+
+    /// The word-at-a-time test of a plain string agrees with the byte-wise one for
+    /// every byte at every place of strings of every length up to three words.
+    #[test]
+    fn plain_strings_are_told_word_by_word() {
+        let plain = |s: &[u8]| s.iter().all(|&b| (0x20..0x80).contains(&b) && b != b'\\');
+        for len in 1..=24 {
+            for at in 0..len {
+                for b in 0..=255u8 {
+                    let mut s = vec![b'a'; len];
+                    s[at] = b;
+                    assert_eq!(plain_ascii(&s), plain(&s), "{b:#04x} at {at} of {len}");
+                }
+            }
+        }
+        assert!(plain_ascii(b""));
     }
 
     #[test]

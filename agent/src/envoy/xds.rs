@@ -9,6 +9,7 @@
 
 use std::collections::HashMap;
 
+use meshcat_common::envoy_log::{envoy_time_ms, strip_cri_prefix};
 use meshcat_common::wire::{MAX_XDS_REJECTIONS, XdsRejection, XdsState};
 
 use super::model::StatsSnapshot;
@@ -88,7 +89,7 @@ pub struct Subscription {
 
 /// The subscription a stat belongs to, with the stat's prefix (the name without its
 /// last part), when the stat is one of a subscription's `update_*`.
-fn subscription_of(stat: &str) -> Option<(Subscription, &str)> {
+pub(crate) fn subscription_of(stat: &str) -> Option<(Subscription, &str)> {
     let (prefix, counter) = stat.rsplit_once('.')?;
     if !counter.starts_with("update_") {
         return None;
@@ -561,16 +562,56 @@ impl OpenRecord {
 }
 
 /// The value of a top-level string field of a message in protobuf text form
-/// (`name: "payments"`, no indentation).
+/// (`name: "payments"`, no indentation), its C escapes decoded: `\"`, `\\`, `\n` and
+/// the others, and the octal (`\303\251`) and hex escapes `DebugString` writes the
+/// bytes of a name past ASCII with.
 fn text_field(line: &str, field: &str) -> Option<String> {
-    let value = line.strip_prefix(field)?.strip_prefix(": \"")?;
-    let mut out = String::new();
-    let mut chars = value.chars();
-    while let Some(c) = chars.next() {
-        match c {
-            '"' => return Some(out),
-            '\\' => out.push(chars.next()?),
-            c => out.push(c),
+    let value = line.strip_prefix(field)?.strip_prefix(": \"")?.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < value.len() {
+        let b = value[i];
+        i += 1;
+        match b {
+            b'"' => return Some(String::from_utf8_lossy(&out).into_owned()),
+            b'\\' => {
+                let e = *value.get(i)?;
+                i += 1;
+                match e {
+                    b'0'..=b'7' => {
+                        let mut n = u32::from(e - b'0');
+                        for _ in 0..2 {
+                            match value.get(i) {
+                                Some(d @ b'0'..=b'7') => {
+                                    n = n * 8 + u32::from(d - b'0');
+                                    i += 1;
+                                }
+                                _ => break,
+                            }
+                        }
+                        out.push(u8::try_from(n).ok()?);
+                    }
+                    b'x' => {
+                        let hex = |b: u8| char::from(b).to_digit(16);
+                        let mut n = hex(*value.get(i)?)?;
+                        i += 1;
+                        if let Some(d) = value.get(i).and_then(|&b| hex(b)) {
+                            n = n * 16 + d;
+                            i += 1;
+                        }
+                        out.push(n as u8);
+                    }
+                    b'n' => out.push(b'\n'),
+                    b'r' => out.push(b'\r'),
+                    b't' => out.push(b'\t'),
+                    b'a' => out.push(0x07),
+                    b'b' => out.push(0x08),
+                    b'f' => out.push(0x0c),
+                    b'v' => out.push(0x0b),
+                    other => out.push(other),
+                }
+            }
+            other => out.push(other),
         }
     }
     None
@@ -591,81 +632,6 @@ fn truncate(s: &mut String, max: usize) {
 fn starts_entry(line: &str) -> bool {
     let b = line.as_bytes();
     b.first() == Some(&b'[') && b.get(1).is_some_and(u8::is_ascii_digit)
-}
-
-/// `line` without the prefix a container runtime writes in a pod's log file
-/// (`<RFC 3339 time> stdout|stderr F|P `), with that time; `line` as is otherwise.
-fn strip_cri_prefix(line: &str) -> (Option<i64>, &str) {
-    let mut parts = line.splitn(4, ' ');
-    if let (Some(time), Some(stream), Some(tag), Some(rest)) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
-        && matches!(stream, "stdout" | "stderr")
-        && matches!(tag, "F" | "P")
-        && let Some(ms) = rfc3339_ms(time)
-    {
-        return (Some(ms), rest);
-    }
-    (None, line)
-}
-
-/// `[YYYY-MM-DD HH:MM:SS.mmm]` at the start of an entry, read as UTC (Envoy writes
-/// its local time, UTC in containers unless `TZ` says otherwise).
-fn envoy_time_ms(line: &str) -> Option<i64> {
-    let stamp = line.get(1..24)?;
-    if line.as_bytes().get(24) != Some(&b']') || stamp.as_bytes()[10] != b' ' {
-        return None;
-    }
-    let (date, time) = stamp.split_at(10);
-    civil_ms(date, &time[1..], 0)
-}
-
-/// An RFC 3339 time (`2026-11-27T17:37:02.269123456Z`, or with `+hh:mm`), in ms.
-fn rfc3339_ms(s: &str) -> Option<i64> {
-    let (date, rest) = s.split_once('T')?;
-    let (time, offset_s) = if let Some(t) = rest.strip_suffix('Z') {
-        (t, 0)
-    } else {
-        let at = rest.rfind(['+', '-'])?;
-        let (t, off) = rest.split_at(at);
-        let sign = if off.starts_with('-') { -1 } else { 1 };
-        let (h, m) = off[1..].split_once(':')?;
-        (
-            t,
-            sign * (h.parse::<i64>().ok()? * 3600 + m.parse::<i64>().ok()? * 60),
-        )
-    };
-    civil_ms(date, time, offset_s)
-}
-
-/// `YYYY-MM-DD` and `HH:MM:SS[.fraction]` at `offset_s` east of UTC, in ms since the
-/// epoch.
-fn civil_ms(date: &str, time: &str, offset_s: i64) -> Option<i64> {
-    let mut d = date.splitn(3, '-').map(|p| p.parse::<i64>().ok());
-    let (y, m, day) = (d.next()??, d.next()??, d.next()??);
-    let (hms, fraction) = time.split_once('.').unwrap_or((time, ""));
-    let mut t = hms.splitn(3, ':').map(|p| p.parse::<i64>().ok());
-    let (h, min, sec) = (t.next()??, t.next()??, t.next()??);
-    if !(1..=12).contains(&m) || !(1..=31).contains(&day) || h > 23 || min > 59 || sec > 60 {
-        return None;
-    }
-    let ms: i64 = if fraction.is_empty() {
-        0
-    } else {
-        let digits: String = fraction.chars().take(3).collect();
-        if !digits.bytes().all(|b| b.is_ascii_digit()) {
-            return None;
-        }
-        format!("{digits:0<3}").parse().ok()?
-    };
-    // Days from the civil date (Howard Hinnant's algorithm).
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    Some(((days * 86_400 + h * 3600 + min * 60 + sec - offset_s) * 1000) + ms)
 }
 
 #[cfg(test)]
@@ -779,11 +745,18 @@ mod tests {
         a.sort_by_key(|r| r.at_ms);
         b.sort_by_key(|r| r.at_ms);
         assert_eq!(a, b);
+    }
+
+    /// Found by the differential tests: a name past ASCII, which `DebugString`
+    /// prints in octal escapes, was read as the escapes' digits.
+    #[test]
+    fn escaped_names_are_decoded() {
         assert_eq!(
-            strip_cri_prefix("2026-11-27T17:37:20.5+01:00 stdout P x y"),
-            (Some(1_795_801_040_500 - 3_600_000), "x y")
+            text_field("name: \"caf\\303\\251 \\\"x\\\" \\x41\\n\"", "name").as_deref(),
+            Some("café \"x\" A\n")
         );
-        assert_eq!(strip_cri_prefix("[2026] x y z"), (None, "[2026] x y z"));
+        assert_eq!(text_field("name: \"unended", "name"), None);
+        assert_eq!(text_field("name: \"\\777\"", "name"), None);
     }
 
     #[test]
@@ -1006,20 +979,5 @@ mod tests {
         let s = t.update(Some(true), counts(&again), &StatsSnapshot::default(), 2);
         assert_eq!(s.rejected.len(), MAX_XDS_REJECTIONS);
         assert_eq!(s.rejected[0].resource, "c000");
-    }
-
-    #[test]
-    fn times_are_read_as_utc() {
-        assert_eq!(ms("1970-01-01 00:00:00.000"), 0);
-        assert_eq!(ms("2000-03-01 00:00:01.500"), 951_868_801_500);
-        assert_eq!(
-            envoy_time_ms("[2026-11-27 17:37:02.269][16510][warning]"),
-            Some(1_795_801_022_269)
-        );
-        assert_eq!(envoy_time_ms("[info] x"), None);
-        assert_eq!(
-            rfc3339_ms("2026-11-27T17:37:02.269123456Z"),
-            Some(1_795_801_022_269)
-        );
     }
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use axum::Json;
 use axum::extract::{RawQuery, State};
-use meshcat_common::wire::EvidenceOutput;
+use meshcat_common::wire::{EvidenceOutput, LineQuery};
 use meshcat_diagnose::{DiagnosisReport, Symptom};
 use tracing::warn;
 use utoipa::IntoParams;
@@ -157,7 +157,7 @@ fn diagnose_query(raw: Option<&str>) -> Result<DiagnoseQuery, ApiError> {
 /// public API): a peer asks the owner of an instance for that sidecar's evidence.
 pub const PEER_EVIDENCE: &str = crate::replicas::PEER_EVIDENCE;
 
-/// `GET /peer/evidence?zoneName=&clusterName=&instance=[&path=][&debugSeconds=]`:
+/// `GET /peer/evidence?zoneName=&clusterName=&instance=[&path=][&debugSeconds=][&requestId=][&logOnly=true]`:
 /// answers only requests forwarded by a peer (the forwarding layer has checked their
 /// secret); anything else is told there is no such route.
 pub async fn peer_evidence(
@@ -176,6 +176,7 @@ pub async fn peer_evidence(
     let mut instance = None;
     let mut path = None;
     let mut debug_seconds = None;
+    let mut lines = LineQuery::default();
     for (k, v) in query::parse(
         q.as_deref(),
         &[
@@ -184,6 +185,8 @@ pub async fn peer_evidence(
             "instance",
             "path",
             "debugSeconds",
+            "requestId",
+            "logOnly",
         ],
     )? {
         match k.as_str() {
@@ -191,6 +194,8 @@ pub async fn peer_evidence(
             "clusterName" => cluster = Some(v),
             "instance" => instance = Some(v),
             "path" => path = Some(v),
+            "requestId" => lines.request_id = Some(v),
+            "logOnly" => lines.log_only = v == "true",
             _ => debug_seconds = Some(seconds_value("debugSeconds", &v)?),
         }
     }
@@ -213,6 +218,7 @@ pub async fn peer_evidence(
         path,
         max_lines: EVIDENCE_LOG_LINES,
         debug_seconds,
+        lines,
     };
     let deadline = window_deadline(s.diagnosis.command_timeout, debug_seconds.unwrap_or(0));
     let here = Target {

@@ -4,6 +4,7 @@
 use std::collections::BTreeSet;
 
 use super::access::{edge_entries, filter_text, followed, is_failure};
+use super::coverage::{cut_short, short_action};
 use super::{
     IDENTITY_ACTION, MAX_QUOTED_LINES, Outcome, SECRETS_NOT_READY, message_of, outcome, skipped,
     who,
@@ -103,6 +104,12 @@ pub(super) fn edge_logs(input: &DiagnosisInput) -> Outcome {
             );
         }
         if input.path.is_some() || input.symptom == Some(Symptom::Ingress502503) {
+            // Without a line there is no request time to compare with: a log read
+            // whose older lines were dropped may have lost the request's.
+            if let Some(short) = cut_short(edge) {
+                evidence.push(short.1.clone());
+                return skipped(NAME, evidence, &short_action(&[short]));
+            }
             return outcome(
                 NAME,
                 Verdict::Fail,

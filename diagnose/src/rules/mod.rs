@@ -6,6 +6,7 @@
 
 mod access;
 mod control;
+mod coverage;
 mod discovery;
 mod edge_logs;
 mod metrics;
@@ -20,6 +21,7 @@ use crate::report::{DiagnosisReport, Failure, Step, StepName, Verdict};
 use crate::symptom::Symptom;
 
 pub use access::edge_weight;
+pub use coverage::request_to_ask;
 
 /// Suffix of the counters that rise while a secret (SDS) is missing.
 const SECRETS_NOT_READY: &str = "_context_secrets_not_ready";

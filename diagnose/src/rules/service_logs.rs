@@ -1,7 +1,9 @@
 //! Read the service sidecars' logs: the edge's followed request traced into them, and
-//! what their own line says about the local service.
+//! what their own line says about the local service. No trace of the request is a
+//! finding only when the lines read reach back to the request's time.
 
 use super::access::{edge_followed, entries_for, filter_text, followed, is_failure};
+use super::coverage::{at_text, request_time, short_action, short_of};
 use super::{MAX_QUOTED_LINES, Outcome, outcome, skipped, who};
 use crate::accesslog::AccessLogEntry;
 use crate::evidence::{DiagnosisInput, SidecarEvidence};
@@ -105,6 +107,14 @@ pub(super) fn service_logs(input: &DiagnosisInput) -> Outcome {
         evidence.push(format!(
             "no access line for {what} in {read} service sidecar logs"
         ));
+        if let Some(at) = request_time(input) {
+            let short = short_of(input.services.iter(), request_id.as_deref(), at);
+            if !short.is_empty() {
+                evidence.push(format!("the request was made at {}", at_text(at)));
+                evidence.extend(short.iter().map(|(_, line)| line.clone()));
+                return skipped(NAME, evidence, &short_action(&short));
+            }
+        }
         let host = edge_last
             .as_ref()
             .and_then(|e| e.upstream_host.clone())

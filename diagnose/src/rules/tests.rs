@@ -747,3 +747,201 @@ mod control_server {
         assert_eq!(step(&diagnose(&with(c))).verdict, Verdict::Skipped);
     }
 }
+
+mod coverage {
+    use super::*;
+    use meshcat_common::envoy_log::rfc3339_ms;
+    use meshcat_common::wire::{EvidenceOutput, LogWindow, WindowStart};
+
+    /// The time of the lines `access` writes.
+    fn request_ms() -> i64 {
+        rfc3339_ms("2026-11-21T23:58:15.589Z").unwrap()
+    }
+
+    fn window(from_ms: i64, start: WindowStart) -> LogWindow {
+        LogWindow {
+            from_ms,
+            start,
+            held_max_lines: 500,
+            to_ms: from_ms + 60_000,
+        }
+    }
+
+    /// An edge that served `GET /catalog/a` (request id `req-1`) through the
+    /// service sidecar at :2, and that sidecar's log without the request's line:
+    /// only lines of Envoy's own, the oldest written `own_from`.
+    fn missing_trace(own_from: &str) -> DiagnosisInput {
+        let mut edge = SidecarEvidence::new(Role::Edge, "edge-0");
+        edge.clusters = Some(vec![cluster("catalog", &["127.0.0.1:2"])]);
+        edge.log_lines = Some(vec![access("/catalog/a", 200, "-", "req-1", "127.0.0.1:2")]);
+        let mut service = SidecarEvidence::new(Role::Service, "catalog-0");
+        service.log_lines = Some(vec![
+            format!("[{own_from}][7][debug][admin] [admin.cc:1] request complete: path: /stats"),
+            "[2026-11-21 23:59:00.000][7][debug][admin] [admin.cc:1] request complete".into(),
+        ]);
+        let mut input = DiagnosisInput::new("catalog", "east");
+        input.edge = Some(edge);
+        input.services = vec![service];
+        input
+    }
+
+    fn service_step(input: &DiagnosisInput) -> Step {
+        diagnose(input).step(StepName::ServiceLogs).unwrap().clone()
+    }
+
+    #[test]
+    fn no_trace_in_a_log_that_reaches_back_is_a_failure_between_the_sidecars() {
+        // The sidecar's oldest line is older than the request: its absence counts.
+        let input = missing_trace("2026-11-21 23:50:00.000");
+        let r = diagnose(&input);
+        let step = r.step(StepName::ServiceLogs).unwrap();
+        assert_eq!(step.verdict, Verdict::Fail, "{step:#?}");
+        assert!(r.conclusion.contains("mTLS problem"), "{}", r.conclusion);
+        // So it does when the agent says its window reaches back to the request.
+        let mut input = missing_trace("2026-11-21 23:58:50.000");
+        input.services[0].log_window = Some(window(request_ms() - 1, WindowStart::Held));
+        assert_eq!(service_step(&input).verdict, Verdict::Fail);
+    }
+
+    #[test]
+    fn no_trace_in_a_log_that_does_not_reach_back_is_skipped_with_its_window() {
+        // Without the agent's word, the oldest line read: written after the request.
+        let input = missing_trace("2026-11-21 23:58:40.000");
+        let r = diagnose(&input);
+        let step = r.step(StepName::ServiceLogs).unwrap();
+        assert_eq!(step.verdict, Verdict::Skipped, "{step:#?}");
+        assert!(!r.conclusion.contains("mTLS"), "{}", r.conclusion);
+        let says = |needle: &str| step.evidence.iter().any(|e| e.contains(needle));
+        assert!(
+            says("the request was made at 2026-11-21T23:58:15.589Z"),
+            "{step:#?}"
+        );
+        assert!(
+            says(
+                "service catalog-0: the oldest log line read was written at 2026-11-21T23:58:40.000Z"
+            ),
+            "{step:#?}"
+        );
+        assert!(step.action.contains("path="), "{}", step.action);
+        assert!(step.action.contains("debugSeconds"), "{}", step.action);
+
+        // The agent's window: older lines dropped by its bound on held lines.
+        let mut held = missing_trace("2026-11-21 23:50:00.000");
+        held.services[0].log_window = Some(window(request_ms() + 1, WindowStart::Held));
+        let step = service_step(&held);
+        assert_eq!(step.verdict, Verdict::Skipped, "{step:#?}");
+        assert!(
+            step.evidence.iter().any(|e| e.contains(
+                "the log read reaches back to 2026-11-21T23:58:15.590Z only: the agent holds at most 500 lines of it (--log-max-lines)"
+            )),
+            "{step:#?}"
+        );
+        assert!(
+            step.action.contains("--log-max-lines (now 500)"),
+            "{}",
+            step.action
+        );
+        // Left out of the answer by newer lines, or begun after the request.
+        for (start, words) in [
+            (WindowStart::Answer, "newer ones filled it"),
+            (WindowStart::Began, "the agent began reading it then"),
+        ] {
+            let mut input = missing_trace("2026-11-21 23:50:00.000");
+            input.services[0].log_window = Some(window(request_ms() + 1, start));
+            let step = service_step(&input);
+            assert_eq!(step.verdict, Verdict::Skipped, "{start:?}: {step:#?}");
+            assert!(
+                step.evidence.iter().any(|e| e.contains(words)),
+                "{start:?}: {step:#?}"
+            );
+            assert!(!step.action.contains("--log-max-lines"), "{}", step.action);
+        }
+    }
+
+    #[test]
+    fn the_lines_asked_by_request_id_decide() {
+        let mut input = missing_trace("2026-11-21 23:50:00.000");
+        input.services[0].log_window = Some(window(request_ms() + 1, WindowStart::Answer));
+        assert_eq!(
+            request_to_ask(&input, &input.services[0]).as_deref(),
+            Some("req-1")
+        );
+        // The second ask found the request's line: traced.
+        let mut found = input.clone();
+        found.services[0].add_request_lines(
+            "req-1",
+            &EvidenceOutput {
+                log_lines: Some(vec![access("/catalog/a", 200, "-", "req-1", "127.0.0.1:8")]),
+                log_window: Some(window(request_ms() - 60_000, WindowStart::Held)),
+                ..EvidenceOutput::default()
+            },
+        );
+        assert_eq!(service_step(&found).verdict, Verdict::Pass);
+        assert_eq!(request_to_ask(&found, &found.services[0]), None);
+        // It reaches back and finds nothing: the absence is a finding.
+        let mut absent = input.clone();
+        absent.services[0].add_request_lines(
+            "req-1",
+            &EvidenceOutput {
+                log_lines: Some(Vec::new()),
+                log_window: Some(window(request_ms() - 60_000, WindowStart::Held)),
+                ..EvidenceOutput::default()
+            },
+        );
+        assert_eq!(service_step(&absent).verdict, Verdict::Fail);
+        // It does not reach back either: skipped, with the ask's window.
+        let mut short = input.clone();
+        short.services[0].add_request_lines(
+            "req-1",
+            &EvidenceOutput {
+                log_lines: Some(Vec::new()),
+                log_window: Some(window(request_ms() + 5_000, WindowStart::Held)),
+                ..EvidenceOutput::default()
+            },
+        );
+        let step = service_step(&short);
+        assert_eq!(step.verdict, Verdict::Skipped);
+        assert!(
+            step.evidence
+                .iter()
+                .any(|e| e.contains("reaches back to 2026-11-21T23:58:20.589Z only")),
+            "{step:#?}"
+        );
+
+        // Nothing to ask: a window that covers the request, an agent that does not
+        // say what it covers, or lines that hold the request id.
+        let mut covered = input.clone();
+        covered.services[0].log_window = Some(window(request_ms(), WindowStart::Held));
+        assert_eq!(request_to_ask(&covered, &covered.services[0]), None);
+        let mut silent = input.clone();
+        silent.services[0].log_window = None;
+        assert_eq!(request_to_ask(&silent, &silent.services[0]), None);
+        let mut there = input;
+        there.services[0].log_lines.as_mut().unwrap().push(access(
+            "/catalog/a",
+            200,
+            "-",
+            "req-1",
+            "127.0.0.1:8",
+        ));
+        assert_eq!(request_to_ask(&there, &there.services[0]), None);
+    }
+
+    #[test]
+    fn an_edge_without_the_paths_line_is_skipped_when_its_older_lines_were_dropped() {
+        let mut input = missing_trace("2026-11-21 23:50:00.000");
+        input.path = Some("/never/asked".into());
+        let edge = |r: &DiagnosisReport| r.step(StepName::EdgeLogs).unwrap().verdict;
+        input.edge.as_mut().unwrap().log_window = Some(window(request_ms(), WindowStart::Began));
+        assert_eq!(edge(&diagnose(&input)), Verdict::Fail);
+        input.edge.as_mut().unwrap().log_window = Some(window(request_ms(), WindowStart::Held));
+        let r = diagnose(&input);
+        assert_eq!(edge(&r), Verdict::Skipped, "{r:#?}");
+        assert!(
+            r.step(StepName::EdgeLogs)
+                .unwrap()
+                .action
+                .contains("--log-max-lines (now 500)")
+        );
+    }
+}
