@@ -336,12 +336,17 @@ export class Catalog {
 
   /**
    * Whether live data is hidden from this tab: the records say `authorized: false`
-   * and the token is the one they were read with. Views of live data then ask for
-   * the token instead of calling (a 403 would be a console error).
+   * and the token is the one they were read with; or the token was just cleared,
+   * until the records are read again and say whether live data needs one (a view
+   * polling meanwhile would call without it). Views of live data then ask for the
+   * token instead of calling (a 403 would be a console error). A token just given
+   * is worth a call.
    */
   liveHidden() {
     const first = this.clusters.values().next().value;
-    return !!first && first.authorized === false && this.readWith === token();
+    if (!first) return false;
+    if (this.readWith !== token()) return !token();
+    return first.authorized === false;
   }
 
   /** The entries of the `history` events since the last call. */
