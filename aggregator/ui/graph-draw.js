@@ -163,8 +163,9 @@ export class GraphCanvas {
   /**
    * What every frame reuses, computed once per data: each edge's curve and box in
    * world units, the edges of each style and the nodes of each status (in drawing
-   * order), the few edges with a marker or a label, each node's edges, and the cells
-   * of the hit tests' spatial index. A frame allocates nothing per edge.
+   * order), the few edges with a marker or a label and each node's edges; the hit
+   * tests' spatial index comes after the first frame. A frame allocates nothing per
+   * edge.
    */
   prepare() {
     const { nodes, edges, x, y, warning } = this.model;
@@ -180,17 +181,19 @@ export class GraphCanvas {
       adj[e.t].push(i);
       const x0 = x[e.s], y0 = y[e.s], x1 = x[e.t], y1 = y[e.t];
       const dx = x1 - x0, dy = y1 - y0;
-      const len = Math.hypot(dx, dy) || 1;
+      const len = Math.sqrt(dx * dx + dy * dy) || 1;
       // A slight bend to the left of the direction of travel: A->B and B->A apart.
       const bend = Math.min(0.14 * len, 90);
       const cx = (x0 + x1) / 2 - (dy / len) * bend;
       const cy = (y0 + y1) / 2 + (dx / len) * bend;
-      const a = unit(cx - x0, cy - y0), b = unit(x1 - cx, y1 - cy);
+      // Unit vectors along the curve at its two ends.
+      const la = Math.sqrt((cx - x0) ** 2 + (cy - y0) ** 2) || 1, lb = Math.sqrt((x1 - cx) ** 2 + (y1 - cy) ** 2) || 1;
+      const ax = (cx - x0) / la, ay = (cy - y0) / la, bx = (x1 - cx) / lb, by = (y1 - cy) / lb;
       const o = i * 8;
-      g[o] = x0 + a[0] * RADIUS; g[o + 1] = y0 + a[1] * RADIUS;
+      g[o] = x0 + ax * RADIUS; g[o + 1] = y0 + ay * RADIUS;
       g[o + 2] = cx; g[o + 3] = cy;
-      g[o + 4] = x1 - b[0] * (RADIUS + 1); g[o + 5] = y1 - b[1] * (RADIUS + 1);
-      g[o + 6] = b[0]; g[o + 7] = b[1];
+      g[o + 4] = x1 - bx * (RADIUS + 1); g[o + 5] = y1 - by * (RADIUS + 1);
+      g[o + 6] = bx; g[o + 7] = by;
       box[i * 4] = Math.min(g[o], g[o + 2], g[o + 4]);
       box[i * 4 + 1] = Math.min(g[o + 1], g[o + 3], g[o + 5]);
       box[i * 4 + 2] = Math.max(g[o], g[o + 2], g[o + 4]);
@@ -216,7 +219,16 @@ export class GraphCanvas {
     this.ids = new Map(nodes.map((node, i) => [node.id, i]));
     this.shownEdges = new Int32Array(n);
     this.shownNodes = new Int32Array(nodes.length);
-    this.index = cells(x, y, nodes.length, box, n);
+    // Built once the first frame is out (or when first asked).
+    this.index = null;
+    requestAnimationFrame(() => setTimeout(() => this.cells(), 0));
+  }
+
+  /** The hit tests' spatial index of the current data. */
+  cells() {
+    const m = this.model;
+    if (m && !this.index) this.index = new Cells(m.x, m.y, m.nodes.length, this.box, m.edges.length, m.bounds);
+    return this.index;
   }
 
   resize() {
@@ -661,7 +673,7 @@ export class GraphCanvas {
     const wx = (px - this.tx) / this.k, wy = (py - this.ty) / this.k;
     const r = Math.max(RADIUS, 1.8 / this.k) + 4 / this.k;
     const tol = 5 / this.k;
-    const near = this.index.near(wx, wy, Math.max(r, tol));
+    const near = this.cells().near(wx, wy, Math.max(r, tol));
     let best = -1, bestD = r * r;
     for (const i of near.nodes) {
       const dx = m.x[i] - wx, dy = m.y[i] - wy;
@@ -826,44 +838,62 @@ function hotWidth(style) {
 
 /**
  * The hit tests' spatial index: the nodes and the edges' boxes by square cells of
- * CELL world units; an edge whose box spans more than MAX_CELLS cells (a long call
- * across zones) is kept apart and looked at by every query.
+ * CELL world units over the graph's bounds, as one array of indexes per kind with
+ * each cell's run in it (built in two passes, no array per cell). An edge whose box
+ * spans more than MAX_CELLS cells (a long call across zones) is kept apart and looked
+ * at by every query.
  */
-function cells(x, y, nodeCount, box, edgeCount) {
-  const grid = new Map();
-  const key = (cx, cy) => cx * 1048576 + cy;
-  const at = (cx, cy) => {
-    const kk = key(cx, cy);
-    let c = grid.get(kk);
-    if (!c) { c = { nodes: [], edges: [] }; grid.set(kk, c); }
-    return c;
-  };
-  for (let i = 0; i < nodeCount; i++) at(Math.floor(x[i] / CELL), Math.floor(y[i] / CELL)).nodes.push(i);
-  const long = [];
-  for (let i = 0; i < edgeCount; i++) {
-    const o = i * 4;
-    const cx0 = Math.floor(box[o] / CELL), cy0 = Math.floor(box[o + 1] / CELL);
-    const cx1 = Math.floor(box[o + 2] / CELL), cy1 = Math.floor(box[o + 3] / CELL);
-    if ((cx1 - cx0 + 1) * (cy1 - cy0 + 1) > MAX_CELLS) { long.push(i); continue; }
-    for (let cx = cx0; cx <= cx1; cx++) for (let cy = cy0; cy <= cy1; cy++) at(cx, cy).edges.push(i);
+class Cells {
+  constructor(x, y, nodeCount, box, edgeCount, bounds) {
+    this.x0 = bounds.minX;
+    this.y0 = bounds.minY;
+    this.cols = Math.max(1, Math.ceil((bounds.maxX - bounds.minX) / CELL) + 1);
+    this.rows = Math.max(1, Math.ceil((bounds.maxY - bounds.minY) / CELL) + 1);
+    const col = (wx) => clamp(Math.floor((wx - this.x0) / CELL), 0, this.cols - 1);
+    const row = (wy) => clamp(Math.floor((wy - this.y0) / CELL), 0, this.rows - 1);
+    const size = this.cols * this.rows;
+    const long = [];
+    // Each item's cells: a node's one, an edge's box (or none when it is long).
+    const span = (i, visit) => {
+      const o = i * 4;
+      const c0 = col(box[o]), r0 = row(box[o + 1]), c1 = col(box[o + 2]), r1 = row(box[o + 3]);
+      if ((c1 - c0 + 1) * (r1 - r0 + 1) > MAX_CELLS) return false;
+      for (let r = r0; r <= r1; r++) for (let c = c0; c <= c1; c++) visit(r * this.cols + c);
+      return true;
+    };
+    const build = (count, each) => {
+      const start = new Int32Array(size + 1);
+      for (let i = 0; i < count; i++) each(i, (cell) => { start[cell + 1]++; });
+      for (let c = 0; c < size; c++) start[c + 1] += start[c];
+      const fill = start.slice(0, size);
+      const items = new Int32Array(start[size]);
+      for (let i = 0; i < count; i++) each(i, (cell) => { items[fill[cell]++] = i; });
+      return { start, items };
+    };
+    this.nodes = build(nodeCount, (i, visit) => visit(row(y[i]) * this.cols + col(x[i])));
+    this.edges = build(edgeCount, (i, visit) => span(i, visit));
+    for (let i = 0; i < edgeCount; i++) if (!span(i, () => {})) long.push(i);
+    this.long = long;
   }
-  return {
-    /** The nodes and edges in the cells within `reach` of (wx, wy); an edge may come twice. */
-    near(wx, wy, reach) {
-      const nodes = [], edges = [...long];
-      const cx0 = Math.floor((wx - reach) / CELL), cx1 = Math.floor((wx + reach) / CELL);
-      const cy0 = Math.floor((wy - reach) / CELL), cy1 = Math.floor((wy + reach) / CELL);
-      for (let cx = cx0; cx <= cx1; cx++) {
-        for (let cy = cy0; cy <= cy1; cy++) {
-          const c = grid.get(key(cx, cy));
-          if (!c) continue;
-          for (const i of c.nodes) nodes.push(i);
-          for (const i of c.edges) edges.push(i);
+
+  /** The nodes and edges in the cells within `reach` of (wx, wy); an edge may come twice. */
+  near(wx, wy, reach) {
+    const nodes = [], edges = [...this.long];
+    // Clamped both ways, as the items were: what lies out of the bounds (a bend) is
+    // in the border cells.
+    const col = (wx1) => clamp(Math.floor((wx1 - this.x0) / CELL), 0, this.cols - 1);
+    const row = (wy1) => clamp(Math.floor((wy1 - this.y0) / CELL), 0, this.rows - 1);
+    const c0 = col(wx - reach), c1 = col(wx + reach), r0 = row(wy - reach), r1 = row(wy + reach);
+    for (let r = r0; r <= r1; r++) {
+      for (let c = c0; c <= c1; c++) {
+        const cell = r * this.cols + c;
+        for (const [kind, out] of [[this.nodes, nodes], [this.edges, edges]]) {
+          for (let j = kind.start[cell]; j < kind.start[cell + 1]; j++) out.push(kind.items[j]);
         }
       }
-      return { nodes, edges };
-    },
-  };
+    }
+    return { nodes, edges };
+  }
 }
 
 /** The status word and instance count shown under a node's name. */
@@ -898,11 +928,6 @@ function arrowHead(ctx, g, o, len) {
 
 function midpoint(g, o) {
   return [0.25 * g[o] + 0.5 * g[o + 2] + 0.25 * g[o + 4], 0.25 * g[o + 1] + 0.5 * g[o + 3] + 0.25 * g[o + 5]];
-}
-
-function unit(dx, dy) {
-  const l = Math.hypot(dx, dy) || 1;
-  return [dx / l, dy / l];
 }
 
 function clamp(v, lo, hi) {

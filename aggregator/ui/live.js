@@ -94,8 +94,8 @@ export class Catalog {
     this.syncProxies = [];
     this.stopped = false;
     /**
-     * Settles once the first snapshot was read (or failed): views of live data wait
-     * for it, since liveHidden() cannot tell before the records are in.
+     * Settles once the first snapshot's records were read (or failed): views of live
+     * data wait for it, since liveHidden() cannot tell before the records are in.
      */
     this.ready = new Promise((resolve) => { this.markReady = resolve; });
   }
@@ -155,13 +155,15 @@ export class Catalog {
       moved.push("clusters");
     }
     this.zones = new Map(zones.body.map((z) => [z.zoneName, z]));
+    // The views of live data wait for the records (liveHidden() reads them), not for
+    // the zones' counts.
+    this.markReady();
     const before = JSON.stringify([zones.raw, [...this.zoneCounts], this.totals]);
     await this.loadCounts();
     if (JSON.stringify([zones.raw, [...this.zoneCounts], this.totals]) !== before) moved.push("zones", "summary");
     this.lastError = null;
     if (!this.loaded) moved.push("clusters", "zones", "summary");
     this.loaded = true;
-    this.markReady();
     this.emit(moved.length ? moved : ["mode"]);
     return clusters.index;
   }
