@@ -12,10 +12,14 @@ aggregator. Run by bench/dashboard.sh.
         Measures the first frame (from navigation to `/ui/#/graph` to the page's
         `meshcat-graph-drawn` mark, set after the first canvas frame with every node)
         and the frame rate while drags and wheel notches go to the canvas for 3 s
-        (frames the page actually drew, over the time spent). Its last line reads
+        (frames the page actually drew, over the time spent), then the same input for
+        3 s more under Chromium's trace: the page's main thread per frame drawn, as
+        the CPU time its thread spent (less moved by other work on the machine than
+        the frame rate) and as wall time. Its last line reads
         `graph view: first frame <ms> ms, <fps> fps, <nodes> nodes, <edges> edges`.
 """
 
+import base64
 import json
 import math
 import os
@@ -190,6 +194,49 @@ PAN_AND_ZOOM = """
 """
 
 
+# The renderer's main thread in a Chromium trace: its top-level tasks' wall and CPU
+# time (`dur`, `tdur`), and the CPU time of what runs in them by kind.
+TRACE_CATEGORIES = ["devtools.timeline", "disabled-by-default-devtools.timeline", "v8.execute", "blink", "cc", "toplevel"]
+TRACE_KINDS = {"FireAnimationFrame": "animation frames (the draw)", "Commit": "commit (canvas raster)",
+               "EventDispatch": "input events", "MinorGC": "GC", "MajorGC": "GC", "Paint": "paint"}
+
+
+def traced(page, ctx, script, arg):
+    """Runs `script` in the page under a trace; answers its result and the main
+    thread's wall and CPU milliseconds, in all and by kind."""
+    cdp = ctx.new_cdp_session(page)
+    cdp.send("Tracing.start", {"traceConfig": {"includedCategories": TRACE_CATEGORIES}, "transferMode": "ReturnAsStream"})
+    result = page.evaluate(script, arg)
+    done = {}
+    cdp.on("Tracing.tracingComplete", lambda e: done.setdefault("stream", e["stream"]))
+    cdp.send("Tracing.end")
+    while "stream" not in done:
+        page.wait_for_timeout(50)
+    chunks = []
+    while True:
+        r = cdp.send("IO.read", {"handle": done["stream"], "size": 1 << 22})
+        chunks.append(base64.b64decode(r["data"]) if r.get("base64Encoded") else r["data"].encode())
+        if r.get("eof"):
+            break
+    cdp.send("IO.close", {"handle": done["stream"]})
+    trace = json.loads(b"".join(chunks))
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    main = {(e["pid"], e["tid"]) for e in events
+            if e.get("ph") == "M" and e.get("name") == "thread_name" and e["args"].get("name") == "CrRendererMain"}
+    wall = cpu = 0.0
+    kinds = {}
+    for e in events:
+        if e.get("ph") != "X" or (e["pid"], e["tid"]) not in main:
+            continue
+        if e["name"] == "ThreadControllerImpl::RunTask":
+            wall += e["dur"] / 1000
+            cpu += e.get("tdur", 0) / 1000
+        kind = TRACE_KINDS.get(e["name"])
+        if kind:
+            kinds[kind] = kinds.get(kind, 0) + e.get("tdur", 0) / 1000
+    return result, {"wall": wall, "cpu": cpu, "kinds": kinds}
+
+
 def graph():
     g = register_mesh()
     nodes, edges = len(g["nodes"]), len(g["edges"])
@@ -210,6 +257,11 @@ def graph():
             m["fps"] = p["frames"] / (p["ms"] / 1000)
             m["frames"] = p["frames"]
             m["slowest"] = p["slowest"]
+            q, main = traced(page, ctx, PAN_AND_ZOOM, 3)
+            frames = max(1, q["frames"])
+            m["mainCpu"] = main["cpu"] / frames
+            m["mainWall"] = main["wall"] / frames
+            m["mainKinds"] = {k: v / frames for k, v in main["kinds"].items()}
             m["page"] = page.evaluate(MEASURE)
             out.append(m)
             ctx.close()
@@ -226,6 +278,9 @@ def graph():
     print(f"list form complete (every row in the DOM): {med('list'):.0f} ms")
     print(f"pan and zoom for 3 s: {med('fps'):.1f} frames/s drawn ({out[-1]['frames']} frames in the last run), "
           f"slowest draw {med('slowest'):.1f} ms")
+    kinds = ", ".join(f"{k} {v:.1f}" for k, v in sorted(out[-1]["mainKinds"].items(), key=lambda kv: -kv[1]))
+    print(f"main thread per frame drawn while panning and zooming (traced): {med('mainCpu'):.1f} ms CPU, "
+          f"{med('mainWall'):.1f} ms wall (last run's CPU: {kinds})")
     print(f"graph view: first frame {med('at'):.0f} ms, {med('fps'):.0f} fps, {out[-1]['nodes']} nodes, "
           f"{out[-1]['edges']} edges")
 

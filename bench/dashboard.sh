@@ -9,8 +9,9 @@
 #     bench/dashboard.sh --graph
 # measures the graph view instead: dashboard.py registers GRAPH_NODES clusters (1000)
 # in GRAPH_ZONES zones (5), each declaring 3 others (3,000 edges), then reports the
-# first canvas frame with every node and the frame rate while panning and zooming;
-# its last line reads `graph view: first frame <ms> ms, <fps> fps, <nodes> nodes,
+# first canvas frame with every node, the frame rate while panning and zooming, and
+# the page's main thread per frame drawn (CPU and wall time, from a Chromium trace
+# of the same input); its last line reads `graph view: first frame <ms> ms, <fps> fps, <nodes> nodes,
 # <edges> edges`.
 #
 # Needs what scripts/test.sh installs: chromium and Playwright in .venv.

@@ -48,6 +48,7 @@ const ASSETS: &[Asset] = &[
     asset!("graph.js", JAVASCRIPT),
     asset!("graph-layout.js", JAVASCRIPT),
     asset!("graph-draw.js", JAVASCRIPT),
+    asset!("graph-raster.js", JAVASCRIPT),
     asset!("history.js", JAVASCRIPT),
     asset!("control.js", JAVASCRIPT),
     asset!("identity.js", JAVASCRIPT),

@@ -1,15 +1,21 @@
 // meshcat dashboard: the dependency graph on a <canvas>. One canvas instead of
-// thousands of SVG elements keeps 1,000 nodes and 3,000 edges fluid: edges are
-// stroked in a handful of batched paths (one per style), nodes filled in one path
-// per status, text is drawn only where it is readable (zoomed in) and only for what
-// is in sight. A frame is drawn only when something asked for it (data, pan, zoom,
-// hover, resize), never in a loop. Pan by dragging (or the arrow keys), zoom with the
-// wheel (or + and -), 0 fits the graph; a click on a node calls `onOpen`.
+// thousands of SVG elements: edges are stroked in one batched path per style (the
+// style table EDGE_STYLES, keyed by each edge's state), nodes filled in one path per
+// status, text drawn only where it is readable (zoomed in) and only for what is in
+// sight. A view with thousands of edges or nodes in sight is drawn into pixels
+// instead (graph-raster.js: one-pixel lines, stamped discs), which Chromium's
+// software rasterizer would otherwise spend a second per frame on. A frame is drawn
+// only when something asked for it (data, pan, zoom, hover, resize), never in a loop,
+// and at most once per animation frame however many events came. Pan by dragging (or
+// the arrow keys), zoom with the wheel (or + and -), 0 fits the graph; a click on a
+// node calls `onOpen`.
 //
 // Colours pair with a shape or a glyph, never alone: stable ✔, warning ▲, down ✖,
 // an external service is a square with ↗; an edge's error ratio is its colour, its
 // width and, zoomed in, a label; a dashed edge carries no traffic (declared only), a
 // diamond on an edge marks traffic nobody declared.
+
+import { Raster, dashedRing, diamond, disc, pieces, rgba, square } from "./graph-raster.js";
 
 /** Node radius, world units. */
 export const RADIUS = 11;
@@ -19,6 +25,22 @@ const MAX_K = 4;
 const LABEL_K = 0.5;
 const DETAIL_K = 0.85;
 const ARROW_K = 0.3;
+/**
+ * More edges or nodes in sight than this and the frame is drawn into pixels
+ * (graph-raster.js); fewer, with the canvas's anti-aliased paths. 1,000 nodes and
+ * 3,000 edges stay under it.
+ */
+const PIXELS_EDGES = 4000;
+const PIXELS_NODES = 2000;
+/** Hit tests look in square cells of the world this wide (a spatial index). */
+const CELL = 256;
+/** An edge whose box spans more cells than this is checked on every hit test. */
+const MAX_CELLS = 64;
+
+const BACKGROUND = "#fbfcfe";
+const BLOCK_FILL = "#f1f4f8";
+const BLOCK_LINE = "#d5dbe3";
+const INK = "#18202b";
 
 export const NODE_STYLE = {
   stable: { fill: "#1c7c37", ink: "#ffffff", icon: "\u2714" },
@@ -26,14 +48,28 @@ export const NODE_STYLE = {
   down: { fill: "#c62828", ink: "#ffffff", icon: "\u2716" },
   external: { fill: "#55657a", ink: "#ffffff", icon: "\u2197" },
 };
-export const EDGE_STYLE = {
-  ok: "#5d6f86",
-  warn: "#c06a00",
-  bad: "#c62828",
-  idle: "#8a95a5",
-  undeclared: "#7b3fb3",
-  hot: "#1f4f8f",
+
+/**
+ * How each state of an edge is drawn, in drawing order (later styles on top):
+ * `colour`, `width` in CSS pixels (1: a hairline, which Chromium's software
+ * rasterizer strokes several times faster than wider lines), `dash` ([on, off] CSS
+ * pixels, or null for a solid line). An edge's state is `edgeState(edge, warning)`;
+ * a new way to draw an edge is one entry here, one case there and a line in the
+ * legend (graph.js), and both renderers take it.
+ */
+export const EDGE_STYLES = {
+  idle: { colour: "#8a95a5", width: 1, dash: [6, 4] },
+  ok: { colour: "#5d6f86", width: 1, dash: null },
+  warn: { colour: "#c06a00", width: 2.4, dash: null },
+  bad: { colour: "#c62828", width: 3.5, dash: null },
 };
+/** Traffic nobody declared: a diamond in the middle of the edge. */
+const UNDECLARED = "#7b3fb3";
+/** The edges of what is hovered or selected, drawn again on top, wider. */
+const HOT = "#1f4f8f";
+/** Alpha of the other edges while something is hovered or selected. */
+const DIMMED = 0.35;
+
 /**
  * How an edge's error ratio is drawn: failing (red) above `warning`, the aggregator's
  * --error-ratio-warning that every graph answer carries (`errorRatioWarning`, the
@@ -44,21 +80,28 @@ export function severity(ratio, warning) {
   return ratio > warning ? "bad" : ratio > 0 ? "warn" : "ok";
 }
 
+/** The key of EDGE_STYLES an edge is drawn with. */
+export function edgeState(e, warning) {
+  return e.observed ? severity(e.errorRatio, warning) : "idle";
+}
+
 export function nodeStyle(node) {
   return node.kind === "external" ? NODE_STYLE.external : NODE_STYLE[node.status] || NODE_STYLE.down;
 }
 
-/**
- * Screen width of an edge, in CSS pixels, by its style: failing edges are wider.
- * The others are one pixel: hairlines, which Chromium's software rasterizer strokes
- * several times faster than wider lines (60 frames/s against 37 with 3,000 edges).
- */
-const WIDTH = { ok: 1, warn: 2.4, bad: 3.5, idle: 1 };
-function edgeWidth(ratio, warning) {
-  return WIDTH[severity(ratio, warning)];
+function nodeKey(node) {
+  return node.kind === "external" ? "external" : (NODE_STYLE[node.status] ? node.status : "down");
 }
 
 const FONT = 'system-ui, -apple-system, "Segoe UI", Roboto, sans-serif';
+
+/** The colours of the pixel renderer, converted once. */
+const PX = {
+  background: rgba(BACKGROUND), blockFill: rgba(BLOCK_FILL), blockLine: rgba(BLOCK_LINE), ink: rgba(INK),
+  hot: rgba(HOT), undeclared: rgba(UNDECLARED), white: rgba("#ffffff"),
+  edge: Object.fromEntries(Object.entries(EDGE_STYLES).map(([key, s]) => [key, rgba(s.colour)])),
+  node: Object.fromEntries(Object.entries(NODE_STYLE).map(([key, s]) => [key, rgba(s.fill)])),
+};
 
 export class GraphCanvas {
   /**
@@ -80,6 +123,10 @@ export class GraphCanvas {
     this.queued = false;
     this.frames = 0;
     this.lastDrawMs = 0;
+    /** Whether the last frame was drawn into pixels (graph-raster.js). */
+    this.pixels = false;
+    this.raster = new Raster();
+    this.masks = new Map();
     this.pointers = new Map();
     this.drag = null;
     this.markNext = false;
@@ -113,44 +160,75 @@ export class GraphCanvas {
     return hit.node !== undefined ? hit.node < m.nodes.length : hit.edge < m.edges.length;
   }
 
-  /** Edge geometry in world units, computed once per data: camera moves reuse it. */
+  /**
+   * What every frame reuses, computed once per data: each edge's curve and box in
+   * world units, the edges of each style and the nodes of each status (in drawing
+   * order), the few edges with a marker or a label and each node's edges; the hit
+   * tests' spatial index comes after the first frame. A frame allocates nothing per
+   * edge.
+   */
   prepare() {
     const { nodes, edges, x, y, warning } = this.model;
     const n = edges.length;
     const g = new Float64Array(n * 8); // sx sy cx cy ex ey ux uy
-    const buckets = new Map();
+    const box = new Float64Array(n * 4); // minX minY maxX maxY
+    const byStyle = new Map(Object.keys(EDGE_STYLES).map((key) => [key, []]));
+    const undeclared = [];
+    const labelled = [];
     const adj = nodes.map(() => []);
     edges.forEach((e, i) => {
       adj[e.s].push(i);
       adj[e.t].push(i);
       const x0 = x[e.s], y0 = y[e.s], x1 = x[e.t], y1 = y[e.t];
       const dx = x1 - x0, dy = y1 - y0;
-      const len = Math.hypot(dx, dy) || 1;
+      const len = Math.sqrt(dx * dx + dy * dy) || 1;
       // A slight bend to the left of the direction of travel: A->B and B->A apart.
       const bend = Math.min(0.14 * len, 90);
       const cx = (x0 + x1) / 2 - (dy / len) * bend;
       const cy = (y0 + y1) / 2 + (dx / len) * bend;
-      const a = unit(cx - x0, cy - y0), b = unit(x1 - cx, y1 - cy);
+      // Unit vectors along the curve at its two ends.
+      const la = Math.sqrt((cx - x0) ** 2 + (cy - y0) ** 2) || 1, lb = Math.sqrt((x1 - cx) ** 2 + (y1 - cy) ** 2) || 1;
+      const ax = (cx - x0) / la, ay = (cy - y0) / la, bx = (x1 - cx) / lb, by = (y1 - cy) / lb;
       const o = i * 8;
-      g[o] = x0 + a[0] * RADIUS; g[o + 1] = y0 + a[1] * RADIUS;
+      g[o] = x0 + ax * RADIUS; g[o + 1] = y0 + ay * RADIUS;
       g[o + 2] = cx; g[o + 3] = cy;
-      g[o + 4] = x1 - b[0] * (RADIUS + 1); g[o + 5] = y1 - b[1] * (RADIUS + 1);
-      g[o + 6] = b[0]; g[o + 7] = b[1];
-      const key = e.observed ? severity(e.errorRatio, warning) : "idle";
-      if (!buckets.has(key)) buckets.set(key, []);
-      buckets.get(key).push(i);
+      g[o + 4] = x1 - bx * (RADIUS + 1); g[o + 5] = y1 - by * (RADIUS + 1);
+      g[o + 6] = bx; g[o + 7] = by;
+      box[i * 4] = Math.min(g[o], g[o + 2], g[o + 4]);
+      box[i * 4 + 1] = Math.min(g[o + 1], g[o + 3], g[o + 5]);
+      box[i * 4 + 2] = Math.max(g[o], g[o + 2], g[o + 4]);
+      box[i * 4 + 3] = Math.max(g[o + 1], g[o + 3], g[o + 5]);
+      byStyle.get(edgeState(e, warning)).push(i);
+      if (e.observed && !e.declared) undeclared.push(i);
+      if (e.observed && e.errorRatio > 0) labelled.push(i);
     });
-    const byStatus = new Map();
+    const byStatus = new Map(Object.keys(NODE_STYLE).map((key) => [key, []]));
+    const unregistered = [];
     nodes.forEach((node, i) => {
-      const key = node.kind === "external" ? "external" : (NODE_STYLE[node.status] ? node.status : "down");
-      if (!byStatus.has(key)) byStatus.set(key, []);
-      byStatus.get(key).push(i);
+      byStatus.get(nodeKey(node)).push(i);
+      if (node.kind === "cluster" && !node.registered) unregistered.push(i);
     });
     this.geo = g;
-    this.buckets = buckets;
-    this.byStatus = byStatus;
+    this.box = box;
+    this.styles = [...byStyle].filter(([, list]) => list.length).map(([key, list]) => ({ key, list: Int32Array.from(list) }));
+    this.statuses = [...byStatus].filter(([, list]) => list.length).map(([key, list]) => ({ key, list: Int32Array.from(list) }));
+    this.undeclared = Int32Array.from(undeclared);
+    this.labelled = Int32Array.from(labelled);
+    this.unregistered = Int32Array.from(unregistered);
     this.adj = adj;
     this.ids = new Map(nodes.map((node, i) => [node.id, i]));
+    this.shownEdges = new Int32Array(n);
+    this.shownNodes = new Int32Array(nodes.length);
+    // Built once the first frame is out (or when first asked).
+    this.index = null;
+    requestAnimationFrame(() => setTimeout(() => this.cells(), 0));
+  }
+
+  /** The hit tests' spatial index of the current data. */
+  cells() {
+    const m = this.model;
+    if (m && !this.index) this.index = new Cells(m.x, m.y, m.nodes.length, this.box, m.edges.length, m.bounds);
+    return this.index;
   }
 
   resize() {
@@ -241,21 +319,35 @@ export class GraphCanvas {
   draw() {
     const t0 = performance.now();
     const { ctx, dpr, k, tx, ty, w, h } = this;
-    ctx.setTransform(1, 0, 0, 1, 0, 0);
-    ctx.fillStyle = "#fbfcfe";
-    ctx.fillRect(0, 0, this.canvas.width, this.canvas.height);
     const m = this.model;
-    if (!m || !w) return;
+    if (!m || !w) {
+      ctx.setTransform(1, 0, 0, 1, 0, 0);
+      ctx.fillStyle = BACKGROUND;
+      ctx.fillRect(0, 0, this.canvas.width, this.canvas.height);
+      return;
+    }
     // The world rectangle in sight, with a margin for labels and bends.
     const v = {
       x0: -tx / k - 200, y0: -ty / k - 60,
       x1: (w - tx) / k + 60, y1: (h - ty) / k + 60,
     };
-    ctx.setTransform(dpr * k, 0, 0, dpr * k, dpr * tx, dpr * ty);
-    this.drawBlocks(m, v);
+    this.view = v;
+    const shown = this.cull(v);
     const hotEdges = this.hotEdges();
-    this.drawEdges(m, v, hotEdges);
-    this.drawNodes(m, v);
+    this.pixels = shown.edges > PIXELS_EDGES || shown.nodes > PIXELS_NODES;
+    if (this.pixels) {
+      this.rasterize(m, hotEdges);
+    } else {
+      ctx.setTransform(1, 0, 0, 1, 0, 0);
+      ctx.fillStyle = BACKGROUND;
+      ctx.fillRect(0, 0, this.canvas.width, this.canvas.height);
+      ctx.setTransform(dpr * k, 0, 0, dpr * k, dpr * tx, dpr * ty);
+      this.drawBlocks(m, v);
+      this.drawEdges(m, hotEdges);
+      this.drawNodes(m);
+    }
+    ctx.setTransform(dpr * k, 0, 0, dpr * k, dpr * tx, dpr * ty);
+    this.drawRings(m);
     ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
     this.drawText(m, v, hotEdges);
     this.frames++;
@@ -266,6 +358,43 @@ export class GraphCanvas {
       performance.mark("meshcat-graph-drawn", { detail: { nodes: m.nodes.length, edges: m.edges.length } });
       if (this.on.drawn) this.on.drawn();
     }
+  }
+
+  /**
+   * The edges and nodes in the world rectangle `v`: their indexes go to the front
+   * of `shownEdges` and `shownNodes`, each style's and each status's after the one
+   * before (from `from` to `to`). Answers the counts.
+   */
+  cull(v) {
+    const { box, shownEdges, shownNodes } = this;
+    const { x, y } = this.model;
+    let e = 0;
+    for (const style of this.styles) {
+      const start = e;
+      for (const i of style.list) {
+        const o = i * 4;
+        if (box[o] > v.x1 || box[o + 2] < v.x0 || box[o + 1] > v.y1 || box[o + 3] < v.y0) continue;
+        shownEdges[e++] = i;
+      }
+      style.from = start;
+      style.to = e;
+    }
+    let n = 0;
+    for (const status of this.statuses) {
+      status.from = n;
+      for (const i of status.list) {
+        if (x[i] >= v.x0 && x[i] <= v.x1 && y[i] >= v.y0 && y[i] <= v.y1) shownNodes[n++] = i;
+      }
+      status.to = n;
+    }
+    this.nodesShown = n;
+    return { edges: e, nodes: n };
+  }
+
+  inView(i, v) {
+    const { box } = this;
+    const o = i * 4;
+    return !(box[o] > v.x1 || box[o + 2] < v.x0 || box[o + 1] > v.y1 || box[o + 3] < v.y0);
   }
 
   /** Edges of the hovered or selected node, or the hovered or selected edge. */
@@ -283,8 +412,8 @@ export class GraphCanvas {
     const { ctx, k } = this;
     if (!m.blocks.length || !m.blocks[0].title) return;
     ctx.lineWidth = 1 / k;
-    ctx.strokeStyle = "#d5dbe3";
-    ctx.fillStyle = "#f1f4f8";
+    ctx.strokeStyle = BLOCK_LINE;
+    ctx.fillStyle = BLOCK_FILL;
     for (const b of m.blocks) {
       if (b.x > v.x1 || b.y > v.y1 || b.x + b.w < v.x0 || b.y + b.h < v.y0) continue;
       ctx.beginPath();
@@ -294,37 +423,23 @@ export class GraphCanvas {
     }
   }
 
-  drawEdges(m, v, hotEdges) {
-    const { ctx, k, geo } = this;
-    const inView = (o) => {
-      const minX = Math.min(geo[o], geo[o + 2], geo[o + 4]), maxX = Math.max(geo[o], geo[o + 2], geo[o + 4]);
-      const minY = Math.min(geo[o + 1], geo[o + 3], geo[o + 5]), maxY = Math.max(geo[o + 1], geo[o + 3], geo[o + 5]);
-      return !(minX > v.x1 || maxX < v.x0 || minY > v.y1 || maxY < v.y0);
-    };
-    const dim = hotEdges.size > 0;
+  drawEdges(m, hotEdges) {
+    const { ctx, k, geo, shownEdges } = this;
     const arrows = k >= ARROW_K;
     const al = 7 / k;
-    for (const [key, list] of this.buckets) {
-      const observed = key !== "idle";
-      ctx.strokeStyle = EDGE_STYLE[key];
-      ctx.fillStyle = EDGE_STYLE[key];
-      ctx.globalAlpha = dim ? 0.35 : 1;
-      ctx.lineWidth = WIDTH[key] / k;
-      ctx.setLineDash(observed ? [] : [6 / k, 4 / k]);
+    ctx.globalAlpha = hotEdges.size ? DIMMED : 1;
+    for (const style of this.styles) {
+      if (style.from === style.to) continue;
+      const s = EDGE_STYLES[style.key];
+      ctx.strokeStyle = s.colour;
+      ctx.fillStyle = s.colour;
+      ctx.lineWidth = s.width / k;
       ctx.beginPath();
-      const heads = [];
-      for (const i of list) {
-        const o = i * 8;
-        if (!inView(o)) continue;
-        ctx.moveTo(geo[o], geo[o + 1]);
-        ctx.quadraticCurveTo(geo[o + 2], geo[o + 3], geo[o + 4], geo[o + 5]);
-        if (arrows) heads.push(o);
-      }
+      for (let j = style.from; j < style.to; j++) curve(ctx, geo, shownEdges[j] * 8, s.dash, k, this.view);
       ctx.stroke();
-      if (heads.length) {
-        ctx.setLineDash([]);
+      if (arrows) {
         ctx.beginPath();
-        for (const o of heads) arrowHead(ctx, geo, o, al);
+        for (let j = style.from; j < style.to; j++) arrowHead(ctx, geo, shownEdges[j] * 8, al);
         ctx.fill();
       }
     }
@@ -332,34 +447,29 @@ export class GraphCanvas {
     ctx.setLineDash([]);
     // Undeclared traffic: a diamond in the middle of the edge.
     const d = Math.max(4.5 / k, 3);
-    ctx.fillStyle = EDGE_STYLE.undeclared;
+    ctx.fillStyle = UNDECLARED;
     ctx.strokeStyle = "#ffffff";
     ctx.lineWidth = 1 / k;
     ctx.beginPath();
     let any = false;
-    m.edges.forEach((e, i) => {
-      if (e.declared || !e.observed) return;
-      const o = i * 8;
-      if (!inView(o)) return;
-      const [mx, my] = midpoint(geo, o);
+    for (const i of this.undeclared) {
+      if (!this.inView(i, this.view)) continue;
+      const [mx, my] = midpoint(geo, i * 8);
       ctx.moveTo(mx, my - d); ctx.lineTo(mx + d, my); ctx.lineTo(mx, my + d); ctx.lineTo(mx - d, my); ctx.closePath();
       any = true;
-    });
+    }
     if (any) { ctx.fill(); ctx.stroke(); }
     // The edges of what is hovered or selected, on top.
     if (hotEdges.size) {
-      ctx.strokeStyle = EDGE_STYLE.hot;
-      ctx.fillStyle = EDGE_STYLE.hot;
+      ctx.strokeStyle = HOT;
+      ctx.fillStyle = HOT;
       for (const i of hotEdges) {
-        const e = m.edges[i];
+        const s = EDGE_STYLES[edgeState(m.edges[i], m.warning)];
         const o = i * 8;
-        ctx.lineWidth = (e.observed ? edgeWidth(e.errorRatio, m.warning) + 1 : 2) / k;
-        ctx.setLineDash(e.observed ? [] : [6 / k, 4 / k]);
+        ctx.lineWidth = hotWidth(s) / k;
         ctx.beginPath();
-        ctx.moveTo(geo[o], geo[o + 1]);
-        ctx.quadraticCurveTo(geo[o + 2], geo[o + 3], geo[o + 4], geo[o + 5]);
+        curve(ctx, geo, o, s.dash, k, this.view);
         ctx.stroke();
-        ctx.setLineDash([]);
         ctx.beginPath();
         arrowHead(ctx, geo, o, Math.max(al, 9 / k));
         ctx.fill();
@@ -367,34 +477,40 @@ export class GraphCanvas {
     }
   }
 
-  drawNodes(m, v) {
-    const { ctx, k } = this;
-    const { x, y, nodes } = m;
+  drawNodes(m) {
+    const { ctx, k, shownNodes } = this;
+    const { x, y } = m;
     const r = Math.max(RADIUS, 1.8 / k);
-    const seen = (i) => x[i] >= v.x0 && x[i] <= v.x1 && y[i] >= v.y0 && y[i] <= v.y1;
-    for (const [key, list] of this.byStatus) {
+    const v = this.view;
+    for (const { key, from, to } of this.statuses) {
       ctx.fillStyle = NODE_STYLE[key].fill;
       ctx.beginPath();
-      for (const i of list) {
-        if (!seen(i)) continue;
+      for (let j = from; j < to; j++) {
+        const i = shownNodes[j];
         if (key === "external") ctx.rect(x[i] - r, y[i] - r, 2 * r, 2 * r);
         else { ctx.moveTo(x[i] + r, y[i]); ctx.arc(x[i], y[i], r, 0, 2 * Math.PI); }
       }
       ctx.fill();
     }
     // A cluster known only from a declared dependency: a dashed ring, not registered.
-    ctx.strokeStyle = "#18202b";
+    ctx.strokeStyle = INK;
     ctx.lineWidth = 1.5 / k;
     ctx.setLineDash([3 / k, 2.5 / k]);
     ctx.beginPath();
-    nodes.forEach((node, i) => {
-      if (node.kind === "cluster" && !node.registered && seen(i)) {
-        ctx.moveTo(x[i] + r + 3 / k, y[i]);
-        ctx.arc(x[i], y[i], r + 3 / k, 0, 2 * Math.PI);
-      }
-    });
+    for (const i of this.unregistered) {
+      if (x[i] < v.x0 || x[i] > v.x1 || y[i] < v.y0 || y[i] > v.y1) continue;
+      ctx.moveTo(x[i] + r + 3 / k, y[i]);
+      ctx.arc(x[i], y[i], r + 3 / k, 0, 2 * Math.PI);
+    }
     ctx.stroke();
     ctx.setLineDash([]);
+  }
+
+  /** The rings of the focused, selected and hovered nodes, over either renderer's nodes. */
+  drawRings(m) {
+    const { ctx, k } = this;
+    const { x, y } = m;
+    const r = Math.max(RADIUS, 1.8 / k);
     const ring = (i, colour, width) => {
       ctx.strokeStyle = colour;
       ctx.lineWidth = width / k;
@@ -402,14 +518,85 @@ export class GraphCanvas {
       ctx.arc(x[i], y[i], r + 5 / k, 0, 2 * Math.PI);
       ctx.stroke();
     };
-    if (m.focus >= 0) ring(m.focus, "#18202b", 3);
-    if (this.selected && this.selected.node !== undefined) ring(this.selected.node, EDGE_STYLE.hot, 3);
-    if (this.hot && this.hot.node !== undefined) ring(this.hot.node, EDGE_STYLE.hot, 2);
+    if (m.focus >= 0) ring(m.focus, INK, 3);
+    if (this.selected && this.selected.node !== undefined) ring(this.selected.node, HOT, 3);
+    if (this.hot && this.hot.node !== undefined) ring(this.hot.node, HOT, 2);
+  }
+
+  /**
+   * What drawBlocks, drawEdges and drawNodes draw, the same way and in the same
+   * order, written into pixels (graph-raster.js) and put on the canvas at once.
+   */
+  rasterize(m, hotEdges) {
+    const { dpr, k, tx, ty, geo, shownEdges, shownNodes, raster } = this;
+    const { x, y } = m;
+    const sx = (wx) => (wx * k + tx) * dpr;
+    const sy = (wy) => (wy * k + ty) * dpr;
+    raster.begin(this.canvas.width, this.canvas.height, PX.background);
+    if (m.blocks.length && m.blocks[0].title) {
+      for (const b of m.blocks) raster.rect(sx(b.x), sy(b.y), sx(b.x + b.w), sy(b.y + b.h), PX.blockFill, PX.blockLine);
+    }
+    const arrows = k >= ARROW_K;
+    const alpha = hotEdges.size ? Math.round(DIMMED * 256) : 256;
+    const line = (o, colour, a, width, dash, head) => {
+      raster.quad(sx(geo[o]), sy(geo[o + 1]), sx(geo[o + 2]), sy(geo[o + 3]), sx(geo[o + 4]), sy(geo[o + 5]), colour, a, width, dash);
+      if (head) this.rasterHead(o, head * dpr, colour, a);
+    };
+    for (const style of this.styles) {
+      const s = EDGE_STYLES[style.key];
+      const dash = s.dash && s.dash.map((d) => d * dpr);
+      const colour = PX.edge[style.key];
+      for (let j = style.from; j < style.to; j++) line(shownEdges[j] * 8, colour, alpha, s.width * dpr, dash, arrows ? 7 : 0);
+    }
+    const mark = this.mask("diamond", Math.max(4.5, 3 * k) * dpr, dpr);
+    for (const i of this.undeclared) {
+      if (!this.inView(i, this.view)) continue;
+      const [mx, my] = midpoint(geo, i * 8);
+      raster.stamp(mark, sx(mx), sy(my), PX.undeclared, PX.white);
+    }
+    for (const i of hotEdges) {
+      const s = EDGE_STYLES[edgeState(m.edges[i], m.warning)];
+      line(i * 8, PX.hot, 256, hotWidth(s) * dpr, s.dash && s.dash.map((d) => d * dpr), 9);
+    }
+    const r = Math.max(RADIUS * k, 1.8) * dpr;
+    const round = this.mask("disc", r), box = this.mask("square", r);
+    for (const { key, from, to } of this.statuses) {
+      const colour = PX.node[key];
+      const shape = key === "external" ? box : round;
+      for (let j = from; j < to; j++) raster.stamp(shape, sx(x[shownNodes[j]]), sy(y[shownNodes[j]]), colour);
+    }
+    const ring = this.mask("ring", r + 3 * dpr, dpr);
+    for (const i of this.unregistered) raster.stamp(ring, sx(x[i]), sy(y[i]), PX.ink);
+    raster.end(this.ctx);
+  }
+
+  /** An arrow head `len` device pixels long at the end of edge `o`, into pixels. */
+  rasterHead(o, len, colour, a) {
+    const { geo, dpr, k, tx, ty } = this;
+    const ex = (geo[o + 4] * k + tx) * dpr, ey = (geo[o + 5] * k + ty) * dpr;
+    const ux = geo[o + 6], uy = geo[o + 7];
+    this.raster.triangle(ex, ey,
+      ex - ux * len - uy * len * 0.5, ey - uy * len + ux * len * 0.5,
+      ex - ux * len + uy * len * 0.5, ey - uy * len - ux * len * 0.5, colour, a);
+  }
+
+  /** The stamp of a shape at a size (device pixels), made once and kept. */
+  mask(kind, r, dpr = 1) {
+    const key = `${kind} ${Math.round(r * 4)} ${dpr}`;
+    let mask = this.masks.get(key);
+    if (!mask) {
+      if (this.masks.size > 64) this.masks.clear();
+      const q = Math.round(r * 4) / 4;
+      mask = kind === "disc" ? disc(q) : kind === "square" ? square(q)
+        : kind === "diamond" ? diamond(q, dpr) : dashedRing(q, 1.5 * dpr, 3 * dpr, 2.5 * dpr);
+      this.masks.set(key, mask);
+    }
+    return mask;
   }
 
   /** Text in screen pixels: zone titles, node glyphs and names, edge error ratios. */
   drawText(m, v, hotEdges) {
-    const { ctx, k, tx, ty, geo } = this;
+    const { ctx, k, tx, ty, geo, shownNodes } = this;
     const { x, y, nodes, edges } = m;
     const sx = (wx) => wx * k + tx;
     const sy = (wy) => wy * k + ty;
@@ -417,7 +604,7 @@ export class GraphCanvas {
     if (m.blocks.length && m.blocks[0].title) {
       // Above the block, so it never covers a node however far out the zoom is.
       ctx.font = `600 ${Math.round(clamp(15 * Math.sqrt(k * 2), 11, 16))}px ${FONT}`;
-      ctx.fillStyle = "#18202b";
+      ctx.fillStyle = INK;
       ctx.textAlign = "left";
       ctx.textBaseline = "bottom";
       for (const b of m.blocks) {
@@ -427,12 +614,11 @@ export class GraphCanvas {
       ctx.textBaseline = "middle";
     }
     const r = RADIUS * k;
-    const seen = (i) => x[i] >= v.x0 && x[i] <= v.x1 && y[i] >= v.y0 && y[i] <= v.y1;
     if (r >= 6) {
       ctx.textAlign = "center";
       ctx.font = `700 ${Math.round(Math.min(r * 1.15, 22))}px ${FONT}`;
-      for (let i = 0; i < nodes.length; i++) {
-        if (!seen(i)) continue;
+      for (let j = 0; j < this.nodesShown; j++) {
+        const i = shownNodes[j];
         const s = nodeStyle(nodes[i]);
         ctx.fillStyle = s.ink;
         ctx.fillText(s.icon, sx(x[i]), sy(y[i]) + 0.5);
@@ -442,13 +628,13 @@ export class GraphCanvas {
       ctx.textAlign = "left";
       ctx.lineJoin = "round";
       const detail = k >= DETAIL_K;
-      for (let i = 0; i < nodes.length; i++) {
-        if (!seen(i)) continue;
+      for (let j = 0; j < this.nodesShown; j++) {
+        const i = shownNodes[j];
         const node = nodes[i];
         const lx = sx(x[i]) + Math.max(r, 3) + 5;
         const ly = sy(y[i]);
         ctx.font = `600 12px ${FONT}`;
-        halo(ctx, node.kind === "external" ? `${node.clusterName} (external)` : node.clusterName, lx, detail ? ly - 7 : ly, "#18202b");
+        halo(ctx, node.kind === "external" ? `${node.clusterName} (external)` : node.clusterName, lx, detail ? ly - 7 : ly, INK);
         if (detail) {
           ctx.font = `11px ${FONT}`;
           halo(ctx, nodeWords(node), lx, ly + 8, "#4d5868");
@@ -457,45 +643,51 @@ export class GraphCanvas {
       // Error ratios of failing edges (every edge's figures are in its tooltip).
       ctx.font = `700 11px ${FONT}`;
       ctx.textAlign = "center";
-      edges.forEach((e, i) => {
-        if (!(e.errorRatio > 0) && !hotEdges.has(i)) return;
-        if (!e.observed) return;
-        const o = i * 8;
-        const [mx, my] = midpoint(geo, o);
+      const label = (i) => {
+        const e = edges[i];
+        const [mx, my] = midpoint(geo, i * 8);
         if (mx < v.x0 || mx > v.x1 || my < v.y0 || my > v.y1) return;
         const text = percent(e.errorRatio);
         const px = sx(mx), py = sy(my) - 11;
         const tw = ctx.measureText(text).width + 8;
         ctx.fillStyle = "#ffffff";
         ctx.fillRect(px - tw / 2, py - 8, tw, 16);
-        ctx.fillStyle = { bad: "#8b1111", warn: "#6a3a00", ok: "#18202b" }[severity(e.errorRatio, m.warning)];
+        ctx.fillStyle = { bad: "#8b1111", warn: "#6a3a00", ok: INK }[severity(e.errorRatio, m.warning)];
         ctx.fillText(text, px, py);
-      });
+      };
+      for (const i of this.labelled) label(i);
+      for (const i of hotEdges) if (edges[i].observed && !(edges[i].errorRatio > 0)) label(i);
     }
   }
 
   // ------------------------------------------------------------ input
 
-  /** What is under a point of the canvas (CSS pixels): a node first, then an edge. */
+  /**
+   * What is under a point of the canvas (CSS pixels): the nearest node within its
+   * radius and a few pixels, else the nearest edge within 5 pixels. Looks only in the
+   * spatial index's cells near the point.
+   */
   hitTest(px, py) {
     const m = this.model;
     if (!m) return null;
     const wx = (px - this.tx) / this.k, wy = (py - this.ty) / this.k;
     const r = Math.max(RADIUS, 1.8 / this.k) + 4 / this.k;
+    const tol = 5 / this.k;
+    const near = this.cells().near(wx, wy, Math.max(r, tol));
     let best = -1, bestD = r * r;
-    for (let i = 0; i < m.nodes.length; i++) {
+    for (const i of near.nodes) {
       const dx = m.x[i] - wx, dy = m.y[i] - wy;
       const d = dx * dx + dy * dy;
-      if (d <= bestD) { bestD = d; best = i; }
+      // Of two at the same distance, the later one (drawn on top).
+      if (d < bestD || (d === bestD && i > best)) { bestD = d; best = i; }
     }
     if (best >= 0) return { node: best };
-    const tol = 5 / this.k;
-    const g = this.geo;
+    const g = this.geo, box = this.box;
     let edge = -1, edgeD = tol * tol;
-    for (let i = 0; i < m.edges.length; i++) {
+    for (const i of near.edges) {
       const o = i * 8;
-      if (wx < Math.min(g[o], g[o + 2], g[o + 4]) - tol || wx > Math.max(g[o], g[o + 2], g[o + 4]) + tol) continue;
-      if (wy < Math.min(g[o + 1], g[o + 3], g[o + 5]) - tol || wy > Math.max(g[o + 1], g[o + 3], g[o + 5]) + tol) continue;
+      if (wx < box[i * 4] - tol || wx > box[i * 4 + 2] + tol) continue;
+      if (wy < box[i * 4 + 1] - tol || wy > box[i * 4 + 3] + tol) continue;
       // The curve as six straight pieces.
       let ax = g[o], ay = g[o + 1];
       for (let s = 1; s <= 6; s++) {
@@ -503,7 +695,8 @@ export class GraphCanvas {
         const bx = u * u * g[o] + 2 * u * t * g[o + 2] + t * t * g[o + 4];
         const by = u * u * g[o + 1] + 2 * u * t * g[o + 3] + t * t * g[o + 5];
         const d = segDist2(wx, wy, ax, ay, bx, by);
-        if (d < edgeD) { edgeD = d; edge = i; }
+        // Of two at the same distance, the first.
+        if (d < edgeD || (d === edgeD && i < edge)) { edgeD = d; edge = i; }
         ax = bx; ay = by;
       }
     }
@@ -601,6 +794,108 @@ export class GraphCanvas {
   }
 }
 
+/**
+ * Adds edge `o`'s curve to the path: whole when solid; when dashed (`dash` in CSS
+ * pixels), the dashes of its straight pieces in the world rectangle `v`, counted
+ * from its start so they hold still while the view moves. The canvas's own dashing
+ * walks every dash of a curve, in sight or not, which for an edge thousands of
+ * pixels long (zoomed in) costs more than the whole frame.
+ */
+function curve(ctx, g, o, dash, k, v) {
+  const x0 = g[o], y0 = g[o + 1], cx = g[o + 2], cy = g[o + 3], x1 = g[o + 4], y1 = g[o + 5];
+  if (!dash) {
+    ctx.moveTo(x0, y0);
+    ctx.quadraticCurveTo(cx, cy, x1, y1);
+    return;
+  }
+  const on = dash[0] / k, period = (dash[0] + dash[1]) / k;
+  const n = pieces(x0 * k, y0 * k, cx * k, cy * k, x1 * k, y1 * k);
+  let ax = x0, ay = y0, along = 0;
+  for (let s = 1; s <= n; s++) {
+    const t = s / n, u = 1 - t;
+    const bx = u * u * x0 + 2 * u * t * cx + t * t * x1;
+    const by = u * u * y0 + 2 * u * t * cy + t * t * y1;
+    const len = Math.hypot(bx - ax, by - ay);
+    const inView = !(Math.min(ax, bx) > v.x1 || Math.max(ax, bx) < v.x0 || Math.min(ay, by) > v.y1 || Math.max(ay, by) < v.y0);
+    if (inView && len > 0) {
+      // Each dash that starts before this piece ends, clipped to the piece.
+      for (let d = Math.floor(along / period) * period; d < along + len; d += period) {
+        const f0 = Math.max(d, along) - along, f1 = Math.min(d + on, along + len) - along;
+        if (f1 <= f0) continue;
+        ctx.moveTo(ax + (bx - ax) * f0 / len, ay + (by - ay) * f0 / len);
+        ctx.lineTo(ax + (bx - ax) * f1 / len, ay + (by - ay) * f1 / len);
+      }
+    }
+    along += len;
+    ax = bx; ay = by;
+  }
+}
+
+/** The width of an edge drawn as hovered or selected, CSS pixels: one more than its style's. */
+function hotWidth(style) {
+  return style.width + 1;
+}
+
+/**
+ * The hit tests' spatial index: the nodes and the edges' boxes by square cells of
+ * CELL world units over the graph's bounds, as one array of indexes per kind with
+ * each cell's run in it (built in two passes, no array per cell). An edge whose box
+ * spans more than MAX_CELLS cells (a long call across zones) is kept apart and looked
+ * at by every query.
+ */
+class Cells {
+  constructor(x, y, nodeCount, box, edgeCount, bounds) {
+    this.x0 = bounds.minX;
+    this.y0 = bounds.minY;
+    this.cols = Math.max(1, Math.ceil((bounds.maxX - bounds.minX) / CELL) + 1);
+    this.rows = Math.max(1, Math.ceil((bounds.maxY - bounds.minY) / CELL) + 1);
+    const col = (wx) => clamp(Math.floor((wx - this.x0) / CELL), 0, this.cols - 1);
+    const row = (wy) => clamp(Math.floor((wy - this.y0) / CELL), 0, this.rows - 1);
+    const size = this.cols * this.rows;
+    const long = [];
+    // Each item's cells: a node's one, an edge's box (or none when it is long).
+    const span = (i, visit) => {
+      const o = i * 4;
+      const c0 = col(box[o]), r0 = row(box[o + 1]), c1 = col(box[o + 2]), r1 = row(box[o + 3]);
+      if ((c1 - c0 + 1) * (r1 - r0 + 1) > MAX_CELLS) return false;
+      for (let r = r0; r <= r1; r++) for (let c = c0; c <= c1; c++) visit(r * this.cols + c);
+      return true;
+    };
+    const build = (count, each) => {
+      const start = new Int32Array(size + 1);
+      for (let i = 0; i < count; i++) each(i, (cell) => { start[cell + 1]++; });
+      for (let c = 0; c < size; c++) start[c + 1] += start[c];
+      const fill = start.slice(0, size);
+      const items = new Int32Array(start[size]);
+      for (let i = 0; i < count; i++) each(i, (cell) => { items[fill[cell]++] = i; });
+      return { start, items };
+    };
+    this.nodes = build(nodeCount, (i, visit) => visit(row(y[i]) * this.cols + col(x[i])));
+    this.edges = build(edgeCount, (i, visit) => span(i, visit));
+    for (let i = 0; i < edgeCount; i++) if (!span(i, () => {})) long.push(i);
+    this.long = long;
+  }
+
+  /** The nodes and edges in the cells within `reach` of (wx, wy); an edge may come twice. */
+  near(wx, wy, reach) {
+    const nodes = [], edges = [...this.long];
+    // Clamped both ways, as the items were: what lies out of the bounds (a bend) is
+    // in the border cells.
+    const col = (wx1) => clamp(Math.floor((wx1 - this.x0) / CELL), 0, this.cols - 1);
+    const row = (wy1) => clamp(Math.floor((wy1 - this.y0) / CELL), 0, this.rows - 1);
+    const c0 = col(wx - reach), c1 = col(wx + reach), r0 = row(wy - reach), r1 = row(wy + reach);
+    for (let r = r0; r <= r1; r++) {
+      for (let c = c0; c <= c1; c++) {
+        const cell = r * this.cols + c;
+        for (const [kind, out] of [[this.nodes, nodes], [this.edges, edges]]) {
+          for (let j = kind.start[cell]; j < kind.start[cell + 1]; j++) out.push(kind.items[j]);
+        }
+      }
+    }
+    return { nodes, edges };
+  }
+}
+
 /** The status word and instance count shown under a node's name. */
 export function nodeWords(node) {
   if (node.kind === "external") return "external service";
@@ -633,11 +928,6 @@ function arrowHead(ctx, g, o, len) {
 
 function midpoint(g, o) {
   return [0.25 * g[o] + 0.5 * g[o + 2] + 0.25 * g[o + 4], 0.25 * g[o + 1] + 0.5 * g[o + 3] + 0.25 * g[o + 5]];
-}
-
-function unit(dx, dy) {
-  const l = Math.hypot(dx, dy) || 1;
-  return [dx / l, dy / l];
 }
 
 function clamp(v, lo, hi) {

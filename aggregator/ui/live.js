@@ -94,8 +94,8 @@ export class Catalog {
     this.syncProxies = [];
     this.stopped = false;
     /**
-     * Settles once the first snapshot was read (or failed): views of live data wait
-     * for it, since liveHidden() cannot tell before the records are in.
+     * Settles once the first snapshot's records were read (or failed): views of live
+     * data wait for it, since liveHidden() cannot tell before the records are in.
      */
     this.ready = new Promise((resolve) => { this.markReady = resolve; });
   }
@@ -155,13 +155,15 @@ export class Catalog {
       moved.push("clusters");
     }
     this.zones = new Map(zones.body.map((z) => [z.zoneName, z]));
+    // The views of live data wait for the records (liveHidden() reads them), not for
+    // the zones' counts.
+    this.markReady();
     const before = JSON.stringify([zones.raw, [...this.zoneCounts], this.totals]);
     await this.loadCounts();
     if (JSON.stringify([zones.raw, [...this.zoneCounts], this.totals]) !== before) moved.push("zones", "summary");
     this.lastError = null;
     if (!this.loaded) moved.push("clusters", "zones", "summary");
     this.loaded = true;
-    this.markReady();
     this.emit(moved.length ? moved : ["mode"]);
     return clusters.index;
   }
@@ -336,12 +338,17 @@ export class Catalog {
 
   /**
    * Whether live data is hidden from this tab: the records say `authorized: false`
-   * and the token is the one they were read with. Views of live data then ask for
-   * the token instead of calling (a 403 would be a console error).
+   * and the token is the one they were read with; or the token was just cleared,
+   * until the records are read again and say whether live data needs one (a view
+   * polling meanwhile would call without it). Views of live data then ask for the
+   * token instead of calling (a 403 would be a console error). A token just given
+   * is worth a call.
    */
   liveHidden() {
     const first = this.clusters.values().next().value;
-    return !!first && first.authorized === false && this.readWith === token();
+    if (!first) return false;
+    if (this.readWith !== token()) return !token();
+    return first.authorized === false;
   }
 
   /** The entries of the `history` events since the last call. */

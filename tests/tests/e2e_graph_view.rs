@@ -8,6 +8,10 @@
 //! while the script compares them with the API. The screenshots go to
 //! `target/e2e-dashboard/` beside the dashboard test's (with
 //! `MESHCAT_UPDATE_SCREENSHOT=1`, the graph also becomes `docs/dashboard-graph.png`).
+//!
+//! A second test registers a mesh big enough for the view's large-graph paths
+//! (`tests/browser/graph_large.py`): the canvas drawn into pixels with the whole mesh
+//! in sight, the hit test's spatial index, the list form's windowed tables.
 
 use std::cell::RefCell;
 use std::time::{Duration, Instant};
@@ -151,4 +155,68 @@ async fn the_graph_view_in_a_real_browser() {
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/dashboard-graph.png");
         std::fs::copy(out.join("graph.png"), docs).unwrap();
     }
+}
+
+/// Clusters of the large mesh, in three zones; each declares three others, so the
+/// mesh has three times as many edges: more than the canvas draws with its own paths
+/// when all are in sight, and tables longer than the list form builds whole.
+const LARGE_CLUSTERS: usize = 1500;
+const LARGE_ZONES: usize = 3;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_graph_in_a_real_browser() {
+    let tools = BrowserTools::find().await.unwrap();
+    let catalog = Catalog::start(|_| {}).await.unwrap();
+    let zone = |i: usize| format!("large-{}", i * LARGE_ZONES / LARGE_CLUSTERS);
+    let name = |i: usize| format!("svc-{i:04}");
+    for z in 0..LARGE_ZONES {
+        catalog
+            .register_zone(&zone(z * LARGE_CLUSTERS / LARGE_ZONES), "edge")
+            .await
+            .unwrap();
+    }
+    let records: Vec<Value> = (0..LARGE_CLUSTERS)
+        .map(|i| {
+            // The clusters 1, 7 and 31 further on: mostly in the zone, some across.
+            let deps: Vec<String> = [1, 7, 31]
+                .iter()
+                .map(|off| {
+                    let j = (i + off) % LARGE_CLUSTERS;
+                    if zone(j) == zone(i) {
+                        name(j)
+                    } else {
+                        format!("{}/{}", zone(j), name(j))
+                    }
+                })
+                .collect();
+            json!({"zoneName": zone(i), "clusterName": name(i), "name": name(i), "dependencies": deps})
+        })
+        .collect();
+    for chunk in records.chunks(500) {
+        catalog.create("/clusters", json!(chunk)).await.unwrap();
+    }
+    let out = output_dir();
+    std::fs::create_dir_all(&out).unwrap();
+    let spec = json!({
+        "api": catalog.api_url(),
+        "token": "",
+        "chromium": tools.chromium,
+        "out": out,
+        "zone": zone(0),
+        "nodes": LARGE_CLUSTERS,
+        "edges": LARGE_CLUSTERS * 3,
+    });
+    let mut script = tools
+        .run("graph_large.py", &[spec.to_string()])
+        .expect("browser script starts");
+    while let Some(line) = script
+        .next_line(Duration::from_secs(240))
+        .await
+        .expect("browser script output")
+    {
+        eprintln!("graph_large.py says: {line}");
+    }
+    script.finish(Duration::from_secs(30)).await.unwrap();
+    let len = std::fs::metadata(out.join("graph-large.png")).map_or(0, |m| m.len());
+    assert!(len > 1000, "screenshot graph-large.png saved ({len} bytes)");
 }
