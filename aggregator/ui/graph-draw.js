@@ -13,9 +13,10 @@
 // Colours pair with a shape or a glyph, never alone: stable ✔, warning ▲, down ✖,
 // an external service is a square with ↗; an edge's error ratio is its colour, its
 // width and, zoomed in, a label; a dashed edge carries no traffic (declared only), a
-// diamond on an edge marks traffic nobody declared.
+// diamond on an edge marks traffic nobody declared, a square near its caller's end a
+// SAN the caller expects and the callee does not present (`tlsIdentity.match` false).
 
-import { Raster, dashedRing, diamond, disc, pieces, rgba, square } from "./graph-raster.js";
+import { Raster, dashedRing, diamond, disc, framedSquare, pieces, rgba, square } from "./graph-raster.js";
 
 /** Node radius, world units. */
 export const RADIUS = 11;
@@ -65,6 +66,11 @@ export const EDGE_STYLES = {
 };
 /** Traffic nobody declared: a diamond in the middle of the edge. */
 const UNDECLARED = "#7b3fb3";
+/**
+ * A SAN mismatch (the caller's TLS context expects a name the callee's certificate
+ * does not carry): a square a third of the way along the edge, on the caller's side.
+ */
+const MISMATCH = "#b00020";
 /** The edges of what is hovered or selected, drawn again on top, wider. */
 const HOT = "#1f4f8f";
 /** Alpha of the other edges while something is hovered or selected. */
@@ -98,7 +104,7 @@ const FONT = 'system-ui, -apple-system, "Segoe UI", Roboto, sans-serif';
 /** The colours of the pixel renderer, converted once. */
 const PX = {
   background: rgba(BACKGROUND), blockFill: rgba(BLOCK_FILL), blockLine: rgba(BLOCK_LINE), ink: rgba(INK),
-  hot: rgba(HOT), undeclared: rgba(UNDECLARED), white: rgba("#ffffff"),
+  hot: rgba(HOT), undeclared: rgba(UNDECLARED), mismatch: rgba(MISMATCH), white: rgba("#ffffff"),
   edge: Object.fromEntries(Object.entries(EDGE_STYLES).map(([key, s]) => [key, rgba(s.colour)])),
   node: Object.fromEntries(Object.entries(NODE_STYLE).map(([key, s]) => [key, rgba(s.fill)])),
 };
@@ -174,6 +180,7 @@ export class GraphCanvas {
     const box = new Float64Array(n * 4); // minX minY maxX maxY
     const byStyle = new Map(Object.keys(EDGE_STYLES).map((key) => [key, []]));
     const undeclared = [];
+    const mismatched = [];
     const labelled = [];
     const adj = nodes.map(() => []);
     edges.forEach((e, i) => {
@@ -200,6 +207,7 @@ export class GraphCanvas {
       box[i * 4 + 3] = Math.max(g[o + 1], g[o + 3], g[o + 5]);
       byStyle.get(edgeState(e, warning)).push(i);
       if (e.observed && !e.declared) undeclared.push(i);
+      if (e.tlsIdentity && !e.tlsIdentity.match) mismatched.push(i);
       if (e.observed && e.errorRatio > 0) labelled.push(i);
     });
     const byStatus = new Map(Object.keys(NODE_STYLE).map((key) => [key, []]));
@@ -213,6 +221,7 @@ export class GraphCanvas {
     this.styles = [...byStyle].filter(([, list]) => list.length).map(([key, list]) => ({ key, list: Int32Array.from(list) }));
     this.statuses = [...byStatus].filter(([, list]) => list.length).map(([key, list]) => ({ key, list: Int32Array.from(list) }));
     this.undeclared = Int32Array.from(undeclared);
+    this.mismatched = Int32Array.from(mismatched);
     this.labelled = Int32Array.from(labelled);
     this.unregistered = Int32Array.from(unregistered);
     this.adj = adj;
@@ -301,6 +310,18 @@ export class GraphCanvas {
     const i = this.ids ? this.ids.get(id) : undefined;
     if (i === undefined) return null;
     return { x: this.model.x[i] * this.k + this.tx, y: this.model.y[i] * this.k + this.ty };
+  }
+
+  /**
+   * Where the SAN mismatch mark of the edge `source` -> `target` is drawn, CSS pixels
+   * from the canvas's top-left corner; null when that edge has none.
+   */
+  mismatchMark(source, target) {
+    if (!this.model || !this.mismatched) return null;
+    const i = this.mismatched.find((j) => this.model.edges[j].source === source && this.model.edges[j].target === target);
+    if (i === undefined) return null;
+    const [x, y] = along(this.geo, i * 8, 1 / 3);
+    return { x: x * this.k + this.tx, y: y * this.k + this.ty };
   }
 
   setSelected(hit) {
@@ -459,6 +480,17 @@ export class GraphCanvas {
       any = true;
     }
     if (any) { ctx.fill(); ctx.stroke(); }
+    // A SAN mismatch: a square on the caller's side.
+    ctx.fillStyle = MISMATCH;
+    ctx.beginPath();
+    any = false;
+    for (const i of this.mismatched) {
+      if (!this.inView(i, this.view)) continue;
+      const [mx, my] = along(geo, i * 8, 1 / 3);
+      ctx.rect(mx - d * 0.8, my - d * 0.8, d * 1.6, d * 1.6);
+      any = true;
+    }
+    if (any) { ctx.fill(); ctx.stroke(); }
     // The edges of what is hovered or selected, on top.
     if (hotEdges.size) {
       ctx.strokeStyle = HOT;
@@ -554,6 +586,12 @@ export class GraphCanvas {
       const [mx, my] = midpoint(geo, i * 8);
       raster.stamp(mark, sx(mx), sy(my), PX.undeclared, PX.white);
     }
+    const flag = this.mask("framed", Math.max(3.6, 2.4 * k) * dpr, dpr);
+    for (const i of this.mismatched) {
+      if (!this.inView(i, this.view)) continue;
+      const [mx, my] = along(geo, i * 8, 1 / 3);
+      raster.stamp(flag, sx(mx), sy(my), PX.mismatch, PX.white);
+    }
     for (const i of hotEdges) {
       const s = EDGE_STYLES[edgeState(m.edges[i], m.warning)];
       line(i * 8, PX.hot, 256, hotWidth(s) * dpr, s.dash && s.dash.map((d) => d * dpr), 9);
@@ -588,7 +626,8 @@ export class GraphCanvas {
       if (this.masks.size > 64) this.masks.clear();
       const q = Math.round(r * 4) / 4;
       mask = kind === "disc" ? disc(q) : kind === "square" ? square(q)
-        : kind === "diamond" ? diamond(q, dpr) : dashedRing(q, 1.5 * dpr, 3 * dpr, 2.5 * dpr);
+        : kind === "diamond" ? diamond(q, dpr) : kind === "framed" ? framedSquare(q, dpr)
+        : dashedRing(q, 1.5 * dpr, 3 * dpr, 2.5 * dpr);
       this.masks.set(key, mask);
     }
     return mask;
@@ -927,7 +966,13 @@ function arrowHead(ctx, g, o, len) {
 }
 
 function midpoint(g, o) {
-  return [0.25 * g[o] + 0.5 * g[o + 2] + 0.25 * g[o + 4], 0.25 * g[o + 1] + 0.5 * g[o + 3] + 0.25 * g[o + 5]];
+  return along(g, o, 0.5);
+}
+
+/** The point at `t` (0 at the source, 1 at the target) along edge `o`'s curve. */
+function along(g, o, t) {
+  const a = (1 - t) * (1 - t), b = 2 * t * (1 - t), c = t * t;
+  return [a * g[o] + b * g[o + 2] + c * g[o + 4], a * g[o + 1] + b * g[o + 3] + c * g[o + 5]];
 }
 
 function clamp(v, lo, hi) {

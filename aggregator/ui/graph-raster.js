@@ -91,6 +91,14 @@ export function diamond(r, line) {
   });
 }
 
+/** A square of half side `r` (fill) with an outline `line` wide around it. */
+export function framedSquare(r, line) {
+  return new Mask(r + line, (x, y) => {
+    const d = Math.max(Math.abs(x), Math.abs(y));
+    return d <= r ? 1 : d <= r + line ? 2 : 0;
+  });
+}
+
 /** A ring of radius `r`, `width` wide, dashed `on` then `off` along its length. */
 export function dashedRing(r, width, on, off) {
   return new Mask(r + width, (x, y) => {

@@ -338,10 +338,12 @@ export class GraphPage {
     const failing = g.edges.filter((e) => e.observed && severity(e.errorRatio, g.errorRatioWarning) === "bad").length;
     const idle = g.edges.filter((e) => !e.observed).length;
     const undeclared = g.edges.filter((e) => e.observed && !e.declared).length;
+    const mismatched = g.edges.filter((e) => e.tlsIdentity && !e.tlsIdentity.match).length;
     this.status.replaceChildren(
       `${fmtInt(n)} node${n === 1 ? "" : "s"}, ${fmtInt(m)} edge${m === 1 ? "" : "s"}`,
       failing ? ` \u00b7 ${fmtInt(failing)} failing (> ${percent(g.errorRatioWarning)} errors)` : "",
       undeclared ? ` \u00b7 ${fmtInt(undeclared)} undeclared` : "",
+      mismatched ? ` \u00b7 ${fmtInt(mismatched)} SAN mismatch${mismatched === 1 ? "" : "es"}` : "",
       idle ? ` \u00b7 ${fmtInt(idle)} declared without traffic` : "",
       ` \u00b7 traffic over the last ${g.windowSeconds} s \u00b7 read ${new Date().toLocaleTimeString()}`);
   }
@@ -519,7 +521,10 @@ function nodeDescription(n) {
 function edgeDescription(e) {
   return [h("strong", {}, `${e.source} \u2192 ${e.target}`), " \u00b7 ",
     e.observed ? `${percent(e.errorRatio)} errors (${fmtInt(e.errors)} of ${fmtInt(e.requests)} requests), ${fmtNum(e.rps, 2)} requests/s, latency p50 / p99 ${latency(e)}${e.tls ? ", TLS" : ""}` : "no traffic in the window",
-    " \u00b7 ", e.declared ? "declared" : "not declared"];
+    " \u00b7 ", e.declared ? "declared" : "not declared",
+    e.tlsIdentity && !e.tlsIdentity.match
+      ? [" \u00b7 ", h("strong", {}, "SAN mismatch"), `: expects ${e.tlsIdentity.expectedSans.join(", ")}; presented ${e.tlsIdentity.presentedSans.join(", ") || "none"}`]
+      : ""].flat();
 }
 
 function nodeRow(n) {
@@ -572,7 +577,8 @@ function legend(warning) {
       line("warn", `errors at or below ${above} (wider)`),
       line("bad", `errors above ${above} (widest, ratio shown)`),
       line("idle", "dashed: declared, no traffic in the window"),
-      h("li", {}, h("span", { class: "line ok with-diamond", "aria-hidden": "true" }), "diamond: traffic nobody declared")));
+      h("li", {}, h("span", { class: "line ok with-diamond", "aria-hidden": "true" }), "diamond: traffic nobody declared"),
+      h("li", {}, h("span", { class: "line ok with-square", "aria-hidden": "true" }), "square near the caller: a SAN it expects is not presented")));
 }
 
 /** The callers and callees of one cluster, for the cluster view. */
@@ -650,7 +656,11 @@ export class ClusterCalls {
             ? `${percent(e.errorRatio)} errors, ${fmtInt(e.requests)} requests (${fmtNum(e.rps, 2)}/s), p99 ${Number.isFinite(e.p99Ms) ? `${fmtNum(e.p99Ms, 1)} ms` : "\u2014"}`
             : ""),
           " ", e.observed ? h("span", { class: "tag" }, "observed") : h("span", { class: "tag idle" }, "no traffic"),
-          " ", e.declared ? h("span", { class: "tag" }, "declared") : h("span", { class: "tag undeclared" }, "undeclared"));
+          " ", e.declared ? h("span", { class: "tag" }, "declared") : h("span", { class: "tag undeclared" }, "undeclared"),
+          e.tlsIdentity && !e.tlsIdentity.match ? h("span", {
+            class: "tag mismatch",
+            title: `expects ${e.tlsIdentity.expectedSans.join(", ")}; presented ${e.tlsIdentity.presentedSans.join(", ")}`,
+          }, "SAN mismatch") : null);
       })) : h("p", { class: "muted" }, none),
     ];
     this.body.replaceChildren(

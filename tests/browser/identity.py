@@ -7,7 +7,7 @@ the cluster whose certificate is expiring, one whose certificate is fine, and th
 caller whose SAN expectation of the expiring one fails). It checks, against the
 API, each cluster row's identity state, the overview's list of certificates that
 need action, each instance's identity in the cluster view, and the mismatched edge
-of the graph's list form. Any failure raises; the exit status says whether every
+in the graph's list form and on its canvas. Any failure raises; the exit status says whether every
 check passed. Progress goes to stderr.
 """
 
@@ -77,6 +77,22 @@ def main():
         page.wait_for_selector(f"{edge}[data-tls-match=false]", timeout=WAIT_MS)
         text = page.inner_text(edge)
         check("SAN mismatch" in text, f"the edge's row says SAN mismatch: {text!r}")
+        # The canvas marks the edge too: the mark's colour, read back at its centre.
+        page.wait_for_function("() => { const g = document.querySelector('#graph-canvas').graph;"
+                               " return g && g.frames > 0; }", timeout=WAIT_MS)
+        drawn = page.evaluate("""([source, target]) => {
+          const c = document.querySelector('#graph-canvas');
+          const at = c.graph.mismatchMark(source, target);
+          if (!at) return null;
+          const dpr = c.width / c.getBoundingClientRect().width;
+          const px = c.getContext('2d').getImageData(Math.round(at.x * dpr), Math.round(at.y * dpr), 1, 1).data;
+          const other = c.graph.mismatchMark(target, source);
+          return {rgb: [px[0], px[1], px[2]], other};
+        }""", [f"{ZONE}/{CALLER}", f"{ZONE}/{EXPIRING}"])
+        check(drawn is not None, "the canvas has a SAN mismatch mark on the caller's edge")
+        check(drawn["other"] is None, f"and none on an edge without a mismatch: {drawn}")
+        check(abs(drawn["rgb"][0] - 0xb0) <= 8 and drawn["rgb"][1] <= 16 and abs(drawn["rgb"][2] - 0x20) <= 12,
+              f"the mark is drawn in the mismatch colour #b00020: {drawn['rgb']}")
         shot(page, "identity-graph.png", full=True)
 
         browser.close()
