@@ -128,7 +128,7 @@ fn main() -> anyhow::Result<()> {
                     if traffic {
                         for u in &mut i.upstreams {
                             u.requests_total += seq * REQUESTS_PER_REPORT;
-                            u.errors_5xx_total += seq * ERRORS_PER_REPORT;
+                            u.errors_total += seq * ERRORS_PER_REPORT;
                         }
                     } else {
                         i.upstreams.clear();
