@@ -71,13 +71,14 @@ fn report(c: usize, i: usize, identity: Option<IdentityReport>) -> InstanceRepor
     r
 }
 
-/// The identity of instance `i` of cluster `c`: 1 % expiring in 2 days, the rest
-/// with 20 days left, of 30-day certificates; and `expectations` upstreams' matchers.
+/// The identity of instance `i` of cluster `c`: 1 % expiring, 5-day certificates
+/// with 2 days left (past half their life, before the overdue point at 80 %), the
+/// rest 30-day ones with 20 days left; and `expectations` upstreams' matchers.
 fn identity(c: usize, i: usize, expectations: usize, now: i64) -> IdentityReport {
-    let left = if (c * 10 + i) % 100 == 0 {
-        2 * DAY_MS
+    let (left, lifetime) = if (c * 10 + i) % 100 == 0 {
+        (2 * DAY_MS, 5 * DAY_MS)
     } else {
-        20 * DAY_MS
+        (20 * DAY_MS, 30 * DAY_MS)
     };
     let zone = c % 20;
     let chain = ReportedCertificate {
@@ -90,12 +91,12 @@ fn identity(c: usize, i: usize, expectations: usize, now: i64) -> IdentityReport
                 format!("spiffe://cluster.local/ns/zone-{zone}/sa/svc-{c}"),
             ),
         ],
-        valid_from_ms: now + left - 30 * DAY_MS,
+        valid_from_ms: now + left - lifetime,
         expires_at_ms: now + left,
         secret: Some(SdsSecret {
             name: "default".into(),
             version: "v1".into(),
-            last_updated_ms: now + left - 30 * DAY_MS,
+            last_updated_ms: now + left - lifetime,
         }),
     };
     let ca = ReportedCertificate {
@@ -190,6 +191,11 @@ async fn main() -> anyhow::Result<()> {
         let body: serde_json::Value = client.get(&url).send().await?.json().await?;
         rows = body.as_array().map_or(0, Vec::len);
     }
+    anyhow::ensure!(
+        rows == total / 100,
+        "GET /certificates?state=expiring lists {rows} rows, not the {} expiring certificates",
+        total / 100
+    );
     let mut took = Vec::with_capacity(a.requests);
     let mut bytes = 0;
     for _ in 0..a.requests {
