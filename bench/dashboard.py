@@ -275,7 +275,7 @@ def graph():
           f"{out[-1]['page']['dataBytesRaw']} raw")
     print(f"first frame with every node (from navigation): {med('at'):.0f} ms, "
           f"one full draw {med('drawMs'):.1f} ms")
-    print(f"list form complete (every row in the DOM): {med('list'):.0f} ms")
+    print(f"list form holding the answer (its counts set): {med('list'):.0f} ms")
     print(f"pan and zoom for 3 s: {med('fps'):.1f} frames/s drawn ({out[-1]['frames']} frames in the last run), "
           f"slowest draw {med('slowest'):.1f} ms")
     kinds = ", ".join(f"{k} {v:.1f}" for k, v in sorted(out[-1]["mainKinds"].items(), key=lambda kv: -kv[1]))
