@@ -17,6 +17,7 @@ aggregator. Run by bench/dashboard.sh.
         the CPU time its thread spent (less moved by other work on the machine than
         the frame rate) and as wall time. Its last line reads
         `graph view: first frame <ms> ms, <fps> fps, <nodes> nodes, <edges> edges`.
+        With GRAPH_UI_DIR set, the page's files are read from that folder (see below).
 """
 
 import base64
@@ -237,6 +238,25 @@ def traced(page, ctx, script, arg):
     return result, {"wall": wall, "cpu": cpu, "kinds": kinds}
 
 
+# GRAPH_UI_DIR: a folder of the page's files (aggregator/ui of some build) served to
+# the browser in place of the aggregator's, through Playwright's request routing, so
+# two builds' pages are measured against the same aggregator. The routing costs the
+# page's files their own time: compare a folder only with another folder.
+GRAPH_UI_DIR = os.environ.get("GRAPH_UI_DIR")
+UI_TYPES = {"html": "text/html; charset=utf-8", "js": "text/javascript; charset=utf-8",
+            "css": "text/css; charset=utf-8", "svg": "image/svg+xml"}
+
+
+def serve_ui(route):
+    name = route.request.url.split("/ui/", 1)[1].split("#")[0].split("?")[0] or "index.html"
+    path = os.path.join(GRAPH_UI_DIR, name)
+    if "/" in name or not os.path.isfile(path):
+        route.continue_()
+        return
+    with open(path, "rb") as f:
+        route.fulfill(status=200, body=f.read(), headers={"content-type": UI_TYPES[name.rsplit(".", 1)[-1]]})
+
+
 def graph():
     g = register_mesh()
     nodes, edges = len(g["nodes"]), len(g["edges"])
@@ -246,6 +266,8 @@ def graph():
         browser = pw.chromium.launch(executable_path=chromium, headless=True, args=LAUNCH)
         for _ in range(runs):
             ctx = browser.new_context(viewport={"width": 1280, "height": 800})
+            if GRAPH_UI_DIR:
+                ctx.route("**/ui/**", serve_ui)
             page = ctx.new_page()
             page.goto(api + "/ui/#/graph")
             page.wait_for_function("() => performance.getEntriesByName('meshcat-graph-drawn').length > 0",
@@ -275,7 +297,7 @@ def graph():
           f"{out[-1]['page']['dataBytesRaw']} raw")
     print(f"first frame with every node (from navigation): {med('at'):.0f} ms, "
           f"one full draw {med('drawMs'):.1f} ms")
-    print(f"list form complete (every row in the DOM): {med('list'):.0f} ms")
+    print(f"list form holding the answer (its counts set): {med('list'):.0f} ms")
     print(f"pan and zoom for 3 s: {med('fps'):.1f} frames/s drawn ({out[-1]['frames']} frames in the last run), "
           f"slowest draw {med('slowest'):.1f} ms")
     kinds = ", ".join(f"{k} {v:.1f}" for k, v in sorted(out[-1]["mainKinds"].items(), key=lambda kv: -kv[1]))

@@ -12,7 +12,8 @@
 # first canvas frame with every node, the frame rate while panning and zooming, and
 # the page's main thread per frame drawn (CPU and wall time, from a Chromium trace
 # of the same input); its last line reads `graph view: first frame <ms> ms, <fps> fps, <nodes> nodes,
-# <edges> edges`.
+# <edges> edges`. GRAPH_UI_DIR=<folder> serves the page's files from that folder (the
+# aggregator/ui of another build) to compare two builds' pages.
 #
 # Needs what scripts/test.sh installs: chromium and Playwright in .venv.
 # Environment: CLUSTERS (10000), ZONES (20), RUNS (5), MESHCAT_CHROMIUM (chromium),
