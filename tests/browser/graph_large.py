@@ -140,8 +140,12 @@ async ([index, testid, attrs]) => {
     const rows = [...box.querySelectorAll(`[data-testid=${testid}]`)];
     most = Math.max(most, rows.length);
     for (const r of rows) seen.set(Number(r.getAttribute('aria-rowindex')), attrs.map(a => r.dataset[a]));
-    if (box.scrollTop + box.clientHeight >= box.scrollHeight - 1) break;
+    // The end: the box scrolls no further. (Not `scrollTop + clientHeight >=
+    // scrollHeight`: with rows of fractional heights the last scroll position can
+    // stop short of that by a fraction of a pixel, and the walk would never end.)
+    const before = box.scrollTop;
     box.scrollTop += box.clientHeight;
+    if (box.scrollTop <= before) break;
     await frame();
     await settle();
   }
