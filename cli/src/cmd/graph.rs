@@ -83,7 +83,12 @@ pub fn tables(graph: &Value, width: Option<usize>) -> String {
             Cell::styled(format!("{:.1}", ratio * 100.0), style),
             ms(&e["p50Ms"]).into(),
             ms(&e["p99Ms"]).into(),
-            yes_no(e["tls"].as_bool().unwrap_or(false)).into(),
+            if tls_mismatch(e) {
+                // A predicted handshake failure, with or without traffic yet.
+                Cell::styled("SAN mismatch", render::RED)
+            } else {
+                yes_no(e["tls"].as_bool().unwrap_or(false)).into()
+            },
             yes_no(e["observed"].as_bool().unwrap_or(false)).into(),
             yes_no(e["declared"].as_bool().unwrap_or(false)).into(),
         ]);
@@ -214,6 +219,9 @@ pub fn dot(graph: &Value) -> String {
             e["requests"].as_u64().unwrap_or(0),
             ratio * 100.0
         );
+        if tls_mismatch(e) {
+            attrs.insert_str(attrs.len() - 1, ", SAN mismatch");
+        }
         if failing(graph, e) {
             attrs.push_str(", color=red, fontcolor=red");
         }
@@ -277,6 +285,38 @@ mod tests {
         assert!(
             text.contains("local/edge      local/catalog                     120        2.0   12       10.0     2ms   10ms   yes   yes        no"),
             "{text}"
+        );
+    }
+
+    #[test]
+    fn a_san_mismatch_is_named_in_the_table_and_the_dot() {
+        let mut g = sample();
+        g["edges"][0]["tlsIdentity"] = json!({"expectedSans": ["spiffe://x/ns/shop/sa/p"],
+            "presentedSans": ["payments.example"], "match": false});
+        g["edges"][1]["tlsIdentity"] = json!({"expectedSans": ["catalog"],
+            "presentedSans": ["catalog"], "match": true});
+        let text = anstream::adapter::strip_str(&tables(&g, None)).to_string();
+        let row = |target: &str| {
+            text.lines()
+                .find(|l| l.contains(&format!(" {target} ")))
+                .unwrap_or_default()
+                .to_owned()
+        };
+        assert!(
+            row("local/external:payments.example").contains("SAN mismatch"),
+            "{text}"
+        );
+        assert!(!row("local/catalog").contains("SAN mismatch"), "{text}");
+        let d = dot(&g);
+        assert!(
+            d.contains(
+                "[label=\"0 req, 0.0% err, SAN mismatch\", color=red, fontcolor=red, style=dashed];"
+            ),
+            "{d}"
+        );
+        assert!(
+            d.contains("[label=\"120 req, 10.0% err\", color=red"),
+            "{d}"
         );
     }
 
