@@ -204,19 +204,11 @@ impl ingest::ReportSink for Reports {
         now: Instant,
         may_take: &dyn Fn(&str) -> bool,
     ) -> Vec<ingest::InstanceRefusal> {
-        let keys: Vec<ingest::InstanceKey> = instances
-            .iter()
-            .map(|r| ingest::InstanceKey::new(&r.zone_name, &r.cluster_name, &r.instance))
-            .collect();
-        let refused = self
-            .instances
-            .apply_reports_guarded(key, instances, now, may_take);
-        for k in keys {
-            if !refused.iter().any(|r| r.key == k) {
+        // The keys of the instances applied come from the reports themselves.
+        self.instances
+            .apply_reports_noting(key, instances, now, may_take, &mut |k| {
                 self.sync.reported(k);
-            }
-        }
-        refused
+            })
     }
 
     fn agent_gone(&self, key: &str) {

@@ -275,9 +275,12 @@ enum Put {
     /// displaced (`instance_in_use`), or a delta whose base is not the held report
     /// ([`STALE_BASE`]).
     Refused(InstanceKey, &'static str),
-    /// Stored; `shown` when a reader sees the change; `drift` when the cluster's
-    /// drift may have moved (a configuration or a live instance with one changed).
+    /// Stored, under `key` (made of the report's own names, which the entry keeps
+    /// no copy of); `shown` when a reader sees the change; `drift` when the
+    /// cluster's drift may have moved (a configuration or a live instance with one
+    /// changed).
     Done {
+        key: InstanceKey,
         shown: bool,
         joined: Option<Joined>,
         drift: bool,
@@ -401,6 +404,21 @@ impl Instances {
         now: Instant,
         may_take: &dyn Fn(&str) -> bool,
     ) -> Vec<InstanceRefusal> {
+        self.apply_reports_noting(agent_id, reports, now, may_take, &mut |_| {})
+    }
+
+    /// [`Instances::apply_reports_guarded`], handing `applied` the key of every
+    /// instance stored once the report is applied and published. The keys are made
+    /// of the report's own names (moved, not copied), so a caller that needs them
+    /// owned does not build them again.
+    pub fn apply_reports_noting(
+        &self,
+        agent_id: &str,
+        reports: Vec<InstanceReport>,
+        now: Instant,
+        may_take: &dyn Fn(&str) -> bool,
+        applied: &mut dyn FnMut(InstanceKey),
+    ) -> Vec<InstanceRefusal> {
         let _st = shared(&self.memory.state);
         let mut refused = Vec::new();
         let agent: Arc<str> = Arc::from(agent_id);
@@ -412,6 +430,7 @@ impl Instances {
         // allocates no keys.
         let mut joined: Vec<InstanceKey> = Vec::new();
         let mut moved: Vec<(Arc<str>, InstanceKey)> = Vec::new();
+        let mut done: Vec<InstanceKey> = Vec::with_capacity(reports.len());
         let mut reports = reports.into_iter().peekable();
         while let Some(first) = reports.next() {
             let zone = first.zone_name.clone();
@@ -430,10 +449,12 @@ impl Instances {
                 match self.put_instance(e, &agent, r, now, may_take) {
                     Put::Refused(key, reason) => refused.push(InstanceRefusal { key, reason }),
                     Put::Done {
+                        key,
                         shown,
                         joined: j,
                         drift,
                     } => {
+                        done.push(key);
                         stored = true;
                         shown_here |= shown;
                         drift_here |= drift;
@@ -485,6 +506,7 @@ impl Instances {
         if visible {
             self.memory.publish(&touched);
         }
+        done.into_iter().for_each(applied);
         refused
     }
 
@@ -590,12 +612,24 @@ impl Instances {
             &report,
             clusters,
         );
-        let name = report.instance;
         e.count(&fresh, true);
-        if let Some(old) = e.instances.insert(name, fresh) {
+        // A held instance keeps its name in the map; the report's goes to the key.
+        let old = match e.instances.get_mut(&report.instance) {
+            Some(held) => Some(std::mem::replace(held, fresh)),
+            None => {
+                e.instances.insert(report.instance.clone(), fresh);
+                None
+            }
+        };
+        if let Some(old) = old {
             e.count(&old, false);
         }
         Put::Done {
+            key: InstanceKey {
+                zone: report.zone_name,
+                cluster: report.cluster_name,
+                instance: report.instance,
+            },
             shown,
             joined,
             drift,
