@@ -6,11 +6,14 @@
 #
 # The registrations are written by meshcat-bench-writes (WRITERS concurrent writers,
 # then again as bulk arrays), which prints durable writes per second. An axum
-# hello-world (meshcat-bench-hello) is measured in the same run as the baseline of
-# `GET /clusters/{name}`.
+# handler answering one static JSON record (meshcat-bench-hello serving the very
+# answer of `GET /clusters/svc-004242`, so the same bytes) is measured before and
+# after `GET /clusters/{name}` in the same run, with NAME_CONNECTIONS connections,
+# as its baseline; the script prints the ratio.
 #
 # Environment: CLUSTERS (10000), ZONES (20), DURATION (10s), CONNECTIONS (64),
-# THREADS (2), WRITERS (64), CARGO_TARGET_DIR (./target).
+# NAME_CONNECTIONS (32), THREADS (2), WRITERS (64), AGGREGATOR (the aggregator binary
+# to measure: the one built), CARGO_TARGET_DIR (./target).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -21,13 +24,11 @@ CLUSTERS=${CLUSTERS:-10000}
 ZONES=${ZONES:-20}
 DURATION=${DURATION:-10s}
 CONNECTIONS=${CONNECTIONS:-64}
+NAME_CONNECTIONS=${NAME_CONNECTIONS:-32}
 THREADS=${THREADS:-2}
 WRITERS=${WRITERS:-64}
-target=${CARGO_TARGET_DIR:-$root/target}
 
-echo "==> building release"
-cargo build --release -p meshcat-aggregator -p meshcat-bench
-bin="$target/release/meshcat-aggregator"
+build_release
 
 if ! command -v wrk >/dev/null; then
     echo "==> installing wrk"
@@ -69,8 +70,11 @@ run() {
     p50=$(awk '$1 == "50%" {print $2}' "$work/wrk.out")
     p99=$(awk '$1 == "99%" {print $2}' "$work/wrk.out")
     printf "| %-32s | %5s | %10s | %9s | %9s |\n" "$label" "$conns" "$rps" "$p50" "$p99" >>"$results"
+    last_rps=$rps
 }
-"$target/release/meshcat-bench-hello" >"$work/hello" &
+name_path=/clusters/svc-004242
+curl -sf "http://$api$name_path" >"$work/record.json"
+"$target/release/meshcat-bench-hello" --json "$work/record.json" >"$work/hello" &
 hello_pid=$!
 hello=""
 for _ in $(seq 1 200); do
@@ -86,9 +90,12 @@ run_at() {
     run "$@"
     api=$saved
 }
-run_at "$hello" "axum hello-world (baseline)" "/"
-run "GET /clusters/{name}" "/clusters/svc-004242"
-run_at "$hello" "axum hello-world (baseline)" "/"
+run_at "$hello" "axum static record (baseline)" "/" "$NAME_CONNECTIONS"
+before=$last_rps
+run "GET /clusters/{name}" "$name_path" "$NAME_CONNECTIONS"
+by_name=$last_rps
+run_at "$hello" "axum static record (baseline)" "/" "$NAME_CONNECTIONS"
+after=$last_rps
 run "GET /clusters?owner=..." "/clusters?owner=team-7"
 run "GET /clusters (all)" "/clusters"
 run "GET /summary" "/summary"
@@ -109,7 +116,10 @@ echo
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')"
 echo "clusters: $CLUSTERS in $ZONES zones; wrk -t$THREADS -d$DURATION --latency"
 echo "summary body: $(curl -s "http://$api/summary" | wc -c) bytes ($(curl -s -H 'Accept-Encoding: gzip' "http://$api/summary" | wc -c) gzip);" \
-    "full list: $(curl -s "http://$api/clusters" | wc -c) bytes"
+    "full list: $(curl -s "http://$api/clusters" | wc -c) bytes;" \
+    "one record: $(wc -c <"$work/record.json") bytes"
+echo "GET /clusters/{name} against the static record: $by_name / mean($before, $after) =" \
+    "$(awk -v n="$by_name" -v a="$before" -v b="$after" 'BEGIN {printf "%.2fx", 2 * n / (a + b)}')"
 echo
 echo "| endpoint                         | conns |   req/s    |    p50    |    p99    |"
 echo "|----------------------------------|-------|------------|-----------|-----------|"

@@ -12,7 +12,8 @@
 # DURATION (30s), CONNECT_RATE (300), LARGE (0: agents whose first instance knows
 # LARGE_CLUSTERS (20000) idle upstream clusters), WHOLE (set: every report whole, as
 # agents of protocol version 1 sent them), AGGREGATOR_FLAGS (more flags for the aggregator,
-# e.g. `--history-max-entries 0`), CARGO_TARGET_DIR (./target).
+# e.g. `--history-max-entries 0`), AGGREGATOR (the aggregator binary to measure: the
+# one built), CARGO_TARGET_DIR (./target).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"

@@ -1,12 +1,13 @@
 # Shared by the bench scripts (sourced, not run).
 
 # build_release: builds the release aggregator and the bench tools; sets target (the
-# cargo target folder, CARGO_TARGET_DIR or ./target) and bin (the aggregator).
+# cargo target folder, CARGO_TARGET_DIR or ./target) and bin (the aggregator, or the
+# binary AGGREGATOR names: another build to compare, such as one before a change).
 build_release() {
     target=${CARGO_TARGET_DIR:-$root/target}
     echo "==> building release"
     cargo build --release -p meshcat-aggregator -p meshcat-bench
-    bin="$target/release/meshcat-aggregator"
+    bin=${AGGREGATOR:-$target/release/meshcat-aggregator}
 }
 
 # new_work: a temporary folder, $work, removed at exit with the aggregator that

@@ -25,14 +25,16 @@ mod status;
 pub mod tls;
 mod troubleshoot;
 
+use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
 use axum::http::{Method, StatusCode, header};
-use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use meshcat_common::config::TlsFiles;
@@ -233,21 +235,13 @@ pub fn app_with_limits(
         .route(crate::replicas::PEER_SYNC, get(control::peer_sync))
         .route("/events", get(events::events))
         .fallback(no_route)
-        .layer(middleware::from_fn_with_state(
-            state.clone(),
-            blocking::indexed,
-        ))
-        .layer(middleware::from_fn(json_method_not_allowed))
-        .layer(middleware::from_fn_with_state(
-            state.clone(),
-            forward::to_owner,
-        ))
-        .layer(middleware::from_fn_with_state(
-            (limits, state.store.clone(), state.sync.clone()),
-            limits::enforce,
-        ))
-        .layer(middleware::from_fn_with_state(state.clone(), track))
-        .layer(DefaultBodyLimit::max(max_body))
+        // One layer (axum boxes every route again for each): the body limit, then
+        // the rest.
+        .layer(
+            tower::ServiceBuilder::new()
+                .layer(DefaultBodyLimit::max(max_body))
+                .layer(SharedLayers(Arc::new((state.clone(), limits)))),
+        )
         .with_state(state)
 }
 
@@ -255,9 +249,87 @@ async fn no_route(method: Method, uri: axum::http::Uri) -> ApiError {
     ApiError::not_found(format!("No resource at {method} {}.", uri.path()))
 }
 
+/// The layers every route shares, in the order a request meets them: request
+/// metrics ([`track`]), the time and concurrency limits ([`limits::enforce`]),
+/// forwarding to the owning replica ([`forward::to_owner`]), the JSON 405
+/// ([`json_method_not_allowed`]) and the catalog index with blocking queries
+/// ([`blocking::indexed`]). One layer written as a service rather than five
+/// `middleware::from_fn`: each of those clones the routes below it, boxes them and
+/// boxes a future for every request, which cost a small read more than its answer
+/// does (see docs/benchmarks.md, "Catalog API").
+#[derive(Clone)]
+struct SharedLayers(Arc<(Arc<AppState>, Arc<limits::Limits>)>);
+
+impl<S> tower::Layer<S> for SharedLayers {
+    type Service = Shared<S>;
+
+    fn layer(&self, inner: S) -> Shared<S> {
+        Shared {
+            inner,
+            layers: self.clone(),
+        }
+    }
+}
+
+/// A route under [`SharedLayers`].
+#[derive(Clone)]
+struct Shared<S> {
+    inner: S,
+    layers: SharedLayers,
+}
+
+impl<S> tower::Service<Request> for Shared<S>
+where
+    S: tower::Service<Request, Response = Response, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = futures::future::BoxFuture<'static, Result<Response, Infallible>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request) -> Self::Future {
+        // The service that was polled ready serves this request; a clone stays.
+        let clone = self.inner.clone();
+        let route = std::mem::replace(&mut self.inner, clone);
+        let layers = self.layers.0.clone();
+        Box::pin(async move {
+            let (state, limits) = &*layers;
+            Ok(track(state, req, |req| {
+                limits::enforce(limits, &state.store, &state.sync, req, |req| {
+                    serve(state, req, route)
+                })
+            })
+            .await)
+        })
+    }
+}
+
+/// A request within the limits: passed on to the owning replica, or through the
+/// catalog index to its route.
+async fn serve<S>(state: &AppState, req: Request, mut route: S) -> Response
+where
+    S: tower::Service<Request, Response = Response, Error = Infallible>,
+{
+    let req = match forward::to_owner(state, req).await {
+        Ok(req) => req,
+        Err(answer) => return answer,
+    };
+    let res = match blocking::indexed(state, req).await {
+        Ok((req, index)) => match route.call(req).await {
+            Ok(res) => index.answer(res),
+            Err(never) => match never {},
+        },
+        Err(refused) => refused,
+    };
+    json_method_not_allowed(res)
+}
+
 /// axum answers a wrong method with an empty 405; give it the error body.
-async fn json_method_not_allowed(req: Request, next: Next) -> Response {
-    let res = next.run(req).await;
+fn json_method_not_allowed(res: Response) -> Response {
     if res.status() != StatusCode::METHOD_NOT_ALLOWED
         || res.headers().contains_key(header::CONTENT_TYPE)
     {
@@ -272,14 +344,18 @@ async fn json_method_not_allowed(req: Request, next: Next) -> Response {
 }
 
 /// Counts requests by route template, method and status, and times them.
-async fn track(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+async fn track<F: Future<Output = Response>>(
+    state: &AppState,
+    req: Request,
+    next: impl FnOnce(Request) -> F,
+) -> Response {
     let route = req
         .extensions()
         .get::<MatchedPath>()
         .map_or("unmatched", |p| route_label(p.as_str()));
     let method = req.method().clone();
     let start = Instant::now();
-    let res = next.run(req).await;
+    let res = next(req).await;
     state.metrics.observe(
         route,
         method.as_str(),

@@ -207,19 +207,11 @@ impl ingest::ReportSink for Reports {
         may_take: &dyn Fn(&str) -> bool,
         bounds: &ingest::InstanceBounds,
     ) -> Vec<ingest::InstanceRefusal> {
-        let keys: Vec<ingest::InstanceKey> = instances
-            .iter()
-            .map(|r| ingest::InstanceKey::new(&r.zone_name, &r.cluster_name, &r.instance))
-            .collect();
-        let refused = self
-            .instances
-            .apply_reports_guarded(key, instances, now, may_take, bounds);
-        for k in keys {
-            if !refused.iter().any(|r| r.key == k) {
+        // The keys of the instances applied come from the reports themselves.
+        self.instances
+            .apply_reports_noting(key, instances, now, may_take, bounds, &mut |k| {
                 self.sync.reported(k);
-            }
-        }
-        refused
+            })
     }
 
     fn agent_gone(&self, key: &str) {

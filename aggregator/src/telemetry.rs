@@ -6,10 +6,13 @@
 
 pub mod clusters;
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use dashmap::DashMap;
 use prometheus::{
-    HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry,
 };
 
 use crate::store::Totals;
@@ -24,7 +27,17 @@ pub struct ApiMetrics {
     duration: HistogramVec,
     /// Open `GET /events` streams.
     pub event_streams: IntGauge,
+    /// The request counter and duration histogram of each (route, method, code)
+    /// answered so far: one lookup a request, where finding them in the families by
+    /// their label values hashes the strings and locks each family's map.
+    series: Arc<Series>,
 }
+
+type Series = DashMap<
+    (&'static str, &'static str, u16),
+    (IntCounter, Histogram),
+    foldhash::fast::RandomState,
+>;
 
 /// Methods the API knows; any other is labelled `other` to bound cardinality.
 const METHODS: &[&str] = &["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"];
@@ -60,24 +73,32 @@ impl ApiMetrics {
             requests,
             duration,
             event_streams,
+            series: Arc::new(DashMap::with_hasher(Default::default())),
         })
     }
 
     /// Records one answered request.
-    pub fn observe(&self, route: &str, method: &str, code: u16, took: Duration) {
+    pub fn observe(&self, route: &'static str, method: &str, code: u16, took: Duration) {
         let method = METHODS
             .iter()
             .find(|m| **m == method)
             .copied()
             .unwrap_or("other");
+        let key = (route, method, code);
+        if let Some(series) = self.series.get(&key) {
+            series.0.inc();
+            series.1.observe(took.as_secs_f64());
+            return;
+        }
         let buf = itoa_code(code);
         let code = std::str::from_utf8(&buf).unwrap_or("000");
-        self.requests
-            .with_label_values(&[route, method, code])
-            .inc();
-        self.duration
-            .with_label_values(&[route, method])
-            .observe(took.as_secs_f64());
+        let series = (
+            self.requests.with_label_values(&[route, method, code]),
+            self.duration.with_label_values(&[route, method]),
+        );
+        series.0.inc();
+        series.1.observe(took.as_secs_f64());
+        self.series.insert(key, series);
     }
 }
 

@@ -2,20 +2,19 @@
 //! `X-Meshcat-Index` header, and blocking queries (`?index=&wait=`) that answer once
 //! the index moves past the one given.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{MatchedPath, Request, State};
-use axum::http::{HeaderValue, Method, Uri};
-use axum::middleware::Next;
+use axum::extract::{MatchedPath, Request};
+use axum::http::{HeaderName, HeaderValue, Method, Uri};
 use axum::response::{IntoResponse, Response};
 use utoipa::IntoParams;
 
 use super::AppState;
 use super::error::ApiError;
 
-/// The index header of the read routes.
-pub const INDEX_HEADER: &str = "x-meshcat-index";
+/// The index header of the read routes (a `HeaderName` made once, not parsed from a
+/// string on every answer).
+pub static INDEX_HEADER: HeaderName = HeaderName::from_static("x-meshcat-index");
 /// How long a blocking query waits without `wait`.
 pub const DEFAULT_WAIT: Duration = Duration::from_secs(5 * 60);
 /// The longest wait; longer ones are cut to it.
@@ -131,19 +130,47 @@ pub fn waits(index: u64, current: u64) -> bool {
     index == current
 }
 
-/// Layer of the read routes: waits out a blocking query, then answers with the
-/// index the data was read at.
-pub async fn indexed(State(s): State<Arc<AppState>>, mut req: Request, next: Next) -> Response {
+/// The catalog index a read route's answer carries: the index read once a blocking
+/// query's wait is over (none off the read routes).
+#[derive(Debug)]
+pub struct Index(Option<u64>);
+
+impl Index {
+    /// Answers with the index, when the answer is a success.
+    pub fn answer(self, mut res: Response) -> Response {
+        thread_local! {
+            /// The last index answered on this thread, as a header value: the index
+            /// moves far less often than reads are answered, and a header value
+            /// made from a number is an allocation each time.
+            static LAST: std::cell::RefCell<Option<(u64, HeaderValue)>> =
+                const { std::cell::RefCell::new(None) };
+        }
+        if let Some(index) = self.0
+            && res.status().is_success()
+        {
+            let value = LAST.with_borrow_mut(|last| match last {
+                Some((i, v)) if *i == index => v.clone(),
+                _ => last.insert((index, HeaderValue::from(index))).1.clone(),
+            });
+            res.headers_mut().insert(INDEX_HEADER.clone(), value);
+        }
+        res
+    }
+}
+
+/// Before a read route: waits out a blocking query and takes `index` and `wait` out
+/// of the query. The request to serve and the index it is read at, or the answer to
+/// a malformed query.
+pub async fn indexed(s: &AppState, mut req: Request) -> Result<(Request, Index), Response> {
     let route = req
         .extensions()
         .get::<MatchedPath>()
-        .map(|p| p.as_str().to_owned());
-    let on_route =
-        req.method() == Method::GET && route.as_deref().is_some_and(|p| INDEXED.contains(&p));
+        .map(MatchedPath::as_str);
+    let on_route = req.method() == Method::GET && route.is_some_and(|p| INDEXED.contains(&p));
     if !on_route {
-        return next.run(req).await;
+        return Ok((req, Index(None)));
     }
-    let sync = route.as_deref() == Some(SYNC_ROUTE);
+    let sync = route == Some(SYNC_ROUTE);
     let current = || {
         if sync {
             s.sync.index()
@@ -152,12 +179,10 @@ pub async fn indexed(State(s): State<Arc<AppState>>, mut req: Request, next: Nex
         }
     };
     if let Some(raw) = req.uri().query().map(str::to_owned) {
-        let (BlockingQuery { index, wait }, rest) = match split_blocking(&raw) {
-            Ok(v) => v,
-            Err(e) => return e.into_response(),
-        };
+        let (BlockingQuery { index, wait }, rest) =
+            split_blocking(&raw).map_err(|e| e.into_response())?;
         if wait.is_some() && index.is_none() {
-            return ApiError::bad_query("Query parameter wait needs index.").into_response();
+            return Err(ApiError::bad_query("Query parameter wait needs index.").into_response());
         }
         // Any other index answers at once (see `waits`).
         if let Some(after) = index.filter(|after| waits(*after, current())) {
@@ -181,10 +206,5 @@ pub async fn indexed(State(s): State<Arc<AppState>>, mut req: Request, next: Nex
         }
     }
     let index = current();
-    let mut res = next.run(req).await;
-    if res.status().is_success() {
-        res.headers_mut()
-            .insert(INDEX_HEADER, HeaderValue::from(index));
-    }
-    res
+    Ok((req, Index(Some(index))))
 }

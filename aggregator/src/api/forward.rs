@@ -10,13 +10,11 @@
 //! on only as JSON or plain text. Replicas that serve their API over HTTPS forward
 //! over HTTPS, verifying the owner's certificate against `--peer-ca-file`.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::{Method, StatusCode, header};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use tracing::debug;
 
@@ -108,10 +106,11 @@ fn passed_on_type(given: Option<&header::HeaderValue>) -> header::HeaderValue {
     })
 }
 
-/// Passes per-instance requests on to the owning replica.
-pub async fn to_owner(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+/// Passes per-instance requests on to the owning replica: the request to serve here
+/// (`Ok`), or the answer (`Err`: the owner's, or a refusal).
+pub async fn to_owner(state: &AppState, req: Request) -> Result<Request, Response> {
     let Some(etcd) = state.store.etcd() else {
-        return next.run(req).await;
+        return Ok(req);
     };
     if let Some(given) = req.headers().get(&FORWARDED).cloned() {
         // Forwarded by a peer: serve it here, judged by the access it was signed
@@ -120,21 +119,27 @@ pub async fn to_owner(State(state): State<Arc<AppState>>, req: Request, next: Ne
             .signer()
             .and_then(|signer| verify_forwarded(signer, &req, &given))
         else {
-            return ApiError::forbidden().into_response();
+            return Err(ApiError::forbidden().into_response());
         };
         let mut req = req;
         req.headers_mut().remove(header::AUTHORIZATION);
         req.extensions_mut().insert(Granted(access));
-        return next.run(req).await;
+        return Ok(req);
     }
     // The sidecar layer says where an instance is served; this only carries it out.
     let Some(named) = instance_of(&req) else {
-        return next.run(req).await;
+        return Ok(req);
     };
-    let Owner::Replica(owner) = sidecars(&state).serving(&named) else {
-        return next.run(req).await;
+    let Owner::Replica(owner) = sidecars(state).serving(&named) else {
+        return Ok(req);
     };
-    let instance = named.instance().to_owned();
+    // Boxed: the call to the owner is a large future, and every request served here
+    // would carry its room otherwise.
+    Err(Box::pin(forward(state, req, &owner, named.instance())).await)
+}
+
+/// Forwards `req`, about `instance`, to the replica `owner` and passes its answer on.
+async fn forward(state: &AppState, req: Request, owner: &str, instance: &str) -> Response {
     // The caller's credentials first, as the owner would check them: a request the
     // owner would refuse is refused here, neither forwarded nor telling whether the
     // instance exists.
@@ -177,7 +182,7 @@ pub async fn to_owner(State(state): State<Arc<AppState>>, req: Request, next: Ne
         headers: &headers,
         body,
     };
-    match replicas.send(&owner, req, FORWARD_TIMEOUT).await {
+    match replicas.send(owner, req, FORWARD_TIMEOUT).await {
         Ok(r) => {
             let mut res = Response::new(Body::from(r.body));
             *res.status_mut() = r.status;

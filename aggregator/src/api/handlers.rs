@@ -80,7 +80,12 @@ async fn write_one(store: &Arc<Store>, w: Write) -> Result<Committed, ApiError> 
 }
 
 fn json_bytes(body: bytes::Bytes) -> Response {
-    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+    let mut res = Response::new(axum::body::Body::from(body));
+    res.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    res
 }
 
 // ---- summary ----------------------------------------------------------------

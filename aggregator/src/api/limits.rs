@@ -11,12 +11,11 @@
 //! request is answered 503 `overloaded` at once rather than queued, and one past its
 //! time limit 503 `timeout`.
 
-use std::sync::Arc;
+use std::future::Future;
 use std::time::Duration;
 
-use axum::extract::{MatchedPath, Request, State};
+use axum::extract::{MatchedPath, Request};
 use axum::http::Method;
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use tokio::sync::Semaphore;
 
@@ -96,11 +95,13 @@ fn seconds(v: &str) -> Duration {
         .map_or(Duration::ZERO, Duration::from_secs)
 }
 
-/// The middleware.
-pub async fn enforce(
-    State((limits, store, sync)): State<(Arc<Limits>, Arc<Store>, Arc<Sync>)>,
+/// Holds a request to the limits; `next` serves it.
+pub async fn enforce<F: Future<Output = Response>>(
+    limits: &Limits,
+    store: &Store,
+    sync: &Sync,
     req: Request,
-    next: Next,
+    next: impl FnOnce(Request) -> F,
 ) -> Response {
     let route = req
         .extensions()
@@ -117,12 +118,12 @@ pub async fn enforce(
             store.index()
         },
     ) else {
-        return next.run(req).await;
+        return next(req).await;
     };
     let Ok(_permit) = limits.in_flight.try_acquire() else {
         return ApiError::overloaded().into_response();
     };
-    match tokio::time::timeout(limits.timeout + extra, next.run(req)).await {
+    match tokio::time::timeout(limits.timeout + extra, next(req)).await {
         Ok(res) => res,
         Err(_) => ApiError::timeout().into_response(),
     }

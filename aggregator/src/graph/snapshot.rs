@@ -5,7 +5,8 @@
 //! big mesh), so the watcher ([`watch`]) looks every [`WATCH_PERIOD`] and rebuilds
 //! only when the graph may differ or is wanted: when the traffic changed in a way
 //! that could change its shape ([`Traffic::shape`]), when the window moved on
-//! by a bucket (an edge may have aged out; figures change with time only then),
+//! by a bucket while any calls are held (an edge may have aged out; figures change
+//! with time only then),
 //! when the catalog index moved, or when a request read the graph since the last
 //! build (a steady reader sees figures about one period old). A request never reads
 //! a snapshot older than [`MAX_AGE`] or of another catalog index: it builds one (one
@@ -601,10 +602,17 @@ pub async fn watch(store: Arc<Store>, graphs: Arc<Graphs>, mut stop: watch::Rece
             _ = tick.tick() => {}
             _ = stop.wait_for(|s| *s) => return,
         }
-        // Read before the build: a change during it is seen at the next look.
+        // Read before the build: a change during it is seen at the next look. The
+        // window moving on matters only when some calls are held (a mesh without
+        // traffic is not built again every bucket, a walk of every cluster beside
+        // the API's requests).
         let now = Inputs {
             shape: graphs.traffic.shape(),
-            bucket: graphs.traffic.bucket(Instant::now()),
+            bucket: if graphs.traffic.is_empty() {
+                0
+            } else {
+                graphs.traffic.bucket(Instant::now())
+            },
             index: store.index(),
         };
         let read = graphs.read.swap(false, Ordering::Relaxed);

@@ -302,9 +302,12 @@ enum Put {
     /// ([`STALE_BASE`]), what would be kept of it past a per-instance bound, or no
     /// room for another instance (`catalog_full`).
     Refused(InstanceRefusal),
-    /// Stored; `shown` when a reader sees the change; `drift` when the cluster's
-    /// drift may have moved (a configuration or a live instance with one changed).
+    /// Stored, under `key` (made of the report's own names, which the entry keeps
+    /// no copy of); `shown` when a reader sees the change; `drift` when the
+    /// cluster's drift may have moved (a configuration or a live instance with one
+    /// changed).
     Done {
+        key: InstanceKey,
         shown: bool,
         joined: Option<Joined>,
         drift: bool,
@@ -453,6 +456,22 @@ impl Instances {
         may_take: &dyn Fn(&str) -> bool,
         bounds: &InstanceBounds,
     ) -> Vec<InstanceRefusal> {
+        self.apply_reports_noting(agent_id, reports, now, may_take, bounds, &mut |_| {})
+    }
+
+    /// [`Instances::apply_reports_guarded`], handing `applied` the key of every
+    /// instance stored once the report is applied and published. The keys are made
+    /// of the report's own names (moved, not copied), so a caller that needs them
+    /// owned does not build them again.
+    pub fn apply_reports_noting(
+        &self,
+        agent_id: &str,
+        reports: Vec<InstanceReport>,
+        now: Instant,
+        may_take: &dyn Fn(&str) -> bool,
+        bounds: &InstanceBounds,
+        applied: &mut dyn FnMut(InstanceKey),
+    ) -> Vec<InstanceRefusal> {
         let _st = shared(&self.memory.state);
         let mut refused = Vec::new();
         let agent: Arc<str> = Arc::from(agent_id);
@@ -464,6 +483,7 @@ impl Instances {
         // allocates no keys.
         let mut joined: Vec<InstanceKey> = Vec::new();
         let mut moved: Vec<(Arc<str>, InstanceKey)> = Vec::new();
+        let mut done: Vec<InstanceKey> = Vec::with_capacity(reports.len());
         let mut reports = reports.into_iter().peekable();
         while let Some(first) = reports.next() {
             let zone = first.zone_name.clone();
@@ -482,10 +502,12 @@ impl Instances {
                 match self.put_instance(e, &agent, r, now, may_take, bounds) {
                     Put::Refused(r) => refused.push(r),
                     Put::Done {
+                        key,
                         shown,
                         joined: j,
                         drift,
                     } => {
+                        done.push(key);
                         stored = true;
                         shown_here |= shown;
                         drift_here |= drift;
@@ -537,6 +559,7 @@ impl Instances {
         if visible {
             self.memory.publish(&touched);
         }
+        done.into_iter().for_each(applied);
         refused
     }
 
@@ -671,9 +694,16 @@ impl Instances {
         );
         fresh.identity = identity;
         fresh.identity_state = identity_state;
-        let name = report.instance;
         e.count(&fresh, true);
-        if let Some(old) = e.instances.insert(name, fresh) {
+        // A held instance keeps its name in the map; the report's goes to the key.
+        let old = match e.instances.get_mut(&report.instance) {
+            Some(held) => Some(std::mem::replace(held, fresh)),
+            None => {
+                e.instances.insert(report.instance.clone(), fresh);
+                None
+            }
+        };
+        if let Some(old) = old {
             e.count(&old, false);
         }
         if identity_moved {
@@ -681,6 +711,11 @@ impl Instances {
             self.traffic.reshaped();
         }
         Put::Done {
+            key: InstanceKey {
+                zone: report.zone_name,
+                cluster: report.cluster_name,
+                instance: report.instance,
+            },
             shown,
             joined,
             drift,

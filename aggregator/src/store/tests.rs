@@ -1103,3 +1103,46 @@ fn a_declared_cluster_maps_to_the_cluster_whose_sidecars_listen_at_its_endpoints
     assert!(names.contains(&"shared".to_owned()), "{names:?}");
     assert!(!names.contains(&"payments-v2".to_owned()), "{names:?}");
 }
+
+/// The keys handed on are those of the instances stored, each once, in the report's
+/// order; an instance refused is not among them, and a held one keeps its name.
+#[test]
+fn applied_instances_are_handed_on_by_key() {
+    let (_d, s, live) = open();
+    let now = Instant::now();
+    let bounds = crate::ingest::InstanceBounds::default();
+    let apply = |agent: &str, reports: Vec<InstanceReport>| {
+        let mut keys = Vec::new();
+        let refused =
+            live.apply_reports_noting(agent, reports, now, &|_| false, &bounds, &mut |k| {
+                keys.push(k)
+            });
+        (keys, refused)
+    };
+    let (keys, refused) = apply(
+        "one",
+        vec![report("z", "a", "i1", 1, 0), report("z", "b", "i2", 1, 0)],
+    );
+    assert!(refused.is_empty(), "{refused:?}");
+    assert_eq!(
+        keys,
+        [
+            InstanceKey::new("z", "a", "i1"),
+            InstanceKey::new("z", "b", "i2")
+        ]
+    );
+    // Another agent may not take i1 over: only its own i3 is handed on.
+    let (keys, refused) = apply(
+        "two",
+        vec![report("z", "a", "i1", 2, 0), report("z", "a", "i3", 2, 0)],
+    );
+    assert_eq!(refused.len(), 1);
+    assert_eq!(refused[0].key, InstanceKey::new("z", "a", "i1"));
+    assert_eq!(keys, [InstanceKey::new("z", "a", "i3")]);
+    // A steady report again: the same key, and the entry still holds the instance.
+    let (keys, _) = apply("one", vec![report("z", "a", "i1", 3, 0)]);
+    assert_eq!(keys, [InstanceKey::new("z", "a", "i1")]);
+    let by_zone = s.memory.clusters.get("a").unwrap();
+    let names: Vec<&String> = by_zone.get("z").unwrap().instances.keys().collect();
+    assert_eq!(names, ["i1", "i3"]);
+}

@@ -551,6 +551,17 @@ impl Traffic {
         Clock::at(self.epoch, now, self.window).bucket
     }
 
+    /// Whether no cluster's calls are held, this replica's or a peer's: the window
+    /// moving on then changes nothing the graph shows.
+    pub fn is_empty(&self) -> bool {
+        self.clusters.is_empty()
+            && self
+                .remote
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .is_empty()
+    }
+
     /// An upstream's figures over the window before `now`.
     pub fn window_of(&self, u: &Calls, now: Instant) -> Window {
         u.ring.window(self.epoch, now, self.window)
@@ -1268,6 +1279,24 @@ mod tests {
             assert!(c.other().is_none());
             assert_eq!(c.upstreams().len(), 2);
         });
+    }
+
+    /// Only held calls make the window's moving on matter to the graph: none before
+    /// the first report, some while an instance or a peer's summary has them.
+    #[test]
+    fn empty_while_no_calls_are_held() {
+        let t = Traffic::new(WIN);
+        assert!(t.is_empty());
+        let now = Instant::now();
+        t.record(&mut calling("a-1", &["b"], 10), now);
+        assert!(!t.is_empty());
+        let summary = t.summary(now);
+        t.forget(&InstanceKey::new("z", "a", "a-1"));
+        assert!(t.is_empty());
+        t.set_remote("r1", &summary, now);
+        assert!(!t.is_empty());
+        t.forget_remote("r1");
+        assert!(t.is_empty());
     }
 
     #[test]
