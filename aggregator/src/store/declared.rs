@@ -25,8 +25,8 @@ use crate::control::ZoneView;
 #[derive(Debug, Clone)]
 pub(super) struct Declared {
     view: Arc<ZoneView>,
-    /// The view's clusters that stand for this entry.
-    names: Vec<String>,
+    /// The view's clusters that stand for this entry, by the view's own names.
+    names: Box<[Arc<str>]>,
     endpoints: u64,
     /// Endpoints whose health is HEALTHY or UNKNOWN: the live ones.
     healthy: u64,
@@ -36,7 +36,7 @@ pub(super) struct Declared {
 }
 
 impl Declared {
-    fn new(view: Arc<ZoneView>, names: Vec<String>) -> Declared {
+    fn new(view: Arc<ZoneView>, names: Vec<Arc<str>>) -> Declared {
         let (mut endpoints, mut healthy, mut live_digest) = (0u64, 0u64, 0u64);
         for (address, _) in live_endpoints(&view, &names) {
             healthy += 1;
@@ -44,12 +44,12 @@ impl Declared {
         }
         for name in &names {
             if let Some(c) = view.clusters.get(name) {
-                endpoints += c.endpoints.len() as u64;
+                endpoints += c.len() as u64;
             }
         }
         Declared {
             view,
-            names,
+            names: names.into_boxed_slice(),
             endpoints,
             healthy,
             live_digest,
@@ -57,7 +57,7 @@ impl Declared {
     }
 
     /// The view's clusters that stand for this entry.
-    pub(super) fn names(&self) -> &[String] {
+    pub(super) fn names(&self) -> &[Arc<str>] {
         &self.names
     }
 
@@ -88,14 +88,14 @@ impl Declared {
 
 /// The live endpoints of `names` in `view`, one per address (the earliest first
 /// sighting when several clusters list it).
-fn live_endpoints<'a>(view: &'a ZoneView, names: &[String]) -> BTreeMap<&'a str, i64> {
+fn live_endpoints<'a>(view: &'a ZoneView, names: &[Arc<str>]) -> BTreeMap<&'a str, i64> {
     let mut out: BTreeMap<&str, i64> = BTreeMap::new();
     for name in names {
         let Some(c) = view.clusters.get(name) else {
             continue;
         };
-        for ep in c.endpoints.iter().filter(|ep| ep.healthy) {
-            out.entry(&*ep.address)
+        for ep in c.endpoints().filter(|ep| ep.healthy) {
+            out.entry(ep.address)
                 .and_modify(|t| *t = (*t).min(ep.first_seen_ms))
                 .or_insert(ep.first_seen_ms);
         }
@@ -123,17 +123,16 @@ impl Instances {
             .get(zone)
             .map(|z| z.clusters.clone())
             .unwrap_or_default();
-        let mut groups: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let mut groups: BTreeMap<String, Vec<Arc<str>>> = BTreeMap::new();
         if let Some(v) = &view {
             let listening = self.listening(zone);
             for (raw, cluster) in &v.clusters {
-                let name = if registered.contains(raw) {
-                    raw.as_str()
+                let name = if registered.contains(&**raw) {
+                    &**raw
                 } else {
                     cluster
-                        .endpoints
-                        .iter()
-                        .find_map(|ep| listening.get(&address_key(&ep.address)))
+                        .endpoints()
+                        .find_map(|ep| listening.get(&address_key(ep.address)))
                         .and_then(|c| c.as_deref())
                         .unwrap_or_else(|| service_of(raw))
                 };

@@ -861,27 +861,11 @@ fn a_delta_applies_on_its_base_and_a_stale_one_is_refused() {
 
 /// A zone's view with `clusters`, each a list of (address, healthy).
 fn declared_view(clusters: &[(&str, &[(&str, bool)])]) -> Arc<crate::control::ZoneView> {
-    use crate::control::{ViewCluster, ViewEndpoint, ZoneView};
+    use crate::control::{ViewCluster, ZoneView};
     let mut v = ZoneView::default();
     for (name, endpoints) in clusters {
-        let endpoints: Vec<ViewEndpoint> = endpoints
-            .iter()
-            .map(|(a, healthy)| ViewEndpoint {
-                address: (*a).into(),
-                healthy: *healthy,
-                health: if *healthy { "HEALTHY" } else { "UNHEALTHY" },
-                first_seen_ms: 42,
-            })
-            .collect();
-        v.clusters.insert(
-            (*name).to_owned(),
-            ViewCluster {
-                digest: meshcat_common::wire::hosts_digest(endpoints.iter().map(|e| &*e.address)),
-                healthy: endpoints.iter().filter(|e| e.healthy).count() as u32,
-                endpoints,
-                previous: Vec::new(),
-            },
-        );
+        v.clusters
+            .insert(Arc::from(*name), Arc::new(ViewCluster::of(endpoints, 42)));
     }
     Arc::new(v)
 }
