@@ -50,6 +50,7 @@ pub use config::{
     DEFAULT_ERROR_RATIO_WARNING, DEFAULT_GRAPH_WINDOW, DEFAULT_INSTANCE_TTL, Rules, StoreConfig,
     StoreSpec,
 };
+pub use declared::Remaps;
 pub use instances::{
     InstanceKey, Instances, LiveInstance, LiveOwner, MAX_INSTANCES, Member, Membership,
     MetricsLookup, RemoteInstance, Reporter, ZoneReporters,
@@ -194,6 +195,9 @@ struct Memory {
     changes: Arc<Changes>,
     /// Where what changes is recorded, when the history is on (set once).
     history: OnceLock<Arc<History>>,
+    /// The zones whose control server's view is to be mapped again: registrations
+    /// and the traffic's listeners mark them.
+    remaps: Arc<declared::Remaps>,
 }
 
 /// The catalog: the registrations and the answers read from them.
@@ -279,6 +283,7 @@ impl Store {
             rules,
             changes: Arc::new(Changes::new(changes::start_index())),
             history: OnceLock::new(),
+            remaps: Arc::default(),
         });
         let store = Store {
             memory: memory.clone(),
