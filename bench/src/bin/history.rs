@@ -152,7 +152,9 @@ fn entry(n: u64) -> Pending {
     let pod = format!("{name}-7d9f8c6b5-{:05x}", (n / 7) % 0xf_ffff);
     let start = 1_780_000_000_000 + n as i64 * 37;
     let hash = |k: u64| format!("{:016x}", k.wrapping_mul(0x9e37_79b9_7f4a_7c15));
-    let (kind, instance, detail) = match n % 20 {
+    // The kind by a hash of its own: a cluster's (and so a zone's) entries are of
+    // every kind, as `cluster % ZONES` would follow `n % 20` otherwise.
+    let (kind, instance, detail) = match (n.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40) % 20 {
         0..=4 => (
             Kind::InstanceJoined,
             pod,
