@@ -3,31 +3,32 @@
 # records ENTRIES entries into a fresh data directory through the history's own
 # queue and writer thread (appends per second, recording to durable; bytes on disk
 # per entry), starts the aggregator on that data directory and reads GET /history
-# over one keep-alive connection (the newest 100, one cluster's, two kinds', one
-# zone's), then runs bench/ingest.sh ROUNDS times with the history off and on,
-# interleaved (each round in the other order), and compares the aggregator's CPU per
-# report.
+# over one keep-alive connection for every filter the API offers, alone and
+# combined, common ones and rare ones (3 entries among ENTRIES), then runs
+# bench/ingest.sh ROUNDS times with the history off and on, interleaved (each round
+# in the other order), and compares the aggregator's CPU per report.
 #
-# The last line reads `history: <n> appends/s, newest 100 p99 <ms> ms, <bytes> bytes
-# per entry, <n> entries`.
+# The last line reads `history: <n> appends/s, newest 100 p99 <ms> ms, worst filter
+# p99 <ms> ms (<filter>), <bytes> bytes per entry, <n> entries`.
 #
 # With FLOOD_INSTANCES, it then floods a fresh history: that many instances flipping
 # every FLOOD_EVERY seconds and diagnoses at --history-max-diagnoses, until
 # FLOOD_BYTES are full (or FLOOD_ENTRIES held), reading the newest 100 entries
 # meanwhile (meshcat-bench-history flood).
 #
-# Environment: ENTRIES (1000000), CHURN (0: entries recorded beyond ENTRIES, each
+# Environment: ENTRIES (10000000), CHURN (0: entries recorded beyond ENTRIES, each
 # making the history drop its oldest, as a full history does), REQUESTS (2000),
 # ROUNDS (2; 0 skips the ingest comparison), INGEST_AGENTS (2000), INGEST_DURATION
 # (15s), FLOOD_INSTANCES (0: no flood), FLOOD_EVERY (5), FLOOD_BYTES (536870912),
-# FLOOD_ENTRIES (100000000), CARGO_TARGET_DIR (./target).
+# FLOOD_ENTRIES (100000000), MAX_BYTES (64GiB: the history's --history-max-bytes, past
+# what ENTRIES take), CARGO_TARGET_DIR (./target).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 # shellcheck source=bench/lib.sh
 . bench/lib.sh
 
-ENTRIES=${ENTRIES:-1000000}
+ENTRIES=${ENTRIES:-10000000}
 CHURN=${CHURN:-0}
 REQUESTS=${REQUESTS:-2000}
 ROUNDS=${ROUNDS:-2}
@@ -37,6 +38,7 @@ FLOOD_INSTANCES=${FLOOD_INSTANCES:-0}
 FLOOD_EVERY=${FLOOD_EVERY:-5}
 FLOOD_BYTES=${FLOOD_BYTES:-536870912}
 FLOOD_ENTRIES=${FLOOD_ENTRIES:-100000000}
+MAX_BYTES=${MAX_BYTES:-68719476736}
 
 build_release
 bench="$target/release/meshcat-bench-history"
@@ -46,14 +48,17 @@ new_work
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "==> recording $((ENTRIES + CHURN)) entries, keeping $ENTRIES"
 "$bench" fill --data-dir "$work/data" --entries "$((ENTRIES + CHURN))" --keep "$ENTRIES" \
-    | tee "$work/fill.out"
+    --max-bytes "$MAX_BYTES" | tee "$work/fill.out"
 appends=$(grep -o '[0-9]* appends/s' "$work/fill.out" | cut -d' ' -f1)
 per_entry=$(grep -o '[0-9]* bytes per entry' "$work/fill.out" | cut -d' ' -f1)
 
 echo "==> GET /history against the aggregator on that data directory"
-start_aggregator "$bin" --history-max-entries "$ENTRIES"
+start_aggregator "$bin" --history-max-entries "$ENTRIES" --history-max-bytes "$MAX_BYTES"
+echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 "$bench" read --api "http://$api" --requests "$REQUESTS" | tee "$work/read.out"
-p99=$(grep '^GET /history (newest 100' "$work/read.out" | grep -o 'p99 [0-9.]*' | cut -d' ' -f2)
+echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+p99=$(grep '^GET /history? (newest' "$work/read.out" | grep -o 'p99 [0-9.]*' | cut -d' ' -f2)
+worst=$(grep '^worst p99' "$work/read.out" | cut -d' ' -f3-)
 kill "$pid" && wait "$pid" 2>/dev/null || true
 pid=""
 
@@ -88,4 +93,4 @@ if [ "$FLOOD_INSTANCES" -gt 0 ]; then
         --report-every "$FLOOD_EVERY" --max-bytes "$FLOOD_BYTES" --max-entries "$FLOOD_ENTRIES"
 fi
 machine
-echo "history: $appends appends/s, newest 100 p99 $p99 ms, $per_entry bytes per entry, $ENTRIES entries"
+echo "history: $appends appends/s, newest 100 p99 $p99 ms, worst filter p99 $worst, $per_entry bytes per entry, $ENTRIES entries"

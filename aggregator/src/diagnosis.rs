@@ -861,14 +861,13 @@ fn owner_of(d: &Diagnosis, zone: &str, cluster: &str) -> String {
 fn declared_of(name: &str, c: &ViewCluster) -> DeclaredCluster {
     DeclaredCluster {
         name: name.to_owned(),
-        endpoints: c.endpoints.len(),
+        endpoints: c.len(),
         healthy: c.healthy as usize,
         listed: c
-            .endpoints
-            .iter()
+            .endpoints()
             .take(MAX_DECLARED_ENDPOINTS)
             .map(|e| DeclaredEndpoint {
-                address: e.address.to_string(),
+                address: e.address.to_owned(),
                 health: e.health.to_owned(),
                 healthy: e.healthy,
             })

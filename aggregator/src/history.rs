@@ -19,6 +19,7 @@
 //! fast one instance or the diagnoses add entries.
 
 pub mod entry;
+mod index;
 pub mod limit;
 pub mod log;
 pub mod metrics;

@@ -542,15 +542,19 @@ async fn serve_with(
     Ok(())
 }
 
-/// How often the registered zones are compared with the control servers' streams,
-/// and the declared clusters mapped again onto the registrations.
+/// How often the registered zones are compared with the control servers' streams.
 const ZONES_PERIOD: Duration = Duration::from_millis(250);
-const REMAP_PERIOD: Duration = Duration::from_secs(5);
+/// Least time between two mappings of the zones whose clusters or listener
+/// addresses changed: a burst of changes (a fleet's sidecars joining) is mapped
+/// once, and an isolated change at once.
+const REMAP_GAP: Duration = Duration::from_millis(250);
 
 /// Keeps one control-server stream per registered zone (contract section 17): a new
 /// zone connects, a replaced serverAddress or TLS file reconnects, a deleted zone's
 /// stream closes (within [`ZONES_PERIOD`]); and shows each zone's view in the catalog
-/// as it changes (and every [`REMAP_PERIOD`], so a cluster registered later is mapped).
+/// as it changes, and again when what maps it changes (a cluster registered in the
+/// zone or deleted, a listener address of its sidecars come or gone: the catalog's
+/// [`store::Remaps`]), at most every [`REMAP_GAP`].
 async fn follow_zones(
     store: Arc<Store>,
     instances: Arc<Instances>,
@@ -562,8 +566,11 @@ async fn follow_zones(
     let mut changes = controls.subscribe();
     let mut tick = tokio::time::interval(ZONES_PERIOD);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut remap = tokio::time::interval(REMAP_PERIOD);
-    remap.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The zones to map again, once the gap since the last mapping is over.
+    let mut remap: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
+    let gap = tokio::time::sleep(Duration::ZERO);
+    tokio::pin!(gap);
+    let mut mapped = tokio::time::Instant::now();
     loop {
         tokio::select! {
             _ = stop.changed() => break,
@@ -584,10 +591,17 @@ async fn follow_zones(
                 }
                 known = zones;
             }
-            _ = remap.tick() => {
-                for name in known.keys() {
-                    instances.apply_declared(name, controls.view(name));
+            due = instances.remaps().due(), if remap.is_empty() => {
+                remap = due;
+                gap.as_mut().reset(mapped + REMAP_GAP);
+            }
+            _ = &mut gap, if !remap.is_empty() => {
+                for name in std::mem::take(&mut remap) {
+                    if known.contains_key(&name) {
+                        instances.apply_declared(&name, controls.view(&name));
+                    }
                 }
+                mapped = tokio::time::Instant::now();
             }
             change = changes.recv() => match change {
                 Ok(control::ControlChange::View { zone }) => {

@@ -51,6 +51,7 @@ pub use config::{
     DEFAULT_ERROR_RATIO_WARNING, DEFAULT_GRAPH_WINDOW, DEFAULT_INSTANCE_TTL, Rules, StoreConfig,
     StoreSpec,
 };
+pub use declared::Remaps;
 pub use instances::{
     InstanceKey, Instances, LiveInstance, LiveOwner, MAX_INSTANCES, Member, Membership,
     MetricsLookup, RemoteInstance, Reporter, ZoneReporters,
@@ -200,6 +201,9 @@ struct Memory {
     history: OnceLock<Arc<History>>,
     /// When a live instance's certificate state next changes with time alone.
     identity_clock: identity::IdentityClock,
+    /// The zones whose control server's view is to be mapped again: registrations
+    /// and the traffic's listeners mark them.
+    remaps: Arc<declared::Remaps>,
 }
 
 /// The catalog: the registrations and the answers read from them.
@@ -286,6 +290,7 @@ impl Store {
             changes: Arc::new(Changes::new(changes::start_index())),
             history: OnceLock::new(),
             identity_clock: identity::IdentityClock::default(),
+            remaps: Arc::default(),
         });
         let store = Store {
             memory: memory.clone(),

@@ -327,6 +327,65 @@ async fn sidecars_are_held_to_what_the_control_server_declares() {
         .unwrap();
 }
 
+/// The service `name` of `GET /services?zoneName=`, when listed.
+async fn service(catalog: &Catalog, name: &str) -> Option<Value> {
+    let (status, services) = catalog
+        .get(&format!("/services?zoneName={ZONE}"))
+        .await
+        .ok()?;
+    assert_eq!(status, 200, "{services}");
+    services
+        .as_array()?
+        .iter()
+        .find(|s| s["clusterName"] == name)
+        .cloned()
+}
+
+/// A cluster registered after the view arrived is mapped as soon as it is
+/// registered, while the view stays as it is: the control server's Consul name,
+/// which stood for its service `ratings` unregistered, stands for itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_registered_after_the_view_arrived_is_mapped() {
+    const CONSUL: &str = "ratings.default.dc1.internal.5a6a5c2b-1d4f-0c3e-9b7a-2f3e4d5c6b7a.consul";
+    let server = ControlServer::start("127.0.0.1:0".parse().unwrap(), None)
+        .await
+        .unwrap();
+    server.set(spec(&["10.0.1.1"]));
+    let catalog = Catalog::start(|_| {}).await.unwrap();
+    catalog
+        .register_zone_at(ZONE, server.local_addr(), "")
+        .await
+        .unwrap();
+    wait_for("ratings declared", DEADLINE, || async {
+        service(&catalog, "ratings")
+            .await
+            .filter(|s| s["controlPlane"]["endpoints"] == 2)
+    })
+    .await
+    .unwrap();
+    let versions = control(&catalog).await["versions"].clone();
+
+    catalog
+        .register_cluster(ZONE, CONSUL, json!({"owner": "team-ratings"}))
+        .await
+        .unwrap();
+    let registered = catalog
+        .wait_cluster("the Consul name declared", ZONE, CONSUL, DEADLINE, |c| {
+            c["controlPlane"]["declared"] == true
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        registered["controlPlane"],
+        json!({"declared": true, "endpoints": 2, "healthyEndpoints": 2}),
+        "{registered}"
+    );
+    assert_eq!(registered["owner"], "team-ratings", "{registered}");
+    assert!(service(&catalog, "ratings").await.is_none());
+    // No new view came meanwhile: the registration alone mapped it.
+    assert_eq!(control(&catalog).await["versions"], versions);
+}
+
 const BIN: &str = env!("CARGO_BIN_EXE_replica-aggregator");
 
 /// What replica `i` answers at `path` (asserting 200).

@@ -1,7 +1,7 @@
 //! `GET /history` and `GET /clusters/{clusterName}/history` (contract section 15):
 //! the history's entries, newest first, filtered; live data, so the read token
 //! comes first. The answer is rendered from the stored entries as they are, the
-//! query runs on the blocking pool (a filter no index serves may read far back).
+//! query runs on the blocking pool (it reads the indexes and the entries from disk).
 
 use axum::extract::{RawQuery, State};
 use axum::http::header;
@@ -190,7 +190,7 @@ fn parse(raw: Option<&str>) -> Result<Query, ApiError> {
     summary = "The history: what changed in the catalog and its sidecars, newest first.",
     params(HistoryQuery),
     responses(
-        (status = 200, description = "Entries newest first, at most `limit`; empty when the history is off (--history-max-entries 0). A query examines at most 100,000 entries: one that stopped there before it had `limit` entries (a zone or instance filter on a large history) answers those it found with the header `X-Meshcat-History-Incomplete`, the time (ms) of the last entry examined; older entries were not looked at (ask again with `until` set to it).", body = Vec<HistoryEntry>,
+        (status = 200, description = "Entries newest first, at most `limit`; empty when the history is off (--history-max-entries 0). A query examines at most 100,000 entries (the indexes give it those its filters name, and those of names that share their key): one that stopped there before it had `limit` entries answers those it found with the header `X-Meshcat-History-Incomplete`, the time (ms) of the last entry examined; older entries were not looked at (ask again with `until` set to it).", body = Vec<HistoryEntry>,
             headers(("X-Meshcat-History-Incomplete" = i64, description = "Set when the query stopped at its bound of examined entries: the time (ms since the epoch) of the last entry examined. Entries before it were not looked at."))),
         (status = 400, description = "A malformed parameter, named in the message.", body = ErrorBody),
         ReadTokenMissing,

@@ -12,18 +12,17 @@
 
 use std::collections::BTreeSet;
 
+use bytes::Bytes;
 use envoy_types::pb::envoy::config::core::v3::Node;
-use envoy_types::pb::envoy::service::discovery::v3::{
-    DeltaDiscoveryRequest, DeltaDiscoveryResponse,
-};
-use envoy_types::pb::google::protobuf::Any;
+use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
+use prost::Message;
 use tokio::sync::mpsc;
 use tonic::transport::Channel;
 use tracing::{info, warn};
 
-use super::decode::{self, Kind};
+use super::decode::{self, DeltaResource, DeltaResponse, Kind};
 use super::failure::Failure;
-use super::stream::{Protocol, Target, client, nack_detail, now_ms, wildcard};
+use super::stream::{DELTA, Protocol, Target, call, nack_detail, now_ms, wildcard};
 use super::view::Held;
 use super::zone::Zone;
 
@@ -65,11 +64,8 @@ pub async fn session(zone: &Zone, target: &Target, held: &mut Held, channel: Cha
             out.first(kind, &mut subs[kind.index()], held, names);
         }
     }
-    let mut inbound = match client(channel, target)
-        .delta_aggregated_resources(requests)
-        .await
-    {
-        Ok(r) => r.into_inner(),
+    let mut inbound = match call::<_, DeltaResponse>(channel, target, DELTA, requests).await {
+        Ok(r) => r,
         Err(status) if status.code() == tonic::Code::Unimplemented => {
             return Outcome::Unimplemented(status);
         }
@@ -90,13 +86,38 @@ pub async fn session(zone: &Zone, target: &Target, held: &mut Held, channel: Cha
             }
             Err(status) => return Outcome::Ended(connected, Failure::of_status(&status)),
         };
+        // Its resources, read one by one; one that does not decode ends the stream,
+        // as a message that does not decode does.
+        let read = match bodies(&response) {
+            Ok(read) => read,
+            Err(e) => {
+                let failure = Failure::of_status(&tonic::Status::internal(e.to_string()));
+                return Outcome::Ended(connected, failure);
+            }
+        };
         if !connected {
             connected = true;
             zone.up(now_ms(), Protocol::Delta.as_str());
             info!(zone = %zone.name, server = %target.record.server_address, protocol = "delta", "control server stream up");
         }
-        handle(zone, target, held, &mut subs, &out, response);
+        handle(zone, target, held, &mut subs, &out, response, read);
     }
+}
+
+/// The bodies of a response's resources and their versions, in order; a resource
+/// without a body only refreshes its TTL and is left out.
+fn bodies(response: &DeltaResponse) -> Result<(Vec<Bytes>, Vec<String>), prost::DecodeError> {
+    let mut bodies = Vec::with_capacity(response.resources.len());
+    let mut versions = Vec::with_capacity(response.resources.len());
+    for r in &response.resources {
+        let r = DeltaResource::decode(r.clone())?;
+        if let Some(body) = r.resource {
+            decode::check_any(&body)?;
+            bodies.push(body);
+            versions.push(r.version);
+        }
+    }
+    Ok((bodies, versions))
 }
 
 /// Applies one response onto the held view: ACKs it, or NACKs it with the reason;
@@ -107,7 +128,8 @@ fn handle(
     held: &mut Held,
     subs: &mut [Sub; 4],
     out: &Sender<'_>,
-    response: DeltaDiscoveryResponse,
+    response: DeltaResponse,
+    (resources, versions): (Vec<Bytes>, Vec<String>),
 ) {
     let Some(kind) = Kind::of_url(&response.type_url) else {
         let reason = format!("a response of unknown type {:?}", response.type_url);
@@ -118,12 +140,7 @@ fn handle(
     };
     let now = now_ms();
     let bounds = target.bounds;
-    // A resource without a body only refreshes its TTL: nothing to apply.
-    let (resources, versions): (Vec<Any>, Vec<String>) = response
-        .resources
-        .into_iter()
-        .filter_map(|r| r.resource.map(|any| (any, r.version)))
-        .unzip();
+    drop(response.resources);
     let removed = &response.removed_resources;
     let result = match kind {
         Kind::Clusters => decode::clusters(&resources, bounds.max_clusters, bounds.max_endpoints)

@@ -18,8 +18,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use envoy_types::pb::envoy::config::core::v3::node::UserAgentVersionType;
 use envoy_types::pb::envoy::config::core::v3::{Locality, Node};
-use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
-use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
 use envoy_types::pb::google::rpc::Status as RpcStatus;
 use meshcat_common::model::ZoneRecord;
 use meshcat_common::validate::{MAX_ZONE_FILE, read_regular};
@@ -27,7 +26,7 @@ use tokio::sync::mpsc;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tracing::{debug, info, warn};
 
-use super::decode::{self, Kind};
+use super::decode::{self, Kind, SotwResponse};
 use super::failure::Failure;
 use super::view::{Bounds, Held};
 use super::zone::Zone;
@@ -187,11 +186,8 @@ async fn sotw(zone: &Zone, target: &Target, held: &mut Held, channel: Channel) -
             out.request(kind, sub, None);
         }
     }
-    let mut inbound = match client(channel, target)
-        .stream_aggregated_resources(requests)
-        .await
-    {
-        Ok(r) => r.into_inner(),
+    let mut inbound = match call::<_, SotwResponse>(channel, target, SOTW, requests).await {
+        Ok(r) => r,
         Err(status) => return (false, Failure::of_status(&status)),
     };
     let mut connected = false;
@@ -206,6 +202,18 @@ async fn sotw(zone: &Zone, target: &Target, held: &mut Held, channel: Channel) -
             }
             Err(status) => return (connected, Failure::of_status(&status)),
         };
+        // A resource that is no `Any` ends the stream, as a message that does not
+        // decode does.
+        if let Some(e) = response
+            .resources
+            .iter()
+            .find_map(|r| decode::check_any(r).err())
+        {
+            return (
+                connected,
+                Failure::of_status(&tonic::Status::internal(e.to_string())),
+            );
+        }
         if !connected {
             connected = true;
             zone.up(now_ms(), Protocol::Sotw.as_str());
@@ -228,7 +236,7 @@ fn handle(
     held: &mut Held,
     subs: &mut [Subscription; 4],
     out: &Sender<'_>,
-    response: DiscoveryResponse,
+    response: SotwResponse,
 ) {
     let Some(kind) = Kind::of_url(&response.type_url) else {
         let reason = format!("a response of unknown type {:?}", response.type_url);
@@ -330,14 +338,38 @@ impl Sender<'_> {
     }
 }
 
-/// What an ADS client on `channel` reads and writes at most.
-pub(super) fn client(
+/// The ADS methods the stream calls.
+pub(super) const SOTW: &str =
+    "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
+pub(super) const DELTA: &str =
+    "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";
+
+/// Calls the ADS `method` on `channel` with `requests`: its responses read as
+/// `Resp` (their resources left encoded), at most `target.max_message` bytes each.
+pub(super) async fn call<Req, Resp>(
     channel: Channel,
     target: &Target,
-) -> AggregatedDiscoveryServiceClient<Channel> {
-    AggregatedDiscoveryServiceClient::new(channel)
+    method: &'static str,
+    requests: impl tonic::IntoStreamingRequest<Message = Req>,
+) -> Result<tonic::Streaming<Resp>, tonic::Status>
+where
+    Req: prost::Message + Send + 'static,
+    Resp: prost::Message + Default + Send + 'static,
+{
+    let mut grpc = tonic::client::Grpc::new(channel)
         .max_decoding_message_size(target.max_message)
-        .max_encoding_message_size(usize::MAX)
+        .max_encoding_message_size(usize::MAX);
+    grpc.ready()
+        .await
+        .map_err(|e| tonic::Status::unknown(format!("Service was not ready: {e}")))?;
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static(method);
+    grpc.streaming(
+        requests.into_streaming_request(),
+        path,
+        tonic_prost::ProstCodec::default(),
+    )
+    .await
+    .map(tonic::Response::into_inner)
 }
 
 /// An HTTP/2 channel to the zone's control server.

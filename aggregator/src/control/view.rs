@@ -14,7 +14,9 @@ use std::sync::Arc;
 
 use meshcat_common::wire::hosts_digest;
 
-use super::decode::{self, ClusterDecl, Kind, ListenerDecl, RawEndpoint, Source};
+use envoy_types::pb::envoy::config::core::v3::HealthStatus;
+
+use super::decode::{self, ClusterDecl, Kind, ListenerDecl, RawEndpoints, Source};
 
 /// How long a cluster the control server stopped declaring stays in
 /// [`ZoneView::removed`].
@@ -29,8 +31,11 @@ pub const PREVIOUS_SETS: usize = 3;
 pub struct ZoneView {
     /// Every declared cluster (CDS) by name. EDS clusters' endpoints come from EDS;
     /// STATIC, STRICT_DNS and LOGICAL_DNS clusters' from their inline
-    /// `load_assignment` (a DNS cluster's as declared: names, not resolved).
-    pub clusters: BTreeMap<String, ViewCluster>,
+    /// `load_assignment` (a DNS cluster's as declared: names, not resolved). Names
+    /// and clusters are shared: the next view copies only what changed, the stream
+    /// keeps its EDS services and versions under the same names, and the catalog's
+    /// entries name the clusters they stand for with them.
+    pub clusters: BTreeMap<Arc<str>, Arc<ViewCluster>>,
     /// Clusters the server stopped declaring, and when (ms since the epoch); each
     /// kept for [`REMOVED_KEPT_MS`], at most [`MAX_REMOVED`].
     pub removed: BTreeMap<String, i64>,
@@ -50,7 +55,7 @@ pub struct ZoneView {
 impl ZoneView {
     /// Endpoints over all clusters.
     pub fn endpoint_count(&self) -> usize {
-        self.clusters.values().map(|c| c.endpoints.len()).sum()
+        self.clusters.values().map(|c| c.len()).sum()
     }
 
     /// Whether a sidecar's host set of `cluster` can be compared with the view's
@@ -60,11 +65,18 @@ impl ZoneView {
     }
 }
 
-/// One declared cluster.
+/// One declared cluster. Its endpoints are kept in two allocations, whatever their
+/// number: the addresses one after the other, and per endpoint where its address
+/// ends, its health and when it was first seen ([`ViewCluster::endpoints`] reads
+/// them as [`ViewEndpoint`]s). A view holds a hundred thousand endpoints for about
+/// 16 bytes each beside their addresses, and no small allocation that would outlive
+/// the ones decoding a response made around it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ViewCluster {
-    /// Sorted by address, distinct.
-    pub endpoints: Vec<ViewEndpoint>,
+    /// The endpoints' addresses, sorted, distinct, one after the other.
+    addresses: Box<str>,
+    /// Per endpoint, in the addresses' order.
+    slots: Box<[Slot]>,
     /// [`hosts_digest`] over the endpoints' addresses: equal to the digest an agent
     /// reports for a sidecar holding the same host set.
     pub digest: u64,
@@ -75,48 +87,70 @@ pub struct ViewCluster {
     pub previous: Vec<(u64, Arc<[Box<str>]>)>,
 }
 
+/// One endpoint of a [`ViewCluster`] as kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Slot {
+    /// When the endpoint first appeared in this cluster's view (ms since the epoch).
+    first_seen_ms: i64,
+    /// Where its address ends in [`ViewCluster::addresses`].
+    end: u32,
+    /// Its EDS health status.
+    health: HealthStatus,
+}
+
+/// One endpoint of a declared cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ViewEndpoint<'a> {
+    /// `ip:port`, IPv6 as `[::1]:80`, a pipe as `unix://path` (as Envoy's
+    /// `/clusters` writes them).
+    pub address: &'a str,
+    /// HEALTHY or UNKNOWN.
+    pub healthy: bool,
+    /// The EDS health status: `HEALTHY`, `UNHEALTHY`, `UNKNOWN`, `DRAINING`,
+    /// `TIMEOUT`, `DEGRADED`.
+    pub health: &'static str,
+    /// When the endpoint first appeared in this cluster's view (ms since the epoch).
+    pub first_seen_ms: i64,
+}
+
 impl ViewCluster {
     /// The cluster with these endpoints, following `old` (the same cluster in the
     /// previous view): an address keeps its first-seen time, and `old`'s set goes
     /// to the front of `previous` when the set changed.
-    pub fn build(raw: Vec<RawEndpoint>, old: Option<&ViewCluster>, now_ms: i64) -> ViewCluster {
-        let mut raw = raw;
+    pub fn build(raw: &RawEndpoints, old: Option<&ViewCluster>, now_ms: i64) -> ViewCluster {
+        let mut raw: Vec<(&str, HealthStatus)> = raw.iter().collect();
         // By address, the healthy entries of one address first, so the kept entry
         // of an address listed twice (two priorities) is a healthy one when any is.
         raw.sort_unstable_by(|a, b| {
-            a.address
-                .cmp(&b.address)
-                .then_with(|| decode::is_healthy(b.health).cmp(&decode::is_healthy(a.health)))
+            a.0.cmp(b.0)
+                .then_with(|| decode::is_healthy(b.1).cmp(&decode::is_healthy(a.1)))
         });
-        raw.dedup_by(|later, kept| later.address == kept.address);
+        raw.dedup_by(|later, kept| later.0 == kept.0);
+        let mut addresses = String::with_capacity(raw.iter().map(|r| r.0.len()).sum());
         let mut healthy = 0u32;
-        let endpoints: Vec<ViewEndpoint> = raw
-            .into_iter()
-            .map(|r| {
-                let ok = decode::is_healthy(r.health);
-                healthy += u32::from(ok);
-                let first_seen_ms = old
-                    .and_then(|o| o.find(&r.address))
-                    .map_or(now_ms, |e| e.first_seen_ms);
-                ViewEndpoint {
-                    address: r.address.into_boxed_str(),
-                    healthy: ok,
-                    health: decode::health_text(r.health),
-                    first_seen_ms,
+        let slots: Box<[Slot]> = raw
+            .iter()
+            .map(|&(address, health)| {
+                healthy += u32::from(decode::is_healthy(health));
+                addresses.push_str(address);
+                Slot {
+                    first_seen_ms: old
+                        .and_then(|o| o.find(address))
+                        .map_or(now_ms, |e| e.first_seen_ms),
+                    end: u32::try_from(addresses.len())
+                        .expect("a cluster's addresses are under 4 GiB"),
+                    health,
                 }
             })
             .collect();
-        let digest = hosts_digest(endpoints.iter().map(|e| &*e.address));
+        let digest = hosts_digest(raw.iter().map(|r| r.0));
         let previous = match old {
             None => Vec::new(),
-            Some(o) if o.digest == digest && o.endpoints.len() == endpoints.len() => {
-                o.previous.clone()
-            }
+            Some(o) if o.digest == digest && o.len() == slots.len() => o.previous.clone(),
             Some(o) => {
                 let mut previous = Vec::with_capacity(PREVIOUS_SETS);
-                if !o.endpoints.is_empty() {
-                    let set: Arc<[Box<str>]> =
-                        o.endpoints.iter().map(|e| e.address.clone()).collect();
+                if !o.is_empty() {
+                    let set: Arc<[Box<str>]> = o.endpoints().map(|e| e.address.into()).collect();
                     previous.push((o.digest, set));
                 }
                 for p in &o.previous {
@@ -132,35 +166,69 @@ impl ViewCluster {
             }
         };
         ViewCluster {
-            endpoints,
+            addresses: addresses.into_boxed_str(),
+            slots,
             digest,
             healthy,
             previous,
         }
     }
 
-    /// The endpoint at `address`.
-    pub fn find(&self, address: &str) -> Option<&ViewEndpoint> {
-        self.endpoints
-            .binary_search_by(|e| (*e.address).cmp(address))
-            .ok()
-            .map(|i| &self.endpoints[i])
+    /// Endpoints held.
+    pub fn len(&self) -> usize {
+        self.slots.len()
     }
-}
 
-/// One endpoint of a declared cluster.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ViewEndpoint {
-    /// `ip:port`, IPv6 as `[::1]:80`, a pipe as `unix://path` (as Envoy's
-    /// `/clusters` writes them).
-    pub address: Box<str>,
-    /// HEALTHY or UNKNOWN.
-    pub healthy: bool,
-    /// The EDS health status: `HEALTHY`, `UNHEALTHY`, `UNKNOWN`, `DRAINING`,
-    /// `TIMEOUT`, `DEGRADED`.
-    pub health: &'static str,
-    /// When the endpoint first appeared in this cluster's view (ms since the epoch).
-    pub first_seen_ms: i64,
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    /// The endpoint `i` (in the addresses' order).
+    fn at(&self, i: usize) -> ViewEndpoint<'_> {
+        let slot = self.slots[i];
+        let start = i.checked_sub(1).map_or(0, |p| self.slots[p].end as usize);
+        ViewEndpoint {
+            address: &self.addresses[start..slot.end as usize],
+            healthy: decode::is_healthy(slot.health),
+            health: decode::health_text(slot.health),
+            first_seen_ms: slot.first_seen_ms,
+        }
+    }
+
+    /// The endpoints, sorted by address.
+    pub fn endpoints(&self) -> impl ExactSizeIterator<Item = ViewEndpoint<'_>> + '_ {
+        (0..self.slots.len()).map(|i| self.at(i))
+    }
+
+    /// The endpoint at `address`.
+    pub fn find(&self, address: &str) -> Option<ViewEndpoint<'_>> {
+        let (mut lo, mut hi) = (0, self.slots.len());
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            match self.at(mid).address.cmp(address) {
+                std::cmp::Ordering::Less => lo = mid + 1,
+                std::cmp::Ordering::Greater => hi = mid,
+                std::cmp::Ordering::Equal => return Some(self.at(mid)),
+            }
+        }
+        None
+    }
+
+    /// A cluster of these endpoints (address, healthy), each first seen at
+    /// `first_seen_ms`, for tests.
+    #[cfg(test)]
+    pub(crate) fn of(endpoints: &[(&str, bool)], first_seen_ms: i64) -> ViewCluster {
+        let mut raw = RawEndpoints::default();
+        for (address, healthy) in endpoints {
+            let health = if *healthy {
+                HealthStatus::Healthy
+            } else {
+                HealthStatus::Unhealthy
+            };
+            raw.push(address, health);
+        }
+        ViewCluster::build(&raw, None, first_seen_ms)
+    }
 }
 
 /// The bounds a view is held to.
@@ -176,16 +244,17 @@ pub struct Held {
     /// The current view.
     pub view: Arc<ZoneView>,
     /// Each EDS cluster's service name; `None` until the first CDS response of this
-    /// holder (a view taken over from an earlier server address).
-    eds: Option<BTreeMap<String, String>>,
+    /// holder (a view taken over from an earlier server address). A service named
+    /// as its cluster shares the cluster's name.
+    eds: Option<BTreeMap<Arc<str>, Arc<str>>>,
     /// Each listener's RDS names and inline route configurations.
     listeners: BTreeMap<String, ListenerDecl>,
     /// The route configurations received over RDS that a listener names.
     routes: BTreeSet<String>,
     /// Per type (by [`Kind::index`]), the version a Delta xDS server gave each
-    /// resource held, by name; what the stream tells the server it has when it
-    /// subscribes again.
-    versions: [BTreeMap<String, String>; 4],
+    /// resource held, by name (a cluster's or a service's shares the view's name);
+    /// what the stream tells the server it has when it subscribes again.
+    versions: [BTreeMap<Arc<str>, Box<str>>; 4],
 }
 
 impl Held {
@@ -202,8 +271,21 @@ impl Held {
 
     /// The service names EDS is asked for, sorted and distinct.
     pub fn eds_names(&self) -> Vec<String> {
-        let names: BTreeSet<&String> = self.eds.iter().flat_map(|m| m.values()).collect();
-        names.into_iter().cloned().collect()
+        let names: BTreeSet<&str> = self
+            .eds
+            .iter()
+            .flat_map(|m| m.values())
+            .map(|s| &**s)
+            .collect();
+        names.into_iter().map(str::to_owned).collect()
+    }
+
+    /// `name` as a shared name: the view's cluster of that name's, else a new one.
+    fn name(&self, name: &str) -> Arc<str> {
+        self.view
+            .clusters
+            .get_key_value(name)
+            .map_or_else(|| Arc::from(name), |(k, _)| k.clone())
     }
 
     /// The route configuration names RDS is asked for, sorted and distinct.
@@ -229,8 +311,8 @@ impl Held {
             .view
             .clusters
             .keys()
-            .filter(|n| !listed.contains(n.as_str()))
-            .cloned()
+            .filter(|n| !listed.contains(&***n))
+            .map(|n| n.to_string())
             .collect();
         self.change_clusters(decls, &gone, bounds, now_ms)
     }
@@ -247,73 +329,93 @@ impl Held {
     ) -> Result<Arc<ZoneView>, String> {
         let old = &self.view;
         let old_eds = self.eds.as_ref();
-        // For each service, a cluster of the old view that holds its endpoints.
-        let mut by_service: HashMap<&str, &str> = HashMap::new();
+        // For each service, its shared name and a cluster of the old view that holds
+        // its endpoints.
+        let mut by_service: HashMap<&str, (&Arc<str>, &str)> = HashMap::new();
         if let Some(m) = old_eds {
             for (cluster, service) in m {
                 by_service
-                    .entry(service.as_str())
-                    .or_insert(cluster.as_str());
+                    .entry(&**service)
+                    .or_insert((service, &**cluster));
             }
         }
         let mut eds = old_eds.cloned().unwrap_or_default();
         let mut clusters = old.clusters.clone();
         let mut incomparable = old.incomparable.clone();
         for name in removals {
-            clusters.remove(name);
-            eds.remove(name);
+            clusters.remove(name.as_str());
+            eds.remove(name.as_str());
             incomparable.remove(name);
         }
         for decl in upserts {
-            let old_cluster = old.clusters.get(&decl.name);
+            let name = self.name(&decl.name);
+            let old_cluster = old.clusters.get(&name);
             let comparable = matches!(decl.source, Source::Eds(_) | Source::Inline(_));
             let cluster = match decl.source {
                 Source::Eds(service) => {
                     // The same cluster with the same service keeps its endpoints;
                     // a view taken over keeps them too until EDS answers.
-                    let same = old_eds.is_none_or(|m| m.get(&decl.name) == Some(&service));
-                    let held = if same { old_cluster } else { None }.or_else(|| {
-                        by_service
-                            .get(service.as_str())
-                            .and_then(|c| old.clusters.get(*c))
-                    });
-                    eds.insert(decl.name.clone(), service);
+                    let same =
+                        old_eds.is_none_or(|m| m.get(&name).is_some_and(|s| **s == *service));
+                    let known = by_service.get(service.as_str());
+                    let held = if same { old_cluster } else { None }
+                        .or_else(|| known.and_then(|(_, c)| old.clusters.get(*c)));
+                    let service = if service == *name {
+                        name.clone()
+                    } else {
+                        known.map_or_else(|| Arc::from(service), |(s, _)| Arc::clone(s))
+                    };
+                    eds.insert(name.clone(), service);
                     match held {
-                        Some(h) if old_cluster.is_some_and(|o| std::ptr::eq(o, h)) => h.clone(),
-                        Some(h) => ViewCluster::build(raw_of(h), old_cluster, now_ms),
-                        None => ViewCluster::build(Vec::new(), old_cluster, now_ms),
+                        Some(h) if old_cluster.is_some_and(|o| Arc::ptr_eq(o, h)) => h.clone(),
+                        Some(h) => Arc::new(ViewCluster::build(
+                            &raw_of(h),
+                            old_cluster.map(|c| &**c),
+                            now_ms,
+                        )),
+                        None => Arc::new(ViewCluster::build(
+                            &RawEndpoints::default(),
+                            old_cluster.map(|c| &**c),
+                            now_ms,
+                        )),
                     }
                 }
                 Source::Inline(raw) | Source::Dns(raw) => {
-                    eds.remove(&decl.name);
-                    ViewCluster::build(raw, old_cluster, now_ms)
+                    eds.remove(&name);
+                    Arc::new(ViewCluster::build(&raw, old_cluster.map(|c| &**c), now_ms))
                 }
                 Source::None => {
-                    eds.remove(&decl.name);
-                    ViewCluster::build(Vec::new(), old_cluster, now_ms)
+                    eds.remove(&name);
+                    Arc::new(ViewCluster::build(
+                        &RawEndpoints::default(),
+                        old_cluster.map(|c| &**c),
+                        now_ms,
+                    ))
                 }
             };
             if comparable {
-                incomparable.remove(&decl.name);
+                incomparable.remove(&*name);
             } else {
-                incomparable.insert(decl.name.clone());
+                incomparable.insert(name.to_string());
             }
-            clusters.insert(decl.name, cluster);
+            clusters.insert(name, cluster);
         }
         if clusters.len() > bounds.max_clusters {
             return Err(decode::over_clusters(clusters.len(), bounds.max_clusters));
         }
-        let total: usize = clusters.values().map(|c| c.endpoints.len()).sum();
+        let total: usize = clusters.values().map(|c| c.len()).sum();
         if total > bounds.max_endpoints {
             return Err(decode::over_endpoints(total, bounds.max_endpoints));
         }
         let mut removed = old.removed.clone();
         for name in old.clusters.keys() {
             if !clusters.contains_key(name) {
-                removed.insert(name.clone(), now_ms);
+                removed.insert(name.to_string(), now_ms);
             }
         }
-        removed.retain(|name, at| !clusters.contains_key(name) && now_ms - *at < REMOVED_KEPT_MS);
+        removed.retain(|name, at| {
+            !clusters.contains_key(name.as_str()) && now_ms - *at < REMOVED_KEPT_MS
+        });
         trim_removed(&mut removed);
         let view = Arc::new(ZoneView {
             clusters,
@@ -331,7 +433,7 @@ impl Held {
     /// service it carries take its endpoints; the others keep theirs.
     pub fn apply_endpoints(
         &mut self,
-        assignments: Vec<(String, Vec<RawEndpoint>)>,
+        assignments: Vec<(String, RawEndpoints)>,
         bounds: Bounds,
         now_ms: i64,
     ) -> Result<Arc<ZoneView>, String> {
@@ -343,7 +445,7 @@ impl Held {
     /// from the server) are left with none; the others keep theirs.
     pub fn change_endpoints(
         &mut self,
-        assignments: Vec<(String, Vec<RawEndpoint>)>,
+        assignments: Vec<(String, RawEndpoints)>,
         removals: &[String],
         bounds: Bounds,
         now_ms: i64,
@@ -352,16 +454,13 @@ impl Held {
             // No CDS answer yet: nothing to place the endpoints in.
             return Ok(self.view.clone());
         };
-        let mut by_service: HashMap<String, Vec<RawEndpoint>> = assignments.into_iter().collect();
+        let mut by_service: HashMap<String, RawEndpoints> = assignments.into_iter().collect();
         for service in removals {
             by_service.entry(service.clone()).or_default();
         }
-        let mut clusters_of: HashMap<&str, Vec<&str>> = HashMap::new();
+        let mut clusters_of: HashMap<&str, Vec<&Arc<str>>> = HashMap::new();
         for (cluster, service) in eds {
-            clusters_of
-                .entry(service.as_str())
-                .or_default()
-                .push(cluster.as_str());
+            clusters_of.entry(&**service).or_default().push(cluster);
         }
         let old = &self.view;
         let mut clusters = old.clusters.clone();
@@ -370,11 +469,12 @@ impl Held {
                 continue;
             };
             for name in names {
-                let built = ViewCluster::build(raw.clone(), old.clusters.get(name), now_ms);
-                clusters.insert(name.to_owned(), built);
+                let old_cluster = old.clusters.get(name).map(|c| &**c);
+                let built = ViewCluster::build(&raw, old_cluster, now_ms);
+                clusters.insert(name.clone(), Arc::new(built));
             }
         }
-        let total: usize = clusters.values().map(|c| c.endpoints.len()).sum();
+        let total: usize = clusters.values().map(|c| c.len()).sum();
         if total > bounds.max_endpoints {
             return Err(decode::over_endpoints(total, bounds.max_endpoints));
         }
@@ -468,13 +568,16 @@ impl Held {
     /// gone.
     pub fn initial_versions(&self, kind: Kind, subscribed: &[String]) -> HashMap<String, String> {
         let versions = &self.versions[kind.index()];
-        let held: Vec<&String> = match kind {
-            Kind::Clusters => self.view.clusters.keys().collect(),
-            Kind::Listeners => self.listeners.keys().collect(),
-            Kind::Endpoints | Kind::Routes => subscribed.iter().collect(),
+        let held: Vec<&str> = match kind {
+            Kind::Clusters => self.view.clusters.keys().map(|n| &**n).collect(),
+            Kind::Listeners => self.listeners.keys().map(String::as_str).collect(),
+            Kind::Endpoints | Kind::Routes => subscribed.iter().map(String::as_str).collect(),
         };
         held.into_iter()
-            .map(|n| (n.clone(), versions.get(n).cloned().unwrap_or_default()))
+            .map(|n| {
+                let version = versions.get(n).map_or_else(String::new, |v| v.to_string());
+                (n.to_owned(), version)
+            })
             .collect()
     }
 
@@ -486,18 +589,26 @@ impl Held {
         received: Vec<(String, String)>,
         removed: &[String],
     ) {
-        let versions = &mut self.versions[kind.index()];
         for name in removed {
-            versions.remove(name);
+            self.versions[kind.index()].remove(name.as_str());
         }
-        versions.extend(received);
+        for (name, version) in received {
+            let version = version.into_boxed_str();
+            match self.versions[kind.index()].get_mut(name.as_str()) {
+                Some(v) => *v = version,
+                None => {
+                    let name = self.name(&name);
+                    self.versions[kind.index()].insert(name, version);
+                }
+            }
+        }
     }
 
     /// Forgets the versions of `names` (no longer subscribed to).
     pub fn forget_versions(&mut self, kind: Kind, names: &[String]) {
         let versions = &mut self.versions[kind.index()];
         for name in names {
-            versions.remove(name);
+            versions.remove(name.as_str());
         }
     }
 
@@ -508,16 +619,12 @@ impl Held {
 }
 
 /// A view cluster's endpoints as raw entries, to build another cluster from them.
-fn raw_of(cluster: &ViewCluster) -> Vec<RawEndpoint> {
-    use envoy_types::pb::envoy::config::core::v3::HealthStatus;
-    cluster
-        .endpoints
-        .iter()
-        .map(|e| RawEndpoint {
-            address: e.address.to_string(),
-            health: HealthStatus::from_str_name(e.health).unwrap_or(HealthStatus::Unknown),
-        })
-        .collect()
+fn raw_of(cluster: &ViewCluster) -> RawEndpoints {
+    let mut raw = RawEndpoints::with_capacity(cluster.len());
+    for (i, e) in cluster.endpoints().enumerate() {
+        raw.push(e.address, cluster.slots[i].health);
+    }
+    raw
 }
 
 /// Drops the oldest removed clusters beyond [`MAX_REMOVED`].
@@ -547,14 +654,12 @@ mod tests {
     use super::*;
     use envoy_types::pb::envoy::config::core::v3::HealthStatus;
 
-    fn raw(addresses: &[(&str, HealthStatus)]) -> Vec<RawEndpoint> {
-        addresses
-            .iter()
-            .map(|(a, h)| RawEndpoint {
-                address: (*a).to_owned(),
-                health: *h,
-            })
-            .collect()
+    fn raw(addresses: &[(&str, HealthStatus)]) -> RawEndpoints {
+        let mut raw = RawEndpoints::default();
+        for (a, h) in addresses {
+            raw.push(a, *h);
+        }
+        raw
     }
 
     const BOUNDS: Bounds = Bounds {
@@ -566,7 +671,7 @@ mod tests {
     fn a_cluster_is_sorted_distinct_and_remembers_its_earlier_sets() {
         use HealthStatus::*;
         let a = ViewCluster::build(
-            raw(&[
+            &raw(&[
                 ("10.0.0.2:80", Unhealthy),
                 ("10.0.0.1:80", Healthy),
                 ("10.0.0.2:80", Unknown),
@@ -574,14 +679,18 @@ mod tests {
             None,
             5,
         );
-        let addresses: Vec<&str> = a.endpoints.iter().map(|e| &*e.address).collect();
+        let addresses: Vec<&str> = a.endpoints().map(|e| e.address).collect();
         assert_eq!(addresses, ["10.0.0.1:80", "10.0.0.2:80"]);
         assert_eq!(a.healthy, 2);
-        assert_eq!(a.endpoints[1].health, "UNKNOWN");
+        assert_eq!(a.endpoints().nth(1).unwrap().health, "UNKNOWN");
         assert_eq!(a.digest, hosts_digest(["10.0.0.2:80", "10.0.0.1:80"]));
-        let b = ViewCluster::build(raw(&[("10.0.0.1:80", Draining)]), Some(&a), 9);
-        assert_eq!(b.endpoints[0].first_seen_ms, 5);
-        assert!(!b.endpoints[0].healthy);
+        assert_eq!(a.find("10.0.0.2:80").map(|e| e.first_seen_ms), Some(5));
+        assert_eq!(a.find("10.0.0.3:80"), None);
+        let b = ViewCluster::build(&raw(&[("10.0.0.1:80", Draining)]), Some(&a), 9);
+        let first = b.endpoints().next().unwrap();
+        assert_eq!(first.first_seen_ms, 5);
+        assert!(!first.healthy);
+        assert_eq!(first.health, "DRAINING");
         assert_eq!(b.previous.len(), 1);
         assert_eq!(b.previous[0].0, a.digest);
         assert_eq!(
@@ -590,7 +699,7 @@ mod tests {
         );
         // Back to the first set: it is current, not previous.
         let c = ViewCluster::build(
-            raw(&[("10.0.0.1:80", Healthy), ("10.0.0.2:80", Healthy)]),
+            &raw(&[("10.0.0.1:80", Healthy), ("10.0.0.2:80", Healthy)]),
             Some(&b),
             10,
         );
@@ -598,7 +707,7 @@ mod tests {
         assert_eq!(c.previous[0].0, b.digest);
         // Health alone changing keeps the history.
         let d = ViewCluster::build(
-            raw(&[("10.0.0.1:80", Unhealthy), ("10.0.0.2:80", Healthy)]),
+            &raw(&[("10.0.0.1:80", Unhealthy), ("10.0.0.2:80", Healthy)]),
             Some(&c),
             11,
         );
@@ -629,11 +738,11 @@ mod tests {
                 2,
             )
             .unwrap();
-        assert_eq!(v.clusters["a"].endpoints.len(), 1);
+        assert_eq!(v.clusters["a"].len(), 1);
         assert_eq!(v.endpoint_count(), 2);
         // CDS again: the EDS cluster keeps its endpoints.
         let v = held.apply_clusters(decls[..1].to_vec(), BOUNDS, 3).unwrap();
-        assert_eq!(v.clusters["a"].endpoints.len(), 1);
+        assert_eq!(v.clusters["a"].len(), 1);
         assert_eq!(v.removed.get("b"), Some(&3));
         // Over the endpoint bound: refused, the view kept.
         let many: Vec<(String, HealthStatus)> = (0..11)
@@ -644,7 +753,7 @@ mod tests {
             .apply_endpoints(vec![("svc".into(), raw(&many))], BOUNDS, 4)
             .unwrap_err();
         assert!(err.contains("11 endpoints"), "{err}");
-        assert_eq!(held.view.clusters["a"].endpoints.len(), 1);
+        assert_eq!(held.view.clusters["a"].len(), 1);
         // The cluster back: no longer removed.
         let v = held.apply_clusters(decls, BOUNDS, 5).unwrap();
         assert!(v.removed.is_empty());
@@ -683,8 +792,8 @@ mod tests {
                 3,
             )
             .unwrap();
-        assert_eq!(v.clusters["a"].endpoints.len(), 2);
-        assert_eq!(v.clusters["a"].endpoints[0].first_seen_ms, 2);
+        assert_eq!(v.clusters["a"].len(), 2);
+        assert_eq!(v.clusters["a"].endpoints().next().unwrap().first_seen_ms, 2);
         assert_eq!(v.clusters["b"], before.clusters["b"]);
         // A cluster changed (same service) keeps its endpoints; one removed is
         // remembered; a DNS cluster is declared but not comparable.
@@ -695,8 +804,11 @@ mod tests {
         let v = held
             .change_clusters(vec![eds("a", "svc-a"), dns], &["b".into()], BOUNDS, 4)
             .unwrap();
-        assert_eq!(v.clusters.keys().collect::<Vec<_>>(), ["a", "d"]);
-        assert_eq!(v.clusters["a"].endpoints.len(), 2);
+        assert_eq!(
+            v.clusters.keys().map(|k| &**k).collect::<Vec<_>>(),
+            ["a", "d"]
+        );
+        assert_eq!(v.clusters["a"].len(), 2);
         assert_eq!(v.removed.get("b"), Some(&4));
         assert!(v.comparable("a") && !v.comparable("d"));
         assert_eq!(held.eds_names(), ["svc-a"]);
@@ -704,7 +816,7 @@ mod tests {
         let v = held
             .change_endpoints(Vec::new(), &["svc-a".into()], BOUNDS, 5)
             .unwrap();
-        assert!(v.clusters["a"].endpoints.is_empty());
+        assert!(v.clusters["a"].is_empty());
         // Over a bound: refused, the view kept.
         let many: Vec<ClusterDecl> = (0..10).map(|i| eds(&format!("m{i}"), "svc")).collect();
         let err = held.change_clusters(many, &[], BOUNDS, 6).unwrap_err();
@@ -716,7 +828,7 @@ mod tests {
             .change_clusters(
                 vec![ClusterDecl {
                     name: "d".into(),
-                    source: Source::Inline(Vec::new()),
+                    source: Source::Inline(RawEndpoints::default()),
                 }],
                 &[],
                 BOUNDS,

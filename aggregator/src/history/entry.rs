@@ -510,8 +510,9 @@ impl Stored<'_> {
     }
 }
 
-/// The key of a cluster name in the cluster index: FNV-1a, 32 bits. Stable across
-/// builds (it is stored); two names that collide only cost a filtered read.
+/// The key of a name (a zone's, a cluster's, an instance's) in the posting lists:
+/// FNV-1a, 32 bits. Stable across builds (it is stored); two names that collide
+/// only cost a filtered read.
 pub fn cluster_key(name: &str) -> u32 {
     let mut h: u32 = 0x811c_9dc5;
     for b in name.bytes() {

@@ -11,12 +11,15 @@
 //!   an entry's time to the one before it when the two are less than [`RAISE`]
 //!   apart), so a time bound is found by bisecting the ids of each run. Clock steps
 //!   are rare: a log holds few runs, usually one.
-//! - `by_cluster`: (key of the cluster name, id), for a cluster's entries without a
-//!   scan; `by_kind`: (kind, id), the same for kinds. Both are fixed-width keys with
-//!   no value: 12 and 9 bytes an entry.
+//! - `postings`: the indexes, a posting list of ids for each zone, cluster,
+//!   instance and kind, and each zone and cluster by kind ([`super::index`]), so
+//!   that every filter and combination of them reads the entries it answers and
+//!   few others.
 //! - `meta`: the next id, so ids keep growing across restarts even when retention
-//!   emptied the log, and the bytes the entries held take ([`entry_bytes`]), for
-//!   `--history-max-bytes`.
+//!   emptied the log, the bytes the entries held take ([`entry_bytes`]), for
+//!   `--history-max-bytes`, and how far the entries are in the posting lists (a
+//!   log written with the earlier indexes, one table by cluster and one by kind,
+//!   has its lists built when it is opened).
 //!
 //! One [`Appender`] writes (the history's writer thread); any number of readers
 //! query at once, each in its own read transaction, at most [`QUERIES_AT_ONCE`] on
@@ -29,20 +32,30 @@ use std::time::Duration;
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 use tokio::sync::Semaphore;
 
-use super::entry::{Kind, Pending, Stored, cluster_key};
+use super::entry::{Kind, Pending, Stored};
+use super::index::{self, POSTINGS, Term};
 use crate::redb_file::{RedbFile, Refused, Unwritable};
 
 const ENTRIES: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("entries");
 const RUNS: TableDefinition<'_, u64, ()> = TableDefinition::new("runs");
-const BY_CLUSTER: TableDefinition<'_, (u32, u64), ()> = TableDefinition::new("by_cluster");
-const BY_KIND: TableDefinition<'_, (u8, u64), ()> = TableDefinition::new("by_kind");
+/// The indexes of a log written before the posting lists: dropped once the lists
+/// are built.
+const OLD_BY_CLUSTER: TableDefinition<'_, (u32, u64), ()> = TableDefinition::new("by_cluster");
+const OLD_BY_KIND: TableDefinition<'_, (u8, u64), ()> = TableDefinition::new("by_kind");
 const META: TableDefinition<'_, &str, u64> = TableDefinition::new("meta");
 const NEXT_ID: &str = "next_id";
 const BYTES: &str = "bytes";
+/// The first id not yet in the posting lists; [`INDEXED_ALL`] once every entry is.
+const INDEXED: &str = "indexed";
+const INDEXED_ALL: u64 = u64::MAX;
+/// Entries indexed in one commit when the posting lists are built for an older log
+/// (fewer in unit tests, so that a small log takes several).
+const INDEX_CHUNK: u64 = if cfg!(test) { 300 } else { 100_000 };
 
 /// What one entry costs besides its stored form, as the byte bound counts it: its
-/// keys in the three tables (8, 9 and 12 bytes) and redb's per-entry bookkeeping
-/// and page slack, as measured on a full log (`docs/benchmarks.md`, history).
+/// key in the entries table, its ids in the posting lists, and redb's per-entry
+/// bookkeeping and page slack, as measured on a full log (`docs/benchmarks.md`,
+/// history).
 pub const ENTRY_OVERHEAD: u64 = 64;
 
 /// The bytes one entry takes as `--history-max-bytes` counts them: its stored form
@@ -79,8 +92,10 @@ const _: () = assert!(MAX_EVICT >= super::writer::MAX_BATCH as u64);
 /// (the clock stepped back) keeps its own time and starts a new run.
 pub const RAISE: i64 = 1000;
 
-/// Most entries one query examines (reads and decodes): a filter no index serves
-/// (a zone, an instance) on a large log stops there, and says where ([`Found`]).
+/// Most entries one query examines (reads and decodes): the indexes give a query
+/// the entries its filters name, and those of names that share their key
+/// ([`super::index`]); a query that meets that many stops there, and says where
+/// ([`Found`]).
 pub const MAX_EXAMINED: usize = 100_000;
 
 /// Queries running at once on the blocking pool; more wait for a place.
@@ -198,10 +213,21 @@ impl HistoryDb {
             let tx = db.begin_write()?;
             tx.open_table(ENTRIES)?;
             tx.open_table(RUNS)?;
-            tx.open_table(BY_CLUSTER)?;
-            tx.open_table(BY_KIND)?;
-            tx.open_table(META)?;
+            tx.open_table(POSTINGS)?;
+            let fresh = tx.open_table(ENTRIES)?.is_empty()?;
+            {
+                let mut meta = tx.open_table(META)?;
+                if fresh && meta.get(INDEXED)?.is_none() {
+                    meta.insert(INDEXED, INDEXED_ALL)?;
+                }
+            }
+            if fresh {
+                // An earlier version's emptied indexes, if any.
+                tx.delete_table(OLD_BY_CLUSTER)?;
+                tx.delete_table(OLD_BY_KIND)?;
+            }
             tx.commit()?;
+            build_postings(db)?;
             Ok(())
         })?;
         Ok(HistoryDb {
@@ -292,9 +318,10 @@ impl HistoryDb {
     }
 
     /// The newest entries that `q` admits, newest first, at most `q.limit`,
-    /// examining at most [`MAX_EXAMINED`] entries. A cluster is read through its
-    /// index, kinds through theirs (merged), anything else from the newest entry
-    /// back; time bounds narrow every source first.
+    /// examining at most [`MAX_EXAMINED`] entries. The posting lists of its filters
+    /// are walked together ([`index::sources`], [`index::Intersect`]), and only the
+    /// entries in all of them read; without a filter, the entries from the newest
+    /// back. Time bounds narrow every source first.
     pub fn query(&self, q: &Query) -> Result<Found, HistoryError> {
         self.query_within(q, MAX_EXAMINED)
     }
@@ -339,62 +366,27 @@ impl HistoryDb {
             examined: 0,
             last_at: None,
         };
-        let index_cluster = tx.open_table(BY_CLUSTER)?;
-        let index_kind = tx.open_table(BY_KIND)?;
+        let postings = tx.open_table(POSTINGS)?;
+        let sources = index::sources(q);
         // Newest first: the last run's range first, each from its end.
         'ranges: for (lo, hi) in ranges.into_iter().rev() {
-            if let Some(cluster) = &q.cluster {
-                let k = cluster_key(cluster);
-                for key in index_cluster.range((k, lo)..(k, hi))?.rev() {
-                    let id = key?.0.value().1;
-                    if let Some(v) = entries.get(id)?
-                        && scan.take(id, v.value())
-                    {
-                        break 'ranges;
-                    }
-                }
-            } else if !q.kinds.is_empty() {
-                let mut kinds = q.kinds.clone();
-                kinds.sort();
-                kinds.dedup();
-                let mut sources = kinds
-                    .iter()
-                    .map(|k| {
-                        Ok(index_kind
-                            .range((k.code(), lo)..(k.code(), hi))?
-                            .rev()
-                            .map(|r| r.map(|(k, _)| k.value().1))
-                            .peekable())
-                    })
-                    .collect::<Result<Vec<_>, HistoryError>>()?;
-                // Newest first across the kinds: the largest id at the head of any.
-                loop {
-                    let mut best: Option<(usize, u64)> = None;
-                    for (n, s) in sources.iter_mut().enumerate() {
-                        let head = match s.peek() {
-                            Some(Ok(id)) => *id,
-                            Some(Err(_)) => {
-                                return Err(s.next().expect("peeked").unwrap_err().into());
-                            }
-                            None => continue,
-                        };
-                        if best.is_none_or(|(_, id)| head > id) {
-                            best = Some((n, head));
+            match &sources {
+                Some(terms) => {
+                    let mut ids = index::Intersect::new(&postings, terms, lo, hi);
+                    while let Some(id) = ids.next()? {
+                        if let Some(v) = entries.get(id)?
+                            && scan.take(id, v.value())
+                        {
+                            break 'ranges;
                         }
                     }
-                    let Some((n, id)) = best else { break };
-                    sources[n].next();
-                    if let Some(v) = entries.get(id)?
-                        && scan.take(id, v.value())
-                    {
-                        break 'ranges;
-                    }
                 }
-            } else {
-                for row in entries.range(lo..hi)?.rev() {
-                    let (k, v) = row?;
-                    if scan.take(k.value(), v.value()) {
-                        break 'ranges;
+                None => {
+                    for row in entries.range(lo..hi)?.rev() {
+                        let (k, v) = row?;
+                        if scan.take(k.value(), v.value()) {
+                            break 'ranges;
+                        }
                     }
                 }
             }
@@ -442,6 +434,44 @@ impl Scan<'_, '_> {
             self.last_at = Some(s.at_ms);
         }
         false
+    }
+}
+
+/// Builds the posting lists of a log written before them, from the entries, in
+/// commits of [`INDEX_CHUNK`] entries (a restart goes on from the last), then drops
+/// the earlier indexes.
+fn build_postings(db: &Database) -> Result<(), HistoryError> {
+    loop {
+        let tx = db.begin_write()?;
+        let from = tx.open_table(META)?.get(INDEXED)?.map_or(0, |v| v.value());
+        if from == INDEXED_ALL {
+            return Ok(());
+        }
+        let (first, next) = bounds(&tx.open_table(ENTRIES)?, &tx.open_table(META)?)?;
+        let from = from.max(first);
+        let to = next.min(from.saturating_add(INDEX_CHUNK));
+        if from == first {
+            tracing::info!(
+                entries = next - first,
+                "Building the history's indexes (once, for a history written by an earlier version)."
+            );
+        }
+        let mut postings = Vec::new();
+        for row in tx.open_table(ENTRIES)?.range(from..to)? {
+            let (k, v) = row?;
+            if let Some(s) = Stored::decode(v.value()) {
+                postings.extend(index::terms_of(&s).into_iter().map(|t| (t, k.value())));
+            }
+        }
+        index::add(&mut tx.open_table(POSTINGS)?, postings)?;
+        let done = to >= next;
+        tx.open_table(META)?
+            .insert(INDEXED, if done { INDEXED_ALL } else { to })?;
+        if done {
+            tx.delete_table(OLD_BY_CLUSTER)?;
+            tx.delete_table(OLD_BY_KIND)?;
+        }
+        tx.commit()?;
     }
 }
 
@@ -601,8 +631,7 @@ impl Appender {
         {
             let mut entries = tx.open_table(ENTRIES)?;
             let mut runs = tx.open_table(RUNS)?;
-            let mut by_cluster = tx.open_table(BY_CLUSTER)?;
-            let mut by_kind = tx.open_table(BY_KIND)?;
+            let mut postings: Vec<(Term, u64)> = Vec::with_capacity(batch.len() * 6);
             for p in batch {
                 let id = next;
                 next += 1;
@@ -631,12 +660,14 @@ impl Appender {
                 .encode(&mut arena);
                 bytes += entry_bytes(&arena[start..]);
                 entries.insert(id, &arena[start..])?;
-                by_kind.insert((p.kind.code(), id), ())?;
-                if !p.cluster.is_empty() {
-                    by_cluster.insert((cluster_key(&p.cluster), id), ())?;
-                }
+                postings.extend(
+                    index::terms(p.kind, &p.zone, &p.cluster, &p.instance)
+                        .into_iter()
+                        .map(|t| (t, id)),
+                );
                 encoded.push((id, start, arena.len()));
             }
+            index::add(&mut tx.open_table(POSTINGS)?, postings)?;
             tx.open_table(META)?.insert(NEXT_ID, next)?;
         }
         let (first, behind, gone) = self.evict_in(&tx, self.first, next, bytes, now_ms)?;
@@ -718,7 +749,6 @@ impl Appender {
         // rest takes more than it allows.
         let limit = first + MAX_EVICT;
         let (mut end, mut left, mut behind) = (first, bytes, false);
-        let mut doomed: Vec<(u64, Option<u32>, u8)> = Vec::new();
         for row in entries.range(first..next)? {
             let (k, v) = row?;
             let id = k.value();
@@ -730,23 +760,12 @@ impl Appender {
                 break;
             }
             left = left.saturating_sub(entry_bytes(v.value()));
-            if let Some(s) = Stored::decode(v.value()) {
-                let cluster = (!s.cluster.is_empty()).then(|| cluster_key(s.cluster));
-                doomed.push((id, cluster, s.kind.code()));
-            }
             end = id + 1;
         }
         if end <= first {
             return Ok((first, false, 0));
         }
-        let mut by_cluster = tx.open_table(BY_CLUSTER)?;
-        let mut by_kind = tx.open_table(BY_KIND)?;
-        for (id, cluster, kind) in doomed {
-            by_kind.remove((kind, id))?;
-            if let Some(c) = cluster {
-                by_cluster.remove((c, id))?;
-            }
-        }
+        index::remove_below(&mut tx.open_table(POSTINGS)?, end)?;
         entries.retain_in(first..end, |_, _| false)?;
         // The run that holds `end` is the first now: its start is implied.
         runs.retain_in(..=end, |_, _| false)?;
@@ -1052,27 +1071,31 @@ mod tests {
         assert_eq!(ids(&db.query(&all(100)).unwrap().rows), [7]);
     }
 
-    /// A filter no index serves stops after its budget of examined entries, at the
-    /// end of a millisecond, and says where: asking again with `until` there goes
-    /// on without missing or repeating an entry.
+    /// A query stops after its budget of examined entries, at the end of a
+    /// millisecond, and says where: asking again with `until` there goes on without
+    /// missing or repeating an entry. Through the indexes a query examines the
+    /// entries of its names' keys: here two zone names that share one.
     #[test]
     fn a_query_examines_at_most_its_budget_and_says_where_it_stopped() {
+        let (common, rare) = ("zone-579599", "zone-762382");
+        assert_eq!(
+            crate::history::entry::cluster_key(common),
+            crate::history::entry::cluster_key(rare)
+        );
         let dir = tempfile::tempdir().unwrap();
         let db = HistoryDb::open(dir.path(), DB_FILE).unwrap();
         let mut a = db.appender(KEEP_ALL).unwrap();
-        // Two entries a millisecond; the zone "rare" has the first three only.
+        // Two entries a millisecond; the zone `rare` has the first three only.
         let batch: Vec<Pending> = (0..1000)
             .map(|i| {
                 let mut p = entry(10_000 + i / 2, Kind::InstanceJoined, "c", "i");
-                if i < 3 {
-                    p.zone = "rare".into();
-                }
+                p.zone = if i < 3 { rare } else { common }.into();
                 p
             })
             .collect();
         a.append(&batch, 20_000, |_, _| {}).unwrap();
         let rare = Query {
-            zone: Some("rare".into()),
+            zone: Some(rare.into()),
             limit: 10,
             ..Query::default()
         };
@@ -1102,9 +1125,10 @@ mod tests {
             }
         }
         assert_eq!((got, pages), (vec![3, 2, 1], 10));
-        // A full answer within the budget is complete; so is one through an index.
+        // A full answer within the budget is complete.
         let newest = db.query_within(&all(5), 5).unwrap();
         assert_eq!((newest.rows.len(), newest.incomplete), (5, None));
+        // An instance no entry names examines nothing, whatever the kind's count.
         let by_kind = Query {
             kinds: vec![Kind::InstanceJoined],
             instance: Some("nobody".into()),
@@ -1112,8 +1136,27 @@ mod tests {
             ..Query::default()
         };
         let found = db.query_within(&by_kind, 10).unwrap();
-        assert!(found.rows.is_empty());
-        assert_eq!(found.incomplete, Some(10_495));
+        assert_eq!((found.rows.len(), found.incomplete), (0, None));
+        // A zone of a key of its own: its entries alone, within a budget of three.
+        let mut a = a;
+        let batch: Vec<Pending> = (0..3)
+            .map(|i| {
+                let mut p = entry(20_000 + i, Kind::InstanceLeft, "c", "i");
+                p.zone = "alone".into();
+                p
+            })
+            .collect();
+        a.append(&batch, 30_000, |_, _| {}).unwrap();
+        let alone = Query {
+            zone: Some("alone".into()),
+            limit: 10,
+            ..Query::default()
+        };
+        let found = db.query_within(&alone, 3).unwrap();
+        assert_eq!(
+            (ids(&found.rows), found.incomplete),
+            (vec![1003, 1002, 1001], None)
+        );
     }
 
     /// Past `max_bytes` the oldest entries go until the rest fits, whatever the
@@ -1209,5 +1252,239 @@ mod tests {
             ..Query::default()
         };
         assert_eq!(db.query(&by_cluster).unwrap().rows.len(), 100);
+    }
+
+    /// The posting lists' segments whose entries all went are removed with them.
+    #[test]
+    fn retention_removes_the_segments_of_the_entries_it_drops() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = HistoryDb::open(dir.path(), DB_FILE).unwrap();
+        let mut a = db
+            .appender(Retention {
+                max_entries: 100,
+                ..KEEP_ALL
+            })
+            .unwrap();
+        for round in 0..10 {
+            let batch: Vec<Pending> = (0..1000)
+                .map(|i| entry(1_000 + round * 1000 + i, Kind::InstanceJoined, "c", "i"))
+                .collect();
+            a.append(&batch, 30_000, |_, _| {}).unwrap();
+        }
+        assert_eq!(a.len(), 100);
+        let oldest = index::segment_of(10_001 - 100);
+        let tx = db.file.read(Database::begin_read).unwrap().unwrap();
+        let postings = tx.open_table(POSTINGS).unwrap();
+        let segments: Vec<u32> = postings
+            .iter()
+            .unwrap()
+            .map(|r| r.unwrap().0.value().0)
+            .collect();
+        assert!(segments.iter().all(|s| *s >= oldest), "{segments:?}");
+        // Six lists (the kind, the zone and the cluster alone and by kind, the
+        // instance) over at most two segments, in a few blocks each.
+        assert!(segments.len() <= 24, "{segments:?}");
+        drop((postings, tx));
+        let q = Query {
+            instance: Some("i".into()),
+            limit: 1000,
+            ..Query::default()
+        };
+        assert_eq!(db.query(&q).unwrap().rows.len(), 100);
+    }
+
+    /// A small random generator, so that the cases are the same on every run.
+    struct Rng(u64);
+
+    impl Rng {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0 % n
+        }
+    }
+
+    /// Every filter and combination answers what a walk over every entry with the
+    /// query's own check answers, across many blocks, several runs of the clock
+    /// and retention.
+    #[test]
+    fn every_filter_answers_what_a_walk_over_every_entry_answers() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = HistoryDb::open(dir.path(), DB_FILE).unwrap();
+        let mut a = db
+            .appender(Retention {
+                max_entries: 9_000,
+                ..KEEP_ALL
+            })
+            .unwrap();
+        let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+        let zones = ["z0", "z1", "z2", "rare-zone", ""];
+        let clusters = ["c0", "c1", "c2", "c3", "c4", "rare-cluster", ""];
+        let kinds = [
+            Kind::InstanceJoined,
+            Kind::InstanceLeft,
+            Kind::StatusChanged,
+            Kind::ConfigChanged,
+            Kind::ZoneRegistered,
+        ];
+        let instances: Vec<String> = (0..60).map(|i| format!("pod-{i}")).collect();
+        let pick = |rng: &mut Rng, n: usize| rng.below(n as u64) as usize;
+        let mut at = 1_000_000i64;
+        for _ in 0..80 {
+            let size = 1 + rng.below(400) as usize;
+            let batch: Vec<Pending> = (0..size)
+                .map(|_| {
+                    // Now and then the clock steps back by more than RAISE.
+                    at += if rng.below(500) == 0 {
+                        -5_000
+                    } else {
+                        rng.below(3) as i64
+                    };
+                    let rare = rng.below(2_000) == 0;
+                    Pending {
+                        at_ms: at,
+                        kind: kinds[pick(&mut rng, kinds.len())],
+                        zone: (if rare {
+                            "rare-zone"
+                        } else {
+                            zones[pick(&mut rng, 3)]
+                        })
+                        .into(),
+                        cluster: clusters[pick(&mut rng, clusters.len())].into(),
+                        instance: if rng.below(4) == 0 {
+                            String::new()
+                        } else {
+                            instances[pick(&mut rng, instances.len())].clone()
+                        },
+                        detail: Detail::Nothing {},
+                    }
+                })
+                .collect();
+            a.append(&batch, at, |_, _| {}).unwrap();
+        }
+        let every = db.query(&all(usize::MAX)).unwrap().rows;
+        assert_eq!(every.len(), 9_000);
+        let (oldest, newest) = (
+            every.last().unwrap().stored().at_ms,
+            every[0].stored().at_ms,
+        );
+        for _ in 0..2_000 {
+            let name = |rng: &mut Rng, names: &[&str]| {
+                (rng.below(2) == 0).then(|| names[pick(rng, names.len())].to_owned())
+            };
+            let mut q = Query {
+                zone: name(&mut rng, &zones),
+                cluster: name(&mut rng, &clusters),
+                instance: (rng.below(3) == 0)
+                    .then(|| instances[pick(&mut rng, instances.len())].clone()),
+                kinds: (0..rng.below(3))
+                    .map(|_| kinds[pick(&mut rng, kinds.len())])
+                    .collect(),
+                since: None,
+                until: None,
+                limit: 1 + pick(&mut rng, 60),
+            };
+            let span = (newest - oldest + 1) as u64;
+            if rng.below(3) == 0 {
+                q.since = Some(oldest + rng.below(span) as i64);
+            }
+            if rng.below(3) == 0 {
+                q.until = Some(oldest + rng.below(span) as i64);
+            }
+            let expected: Vec<u64> = every
+                .iter()
+                .filter(|r| {
+                    let s = r.stored();
+                    q.admits(&s)
+                        && q.since.is_none_or(|t| s.at_ms >= t)
+                        && q.until.is_none_or(|t| s.at_ms < t)
+                })
+                .take(q.limit)
+                .map(|r| r.id)
+                .collect();
+            let found = db.query(&q).unwrap();
+            assert_eq!(ids(&found.rows), expected, "{q:?}");
+            assert_eq!(found.incomplete, None);
+        }
+    }
+
+    /// A log written with the earlier indexes (one table by cluster, one by kind)
+    /// has its posting lists built when it is opened, and the earlier tables go.
+    #[test]
+    fn a_log_from_before_the_posting_lists_is_indexed_when_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let db = Database::create(dir.path().join(DB_FILE)).unwrap();
+            let tx = db.begin_write().unwrap();
+            {
+                let mut entries = tx.open_table(ENTRIES).unwrap();
+                let mut by_cluster = tx.open_table(OLD_BY_CLUSTER).unwrap();
+                let mut by_kind = tx.open_table(OLD_BY_KIND).unwrap();
+                for id in 1..=1000u64 {
+                    let zone = format!("z{}", id % 4);
+                    let cluster = format!("c{}", id % 10);
+                    let mut bytes = Vec::new();
+                    Stored {
+                        at_ms: 5_000 + id as i64,
+                        kind: Kind::InstanceJoined,
+                        zone: &zone,
+                        cluster: &cluster,
+                        instance: "i",
+                        detail: b"{}",
+                    }
+                    .encode(&mut bytes);
+                    entries.insert(id, bytes.as_slice()).unwrap();
+                    by_cluster
+                        .insert((crate::history::entry::cluster_key(&cluster), id), ())
+                        .unwrap();
+                    by_kind
+                        .insert((Kind::InstanceJoined.code(), id), ())
+                        .unwrap();
+                }
+                let mut meta = tx.open_table(META).unwrap();
+                meta.insert(NEXT_ID, 1001).unwrap();
+            }
+            tx.commit().unwrap();
+        }
+        let db = HistoryDb::open(dir.path(), DB_FILE).unwrap();
+        let q = Query {
+            zone: Some("z1".into()),
+            cluster: Some("c5".into()),
+            limit: 3,
+            ..Query::default()
+        };
+        assert_eq!(ids(&db.query(&q).unwrap().rows), vec![985, 965, 945]);
+        let tx = db.file.read(Database::begin_read).unwrap().unwrap();
+        let tables: Vec<String> = tx
+            .list_tables()
+            .unwrap()
+            .map(|t| redb::TableHandle::name(&t).to_owned())
+            .collect();
+        assert!(!tables.iter().any(|t| t.starts_with("by_")), "{tables:?}");
+        assert_eq!(
+            tx.open_table(META)
+                .unwrap()
+                .get(INDEXED)
+                .unwrap()
+                .unwrap()
+                .value(),
+            INDEXED_ALL
+        );
+        drop(tx);
+        // Appended later, indexed as they come.
+        let mut a = db.appender(KEEP_ALL).unwrap();
+        a.append(
+            &[entry(9_000, Kind::InstanceLeft, "c5", "i")],
+            9_000,
+            |_, _| {},
+        )
+        .unwrap();
+        let q = Query {
+            cluster: Some("c5".into()),
+            limit: 2,
+            ..Query::default()
+        };
+        assert_eq!(ids(&db.query(&q).unwrap().rows), vec![1001, 995]);
     }
 }

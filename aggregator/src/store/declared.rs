@@ -9,8 +9,8 @@
 //! lists them. The view itself is shared, never copied: an entry holds the zone's
 //! view and the names of its clusters that stand for the entry.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::sync::{Arc, Mutex};
 
 use meshcat_common::mesh_names::service_of;
 use meshcat_common::model::ControlPlane;
@@ -21,12 +21,80 @@ use super::traffic::{AddressMap, address_key};
 use super::{Entry, Instances, shared};
 use crate::control::ZoneView;
 
+/// The zones whose view's mapping may have changed since it was made: a cluster
+/// registered in the zone or deleted from it, or a listener address of its sidecars
+/// come or gone (the address rule), after the view was shown. Only zones shown with
+/// a view are marked ([`Instances::apply_declared`] starts and stops that before it
+/// reads what the mapping takes, so a change while it maps is marked too); the
+/// control component's follower waits for them ([`Remaps::due`]) and maps their
+/// views again.
+#[derive(Debug, Default)]
+pub struct Remaps {
+    zones: Mutex<RemapZones>,
+    /// Woken when a zone becomes due.
+    due: tokio::sync::Notify,
+}
+
+#[derive(Debug, Default)]
+struct RemapZones {
+    /// The zones shown with a view.
+    watched: HashSet<String>,
+    /// Those marked since the follower last took them.
+    due: BTreeSet<String>,
+}
+
+impl Remaps {
+    fn lock(&self) -> std::sync::MutexGuard<'_, RemapZones> {
+        self.zones.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Notes that what maps `zone`'s view moved.
+    pub(super) fn moved(&self, zone: &str) {
+        let mut z = self.lock();
+        if z.watched.contains(zone) && !z.due.contains(zone) {
+            z.due.insert(zone.to_owned());
+            drop(z);
+            self.due.notify_one();
+        }
+    }
+
+    /// Starts (`true`) or stops watching `zone`.
+    fn watch(&self, zone: &str, on: bool) {
+        let mut z = self.lock();
+        if on {
+            if !z.watched.contains(zone) {
+                z.watched.insert(zone.to_owned());
+            }
+        } else {
+            z.watched.remove(zone);
+            z.due.remove(zone);
+        }
+    }
+
+    /// The zones due now, taken; empty when none is.
+    pub fn take(&self) -> BTreeSet<String> {
+        std::mem::take(&mut self.lock().due)
+    }
+
+    /// Waits until a zone is due, and takes the zones due.
+    pub async fn due(&self) -> BTreeSet<String> {
+        loop {
+            let woken = self.due.notified();
+            let due = self.take();
+            if !due.is_empty() {
+                return due;
+            }
+            woken.await;
+        }
+    }
+}
+
 /// A catalog cluster's part of its zone's view.
 #[derive(Debug, Clone)]
 pub(super) struct Declared {
     view: Arc<ZoneView>,
-    /// The view's clusters that stand for this entry.
-    names: Vec<String>,
+    /// The view's clusters that stand for this entry, by the view's own names.
+    names: Box<[Arc<str>]>,
     endpoints: u64,
     /// Endpoints whose health is HEALTHY or UNKNOWN: the live ones.
     healthy: u64,
@@ -36,7 +104,7 @@ pub(super) struct Declared {
 }
 
 impl Declared {
-    fn new(view: Arc<ZoneView>, names: Vec<String>) -> Declared {
+    fn new(view: Arc<ZoneView>, names: Vec<Arc<str>>) -> Declared {
         let (mut endpoints, mut healthy, mut live_digest) = (0u64, 0u64, 0u64);
         for (address, _) in live_endpoints(&view, &names) {
             healthy += 1;
@@ -44,12 +112,12 @@ impl Declared {
         }
         for name in &names {
             if let Some(c) = view.clusters.get(name) {
-                endpoints += c.endpoints.len() as u64;
+                endpoints += c.len() as u64;
             }
         }
         Declared {
             view,
-            names,
+            names: names.into_boxed_slice(),
             endpoints,
             healthy,
             live_digest,
@@ -57,7 +125,7 @@ impl Declared {
     }
 
     /// The view's clusters that stand for this entry.
-    pub(super) fn names(&self) -> &[String] {
+    pub(super) fn names(&self) -> &[Arc<str>] {
         &self.names
     }
 
@@ -88,14 +156,14 @@ impl Declared {
 
 /// The live endpoints of `names` in `view`, one per address (the earliest first
 /// sighting when several clusters list it).
-fn live_endpoints<'a>(view: &'a ZoneView, names: &[String]) -> BTreeMap<&'a str, i64> {
+fn live_endpoints<'a>(view: &'a ZoneView, names: &[Arc<str>]) -> BTreeMap<&'a str, i64> {
     let mut out: BTreeMap<&str, i64> = BTreeMap::new();
     for name in names {
         let Some(c) = view.clusters.get(name) else {
             continue;
         };
-        for ep in c.endpoints.iter().filter(|ep| ep.healthy) {
-            out.entry(&*ep.address)
+        for ep in c.endpoints().filter(|ep| ep.healthy) {
+            out.entry(ep.address)
                 .and_modify(|t| *t = (*t).min(ep.first_seen_ms))
                 .or_insert(ep.first_seen_ms);
         }
@@ -116,6 +184,7 @@ impl Instances {
     /// it declared before; `None` forgets the zone's view (the zone has none, or was
     /// deleted). Entries whose figures, instances or status moved are published.
     pub fn apply_declared(&self, zone: &str, view: Option<Arc<ZoneView>>) {
+        self.memory.remaps.watch(zone, view.is_some());
         let _st = shared(&self.memory.state);
         let registered: BTreeSet<String> = self
             .memory
@@ -123,17 +192,16 @@ impl Instances {
             .get(zone)
             .map(|z| z.clusters.clone())
             .unwrap_or_default();
-        let mut groups: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let mut groups: BTreeMap<String, Vec<Arc<str>>> = BTreeMap::new();
         if let Some(v) = &view {
             let listening = self.listening(zone);
             for (raw, cluster) in &v.clusters {
-                let name = if registered.contains(raw) {
-                    raw.as_str()
+                let name = if registered.contains(&**raw) {
+                    &**raw
                 } else {
                     cluster
-                        .endpoints
-                        .iter()
-                        .find_map(|ep| listening.get(&address_key(&ep.address)))
+                        .endpoints()
+                        .find_map(|ep| listening.get(&address_key(ep.address)))
                         .and_then(|c| c.as_deref())
                         .unwrap_or_else(|| service_of(raw))
                 };
@@ -170,6 +238,11 @@ impl Instances {
         if visible {
             self.memory.publish(&touched);
         }
+    }
+
+    /// The zones whose view's mapping may have changed since it was made.
+    pub fn remaps(&self) -> &Remaps {
+        &self.memory.remaps
     }
 
     /// Which cluster's live instances' sidecars listen at each address of `zone`

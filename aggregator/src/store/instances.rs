@@ -355,7 +355,8 @@ const PACK_SCRATCH: usize = 2048;
 impl Instances {
     /// The live instances kept in `memory`, with no instance yet.
     pub(super) fn new(memory: Arc<Memory>) -> Instances {
-        let traffic = Arc::new(Traffic::new(memory.rules.graph_window));
+        let traffic =
+            Arc::new(Traffic::new(memory.rules.graph_window).remapping(memory.remaps.clone()));
         Instances {
             memory,
             agents: DashMap::new(),

@@ -91,8 +91,10 @@ impl Store {
             .clusters
             .get(cluster)
             .and_then(|m| {
-                m.get(zone)
-                    .and_then(|e| e.declared.as_ref().map(|d| d.names().to_vec()))
+                m.get(zone).and_then(|e| {
+                    let d = e.declared.as_ref()?;
+                    Some(d.names().iter().map(|n| n.to_string()).collect())
+                })
             })
             .unwrap_or_default()
     }

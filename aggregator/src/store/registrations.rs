@@ -511,8 +511,10 @@ impl Store {
                         );
                     }
                     self.unregister_in_memory(&c.zone_name, &c.cluster_name);
-                    if let Some(mut z) = self.memory.zones.get_mut(&c.zone_name) {
-                        z.clusters.remove(&c.cluster_name);
+                    if let Some(mut z) = self.memory.zones.get_mut(&c.zone_name)
+                        && z.clusters.remove(&c.cluster_name)
+                    {
+                        self.memory.remaps.moved(&c.zone_name);
                     }
                 }
             }
@@ -571,7 +573,10 @@ impl Store {
                 z.agg.remove(&r, s, l);
             }
             z.agg.add(&new.0, new.1, new.2);
-            z.clusters.insert(name);
+            if z.clusters.insert(name) {
+                // The name rule of the mapping now finds it.
+                self.memory.remaps.moved(&zone);
+            }
         }
     }
 

@@ -939,27 +939,11 @@ fn upstreams_a_delta_leaves_are_counted_exactly_near_the_bound() {
 
 /// A zone's view with `clusters`, each a list of (address, healthy).
 fn declared_view(clusters: &[(&str, &[(&str, bool)])]) -> Arc<crate::control::ZoneView> {
-    use crate::control::{ViewCluster, ViewEndpoint, ZoneView};
+    use crate::control::{ViewCluster, ZoneView};
     let mut v = ZoneView::default();
     for (name, endpoints) in clusters {
-        let endpoints: Vec<ViewEndpoint> = endpoints
-            .iter()
-            .map(|(a, healthy)| ViewEndpoint {
-                address: (*a).into(),
-                healthy: *healthy,
-                health: if *healthy { "HEALTHY" } else { "UNHEALTHY" },
-                first_seen_ms: 42,
-            })
-            .collect();
-        v.clusters.insert(
-            (*name).to_owned(),
-            ViewCluster {
-                digest: meshcat_common::wire::hosts_digest(endpoints.iter().map(|e| &*e.address)),
-                healthy: endpoints.iter().filter(|e| e.healthy).count() as u32,
-                endpoints,
-                previous: Vec::new(),
-            },
-        );
+        v.clusters
+            .insert(Arc::from(*name), Arc::new(ViewCluster::of(endpoints, 42)));
     }
     Arc::new(v)
 }
@@ -1044,6 +1028,73 @@ fn declared_clusters_show_their_endpoints_until_an_agent_reports() {
             .iter()
             .any(|c| c.record.cluster_name == "orders")
     );
+}
+
+/// Once a zone's view is shown, what maps it marks the zone due to be mapped
+/// again: a cluster registered in it or deleted, a listener address of its
+/// sidecars come or gone. Mapped again, the view follows; a zone without a view,
+/// and a report that moves no address, mark nothing.
+#[test]
+fn a_zone_is_due_to_be_mapped_again_when_its_clusters_or_listener_addresses_change() {
+    use meshcat_common::wire::ListenerRoutes;
+    let (_d, s, live) = open();
+    s.create_zone(zone("z")).unwrap();
+    s.create_zone(zone("w")).unwrap();
+    let due = || live.remaps().take().into_iter().collect::<Vec<_>>();
+    let listening = |cluster: &str, instance: &str, host: &str| {
+        let mut r = report("z", cluster, instance, 0, 0);
+        r.admin_address = format!("{host}:15000");
+        r.listeners = vec![ListenerRoutes {
+            address: format!("{host}:8080"),
+            clusters: vec![format!("inbound-{cluster}")],
+        }];
+        r
+    };
+    // No view yet: nothing is due.
+    s.create_cluster(ClusterRecord::new("z", "payments", "Payments"))
+        .unwrap();
+    assert!(due().is_empty());
+    let view = declared_view(&[("payments-v2", &[("10.0.0.5:8080", true)])]);
+    live.apply_declared("z", Some(view.clone()));
+    assert!(due().is_empty(), "mapping marks nothing");
+    assert_eq!(s.declared_names("z", "payments-v2"), ["payments-v2"]);
+
+    // A payments sidecar listening at the endpoint: due, and mapped again the view's
+    // cluster stands for payments.
+    let now = Instant::now();
+    live.apply_report("agent-1", listening("payments", "pay-1", "10.0.0.5"), now);
+    assert_eq!(due(), ["z"]);
+    live.apply_declared("z", Some(view.clone()));
+    assert_eq!(s.declared_names("z", "payments"), ["payments-v2"]);
+    // The same listener again moves nothing.
+    live.apply_report("agent-1", listening("payments", "pay-1", "10.0.0.5"), now);
+    assert!(due().is_empty());
+
+    // The view's own name registered: due, and it stands for itself.
+    s.create_cluster(ClusterRecord::new("z", "payments-v2", "Payments v2"))
+        .unwrap();
+    assert_eq!(due(), ["z"]);
+    live.apply_declared("z", Some(view.clone()));
+    assert_eq!(s.declared_names("z", "payments-v2"), ["payments-v2"]);
+    assert!(s.declared_names("z", "payments").is_empty());
+    // Deleted: due, and the address rule finds payments again.
+    s.delete_cluster("z", "payments-v2").unwrap();
+    assert_eq!(due(), ["z"]);
+    live.apply_declared("z", Some(view.clone()));
+    assert_eq!(s.declared_names("z", "payments"), ["payments-v2"]);
+
+    // The sidecar gone: due.
+    live.agent_gone("agent-1");
+    assert_eq!(due(), ["z"]);
+    // Another zone, without a view: never due.
+    s.create_cluster(ClusterRecord::new("w", "ledger", "Ledger"))
+        .unwrap();
+    assert!(due().is_empty());
+    // A zone whose view is gone is not watched any more.
+    live.apply_declared("z", None);
+    s.create_cluster(ClusterRecord::new("z", "orders", "Orders"))
+        .unwrap();
+    assert!(due().is_empty());
 }
 
 #[test]

@@ -30,6 +30,7 @@ use dashmap::DashMap;
 use meshcat_common::wire::{InstanceReport, ListenerRoutes, UpstreamTraffic};
 
 use super::clusterset::ClusterSet;
+use super::declared::Remaps;
 
 pub use bounds::{DEFAULT_MAX_EDGES_PER_NODE, GraphMetrics, Item, OTHER, Refusal};
 pub use ring::{AddressMap, Window, address_key};
@@ -449,39 +450,71 @@ impl ClusterCalls {
         }
     }
 
-    fn add_listener(&mut self, key: u64, l: &ListenerRoutes) {
+    /// Adds an instance's listener; whether its address is new to the cluster.
+    fn add_listener(&mut self, key: u64, l: &ListenerRoutes) -> bool {
+        let mut new = false;
         self.listeners
             .entry(key)
             .and_modify(|(_, count)| *count += 1)
-            .or_insert_with(|| (l.clone(), 1));
+            .or_insert_with(|| {
+                new = true;
+                (l.clone(), 1)
+            });
+        new
     }
 
-    fn remove_listener(&mut self, key: u64) {
+    /// Takes an instance's listener out; whether its address went from the cluster.
+    fn remove_listener(&mut self, key: u64) -> bool {
         if let Some((_, count)) = self.listeners.get_mut(&key) {
             *count -= 1;
             if *count == 0 {
                 self.listeners.remove(&key);
+                return true;
             }
         }
+        false
     }
 
-    /// Takes everything `t` added out (the instance left).
-    fn remove_instance(&mut self, t: &InstanceTraffic) {
+    /// Takes everything `t` added out (the instance left); whether a listener
+    /// address went from the cluster.
+    fn remove_instance(&mut self, t: &InstanceTraffic) -> bool {
         self.instances -= 1;
         if let Some(l) = &t.local_cluster {
             self.remove_local(l);
         }
+        let mut gone = false;
         for key in &t.listener_keys {
-            self.remove_listener(*key);
+            gone |= self.remove_listener(*key);
         }
         for u in &t.upstreams {
             self.leave(u);
         }
+        gone
     }
 }
 
 /// One peer's summary: its clusters' calls, by (zone, cluster).
 type PeerCalls = Vec<((String, String), ClusterCalls)>;
+
+/// Per zone of a peer's summary, a digest of which cluster's sidecars listen at
+/// which addresses (zones without listeners left out): what the mapping of the
+/// zone's control server view takes from it.
+fn listening_by_zone(summary: &PeerCalls) -> BTreeMap<String, u64> {
+    use std::hash::{Hash, Hasher};
+    let mut out: BTreeMap<String, u64> = BTreeMap::new();
+    for ((zone, cluster), calls) in summary {
+        if calls.listeners.is_empty() {
+            continue;
+        }
+        let digest = out.entry(zone.clone()).or_default();
+        for key in calls.listeners.keys() {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            (key, cluster).hash(&mut h);
+            *digest = digest.wrapping_add(h.finish());
+        }
+    }
+    out
+}
 
 /// The traffic of every calling cluster, and of the instances it sums.
 #[derive(Debug)]
@@ -505,6 +538,9 @@ pub struct Traffic {
     max_edges: AtomicUsize,
     /// What the bounds refused or summed.
     metrics: GraphMetrics,
+    /// Marked with a zone when a listener address of its clusters comes or goes:
+    /// the zone's control server view is mapped by them.
+    remaps: Arc<Remaps>,
 }
 
 impl Traffic {
@@ -519,7 +555,13 @@ impl Traffic {
             window,
             max_edges: AtomicUsize::new(DEFAULT_MAX_EDGES_PER_NODE),
             metrics: GraphMetrics::default(),
+            remaps: Arc::default(),
         }
+    }
+
+    /// The same, marking `remaps` with the zones whose listener addresses change.
+    pub(super) fn remapping(self, remaps: Arc<Remaps>) -> Self {
+        Traffic { remaps, ..self }
     }
 
     /// The graph window (`--graph-window`).
@@ -674,14 +716,20 @@ impl Traffic {
             }
             std::hash::Hasher::finish(&h)
         };
+        let mut addresses_moved = false;
         if !listeners_kept
             && (t.listener_keys != listener_keys || t.listener_routes != listener_routes)
         {
+            // An address taken out and put back is no move.
             for key in &t.listener_keys {
-                c.remove_listener(*key);
+                if c.remove_listener(*key) && !listener_keys.contains(key) {
+                    addresses_moved = true;
+                }
             }
             for (key, l) in listener_keys.iter().zip(&listeners) {
-                c.add_listener(*key, l);
+                if c.add_listener(*key, l) && !t.listener_keys.contains(key) {
+                    addresses_moved = true;
+                }
             }
             reshaped = true;
         }
@@ -767,6 +815,9 @@ impl Traffic {
         if reshaped {
             self.reshaped();
         }
+        if addresses_moved {
+            self.remaps.moved(&r.zone_name);
+        }
         kept
     }
 
@@ -811,11 +862,15 @@ impl Traffic {
             return;
         };
         let cluster = (key.zone.clone(), key.cluster.clone());
+        let mut addresses_moved = false;
         if let Some(mut c) = self.clusters.get_mut(&cluster) {
-            c.remove_instance(&t);
+            addresses_moved = c.remove_instance(&t);
         }
         self.clusters.remove_if(&cluster, |_, c| c.instances == 0);
         self.reshaped();
+        if addresses_moved {
+            self.remaps.moved(&key.zone);
+        }
     }
 
     /// Calls `f` with every cluster's calls, this replica's and its peers' (the graph
@@ -1038,27 +1093,43 @@ impl Traffic {
             calls.upstreams.shrink_to_fit();
             summary.push(((c.zone_name.clone(), c.cluster_name.clone()), calls));
         }
-        {
+        let listening = listening_by_zone(&summary);
+        let old = {
             let mut remote = self.remote.write().unwrap_or_else(PoisonError::into_inner);
             if summary.is_empty() {
-                remote.remove(peer);
+                remote.remove(peer)
             } else {
-                remote.insert(peer.to_owned(), Arc::new(summary));
+                remote.insert(peer.to_owned(), Arc::new(summary))
             }
-        }
+        };
         // A summary is the peer's whole view, replaced each time: its shape is not
         // compared, it may have changed.
         self.reshaped();
+        let before = old.as_deref().map(listening_by_zone).unwrap_or_default();
+        for zone in before.keys().chain(listening.keys()) {
+            if before.get(zone) != listening.get(zone) {
+                self.remaps.moved(zone);
+            }
+        }
         dropped
     }
 
     /// Forgets replica `peer`'s summary (it left).
     pub fn forget_remote(&self, peer: &str) {
-        self.remote
+        let old = self
+            .remote
             .write()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(peer);
         self.reshaped();
+        for zone in old
+            .as_deref()
+            .map(listening_by_zone)
+            .unwrap_or_default()
+            .keys()
+        {
+            self.remaps.moved(zone);
+        }
     }
 
     /// The peers whose summaries are held, sorted.

@@ -205,11 +205,11 @@ fn stale_cluster(view: &ZoneView, input: &SyncInput, name: &str, since: i64) -> 
             control_endpoints: 0,
         };
     };
-    let control_endpoints = v.endpoints.len() as u64;
+    let control_endpoints = v.len() as u64;
     let (missing, missing_count, extra, extra_count) =
         match held.and_then(|h| older_set(v, h.hosts_digest)) {
             Some(old) => {
-                let now: BTreeSet<&str> = v.endpoints.iter().map(|e| &*e.address).collect();
+                let now: BTreeSet<&str> = v.endpoints().map(|e| e.address).collect();
                 let then: BTreeSet<&str> = old.iter().map(|a| &**a).collect();
                 let missing: Vec<&str> = now.difference(&then).copied().collect();
                 let extra: Vec<&str> = then.difference(&now).copied().collect();
@@ -259,43 +259,32 @@ mod tests {
     use meshcat_common::wire::{ReportedCluster, XdsRejection, XdsState, hosts_digest};
 
     use super::*;
-    use crate::control::ViewEndpoint;
     use crate::ingest::InstanceKey;
     use crate::store::clusterset::ClusterSet;
 
     const GRACE: i64 = 30_000;
 
     fn cluster(addresses: &[&str], previous: &[&[&str]]) -> ViewCluster {
-        let endpoints: Vec<ViewEndpoint> = addresses
+        let endpoints: Vec<(&str, bool)> = addresses.iter().map(|a| (*a, true)).collect();
+        let mut c = ViewCluster::of(&endpoints, 0);
+        assert_eq!(c.digest, hosts_digest(addresses.iter().copied()));
+        c.previous = previous
             .iter()
-            .map(|a| ViewEndpoint {
-                address: (*a).into(),
-                healthy: true,
-                health: "HEALTHY",
-                first_seen_ms: 0,
+            .map(|set| {
+                (
+                    hosts_digest(set.iter().copied()),
+                    set.iter().map(|s| (*s).into()).collect(),
+                )
             })
             .collect();
-        ViewCluster {
-            digest: hosts_digest(addresses.iter().copied()),
-            healthy: endpoints.len() as u32,
-            endpoints,
-            previous: previous
-                .iter()
-                .map(|set| {
-                    (
-                        hosts_digest(set.iter().copied()),
-                        set.iter().map(|s| (*s).into()).collect(),
-                    )
-                })
-                .collect(),
-        }
+        c
     }
 
     fn view(clusters: Vec<(&str, ViewCluster)>, removed: &[(&str, i64)]) -> ZoneView {
         ZoneView {
             clusters: clusters
                 .into_iter()
-                .map(|(n, c)| (n.to_owned(), c))
+                .map(|(n, c)| (Arc::from(n), Arc::new(c)))
                 .collect(),
             removed: removed.iter().map(|(n, t)| ((*n).to_owned(), *t)).collect(),
             incomparable: Default::default(),

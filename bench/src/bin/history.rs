@@ -6,12 +6,17 @@
 //!   fleet's (instances joining, leaving and restarting, status changes with their
 //!   reasons, configuration changes, edits, log levels over 1,000 clusters in 20
 //!   zones with pod-like instance names), in bursts the queue takes whole, waiting
-//!   for each burst to be stored. Prints appends per second (recording to durable)
-//!   and the file's bytes per entry.
+//!   for each burst to be stored. Among them, at a sixth, half and five sixths of
+//!   the entries held, two rare sets of three ([`rare`]): one in a zone, cluster and
+//!   kind of its own, one of an instance and kind of its own whose zone and
+//!   cluster are both common, but never together elsewhere. Prints appends per
+//!   second (recording to durable) and the file's bytes per entry.
 //! - `read`: `GET /history` of a running aggregator over that data directory, one
-//!   request after the other over one keep-alive connection: the newest 100
-//!   (`limit` default), then one cluster's and two kinds' newest 100. Prints latency
-//!   percentiles (time to the last byte).
+//!   request after the other over one keep-alive connection, for every filter the
+//!   API offers alone and combined ([`FILTERS`]): the newest 100 of common ones,
+//!   and the rare sets. Prints latency percentiles (time to the last byte) and
+//!   how many entries each answered; fails when an answer is incomplete or a rare
+//!   filter does not find exactly its three.
 //! - `flood`: the history under a flood, as the aggregator records it
 //!   (`History::record_instance` with the per-instance allowance,
 //!   `History::record_diagnosis` with `--history-max-diagnoses`): `--instances`
@@ -66,6 +71,9 @@ enum Step {
         /// writer's queue, 65,536, so none is dropped).
         #[arg(long, default_value_t = 32_768)]
         burst: u64,
+        /// The history's --history-max-bytes.
+        #[arg(long, default_value_t = 64 << 30)]
+        max_bytes: u64,
     },
     /// Floods a history with flapping instances and diagnoses until its byte
     /// budget is full, reading the newest entries meanwhile.
@@ -101,6 +109,39 @@ enum Step {
     },
 }
 
+/// The rare sets' names: the first set's zone, cluster and kind appear nowhere
+/// else; the second's instance and kind appear nowhere else, its zone and cluster
+/// are common but never together elsewhere (`svc-0500` is in `zone-00`).
+const RARE_ZONE: &str = "zone-20";
+const RARE_CLUSTER: &str = "svc-1000";
+const RARE_KIND: Kind = Kind::ClusterRegistered;
+const PAIR_ZONE: &str = "zone-07";
+const PAIR_CLUSTER: &str = "svc-0500";
+const PAIR_INSTANCE: &str = "svc-0500-rare-0";
+const PAIR_KIND: Kind = Kind::DriftStarted;
+
+/// Entry `n` of `entries` recorded, of which the last `keep` are held: a rare one
+/// at a sixth, half and five sixths of those held (the first set there, the second
+/// just after), else [`entry`].
+fn rare(n: u64, entries: u64, keep: u64) -> Pending {
+    let first = entries - keep;
+    for at in [keep / 6, keep / 2, keep / 6 * 5] {
+        if n == first + at {
+            return Pending::new(RARE_KIND, RARE_ZONE, RARE_CLUSTER, "", Detail::Nothing {});
+        }
+        if n == first + at + 1 {
+            return Pending::new(
+                PAIR_KIND,
+                PAIR_ZONE,
+                PAIR_CLUSTER,
+                PAIR_INSTANCE,
+                Detail::Drift { groups: Vec::new() },
+            );
+        }
+    }
+    entry(n)
+}
+
 const ZONES: u64 = 20;
 const CLUSTERS: u64 = 1_000;
 
@@ -111,7 +152,9 @@ fn entry(n: u64) -> Pending {
     let pod = format!("{name}-7d9f8c6b5-{:05x}", (n / 7) % 0xf_ffff);
     let start = 1_780_000_000_000 + n as i64 * 37;
     let hash = |k: u64| format!("{:016x}", k.wrapping_mul(0x9e37_79b9_7f4a_7c15));
-    let (kind, instance, detail) = match n % 20 {
+    // The kind by a hash of its own: a cluster's (and so a zone's) entries are of
+    // every kind, as `cluster % ZONES` would follow `n % 20` otherwise.
+    let (kind, instance, detail) = match (n.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40) % 20 {
         0..=4 => (
             Kind::InstanceJoined,
             pod,
@@ -181,11 +224,18 @@ fn entry(n: u64) -> Pending {
     Pending::new(kind, &zone, &name, &instance, detail)
 }
 
-fn fill(dir: &std::path::Path, entries: u64, keep: u64, burst: u64) -> anyhow::Result<()> {
+fn fill(
+    dir: &std::path::Path,
+    entries: u64,
+    keep: u64,
+    burst: u64,
+    max_bytes: u64,
+) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir)?;
     let metrics = HistoryMetrics::unregistered();
     let config = HistoryConfig {
         max_entries: keep,
+        max_bytes,
         ..HistoryConfig::default()
     };
     let history = History::open(dir, DB_FILE, config, metrics.clone())?;
@@ -194,7 +244,7 @@ fn fill(dir: &std::path::Path, entries: u64, keep: u64, burst: u64) -> anyhow::R
     while n < entries {
         let end = (n + burst).min(entries);
         for i in n..end {
-            history.record(entry(i));
+            history.record(rare(i, entries, keep));
         }
         history.flush();
         n = end;
@@ -426,44 +476,197 @@ fn pct(sorted: &[Duration], p: f64) -> f64 {
     sorted[i].as_secs_f64() * 1000.0
 }
 
+/// How many entries a filter finds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Finds {
+    /// The newest 100 of many.
+    Newest,
+    /// Some, at most 100 (an instance's; one cluster's kind within a minute).
+    Few,
+    /// Exactly the three of a rare set.
+    Three,
+    /// None at all.
+    Nothing,
+}
+
+/// Every filter `GET /history` offers, alone and combined: (what, query, how many
+/// it finds). `{instance}` is one instance of the common entries, `{mid}` the time
+/// of the rare sets' middle entry.
+const FILTERS: &[(&str, &str, Finds)] = &[
+    ("newest", "", Finds::Newest),
+    ("zone", "zoneName=zone-07", Finds::Newest),
+    ("cluster", "clusterName=svc-0500", Finds::Newest),
+    ("instance", "instance={instance}", Finds::Few),
+    ("kind", "kind=config-changed", Finds::Newest),
+    (
+        "two kinds",
+        "kind=config-changed&kind=cluster-updated",
+        Finds::Newest,
+    ),
+    ("since", "since={mid}", Finds::Newest),
+    ("until", "until={mid}", Finds::Newest),
+    (
+        "since and until",
+        "since={mid-60s}&until={mid}",
+        Finds::Newest,
+    ),
+    (
+        "zone, kind",
+        "zoneName=zone-07&kind=status-changed",
+        Finds::Newest,
+    ),
+    (
+        "cluster, kind",
+        "clusterName=svc-0500&kind=instance-left",
+        Finds::Newest,
+    ),
+    (
+        "cluster, two kinds",
+        "clusterName=svc-0500&kind=instance-left&kind=config-changed",
+        Finds::Newest,
+    ),
+    (
+        "zone, cluster",
+        "zoneName=zone-00&clusterName=svc-0500",
+        Finds::Newest,
+    ),
+    (
+        "cluster, instance",
+        "clusterName={cluster}&instance={instance}",
+        Finds::Few,
+    ),
+    (
+        "zone, since and until",
+        "zoneName=zone-07&since={mid-60s}&until={mid}",
+        Finds::Newest,
+    ),
+    (
+        "cluster, kind, since and until",
+        "clusterName=svc-0500&kind=instance-joined&since={mid-60s}&until={mid}",
+        Finds::Few,
+    ),
+    (
+        "every filter",
+        "zoneName={zone}&clusterName={cluster}&instance={instance}&kind={kind}&since=0&until={end}",
+        Finds::Few,
+    ),
+    ("rare zone", "zoneName=zone-20", Finds::Three),
+    ("rare cluster", "clusterName=svc-1000", Finds::Three),
+    ("rare kind", "kind=cluster-registered", Finds::Three),
+    ("rare instance", "instance=svc-0500-rare-0", Finds::Three),
+    (
+        "rare pair of common zone and cluster",
+        "zoneName=zone-07&clusterName=svc-0500",
+        Finds::Three,
+    ),
+    (
+        "common zone, rare kind",
+        "zoneName=zone-07&kind=drift-started",
+        Finds::Three,
+    ),
+    (
+        "common cluster, rare kind, since",
+        "clusterName=svc-0500&kind=drift-started&since=0",
+        Finds::Three,
+    ),
+    (
+        "rare zone, common kind",
+        "zoneName=zone-20&kind=instance-joined",
+        Finds::Nothing,
+    ),
+    (
+        "common zone and cluster never together",
+        "zoneName=zone-03&clusterName=svc-0500",
+        Finds::Nothing,
+    ),
+];
+
+/// GET `url`: the entries and whether the answer says it is incomplete.
+async fn entries(
+    http: &reqwest::Client,
+    url: &str,
+) -> anyhow::Result<(Vec<serde_json::Value>, bool)> {
+    let r = http.get(url).send().await?;
+    if !r.status().is_success() {
+        bail!("GET {url}: {}", r.status());
+    }
+    let incomplete = r.headers().contains_key("x-meshcat-history-incomplete");
+    let body = r.bytes().await?;
+    let entries =
+        serde_json::from_slice::<Vec<serde_json::Value>>(&body).context("a JSON array")?;
+    Ok((entries, incomplete))
+}
+
 async fn read(api: &str, requests: usize) -> anyhow::Result<()> {
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(1)
         .build()?;
-    for (what, path) in [
-        ("newest 100", "/history"),
-        ("one cluster's newest 100", "/history?clusterName=svc-0500"),
-        (
-            "two kinds' newest 100",
-            "/history?kind=config-changed&kind=cluster-updated",
-        ),
-        (
-            "one zone's newest 100 (no index: a scan)",
-            "/history?zoneName=zone-07",
-        ),
-    ] {
-        let url = format!("{api}{path}");
+    // The names and times the filters take, from the log itself.
+    let (pair, _) = entries(&http, &format!("{api}/history?instance={PAIR_INSTANCE}")).await?;
+    let [_, mid, _] = pair.as_slice() else {
+        bail!("the rare set is not there: {pair:?}");
+    };
+    let mid = mid["atMs"].as_i64().context("atMs")?;
+    // An instance's entry before it: its names for the filters that take one.
+    let (older, _) = entries(
+        &http,
+        &format!("{api}/history?until={mid}&limit=1&kind=instance-joined"),
+    )
+    .await?;
+    let one = older
+        .first()
+        .context("an instance entry before the middle")?;
+    let field = |k: &str| one[k].as_str().unwrap_or_default().to_owned();
+    let (zone, cluster, instance, kind) = (
+        field("zoneName"),
+        field("clusterName"),
+        field("instance"),
+        field("kind"),
+    );
+    let mut worst: Option<(f64, &str)> = None;
+    for (what, query, finds) in FILTERS {
+        let query = query
+            .replace("{instance}", &instance)
+            .replace("{zone}", &zone)
+            .replace("{cluster}", &cluster)
+            .replace("{kind}", &kind)
+            .replace("{mid-60s}", &(mid - 60_000).to_string())
+            .replace("{mid}", &mid.to_string())
+            .replace("{end}", &(mid + 1).to_string());
+        let url = format!("{api}/history?{query}");
         let mut took = Vec::with_capacity(requests);
         let mut count = 0;
         for _ in 0..requests {
             let t = Instant::now();
-            let r = http.get(&url).send().await?;
-            if !r.status().is_success() {
-                bail!("GET {url}: {}", r.status());
-            }
-            let body = r.bytes().await?;
+            let (found, incomplete) = entries(&http, &url).await?;
             took.push(t.elapsed());
-            count = serde_json::from_slice::<Vec<serde_json::Value>>(&body)
-                .context("a JSON array")?
-                .len();
+            if incomplete {
+                bail!("GET {url}: an incomplete answer");
+            }
+            count = found.len();
+        }
+        let expected = match finds {
+            Finds::Newest => count == 100,
+            Finds::Few => (1..=100).contains(&count),
+            Finds::Three => count == 3,
+            Finds::Nothing => count == 0,
+        };
+        if !expected {
+            bail!("GET {url}: {count} entries, where {finds:?} was expected");
         }
         took.sort_unstable();
+        let p99 = pct(&took, 0.99);
+        if worst.is_none_or(|(w, _)| p99 > w) {
+            worst = Some((p99, what));
+        }
         println!(
-            "GET {path} ({what}, {count} entries): p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms over {requests}",
+            "GET /history?{query} ({what}, {count} entries): p50 {:.2} ms, p99 {p99:.2} ms, max {:.2} ms over {requests}",
             pct(&took, 0.5),
-            pct(&took, 0.99),
             pct(&took, 1.0)
         );
+    }
+    if let Some((p99, what)) = worst {
+        println!("worst p99 {p99:.2} ms ({what})");
     }
     Ok(())
 }
@@ -476,9 +679,11 @@ async fn main() -> anyhow::Result<()> {
             entries,
             keep,
             burst,
+            max_bytes,
         } => {
             let keep = keep.unwrap_or(entries);
-            tokio::task::spawn_blocking(move || fill(&data_dir, entries, keep, burst)).await?
+            tokio::task::spawn_blocking(move || fill(&data_dir, entries, keep, burst, max_bytes))
+                .await?
         }
         Step::Flood {
             data_dir,
