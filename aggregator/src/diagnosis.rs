@@ -1295,13 +1295,16 @@ mod tests {
     fn a_diagnosed_entry_names_the_cluster_and_holds_no_owner_text() {
         let dir = tempfile::tempdir().unwrap();
         let (store, _instances) = Store::open(dir.path(), crate::store::Rules::defaults()).unwrap();
-        store.create_zone(ZoneRecord::new("z", "cp:50000")).unwrap();
+        store
+            .writes()
+            .create_zone(ZoneRecord::new("z", "cp:50000"))
+            .unwrap();
         let owner = format!("team-secret {}", "x".repeat(3000));
         for cluster in ["a", "b"] {
             let mut r = ClusterRecord::new("z", cluster, cluster);
             r.owner = owner.clone();
             r.owner_url = "https://teams.example/secret".into();
-            store.create_cluster(r).unwrap();
+            store.writes().create_cluster(r).unwrap();
         }
         let r = across_hops(
             &store,
@@ -1335,12 +1338,15 @@ mod tests {
     fn the_root_cause_is_the_deepest_cluster_whose_own_checks_fail() {
         let dir = tempfile::tempdir().unwrap();
         let (store, _instances) = Store::open(dir.path(), crate::store::Rules::defaults()).unwrap();
-        store.create_zone(ZoneRecord::new("z", "cp:50000")).unwrap();
+        store
+            .writes()
+            .create_zone(ZoneRecord::new("z", "cp:50000"))
+            .unwrap();
         for (cluster, owner) in [("a", "team-a"), ("b", "team-b")] {
             let mut r = ClusterRecord::new("z", cluster, cluster);
             r.owner = owner.into();
             r.owner_url = format!("https://teams.example/{cluster}");
-            store.create_cluster(r).unwrap();
+            store.writes().create_cluster(r).unwrap();
         }
         // a's service answered 5xx; b's refuses connections behind its sidecar.
         let r = across_hops(

@@ -296,6 +296,7 @@ mod tests {
     fn state(dir: &std::path::Path, config: OpsConfig) -> Arc<OpsState> {
         let (store, instances) = Store::open(dir, Rules::defaults()).unwrap();
         store
+            .writes()
             .create_zone(ZoneRecord {
                 zone_name: "z".into(),
                 request_cluster: "edge".into(),
@@ -308,7 +309,7 @@ mod tests {
             .unwrap();
         let mut c = ClusterRecord::new("z", "orders", "Orders");
         c.owner = "team-orders".into();
-        store.create_cluster(c).unwrap();
+        store.writes().create_cluster(c).unwrap();
         let sync = Arc::new(crate::sync::Sync::new(
             Default::default(),
             store.changes().clone(),
@@ -404,7 +405,7 @@ mod tests {
         );
 
         // A deleted cluster's series are gone from the next rendering.
-        s.store.delete_cluster("z", "orders").unwrap();
+        s.store.writes().delete_cluster("z", "orders").unwrap();
         let (_, after) = scrape(&s, true).await;
         assert!(!after.contains("orders"), "{after}");
         assert!(after.contains("# TYPE meshcat_cluster_status gauge"));
@@ -432,7 +433,7 @@ mod tests {
         // What a new rendering would show differently: a new cluster and owner.
         let mut c = ClusterRecord::new("z", "payments", "Payments");
         c.owner = "team-payments".into();
-        s.store.create_cluster(c).unwrap();
+        s.store.writes().create_cluster(c).unwrap();
         let (_, second) = scrape(&s, false).await;
         assert_eq!(second, first);
         let (encoding, unzipped) = scrape(&s, true).await;

@@ -60,7 +60,7 @@ pub use persist::{PersistError, RedbRegistrations};
 use read::ReadCache;
 pub use read::{Cached, CachedKind, ClusterFacts, Totals};
 use registrations::Sequencer;
-pub use registrations::{Committed, Loaded, Refusal, Registrations, Write};
+pub use registrations::{Committed, Loaded, Refusal, Registrations, Write, Writes};
 pub use syncinput::SyncInput;
 
 use crate::changes::{self, Changes};
@@ -257,7 +257,7 @@ impl Store {
             }
         }
         // Loading is not a change anyone could have seen: it moves no index.
-        store.apply_changes_quietly(&changes);
+        registrations::apply_quietly(&store, &changes);
         Ok((store, instances))
     }
 

@@ -1027,6 +1027,7 @@ async fn zone_replacement_without_a_write_token_is_disabled() {
     .await;
     api.agg
         .store
+        .writes()
         .create_zone(
             serde_json::from_value(json!({"zoneName": "z", "serverAddress": "cp:1"})).unwrap(),
         )

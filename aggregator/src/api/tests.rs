@@ -193,7 +193,10 @@ async fn status_names_unregistered_zones_only_to_readers() {
             anonymous_writes: false,
         },
     );
-    st.store.create_zone(ZoneRecord::new("z", "cp:1")).unwrap();
+    st.store
+        .writes()
+        .create_zone(ZoneRecord::new("z", "cp:1"))
+        .unwrap();
     for zone in ["z", "elsewhere"] {
         let mut r = meshcat_common::wire::InstanceReport::unread(
             zone.into(),

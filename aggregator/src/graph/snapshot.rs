@@ -693,7 +693,7 @@ mod tests {
     fn empty() -> (tempfile::TempDir, Arc<Store>, Arc<Instances>) {
         let dir = tempfile::tempdir().unwrap();
         let (store, live) = Store::open(dir.path(), Rules::defaults()).unwrap();
-        store.create_zone(zone("z")).unwrap();
+        store.writes().create_zone(zone("z")).unwrap();
         (dir, Arc::new(store), Arc::new(live))
     }
 
@@ -716,13 +716,16 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (store, live) = Store::open(dir.path(), Rules::defaults()).unwrap();
         for z in ["z", "y"] {
-            store.create_zone(zone(z)).unwrap();
+            store.writes().create_zone(zone(z)).unwrap();
         }
         let mut a = ClusterRecord::new("z", "a", "A");
         a.dependencies = vec!["b".into(), "ghost".into(), "y/d".into()];
-        store.create_cluster(a).unwrap();
+        store.writes().create_cluster(a).unwrap();
         for (z, c) in [("z", "b"), ("z", "c"), ("y", "d")] {
-            store.create_cluster(ClusterRecord::new(z, c, c)).unwrap();
+            store
+                .writes()
+                .create_cluster(ClusterRecord::new(z, c, c))
+                .unwrap();
         }
         let reports = |n| {
             vec![
@@ -1174,6 +1177,7 @@ mod tests {
 
         // A registration moves the index: the next request builds again and sees it.
         store
+            .writes()
             .create_cluster(ClusterRecord::new("z", "late", "Late"))
             .unwrap();
         let third = graphs.fresh(&store).await.unwrap();

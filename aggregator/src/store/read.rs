@@ -408,9 +408,21 @@ impl Store {
 }
 
 /// The serde oracle of the rendered read paths: the same answers built as typed
-/// views, slowly, for tests to compare with.
+/// views, slowly, for tests to compare with: `Oracle(&store).summary(true)`.
 #[cfg(test)]
-impl Store {
+pub struct Oracle<'a>(pub &'a Store);
+
+#[cfg(test)]
+impl std::ops::Deref for Oracle<'_> {
+    type Target = Store;
+
+    fn deref(&self) -> &Store {
+        self.0
+    }
+}
+
+#[cfg(test)]
+impl Oracle<'_> {
     /// The `GET /summary` body, serialized once per change generation.
     pub fn summary_body(&self, authorized: bool) -> Bytes {
         self.cached_body(Cached {

@@ -391,17 +391,6 @@ impl Store {
         Ok(changes.swap_remove(0))
     }
 
-    /// Registers a zone. Blocks on the durable commit.
-    pub fn create_zone(&self, z: ZoneRecord) -> Result<ZoneRecord, StoreError> {
-        Ok(self.commit_one(Write::CreateZone(z))?.into_zone())
-    }
-
-    /// Replaces a registered zone's record; its clusters stay. Blocks on the durable
-    /// commit.
-    pub fn replace_zone(&self, z: ZoneRecord) -> Result<ZoneRecord, StoreError> {
-        Ok(self.commit_one(Write::ReplaceZone(z))?.into_zone())
-    }
-
     /// Shows committed changes in memory: this process's own writes after their
     /// commit, or changes that arrive from elsewhere (another replica's writes seen
     /// through the backend), in their commit order. This is the one point where
@@ -411,11 +400,6 @@ impl Store {
         // Until the first listing from a shared backend is in, nobody reads the
         // catalog: the listing is a load, not a change.
         self.apply(changes, self.is_loaded());
-    }
-
-    /// Shows changes without publishing their events (loading at start).
-    pub(super) fn apply_changes_quietly(&self, changes: &[Committed]) {
-        self.apply(changes, false);
     }
 
     /// Shows `changes`; with `publish` (not at loading) they are changes a reader
@@ -613,43 +597,7 @@ impl Store {
 /// ([`Store::commit_async`]), and registers and replaces zones with
 /// [`Store::create_zone`] and [`Store::replace_zone`].
 #[cfg(test)]
-impl Store {
-    /// Registers a cluster. Blocks on the durable commit.
-    pub fn create_cluster(&self, c: ClusterRecord) -> Result<ClusterRecord, StoreError> {
-        Ok(self.commit_one(Write::CreateCluster(c))?.into_cluster())
-    }
-
-    /// Registers clusters all or nothing, in one durable commit. A refusal carries the
-    /// index of the refused record.
-    pub fn create_clusters(
-        &self,
-        cs: Vec<ClusterRecord>,
-    ) -> Result<Vec<ClusterRecord>, (usize, StoreError)> {
-        let changes = self.commit(cs.into_iter().map(Write::CreateCluster).collect())?;
-        Ok(changes.into_iter().map(Committed::into_cluster).collect())
-    }
-
-    /// Replaces a registered cluster. Blocks on the durable commit.
-    pub fn replace_cluster(&self, c: ClusterRecord) -> Result<ClusterRecord, StoreError> {
-        Ok(self.commit_one(Write::ReplaceCluster(c))?.into_cluster())
-    }
-
-    /// Deletes a registered cluster. Blocks on the durable commit.
-    pub fn delete_cluster(&self, zone: &str, cluster: &str) -> Result<ClusterRecord, StoreError> {
-        let w = Write::DeleteCluster {
-            zone: zone.to_owned(),
-            cluster: cluster.to_owned(),
-        };
-        Ok(self.commit_one(w)?.into_cluster())
-    }
-
-    /// Deletes a zone and its clusters. Blocks on the durable commit.
-    pub fn delete_zone(&self, name: &str) -> Result<ZoneRecord, StoreError> {
-        Ok(self
-            .commit_one(Write::DeleteZone(name.to_owned()))?
-            .into_zone())
-    }
-}
+impl Store {}
 
 /// The fields of a record (zone or cluster) that differ between `old` and `new`, by
 /// the names the API gives them, sorted.
@@ -744,5 +692,74 @@ mod tests {
         assert!(first.join().is_err());
         seq.show_in_turn(2, 2, |b| shown.lock().unwrap().push(*b));
         assert_eq!(*shown.lock().unwrap(), vec![1, 2]);
+    }
+}
+
+/// Shows changes without publishing their events (loading at start).
+pub(super) fn apply_quietly(store: &Store, changes: &[Committed]) {
+    store.apply(changes, false);
+}
+
+/// Single registration writes, each its own durable commit, blocking on it:
+/// `store.writes().create_cluster(record)`. A batch is [`Store::commit`].
+#[derive(Debug, Clone, Copy)]
+pub struct Writes<'a>(&'a Store);
+
+impl Store {
+    /// Single writes, each its own commit (see [`Writes`]).
+    pub fn writes(&self) -> Writes<'_> {
+        Writes(self)
+    }
+}
+
+impl Writes<'_> {
+    /// Registers a zone. Blocks on the durable commit.
+    pub fn create_zone(&self, z: ZoneRecord) -> Result<ZoneRecord, StoreError> {
+        Ok(self.0.commit_one(Write::CreateZone(z))?.into_zone())
+    }
+
+    /// Replaces a registered zone's record; its clusters stay. Blocks on the durable
+    /// commit.
+    pub fn replace_zone(&self, z: ZoneRecord) -> Result<ZoneRecord, StoreError> {
+        Ok(self.0.commit_one(Write::ReplaceZone(z))?.into_zone())
+    }
+
+    /// Registers a cluster. Blocks on the durable commit.
+    pub fn create_cluster(&self, c: ClusterRecord) -> Result<ClusterRecord, StoreError> {
+        Ok(self.0.commit_one(Write::CreateCluster(c))?.into_cluster())
+    }
+
+    /// Registers clusters all or nothing, in one durable commit. A refusal carries the
+    /// index of the refused record.
+    pub fn create_clusters(
+        &self,
+        cs: Vec<ClusterRecord>,
+    ) -> Result<Vec<ClusterRecord>, (usize, StoreError)> {
+        let changes = self
+            .0
+            .commit(cs.into_iter().map(Write::CreateCluster).collect())?;
+        Ok(changes.into_iter().map(Committed::into_cluster).collect())
+    }
+
+    /// Replaces a registered cluster. Blocks on the durable commit.
+    pub fn replace_cluster(&self, c: ClusterRecord) -> Result<ClusterRecord, StoreError> {
+        Ok(self.0.commit_one(Write::ReplaceCluster(c))?.into_cluster())
+    }
+
+    /// Deletes a registered cluster. Blocks on the durable commit.
+    pub fn delete_cluster(&self, zone: &str, cluster: &str) -> Result<ClusterRecord, StoreError> {
+        let w = Write::DeleteCluster {
+            zone: zone.to_owned(),
+            cluster: cluster.to_owned(),
+        };
+        Ok(self.0.commit_one(w)?.into_cluster())
+    }
+
+    /// Deletes a zone and its clusters. Blocks on the durable commit.
+    pub fn delete_zone(&self, name: &str) -> Result<ZoneRecord, StoreError> {
+        Ok(self
+            .0
+            .commit_one(Write::DeleteZone(name.to_owned()))?
+            .into_zone())
     }
 }

@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 use meshcat_common::model::{ClusterRecord, InstanceMetrics, Status, ZoneRecord, ZoneSummary};
 use meshcat_common::wire::InstanceReport;
 
+use super::read::Oracle;
 use super::*;
 
 fn zone(name: &str) -> ZoneRecord {
@@ -46,53 +47,65 @@ fn summary(s: &Store, z: &str) -> ZoneSummary {
 fn registrations_and_conflicts() {
     let (_d, s, _live) = open();
     assert!(matches!(
-        s.create_cluster(ClusterRecord::new("z", "a", "A")),
+        s.writes().create_cluster(ClusterRecord::new("z", "a", "A")),
         Err(StoreError::Invalid(_))
     ));
-    s.create_zone(zone("z")).unwrap();
+    s.writes().create_zone(zone("z")).unwrap();
     assert!(matches!(
-        s.create_zone(zone("z")),
+        s.writes().create_zone(zone("z")),
         Err(StoreError::Conflict(_))
     ));
-    s.create_cluster(ClusterRecord::new("z", "a", "A")).unwrap();
+    s.writes()
+        .create_cluster(ClusterRecord::new("z", "a", "A"))
+        .unwrap();
     assert!(matches!(
-        s.create_cluster(ClusterRecord::new("z", "a", "A")),
+        s.writes().create_cluster(ClusterRecord::new("z", "a", "A")),
         Err(StoreError::Conflict(_))
     ));
     assert!(matches!(
-        s.replace_cluster(ClusterRecord::new("z", "b", "B")),
+        s.writes()
+            .replace_cluster(ClusterRecord::new("z", "b", "B")),
         Err(StoreError::NotFound(_))
     ));
     assert_eq!(summary(&s, "z").cluster_down_count, 1);
-    s.delete_zone("z").unwrap();
-    assert!(s.get_cluster("a", None, true).is_empty());
+    s.writes().delete_zone("z").unwrap();
+    assert!(Oracle(&s).get_cluster("a", None, true).is_empty());
     assert!(s.zone_summary("z").is_none());
 }
 
 #[test]
 fn reports_drive_status_and_counters() {
     let (_d, s, live) = open();
-    s.create_zone(zone("z")).unwrap();
+    s.writes().create_zone(zone("z")).unwrap();
     let mut r = ClusterRecord::new("z", "a", "A");
     r.min_instances = 2;
     r.owner = "team".into();
-    s.create_cluster(r).unwrap();
+    s.writes().create_cluster(r).unwrap();
     let now = Instant::now();
     live.apply_report("agent-1", report("z", "a", "i1", 0, 0), now);
-    let v = &s.get_cluster("a", None, true)[0];
+    let v = &Oracle(&s).get_cluster("a", None, true)[0];
     assert_eq!(v.status, Status::Warning);
     assert_eq!(v.instances.len(), 1);
     live.apply_report("agent-2", report("z", "a", "i2", 0, 0), now);
-    assert_eq!(s.get_cluster("a", None, true)[0].status, Status::Stable);
+    assert_eq!(
+        Oracle(&s).get_cluster("a", None, true)[0].status,
+        Status::Stable
+    );
     let z = summary(&s, "z");
     assert_eq!((z.cluster_stable_count, z.instance_count), (1, 2));
     assert_eq!(z.owners, vec!["team"]);
 
     // 10 errors out of 100 requests in the window: above 5%.
     live.apply_report("agent-1", report("z", "a", "i1", 100, 10), now);
-    assert_eq!(s.get_cluster("a", None, true)[0].status, Status::Warning);
+    assert_eq!(
+        Oracle(&s).get_cluster("a", None, true)[0].status,
+        Status::Warning
+    );
     live.apply_report("agent-1", report("z", "a", "i1", 200, 10), now);
-    assert_eq!(s.get_cluster("a", None, true)[0].status, Status::Stable);
+    assert_eq!(
+        Oracle(&s).get_cluster("a", None, true)[0].status,
+        Status::Stable
+    );
 
     live.agent_gone("agent-2");
     let z = summary(&s, "z");
@@ -103,7 +116,11 @@ fn reports_drive_status_and_counters() {
     unreachable.reachable = false;
     live.apply_report("agent-1", unreachable, now);
     assert_eq!(summary(&s, "z").cluster_down_count, 1);
-    assert!(s.get_cluster("a", None, true)[0].instances.is_empty());
+    assert!(
+        Oracle(&s).get_cluster("a", None, true)[0]
+            .instances
+            .is_empty()
+    );
     assert!(matches!(
         live.instance_metrics("a", None, "i1"),
         MetricsLookup::NoInstance
@@ -113,8 +130,10 @@ fn reports_drive_status_and_counters() {
 #[test]
 fn expiry_drops_silent_instances() {
     let (_d, s, live) = open();
-    s.create_zone(zone("z")).unwrap();
-    s.create_cluster(ClusterRecord::new("z", "a", "A")).unwrap();
+    s.writes().create_zone(zone("z")).unwrap();
+    s.writes()
+        .create_cluster(ClusterRecord::new("z", "a", "A"))
+        .unwrap();
     let t0 = Instant::now();
     live.apply_report("agent", report("z", "a", "i1", 0, 0), t0);
     live.apply_report(
@@ -126,7 +145,10 @@ fn expiry_drops_silent_instances() {
     assert_eq!(s.totals().live_instances, 2);
     live.expire(t0 + Duration::from_secs(16));
     assert_eq!(s.totals().live_instances, 1);
-    assert_eq!(s.get_cluster("a", None, true)[0].instances[0].name, "i2");
+    assert_eq!(
+        Oracle(&s).get_cluster("a", None, true)[0].instances[0].name,
+        "i2"
+    );
     live.expire(t0 + Duration::from_secs(30));
     assert_eq!(summary(&s, "z").cluster_down_count, 1);
     assert_eq!(s.totals().live_instances, 0);
@@ -135,8 +157,10 @@ fn expiry_drops_silent_instances() {
 #[test]
 fn unregistered_clusters_show_in_services() {
     let (_d, s, live) = open();
-    s.create_zone(zone("z")).unwrap();
-    s.create_cluster(ClusterRecord::new("z", "a", "A")).unwrap();
+    s.writes().create_zone(zone("z")).unwrap();
+    s.writes()
+        .create_cluster(ClusterRecord::new("z", "a", "A"))
+        .unwrap();
     live.apply_report("agent", report("z", "ghost", "i1", 0, 0), Instant::now());
     live.set_edge_clusters("z", vec!["a".into(), "backend".into(), "bad name".into()]);
     let names: Vec<(String, Status)> = s
@@ -157,11 +181,12 @@ fn unregistered_clusters_show_in_services() {
     assert_eq!(summary(&s, "z").cluster_count, 1);
     assert_eq!(summary(&s, "z").instance_count, 0);
     // Registering a reported cluster picks up its instances.
-    s.create_cluster(ClusterRecord::new("z", "ghost", "G"))
+    s.writes()
+        .create_cluster(ClusterRecord::new("z", "ghost", "G"))
         .unwrap();
     assert_eq!(summary(&s, "z").instance_count, 1);
     assert_eq!(summary(&s, "z").cluster_stable_count, 1);
-    s.delete_cluster("z", "ghost").unwrap();
+    s.writes().delete_cluster("z", "ghost").unwrap();
     assert_eq!(summary(&s, "z").instance_count, 0);
     assert_eq!(s.services(None, true).len(), 3);
 }
@@ -169,12 +194,14 @@ fn unregistered_clusters_show_in_services() {
 #[test]
 fn summary_cache_follows_generations() {
     let (_d, s, _live) = open();
-    s.create_zone(zone("z")).unwrap();
-    let a = s.summary_body(true);
-    let b = s.summary_body(true);
+    s.writes().create_zone(zone("z")).unwrap();
+    let a = Oracle(&s).summary_body(true);
+    let b = Oracle(&s).summary_body(true);
     assert_eq!(a.as_ptr(), b.as_ptr(), "served from the cache");
-    s.create_cluster(ClusterRecord::new("z", "a", "A")).unwrap();
-    let c = s.summary_body(true);
+    s.writes()
+        .create_cluster(ClusterRecord::new("z", "a", "A"))
+        .unwrap();
+    let c = Oracle(&s).summary_body(true);
     let v: serde_json::Value = serde_json::from_slice(&c).unwrap();
     assert_eq!(v["metadata"]["clusterCount"], 1);
     assert_eq!(v["zones"]["z"]["clusters"]["a"]["status"], "down");
@@ -186,22 +213,26 @@ fn registrations_are_reloaded() {
     let dir = tempfile::tempdir().unwrap();
     {
         let (s, _live) = Store::open(dir.path(), Rules::defaults()).unwrap();
-        s.create_zone(zone("z")).unwrap();
-        s.create_cluster(ClusterRecord::new("z", "a", "A")).unwrap();
-        s.create_cluster(ClusterRecord::new("z", "b", "B")).unwrap();
-        s.delete_cluster("z", "b").unwrap();
+        s.writes().create_zone(zone("z")).unwrap();
+        s.writes()
+            .create_cluster(ClusterRecord::new("z", "a", "A"))
+            .unwrap();
+        s.writes()
+            .create_cluster(ClusterRecord::new("z", "b", "B"))
+            .unwrap();
+        s.writes().delete_cluster("z", "b").unwrap();
     }
     let (s, _live) = Store::open(dir.path(), Rules::defaults()).unwrap();
     assert_eq!(s.zones().len(), 1);
-    assert_eq!(s.list_clusters(true, |_, _| true).len(), 1);
+    assert_eq!(Oracle(&s).list_clusters(true, |_, _| true).len(), 1);
     assert_eq!(summary(&s, "z").cluster_down_count, 1);
 }
 
 #[test]
 fn rendered_bodies_equal_serde_views() {
     let (_d, s, live) = open();
-    s.create_zone(zone("z")).unwrap();
-    s.create_zone(zone("y")).unwrap();
+    s.writes().create_zone(zone("z")).unwrap();
+    s.writes().create_zone(zone("y")).unwrap();
     let mut r = ClusterRecord::new("z", "a", "Weird \"name\" \u{e9}\n");
     r.owner = "o".into();
     r.protocols = vec!["h2".into()];
@@ -209,19 +240,24 @@ fn rendered_bodies_equal_serde_views() {
         name: "n".into(),
         link: "l".into(),
     }];
-    s.create_cluster(r).unwrap();
-    s.create_cluster(ClusterRecord::new("y", "a", "A")).unwrap();
-    s.create_cluster(ClusterRecord::new("z", "b", "B")).unwrap();
+    s.writes().create_cluster(r).unwrap();
+    s.writes()
+        .create_cluster(ClusterRecord::new("y", "a", "A"))
+        .unwrap();
+    s.writes()
+        .create_cluster(ClusterRecord::new("z", "b", "B"))
+        .unwrap();
     let now = Instant::now();
     live.apply_report("x", report("z", "a", "i2", 0, 0), now);
     live.apply_report("x", report("z", "a", "i1", 0, 0), now);
     for authorized in [false, true] {
         let rendered: serde_json::Value =
             serde_json::from_slice(&s.render_clusters(authorized, |_, _| true)).unwrap();
-        let views = serde_json::to_value(s.list_clusters(authorized, |_, _| true)).unwrap();
+        let views =
+            serde_json::to_value(Oracle(&s).list_clusters(authorized, |_, _| true)).unwrap();
         assert_eq!(rendered, views);
         assert_eq!(
-            serde_json::to_vec(&s.list_clusters(authorized, |_, _| true)).unwrap(),
+            serde_json::to_vec(&Oracle(&s).list_clusters(authorized, |_, _| true)).unwrap(),
             s.render_clusters(authorized, |_, _| true),
             "byte for byte"
         );
@@ -229,13 +265,13 @@ fn rendered_bodies_equal_serde_views() {
             serde_json::from_slice(&s.render_cluster("a", None, authorized).unwrap()).unwrap();
         assert_eq!(
             one,
-            serde_json::to_value(s.get_cluster("a", None, authorized)).unwrap()
+            serde_json::to_value(Oracle(&s).get_cluster("a", None, authorized)).unwrap()
         );
         let summary: serde_json::Value =
-            serde_json::from_slice(&s.summary_body(authorized)).unwrap();
+            serde_json::from_slice(&Oracle(&s).summary_body(authorized)).unwrap();
         assert_eq!(
             summary,
-            serde_json::to_value(s.summary(authorized)).unwrap()
+            serde_json::to_value(Oracle(&s).summary(authorized)).unwrap()
         );
     }
     assert!(s.render_cluster("a", Some("nope"), true).is_none());
@@ -355,8 +391,9 @@ fn remote_changes_show_like_local_ones() {
 #[test]
 fn bulk_creation_is_all_or_nothing() {
     let (_d, s, _live) = open();
-    s.create_zone(zone("z")).unwrap();
+    s.writes().create_zone(zone("z")).unwrap();
     let err = s
+        .writes()
         .create_clusters(vec![
             ClusterRecord::new("z", "a", "A"),
             ClusterRecord::new("y", "b", "B"),
@@ -366,6 +403,7 @@ fn bulk_creation_is_all_or_nothing() {
     assert!(matches!(err.1, StoreError::Invalid(_)));
     assert!(!s.is_registered("z", "a"));
     let made = s
+        .writes()
         .create_clusters(vec![
             ClusterRecord::new("z", "a", "A"),
             ClusterRecord::new("z", "b", "B"),
@@ -445,14 +483,16 @@ fn remote(instance: &str, reachable: bool, requests: u64) -> RemoteInstance {
 fn a_replay_starts_only_from_an_index_this_store_issued() {
     let (_d, s, live) = open();
     let loaded = s.index();
-    s.create_zone(zone("z")).unwrap();
+    s.writes().create_zone(zone("z")).unwrap();
     let first = s.index();
     // Indexes follow the clock: wait for it to pass first + 1, so the next change
     // leaves a gap.
     while crate::changes::start_index() <= first + 1 {
         std::hint::spin_loop();
     }
-    s.create_cluster(ClusterRecord::new("z", "a", "A")).unwrap();
+    s.writes()
+        .create_cluster(ClusterRecord::new("z", "a", "A"))
+        .unwrap();
     let second = s.index();
     assert!(second > first + 1, "{first} {second}");
     // A change only `GET /services` shows has an index, and a reader may resume
@@ -460,7 +500,7 @@ fn a_replay_starts_only_from_an_index_this_store_issued() {
     live.set_edge_clusters("z", vec!["a".into()]);
     let services = s.index();
     assert!(services > second);
-    s.delete_cluster("z", "a").unwrap();
+    s.writes().delete_cluster("z", "a").unwrap();
 
     let replay = |since: u64| {
         s.changes()
@@ -482,8 +522,10 @@ fn a_replay_starts_only_from_an_index_this_store_issued() {
 #[test]
 fn a_cluster_touched_by_many_instances_at_once_gets_one_event() {
     let (_d, s, live) = open();
-    s.create_zone(zone("z")).unwrap();
-    s.create_cluster(ClusterRecord::new("z", "a", "A")).unwrap();
+    s.writes().create_zone(zone("z")).unwrap();
+    s.writes()
+        .create_cluster(ClusterRecord::new("z", "a", "A"))
+        .unwrap();
     let now = Instant::now();
     let batch = |agent: &str, names: &[&str]| {
         let reports = names.iter().map(|i| report("z", "a", i, 0, 0)).collect();
@@ -512,8 +554,10 @@ fn a_cluster_touched_by_many_instances_at_once_gets_one_event() {
 #[test]
 fn every_visible_change_moves_the_index_and_metrics_alone_do_not() {
     let (_d, s, live) = open();
-    s.create_zone(zone("z")).unwrap();
-    s.create_cluster(ClusterRecord::new("z", "a", "A")).unwrap();
+    s.writes().create_zone(zone("z")).unwrap();
+    s.writes()
+        .create_cluster(ClusterRecord::new("z", "a", "A"))
+        .unwrap();
     let now = Instant::now();
     let ev = |kind: &str| (kind.to_owned(), "a".to_owned());
 
@@ -563,7 +607,7 @@ fn every_visible_change_moves_the_index_and_metrics_alone_do_not() {
     live.expire(now + Duration::from_secs(60));
     assert_eq!(events_after(&s, i).1[0], ev("cluster"));
     let i = s.index();
-    s.delete_zone("z").unwrap();
+    s.writes().delete_zone("z").unwrap();
     let (n, events) = events_after(&s, i);
     assert_eq!(n, 1, "one change, one index");
     assert_eq!(
@@ -581,14 +625,16 @@ fn every_visible_change_moves_the_index_and_metrics_alone_do_not() {
 #[test]
 fn a_replaced_zone_keeps_its_clusters_and_is_one_zone_event() {
     let (_d, s, _live) = open();
-    s.create_zone(zone("z")).unwrap();
-    s.create_cluster(ClusterRecord::new("z", "a", "A")).unwrap();
+    s.writes().create_zone(zone("z")).unwrap();
+    s.writes()
+        .create_cluster(ClusterRecord::new("z", "a", "A"))
+        .unwrap();
     let moved = ZoneRecord {
         server_address: "cp:60000".into(),
         ..zone("z")
     };
     let i = s.index();
-    assert_eq!(s.replace_zone(moved.clone()).unwrap(), moved);
+    assert_eq!(s.writes().replace_zone(moved.clone()).unwrap(), moved);
     assert_eq!(s.zone("z"), Some(moved.clone()));
     assert!(s.is_registered("z", "a"), "its clusters stay");
     let (n, events) = events_after(&s, i);
@@ -596,10 +642,10 @@ fn a_replaced_zone_keeps_its_clusters_and_is_one_zone_event() {
     assert_eq!(events, [("zone".to_owned(), String::new())]);
     // The same record again is no change.
     let i = s.index();
-    s.replace_zone(moved).unwrap();
+    s.writes().replace_zone(moved).unwrap();
     assert_eq!(s.index(), i);
     assert!(matches!(
-        s.replace_zone(zone("nope")),
+        s.writes().replace_zone(zone("nope")),
         Err(StoreError::NotFound(_))
     ));
 }
@@ -662,7 +708,7 @@ fn a_stored_report_reads_back_whole_with_its_clusters_kept_apart() {
 async fn a_write_whose_caller_goes_away_is_shown_and_later_writes_go_on() {
     let (_d, s, _live) = open();
     let s = Arc::new(s);
-    s.create_zone(zone("z")).unwrap();
+    s.writes().create_zone(zone("z")).unwrap();
     // The caller is dropped after the first poll, which hands the batch to the
     // committer: a request whose client hung up mid-write.
     let mut first = Box::pin(s.commit_async(vec![Write::CreateCluster(ClusterRecord::new(
@@ -692,7 +738,7 @@ async fn a_write_whose_caller_goes_away_is_shown_and_later_writes_go_on() {
 async fn writes_from_tasks_and_threads_are_shown_in_commit_order() {
     let (_d, s, _live) = open();
     let s = Arc::new(s);
-    s.create_zone(zone("z")).unwrap();
+    s.writes().create_zone(zone("z")).unwrap();
     let mut tasks = Vec::new();
     for i in 0..64 {
         let s = s.clone();
@@ -703,7 +749,7 @@ async fn writes_from_tasks_and_threads_are_shown_in_commit_order() {
             }));
         } else {
             tasks.push(tokio::task::spawn_blocking(move || {
-                s.create_cluster(c).unwrap();
+                s.writes().create_cluster(c).unwrap();
             }));
         }
     }
@@ -951,8 +997,9 @@ fn declared_view(clusters: &[(&str, &[(&str, bool)])]) -> Arc<crate::control::Zo
 #[test]
 fn declared_clusters_show_their_endpoints_until_an_agent_reports() {
     let (_d, s, live) = open();
-    s.create_zone(zone("z")).unwrap();
-    s.create_cluster(ClusterRecord::new("z", "payments", "Payments"))
+    s.writes().create_zone(zone("z")).unwrap();
+    s.writes()
+        .create_cluster(ClusterRecord::new("z", "payments", "Payments"))
         .unwrap();
     let index = s.index();
     live.apply_declared(
@@ -970,7 +1017,7 @@ fn declared_clusters_show_their_endpoints_until_an_agent_reports() {
         ])),
     );
     assert!(s.index() > index, "a registered cluster's figures moved");
-    let v = &s.get_cluster("payments", Some("z"), true)[0];
+    let v = &Oracle(&s).get_cluster("payments", Some("z"), true)[0];
     assert_eq!(
         v.control_plane,
         meshcat_common::model::ControlPlane {
@@ -1010,7 +1057,7 @@ fn declared_clusters_show_their_endpoints_until_an_agent_reports() {
         report("z", "payments", "pod-1", 0, 0),
         Instant::now(),
     );
-    let v = &s.get_cluster("payments", Some("z"), true)[0];
+    let v = &Oracle(&s).get_cluster("payments", Some("z"), true)[0];
     assert_eq!(v.instances.len(), 1);
     assert_eq!(v.instances[0].name, "pod-1");
     assert_eq!(
@@ -1021,7 +1068,7 @@ fn declared_clusters_show_their_endpoints_until_an_agent_reports() {
 
     // No view: nothing declared, the unregistered service gone.
     live.apply_declared("z", None);
-    let v = &s.get_cluster("payments", Some("z"), true)[0];
+    let v = &Oracle(&s).get_cluster("payments", Some("z"), true)[0];
     assert!(!v.control_plane.declared);
     assert!(
         !s.services(Some("z"), true)
@@ -1038,8 +1085,8 @@ fn declared_clusters_show_their_endpoints_until_an_agent_reports() {
 fn a_zone_is_due_to_be_mapped_again_when_its_clusters_or_listener_addresses_change() {
     use meshcat_common::wire::ListenerRoutes;
     let (_d, s, live) = open();
-    s.create_zone(zone("z")).unwrap();
-    s.create_zone(zone("w")).unwrap();
+    s.writes().create_zone(zone("z")).unwrap();
+    s.writes().create_zone(zone("w")).unwrap();
     let due = || live.remaps().take().into_iter().collect::<Vec<_>>();
     let listening = |cluster: &str, instance: &str, host: &str| {
         let mut r = report("z", cluster, instance, 0, 0);
@@ -1051,7 +1098,8 @@ fn a_zone_is_due_to_be_mapped_again_when_its_clusters_or_listener_addresses_chan
         r
     };
     // No view yet: nothing is due.
-    s.create_cluster(ClusterRecord::new("z", "payments", "Payments"))
+    s.writes()
+        .create_cluster(ClusterRecord::new("z", "payments", "Payments"))
         .unwrap();
     assert!(due().is_empty());
     let view = declared_view(&[("payments-v2", &[("10.0.0.5:8080", true)])]);
@@ -1071,14 +1119,15 @@ fn a_zone_is_due_to_be_mapped_again_when_its_clusters_or_listener_addresses_chan
     assert!(due().is_empty());
 
     // The view's own name registered: due, and it stands for itself.
-    s.create_cluster(ClusterRecord::new("z", "payments-v2", "Payments v2"))
+    s.writes()
+        .create_cluster(ClusterRecord::new("z", "payments-v2", "Payments v2"))
         .unwrap();
     assert_eq!(due(), ["z"]);
     live.apply_declared("z", Some(view.clone()));
     assert_eq!(s.declared_names("z", "payments-v2"), ["payments-v2"]);
     assert!(s.declared_names("z", "payments").is_empty());
     // Deleted: due, and the address rule finds payments again.
-    s.delete_cluster("z", "payments-v2").unwrap();
+    s.writes().delete_cluster("z", "payments-v2").unwrap();
     assert_eq!(due(), ["z"]);
     live.apply_declared("z", Some(view.clone()));
     assert_eq!(s.declared_names("z", "payments"), ["payments-v2"]);
@@ -1087,12 +1136,14 @@ fn a_zone_is_due_to_be_mapped_again_when_its_clusters_or_listener_addresses_chan
     live.agent_gone("agent-1");
     assert_eq!(due(), ["z"]);
     // Another zone, without a view: never due.
-    s.create_cluster(ClusterRecord::new("w", "ledger", "Ledger"))
+    s.writes()
+        .create_cluster(ClusterRecord::new("w", "ledger", "Ledger"))
         .unwrap();
     assert!(due().is_empty());
     // A zone whose view is gone is not watched any more.
     live.apply_declared("z", None);
-    s.create_cluster(ClusterRecord::new("z", "orders", "Orders"))
+    s.writes()
+        .create_cluster(ClusterRecord::new("z", "orders", "Orders"))
         .unwrap();
     assert!(due().is_empty());
 }
@@ -1101,10 +1152,12 @@ fn a_zone_is_due_to_be_mapped_again_when_its_clusters_or_listener_addresses_chan
 fn a_declared_cluster_maps_to_the_cluster_whose_sidecars_listen_at_its_endpoints() {
     use meshcat_common::wire::ListenerRoutes;
     let (_d, s, live) = open();
-    s.create_zone(zone("z")).unwrap();
-    s.create_cluster(ClusterRecord::new("z", "payments", "Payments"))
+    s.writes().create_zone(zone("z")).unwrap();
+    s.writes()
+        .create_cluster(ClusterRecord::new("z", "payments", "Payments"))
         .unwrap();
-    s.create_cluster(ClusterRecord::new("z", "ledger", "Ledger"))
+    s.writes()
+        .create_cluster(ClusterRecord::new("z", "ledger", "Ledger"))
         .unwrap();
     let listening = |cluster: &str, instance: &str, host: &str, port: u16| {
         let mut r = report("z", cluster, instance, 0, 0);
@@ -1136,13 +1189,13 @@ fn a_declared_cluster_maps_to_the_cluster_whose_sidecars_listen_at_its_endpoints
             ("shared", &[("10.0.0.9:80", true)]),
         ])),
     );
-    let v = &s.get_cluster("payments", Some("z"), true)[0];
+    let v = &Oracle(&s).get_cluster("payments", Some("z"), true)[0];
     assert!(v.control_plane.declared, "{:?}", v.control_plane);
     assert_eq!(v.control_plane.endpoints, 1);
     assert_eq!(s.declared_names("z", "payments"), ["payments-v2"]);
     assert!(s.declared_names("z", "ledger").is_empty());
     assert!(
-        !s.get_cluster("ledger", Some("z"), true)[0]
+        !Oracle(&s).get_cluster("ledger", Some("z"), true)[0]
             .control_plane
             .declared
     );

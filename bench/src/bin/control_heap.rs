@@ -65,7 +65,7 @@ async fn main() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let (store, instances) = Store::open(dir.path(), Rules::defaults())?;
     let record = ZoneRecord::new(ZONE, &server.local_addr().to_string());
-    store.create_zone(record.clone())?;
+    store.writes().create_zone(record.clone())?;
     let registry = prometheus::Registry::new();
     let controls = Controls::new(
         ControlConfig {

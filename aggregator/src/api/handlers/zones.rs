@@ -41,7 +41,7 @@ pub async fn create_zone(
     validate::zone(&z).map_err(|e| ApiError::invalid(e.0))?;
     let stored = blocking(&s.store, move |st| {
         validate::zone_files(&z).map_err(|e| StoreError::Invalid(e.0))?;
-        st.create_zone(z)
+        st.writes().create_zone(z)
     })
     .await?;
     info!(zone = %stored.zone_name, "Zone registered.");
@@ -98,7 +98,7 @@ pub async fn replace_zone(
     }
     let stored = blocking(&s.store, move |st| {
         validate::zone_files(&z).map_err(|e| StoreError::Invalid(e.0))?;
-        st.replace_zone(z)
+        st.writes().replace_zone(z)
     })
     .await?;
     info!(zone = %stored.zone_name, "Zone replaced.");

@@ -63,21 +63,25 @@ fn hashed(instance: &str, hash: &str, routes: &str) -> InstanceReport {
 #[test]
 fn registrations_are_noted_with_the_fields_that_changed() {
     let (_d, s, _live) = open_with_history();
-    s.create_zone(zone("z")).unwrap();
-    s.create_cluster(ClusterRecord::new("z", "a", "A")).unwrap();
+    s.writes().create_zone(zone("z")).unwrap();
+    s.writes()
+        .create_cluster(ClusterRecord::new("z", "a", "A"))
+        .unwrap();
     let mut edited = ClusterRecord::new("z", "a", "A");
     edited.owner = "team-a".into();
     edited.version = "2".into();
-    s.replace_cluster(edited.clone()).unwrap();
+    s.writes().replace_cluster(edited.clone()).unwrap();
     // The same record again changes nothing.
-    s.replace_cluster(edited).unwrap();
-    s.create_cluster(ClusterRecord::new("z", "b", "B")).unwrap();
+    s.writes().replace_cluster(edited).unwrap();
+    s.writes()
+        .create_cluster(ClusterRecord::new("z", "b", "B"))
+        .unwrap();
     let mut moved = zone("z");
     moved.server_address = "cp:60000".into();
-    s.replace_zone(moved.clone()).unwrap();
-    s.replace_zone(moved).unwrap();
-    s.delete_cluster("z", "a").unwrap();
-    s.delete_zone("z").unwrap();
+    s.writes().replace_zone(moved.clone()).unwrap();
+    s.writes().replace_zone(moved).unwrap();
+    s.writes().delete_cluster("z", "a").unwrap();
+    s.writes().delete_zone("z").unwrap();
     let got = entries(&s);
     let summary: Vec<(&str, &str)> = got.iter().map(|e| (e.0.as_str(), e.1.as_str())).collect();
     assert_eq!(
@@ -102,8 +106,10 @@ fn loading_notes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     {
         let (s, _live) = Store::open(dir.path(), Rules::defaults()).unwrap();
-        s.create_zone(zone("z")).unwrap();
-        s.create_cluster(ClusterRecord::new("z", "a", "A")).unwrap();
+        s.writes().create_zone(zone("z")).unwrap();
+        s.writes()
+            .create_cluster(ClusterRecord::new("z", "a", "A"))
+            .unwrap();
     }
     let (s, _live) = Store::open(dir.path(), Rules::defaults()).unwrap();
     attach(&s, dir.path());
@@ -113,10 +119,10 @@ fn loading_notes_nothing() {
 #[test]
 fn instances_join_leave_and_restart_with_status_reasons() {
     let (_d, s, live) = open_with_history();
-    s.create_zone(zone("z")).unwrap();
+    s.writes().create_zone(zone("z")).unwrap();
     let mut c = ClusterRecord::new("z", "a", "A");
     c.min_instances = 2;
-    s.create_cluster(c).unwrap();
+    s.writes().create_cluster(c).unwrap();
     let now = Instant::now();
     live.apply_report("agent-1", report("z", "a", "i1", 0, 0), now);
     live.apply_report("agent-2", report("z", "a", "i2", 0, 0), now);
@@ -169,7 +175,7 @@ fn instances_join_leave_and_restart_with_status_reasons() {
     live.apply_report("agent-1", report("z", "a", "i1", 0, 0), Instant::now());
     let mut c = ClusterRecord::new("z", "a", "A");
     c.min_instances = 1;
-    s.replace_cluster(c).unwrap();
+    s.writes().replace_cluster(c).unwrap();
     let tail: Vec<String> = kinds(&s).into_iter().rev().take(2).collect();
     assert_eq!(tail, ["status-changed", "cluster-updated"]);
 }
@@ -177,8 +183,10 @@ fn instances_join_leave_and_restart_with_status_reasons() {
 #[test]
 fn configuration_changes_and_drift_are_noted() {
     let (_d, s, live) = open_with_history();
-    s.create_zone(zone("z")).unwrap();
-    s.create_cluster(ClusterRecord::new("z", "a", "A")).unwrap();
+    s.writes().create_zone(zone("z")).unwrap();
+    s.writes()
+        .create_cluster(ClusterRecord::new("z", "a", "A"))
+        .unwrap();
     let now = Instant::now();
     live.apply_report("agent-1", hashed("i1", "a1", "b1"), now);
     live.apply_report("agent-2", hashed("i2", "a1", "b1"), now);
@@ -234,8 +242,10 @@ fn configuration_changes_and_drift_are_noted() {
 #[test]
 fn a_peers_instances_are_noted_from_its_publications() {
     let (_d, s, live) = open_with_history();
-    s.create_zone(zone("z")).unwrap();
-    s.create_cluster(ClusterRecord::new("z", "a", "A")).unwrap();
+    s.writes().create_zone(zone("z")).unwrap();
+    s.writes()
+        .create_cluster(ClusterRecord::new("z", "a", "A"))
+        .unwrap();
     live.put_remote(remote("r1", true, 0));
     // A new publication with the same facts notes nothing.
     live.put_remote(remote("r1", true, 5));
@@ -259,8 +269,10 @@ fn a_peers_instances_are_noted_from_its_publications() {
 #[test]
 fn only_well_formed_hashes_reach_the_history_and_the_drift() {
     let (_d, s, live) = open_with_history();
-    s.create_zone(zone("z")).unwrap();
-    s.create_cluster(ClusterRecord::new("z", "a", "A")).unwrap();
+    s.writes().create_zone(zone("z")).unwrap();
+    s.writes()
+        .create_cluster(ClusterRecord::new("z", "a", "A"))
+        .unwrap();
     let now = Instant::now();
     let with = |instance: &str, hash: &str, kinds: &[(&str, &str)]| {
         let mut r = report("z", "a", instance, 0, 0);
@@ -335,8 +347,10 @@ fn only_well_formed_hashes_reach_the_history_and_the_drift() {
 #[test]
 fn the_drift_answer_without_drift_is_one_group_of_every_live_instance() {
     let (_d, s, live) = open_with_history();
-    s.create_zone(zone("z")).unwrap();
-    s.create_cluster(ClusterRecord::new("z", "a", "A")).unwrap();
+    s.writes().create_zone(zone("z")).unwrap();
+    s.writes()
+        .create_cluster(ClusterRecord::new("z", "a", "A"))
+        .unwrap();
     let group = |g: &crate::store::drift::DriftGroup| (g.config_hash.clone(), g.instances.clone());
     let d = live.drift("z", "a").unwrap();
     assert!(!d.drifted);
