@@ -147,7 +147,25 @@ struct Tracked {
     success: u64,
     /// Set while the subscription stands rejected.
     standing: Option<Standing>,
+    /// Set while a rejection came with a successful update in the same interval and
+    /// the log has not yet told which came last.
+    undecided: Option<Undecided>,
 }
+
+/// A rejection whose order against a successful update the log has yet to tell:
+/// Envoy writes its log in batches (`--file-flush-interval-msec`, 10 s by default),
+/// so the line can come a scrape or two after the counter moved.
+#[derive(Debug, Clone, Copy)]
+struct Undecided {
+    /// The subscription's last successful update then (`update_time`).
+    last_success_ms: Option<i64>,
+    /// Past this (agent's clock) the rejection is taken to have come first.
+    until_ms: i64,
+}
+
+/// How long a rejection waits for its log line (Envoy's default flush interval of
+/// 10 s, and the scrapes around it).
+const LOG_LAG_MS: i64 = 30_000;
 
 #[derive(Debug, Clone, Copy)]
 struct Standing {
@@ -232,9 +250,9 @@ impl XdsTracker {
         let need: Vec<&str> = counts
             .iter()
             .filter(|(sub, _, rejected)| {
-                self.subs
-                    .get(sub)
-                    .is_none_or(|t| t.rejected != *rejected || t.standing.is_some())
+                self.subs.get(sub).is_none_or(|t| {
+                    t.rejected != *rejected || t.standing.is_some() || t.undecided.is_some()
+                })
             })
             .map(|(_, prefix, _)| prefix.as_str())
             .collect();
@@ -272,11 +290,19 @@ impl XdsTracker {
                     if rejected_total >= t.rejected && success.is_none_or(|s| s >= t.success) =>
                 {
                     let success = success.unwrap_or(t.success);
+                    let mut undecided = None;
                     let standing = if rejected_total > t.rejected {
                         // A rejection since the last read. A success in the same
-                        // interval came before or after it: the log tells which.
+                        // interval came before or after it: the log tells which,
+                        // now or once its line is written.
                         let still = success == t.success
                             || self.log.newer_than(&sub, last_success_ms).is_some();
+                        if !still {
+                            undecided = Some(Undecided {
+                                last_success_ms,
+                                until_ms: now_ms + LOG_LAG_MS,
+                            });
+                        }
                         still.then_some(Standing {
                             since_ms: match t.standing {
                                 Some(s) if success == t.success => s.since_ms,
@@ -284,6 +310,20 @@ impl XdsTracker {
                             },
                             success_at: success,
                         })
+                    } else if let Some(u) = t.undecided.filter(|u| now_ms <= u.until_ms)
+                        && success == t.success
+                    {
+                        // No new success meanwhile: the log line, once it is here,
+                        // says the rejection came last.
+                        if self.log.newer_than(&sub, u.last_success_ms).is_some() {
+                            Some(Standing {
+                                since_ms: now_ms,
+                                success_at: success,
+                            })
+                        } else {
+                            undecided = Some(u);
+                            None
+                        }
                     } else {
                         t.standing.filter(|s| success <= s.success_at)
                     };
@@ -291,6 +331,7 @@ impl XdsTracker {
                         rejected: rejected_total,
                         success,
                         standing,
+                        undecided,
                     }
                 }
                 // Not rejected at the last read, or first seen (the agent or the
@@ -311,10 +352,17 @@ impl XdsTracker {
                         since_ms: now_ms,
                         success_at: success,
                     });
+                    // Rejected since the last read with a success in the interval:
+                    // the log may not have the line yet.
+                    let undecided = (!still && self.last_read_ms.is_some()).then_some(Undecided {
+                        last_success_ms,
+                        until_ms: now_ms + LOG_LAG_MS,
+                    });
                     Tracked {
                         rejected: rejected_total,
                         success,
                         standing,
+                        undecided,
                     }
                 }
             };
@@ -908,6 +956,66 @@ mod tests {
             .map(|r| (r.kind.as_str(), r.resource.as_str(), r.since_ms))
             .collect();
         assert_eq!(got, [("endpoints", "b", 7_000)]);
+    }
+
+    /// A rejection and a successful update in one interval, the log's line not yet
+    /// written (Envoy writes its log in batches): undecided, then rejected once the
+    /// line comes; a success before the line, or no line within the wait, leaves it
+    /// as the baseline. The line is the captured sidecar's cluster rejection of
+    /// 17:37:17.377, after a success at 17:37:17.000.
+    #[test]
+    fn a_rejection_waits_for_its_late_log_line() {
+        let rejected = |n: u64| counts(&[("cluster_manager.cds.update_rejected", n)]);
+        let second = |n: u64, at: i64| {
+            snapshot(&[
+                ("cluster_manager.cds.update_success", n),
+                ("cluster_manager.cds.update_time", at as u64),
+            ])
+        };
+        let success_at = 1_795_801_037_000;
+        let read_at = success_at + 1_000;
+        for (line_comes, success_after, wait, want) in [
+            // The line comes by the next read: rejected from then.
+            (true, false, 5_000, true),
+            // A success before the line's read: the newer success wins.
+            (true, true, 5_000, false),
+            // No line within the wait: the baseline.
+            (false, false, LOG_LAG_MS + 1_000, false),
+        ] {
+            let case = format!("line {line_comes}, success after {success_after}, wait {wait}");
+            let mut t = XdsTracker::default();
+            let s = t.update(
+                Some(true),
+                rejected(0),
+                &second(1, success_at - 10_000),
+                read_at - 5_000,
+            );
+            assert!(s.rejected.is_empty(), "{case}");
+            // Rejected, and a success in the same interval; the log has no line yet.
+            let s = t.update(Some(true), rejected(1), &second(2, success_at), read_at);
+            assert!(s.rejected.is_empty(), "{case}: undecided is not rejected");
+            if line_comes {
+                for (i, line) in captured().lines().enumerate() {
+                    t.log_mut().line(i as u64 + 1, 0, line);
+                }
+                t.log_mut().pause();
+            }
+            let success = if success_after { 3 } else { 2 };
+            let later = read_at + wait;
+            let s = t.update(Some(true), rejected(1), &second(success, success_at), later);
+            assert_eq!(s.rejected.len(), usize::from(want), "{case}: {s:?}");
+            if want {
+                assert_eq!(s.rejected[0].since_ms, later, "{case}");
+                assert!(
+                    s.rejected[0].reason.ends_with(
+                        "(ClusterValidationError.ConnectTimeout: value must be greater than 0s)"
+                    ),
+                    "{case}: {s:?}"
+                );
+            }
+            // Decided either way: no longer waiting for the log.
+            assert!(t.subs.values().all(|s| s.undecided.is_none()), "{case}");
+        }
     }
 
     /// After an agent restart the counters say a subscription was rejected once; the
