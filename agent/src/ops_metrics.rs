@@ -140,6 +140,15 @@ impl OpsMetrics {
         self.targets.set(n as i64);
     }
 
+    /// Gives a new target its refusal counters at 0, one per reason, so that the
+    /// first refusal is an increase a rule sees (a series that appears at 1 has none).
+    pub fn add_target(&self, (zone, cluster, instance): (&str, &str, &str)) {
+        for reason in meshcat_common::identity::refusal::ALL {
+            self.certs_refused
+                .with_label_values(&[zone, cluster, instance, reason]);
+        }
+    }
+
     /// Forgets the series of a removed target.
     pub fn forget_target(&self, (zone, cluster, instance): (&str, &str, &str)) {
         for outcome in ["ok", "error"] {
@@ -202,6 +211,16 @@ mod tests {
         ));
         assert!(text.contains("meshcat_agent_scrape_duration_seconds_bucket"));
         assert!(text.contains("meshcat_agent_targets 1"));
+        m.add_target(("z", "c", "pod-a"));
+        let text = m.render();
+        for reason in meshcat_common::identity::refusal::ALL {
+            assert!(
+                text.contains(&format!(
+                    "meshcat_agent_certs_refused_total{{cluster=\"c\",reason=\"{reason}\",target=\"pod-a\",zone=\"z\"}} 0"
+                )),
+                "{text}"
+            );
+        }
         m.forget_target(("z", "c", "pod-a"));
         let left = m.render();
         assert!(!left.contains("zone=\"z\""), "{left}");

@@ -168,17 +168,17 @@ impl Agent {
             .targets
             .write()
             .unwrap_or_else(|p| p.into_inner());
+        fn key(t: &Target) -> (&str, &str, &str) {
+            (&t.zone_name, &t.cluster_name, &t.instance)
+        }
         for old in guard.iter() {
-            let same = |t: &Target| {
-                (&t.zone_name, &t.cluster_name, &t.instance)
-                    == (&old.zone_name, &old.cluster_name, &old.instance)
-            };
-            if !targets.iter().any(same) {
-                self.ops_metrics().forget_target((
-                    &old.zone_name,
-                    &old.cluster_name,
-                    &old.instance,
-                ));
+            if !targets.iter().any(|t| key(t) == key(old)) {
+                self.ops_metrics().forget_target(key(old));
+            }
+        }
+        for new in &targets {
+            if !guard.iter().any(|t| key(t) == key(new)) {
+                self.ops_metrics().add_target(key(new));
             }
         }
         self.ops_metrics().set_targets(targets.len());
