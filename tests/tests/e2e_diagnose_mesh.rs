@@ -126,8 +126,10 @@ async fn a_san_mismatch_names_the_counter_and_the_san() {
         "mtls",
         "edge edge-0: cluster.catalog.ssl.fail_verify_san = ",
     );
+    // The catalog's identity inventory names the SANs first; the counter confirms.
     assert!(
-        conclusion(&r).starts_with("mtls failed: TLS failure counters are raised (")
+        conclusion(&r).starts_with("mtls failed: edge's sidecars require a SAN matching ")
+            && conclusion(&r).contains("TLS failure counters are raised (")
             && conclusion(&r).contains("cluster.catalog.ssl.fail_verify_san = ")
             && conclusion(&r).contains("subject alternative name"),
         "{r:#}"

@@ -121,10 +121,22 @@ fn predicted(input: &DiagnosisInput) -> Option<Outcome> {
 const EXPIRED_ACTION: &str = "Replace the certificate: with the workload identity system, check that it still rotates (meshcat certs lists rotation-overdue certificates); for a certificate from a file, issue a new one and reload the sidecar.";
 
 pub(super) fn mtls(input: &DiagnosisInput) -> Outcome {
-    const NAME: StepName = StepName::Mtls;
-    if let Some(o) = predicted(input) {
-        return o;
+    let seen = observed(input);
+    let Some(mut predicted) = predicted(input) else {
+        return seen;
+    };
+    // The prediction names the cause; what the sidecars counted or logged of it
+    // follows as its confirmation.
+    if seen.step.verdict == Verdict::Fail {
+        predicted.step.evidence.extend(seen.step.evidence);
+        predicted.finding = format!("{} {}", predicted.finding, seen.finding);
     }
+    predicted
+}
+
+/// What the sidecars' ssl counters and TLS lines say of the hop.
+fn observed(input: &DiagnosisInput) -> Outcome {
+    const NAME: StepName = StepName::Mtls;
     let mut evidence = Vec::new();
     let mut failures = Vec::new();
     let mut secrets_missing = false;
