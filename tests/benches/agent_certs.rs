@@ -30,7 +30,7 @@ use meshcat_agent::target::Target;
 use meshcat_agent::topology::TopologyCache;
 use meshcat_tests::bootstrap::{Cluster, Tls};
 use meshcat_tests::certs::{CertSpec, Identity};
-use meshcat_tests::cpu::thread_cpu_time;
+use meshcat_tests::cpu::{machine_line, thread_cpu_time};
 use meshcat_tests::mesh::metric_sum;
 use meshcat_tests::{Bootstrap, Catalog, Envoy, MeshAgent, MeshCerts, Upstream, wait_for};
 
@@ -45,13 +45,7 @@ const DAY: Duration = Duration::from_secs(86_400);
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     let which = std::env::var("MESHCAT_CERTS_BENCH").unwrap_or_default();
-    println!(
-        "nproc {}, load average {}",
-        std::thread::available_parallelism().map_or(0, |n| n.get()),
-        std::fs::read_to_string("/proc/loadavg")
-            .unwrap_or_default()
-            .trim()
-    );
+    println!("{}", machine_line());
     let dir = tempfile::tempdir()?;
     let certs = MeshCerts::new(dir.path(), "bench")?;
     if which.is_empty() || which == "many" {

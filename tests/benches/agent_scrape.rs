@@ -26,7 +26,7 @@ use meshcat_agent::scrape::scrape_once;
 use meshcat_agent::target::Target;
 use meshcat_agent::topology::TopologyCache;
 use meshcat_tests::bootstrap::{Cluster, HttpListener};
-use meshcat_tests::cpu::{process_cpu, status_kib, thread_cpu_time as cpu_time};
+use meshcat_tests::cpu::{machine_line, process_cpu, status_kib, thread_cpu_time as cpu_time};
 use meshcat_tests::large_sidecar;
 use meshcat_tests::{Bootstrap, Envoy, Upstream};
 
@@ -38,13 +38,7 @@ const CONFIG_SCRAPES: u32 = 10;
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     let which = std::env::var("MESHCAT_SCRAPE_BENCH").unwrap_or_default();
-    println!(
-        "nproc {}, load average {}",
-        std::thread::available_parallelism().map_or(0, |n| n.get()),
-        std::fs::read_to_string("/proc/loadavg")
-            .unwrap_or_default()
-            .trim()
-    );
+    println!("{}", machine_line());
     if which.is_empty() || which == "small" {
         small_sidecar().await?;
     }

@@ -16,6 +16,18 @@ pub fn thread_cpu_time() -> Duration {
     Duration::from_nanos(ns)
 }
 
+/// The machine a benchmark ran on, as its report's first line: the CPUs this
+/// process may use and the load averages (`/proc/loadavg`).
+pub fn machine_line() -> String {
+    format!(
+        "nproc {}, load average {}",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .trim()
+    )
+}
+
 /// A `/proc/<pid>/status` figure in KiB (`VmRSS:`, `VmHWM:`); 0 when unknown.
 pub fn status_kib(pid: u32, key: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
