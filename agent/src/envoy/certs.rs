@@ -848,22 +848,11 @@ mod tests {
                 })
         }
 
-        /// Cases of a run: 512 in the test command; `MESHCAT_PARSER_CASES` for a long
-        /// run (docs/reliability.md).
-        fn cases() -> u32 {
-            std::env::var("MESHCAT_PARSER_CASES")
-                .ok()
-                .and_then(|c| c.parse().ok())
-                .unwrap_or(512)
-        }
-
         proptest! {
-            #![proptest_config(ProptestConfig {
-                cases: cases(),
-                failure_persistence: None,
-                rng_seed: proptest::test_runner::RngSeed::Fixed(0x6365_7274),
-                ..ProptestConfig::default()
-            })]
+            // The shared harness: 512 cases in the test command from the fixed seed,
+            // `PROPTEST_CASES` for the long run, failures kept in
+            // proptest-regressions/ (docs/reliability.md, "Parsers").
+            #![proptest_config(meshcat_common::differential::config(512))]
 
             #[test]
             fn the_reader_agrees_with_serde(text in input(), chunk in 1usize..64) {
