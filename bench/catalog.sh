@@ -9,7 +9,8 @@
 # handler answering one static JSON record (meshcat-bench-hello serving the very
 # answer of `GET /clusters/svc-004242`, so the same bytes) is measured before and
 # after `GET /clusters/{name}` in the same run, with NAME_CONNECTIONS connections,
-# as its baseline; the script prints the ratio.
+# as its baseline; the script prints the ratio. The one-connection `GET /summary`
+# has the same handler serving the summary's bytes as its baseline.
 #
 # Environment: CLUSTERS (10000), ZONES (20), DURATION (10s), CONNECTIONS (64),
 # NAME_CONNECTIONS (32), THREADS (2), WRITERS (64), AGGREGATOR (the aggregator binary
@@ -40,9 +41,9 @@ fi
 work=$(mktemp -d)
 pid=""
 hello_pid=""
+summary_pid=""
 cleanup() {
-    [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
-    [ -n "$hello_pid" ] && kill "$hello_pid" 2>/dev/null && wait "$hello_pid" 2>/dev/null
+    stop "$summary_pid" "$pid" "$hello_pid"
     rm -rf "$work"
 }
 trap cleanup EXIT
@@ -99,9 +100,24 @@ after=$last_rps
 run "GET /clusters?owner=..." "/clusters?owner=team-7"
 run "GET /clusters (all)" "/clusters"
 run "GET /summary" "/summary"
-# The summary holds every cluster twice (zones and meshes, about 11 MB with 10,000
+# The summary holds every cluster twice (zones and meshes, about 27 MB with 10,000
 # clusters): with one connection its latency is the time to produce and send one.
+# Its baseline is the same bytes from the static axum handler, also on one
+# connection: what the socket alone costs for a body of that size, in the same run.
+curl -sf "http://$api/summary" >"$work/summary.json"
+"$target/release/meshcat-bench-hello" --json "$work/summary.json" >"$work/hello-summary" &
+summary_pid=$!
+hello_summary=""
+for _ in $(seq 1 200); do
+    hello_summary=$(awk '/listening on/ {print $3}' "$work/hello-summary")
+    [ -n "$hello_summary" ] && break
+    sleep 0.05
+done
+[ -n "$hello_summary" ] || { echo "static summary server did not start"; exit 1; }
+run_at "$hello_summary" "axum static summary (baseline)" "/" 1 1
 run "GET /summary" "/summary" 1 1
+stop "$summary_pid"
+summary_pid=""
 # Dashboards (browsers) accept gzip: the compressed body is cached per change too.
 run "GET /summary, gzip" "/summary" 1 1 "Accept-Encoding: gzip"
 run "GET /summary, gzip" "/summary" "$CONNECTIONS" "$THREADS" "Accept-Encoding: gzip"

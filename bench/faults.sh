@@ -34,7 +34,10 @@ writers=()
 disk=""
 cleanup() {
     for w in "${writers[@]}"; do kill "$w" 2>/dev/null || true; done
-    [ -n "$pid" ] && kill -9 "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
+    if [ -n "$pid" ]; then
+        kill -9 "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+    fi
     pid=""
     [ -n "$disk" ] && umount -l "$disk" 2>/dev/null
     stop_work

@@ -19,8 +19,20 @@ new_work() {
 }
 
 stop_work() {
-    [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
+    stop "$pid"
     rm -rf "$work"
+}
+
+# stop PID...: ends each process named (an empty one is skipped) and waits for it.
+# Never fails: under `set -e` a killed process's status (143) would end an exit trap
+# before the rest of its cleanup.
+stop() {
+    local p
+    for p in "$@"; do
+        [ -n "$p" ] || continue
+        kill "$p" 2>/dev/null || true
+        wait "$p" 2>/dev/null || true
+    done
 }
 
 # machine: a line naming the machine and its load average now.
