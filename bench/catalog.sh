@@ -100,7 +100,7 @@ after=$last_rps
 run "GET /clusters?owner=..." "/clusters?owner=team-7"
 run "GET /clusters (all)" "/clusters"
 run "GET /summary" "/summary"
-# The summary holds every cluster twice (zones and meshes, about 27 MB with 10,000
+# The summary holds every cluster twice (zones and meshes, about 29 MB with 10,000
 # clusters): with one connection its latency is the time to produce and send one.
 # Its baseline is the same bytes from the static axum handler, also on one
 # connection: what the socket alone costs for a body of that size, in the same run.

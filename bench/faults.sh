@@ -39,7 +39,7 @@ cleanup() {
         wait "$pid" 2>/dev/null || true
     fi
     pid=""
-    [ -n "$disk" ] && umount -l "$disk" 2>/dev/null
+    if [ -n "$disk" ]; then umount -l "$disk" 2>/dev/null || true; fi
     stop_work
 }
 trap cleanup EXIT
