@@ -73,17 +73,27 @@ run() {
     printf "| %-32s | %5s | %10s | %9s | %9s |\n" "$label" "$conns" "$rps" "$p50" "$p99" >>"$results"
     last_rps=$rps
 }
-name_path=/clusters/svc-004242
+# serve_static FILE: serves FILE's bytes from meshcat-bench-hello in the background
+# and waits until it listens; sets static_pid and static_addr.
+serve_static() {
+    local out=$1.hello
+    "$target/release/meshcat-bench-hello" --json "$1" >"$out" &
+    static_pid=$!
+    static_addr=""
+    for _ in $(seq 1 200); do
+        static_addr=$(awk '/listening on/ {print $3}' "$out")
+        [ -n "$static_addr" ] && return
+        sleep 0.05
+    done
+    echo "the static server of $1 did not start"
+    exit 1
+}
+# One cluster the writes registered (svc-004242 at the default size).
+name_path=/clusters/svc-$(printf %06d $((CLUSTERS > 4242 ? 4242 : CLUSTERS / 2)))
 curl -sf "http://$api$name_path" >"$work/record.json"
-"$target/release/meshcat-bench-hello" --json "$work/record.json" >"$work/hello" &
-hello_pid=$!
-hello=""
-for _ in $(seq 1 200); do
-    hello=$(awk '/listening on/ {print $3}' "$work/hello")
-    [ -n "$hello" ] && break
-    sleep 0.05
-done
-[ -n "$hello" ] || { echo "hello-world server did not start"; exit 1; }
+serve_static "$work/record.json"
+hello_pid=$static_pid
+hello=$static_addr
 run_at() {
     local saved=$api
     api=$1
@@ -105,16 +115,9 @@ run "GET /summary" "/summary"
 # Its baseline is the same bytes from the static axum handler, also on one
 # connection: what the socket alone costs for a body of that size, in the same run.
 curl -sf "http://$api/summary" >"$work/summary.json"
-"$target/release/meshcat-bench-hello" --json "$work/summary.json" >"$work/hello-summary" &
-summary_pid=$!
-hello_summary=""
-for _ in $(seq 1 200); do
-    hello_summary=$(awk '/listening on/ {print $3}' "$work/hello-summary")
-    [ -n "$hello_summary" ] && break
-    sleep 0.05
-done
-[ -n "$hello_summary" ] || { echo "static summary server did not start"; exit 1; }
-run_at "$hello_summary" "axum static summary (baseline)" "/" 1 1
+serve_static "$work/summary.json"
+summary_pid=$static_pid
+run_at "$static_addr" "axum static summary (baseline)" "/" 1 1
 run "GET /summary" "/summary" 1 1
 stop "$summary_pid"
 summary_pid=""
