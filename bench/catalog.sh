@@ -9,8 +9,10 @@
 # handler answering one static JSON record (meshcat-bench-hello serving the very
 # answer of `GET /clusters/svc-004242`, so the same bytes) is measured before and
 # after `GET /clusters/{name}` in the same run, with NAME_CONNECTIONS connections,
-# as its baseline; the script prints the ratio. The one-connection `GET /summary`
-# has the same handler serving the summary's bytes as its baseline.
+# as its baseline; the script prints the ratio, and the ratio of the two servers'
+# CPU per request (user and system time over the requests served). The
+# one-connection `GET /summary` has the same handler serving the summary's bytes as
+# its baseline.
 #
 # Environment: CLUSTERS (10000), ZONES (20), DURATION (10s), CONNECTIONS (64),
 # NAME_CONNECTIONS (32), THREADS (2), WRITERS (64), AGGREGATOR (the aggregator binary
@@ -42,6 +44,7 @@ work=$(mktemp -d)
 pid=""
 hello_pid=""
 summary_pid=""
+server=""
 cleanup() {
     stop "$summary_pid" "$pid" "$hello_pid"
     rm -rf "$work"
@@ -61,16 +64,28 @@ echo "RSS after load: $(rss)"
 
 results="$work/results"
 : >"$results"
+# cpu_ticks PID: the process's user and system CPU so far, in clock ticks.
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+tick_us=$((1000000 / $(getconf CLK_TCK)))
+# run LABEL PATH [CONNS] [THREADS] [HEADER]: wrk against $api (served by process
+# $server, the aggregator unless run_at says otherwise); adds a row to the results
+# with the server's CPU per request, which the load generator sharing the cores
+# moves less than the request rate.
 run() {
     local label=$1 path=$2 conns=${3:-$CONNECTIONS} threads=${4:-$THREADS} hdr=${5:-}
+    local who=${server:-$pid} c0 c1
     echo "==> wrk $label: GET $path with $conns connections ${hdr:+($hdr)}"
+    c0=$(cpu_ticks "$who")
     wrk -t"$threads" -c"$conns" -d"$DURATION" --latency ${hdr:+-H "$hdr"} "http://$api$path" >"$work/wrk.out"
+    c1=$(cpu_ticks "$who")
     cat "$work/wrk.out"
-    local rps p50 p99
+    local rps p50 p99 n
     rps=$(awk '/Requests\/sec/ {print $2}' "$work/wrk.out")
     p50=$(awk '$1 == "50%" {print $2}' "$work/wrk.out")
     p99=$(awk '$1 == "99%" {print $2}' "$work/wrk.out")
-    printf "| %-32s | %5s | %10s | %9s | %9s |\n" "$label" "$conns" "$rps" "$p50" "$p99" >>"$results"
+    n=$(awk '/ requests in / {print $1}' "$work/wrk.out")
+    last_cpu=$(awk -v t=$((c1 - c0)) -v us="$tick_us" -v n="$n" 'BEGIN {printf "%.2f", (n > 0 ? t * us / n : 0)}')
+    printf "| %-32s | %5s | %10s | %9s | %9s | %10s |\n" "$label" "$conns" "$rps" "$p50" "$p99" "$last_cpu" >>"$results"
     last_rps=$rps
 }
 # serve_static FILE: serves FILE's bytes from meshcat-bench-hello in the background
@@ -94,19 +109,25 @@ curl -sf "http://$api$name_path" >"$work/record.json"
 serve_static "$work/record.json"
 hello_pid=$static_pid
 hello=$static_addr
+# run_at ADDR PID ARGS...: run ARGS against the server at ADDR, process PID.
 run_at() {
     local saved=$api
     api=$1
-    shift
+    server=$2
+    shift 2
     run "$@"
     api=$saved
+    server=""
 }
-run_at "$hello" "axum static record (baseline)" "/" "$NAME_CONNECTIONS"
+run_at "$hello" "$hello_pid" "axum static record (baseline)" "/" "$NAME_CONNECTIONS"
 before=$last_rps
+before_cpu=$last_cpu
 run "GET /clusters/{name}" "$name_path" "$NAME_CONNECTIONS"
 by_name=$last_rps
-run_at "$hello" "axum static record (baseline)" "/" "$NAME_CONNECTIONS"
+by_name_cpu=$last_cpu
+run_at "$hello" "$hello_pid" "axum static record (baseline)" "/" "$NAME_CONNECTIONS"
 after=$last_rps
+after_cpu=$last_cpu
 run "GET /clusters?owner=..." "/clusters?owner=team-7"
 run "GET /clusters (all)" "/clusters"
 run "GET /summary" "/summary"
@@ -117,7 +138,7 @@ run "GET /summary" "/summary"
 curl -sf "http://$api/summary" >"$work/summary.json"
 serve_static "$work/summary.json"
 summary_pid=$static_pid
-run_at "$static_addr" "axum static summary (baseline)" "/" 1 1
+run_at "$static_addr" "$summary_pid" "axum static summary (baseline)" "/" 1 1
 run "GET /summary" "/summary" 1 1
 stop "$summary_pid"
 summary_pid=""
@@ -139,9 +160,11 @@ echo "summary body: $(curl -s "http://$api/summary" | wc -c) bytes ($(curl -s -H
     "one record: $(wc -c <"$work/record.json") bytes"
 echo "GET /clusters/{name} against the static record: $by_name / mean($before, $after) =" \
     "$(awk -v n="$by_name" -v a="$before" -v b="$after" 'BEGIN {printf "%.2fx", 2 * n / (a + b)}')"
+echo "its server CPU per request: mean($before_cpu, $after_cpu) / $by_name_cpu us =" \
+    "$(awk -v n="$by_name_cpu" -v a="$before_cpu" -v b="$after_cpu" 'BEGIN {printf "%.2fx", (n > 0 ? (a + b) / 2 / n : 0)}')"
 echo
-echo "| endpoint                         | conns |   req/s    |    p50    |    p99    |"
-echo "|----------------------------------|-------|------------|-----------|-----------|"
+echo "| endpoint                         | conns |   req/s    |    p50    |    p99    | CPU us/req |"
+echo "|----------------------------------|-------|------------|-----------|-----------|------------|"
 cat "$results"
 echo
 echo "aggregator RSS after the runs: $(rss)"
