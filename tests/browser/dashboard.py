@@ -13,7 +13,7 @@ import sys
 
 from playwright.sync_api import sync_playwright
 
-from pagecheck import API, SPEC, TOKEN, WAIT_MS, ZONE, api, check, log, open_page, shot
+from pagecheck import API, SPEC, TOKEN, WAIT_MS, ZONE, api, check, log, open_page, run, shot
 
 
 def rows(page):
@@ -319,8 +319,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except Exception as e:  # noqa: BLE001 - the Rust test reads the reason from stderr
-        log("FAILED:", type(e).__name__, e)
-        sys.exit(1)
+    run(main)

@@ -13,12 +13,10 @@ the graph one click away. Any failure raises; the exit status says whether every
 passed. Progress goes to stderr.
 """
 
-import sys
-
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from playwright.sync_api import sync_playwright
 
-from pagecheck import API, TOKEN, WAIT_MS, ZONE, api, check, log, open_page, shot
+from pagecheck import API, TOKEN, WAIT_MS, ZONE, api, check, log, open_page, run, shot
 
 
 def expected(g):
@@ -296,8 +294,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except Exception as e:  # noqa: BLE001 - the Rust test reads the reason from stderr
-        log("FAILED:", type(e).__name__, e)
-        sys.exit(1)
+    run(main)

@@ -17,11 +17,9 @@ only the rows in sight. The script checks, against `GET /graph`:
 Any failure raises; the exit status says whether every check passed.
 """
 
-import sys
-
 from playwright.sync_api import sync_playwright
 
-from pagecheck import API, SPEC, WAIT_MS, api, check, log, open_page, shot
+from pagecheck import API, SPEC, WAIT_MS, api, check, log, open_page, run, shot
 
 NODES, EDGES = SPEC["nodes"], SPEC["edges"]
 
@@ -222,8 +220,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except Exception as e:  # noqa: BLE001 - the Rust test reads the reason from stderr
-        log("FAILED:", type(e).__name__, e)
-        sys.exit(1)
+    run(main)

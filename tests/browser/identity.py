@@ -13,7 +13,7 @@ check passed. Progress goes to stderr.
 
 from playwright.sync_api import sync_playwright
 
-from pagecheck import API, SPEC, TOKEN, WAIT_MS, ZONE, api, check, log, open_page, shot
+from pagecheck import API, SPEC, TOKEN, WAIT_MS, ZONE, api, check, log, open_page, run, shot
 
 EXPIRING = SPEC["expiring"]
 FINE = SPEC["fine"]
@@ -100,4 +100,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

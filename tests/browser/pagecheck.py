@@ -28,6 +28,16 @@ def check(cond, what):
     log("ok:", what)
 
 
+def run(main):
+    """Runs a script's `main`; a failure ends the script with status 1 and its reason
+    on stderr, one line, where the Rust test reads it."""
+    try:
+        main()
+    except Exception as e:  # noqa: BLE001 - any failure is the script's answer
+        log("FAILED:", type(e).__name__, e)
+        sys.exit(1)
+
+
 def shot(page, name, full=False):
     path = os.path.join(OUT, name)
     page.screenshot(path=path, full_page=full)
