@@ -19,7 +19,7 @@ use meshcat_common::wire::{ReportedCluster, hosts_digest};
 use proptest::prelude::*;
 use serde_json::Value;
 
-use super::{ClustersReader, MAX_TOKEN};
+use super::{ClustersReader, Ctx, MAX_TOKEN};
 
 /// Answers of at most this many bytes are also fed cut at every position.
 const EVERY_CUT: usize = 256;
@@ -293,20 +293,6 @@ fn plant(v: &Json, pick: usize, bad: &str, read: bool) -> Option<Json> {
     }
     *at = Json::Raw(bad.to_owned());
     Some(out)
-}
-
-/// The containers the reader follows, as its own `Ctx` names them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Ctx {
-    Root,
-    Clusters,
-    Cluster,
-    Hosts,
-    Host,
-    Address,
-    Socket,
-    Pipe,
-    Health,
 }
 
 /// The context of the child `key` (`None` for an element) of a container of context
