@@ -601,7 +601,7 @@ async fn describe(api: &str) {
         "Instances (1):\n  NAME        STARTED ",
         "Callers (3):\n",
         "  shop/edge ",
-        "Callees (1):\n  TO             TRAFFIC\n  shop/reviews   0 requests (0.0/s), 0 errors (0.0%), plaintext, no traffic in the last 60s, declared\n",
+        "Callees (1):\n  TO             TRAFFIC\n  shop/reviews   0 requests (0.0/s), 0 errors (0.0%), no traffic in the last 60s, declared\n",
         "Drift: none: every live instance runs one configuration (configuration ",
         "Last change:      ",
         " ago, down -> stable: 1 live instance",

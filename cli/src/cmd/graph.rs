@@ -87,7 +87,7 @@ pub fn tables(graph: &Value, width: Option<usize>) -> String {
                 // A predicted handshake failure, with or without traffic yet.
                 Cell::styled("SAN mismatch", render::RED)
             } else {
-                yes_no(e["tls"].as_bool().unwrap_or(false)).into()
+                tls_cell(e).into()
             },
             yes_no(e["observed"].as_bool().unwrap_or(false)).into(),
             yes_no(e["declared"].as_bool().unwrap_or(false)).into(),
@@ -130,11 +130,7 @@ pub fn edge_words(e: &Value, window_seconds: u64) -> String {
             let _ = write!(w, ", {label} {}", ms(&e[key]));
         }
     }
-    w.push_str(if e["tls"] == Value::Bool(true) {
-        ", TLS"
-    } else {
-        ", plaintext"
-    });
+    w.push_str(tls_words(e));
     if tls_mismatch(e) {
         let sans = |key: &str| {
             e["tlsIdentity"][key]
@@ -165,6 +161,35 @@ pub fn edge_words(e: &Value, window_seconds: u64) -> String {
         ", not declared"
     });
     w
+}
+
+/// What an edge says of TLS: only traffic tells whether connections use it. An
+/// edge without traffic in the window (declared only) says nothing, unless the
+/// caller's sidecar checks the target's SANs, which it does only over mTLS.
+fn tls_words(e: &Value) -> &'static str {
+    if e["observed"] == Value::Bool(true) {
+        if e["tls"] == Value::Bool(true) {
+            ", TLS"
+        } else {
+            ", plaintext"
+        }
+    } else if e["tlsIdentity"].is_object() {
+        ", mTLS configured"
+    } else {
+        ""
+    }
+}
+
+/// The TLS column: `yes` or `no` as the traffic said; `-` without traffic, unless
+/// the caller checks the target's SANs (`configured`).
+fn tls_cell(e: &Value) -> &'static str {
+    if e["observed"] == Value::Bool(true) {
+        yes_no(e["tls"].as_bool().unwrap_or(false))
+    } else if e["tlsIdentity"].is_object() {
+        "configured"
+    } else {
+        "-"
+    }
 }
 
 fn plural(n: u64) -> &'static str {
@@ -362,7 +387,28 @@ mod tests {
         );
         assert_eq!(
             edge_words(&g["edges"][0], 60),
-            "0 requests (0.0/s), 0 errors (0.0%), plaintext, no traffic in the last 60s, declared"
+            "0 requests (0.0/s), 0 errors (0.0%), no traffic in the last 60s, declared"
         );
+    }
+
+    #[test]
+    fn tls_is_told_by_traffic_or_by_the_callers_san_checks() {
+        let mut e = sample()["edges"][0].clone();
+        // Declared, no traffic, tls false: nothing is known of TLS.
+        assert_eq!(tls_words(&e), "");
+        assert_eq!(tls_cell(&e), "-");
+        // The caller checks the target's SANs: its sidecar calls it over mTLS.
+        e["tlsIdentity"] = serde_json::json!({
+            "match": true, "expectedSans": ["spiffe://a"], "presentedSans": ["spiffe://a"]
+        });
+        assert_eq!(tls_words(&e), ", mTLS configured");
+        assert_eq!(tls_cell(&e), "configured");
+        // Traffic tells, whatever the configuration.
+        e["observed"] = Value::Bool(true);
+        assert_eq!(tls_words(&e), ", plaintext");
+        assert_eq!(tls_cell(&e), "no");
+        e["tls"] = Value::Bool(true);
+        assert_eq!(tls_words(&e), ", TLS");
+        assert_eq!(tls_cell(&e), "yes");
     }
 }
