@@ -336,7 +336,9 @@ export class GraphPage {
     if (!g) return;
     const n = g.nodes.length, m = g.edges.length;
     const failing = g.edges.filter((e) => e.observed && severity(e.errorRatio, g.errorRatioWarning) === "bad").length;
-    const idle = g.edges.filter((e) => !e.observed).length;
+    // Declared and quiet; a predicted SAN mismatch (neither observed nor declared)
+    // is counted with the mismatches.
+    const idle = g.edges.filter((e) => !e.observed && e.declared).length;
     const undeclared = g.edges.filter((e) => e.observed && !e.declared).length;
     const mismatched = g.edges.filter((e) => e.tlsIdentity && !e.tlsIdentity.match).length;
     this.status.replaceChildren(

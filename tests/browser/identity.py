@@ -77,6 +77,14 @@ def main():
         page.wait_for_selector(f"{edge}[data-tls-match=false]", timeout=WAIT_MS)
         text = page.inner_text(edge)
         check("SAN mismatch" in text, f"the edge's row says SAN mismatch: {text!r}")
+        # The status line counts a predicted mismatch (no traffic, not declared) with
+        # the mismatches, never with the declared edges that carry no traffic.
+        g = api(f"/graph?zoneName={ZONE}")
+        idle = sum(1 for e in g["edges"] if e["declared"] and not e["observed"])
+        status = page.inner_text(".graph-status")
+        check("SAN mismatch" in status, f"the status line counts the mismatch: {status!r}")
+        check((f"{idle} declared without traffic" in status) if idle else ("without traffic" not in status),
+              f"the status line counts {idle} declared edges without traffic: {status!r}")
         # The canvas marks the edge too: the mark's colour, read back at its centre.
         page.wait_for_function("() => { const g = document.querySelector('#graph-canvas').graph;"
                                " return g && g.frames > 0; }", timeout=WAIT_MS)
