@@ -110,6 +110,8 @@ pub struct Entry {
     /// Whether the live instances ran more than one configuration when last looked
     /// at: the history notes when that flips.
     drifted: bool,
+    /// What a certificate listing may skip here without looking at the instances.
+    certs: identity::CertBounds,
 }
 
 impl Entry {
@@ -133,6 +135,7 @@ impl Entry {
             declared: None,
             window: (0, 0),
             drifted: false,
+            certs: identity::CertBounds::NONE,
         }
     }
 

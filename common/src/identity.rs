@@ -441,6 +441,16 @@ impl IdentityRules {
         (c.expires_at_ms.saturating_sub(self.warning_ms)).max(c.expires_at_ms - lifetime / 2)
     }
 
+    /// Until when `c` is `ok`: its state is [`CertState::Ok`] exactly at the times
+    /// before this.
+    pub fn ok_until(&self, c: CertTimes) -> i64 {
+        let mut until = c.expires_at_ms.min(self.expiring_at(c));
+        if c.sds {
+            until = until.min(self.overdue_at(c));
+        }
+        until
+    }
+
     /// The first time after `now_ms` at which the state of `c` changes, if any.
     pub fn next_change(&self, c: CertTimes, now_ms: i64) -> Option<i64> {
         let mut times = vec![c.expires_at_ms, self.expiring_at(c)];
@@ -682,6 +692,39 @@ mod tests {
         assert_eq!(rules.next_change(day, DAY / 2), Some(DAY * 8 / 10));
         assert_eq!(rules.next_change(day, DAY * 9 / 10), Some(DAY));
         assert_eq!(rules.next_change(day, DAY), None);
+    }
+
+    #[test]
+    fn a_certificate_is_ok_exactly_before_its_ok_until() {
+        let rules = IdentityRules::default();
+        for c in [
+            times(0, 365 * DAY, false),
+            times(0, DAY, true),
+            times(0, DAY, false),
+            times(5 * DAY, 4 * DAY, true),
+            times(0, 0, false),
+        ] {
+            let until = rules.ok_until(c);
+            for now in [
+                -DAY,
+                0,
+                DAY / 4,
+                DAY / 2,
+                DAY * 8 / 10,
+                DAY,
+                358 * DAY,
+                400 * DAY,
+            ]
+            .into_iter()
+            .chain([until - 1, until, until + 1])
+            {
+                assert_eq!(
+                    rules.state(c, now) == CertState::Ok,
+                    now < until,
+                    "{c:?} at {now}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -583,9 +583,47 @@ pub(super) fn note_identity(
     state
 }
 
-/// Schedules `e`'s next identity state change on the clock.
-pub(super) fn schedule(memory: &Memory, zone: &str, cluster: &str, e: &Entry) {
+/// What a certificate listing may skip in an entry: every certificate its instances
+/// hold (live or not) is `ok` before `ok_until_ms`, and none expires before
+/// `first_expiry_ms`. [`schedule`] makes it exact, and runs after every change of an
+/// instance's certificates; an instance that leaves can only leave it too low, which
+/// skips less, never too much.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CertBounds {
+    pub ok_until_ms: i64,
+    pub first_expiry_ms: i64,
+}
+
+impl CertBounds {
+    /// No certificate.
+    pub const NONE: CertBounds = CertBounds {
+        ok_until_ms: i64::MAX,
+        first_expiry_ms: i64::MAX,
+    };
+
+    fn of<'a>(instances: impl Iterator<Item = &'a LiveInstance>, rules: &IdentityRules) -> Self {
+        instances
+            .filter_map(|i| i.identity.as_deref())
+            .flat_map(|h| h.certificates.iter())
+            .fold(CertBounds::NONE, |b, c| CertBounds {
+                ok_until_ms: b.ok_until_ms.min(rules.ok_until(c.times())),
+                first_expiry_ms: b.first_expiry_ms.min(c.expires_at_ms),
+            })
+    }
+
+    /// Whether no certificate here can be a row of a listing at `now_ms` that wants
+    /// `ok` ones or not, and those expiring before `before` (when given).
+    fn excludes(&self, now_ms: i64, wants_ok: bool, before: Option<i64>) -> bool {
+        (!wants_ok && now_ms < self.ok_until_ms)
+            || before.is_some_and(|b| self.first_expiry_ms >= b)
+    }
+}
+
+/// Schedules `e`'s next identity state change on the clock, and keeps its
+/// [`CertBounds`].
+pub(super) fn schedule(memory: &Memory, zone: &str, cluster: &str, e: &mut Entry) {
     let rules = memory.rules.identity;
+    e.certs = CertBounds::of(e.instances.values(), &rules);
     let now = now_ms();
     let next = e
         .instances
@@ -623,14 +661,24 @@ impl Identities<'_> {
     /// `GET /certificates`: one row per (live instance, certificate) that `q` asks
     /// for, sorted by expiry (then zone, cluster, instance, role, serial).
     pub fn certificates(&self, q: &CertificateQuery) -> Vec<CertificateRow> {
+        self.certificates_at(q, now_ms())
+    }
+
+    /// [`Identities::certificates`] with the states read at `now`. A cluster whose
+    /// [`CertBounds`] say it holds no row the query wants is passed without reading
+    /// its instances: the listing of certificates that need action reads only the
+    /// clusters that have one.
+    pub(crate) fn certificates_at(&self, q: &CertificateQuery, now: i64) -> Vec<CertificateRow> {
         let rules = self.memory.rules.identity;
-        let now = now_ms();
         let before = q
             .expiring_within
             .map(|d| now.saturating_add(d.as_millis().min(i64::MAX as u128) as i64));
+        let wants_ok = q.states.is_empty() || q.states.contains(&CertState::Ok);
         let mut out = Vec::new();
         let mut visit = |cluster: &str, zone: &str, e: &Entry| {
-            if q.zone.as_deref().is_some_and(|z| z != zone) {
+            if q.zone.as_deref().is_some_and(|z| z != zone)
+                || e.certs.excludes(now, wants_ok, before)
+            {
                 return;
             }
             let owner = e.record.as_ref().map_or("", |r| r.owner.as_str());

@@ -1250,3 +1250,133 @@ fn applied_instances_are_handed_on_by_key() {
     let names: Vec<&String> = by_zone.get("z").unwrap().instances.keys().collect();
     assert_eq!(names, ["i1", "i3"]);
 }
+
+/// A small deterministic generator (xorshift) for the tests that draw cases.
+struct Draw(u64);
+
+impl Draw {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+#[test]
+fn a_certificate_listing_passes_only_clusters_without_a_row_it_asks_for() {
+    use super::identity::{CertBounds, CertificateQuery};
+    use meshcat_common::identity::{
+        CertRole, CertState, IdentityReport, ReportedCertificate, San, SanKind, SdsSecret,
+    };
+    const DAY: i64 = 86_400_000;
+    const BASE: i64 = 1_800_000_000_000;
+    let (_d, _s, live) = open();
+    let mut draw = Draw(0x9e37_79b9_7f4a_7c15);
+    // Certificates of every kind around BASE: expired, expiring, overdue and fine, of
+    // one day to a year; sidecars without any; instances that stop reporting and
+    // expire, so a cluster's bounds outlive what they were made of.
+    let t0 = Instant::now();
+    for round in 0..8u64 {
+        let at = t0 + Duration::from_secs(10 * round);
+        for c in 0..30u64 {
+            for i in 0..1 + draw.below(4) {
+                if draw.below(4) == 0 {
+                    continue;
+                }
+                let mut r = report(
+                    &format!("z{}", c % 3),
+                    &format!("c{c}"),
+                    &format!("c{c}-{i}"),
+                    0,
+                    0,
+                );
+                if draw.below(6) > 0 {
+                    let certs = (0..draw.below(4))
+                        .map(|n| {
+                            let life = [1, 2, 5, 30, 365][draw.below(5) as usize] * DAY;
+                            let valid_from =
+                                BASE - life + (draw.below(4 * 80) as i64 - 160) * DAY / 4;
+                            ReportedCertificate {
+                                serial: format!("{round}-{c}-{i}-{n}"),
+                                role: if n == 0 {
+                                    CertRole::Chain
+                                } else {
+                                    CertRole::Ca
+                                },
+                                sans: vec![San::new(SanKind::Uri, format!("spiffe://z/c{c}"))],
+                                valid_from_ms: valid_from,
+                                expires_at_ms: valid_from + life,
+                                secret: (draw.below(2) == 0).then(|| SdsSecret {
+                                    name: "default".into(),
+                                    version: round.to_string(),
+                                    last_updated_ms: valid_from,
+                                }),
+                            }
+                        })
+                        .collect();
+                    r.identity = Some(IdentityReport::new(certs, vec![], None));
+                }
+                live.apply_report("agent", r, at);
+            }
+        }
+        live.expire(at);
+    }
+
+    let states = [
+        vec![],
+        vec![CertState::Ok],
+        vec![CertState::Expiring],
+        vec![CertState::Expired],
+        vec![
+            CertState::Expired,
+            CertState::RotationOverdue,
+            CertState::Expiring,
+        ],
+        vec![CertState::RotationOverdue, CertState::Ok],
+    ];
+    let within = [
+        None,
+        Some(Duration::ZERO),
+        Some(Duration::from_secs(7 * 86_400)),
+        Some(Duration::from_secs(90 * 86_400)),
+    ];
+    let identities = live.identities();
+    let mut passed = 0;
+    for step in -60..=60i64 {
+        let now = BASE + step * DAY / 2;
+        let all = identities.certificates_at(&CertificateQuery::default(), now);
+        for (states, within) in states
+            .iter()
+            .flat_map(|s| within.iter().map(move |w| (s, w)))
+        {
+            for (zone, cluster) in [(None, None), (Some("z1"), None), (None, Some("c4"))] {
+                let q = CertificateQuery {
+                    zone: zone.map(str::to_owned),
+                    cluster: cluster.map(str::to_owned),
+                    states: states.clone(),
+                    expiring_within: *within,
+                };
+                let want: Vec<_> = all
+                    .iter()
+                    .filter(|r| zone.is_none_or(|z| r.zone_name == z))
+                    .filter(|r| cluster.is_none_or(|c| r.cluster_name == c))
+                    .filter(|r| states.is_empty() || states.contains(&r.state))
+                    .filter(|r| within.is_none_or(|w| r.expires_at_ms < now + w.as_millis() as i64))
+                    .cloned()
+                    .collect();
+                assert_eq!(identities.certificates_at(&q, now), want, "{q:?} at {now}");
+            }
+        }
+        // The bounds are what makes the listing of certificates that need action
+        // cheap: some clusters are passed without reading their instances.
+        passed += live
+            .memory
+            .clusters
+            .iter()
+            .flat_map(|by_zone| by_zone.iter().map(|(_, e)| e.certs).collect::<Vec<_>>())
+            .filter(|b| *b != CertBounds::NONE && now < b.ok_until_ms)
+            .count();
+    }
+    assert!(passed > 0, "no cluster was ever passed");
+}
