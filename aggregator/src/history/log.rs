@@ -1293,18 +1293,6 @@ mod tests {
         assert_eq!(db.query(&q).unwrap().rows.len(), 100);
     }
 
-    /// A small random generator, so that the cases are the same on every run.
-    struct Rng(u64);
-
-    impl Rng {
-        fn below(&mut self, n: u64) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0 % n
-        }
-    }
-
     /// Every filter and combination answers what a walk over every entry with the
     /// query's own check answers, across many blocks, several runs of the clock
     /// and retention.
@@ -1318,7 +1306,7 @@ mod tests {
                 ..KEEP_ALL
             })
             .unwrap();
-        let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+        let mut rng = crate::TestRng(0x2545_f491_4f6c_dd1d);
         let zones = ["z0", "z1", "z2", "rare-zone", ""];
         let clusters = ["c0", "c1", "c2", "c3", "c4", "rare-cluster", ""];
         let kinds = [
@@ -1329,7 +1317,7 @@ mod tests {
             Kind::ZoneRegistered,
         ];
         let instances: Vec<String> = (0..60).map(|i| format!("pod-{i}")).collect();
-        let pick = |rng: &mut Rng, n: usize| rng.below(n as u64) as usize;
+        let pick = |rng: &mut crate::TestRng, n: usize| rng.below(n as u64) as usize;
         let mut at = 1_000_000i64;
         for _ in 0..80 {
             let size = 1 + rng.below(400) as usize;
@@ -1370,7 +1358,7 @@ mod tests {
             every[0].stored().at_ms,
         );
         for _ in 0..2_000 {
-            let name = |rng: &mut Rng, names: &[&str]| {
+            let name = |rng: &mut crate::TestRng, names: &[&str]| {
                 (rng.below(2) == 0).then(|| names[pick(rng, names.len())].to_owned())
             };
             let mut q = Query {

@@ -1251,18 +1251,6 @@ fn applied_instances_are_handed_on_by_key() {
     assert_eq!(names, ["i1", "i3"]);
 }
 
-/// A small deterministic generator (xorshift) for the tests that draw cases.
-struct Draw(u64);
-
-impl Draw {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-}
-
 #[test]
 fn a_certificate_listing_passes_only_clusters_without_a_row_it_asks_for() {
     use super::identity::{CertBounds, CertificateQuery};
@@ -1272,7 +1260,7 @@ fn a_certificate_listing_passes_only_clusters_without_a_row_it_asks_for() {
     const DAY: i64 = 86_400_000;
     const BASE: i64 = 1_800_000_000_000;
     let (_d, _s, live) = open();
-    let mut draw = Draw(0x9e37_79b9_7f4a_7c15);
+    let mut draw = crate::TestRng(0x9e37_79b9_7f4a_7c15);
     // Certificates of every kind around BASE: expired, expiring, overdue and fine, of
     // one day to a year; sidecars without any; instances that stop reporting and
     // expire, so a cluster's bounds outlive what they were made of.
