@@ -94,14 +94,8 @@ serve_static() {
     local out=$1.hello
     "$target/release/meshcat-bench-hello" --json "$1" >"$out" &
     static_pid=$!
-    static_addr=""
-    for _ in $(seq 1 200); do
-        static_addr=$(awk '/listening on/ {print $3}' "$out")
-        [ -n "$static_addr" ] && return
-        sleep 0.05
-    done
-    echo "the static server of $1 did not start"
-    exit 1
+    static_addr=$(listening_addr "$out")
+    [ -n "$static_addr" ] || { echo "the static server of $1 did not start"; exit 1; }
 }
 # One cluster the writes registered (svc-004242 at the default size).
 name_path=/clusters/svc-$(printf %06d $((CLUSTERS > 4242 ? 4242 : CLUSTERS / 2)))

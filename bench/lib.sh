@@ -35,6 +35,19 @@ stop() {
     done
 }
 
+# listening_addr FILE [SECONDS]: waits until FILE (a server's output) says
+# `listening on ADDR`, as meshcat-bench-hello does, and prints ADDR; prints nothing
+# when it has not within SECONDS (10).
+listening_addr() {
+    local addr=""
+    for _ in $(seq 1 $((${2:-10} * 10))); do
+        addr=$(awk '/listening on/ {print $3}' "$1")
+        [ -n "$addr" ] && break
+        sleep 0.1
+    done
+    echo "$addr"
+}
+
 # machine: a line naming the machine and its load average now.
 machine() {
     echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'); load average: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -92,12 +92,7 @@ echo "==> the static record under callgrind"
 valgrind --tool=callgrind --callgrind-out-file="$work/static.cg" \
     "$target/release/meshcat-bench-hello" --json "$work/record.json" >"$work/hello" 2>"$work/hello.log" &
 hello_pid=$!
-hello=""
-for _ in $(seq 1 600); do
-    hello=$(awk '/listening on/ {print $3}' "$work/hello")
-    [ -n "$hello" ] && break
-    sleep 0.1
-done
+hello=$(listening_addr "$work/hello" 60)
 [ -n "$hello" ] || { echo "the static server did not start"; cat "$work/hello.log"; exit 1; }
 static_file=$(count static "$hello_pid" "$hello" /)
 
