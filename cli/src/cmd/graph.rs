@@ -87,7 +87,7 @@ pub fn tables(graph: &Value, width: Option<usize>) -> String {
                 // A predicted handshake failure, with or without traffic yet.
                 Cell::styled("SAN mismatch", render::RED)
             } else {
-                tls_cell(e).into()
+                tls_said(e).1.into()
             },
             yes_no(e["observed"].as_bool().unwrap_or(false)).into(),
             yes_no(e["declared"].as_bool().unwrap_or(false)).into(),
@@ -130,7 +130,7 @@ pub fn edge_words(e: &Value, window_seconds: u64) -> String {
             let _ = write!(w, ", {label} {}", ms(&e[key]));
         }
     }
-    w.push_str(tls_words(e));
+    w.push_str(tls_said(e).0);
     if tls_mismatch(e) {
         let sans = |key: &str| {
             e["tlsIdentity"][key]
@@ -163,32 +163,21 @@ pub fn edge_words(e: &Value, window_seconds: u64) -> String {
     w
 }
 
-/// What an edge says of TLS: only traffic tells whether connections use it. An
-/// edge without traffic in the window (declared only) says nothing, unless the
-/// caller's sidecar checks the target's SANs, which it does only over mTLS.
-fn tls_words(e: &Value) -> &'static str {
+/// What an edge says of TLS, in `describe`'s words and as the table's cell. Only
+/// traffic tells whether connections use it: an edge without traffic in the window
+/// (declared only) says nothing, unless the caller's sidecar checks the target's
+/// SANs, which it does only over mTLS.
+fn tls_said(e: &Value) -> (&'static str, &'static str) {
     if e["observed"] == Value::Bool(true) {
         if e["tls"] == Value::Bool(true) {
-            ", TLS"
+            (", TLS", "yes")
         } else {
-            ", plaintext"
+            (", plaintext", "no")
         }
     } else if e["tlsIdentity"].is_object() {
-        ", mTLS configured"
+        (", mTLS configured", "configured")
     } else {
-        ""
-    }
-}
-
-/// The TLS column: `yes` or `no` as the traffic said; `-` without traffic, unless
-/// the caller checks the target's SANs (`configured`).
-fn tls_cell(e: &Value) -> &'static str {
-    if e["observed"] == Value::Bool(true) {
-        yes_no(e["tls"].as_bool().unwrap_or(false))
-    } else if e["tlsIdentity"].is_object() {
-        "configured"
-    } else {
-        "-"
+        ("", "-")
     }
 }
 
@@ -395,20 +384,16 @@ mod tests {
     fn tls_is_told_by_traffic_or_by_the_callers_san_checks() {
         let mut e = sample()["edges"][0].clone();
         // Declared, no traffic, tls false: nothing is known of TLS.
-        assert_eq!(tls_words(&e), "");
-        assert_eq!(tls_cell(&e), "-");
+        assert_eq!(tls_said(&e), ("", "-"));
         // The caller checks the target's SANs: its sidecar calls it over mTLS.
         e["tlsIdentity"] = serde_json::json!({
             "match": true, "expectedSans": ["spiffe://a"], "presentedSans": ["spiffe://a"]
         });
-        assert_eq!(tls_words(&e), ", mTLS configured");
-        assert_eq!(tls_cell(&e), "configured");
+        assert_eq!(tls_said(&e), (", mTLS configured", "configured"));
         // Traffic tells, whatever the configuration.
         e["observed"] = Value::Bool(true);
-        assert_eq!(tls_words(&e), ", plaintext");
-        assert_eq!(tls_cell(&e), "no");
+        assert_eq!(tls_said(&e), (", plaintext", "no"));
         e["tls"] = Value::Bool(true);
-        assert_eq!(tls_words(&e), ", TLS");
-        assert_eq!(tls_cell(&e), "yes");
+        assert_eq!(tls_said(&e), (", TLS", "yes"));
     }
 }
