@@ -28,22 +28,6 @@ pub mod sync;
 pub mod telemetry;
 pub mod ui;
 
-/// A small random generator (xorshift) for the tests that draw their cases: the same
-/// cases on every run.
-#[cfg(test)]
-pub(crate) struct TestRng(pub u64);
-
-#[cfg(test)]
-impl TestRng {
-    /// A number below `n`.
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-}
-
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -68,6 +52,22 @@ use crate::store::etcd::EtcdTlsFiles;
 use crate::store::persist::PersistError;
 use crate::store::{Instances, Store, StoreConfig, StoreSpec};
 use crate::telemetry::Telemetry;
+
+/// A small random generator (xorshift) for the tests that draw their cases: the same
+/// cases on every run.
+#[cfg(test)]
+pub(crate) struct TestRng(pub u64);
+
+#[cfg(test)]
+impl TestRng {
+    /// A number below `n`.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
 
 /// How often instances past their TTL are dropped.
 pub const EXPIRY_PERIOD: Duration = Duration::from_millis(250);
