@@ -58,17 +58,20 @@ machine() {
 # logs its API and ops addresses. Sets pid, api and ops; exits with the log when it
 # does not start. BENCH_RUST_LOG replaces its log filter (for example
 # `warn,meshcat_aggregator=info,meshcat_aggregator::graph=debug` logs each graph
-# build with its duration).
+# build with its duration). The array aggregator_wrap, when set, runs it under a
+# command (valgrind, say; $pid is then that command's), and start_seconds (10) is how
+# long it may take to start.
 start_aggregator() {
     local binary=$1
     shift
-    RUST_LOG=${BENCH_RUST_LOG:-warn,meshcat_aggregator=info} "$binary" serve "$@" \
+    RUST_LOG=${BENCH_RUST_LOG:-warn,meshcat_aggregator=info} \
+        ${aggregator_wrap[@]+"${aggregator_wrap[@]}"} "$binary" serve "$@" \
         --api-addr 127.0.0.1:0 --ops-addr 127.0.0.1:0 --quic-addr 127.0.0.1:0 \
         --data-dir "$work/data" --log-format json 2>"$work/log" &
     pid=$!
     api=""
     ops=""
-    for _ in $(seq 1 200); do
+    for _ in $(seq 1 $((${start_seconds:-10} * 20))); do
         api=$(grep -o '"api":"[^"]*"' "$work/log" | head -1 | cut -d'"' -f4 || true)
         ops=$(grep -o '"ops":"[^"]*"' "$work/log" | head -1 | cut -d'"' -f4 || true)
         [ -n "$api" ] && [ -n "$ops" ] && break

@@ -69,18 +69,9 @@ total() {
 }
 
 echo "==> the aggregator under callgrind, $CLUSTERS clusters"
-RUST_LOG=warn,meshcat_aggregator=info valgrind --tool=callgrind \
-    --callgrind-out-file="$work/aggregator.cg" "$bin" serve --allow-anonymous-writes \
-    --api-addr 127.0.0.1:0 --ops-addr 127.0.0.1:0 --quic-addr 127.0.0.1:0 \
-    --data-dir "$work/data" --log-format json 2>"$work/log" &
-pid=$!
-api=""
-for _ in $(seq 1 1200); do
-    api=$(grep -o '"api":"[^"]*"' "$work/log" | head -1 | cut -d'"' -f4 || true)
-    [ -n "$api" ] && break
-    sleep 0.1
-done
-[ -n "$api" ] || { echo "aggregator did not start"; cat "$work/log"; exit 1; }
+aggregator_wrap=(valgrind --tool=callgrind --callgrind-out-file="$work/aggregator.cg")
+start_seconds=120
+start_aggregator "$bin" --allow-anonymous-writes
 "$target/release/meshcat-bench-writes" --api "http://$api" --writers 4 \
     --clusters "$CLUSTERS" --zones 5 --prefix svc >/dev/null
 path=/clusters/svc-$(printf %06d $((CLUSTERS / 2)))
