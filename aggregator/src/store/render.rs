@@ -6,6 +6,7 @@
 use std::io::Write;
 
 use bytes::Bytes;
+use meshcat_common::identity::ClusterIdentity;
 use meshcat_common::model::{ClusterRecord, ClusterView, Instance, InstanceSource};
 
 use super::declared::control_plane;
@@ -101,10 +102,30 @@ pub fn write_view(
     number(out, cp.healthy_endpoints);
     out.extend_from_slice(b"},\"identity\":");
     if authorized {
-        serde_json::to_writer(&mut *out, &cluster_identity(e, &at.rules, at.now_ms))
-            .expect("identities serialise");
+        write_cluster_identity(out, &cluster_identity(e, &at.rules, at.now_ms));
     } else {
         out.extend_from_slice(b"null");
+    }
+    out.push(b'}');
+}
+
+/// Appends a cluster's identity as serde writes a [`ClusterIdentity`], written out
+/// like the rest of the view: serde's map machinery cost a read of a cluster more
+/// than the rest of its live fields.
+fn write_cluster_identity(out: &mut Vec<u8>, id: &ClusterIdentity) {
+    out.extend_from_slice(b"{\"spiffeIds\":[");
+    for (n, spiffe_id) in id.spiffe_ids.iter().enumerate() {
+        if n > 0 {
+            out.push(b',');
+        }
+        serde_json::to_writer(&mut *out, spiffe_id).expect("strings serialise");
+    }
+    out.extend_from_slice(b"],\"state\":\"");
+    out.extend_from_slice(id.state.as_str().as_bytes());
+    out.extend_from_slice(b"\",\"expiresAtMs\":");
+    match id.expires_at_ms {
+        Some(ms) => number(out, ms),
+        None => out.extend_from_slice(b"null"),
     }
     out.push(b'}');
 }
