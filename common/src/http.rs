@@ -11,11 +11,14 @@
 //!   loop briefly instead of spinning on the error, then goes on accepting; an accept
 //!   error of one connection (reset before it was accepted) is skipped.
 
+use std::convert::Infallible;
 use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
+use axum::response::Response;
+use hyper::Request;
+use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
@@ -92,16 +95,44 @@ fn is_connection_error(e: &io::Error) -> bool {
     ) || e.raw_os_error() == Some(libc::EPROTO)
 }
 
+/// What [`serve`] serves: an axum `Router`, or a service in front of one.
+pub trait App:
+    tower::Service<
+        Request<Incoming>,
+        Response = Response,
+        Error = Infallible,
+        Future: Send + 'static,
+    > + Clone
+    + Send
+    + 'static
+{
+}
+
+impl<S> App for S where
+    S: tower::Service<
+            Request<Incoming>,
+            Response = Response,
+            Error = Infallible,
+            Future: Send + 'static,
+        > + Clone
+        + Send
+        + 'static
+{
+}
+
 /// Serves `app` on `listener` (over TLS when `tls` is given) until `stop` turns
 /// true; connections in progress then finish their current request, and this
 /// returns once they have.
-pub async fn serve(
+pub async fn serve<S>(
     listener: TcpListener,
-    app: Router,
+    app: S,
     limits: ServerLimits,
     tls: Option<TlsAcceptor>,
     mut stop: watch::Receiver<bool>,
-) -> io::Result<()> {
+) -> io::Result<()>
+where
+    S: App,
+{
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let mut connections = tokio::task::JoinSet::new();
     let mut shortage_logged = false;
@@ -163,14 +194,15 @@ pub async fn serve(
     Ok(())
 }
 
-async fn serve_connection<I>(
+async fn serve_connection<I, S>(
     io: I,
-    app: Router,
+    app: S,
     limits: ServerLimits,
     remote: std::net::SocketAddr,
     mut stop: watch::Receiver<bool>,
 ) where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    S: App,
 {
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
