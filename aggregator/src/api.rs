@@ -20,6 +20,7 @@ mod logging;
 pub mod openapi;
 mod paths;
 pub mod query;
+mod quick;
 pub mod responses;
 mod status;
 pub mod tls;
@@ -41,6 +42,7 @@ use meshcat_common::config::TlsFiles;
 
 pub use auth::{CallerAccess, Tokens};
 pub use error::ApiError;
+pub use quick::QuickReads;
 
 use crate::diagnosis::DiagnosisTools;
 use crate::history::History;
@@ -256,7 +258,9 @@ async fn no_route(method: Method, uri: axum::http::Uri) -> ApiError {
 /// ([`blocking::indexed`]). One layer written as a service rather than five
 /// `middleware::from_fn`: each of those clones the routes below it, boxes them and
 /// boxes a future for every request, which cost a small read more than its answer
-/// does (see docs/benchmarks.md, "Catalog API").
+/// does (see docs/benchmarks.md, "Catalog API"). A plain read of a cluster is
+/// answered before the router and these, doing what each does for it
+/// ([`QuickReads`]).
 #[derive(Clone)]
 struct SharedLayers(Arc<(Arc<AppState>, Arc<limits::Limits>)>);
 

@@ -375,7 +375,9 @@ async fn serve_with(
         c.api.max_concurrency,
     ));
     // The dashboard beside the API, outside its layers: its files need no token.
-    let api_app = api::app_with_limits(app_state, c.api.max_body, limits).merge(ui::router());
+    let api_router =
+        api::app_with_limits(app_state.clone(), c.api.max_body, limits.clone()).merge(ui::router());
+    let api_app = api::QuickReads::new(api_router, app_state, limits);
     let api_tls = match &c.api.tls {
         Some(TlsFiles { cert, key }) => Some(
             api::tls::server_config(cert, key)

@@ -33,11 +33,20 @@ pub struct ApiMetrics {
     series: Arc<Series>,
 }
 
-type Series = DashMap<
-    (&'static str, &'static str, u16),
-    (IntCounter, Histogram),
-    foldhash::fast::RandomState,
->;
+type Series =
+    DashMap<(&'static str, &'static str, u16), RequestSeries, foldhash::fast::RandomState>;
+
+/// The request counter and duration histogram of one (route, method, code).
+#[derive(Debug, Clone)]
+pub struct RequestSeries(IntCounter, Histogram);
+
+impl RequestSeries {
+    /// Records one request answered in `took`.
+    pub fn record(&self, took: Duration) {
+        self.0.inc();
+        self.1.observe(took.as_secs_f64());
+    }
+}
 
 /// Methods the API knows; any other is labelled `other` to bound cardinality.
 const METHODS: &[&str] = &["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"];
@@ -86,19 +95,31 @@ impl ApiMetrics {
             .unwrap_or("other");
         let key = (route, method, code);
         if let Some(series) = self.series.get(&key) {
-            series.0.inc();
-            series.1.observe(took.as_secs_f64());
+            series.record(took);
             return;
         }
+        let series = self.series_of(route, method, code);
+        series.record(took);
+        self.series.insert(key, series);
+    }
+
+    /// The series of requests answered on `route` by `method` (one the API knows)
+    /// with `code`, to record into without looking them up each time.
+    pub fn series_of(&self, route: &str, method: &str, code: u16) -> RequestSeries {
         let buf = itoa_code(code);
         let code = std::str::from_utf8(&buf).unwrap_or("000");
-        let series = (
+        RequestSeries(
             self.requests.with_label_values(&[route, method, code]),
             self.duration.with_label_values(&[route, method]),
-        );
-        series.0.inc();
-        series.1.observe(took.as_secs_f64());
-        self.series.insert(key, series);
+        )
+    }
+
+    /// Requests answered so far on `route` by `method` with `code`.
+    #[cfg(test)]
+    pub fn count(&self, route: &str, method: &str, code: &str) -> u64 {
+        self.requests
+            .with_label_values(&[route, method, code])
+            .get()
     }
 }
 

@@ -136,6 +136,11 @@ pub fn waits(index: u64, current: u64) -> bool {
 pub struct Index(Option<u64>);
 
 impl Index {
+    /// The answer read at `index`.
+    pub fn at(index: u64) -> Index {
+        Index(Some(index))
+    }
+
     /// Answers with the index, when the answer is a success.
     pub fn answer(self, mut res: Response) -> Response {
         thread_local! {

@@ -417,3 +417,127 @@ async fn documented_query_parameters_are_the_parsed_ones() {
 }
 
 mod props;
+
+/// One answer whole: status, headers and body bytes.
+async fn answer(
+    app: &QuickReads,
+    uri: &str,
+    token: Option<&str>,
+) -> (StatusCode, axum::http::HeaderMap, bytes::Bytes) {
+    let mut req = Request::builder().uri(uri);
+    if let Some(token) = token {
+        req = req.header(header::AUTHORIZATION, format!("Bearer {token}"));
+    }
+    let res = app
+        .clone()
+        .oneshot(req.body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    let (parts, body) = res.into_parts();
+    (
+        parts.status,
+        parts.headers,
+        body.collect().await.unwrap().to_bytes(),
+    )
+}
+
+/// A plain read of a cluster is answered before the shared layers (`quick`); the same
+/// read with `index=0`, older than the catalog and so answered at once, takes the
+/// general path. Both give the same status, headers and bytes, for a caller with the
+/// read token, without it and with a wrong one, and reads the quick path declines
+/// (a percent-encoded name, a malformed or repeated `zoneName`, an unknown parameter)
+/// are answered by the general path as before.
+#[tokio::test]
+async fn a_plain_cluster_read_answers_as_the_general_path_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = Tokens {
+        read: Some("r".into()),
+        anonymous_writes: true,
+        ..Tokens::default()
+    };
+    let s = state(dir.path(), tokens);
+    let metrics = s.metrics.clone();
+    let limits = Arc::new(limits::Limits::new(DEFAULT_REQUEST_TIMEOUT, 64));
+    let router = app_with_limits(s.clone(), 1 << 20, limits.clone());
+    let app = QuickReads::new(router.clone(), s, limits);
+    for (zone, cluster) in [("z", "a"), ("y", "a"), ("z", "b.c-d_e")] {
+        let zone_body = serde_json::to_vec(&ZoneRecord::new(zone, "cp:1")).unwrap();
+        call(&router, "POST", "/zones", Some(&zone_body)).await;
+        let mut r = ClusterRecord::new(zone, cluster, "\"quoted\" \u{e9}");
+        r.owner = "o".into();
+        let body = serde_json::to_vec(&r).unwrap();
+        let (status, _, _) = call(&router, "POST", "/clusters", Some(&body)).await;
+        assert_eq!(status, StatusCode::CREATED);
+    }
+    let quick = || super::quick::ANSWERED.with(std::cell::Cell::get);
+    let long = format!("/clusters/{}", "a".repeat(254));
+    for (path, taken) in [
+        ("/clusters/a", true),
+        ("/clusters/a?zoneName=z", true),
+        ("/clusters/a?zoneName=x", true),
+        ("/clusters/b.c-d_e", true),
+        ("/clusters/ghost", true),
+        ("/clusters/%61", false),
+        ("/clusters/a?zoneName=", false),
+        ("/clusters/a?zoneName=z&zoneName=y", false),
+        ("/clusters/a?other=1", false),
+        (long.as_str(), false),
+    ] {
+        for token in [None, Some("r"), Some("wrong")] {
+            let before = quick();
+            let first = answer(&app, path, token).await;
+            assert_eq!(quick() - before, u64::from(taken), "{path}");
+            let sep = if path.contains('?') { '&' } else { '?' };
+            let general = answer(&app, &format!("{path}{sep}index=0"), token).await;
+            assert_eq!(quick() - before, u64::from(taken), "{path}");
+            assert_eq!(first, general, "{path} {token:?}");
+        }
+    }
+    // The answers differ where they should: the read token shows live data.
+    let (status, headers, body) = answer(&app, "/clusters/a", Some("r")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(headers.contains_key("x-meshcat-index"));
+    let views: Vec<ClusterView> = serde_json::from_slice(&body).unwrap();
+    assert_eq!(views.len(), 2);
+    assert!(views.iter().all(|v| v.authorized));
+    let (status, _, body) = answer(&app, "/clusters/a?zoneName=z", None).await;
+    assert_eq!(status, StatusCode::OK);
+    let views: Vec<ClusterView> = serde_json::from_slice(&body).unwrap();
+    assert!(views.len() == 1 && !views[0].authorized);
+    let (status, headers, _) = answer(&app, "/clusters/ghost", None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(!headers.contains_key("x-meshcat-index"));
+    // Counted under the route whichever path answered: each read above twice for
+    // each of 3 callers (4 found, one of them `%61`; 2 not found; 4 refused), and
+    // the three reads since.
+    let count = |code| metrics.count("/clusters/{clusterName}", "GET", code);
+    assert_eq!(count("200"), 2 * 3 * 4 + 2);
+    assert_eq!(count("404"), 2 * 3 * 2 + 1);
+    assert_eq!(count("400"), 2 * 3 * 4);
+}
+
+/// Without a free permit of the concurrency limit, a plain read of a cluster is
+/// answered `overloaded` like any request, and counted.
+#[tokio::test]
+async fn a_plain_cluster_read_holds_to_the_concurrency_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = state(
+        dir.path(),
+        Tokens {
+            anonymous_writes: true,
+            ..Tokens::default()
+        },
+    );
+    let metrics = s.metrics.clone();
+    let limits = Arc::new(limits::Limits::new(DEFAULT_REQUEST_TIMEOUT, 0));
+    let app = QuickReads::new(
+        app_with_limits(s.clone(), 1 << 20, limits.clone()),
+        s,
+        limits,
+    );
+    let (status, _, body) = answer(&app, "/clusters/a", None).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    let body: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(body["code"], "overloaded");
+    assert_eq!(metrics.count("/clusters/{clusterName}", "GET", "503"), 1);
+}

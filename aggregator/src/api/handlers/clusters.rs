@@ -156,12 +156,21 @@ pub async fn get_cluster(
     RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
     let zone = query::zone_name(q.as_deref())?;
-    match s
-        .store
-        .render_cluster(&name, zone.as_deref(), caller.authorized)
-    {
+    read_cluster(&s, &name, zone.as_deref(), caller.authorized)
+}
+
+/// The records of cluster `name` (in `zone` only, if given), as `GET
+/// /clusters/{clusterName}` answers them once its name and query are checked; its
+/// route and the catalog read's own path (`api::quick`) both answer with this.
+pub(in crate::api) fn read_cluster(
+    s: &AppState,
+    name: &str,
+    zone: Option<&str>,
+    authorized: bool,
+) -> Result<Response, ApiError> {
+    match s.store.render_cluster(name, zone, authorized) {
         Some(body) => Ok(json_bytes(body.into())),
-        None => Err(ApiError::no_cluster(&name, zone.as_deref())),
+        None => Err(ApiError::no_cluster(name, zone)),
     }
 }
 
