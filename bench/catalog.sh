@@ -14,9 +14,14 @@
 # one-connection `GET /summary` has the same handler serving the summary's bytes as
 # its baseline.
 #
+# The pair is then measured again in NAME_ROUNDS alternations of ROUND_DURATION each
+# (the static record, then the read), and the script prints their ratio in all and
+# each round's.
+#
 # Environment: CLUSTERS (10000), ZONES (20), DURATION (10s), CONNECTIONS (64),
-# NAME_CONNECTIONS (32), THREADS (2), WRITERS (64), AGGREGATOR (the aggregator binary
-# to measure: the one built), CARGO_TARGET_DIR (./target).
+# NAME_CONNECTIONS (32), NAME_ROUNDS (5), ROUND_DURATION (5s), THREADS (2), WRITERS
+# (64), AGGREGATOR (the aggregator binary to measure: the one built), CARGO_TARGET_DIR
+# (./target).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -28,6 +33,8 @@ ZONES=${ZONES:-20}
 DURATION=${DURATION:-10s}
 CONNECTIONS=${CONNECTIONS:-64}
 NAME_CONNECTIONS=${NAME_CONNECTIONS:-32}
+NAME_ROUNDS=${NAME_ROUNDS:-5}
+ROUND_DURATION=${ROUND_DURATION:-5s}
 THREADS=${THREADS:-2}
 WRITERS=${WRITERS:-64}
 
@@ -122,6 +129,20 @@ by_name_cpu=$last_cpu
 run_at "$hello" "$hello_pid" "axum static record (baseline)" "/" "$NAME_CONNECTIONS"
 after=$last_rps
 after_cpu=$last_cpu
+# The same pair again in NAME_ROUNDS short alternations (the static record, then the
+# read, ROUND_DURATION each): on a shared machine the rate of either server drifts by
+# a fifth from one minute to the next, and alternating moves both with it.
+round_rate() {
+    wrk -t"$THREADS" -c"$NAME_CONNECTIONS" -d"$ROUND_DURATION" "http://$1$2" |
+        awk '/Requests\/sec/ {print $2}'
+}
+rounds=""
+for round in $(seq 1 "$NAME_ROUNDS"); do
+    echo "==> round $round of $NAME_ROUNDS: the static record, then GET $name_path"
+    static_rate=$(round_rate "$hello" /)
+    read_rate=$(round_rate "$api" "$name_path")
+    rounds+="$static_rate $read_rate"$'\n'
+done
 run "GET /clusters?owner=..." "/clusters?owner=team-7"
 run "GET /clusters (all)" "/clusters"
 run "GET /summary" "/summary"
@@ -156,6 +177,12 @@ echo "GET /clusters/{name} against the static record: $by_name / mean($before, $
     "$(awk -v n="$by_name" -v a="$before" -v b="$after" 'BEGIN {printf "%.2fx", 2 * n / (a + b)}')"
 echo "its server CPU per request: mean($before_cpu, $after_cpu) / $by_name_cpu us =" \
     "$(awk -v n="$by_name_cpu" -v a="$before_cpu" -v b="$after_cpu" 'BEGIN {printf "%.2fx", (n > 0 ? (a + b) / 2 / n : 0)}')"
+each=$(printf '%s' "$rounds" | awk '{printf "%s%.2f", (NR > 1 ? ", " : ""), $2 / $1}')
+median=$(printf '%s' "$rounds" | awk '{print $2 / $1}' | sort -n |
+    awk '{v[NR] = $1} END {printf "%.2f", (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}')
+echo "in $NAME_ROUNDS alternated rounds of $ROUND_DURATION: read / static =" \
+    "$(printf '%s' "$rounds" | awk '{s += $1; r += $2} END {printf "%.2f", r / s}')x in all," \
+    "median round ${median}x (rounds: $each)"
 echo
 echo "| endpoint                         | conns |   req/s    |    p50    |    p99    | CPU us/req |"
 echo "|----------------------------------|-------|------------|-----------|-----------|------------|"
