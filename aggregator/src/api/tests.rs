@@ -441,12 +441,12 @@ async fn answer(
     )
 }
 
-/// A plain read of a cluster is answered before the shared layers (`quick`); the same
-/// read with `index=0`, older than the catalog and so answered at once, takes the
-/// general path. Both give the same status, headers and bytes, for a caller with the
-/// read token, without it and with a wrong one, and reads the quick path declines
-/// (a percent-encoded name, a malformed or repeated `zoneName`, an unknown parameter)
-/// are answered by the general path as before.
+/// A plain read of a cluster is answered in front of the router (`QuickReads`); the
+/// same read with `index=0`, older than the catalog and so answered at once, goes to
+/// the router. Both give the same status, headers and bytes, for a caller with the
+/// read token, without it and with a wrong one, and the reads `QuickReads` passes on
+/// (a percent-encoded name, a malformed or repeated `zoneName`, an unknown parameter,
+/// a name too long) are answered by the router as before.
 #[tokio::test]
 async fn a_plain_cluster_read_answers_as_the_general_path_does() {
     let dir = tempfile::tempdir().unwrap();

@@ -251,17 +251,21 @@ fn rendered_bodies_equal_serde_views() {
     live.apply_report("x", report("z", "a", "i2", 0, 0), now);
     live.apply_report("x", report("z", "a", "i1", 0, 0), now);
     // Identities of each shape: SPIFFE IDs to list (one that needs escaping), a
-    // soonest expiry, and a state other than `none`.
-    let from = super::identity::now_ms() - 3_600_000;
-    for (instance, zone, sans, hours) in [
+    // soonest expiry, and a state other than `none`. Each certificate is hours from
+    // a change of its state, so the rendering and the oracle read the same states.
+    const HOUR: i64 = 3_600_000;
+    let now_ms = super::identity::now_ms();
+    for (instance, zone, sans, age, life) in [
         (
             "i3",
             "z",
             vec!["spiffe://z/a", "spiffe://z/\"q\"\u{e9}"],
+            1,
             720,
         ),
-        ("i4", "z", vec!["spiffe://z/a"], 2),
-        ("j1", "y", vec![], 720),
+        // Expiring: an hour left of four.
+        ("i4", "z", vec!["spiffe://z/a"], 3, 4),
+        ("j1", "y", vec![], 1, 720),
     ] {
         use meshcat_common::identity::{
             CertRole, IdentityReport, ReportedCertificate, San, SanKind,
@@ -276,13 +280,22 @@ fn rendered_bodies_equal_serde_views() {
             sans: sans
                 .chain([San::new(SanKind::Dns, "a.z".to_owned())])
                 .collect(),
-            valid_from_ms: from,
-            expires_at_ms: from + hours * 3_600_000,
+            valid_from_ms: now_ms - age * HOUR,
+            expires_at_ms: now_ms + (life - age) * HOUR,
             secret: None,
         };
         r.identity = Some(IdentityReport::new(vec![cert], vec![], None));
         live.apply_report("x", r, now);
     }
+    let identity = Oracle(&s).get_cluster("a", Some("z"), true)[0]
+        .identity
+        .clone()
+        .unwrap();
+    assert_eq!(identity.spiffe_ids.len(), 2);
+    assert_eq!(
+        identity.state,
+        meshcat_common::identity::CertState::Expiring
+    );
     for authorized in [false, true] {
         let rendered: serde_json::Value =
             serde_json::from_slice(&s.render_clusters(authorized, |_, _| true)).unwrap();
