@@ -33,20 +33,11 @@ pub struct ApiMetrics {
     series: Arc<Series>,
 }
 
-type Series =
-    DashMap<(&'static str, &'static str, u16), RequestSeries, foldhash::fast::RandomState>;
-
-/// The request counter and duration histogram of one (route, method, code).
-#[derive(Debug, Clone)]
-pub struct RequestSeries(IntCounter, Histogram);
-
-impl RequestSeries {
-    /// Records one request answered in `took`.
-    pub fn record(&self, took: Duration) {
-        self.0.inc();
-        self.1.observe(took.as_secs_f64());
-    }
-}
+type Series = DashMap<
+    (&'static str, &'static str, u16),
+    (IntCounter, Histogram),
+    foldhash::fast::RandomState,
+>;
 
 /// Methods the API knows; any other is labelled `other` to bound cardinality.
 const METHODS: &[&str] = &["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"];
@@ -95,23 +86,19 @@ impl ApiMetrics {
             .unwrap_or("other");
         let key = (route, method, code);
         if let Some(series) = self.series.get(&key) {
-            series.record(took);
+            series.0.inc();
+            series.1.observe(took.as_secs_f64());
             return;
         }
-        let series = self.series_of(route, method, code);
-        series.record(took);
-        self.series.insert(key, series);
-    }
-
-    /// The series of requests answered on `route` by `method` (one the API knows)
-    /// with `code`, to record into without looking them up each time.
-    pub fn series_of(&self, route: &str, method: &str, code: u16) -> RequestSeries {
         let buf = itoa_code(code);
         let code = std::str::from_utf8(&buf).unwrap_or("000");
-        RequestSeries(
+        let series = (
             self.requests.with_label_values(&[route, method, code]),
             self.duration.with_label_values(&[route, method]),
-        )
+        );
+        series.0.inc();
+        series.1.observe(took.as_secs_f64());
+        self.series.insert(key, series);
     }
 
     /// Requests answered so far on `route` by `method` with `code`.

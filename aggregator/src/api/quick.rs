@@ -33,7 +33,7 @@
 //! compare both paths' answers byte for byte.
 
 use std::convert::Infallible;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
@@ -51,7 +51,6 @@ use super::blocking::Index;
 use super::forward::FORWARDED;
 use super::limits::Limits;
 use super::query::ZoneQuery;
-use crate::telemetry::RequestSeries;
 
 /// The route answered here.
 pub const ROUTE: &str = "/clusters/{clusterName}";
@@ -66,8 +65,6 @@ struct Inner {
     router: Router,
     state: Arc<AppState>,
     limits: Arc<Limits>,
-    /// The metrics' series of the route's found reads, once there is one.
-    found: OnceLock<RequestSeries>,
 }
 
 impl std::fmt::Debug for QuickReads {
@@ -83,7 +80,6 @@ impl QuickReads {
             router,
             state,
             limits,
-            found: OnceLock::new(),
         }))
     }
 }
@@ -113,14 +109,9 @@ where
         let (parts, body) = req.into_parts();
         match read(&quick.state, &quick.limits, &parts) {
             Some(res) => {
-                let metrics = &quick.state.metrics;
-                match res.status().as_u16() {
-                    200 => quick
-                        .found
-                        .get_or_init(|| metrics.series_of(ROUTE, "GET", 200))
-                        .record(start.elapsed()),
-                    code => metrics.observe(ROUTE, "GET", code, start.elapsed()),
-                }
+                let code = res.status().as_u16();
+                let took = start.elapsed();
+                quick.state.metrics.observe(ROUTE, "GET", code, took);
                 #[cfg(test)]
                 ANSWERED.with(|n| n.set(n.get() + 1));
                 Either::Left(std::future::ready(Ok(res)))
